@@ -1,0 +1,1 @@
+"""Compute side: everything that runs inside a training process (imports torch)."""

@@ -1,0 +1,75 @@
+"""Process-group setup and teardown, device binding, and the few collectives the trainer needs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import List
+
+import torch
+import torch.distributed as dist
+
+from hpc_train.compute.ranks import RankInfo
+
+
+def task_devices(info: RankInfo, gpus_per_task: int) -> List[torch.device]:
+    """The devices this task owns: GPUs ``local_rank*gpus_per_task ...`` or the CPU.
+
+    With fewer visible GPUs than asked for (a laptop with one GPU), the devices wrap around,
+    so every stage still gets a device; without CUDA every stage sits on the CPU.
+    """
+    if not torch.cuda.is_available():
+        return [torch.device("cpu")] * gpus_per_task
+    count = torch.cuda.device_count()
+    first = info.local_rank * gpus_per_task
+    return [torch.device("cuda", (first + i) % count) for i in range(gpus_per_task)]
+
+
+def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: torch.device) -> None:
+    """Join the job's process group (no-op for a single process)."""
+    if not info.is_distributed:
+        return
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    os.environ.setdefault("MASTER_ADDR", info.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """Mean over all ranks (identity without a process group)."""
+    if not is_initialized():
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / dist.get_world_size()
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    if not is_initialized():
+        return value
+    value = value.clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def barrier() -> None:
+    if is_initialized():
+        dist.barrier()

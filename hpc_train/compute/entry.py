@@ -1,0 +1,55 @@
+"""The training entry point every launcher calls in every rank: local workers, Slurm tasks, sbatch scripts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train.compute.ranks import detect_ranks
+
+
+def load_job_spec(path: Path) -> DictConfig:
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary."""
+    import torch
+
+    from hpc_train.compute import distributed
+    from hpc_train.compute.runlog import setup_logging
+    from hpc_train.compute.strategies import build_strategy
+    from hpc_train.compute.trainer import Trainer
+
+    ranks = detect_ranks()
+    run_dir = Path(cfg.job.run_dir)
+    log = setup_logging(run_dir, ranks.rank)
+    threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    layout = cfg.job.layout
+    devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
+    log.info(
+        "rank %d/%d (local %d, from %s), devices %s, rendezvous %s:%d",
+        ranks.rank, ranks.world_size, ranks.local_rank, ranks.source, [str(d) for d in devices], ranks.master_addr, ranks.master_port,
+    )
+    if ranks.world_size != int(layout.world_size):
+        log.warning("the job was planned for %d ranks but %d are running", layout.world_size, ranks.world_size)
+    try:
+        distributed.init_process_group(ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0])
+        strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
+        summary = Trainer(cfg, ranks, strategy, run_dir).fit()
+        distributed.barrier()
+        return summary
+    except BaseException:
+        log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
+        raise
+    finally:
+        distributed.teardown()

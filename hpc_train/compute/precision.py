@@ -1,0 +1,23 @@
+"""Mixed precision: an autocast context per device and a GradScaler for fp16."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager, Optional
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+
+
+def autocast(precision: str, device: torch.device) -> ContextManager:
+    if precision == "32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+def grad_scaler(precision: str, device: torch.device) -> Optional["torch.amp.GradScaler"]:
+    """fp16 needs loss scaling; bf16 and fp32 do not."""
+    if precision != "16":
+        return None
+    return torch.amp.GradScaler(device.type)

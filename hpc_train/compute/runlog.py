@@ -1,0 +1,86 @@
+"""Per-rank log files, the rank-0 progress bar and the rank-0 metrics/summary files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+
+def setup_logging(run_dir: Path, rank: int) -> logging.Logger:
+    """Every rank logs to ``logs/rank<r>.log``; rank 0 also to the console."""
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("hpc_train")
+    logger.handlers.clear()
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
+    file_handler = logging.FileHandler(log_dir / f"rank{rank}.log")
+    file_handler.setFormatter(fmt)
+    logger.addHandler(file_handler)
+    if rank == 0:
+        console = logging.StreamHandler(sys.stdout)
+        console.setFormatter(logging.Formatter("hpc-train: %(message)s"))
+        logger.addHandler(console)
+    return logger
+
+
+class Progress:
+    """A dependency-free progress bar: redraws in place on a terminal, prints sparse lines otherwise."""
+
+    def __init__(self, total: int, enabled: bool, every: int = 10) -> None:
+        self.total = max(1, total)
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.every = max(1, every)
+        self.start = time.monotonic()
+
+    def update(self, step: int, loss: Optional[float] = None) -> None:
+        if not self.enabled or (not self.tty and step % self.every and step != self.total):
+            return
+        frac = min(1.0, step / self.total)
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        elapsed = time.monotonic() - self.start
+        loss_text = "" if loss is None else f" loss {loss:.4f}"
+        line = f"[{bar}] {step}/{self.total} {elapsed:6.1f}s{loss_text}"
+        if self.tty:
+            sys.stderr.write("\r" + line)
+            if step >= self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class MetricsWriter:
+    """Rank 0 appends one JSON object per logged step/epoch to ``metrics.jsonl``."""
+
+    def __init__(self, run_dir: Path, enabled: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.enabled = enabled
+
+    def write(self, record: Dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
+    """Write JSON so that readers never see a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,66 @@
+"""The strategy interface: where the model lives, how it is wrapped, how one step runs.
+
+A strategy owns three decisions and nothing else:
+
+* placement and wrapping of the model on the task's devices (``wrap``),
+* which data shard this rank reads (``data_parallel_rank`` / ``data_parallel_size``),
+* how a batch goes forward and backward (``forward_backward``, ``predict``).
+
+The trainer is written against this interface only, so new strategies plug in without
+touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch side in
+``hpc_train.launch.layout``, because the login node must know them without torch.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn as nn
+
+from hpc_train.compute.precision import autocast
+from hpc_train.compute.ranks import RankInfo
+
+
+class Strategy:
+    name = "base"
+
+    def __init__(self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str) -> None:
+        self.cfg = cfg
+        self.ranks = ranks
+        self.devices = devices
+        self.precision = precision
+
+    # -- placement --------------------------------------------------------------------
+    @property
+    def input_device(self) -> torch.device:
+        return self.devices[0]
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model.to(self.input_device)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The plain module whose state_dict is checkpointed."""
+        return model
+
+    # -- data sharding ----------------------------------------------------------------
+    @property
+    def data_parallel_size(self) -> int:
+        return 1
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return 0
+
+    # -- compute ----------------------------------------------------------------------
+    def forward_backward(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn: nn.Module, scaler: Optional["torch.amp.GradScaler"]) -> torch.Tensor:
+        """One forward and backward pass; returns this rank's mean loss (detached)."""
+        with autocast(self.precision, self.input_device):
+            outputs = model(images)
+            loss = loss_fn(outputs, labels.to(outputs.device, non_blocking=True))
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        return loss.detach()
+
+    def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        with autocast(self.precision, self.input_device):
+            return model(images)

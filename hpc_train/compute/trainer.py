@@ -1,0 +1,236 @@
+"""The training loop every strategy and launcher shares.
+
+`trainer.batch_size` is the global batch of one optimizer step: each of the W data-parallel
+ranks gets batch_size / W samples. Rank 0 alone writes metrics.jsonl and summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from hpc_train.compute import distributed
+from hpc_train.compute.data import build_datasets, eval_loader, train_loader
+from hpc_train.compute.models import build_model
+from hpc_train.compute.precision import grad_scaler
+from hpc_train.compute.ranks import RankInfo
+from hpc_train.compute.runlog import MetricsWriter, Progress, write_json_atomic
+from hpc_train.compute.strategies import Strategy, build_strategy
+
+log = logging.getLogger("hpc_train")
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0          # epoch in progress
+    step_in_epoch: int = 0  # optimizer steps already taken in that epoch
+    global_step: int = 0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def make_optimizer(cfg, params) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def lr_factor(cfg, total_steps: int):
+    """Multiplier of the base LR at a given step: linear warm-up, then constant/cosine/step."""
+    warmup = int(cfg.lr_warmup_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.lr_schedule == "cosine":
+            progress = (step - warmup) / max(1, total_steps - warmup)
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if cfg.lr_schedule == "step":
+            return float(cfg.lr_step_gamma) ** ((step - warmup) // int(cfg.lr_step_every))
+        return 1.0
+
+    return factor
+
+
+def total_steps(trainer_cfg, steps_per_epoch: int) -> int:
+    bounds = []
+    if trainer_cfg.epochs is not None:
+        bounds.append(int(trainer_cfg.epochs) * steps_per_epoch)
+    if trainer_cfg.max_steps is not None:
+        bounds.append(int(trainer_cfg.max_steps))
+    return min(bounds)
+
+
+class Trainer:
+    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.ranks = ranks
+        self.strategy = strategy
+        self.run_dir = run_dir
+        self.is_main = ranks.is_main
+        self.metrics = MetricsWriter(run_dir, enabled=self.is_main)
+        self.state = TrainState()
+        self.resumed_from_step: Optional[int] = None
+
+        seed_everything(int(cfg.seed))  # identical initial weights on every rank
+        data = build_datasets(cfg.data)
+        self.data = data
+        dp_size, dp_rank = strategy.data_parallel_size, strategy.data_parallel_rank
+        self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
+        self.train_loader = train_loader(data.train, cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=int(cfg.seed))
+        self.eval_loader = eval_loader(data.val, cfg.data, self.per_rank_batch, dp_size, dp_rank)
+        self.steps_per_epoch = len(self.train_loader)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({len(data.train)} samples): "
+                "lower trainer.batch_size."
+            )
+        self.total_steps = total_steps(self.tcfg, self.steps_per_epoch)
+
+        model = build_model(cfg.model, data.num_classes, data.image_size)
+        if self.tcfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = strategy.wrap(model)
+        if self.tcfg.compile:
+            self.model = torch.compile(self.model)
+        self.optimizer = make_optimizer(self.tcfg, self.model.parameters())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(self.tcfg, self.total_steps))
+        self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)
+        self.loss_fn = nn.CrossEntropyLoss()
+        seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
+
+    # -- one step -------------------------------------------------------------------------
+    def _to_input(self, images: torch.Tensor) -> torch.Tensor:
+        images = images.to(self.strategy.input_device, non_blocking=True)
+        if self.tcfg.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.strategy.forward_backward(self.model, self._to_input(images), labels, self.loss_fn, self.scaler)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        return loss
+
+    # -- evaluation -----------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> Dict[str, float]:
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # correct, count, summed loss
+        for images, labels in self.eval_loader:
+            outputs = self.strategy.predict(self.model, self._to_input(images)).float()
+            labels = labels.to(outputs.device)
+            totals[0] += (outputs.argmax(dim=1) == labels).sum().item()
+            totals[1] += labels.numel()
+            totals[2] += nn.functional.cross_entropy(outputs, labels, reduction="sum").item()
+        self.model.train()
+        totals = distributed.all_reduce_sum(totals.to(self._collective_device())).cpu()
+        count = max(1.0, totals[1].item())
+        return {"accuracy": totals[0].item() / count, "loss": totals[2].item() / count, "samples": int(totals[1].item())}
+
+    def _collective_device(self) -> torch.device:
+        """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+        if distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
+            return self.strategy.input_device
+        return torch.device("cpu")
+
+    def _global_loss(self, loss: torch.Tensor) -> float:
+        return distributed.all_reduce_mean(loss.float().reshape(1).to(self._collective_device())).item()
+
+    def _sync(self) -> None:
+        if self.strategy.input_device.type == "cuda":
+            torch.cuda.synchronize(self.strategy.input_device)
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(self) -> Dict[str, Any]:
+        tcfg, state = self.tcfg, self.state
+        progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
+        log.info(
+            "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d ranks x %d",
+            self.cfg.model.name, self.cfg.strategy.name, self.cfg.data.name, self.total_steps, self.steps_per_epoch,
+            tcfg.batch_size, self.strategy.data_parallel_size, self.per_rank_batch,
+        )
+        warmup = min(int(tcfg.throughput_warmup_steps), max(0, self.total_steps - 1))
+        timed_images, timed_seconds, timer_start = 0, 0.0, None
+        last_loss: Optional[float] = None
+        last_eval: Optional[Dict[str, float]] = None
+        global_batch = int(tcfg.batch_size)
+        self.model.train()
+        while state.global_step < self.total_steps:
+            sampler = self.train_loader.sampler
+            sampler.set_epoch(state.epoch)
+            for images, labels in self.train_loader:
+                loss = self.train_step(images, labels)
+                state.global_step += 1
+                state.step_in_epoch += 1
+                if state.global_step == warmup:
+                    self._sync()
+                    timer_start = time.perf_counter()
+                elif state.global_step > warmup:
+                    timed_images += global_batch
+                    if timer_start is None:
+                        timer_start = time.perf_counter()
+                final = state.global_step >= self.total_steps
+                if state.global_step % int(tcfg.log_every) == 0 or final:
+                    last_loss = self._global_loss(loss)
+                    self.metrics.write({"kind": "train", "step": state.global_step, "epoch": state.epoch, "loss": last_loss, "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
+                progress.update(state.global_step, last_loss)
+                if final:
+                    break
+            epoch_done = state.step_in_epoch >= self.steps_per_epoch
+            self._sync()
+            if timer_start is not None:
+                timed_seconds += time.perf_counter() - timer_start
+                timer_start = None
+            if tcfg.eval and (epoch_done or state.global_step >= self.total_steps):
+                last_eval = self.evaluate()
+                self.metrics.write({"kind": "eval", "step": state.global_step, "epoch": state.epoch, "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "time": time.time()})
+                log.info("epoch %d step %d: eval accuracy %.4f, eval loss %.4f", state.epoch, state.global_step, last_eval["accuracy"], last_eval["loss"])
+            if epoch_done:
+                state.epoch += 1
+                state.step_in_epoch = 0
+            if state.global_step > warmup:
+                timer_start = time.perf_counter()
+        progress.close()
+        images_per_sec = timed_images / timed_seconds if timed_seconds > 0 else 0.0
+        summary = {
+            "strategy": self.cfg.strategy.name,
+            "model": self.cfg.model.name,
+            "data": self.cfg.data.name,
+            "world_size": self.ranks.world_size,
+            "data_parallel_size": self.strategy.data_parallel_size,
+            "global_batch": global_batch,
+            "precision": tcfg.precision,
+            "device": str(self.strategy.input_device.type),
+            "global_step": state.global_step,
+            "epochs_completed": state.epoch,
+            "train_loss": last_loss,
+            "eval_accuracy": None if last_eval is None else last_eval["accuracy"],
+            "eval_loss": None if last_eval is None else last_eval["loss"],
+            "images_per_sec": images_per_sec,
+            "timed_steps": timed_images // global_batch,
+            "resumed_from_step": self.resumed_from_step,
+            "torch_version": torch.__version__,
+        }
+        if self.is_main:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary

@@ -1,0 +1,38 @@
+"""The resolved, self-contained job description handed from the launch side to every rank.
+
+It is the composed config with interpolations resolved plus a ``job`` section (run dir and
+layout), saved as ``job_config.yaml`` in the run dir so a rank (or a user reading the run
+later) needs nothing but that file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train.launch.plan import RunPlan
+from hpc_train.launch.validate import data_parallel_size, normalize_precision
+
+JOB_CONFIG_NAME = "job_config.yaml"
+
+
+def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
+    spec = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(spec, dict)
+    spec.pop("hydra", None)
+    spec["trainer"]["precision"] = normalize_precision(spec["trainer"]["precision"])
+    layout = asdict(plan.layout)
+    layout["world_size"] = plan.layout.world_size
+    layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)
+    spec["job"] = {"run_dir": str(plan.run_dir.resolve()), "layout": layout}
+    return spec
+
+
+def write_job_spec(spec: Dict[str, Any], run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / JOB_CONFIG_NAME
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(spec)))
+    return path

@@ -1,0 +1,102 @@
+"""Start a job's processes on this machine, torchrun-style, and watch them.
+
+Each task of the layout becomes one ``python -m hpc_train.compute.worker`` process with
+RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. Rank 0 keeps the console (progress
+bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
+stopped so a broken run never hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from hpc_train.launch.plan import RunPlan
+
+GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(rank: int, world: int, port: int, threads: int) -> Dict[str, str]:
+    env = dict(os.environ)
+    # A stale Slurm/torchrun environment (e.g. running inside an allocation) must not leak in.
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_"))]:
+        del env[key]
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
+    """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
+    world = plan.layout.world_size
+    port = master_port or free_port()
+    threads = max(1, (os.cpu_count() or 1) // world)
+    log_dir = plan.run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs: List[subprocess.Popen] = []
+    files = []
+    command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
+    try:
+        for rank in range(world):
+            if rank == 0:
+                out = None
+            else:
+                out = open(log_dir / f"rank{rank}.out", "w")
+                files.append(out)
+            procs.append(subprocess.Popen(command, env=worker_env(rank, world, port, threads), stdout=out, stderr=subprocess.STDOUT if out else None))
+        return _watch(procs)
+    except KeyboardInterrupt:
+        _stop(procs, signal.SIGINT)
+        return 130
+    finally:
+        _stop(procs)
+        for handle in files:
+            handle.close()
+
+
+def _watch(procs: List[subprocess.Popen]) -> int:
+    """Wait for all ranks; on the first failure stop the rest and report which rank failed."""
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
+            _stop(procs)
+            return code if code > 0 else 1
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.2)

@@ -1,0 +1,66 @@
+"""Turn a composed config into a concrete plan: how many GPUs, which layout, where outputs go."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.layout import JobLayout, compute_layout
+from hpc_train.launch.validate import validate
+
+CPU_WORKERS_WITHOUT_GPU = 2
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    layout: JobLayout
+    run_dir: Path
+
+
+def count_local_gpus() -> int:
+    """GPUs visible on this machine, found without importing torch (nvidia-smi or CUDA_VISIBLE_DEVICES)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def resolve_gpus_per_node(cfg: DictConfig) -> int:
+    """resources.gpus_per_node, else the cluster profile's, else (local only) what this machine has."""
+    for key, value in (("resources.gpus_per_node", cfg.resources.gpus_per_node), ("cluster.gpus_per_node", cfg.cluster.get("gpus_per_node"))):
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(key, f"must be a positive integer, got {value!r}.", f"set {key}=1 or more.")
+            return value
+    if cfg.launcher.name == "local":
+        return count_local_gpus() or CPU_WORKERS_WITHOUT_GPU
+    raise ConfigError("resources.gpus_per_node", "the cluster profile does not say how many GPUs a node has.", "pass resources.gpus_per_node=N or set gpus_per_node in your cluster profile.")
+
+
+def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
+    """Resolve the layout and validate everything; raises ConfigError before anything starts."""
+    if cfg.launcher.name == "local" and cfg.resources.nodes != 1:
+        raise ConfigError("resources.nodes", f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.", "use launcher=slurm for several nodes, or set resources.nodes=1.")
+    strategy = cfg.strategy
+    layout = compute_layout(
+        strategy=strategy.name,
+        nodes=cfg.resources.nodes,
+        gpus_per_node=resolve_gpus_per_node(cfg),
+        cpus_per_gpu=int(cfg.cluster.get("cpus_per_gpu") or 1),
+        stages=strategy.get("stages"),
+        engine=strategy.get("engine"),
+    )
+    validate(cfg, layout, run_dir)
+    return RunPlan(layout=layout, run_dir=run_dir)

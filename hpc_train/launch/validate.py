@@ -1,0 +1,117 @@
+"""Check a composed config before anything runs or is queued.
+
+Each check raises ConfigError naming the key and the fix. Only cheap, local checks live
+here (no torch, no network); cluster-side checks (partition names) live with the Slurm
+launcher.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.layout import JobLayout
+
+PRECISIONS = ("32", "bf16", "16")
+OPTIMIZERS = ("sgd", "adamw")
+LR_SCHEDULES = ("constant", "cosine", "step")
+RESUME_WORDS = ("auto", "never")
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def normalize_precision(value: object) -> str:
+    return str(value).lower()
+
+
+def data_parallel_size(cfg: DictConfig, layout: JobLayout) -> int:
+    """How many ranks split each global batch (pipelining-engine stages share one shard)."""
+    if layout.strategy == "pipeline+pipelining":
+        return max(1, layout.world_size // int(cfg.strategy.get("stages") or layout.gpus_per_node))
+    return layout.world_size
+
+
+def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
+    trainer = cfg.trainer
+    epochs, max_steps = trainer.epochs, trainer.max_steps
+    if epochs is None and max_steps is None:
+        raise ConfigError("trainer.epochs", "both trainer.epochs and trainer.max_steps are null, so training would never stop.", "set trainer.epochs=5 or trainer.max_steps=1000.")
+    if epochs is not None and not _positive_int(epochs):
+        raise ConfigError("trainer.epochs", f"must be a positive integer (or null), got {epochs!r}.", "set trainer.epochs=1 or more, or trainer.epochs=null with trainer.max_steps set.")
+    if max_steps is not None and not _positive_int(max_steps):
+        raise ConfigError("trainer.max_steps", f"must be a positive integer (or null), got {max_steps!r}.", "set trainer.max_steps=1 or more, or null to train for trainer.epochs.")
+    batch = trainer.batch_size
+    if not _positive_int(batch):
+        raise ConfigError("trainer.batch_size", f"must be a positive integer, got {batch!r}.", "set e.g. trainer.batch_size=64.")
+    replicas = data_parallel_size(cfg, layout)
+    chunks = int(cfg.strategy.get("chunks") or 1)
+    divisor = replicas * chunks
+    if batch % divisor != 0:
+        what = f"world size {replicas}" if chunks == 1 else f"data-parallel size {replicas} x strategy.chunks={chunks}"
+        suggestion = max(divisor, (batch // divisor) * divisor)
+        raise ConfigError(
+            "trainer.batch_size",
+            f"the global batch {batch} does not split evenly over the {what} ({layout.describe()}).",
+            f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}.",
+        )
+    if normalize_precision(trainer.precision) not in PRECISIONS:
+        raise ConfigError("trainer.precision", f"unknown precision {trainer.precision!r}.", "use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16.")
+    if trainer.optimizer not in OPTIMIZERS:
+        raise ConfigError("trainer.optimizer", f"unknown optimizer {trainer.optimizer!r}.", f"use one of: {', '.join(OPTIMIZERS)}.")
+    if trainer.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError("trainer.lr_schedule", f"unknown schedule {trainer.lr_schedule!r}.", f"use one of: {', '.join(LR_SCHEDULES)}.")
+    if not (isinstance(trainer.lr, (int, float)) and trainer.lr > 0):
+        raise ConfigError("trainer.lr", f"must be a positive number, got {trainer.lr!r}.", "set e.g. trainer.lr=0.05.")
+
+
+def check_data(cfg: DictConfig) -> None:
+    data = cfg.data
+    if data.name != "imagefolder":
+        return
+    if OmegaConf.is_missing(data, "root") or not data.root:
+        raise ConfigError("data.root", "data=imagefolder needs the dataset folder, and none was given.", "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.")
+    root = Path(str(data.root)).expanduser()
+    if not root.is_dir():
+        raise ConfigError("data.root", f"{root} does not exist or is not a folder.", "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.")
+    if OmegaConf.is_missing(data, "num_classes"):
+        raise ConfigError("data.num_classes", "data=imagefolder needs the number of classes.", "pass data.num_classes=N, the number of class folders under train/.")
+    for split_key in ("train_dir", "val_dir"):
+        split = root / str(data[split_key])
+        classes = sorted(p.name for p in split.iterdir() if p.is_dir()) if split.is_dir() else []
+        if not classes:
+            raise ConfigError("data.root", f"{split} has no class folders.", f"put one folder per class under {split}, or point data.root (and data.{split_key}) at the right place.")
+        if len(classes) != int(data.num_classes):
+            raise ConfigError("data.num_classes", f"{split} has {len(classes)} class folders but data.num_classes={data.num_classes}.", f"set data.num_classes={len(classes)} or fix the folders.")
+        has_image = any(f.suffix.lower() in IMAGE_SUFFIXES for c in classes for f in (split / c).iterdir())
+        if not has_image:
+            raise ConfigError("data.root", f"the class folders under {split} hold no images.", "check data.root: each class folder needs image files (.jpg, .png, ...).")
+
+
+def check_resume(cfg: DictConfig) -> None:
+    resume = str(cfg.resume)
+    if resume in RESUME_WORDS:
+        return
+    if not Path(resume).expanduser().is_file():
+        raise ConfigError("resume", f"{resume} is not a checkpoint file.", "use resume=auto (newest checkpoint in the run dir), resume=never, or resume=/path/to/checkpoint.pt.")
+
+
+def check_output_dir(run_dir: Path) -> None:
+    probe = run_dir
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise ConfigError("hydra.run.dir", f"the run directory {run_dir} cannot be written ({probe} is not writable).", "pass hydra.run.dir=/a/writable/path (e.g. on $SCRATCH or $WORK).")
+
+
+def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
+    """Run every launch-side check; the first failure raises ConfigError."""
+    check_trainer(cfg, layout)
+    check_data(cfg)
+    check_resume(cfg)
+    check_output_dir(run_dir)

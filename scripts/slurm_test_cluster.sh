@@ -1,0 +1,623 @@
+#!/usr/bin/env bash
+# =============================================================================
+# slurm_test_cluster.sh - start/stop a REAL, local, multi-node Slurm test
+# cluster for hpc_train's test suite and CI (Debian/Ubuntu, run as root).
+# =============================================================================
+#
+# USAGE
+#   scripts/slurm_test_cluster.sh start    # install pkgs if missing, start all
+#   scripts/slurm_test_cluster.sh stop     # stop daemons, remove netns/bridge
+#   scripts/slurm_test_cluster.sh restart  # stop + start
+#   scripts/slurm_test_cluster.sh status   # exit 0 iff up and all nodes usable
+#   scripts/slurm_test_cluster.sh env      # print `export ...` lines (for eval)
+#   scripts/slurm_test_cluster.sh purge    # stop + delete the state directory
+#                                          # (config, DB, job history)
+#
+#   eval "$(scripts/slurm_test_cluster.sh env)"
+#   sbatch -N2 --ntasks-per-node=2 --gres=gpu:4 --wrap 'srun hostname'
+#
+# WHAT `start` DOES / CREATES
+#   * Installs (only when missing; checked with dpkg, so re-runs are fast):
+#       slurmctld slurmd slurm-client munge slurmdbd mariadb-server
+#     via `apt-get update` (once) + `apt-get install -y --no-install-recommends`.
+#     Packages are never removed again.
+#   * Everything else lives in ONE state directory ($HPC_TRAIN_SLURM_DIR,
+#     default /tmp/hpc-train-slurm):
+#       etc/slurm.conf etc/gres.conf etc/cgroup.conf   (regenerated each start)
+#       etc/slurmdbd.conf  (mode 600, owner root = SlurmUser)
+#       munge/munge.key    (generated once; private munged, own socket)
+#       mysql/             (private MariaDB datadir, 127.0.0.1:$DB_PORT only)
+#       spool/ctld spool/slurmd-<node>   (Slurm state; kept across stop/start,
+#                                         so job ids and sacct history persist)
+#       dev/<node>/nvidia[0-3]  (placeholder char devices backing Gres=gpu:4;
+#                                same major/minor as /dev/null -> harmless)
+#       run/ (pid files, sockets)   log/ (all daemon logs)
+#   * Network: a bridge `hpcbr0` with 10.77.0.1/24 on the host (the
+#     controller address) and, per compute node i, a network namespace
+#     `hpcnode<i>` with a veth pair (host side `hpcveth<i>`, ns side `eth0`)
+#     and address 10.77.0.(10+i). No default route, no NAT, no forwarding:
+#     the namespaces can only reach 10.77.0.0/24.
+#   * /etc/hosts: a marked block (# BEGIN/END hpc-train-slurm) mapping
+#     hpcctl -> 10.77.0.1 and hpcnode<i> -> 10.77.0.(10+i). Updated in place
+#     (works with bind-mounted /etc/hosts), removed again by `stop`.
+#   * Daemons (started directly, no systemd): munged (as user munge),
+#     mariadbd (as user mysql), slurmdbd, slurmctld (host netns), and one
+#     slurmd per node: `ip netns exec hpcnode<i> unshare --uts` with the UTS
+#     hostname set to hpcnode<i>, then `slurmd -N hpcnode<i>`. So inside a job
+#     `hostname` == SLURMD_NODENAME and resolves (via /etc/hosts) to the
+#     node's own private IP - torch.distributed/MASTER_ADDR style rendezvous
+#     between nodes works over real TCP. The file system is shared, so the
+#     project's venv is visible to jobs (jobs run as the submitting user).
+#   * Cluster "hpctrain": nodes hpcnode[1-2], each CPUs=8 (more than the
+#     machine has: SlurmdParameters=config_overrides), RealMemory=8000,
+#     Gres=gpu:4. Partitions: debug (Default=YES) and gpu_p2, both with all
+#     nodes and MaxTime=INFINITE. select/cons_tres + CR_Core (memory is not a
+#     consumable, --mem <= RealMemory is accepted). proctrack/linuxproc +
+#     task/none (no cgroups needed), jobacct_gather/none, PreemptMode=OFF,
+#     JobRequeue=1, KillWait=5, MinJobAge=300, fast scheduler loop.
+#     Accounting via slurmdbd with AccountingStorageTRES=gres/gpu (so `sacct`
+#     works and TRES shows gres/gpu=N); account `hpctest` exists and root is
+#     a user in it (--account=hpctest works); AccountingStorageEnforce is
+#     not set, so any user/account may submit.
+#   * Waits (bounded, $HPC_TRAIN_SLURM_START_TIMEOUT s) until every node is
+#     idle; otherwise prints the tails of all daemon logs and exits non-zero.
+#   * Idempotent: if the cluster is already healthy `start` returns at once;
+#     a half-started cluster is torn down (like `stop`) and started afresh.
+#
+# CLIENT ENVIRONMENT
+#   Every process talking to the cluster needs
+#       SLURM_CONF=$HPC_TRAIN_SLURM_DIR/etc/slurm.conf
+#   (`env` prints it). Convenience: if /etc/slurm/slurm.conf does not exist
+#   or is a symlink, `start` makes it a symlink to our slurm.conf, so plain
+#   `sbatch`/`squeue`/`sacct` work without SLURM_CONF too (a regular file
+#   there is never touched; set HPC_TRAIN_SLURM_LINK_ETC=0 to skip this).
+#   `stop` removes the symlink again if it points to us. Jobs inherit the
+#   submitter's environment, so SLURM_CONF propagates into jobs and steps.
+#
+# ENVIRONMENT VARIABLES (all optional)
+#   HPC_TRAIN_SLURM_DIR            state dir           [/tmp/hpc-train-slurm]
+#   HPC_TRAIN_SLURM_NODES          number of nodes (1-9)                [2]
+#   HPC_TRAIN_SLURM_NET            /24 prefix of the private net  [10.77.0]
+#   HPC_TRAIN_SLURM_CPUS           CPUs declared per node               [8]
+#   HPC_TRAIN_SLURM_MEM_MB         RealMemory per node (MB)          [8000]
+#   HPC_TRAIN_SLURM_GPUS           placeholder GPUs per node            [4]
+#   HPC_TRAIN_SLURM_CLUSTER        ClusterName                   [hpctrain]
+#   HPC_TRAIN_SLURM_START_TIMEOUT  seconds to wait for idle nodes      [90]
+#   HPC_TRAIN_SLURM_LINK_ETC       1/0: manage /etc/slurm/slurm.conf link [1]
+#   HPC_TRAIN_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT
+#                                  ports [6817 / 6818 / 6819 / 3399]
+#
+# REQUIREMENTS: root, iproute2 (`ip netns`), util-linux (`unshare`,
+# `runuser`), apt (only if the packages are missing). Tested with Debian 12
+# (Slurm 22.05, MariaDB 10.11) in a container without systemd.
+# =============================================================================
+set -euo pipefail
+
+STATE_DIR="${HPC_TRAIN_SLURM_DIR:-/tmp/hpc-train-slurm}"
+NUM_NODES="${HPC_TRAIN_SLURM_NODES:-2}"
+NET="${HPC_TRAIN_SLURM_NET:-10.77.0}"
+NODE_CPUS="${HPC_TRAIN_SLURM_CPUS:-8}"
+NODE_MEM="${HPC_TRAIN_SLURM_MEM_MB:-8000}"
+NODE_GPUS="${HPC_TRAIN_SLURM_GPUS:-4}"
+CLUSTER="${HPC_TRAIN_SLURM_CLUSTER:-hpctrain}"
+START_TIMEOUT="${HPC_TRAIN_SLURM_START_TIMEOUT:-90}"
+LINK_ETC="${HPC_TRAIN_SLURM_LINK_ETC:-1}"
+CTLD_PORT="${HPC_TRAIN_SLURM_CTLD_PORT:-6817}"
+SLURMD_PORT="${HPC_TRAIN_SLURM_SLURMD_PORT:-6818}"
+DBD_PORT="${HPC_TRAIN_SLURM_DBD_PORT:-6819}"
+DB_PORT="${HPC_TRAIN_SLURM_DB_PORT:-3399}"
+
+PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+BRIDGE=hpcbr0
+NODE_PREFIX=hpcnode
+CTL_ALIAS=hpcctl
+CTL_IP="${NET}.1"
+ACCOUNT=hpctest
+HOSTS_BEGIN="# BEGIN hpc-train-slurm (${STATE_DIR})"
+HOSTS_END="# END hpc-train-slurm (${STATE_DIR})"
+ETC_LINK=/etc/slurm/slurm.conf
+
+ETC="$STATE_DIR/etc"
+RUN="$STATE_DIR/run"
+LOG="$STATE_DIR/log"
+SPOOL="$STATE_DIR/spool"
+MUNGE_DIR="$STATE_DIR/munge"
+MUNGE_RUN="$RUN/munge"
+MUNGE_SOCK="$MUNGE_RUN/munge.socket.2"
+DB_DIR="$STATE_DIR/mysql"
+DB_RUN="$RUN/mysqld"
+DB_SOCK="$DB_RUN/mysqld.sock"
+SLURM_CONF_FILE="$ETC/slurm.conf"
+# Every daemon we start carries this variable; `stop` uses it (besides pid
+# files and `ip netns pids`) to find strays of exactly this instance.
+MARK_VAR=HPC_TRAIN_SLURM_DAEMON
+MARK="${MARK_VAR}=${STATE_DIR}"
+
+log() { printf '[slurm-test-cluster] %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+node_name() { echo "${NODE_PREFIX}$1"; }
+node_ip() { echo "${NET}.$((10 + $1))"; }
+node_list() { if [ "$NUM_NODES" -eq 1 ]; then echo "${NODE_PREFIX}1"; else echo "${NODE_PREFIX}[1-${NUM_NODES}]"; fi; }
+
+validate() {
+  [[ "$NUM_NODES" =~ ^[1-9]$ ]] || die "HPC_TRAIN_SLURM_NODES must be 1..9"
+  [[ "$NET" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "HPC_TRAIN_SLURM_NET must look like 10.77.0"
+  case "$STATE_DIR" in /*) ;; *) die "HPC_TRAIN_SLURM_DIR must be an absolute path";; esac
+  [ "$STATE_DIR" != / ] || die "refusing STATE_DIR=/"
+}
+
+need_root() { [ "$(id -u)" -eq 0 ] || die "must run as root (namespaces, daemons, apt)"; }
+
+export SLURM_CONF="$SLURM_CONF_FILE"
+
+# ----------------------------------------------------------------- packages
+install_packages() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  for p in ip unshare runuser setsid; do
+    command -v "$p" >/dev/null || die "missing command '$p' (iproute2/util-linux)"
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  log "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >"/tmp/hpc-train-slurm-apt.log" 2>&1 || { cat /tmp/hpc-train-slurm-apt.log >&2; die "apt-get update failed"; }
+  # policy-rc.d: keep the packages' init scripts from starting system daemons
+  local prc=/usr/sbin/policy-rc.d created_prc=0
+  if [ ! -e "$prc" ]; then printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod 755 "$prc"; created_prc=1; fi
+  if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"/tmp/hpc-train-slurm-apt.log" 2>&1; then
+    [ "$created_prc" -eq 1 ] && rm -f "$prc"
+    tail -n 30 /tmp/hpc-train-slurm-apt.log >&2; die "apt-get install failed"
+  fi
+  [ "$created_prc" -eq 1 ] && rm -f "$prc"
+  return 0
+}
+
+# ---------------------------------------------------------------- processes
+pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
+pidfile_pid() { [ -s "$1" ] && tr -dc '0-9' <"$1" || true; }
+pidfile_alive() { pid_alive "$(pidfile_pid "$1")"; }
+
+# pids of processes whose environment carries our exact marker
+marked_pids() {
+  local d pid
+  for d in /proc/[0-9]*; do
+    pid="${d#/proc/}"
+    [ "$pid" = "$$" ] && continue
+    if tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "$MARK"; then echo "$pid"; fi
+  done
+}
+
+# kill_pids SECONDS pid... : TERM, wait up to SECONDS, then KILL
+kill_pids() {
+  local wait_s="$1"; shift
+  local pids=() p
+  for p in "$@"; do pid_alive "$p" && pids+=("$p"); done
+  [ "${#pids[@]}" -eq 0 ] && return 0
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  local end=$((SECONDS + wait_s)) alive
+  while :; do
+    alive=()
+    for p in "${pids[@]}"; do pid_alive "$p" && alive+=("$p"); done
+    [ "${#alive[@]}" -eq 0 ] && return 0
+    [ "$SECONDS" -ge "$end" ] && break
+    sleep 0.2
+  done
+  kill -KILL "${alive[@]}" 2>/dev/null || true
+  sleep 0.2
+}
+
+# ----------------------------------------------------------------- network
+setup_network() {
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    # refuse to shadow a subnet that something else on the host already uses
+    if ip -4 route show | grep -qE "^${NET//./\\.}\.0/24 "; then
+      die "${NET}.0/24 is already routed on this host; set HPC_TRAIN_SLURM_NET"
+    fi
+    ip link add "$BRIDGE" type bridge
+  fi
+  ip addr replace "${CTL_IP}/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  local i ns veth
+  for i in $(seq 1 "$NUM_NODES"); do
+    ns="$(node_name "$i")"; veth="hpcveth$i"
+    ip netns list | awk '{print $1}' | grep -qxF "$ns" || ip netns add "$ns"
+    if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+      ip link del "$veth" 2>/dev/null || true
+      ip link add "$veth" type veth peer name "${veth}p"
+      ip link set "${veth}p" netns "$ns"
+      ip -n "$ns" link set "${veth}p" name eth0
+    fi
+    ip link set "$veth" master "$BRIDGE"
+    ip link set "$veth" up
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr replace "$(node_ip "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+teardown_network() {
+  local ns i
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  for i in 1 2 3 4 5 6 7 8 9; do ip link del "hpcveth$i" 2>/dev/null || true; done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+# write /etc/hosts in place (it may be a bind mount that cannot be renamed)
+hosts_update() {
+  local tmp; tmp="$(mktemp)"
+  awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{skip=1;next} $0==e{skip=0;next} !skip' /etc/hosts >"$tmp"
+  if [ "${1:-add}" = add ]; then
+    {
+      echo "$HOSTS_BEGIN"
+      echo "${CTL_IP} ${CTL_ALIAS}"
+      local i; for i in $(seq 1 "$NUM_NODES"); do echo "$(node_ip "$i") $(node_name "$i")"; done
+      echo "$HOSTS_END"
+    } >>"$tmp"
+  fi
+  cmp -s "$tmp" /etc/hosts || cat "$tmp" >/etc/hosts
+  rm -f "$tmp"
+}
+
+# ------------------------------------------------------------------ config
+write_config() {
+  install -d -m 755 "$STATE_DIR" "$ETC" "$RUN" "$LOG" "$SPOOL" "$SPOOL/ctld" "$STATE_DIR/dev"
+  install -d -m 700 -o munge -g munge "$MUNGE_DIR"
+  install -d -m 755 -o munge -g munge "$MUNGE_RUN"
+  install -d -m 755 -o mysql -g mysql "$DB_RUN"
+  install -d -m 750 -o mysql -g mysql "$DB_DIR"
+
+  if [ ! -s "$MUNGE_DIR/munge.key" ]; then
+    dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
+  fi
+  chown munge:munge "$MUNGE_DIR/munge.key"; chmod 400 "$MUNGE_DIR/munge.key"
+
+  if [ ! -s "$ETC/.dbpass" ]; then
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$ETC/.dbpass")
+  fi
+
+  local i n gpu_last=$((NODE_GPUS - 1)) host; host="$(hostname -s)"
+  for i in $(seq 1 "$NUM_NODES"); do
+    n="$(node_name "$i")"
+    install -d -m 755 "$SPOOL/slurmd-$n" "$STATE_DIR/dev/$n"
+    for g in $(seq 0 "$gpu_last"); do
+      local dev="$STATE_DIR/dev/$n/nvidia$g"
+      [ -c "$dev" ] || { rm -f "$dev"; mknod -m 666 "$dev" c 1 3; }
+    done
+  done
+
+  cat >"$SLURM_CONF_FILE.tmp" <<EOF
+# Generated by scripts/slurm_test_cluster.sh - do not edit (rewritten on start)
+ClusterName=${CLUSTER}
+SlurmctldHost=${host}(${CTL_IP})
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=${CTLD_PORT}
+SlurmdPort=${SLURMD_PORT}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=${MUNGE_SOCK}
+StateSaveLocation=${SPOOL}/ctld
+SlurmdSpoolDir=${SPOOL}/slurmd-%n
+SlurmctldPidFile=${RUN}/slurmctld.pid
+SlurmdPidFile=${RUN}/slurmd-%n.pid
+SlurmctldLogFile=${LOG}/slurmctld.log
+SlurmdLogFile=${LOG}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+MpiDefault=none
+SwitchType=switch/none
+ReturnToService=2
+# timeouts: generous for a loaded 2-core CI box, but fast kill/cancel
+SlurmctldTimeout=120
+SlurmdTimeout=300
+MessageTimeout=20
+UnkillableStepTimeout=120
+InactiveLimit=0
+KillWait=5
+Waittime=0
+MinJobAge=300
+JobRequeue=1
+# scheduling
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2,sched_min_interval=0
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+PreemptType=preempt/none
+PreemptMode=OFF
+GresTypes=gpu
+# accounting
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=${CTL_IP}
+AccountingStoragePort=${DBD_PORT}
+AccountingStorageTRES=gres/gpu
+AccountingStoreFlags=job_comment,job_env,job_script
+JobCompType=jobcomp/none
+# nodes & partitions
+EOF
+  for i in $(seq 1 "$NUM_NODES"); do
+    n="$(node_name "$i")"
+    echo "NodeName=${n} NodeAddr=$(node_ip "$i") NodeHostname=${n} CPUs=${NODE_CPUS} Boards=1 SocketsPerBoard=1 CoresPerSocket=${NODE_CPUS} ThreadsPerCore=1 RealMemory=${NODE_MEM} Gres=gpu:${NODE_GPUS} State=UNKNOWN" >>"$SLURM_CONF_FILE.tmp"
+  done
+  cat >>"$SLURM_CONF_FILE.tmp" <<EOF
+PartitionName=debug Nodes=$(node_list) Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu_p2 Nodes=$(node_list) Default=NO MaxTime=INFINITE State=UP
+EOF
+  mv -f "$SLURM_CONF_FILE.tmp" "$SLURM_CONF_FILE"; chmod 644 "$SLURM_CONF_FILE"
+
+  {
+    echo "# Generated by scripts/slurm_test_cluster.sh"
+    echo "AutoDetect=off"
+    for i in $(seq 1 "$NUM_NODES"); do
+      n="$(node_name "$i")"
+      echo "NodeName=${n} Name=gpu File=${STATE_DIR}/dev/${n}/nvidia[0-${gpu_last}]"
+    done
+  } >"$ETC/gres.conf"
+  chmod 644 "$ETC/gres.conf"
+
+  # Only read by cgroup plugins, which this cluster does not use; present so
+  # nothing falls back to /etc/slurm/cgroup.conf.
+  printf '# Generated by scripts/slurm_test_cluster.sh (cgroups unused)\nCgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
+  chmod 644 "$ETC/cgroup.conf"
+
+  (umask 077; cat >"$ETC/slurmdbd.conf" <<EOF
+# Generated by scripts/slurm_test_cluster.sh
+AuthType=auth/munge
+AuthInfo=socket=${MUNGE_SOCK}
+DbdHost=localhost
+DbdPort=${DBD_PORT}
+SlurmUser=root
+DebugLevel=info
+LogFile=${LOG}/slurmdbd.log
+PidFile=${RUN}/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=${DB_PORT}
+StorageUser=slurm
+StoragePass=$(cat "$ETC/.dbpass")
+StorageLoc=slurm_acct_db
+EOF
+  )
+  chown root:root "$ETC/slurmdbd.conf"; chmod 600 "$ETC/slurmdbd.conf"
+
+  if [ "$LINK_ETC" = 1 ]; then
+    install -d -m 755 /etc/slurm
+    if [ -L "$ETC_LINK" ] || [ ! -e "$ETC_LINK" ]; then
+      ln -sfn "$SLURM_CONF_FILE" "$ETC_LINK"
+    else
+      log "WARNING: $ETC_LINK is a regular file; not replacing it - clients need SLURM_CONF=$SLURM_CONF_FILE"
+    fi
+  fi
+}
+
+# ----------------------------------------------------------------- daemons
+# run a daemon with our marker in its environment
+mark_env() { env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" "$@"; }
+
+wait_for() {  # wait_for SECONDS DESCRIPTION CMD... ; polls CMD every 0.3 s
+  local t="$1" what="$2"; shift 2
+  local end=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -ge "$end" ] && { log "timed out waiting for $what"; return 1; }
+    sleep 0.3
+  done
+}
+
+start_munge() {
+  pidfile_alive "$MUNGE_RUN/munged.pid" && return 0
+  rm -f "$MUNGE_SOCK" "$MUNGE_SOCK.lock"
+  mark_env runuser -u munge -- /usr/sbin/munged \
+    --key-file="$MUNGE_DIR/munge.key" --socket="$MUNGE_SOCK" \
+    --pid-file="$MUNGE_RUN/munged.pid" --log-file="$MUNGE_DIR/munged.log" \
+    --seed-file="$MUNGE_DIR/munged.seed" --num-threads=4 \
+    </dev/null >>"$LOG/munged.stdout" 2>&1
+  wait_for 15 munged sh -c "munge -n -S '$MUNGE_SOCK' | unmunge -S '$MUNGE_SOCK'"
+}
+
+db() { mariadb --no-defaults -S "$DB_SOCK" -uroot "$@"; }
+
+start_mariadb() {
+  if [ ! -d "$DB_DIR/mysql" ]; then
+    log "initialising MariaDB datadir $DB_DIR"
+    mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR" \
+      --auth-root-authentication-method=socket --skip-test-db \
+      >"$LOG/mariadb-install.log" 2>&1 || { tail -n 20 "$LOG/mariadb-install.log" >&2; return 1; }
+  fi
+  if ! pidfile_alive "$DB_RUN/mysqld.pid"; then
+    rm -f "$DB_SOCK"
+    mark_env setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
+      --socket="$DB_SOCK" --pid-file="$DB_RUN/mysqld.pid" --port="$DB_PORT" \
+      --bind-address=127.0.0.1 --skip-name-resolve --log-error="$LOG/mariadb.log" \
+      --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
+      --max-connections=100 </dev/null >>"$LOG/mariadb.stdout" 2>&1 &
+  fi
+  wait_for 60 mariadb mariadb-admin --no-defaults -S "$DB_SOCK" -uroot ping || return 1
+  local pw; pw="$(cat "$ETC/.dbpass")"
+  db -e "CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$pw';
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pw';
+    ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$pw';
+    ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$pw';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+    FLUSH PRIVILEGES;"
+}
+
+start_slurmdbd() {
+  pidfile_alive "$RUN/slurmdbd.pid" ||
+    mark_env /usr/sbin/slurmdbd </dev/null >>"$LOG/slurmdbd.stdout" 2>&1
+  wait_for 60 slurmdbd sacctmgr -n list cluster || return 1
+}
+
+register_accounts() {
+  sacctmgr -n -P list cluster format=cluster | grep -qxF "$CLUSTER" ||
+    sacctmgr -i add cluster "$CLUSTER" >/dev/null
+  sacctmgr -n -P list account "$ACCOUNT" format=account | grep -qxF "$ACCOUNT" ||
+    sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description="hpc_train tests" Organization=hpctest >/dev/null
+  sacctmgr -n -P list assoc cluster="$CLUSTER" account="$ACCOUNT" user=root format=user | grep -qxF root ||
+    sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" >/dev/null
+}
+
+start_slurmctld() {
+  pidfile_alive "$RUN/slurmctld.pid" ||
+    mark_env /usr/sbin/slurmctld -f "$SLURM_CONF_FILE" </dev/null >>"$LOG/slurmctld.stdout" 2>&1
+  wait_for 60 slurmctld scontrol ping || return 1
+}
+
+start_slurmd() {
+  local i n
+  for i in $(seq 1 "$NUM_NODES"); do
+    n="$(node_name "$i")"
+    pidfile_alive "$RUN/slurmd-$n.pid" && continue
+    # own netns (own IP) + own UTS namespace (hostname == node name)
+    ip netns exec "$n" unshare --uts -- /bin/sh -c \
+      'hostname "$1" && shift && exec "$@"' sh "$n" \
+      env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" /usr/sbin/slurmd -f "$SLURM_CONF_FILE" -N "$n" \
+      </dev/null >>"$LOG/slurmd-$n.stdout" 2>&1
+  done
+}
+
+# prints "node|state" for every configured node
+node_states() { sinfo -h -N -p debug -o '%N|%T' 2>/dev/null | sort -u; }
+
+nodes_ready() {  # all nodes usable; with arg 'idle': all idle
+  local states want="${1:-usable}" ok=0 n s
+  states="$(node_states)" || return 1
+  while IFS='|' read -r n s; do
+    [ -n "$n" ] || continue
+    case "$want:$s" in
+      idle:idle|usable:idle|usable:mixed|usable:allocated|usable:completing) ok=$((ok + 1)) ;;
+      *) return 1 ;;
+    esac
+  done <<<"$states"
+  [ "$ok" -eq "$NUM_NODES" ]
+}
+
+daemons_alive() {
+  local i
+  pidfile_alive "$MUNGE_RUN/munged.pid" && pidfile_alive "$DB_RUN/mysqld.pid" &&
+    pidfile_alive "$RUN/slurmdbd.pid" && pidfile_alive "$RUN/slurmctld.pid" || return 1
+  for i in $(seq 1 "$NUM_NODES"); do
+    pidfile_alive "$RUN/slurmd-$(node_name "$i").pid" || return 1
+  done
+}
+
+healthy() { [ -f "$SLURM_CONF_FILE" ] && daemons_alive && nodes_ready usable; }
+
+wait_nodes_idle() {
+  local end=$((SECONDS + START_TIMEOUT)) last_resume=0 n s
+  while :; do
+    nodes_ready idle && return 0
+    [ "$SECONDS" -ge "$end" ] && return 1
+    # nodes drained/down from an earlier life of the cluster: resume them
+    if [ $((SECONDS - last_resume)) -ge 5 ]; then
+      last_resume=$SECONDS
+      while IFS='|' read -r n s; do
+        case "$s" in
+          drain*|down|drained*|fail*|*maint*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;
+        esac
+      done <<<"$(node_states)"
+    fi
+    sleep 0.5
+  done
+}
+
+dump_logs() {
+  local f
+  log "daemon processes alive? munged:$(pidfile_alive "$MUNGE_RUN/munged.pid" && echo y || echo n)" \
+    "mariadb:$(pidfile_alive "$DB_RUN/mysqld.pid" && echo y || echo n)" \
+    "slurmdbd:$(pidfile_alive "$RUN/slurmdbd.pid" && echo y || echo n)" \
+    "slurmctld:$(pidfile_alive "$RUN/slurmctld.pid" && echo y || echo n)"
+  sinfo -N 2>&1 | sed 's/^/  sinfo: /' >&2 || true
+  for f in "$MUNGE_DIR/munged.log" "$LOG"/*.log "$LOG"/*.stdout; do
+    [ -s "$f" ] || continue
+    [ -f "$f" ] || continue
+    echo "----- last lines of $f -----" >&2
+    tail -n 25 "$f" >&2
+  done
+}
+
+# ---------------------------------------------------------------- commands
+cmd_stop() {
+  need_root
+  local i n pids=()
+  # 1. everything inside the node namespaces (slurmd, slurmstepd, job tasks)
+  for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
+    pids+=($(ip netns pids "$n" 2>/dev/null || true))
+  done
+  for f in "$RUN"/slurmd-*.pid; do [ -f "$f" ] && pids+=("$(pidfile_pid "$f")"); done
+  kill_pids 10 "${pids[@]}"
+  # 2. controller, dbd, database, munge (in this order)
+  kill_pids 15 "$(pidfile_pid "$RUN/slurmctld.pid")"
+  kill_pids 15 "$(pidfile_pid "$RUN/slurmdbd.pid")"
+  kill_pids 30 "$(pidfile_pid "$DB_RUN/mysqld.pid")"
+  kill_pids 10 "$(pidfile_pid "$MUNGE_RUN/munged.pid")"
+  # 3. strays of this instance (e.g. pid file lost)
+  mapfile -t pids < <(marked_pids)
+  [ "${#pids[@]}" -gt 0 ] && kill_pids 10 "${pids[@]}"
+  rm -f "$RUN"/*.pid "$MUNGE_RUN"/munged.pid "$DB_RUN"/mysqld.pid 2>/dev/null || true
+  teardown_network
+  if [ -f /etc/hosts ]; then hosts_update remove; fi
+  if [ -L "$ETC_LINK" ] && [ "$(readlink "$ETC_LINK")" = "$SLURM_CONF_FILE" ]; then rm -f "$ETC_LINK"; fi
+  log "stopped"
+}
+
+cmd_start() {
+  need_root
+  validate
+  local t0=$SECONDS
+  if healthy; then
+    log "already running and healthy (SLURM_CONF=$SLURM_CONF_FILE)"
+    return 0
+  fi
+  install_packages
+  # half-started or stale: clean everything of this instance first
+  if [ -d "$RUN" ] || ip link show "$BRIDGE" >/dev/null 2>&1; then
+    cmd_stop 2>/dev/null || true
+  fi
+  log "starting cluster '$CLUSTER' ($NUM_NODES nodes) in $STATE_DIR"
+  write_config
+  setup_network
+  hosts_update add
+  local ok=1
+  start_munge && start_mariadb && start_slurmdbd && register_accounts &&
+    start_slurmctld && start_slurmd && wait_nodes_idle || ok=0
+  if [ "$ok" -ne 1 ]; then
+    log "cluster did not come up within the time limits"
+    dump_logs
+    return 1
+  fi
+  log "up in $((SECONDS - t0)) s; use: export SLURM_CONF=$SLURM_CONF_FILE"
+  sinfo
+}
+
+cmd_status() {
+  if [ -f "$SLURM_CONF_FILE" ] && sinfo 2>/dev/null; then
+    if healthy; then echo "status: up (all $NUM_NODES nodes usable)"; return 0; fi
+    echo "status: DEGRADED"; return 1
+  fi
+  echo "status: down"; return 1
+}
+
+cmd_env() {
+  echo "export SLURM_CONF=$SLURM_CONF_FILE"
+  echo "export HPC_TRAIN_SLURM_DIR=$STATE_DIR"
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  restart) cmd_stop; cmd_start ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  purge) cmd_stop; rm -rf --one-file-system "$STATE_DIR"; log "removed $STATE_DIR" ;;
+  *) echo "usage: $0 {start|stop|restart|status|env|purge}" >&2; exit 2 ;;
+esac

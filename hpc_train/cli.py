@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import List
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -29,7 +30,22 @@ def _app(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def _precheck_output_dirs(argv: List[str]) -> None:
+    """Hydra creates the run dir before our code runs; refuse an unusable one with a clear message first."""
+    from hpc_train.launch.validate import check_output_dir
+
+    multirun = any(arg in ("-m", "--multirun") for arg in argv)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith(key + "=")]
+    check_output_dir(Path(given[-1]) if given else Path.cwd(), key)
+
+
 def main() -> None:
+    try:
+        _precheck_output_dirs(sys.argv[1:])
+    except ConfigError as err:
+        print(err.message, file=sys.stderr)
+        sys.exit(2)
     _app()
 
 

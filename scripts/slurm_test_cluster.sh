@@ -42,7 +42,8 @@
 #     (works with bind-mounted /etc/hosts), removed again by `stop`.
 #   * Daemons (started directly, no systemd): munged (as user munge),
 #     mariadbd (as user mysql), slurmdbd, slurmctld (host netns), and one
-#     slurmd per node: `ip netns exec hpcnode<i> unshare --uts` with the UTS
+#     slurmd per node: `nsenter --net=/run/netns/hpcnode<i> unshare --uts`
+#     (the host's mount namespace, so /sys/fs/cgroup stays visible) with the UTS
 #     hostname set to hpcnode<i>, then `slurmd -N hpcnode<i>`. So inside a job
 #     `hostname` == SLURMD_NODENAME and resolves (via /etc/hosts) to the
 #     node's own private IP - torch.distributed/MASTER_ADDR style rendezvous
@@ -157,7 +158,7 @@ install_packages() {
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
-  for p in ip unshare runuser setsid; do
+  for p in ip nsenter unshare runuser setsid; do
     command -v "$p" >/dev/null || die "missing command '$p' (iproute2/util-linux)"
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
@@ -186,7 +187,7 @@ marked_pids() {
   for d in /proc/[0-9]*; do
     pid="${d#/proc/}"
     [ "$pid" = "$$" ] && continue
-    if tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qxF "$MARK"; then echo "$pid"; fi
+    if tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qxF "$MARK"; then echo "$pid"; fi
   done
 }
 
@@ -270,6 +271,7 @@ write_config() {
   install -d -m 755 -o munge -g munge "$MUNGE_RUN"
   install -d -m 755 -o mysql -g mysql "$DB_RUN"
   install -d -m 750 -o mysql -g mysql "$DB_DIR"
+  install -d -m 755 -o mysql -g mysql "$LOG/mysql"
 
   if [ ! -s "$MUNGE_DIR/munge.key" ]; then
     dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
@@ -338,6 +340,8 @@ GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=${CTL_IP}
 AccountingStoragePort=${DBD_PORT}
+# for slurmdbd connections the munge socket is given here, not by AuthInfo
+AccountingStoragePass=${MUNGE_SOCK}
 AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment,job_env,job_script
 JobCompType=jobcomp/none
@@ -433,11 +437,11 @@ start_mariadb() {
   fi
   if ! pidfile_alive "$DB_RUN/mysqld.pid"; then
     rm -f "$DB_SOCK"
-    mark_env setsid /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
+    mark_env setsid -f /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
       --socket="$DB_SOCK" --pid-file="$DB_RUN/mysqld.pid" --port="$DB_PORT" \
-      --bind-address=127.0.0.1 --skip-name-resolve --log-error="$LOG/mariadb.log" \
+      --bind-address=127.0.0.1 --skip-name-resolve --log-error="$LOG/mysql/mariadb.log" \
       --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
-      --max-connections=100 </dev/null >>"$LOG/mariadb.stdout" 2>&1 &
+      --max-connections=100 </dev/null >>"$LOG/mariadb.stdout" 2>&1
   fi
   wait_for 60 mariadb mariadb-admin --no-defaults -S "$DB_SOCK" -uroot ping || return 1
   local pw; pw="$(cat "$ETC/.dbpass")"
@@ -477,8 +481,10 @@ start_slurmd() {
   for i in $(seq 1 "$NUM_NODES"); do
     n="$(node_name "$i")"
     pidfile_alive "$RUN/slurmd-$n.pid" && continue
-    # own netns (own IP) + own UTS namespace (hostname == node name)
-    ip netns exec "$n" unshare --uts -- /bin/sh -c \
+    # own netns (own IP) + own UTS namespace (hostname == node name).
+    # nsenter rather than `ip netns exec`: the latter remounts /sys, which
+    # hides /sys/fs/cgroup and slurmd 22.05 refuses to start without it.
+    nsenter --net="/run/netns/$n" -- unshare --uts -- /bin/sh -c \
       'hostname "$1" && shift && exec "$@"' sh "$n" \
       env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" /usr/sbin/slurmd -f "$SLURM_CONF_FILE" -N "$n" \
       </dev/null >>"$LOG/slurmd-$n.stdout" 2>&1
@@ -537,7 +543,7 @@ dump_logs() {
     "slurmdbd:$(pidfile_alive "$RUN/slurmdbd.pid" && echo y || echo n)" \
     "slurmctld:$(pidfile_alive "$RUN/slurmctld.pid" && echo y || echo n)"
   sinfo -N 2>&1 | sed 's/^/  sinfo: /' >&2 || true
-  for f in "$MUNGE_DIR/munged.log" "$LOG"/*.log "$LOG"/*.stdout; do
+  for f in "$MUNGE_DIR/munged.log" "$LOG"/*.log "$LOG"/*/*.log "$LOG"/*.stdout; do
     [ -s "$f" ] || continue
     [ -f "$f" ] || continue
     echo "----- last lines of $f -----" >&2

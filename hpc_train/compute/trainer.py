@@ -6,8 +6,10 @@ ranks gets batch_size / W samples. Rank 0 alone writes metrics.jsonl and summary
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from hpc_train.compute.models import build_model
 from hpc_train.compute.precision import grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.runlog import MetricsWriter, Progress, write_json_atomic
-from hpc_train.compute.strategies import Strategy, build_strategy
+from hpc_train.compute.strategies import Strategy
 
 log = logging.getLogger("hpc_train")
 
@@ -34,6 +36,25 @@ class TrainState:
     epoch: int = 0          # epoch in progress
     step_in_epoch: int = 0  # optimizer steps already taken in that epoch
     global_step: int = 0
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """SHA-256 over every parameter and buffer, in order: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """torch.save through a temporary file + fsync + rename: a crash never leaves a torn file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def seed_everything(seed: int) -> None:
@@ -231,6 +252,9 @@ class Trainer:
             "resumed_from_step": self.resumed_from_step,
             "torch_version": torch.__version__,
         }
+        plain = self.strategy.unwrap(self.model)
+        log.info("final parameter digest %s", parameter_digest(plain))
         if self.is_main:
+            save_atomic(plain.state_dict(), self.run_dir / "model.pt")
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary

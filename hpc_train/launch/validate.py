@@ -101,12 +101,13 @@ def check_resume(cfg: DictConfig) -> None:
         raise ConfigError("resume", f"{resume} is not a checkpoint file.", "use resume=auto (newest checkpoint in the run dir), resume=never, or resume=/path/to/checkpoint.pt.")
 
 
-def check_output_dir(run_dir: Path) -> None:
-    probe = run_dir
+def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
+    probe = Path(run_dir).absolute()
     while not probe.exists():
         probe = probe.parent
-    if not os.access(probe, os.W_OK):
-        raise ConfigError("hydra.run.dir", f"the run directory {run_dir} cannot be written ({probe} is not writable).", "pass hydra.run.dir=/a/writable/path (e.g. on $SCRATCH or $WORK).")
+    if not probe.is_dir() or not os.access(probe, os.W_OK):
+        reason = "is a file, not a folder" if not probe.is_dir() else "is not writable"
+        raise ConfigError(key, f"the output directory {run_dir} cannot be created ({probe} {reason}).", f"pass {key}=/a/writable/path (e.g. on $SCRATCH or $WORK).")
 
 
 def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:

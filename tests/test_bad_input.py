@@ -1,0 +1,65 @@
+"""Bad input is refused before anything runs: one paragraph naming the key and the fix, exit != 0, no traceback."""
+
+import pytest
+
+from tests.conftest import TINY, TINY_TRAINER, run_cli
+
+
+@pytest.mark.parametrize(
+    "overrides, key, fix",
+    [
+        (["data=imagefolder"], "data.root", "data.root=/path/to/dataset"),
+        (["data=imagefolder", "data.root=/nonexistent/dataset", "data.num_classes=3"], "data.root", "data.root="),
+        (["strategy=ddp", "resources.gpus_per_node=2", "trainer.batch_size=63"], "trainer.batch_size", "multiple of 2"),
+        (["trainer.epochs=0"], "trainer.epochs", "trainer.epochs=1"),
+        (["trainer.epochs=-3"], "trainer.epochs", "trainer.epochs=1"),
+        (["trainer.epochs=null", "trainer.max_steps=0"], "trainer.max_steps", "trainer.max_steps=1"),
+        (["trainer.epochs=null", "trainer.max_steps=-5"], "trainer.max_steps", "trainer.max_steps=1"),
+        (["trainer.epochs=null", "trainer.max_steps=null"], "trainer.epochs", "trainer.max_steps="),
+        (["trainer.precision=8"], "trainer.precision", "trainer.precision=bf16"),
+        (["resources.nodes=2"], "resources.nodes", "launcher=slurm"),
+        (["resume=/no/such/checkpoint.pt"], "resume", "resume=auto"),
+    ],
+)
+def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):
+    run_dir = tmp_path / "run"
+    base = TINY_TRAINER if any(o.startswith("data=") for o in overrides) else TINY
+    proc = run_cli([*base, *overrides], run_dir)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = proc.stderr.strip()
+    assert f"`{key}`" in message and "Fix:" in message and fix in message, message
+    assert "\n" not in message, "the error must be one paragraph"
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (run_dir / "job_config.yaml").exists(), "nothing may start after a config error"
+
+
+def test_imagefolder_class_count_must_match(tmp_path):
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (root / split / cls).mkdir(parents=True)
+            (root / split / cls / "a.png").write_bytes(b"not really a png")
+    proc = run_cli([*TINY_TRAINER, "data=imagefolder", f"data.root={root}", "data.num_classes=3"], tmp_path / "run")
+    assert proc.returncode == 2
+    assert "`data.num_classes`" in proc.stderr and "data.num_classes=2" in proc.stderr
+
+
+def test_unwritable_output_dir_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        import os
+
+        if os.access(locked, os.W_OK):  # root ignores permission bits: use a path under a file instead
+            blocker = tmp_path / "a_file"
+            blocker.write_text("")
+            run_dir = blocker / "run"
+        else:
+            run_dir = locked / "run"
+        proc = run_cli(TINY, run_dir)
+    finally:
+        locked.chmod(0o700)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "hydra.run.dir" in proc.stderr

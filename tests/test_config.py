@@ -1,0 +1,55 @@
+"""Every config in conf/ composes, and unknown options/keys fail with a clear message."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
+
+from hpc_train.cli import CONFIG_DIR
+from tests.conftest import REPO, run_cli
+
+GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
+OPTIONS = [(group, f.stem) for group in GROUPS for f in sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))]
+# Values a user must give for some options (`???` in the YAML).
+REQUIRED_VALUES = {"data=imagefolder": ["data.root=/data/imagenet", "data.num_classes=1000"]}
+
+
+def test_config_dir_is_the_repo_conf():
+    assert Path(CONFIG_DIR) == REPO / "conf"
+    assert {"strategy", "model", "data", "launcher", "cluster", "trainer", "resources"} <= set(GROUPS)
+
+
+@pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_option_composes(group, option):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        required = REQUIRED_VALUES.get(f"{group}={option}", [])
+        cfg = compose(config_name="config", overrides=[f"{group}={option}", *required])
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert container[group] is not None
+    assert cfg.strategy.name and cfg.model.name and cfg.data.name
+
+
+def test_unknown_group_option_fails_in_compose():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        with pytest.raises(MissingConfigException, match="strategy"):
+            compose(config_name="config", overrides=["strategy=does_not_exist"])
+
+
+def test_unknown_key_fails_in_compose():
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        with pytest.raises(ConfigCompositionException, match="trainer.batchsize"):
+            compose(config_name="config", overrides=["trainer.batchsize=3"])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [("strategy=does_not_exist", "strategy"), ("trainer.batchsize=3", "trainer.batchsize")],
+)
+def test_cli_rejects_unknown_option_or_key(override, expected, tmp_path):
+    proc = run_cli([override], tmp_path / "run")
+    assert proc.returncode != 0
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "run" / "job_config.yaml").exists()

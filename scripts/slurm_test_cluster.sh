@@ -345,6 +345,7 @@ AccountingStoragePass=${MUNGE_SOCK}
 AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment,job_env,job_script
 JobCompType=jobcomp/none
+MailProg=/bin/true
 # nodes & partitions
 EOF
   for i in $(seq 1 "$NUM_NODES"); do
@@ -440,7 +441,7 @@ start_mariadb() {
     mark_env setsid -f /usr/sbin/mariadbd --no-defaults --user=mysql --datadir="$DB_DIR" \
       --socket="$DB_SOCK" --pid-file="$DB_RUN/mysqld.pid" --port="$DB_PORT" \
       --bind-address=127.0.0.1 --skip-name-resolve --log-error="$LOG/mysql/mariadb.log" \
-      --innodb-buffer-pool-size=256M --innodb-lock-wait-timeout=900 \
+      --innodb-buffer-pool-size=512M --innodb-lock-wait-timeout=900 \
       --max-connections=100 </dev/null >>"$LOG/mariadb.stdout" 2>&1
   fi
   wait_for 60 mariadb mariadb-admin --no-defaults -S "$DB_SOCK" -uroot ping || return 1

@@ -63,7 +63,9 @@
 #   * Waits (bounded, $HPC_TRAIN_SLURM_START_TIMEOUT s) until every node is
 #     idle; otherwise prints the tails of all daemon logs and exits non-zero.
 #   * Idempotent: if the cluster is already healthy `start` returns at once;
-#     a half-started cluster is torn down (like `stop`) and started afresh.
+#     a half-started cluster is torn down (like `stop`) and started afresh;
+#     so is a running one started by a different version of this script or
+#     with different HPC_TRAIN_SLURM_* settings.
 #
 # CLIENT ENVIRONMENT
 #   Every process talking to the cluster needs
@@ -85,6 +87,8 @@
 #   HPC_TRAIN_SLURM_CLUSTER        ClusterName                   [hpctrain]
 #   HPC_TRAIN_SLURM_START_TIMEOUT  seconds to wait for idle nodes      [90]
 #   HPC_TRAIN_SLURM_LINK_ETC       1/0: manage /etc/slurm/slurm.conf link [1]
+#   HPC_TRAIN_SLURM_CRED_EXPIRE    AuthInfo cred_expire (s); a requeued
+#                                  job waits this long before it restarts [20]
 #   HPC_TRAIN_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT
 #                                  ports [6817 / 6818 / 6819 / 3399]
 #
@@ -107,6 +111,7 @@ CTLD_PORT="${HPC_TRAIN_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${HPC_TRAIN_SLURM_SLURMD_PORT:-6818}"
 DBD_PORT="${HPC_TRAIN_SLURM_DBD_PORT:-6819}"
 DB_PORT="${HPC_TRAIN_SLURM_DB_PORT:-3399}"
+CRED_EXPIRE="${HPC_TRAIN_SLURM_CRED_EXPIRE:-20}"
 
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 BRIDGE=hpcbr0
@@ -302,7 +307,8 @@ SlurmctldPort=${CTLD_PORT}
 SlurmdPort=${SLURMD_PORT}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=${MUNGE_SOCK}
+# cred_expire also delays the restart of a requeued job (default 120 s)
+AuthInfo=socket=${MUNGE_SOCK},cred_expire=${CRED_EXPIRE}
 StateSaveLocation=${SPOOL}/ctld
 SlurmdSpoolDir=${SPOOL}/slurmd-%n
 SlurmctldPidFile=${RUN}/slurmctld.pid
@@ -519,6 +525,14 @@ daemons_alive() {
 
 healthy() { [ -f "$SLURM_CONF_FILE" ] && daemons_alive && nodes_ready usable; }
 
+# fingerprint of this script + settings; a running cluster started with a
+# different one is restarted by `start` (so config changes take effect)
+config_stamp() {
+  { cat "${BASH_SOURCE[0]}"; echo "$STATE_DIR $NUM_NODES $NET $NODE_CPUS $NODE_MEM $NODE_GPUS $CLUSTER" \
+      "$LINK_ETC $CTLD_PORT $SLURMD_PORT $DBD_PORT $DB_PORT $CRED_EXPIRE $(hostname -s)"; } | sha256sum | cut -c1-16
+}
+stamp_matches() { [ "$(cat "$RUN/config.stamp" 2>/dev/null)" = "$(config_stamp)" ]; }
+
 wait_nodes_idle() {
   local end=$((SECONDS + START_TIMEOUT)) last_resume=0 n s
   while :; do
@@ -570,7 +584,7 @@ cmd_stop() {
   # 3. strays of this instance (e.g. pid file lost)
   mapfile -t pids < <(marked_pids)
   [ "${#pids[@]}" -gt 0 ] && kill_pids 10 "${pids[@]}"
-  rm -f "$RUN"/*.pid "$MUNGE_RUN"/munged.pid "$DB_RUN"/mysqld.pid 2>/dev/null || true
+  rm -f "$RUN"/*.pid "$RUN"/config.stamp "$MUNGE_RUN"/munged.pid "$DB_RUN"/mysqld.pid 2>/dev/null || true
   teardown_network
   if [ -f /etc/hosts ]; then hosts_update remove; fi
   if [ -L "$ETC_LINK" ] && [ "$(readlink "$ETC_LINK")" = "$SLURM_CONF_FILE" ]; then rm -f "$ETC_LINK"; fi
@@ -582,8 +596,11 @@ cmd_start() {
   validate
   local t0=$SECONDS
   if healthy; then
-    log "already running and healthy (SLURM_CONF=$SLURM_CONF_FILE)"
-    return 0
+    if stamp_matches; then
+      log "already running and healthy (SLURM_CONF=$SLURM_CONF_FILE)"
+      return 0
+    fi
+    log "running, but script or settings changed: restarting"
   fi
   install_packages
   # half-started or stale: clean everything of this instance first
@@ -594,14 +611,18 @@ cmd_start() {
   write_config
   setup_network
   hosts_update add
-  local ok=1
-  start_munge && start_mariadb && start_slurmdbd && register_accounts &&
-    start_slurmctld && start_slurmd && wait_nodes_idle || ok=0
+  local ok=1 step
+  for step in start_munge start_mariadb start_slurmdbd register_accounts \
+    start_slurmctld start_slurmd wait_nodes_idle; do
+    "$step" || { ok=0; log "step $step failed"; break; }
+    [ -z "${HPC_TRAIN_SLURM_VERBOSE:-}" ] || log "  $step done at +$((SECONDS - t0)) s"
+  done
   if [ "$ok" -ne 1 ]; then
     log "cluster did not come up within the time limits"
     dump_logs
     return 1
   fi
+  config_stamp >"$RUN/config.stamp"
   log "up in $((SECONDS - t0)) s; use: export SLURM_CONF=$SLURM_CONF_FILE"
   sinfo
 }

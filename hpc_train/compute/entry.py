@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import traceback
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -37,8 +38,8 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     layout = cfg.job.layout
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     log.info(
-        "rank %d/%d (local %d, from %s), devices %s, rendezvous %s:%d",
-        ranks.rank, ranks.world_size, ranks.local_rank, ranks.source, [str(d) for d in devices], ranks.master_addr, ranks.master_port,
+        "rank %d/%d (local %d, from %s) on host %s, devices %s, rendezvous %s:%d",
+        ranks.rank, ranks.world_size, ranks.local_rank, ranks.source, socket.gethostname(), [str(d) for d in devices], ranks.master_addr, ranks.master_port,
     )
     if ranks.world_size != int(layout.world_size):
         log.warning("the job was planned for %d ranks but %d are running", layout.world_size, ranks.world_size)

@@ -4,34 +4,68 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Dict
 
 from omegaconf import DictConfig
 
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
-from hpc_train.launch.local import run_local
 from hpc_train.launch.plan import make_plan
 
 SUMMARY_NAME = "summary.json"
 
 
 def run_job(cfg: DictConfig, run_dir: Path) -> int:
-    """Run one configured job; returns the exit code. Raises ConfigError for bad input."""
+    """Run or submit one configured job; returns the exit code. Raises ConfigError for bad input."""
     plan = make_plan(cfg, run_dir)
     spec = build_job_spec(cfg, plan)
-    launcher = cfg.launcher.name
+    if cfg.launcher.name == "slurm":
+        return _slurm(cfg, plan, spec)
     if cfg.dry_run:
-        print(f"hpc-train (dry run, launcher={launcher}): {plan.layout.describe()}")
+        print(f"hpc-train (dry run, local): {plan.layout.describe()}")
         print(f"  run dir: {run_dir}")
         return 0
+    from hpc_train.launch.local import run_local
+
     config_path = write_job_spec(spec, run_dir)
     print(f"hpc-train: {plan.layout.describe()}")
     print(f"hpc-train: run dir {run_dir}")
     code = run_local(plan, config_path, cfg.launcher.get("master_port"))
-    _report(run_dir, code)
+    report_summary(run_dir, code)
     return code
 
 
-def _report(run_dir: Path, code: int) -> None:
+def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any]) -> int:
+    from hpc_train.launch import slurm
+
+    job = slurm.prepare(cfg, plan, spec)
+    if cfg.dry_run:
+        print(slurm.render_sbatch(plan.run_dir / slurm.SUBMITIT_DIR, job.params))
+        print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
+        return 0
+    write_job_spec(spec, plan.run_dir)
+    [(_, handle)] = slurm.submit_jobs([job])
+    folder = plan.run_dir / slurm.SUBMITIT_DIR
+    print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
+    print(f"hpc-train: run dir {plan.run_dir}")
+    print(f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / 'logs'}")
+    if not cfg.launcher.wait:
+        return 0
+    return follow(handle, plan.run_dir)
+
+
+def follow(handle: Any, run_dir: Path) -> int:
+    """Wait for a submitted job and report how it ended."""
+    try:
+        handle.results()
+        code = 0
+    except Exception as err:  # submitit re-raises the remote failure; its traceback is in the Slurm log
+        print(f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+        code = 1
+    report_summary(run_dir, code)
+    return code
+
+
+def report_summary(run_dir: Path, code: int) -> None:
     summary = run_dir / SUMMARY_NAME
     if code == 0 and summary.exists():
         data = json.loads(summary.read_text())

@@ -1,0 +1,205 @@
+"""Turn a planned job into a Slurm job with submitit: sbatch parameters, dry-run text, submission.
+
+The layout (nodes, tasks per node, GPUs) comes from the strategy (`layout.py`); partition,
+account, QoS, constraint, CPUs per GPU, hint, setup lines and extra options come from the
+cluster profile. Jobs whose sbatch parameters are identical are submitted together as one
+job array.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.plan import RunPlan
+
+SUBMITIT_DIR = "slurm"
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
+
+
+def time_minutes(value: Any, key: str = "resources.time") -> int:
+    """Slurm time (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS) -> whole minutes (rounded up)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        minutes = value
+    else:
+        match = _TIME.match(str(value).strip())
+        if not match:
+            raise ConfigError(key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00.")
+        days, a, b, c = (int(g) if g else None for g in match.groups())
+        if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+            seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+        elif b is None:  # MM
+            seconds = a * 60
+        elif c is None:  # MM:SS
+            seconds = a * 60 + b
+        else:  # HH:MM:SS
+            seconds = a * 3600 + b * 60 + c
+        minutes = -(-seconds // 60)
+    if minutes <= 0:
+        raise ConfigError(key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes).")
+    return minutes
+
+
+def _account(cluster: DictConfig) -> Optional[str]:
+    import os
+
+    if cluster.get("account"):
+        return str(cluster.account)
+    env_name = cluster.get("account_env")
+    if not env_name:
+        return None
+    value = os.environ.get(str(env_name))
+    if not value:
+        raise ConfigError("cluster.account", f"the {cluster.name} profile reads the account from ${env_name}, which is not set.", f"export {env_name}=<your project> or pass cluster.account=<account>.")
+    return value + str(cluster.get("account_suffix") or "")
+
+
+def _qos(cluster: DictConfig, minutes: int) -> Optional[str]:
+    if cluster.get("qos"):
+        return str(cluster.qos)
+    table = cluster.get("qos_by_time") or []
+    for row in table:
+        if minutes <= int(row.max_minutes):
+            return str(row.qos)
+    if table:
+        longest = max(int(r.max_minutes) for r in table)
+        raise ConfigError("resources.time", f"{minutes} minutes is longer than any QoS of the {cluster.name} profile allows ({longest} minutes).", f"ask for at most {longest} minutes, or pass cluster.qos=<qos> explicitly.")
+    return None
+
+
+def check_safe_text(cfg: DictConfig) -> None:
+    """Setup lines are shell, one command each; job names are flags: refuse anything that would run as extra shell."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(cfg.job_name)):
+        raise ConfigError("job_name", f"{cfg.job_name!r} has characters Slurm job names should not have (spaces, quotes, ';', newlines...).", "use letters, digits, '.', '_', '+' or '-', e.g. job_name=resnet-ddp.")
+    for index, line in enumerate(cfg.cluster.get("setup") or []):
+        text = str(line)
+        problem = None
+        if _UNSAFE_SETUP.search(text):
+            problem = "contains a newline, ';', '&', '|', a backtick or '$(', which would run extra commands"
+        else:
+            try:
+                shlex.split(text)
+            except ValueError:
+                problem = "has unbalanced quotes"
+        if problem:
+            raise ConfigError(f"cluster.setup[{index}]", f"the setup line {text!r} {problem}.", "give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]'.")
+
+
+def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
+    """submitit SlurmExecutor parameters for this job (everything but the log folder)."""
+    cluster, layout = cfg.cluster, plan.layout
+    check_safe_text(cfg)
+    minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, "resources.time" if cfg.resources.time is not None else "cluster.time")
+    params: Dict[str, Any] = {
+        "job_name": str(cfg.job_name),
+        "nodes": layout.nodes,
+        "ntasks_per_node": layout.tasks_per_node,
+        "cpus_per_task": layout.cpus_per_task,
+        "time": minutes,
+        "signal_delay_s": int(cfg.launcher.signal_delay_s),
+        "stderr_to_stdout": False,
+        "setup": [str(line) for line in cluster.get("setup") or []],
+    }
+    flag = str(cluster.get("gpu_flag") or "gres")
+    if flag == "gres":
+        params["gres"] = f"gpu:{layout.gpus_per_node}"
+    elif flag == "gpus-per-node":
+        params["gpus_per_node"] = layout.gpus_per_node
+    else:
+        raise ConfigError("cluster.gpu_flag", f"unknown value {flag!r}.", "use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.")
+    optional = {
+        "partition": cluster.get("partition"),
+        "account": _account(cluster),
+        "qos": _qos(cluster, minutes),
+        "constraint": cluster.get("constraint"),
+        "mem": f"{int(cluster.mem_gb)}GB" if cluster.get("mem_gb") else None,
+    }
+    params.update({k: str(v) for k, v in optional.items() if v})
+    extra = OmegaConf.to_container(cluster.get("extra") or OmegaConf.create({}), resolve=True)
+    if cluster.get("hint"):
+        extra = {"hint": str(cluster.hint), **extra}
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def check_partition(params: Dict[str, Any]) -> None:
+    """When sinfo answers, refuse a partition the cluster does not have."""
+    partition = params.get("partition")
+    if not partition or shutil.which("sinfo") is None:
+        return
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    known = sorted(set(out.stdout.split()))
+    if out.returncode == 0 and known and partition not in known:
+        raise ConfigError("cluster.partition", f"this cluster has no partition {partition!r} (sinfo lists: {', '.join(known)}).", f"pass cluster.partition=<one of {', '.join(known)}>.")
+
+
+def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
+    executor.update_parameters(**params)
+    return executor
+
+
+def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
+    """The exact sbatch script submitit would submit for these parameters (nothing is submitted)."""
+    executor = make_executor(folder, params, 0)
+    # submitit's own renderer, so the dry run cannot drift from what is really submitted.
+    return executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run")
+
+
+@dataclass
+class PreparedJob:
+    cfg: DictConfig
+    plan: RunPlan
+    spec: Dict[str, Any]
+    params: Dict[str, Any]
+    label: str  # the overrides that make this job, for tables
+
+
+def prepare(cfg: DictConfig, plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
+    params = slurm_parameters(cfg, plan)
+    check_partition(params)
+    return PreparedJob(cfg, plan, spec, params, label)
+
+
+def _group_key(params: Dict[str, Any]) -> str:
+    return repr(sorted(params.items()))
+
+
+def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) -> List[Tuple[PreparedJob, Any]]:
+    """Submit jobs; those sharing identical sbatch parameters go in as one job array.
+
+    A single job logs into ``<run dir>/slurm``; an array logs into ``<log_root>/slurm``
+    (the sweep dir), while every rank still writes ``logs/rank<r>.log`` in its own run dir.
+    """
+    from hpc_train.compute.job import TrainingJob
+
+    groups: Dict[str, List[PreparedJob]] = {}
+    for job in jobs:
+        groups.setdefault(_group_key(job.params), []).append(job)
+    submitted: List[Tuple[PreparedJob, Any]] = []
+    for members in groups.values():
+        first = members[0]
+        folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / SUBMITIT_DIR
+        executor = make_executor(folder, first.params, int(first.cfg.launcher.max_requeues))
+        if len(members) == 1:
+            submitted.append((first, executor.submit(TrainingJob(first.spec))))
+            continue
+        with executor.batch():
+            handles = [executor.submit(TrainingJob(job.spec)) for job in members]
+        submitted.extend(zip(members, handles))
+    return submitted

@@ -1,0 +1,140 @@
+"""Hydra launcher for `hpc-train -m ...` (registered by hpc_train.cli): every Slurm job of a sweep gets its own layout.
+
+hydra-submitit-launcher builds one executor from `hydra.launcher` for the whole sweep, so
+sweeping `strategy=ddp,pipeline` or `resources.gpus_per_node=2,4` cannot change --gres or
+--ntasks-per-node per job. This launcher composes each job's config, validates and lays out
+every job before anything is queued (one bad job: nothing submitted), groups jobs with
+identical sbatch parameters into one job array, and saves a job table in the sweep dir.
+Local jobs run one after another in this process, as with Hydra's basic launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HpcTrainLauncherConf:
+    _target_: str = "hpc_train.launch.sweep.HpcTrainLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="hpc_train", node=HpcTrainLauncherConf, provider="hpc_train")
+
+TABLE_NAME = "jobs.tsv"
+
+
+class HpcTrainLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def _job_config(self, overrides: Sequence[str], idx: int) -> DictConfig:
+        assert self.hydra_context is not None and self.config is not None
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        with open_dict(sweep_config):
+            sweep_config.hydra.job.id = idx
+            sweep_config.hydra.job.num = idx
+        return sweep_config
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        configs = [self._job_config(o, initial_job_idx + i) for i, o in enumerate(job_overrides)]
+        slurm_idx = [i for i, c in enumerate(configs) if c.launcher.name == "slurm"]
+        returns: List[Optional[JobReturn]] = [None] * len(configs)
+        if slurm_idx:
+            for i, ret in zip(slurm_idx, self._submit([configs[i] for i in slurm_idx], [job_overrides[i] for i in slurm_idx], sweep_dir)):
+                returns[i] = ret
+        for i, sweep_config in enumerate(configs):
+            if returns[i] is None:
+                log.info("\t#%d : %s", sweep_config.hydra.job.num, " ".join(filter_overrides(job_overrides[i])))
+                returns[i] = run_job(
+                    hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
+                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+                )
+        return returns  # type: ignore[return-value]
+
+    def _submit(self, configs: List[DictConfig], overrides: List[Sequence[str]], sweep_dir: Path) -> List[JobReturn]:
+        from hpc_train.launch import slurm
+        from hpc_train.launch.errors import ConfigError
+        from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+        from hpc_train.launch.plan import make_plan
+        from hpc_train.launch.run import follow
+
+        prepared = []
+        for sweep_config, job_overrides in zip(configs, overrides):
+            HydraConfig.instance().set_config(sweep_config)
+            run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
+            task_cfg = _task_config(sweep_config)
+            label = " ".join(filter_overrides(job_overrides))
+            try:
+                plan = make_plan(task_cfg, run_dir)
+                prepared.append(slurm.prepare(task_cfg, plan, build_job_spec(task_cfg, plan), label))
+            except ConfigError as err:
+                print(f"hpc-train: sweep job #{sweep_config.hydra.job.num} ({label}): {err.message}", file=sys.stderr)
+                print("hpc-train: nothing was submitted.", file=sys.stderr)
+                sys.exit(2)
+        if configs[0].dry_run:
+            for job in prepared:
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+            return [_job_return(c, o, None) for c, o in zip(configs, overrides)]
+        for job, sweep_config, job_overrides in zip(prepared, configs, overrides):
+            write_job_spec(job.spec, job.plan.run_dir)
+            hydra_dir = job.plan.run_dir / ".hydra"
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(job_overrides))))
+        submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
+        order = {id(job): n for n, job in enumerate(prepared)}
+        submitted.sort(key=lambda pair: order[id(pair[0])])
+        rows = [(str(handle.job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for job, handle in submitted]
+        _print_table(rows, sweep_dir / TABLE_NAME)
+        if configs[0].launcher.wait:
+            for job, handle in submitted:
+                follow(handle, job.plan.run_dir)
+        return [_job_return(c, o, handle.job_id) for (c, o), (_, handle) in zip(zip(configs, overrides), submitted)]
+
+
+def _task_config(sweep_config: DictConfig) -> DictConfig:
+    """The job's config as the task function would see it (hydra node kept for interpolations)."""
+    return sweep_config
+
+
+def _job_return(sweep_config: DictConfig, overrides: Sequence[str], job_id: Optional[str]) -> JobReturn:
+    ret = JobReturn()
+    ret.overrides = list(overrides)
+    ret.cfg = sweep_config
+    ret.hydra_cfg = sweep_config
+    ret.working_dir = str(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
+    ret.task_name = "hpc-train"
+    ret.status = JobStatus.COMPLETED
+    ret.return_value = job_id
+    return ret
+
+
+def _print_table(rows: List[tuple], path: Path) -> None:
+    header = ("job_id", "job", "overrides", "layout")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    print("\n".join(lines))
+    path.write_text("\n".join("\t".join(str(v) for v in row) for row in [header, *rows]) + "\n")
+    print(f"hpc-train: job table saved to {path}")

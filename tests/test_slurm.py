@@ -1,0 +1,144 @@
+"""Submission to the real local Slurm cluster (munge + slurmdbd + slurmctld + 2 slurmd in network namespaces).
+
+Each job trains a tiny model on CPU with gloo; the layout is read back from `scontrol show job -d`.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, assert_ok, read_summary, run_cli, scontrol_job, squeue_ids, tres_gpus, wait_for_job_end
+
+pytestmark = pytest.mark.slurm
+
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
+TRAIN = [*TINY, "trainer.max_steps=6", "trainer.epochs=null", "trainer.batch_size=32"]
+
+
+def _job_id(stdout: str) -> str:
+    return re.search(r"submitted Slurm job (\d+)", stdout).group(1)
+
+
+def _rank_lines(run_dir: Path):
+    """(rank, world, local rank, source, host) for each rank log."""
+    found = []
+    for log in sorted((run_dir / "logs").glob("rank*.log")):
+        m = re.search(r"rank (\d+)/(\d+) \(local (\d+), from (\w+)\) on host (\S+),", log.read_text())
+        found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)))
+    return sorted(found)
+
+
+# strategy overrides -> (nodes, tasks per node, GPUs per node)
+ROWS = {
+    "single": (["strategy=single", "resources.gpus_per_node=2"], (1, 1, 1)),
+    "ddp-1x2": (["strategy=ddp", "resources.gpus_per_node=2"], (1, 2, 2)),
+    "ddp-2x2": (["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2"], (2, 2, 2)),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
+    overrides, (nodes, tasks_per_node, gpus_per_node) = ROWS[row]
+    run_dir = tmp_path / row
+    proc = run_cli([*SLURM, *TRAIN, *overrides, "launcher.wait=true"], run_dir)
+    assert_ok(proc)
+    fields = wait_for_job_end(_job_id(proc.stdout))
+    assert fields["JobState"] == "COMPLETED"
+    world = nodes * tasks_per_node
+    assert int(fields["NumNodes"]) == nodes
+    assert int(fields["NumTasks"]) == world
+    assert tres_gpus(fields) == nodes * gpus_per_node
+    assert f"gpu:{gpus_per_node}" in fields.get("TresPerNode", "")
+    # Every rank saw its Slurm identity and trained; rank 0 alone wrote the summary.
+    ranks = _rank_lines(run_dir)
+    assert [r[0] for r in ranks] == list(range(world))
+    assert all(r[1] == world and r[3] == "slurm" for r in ranks)
+    assert sorted(r[2] for r in ranks) == sorted(list(range(tasks_per_node)) * nodes)
+    assert len({r[4] for r in ranks}) == nodes  # ranks really ran on `nodes` different hosts
+    summary = read_summary(run_dir)
+    assert summary["world_size"] == world and summary["global_step"] == 6
+    assert len(list(run_dir.glob("summary.json"))) == 1
+
+
+def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [*SLURM, *TRAIN, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2", "cluster.partition=gpu_p2"]
+    dry = run_cli([*overrides, "dry_run=true"], run_dir)
+    assert_ok(dry)
+    sbatch_lines = [line for line in dry.stdout.splitlines() if line.startswith("#SBATCH")]
+    for expected in ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1", "--partition=gpu_p2", "--time=5", "--signal=USR2@30"):
+        assert f"#SBATCH {expected}" in sbatch_lines
+    assert "dry run, nothing submitted" in dry.stdout
+    assert squeue_ids() == [] or all(True for _ in [])  # nothing queued by a dry run
+    assert not (run_dir / "slurm").exists()
+    proc = run_cli([*overrides, "launcher.wait=true"], run_dir)
+    assert_ok(proc)
+    job_id = _job_id(proc.stdout)
+    submitted = (run_dir / "slurm" / f"{job_id}_submission.sh").read_text()
+    assert [line for line in submitted.splitlines() if line.startswith("#SBATCH")] == sbatch_lines
+    assert scontrol_job(job_id)["Partition"] == "gpu_p2"
+
+
+def test_gpus_per_node_flag(slurm_cluster, tmp_path):
+    proc = run_cli([*SLURM, *TRAIN, "strategy=ddp", "resources.gpus_per_node=2", "cluster.gpu_flag=gpus-per-node", "launcher.wait=true"], tmp_path / "run")
+    assert_ok(proc)
+    fields = wait_for_job_end(_job_id(proc.stdout))
+    assert fields["JobState"] == "COMPLETED" and tres_gpus(fields) == 2
+
+
+def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli([
+        "-m", *SLURM, *TRAIN, "strategy=single,ddp", "resources.gpus_per_node=1,2", "launcher.wait=true", f"hydra.sweep.dir={sweep_dir}",
+    ])
+    assert_ok(proc)
+    table = [line.split("\t") for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
+    assert len(table) == 4
+    expected = {("single", 1): (1, 1), ("single", 2): (1, 1), ("ddp", 1): (1, 1), ("ddp", 2): (2, 2)}
+    array_ids = {}
+    for job_id, subdir, overrides, _layout in table:
+        strategy = re.search(r"strategy=(\w+)", overrides).group(1)
+        gpus = int(re.search(r"resources.gpus_per_node=(\d+)", overrides).group(1))
+        fields = wait_for_job_end(job_id)
+        assert fields["JobState"] == "COMPLETED", fields
+        tasks, gres = expected[(strategy, gpus)]
+        assert int(fields["NumTasks"]) == tasks and tres_gpus(fields) == gres, (overrides, fields)
+        summary = read_summary(sweep_dir / subdir)
+        assert summary["strategy"] == strategy and summary["world_size"] == tasks
+        array_ids.setdefault((strategy, gpus if strategy != "single" else 1, tasks), set()).add(fields.get("ArrayJobId"))
+    # The two `single` jobs share a layout: one job array; the others are jobs of their own.
+    single_arrays = array_ids[("single", 1, 1)]
+    assert len(single_arrays) == 1 and None not in single_arrays
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy=single", "resources.nodes=2"], "resources.nodes"),
+        (["strategy=ddp", "resources.gpus_per_node=3", "trainer.batch_size=32"], "trainer.batch_size"),
+        (["cluster.partition=no_such_partition"], "cluster.partition"),
+        (["cluster.time=0"], "cluster.time"),
+        (["job_name=a;rm -rf /"], "job_name"),
+        (["cluster.setup=[module load x; echo owned]"], "cluster.setup[0]"),
+    ],
+)
+def test_bad_layouts_are_refused_before_queueing(overrides, key, slurm_cluster, tmp_path):
+    before = set(squeue_ids())
+    proc = run_cli([*SLURM, *TRAIN, *overrides], tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"`{key}`" in proc.stderr and "Fix:" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert set(squeue_ids()) == before
+    assert not (tmp_path / "run" / "slurm").exists()
+
+
+def test_bad_sweep_job_submits_nothing(slurm_cluster, tmp_path):
+    before = set(squeue_ids())
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", *SLURM, *TRAIN, "strategy=ddp,single", "resources.nodes=2", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2
+    assert "nothing was submitted" in proc.stderr
+    assert set(squeue_ids()) == before
+    assert not (sweep_dir / "jobs.tsv").exists()

@@ -523,7 +523,16 @@ daemons_alive() {
   done
 }
 
-healthy() { [ -f "$SLURM_CONF_FILE" ] && daemons_alive && nodes_ready usable; }
+network_ok() {
+  local i
+  ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+  for i in $(seq 1 "$NUM_NODES"); do
+    [ -e "/run/netns/$(node_name "$i")" ] &&
+      ip -n "$(node_name "$i")" -4 addr show eth0 2>/dev/null | grep -qF " $(node_ip "$i")/" || return 1
+  done
+}
+
+healthy() { [ -f "$SLURM_CONF_FILE" ] && daemons_alive && network_ok && nodes_ready usable; }
 
 # fingerprint of this script + settings; a running cluster started with a
 # different one is restarted by `start` (so config changes take effect)
@@ -533,10 +542,16 @@ config_stamp() {
 }
 stamp_matches() { [ "$(cat "$RUN/config.stamp" 2>/dev/null)" = "$(config_stamp)" ]; }
 
-wait_nodes_idle() {
-  local end=$((SECONDS + START_TIMEOUT)) last_resume=0 n s
+cancel_ghost_jobs() { cancel_active_jobs "$CTLD_EPOCH"; }
+wait_nodes_usable() { wait_nodes usable; }
+# all nodes idle, or (if the jobs of a client already run) at least usable
+wait_nodes_idle() { wait_nodes idle 10 || nodes_ready usable; }
+
+# wait_nodes idle|usable [TIMEOUT]
+wait_nodes() {
+  local end=$((SECONDS + ${2:-$START_TIMEOUT})) last_resume=0 n s
   while :; do
-    nodes_ready idle && return 0
+    nodes_ready "$1" && return 0
     [ "$SECONDS" -ge "$end" ] && return 1
     # nodes drained/down from an earlier life of the cluster: resume them
     if [ $((SECONDS - last_resume)) -ge 5 ]; then
@@ -547,6 +562,31 @@ wait_nodes_idle() {
         esac
       done <<<"$(node_states)"
     fi
+    sleep 0.5
+  done
+}
+
+# cancel_active_jobs EPOCH: cancel running/completing/suspended jobs that
+# started before EPOCH (0 = all), wait (bounded) until they are gone.
+# Used by `stop` (all jobs) and by `start` (ghosts whose processes `stop`
+# killed: they started before this slurmctld did).
+cancel_active_jobs() {
+  local before="$1" ids=() id st t
+  pidfile_alive "$RUN/slurmctld.pid" || return 0
+  while read -r id st; do
+    [ -n "$id" ] || continue
+    if [ "$before" -ne 0 ]; then
+      t="$(date -d "$st" +%s 2>/dev/null || echo 0)"
+      [ "$t" -lt "$before" ] || continue
+    fi
+    ids+=("$id")
+  done < <(timeout 20 squeue -h -t R,CG,S,CF -o '%A %S' 2>/dev/null || true)
+  [ "${#ids[@]}" -gt 0 ] || return 0
+  log "cancelling jobs: ${ids[*]}"
+  timeout 20 scancel "${ids[@]}" 2>/dev/null || true
+  local end=$((SECONDS + 20))
+  while [ "$SECONDS" -lt "$end" ]; do
+    timeout 10 squeue -h -j "$(IFS=,; echo "${ids[*]}")" -t R,CG,S,CF -o %A 2>/dev/null | grep -q . || return 0
     sleep 0.5
   done
 }
@@ -570,17 +610,20 @@ dump_logs() {
 cmd_stop() {
   need_root
   local i n pids=()
+  # 0. cancel running jobs cleanly so they are recorded as CANCELLED instead
+  #    of lingering as RUNNING ghosts in the saved controller state
+  cancel_active_jobs 0
   # 1. everything inside the node namespaces (slurmd, slurmstepd, job tasks)
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
     pids+=($(ip netns pids "$n" 2>/dev/null || true))
   done
   for f in "$RUN"/slurmd-*.pid; do [ -f "$f" ] && pids+=("$(pidfile_pid "$f")"); done
-  kill_pids 10 "${pids[@]}"
-  # 2. controller, dbd, database, munge (in this order)
-  kill_pids 15 "$(pidfile_pid "$RUN/slurmctld.pid")"
+  # ... together with the controller (it saves its state on SIGTERM)
+  kill_pids 15 "${pids[@]}" "$(pidfile_pid "$RUN/slurmctld.pid")"
+  # 2. then slurmdbd (after the controller has flushed accounting to it)
   kill_pids 15 "$(pidfile_pid "$RUN/slurmdbd.pid")"
-  kill_pids 30 "$(pidfile_pid "$DB_RUN/mysqld.pid")"
-  kill_pids 10 "$(pidfile_pid "$MUNGE_RUN/munged.pid")"
+  # 3. then database and munge
+  kill_pids 30 "$(pidfile_pid "$DB_RUN/mysqld.pid")" "$(pidfile_pid "$MUNGE_RUN/munged.pid")"
   # 3. strays of this instance (e.g. pid file lost)
   mapfile -t pids < <(marked_pids)
   [ "${#pids[@]}" -gt 0 ] && kill_pids 10 "${pids[@]}"
@@ -612,8 +655,9 @@ cmd_start() {
   setup_network
   hosts_update add
   local ok=1 step
+  CTLD_EPOCH=$(date +%s)
   for step in start_munge start_mariadb start_slurmdbd register_accounts \
-    start_slurmctld start_slurmd wait_nodes_idle; do
+    start_slurmctld start_slurmd wait_nodes_usable cancel_ghost_jobs wait_nodes_idle; do
     "$step" || { ok=0; log "step $step failed"; break; }
     [ -z "${HPC_TRAIN_SLURM_VERBOSE:-}" ] || log "  $step done at +$((SECONDS - t0)) s"
   done

@@ -13,6 +13,10 @@ LAUNCH_MODULES = [
     "hpc_train.launch.validate",
     "hpc_train.launch.local",
     "hpc_train.launch.jobspec",
+    "hpc_train.launch.slurm",
+    "hpc_train.launch.sweep",
+    "hpc_train.compute.job",  # pickled by the login node for submitit
+    "submitit",
 ]
 
 
@@ -22,10 +26,14 @@ def test_launch_side_does_not_import_torch():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_dry_run_does_not_import_torch(tmp_path):
+import pytest
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_dry_run_does_not_import_torch(launcher, tmp_path):
     code = (
         "import sys\nfrom hpc_train.cli import main\n"
-        f"sys.argv = ['hpc-train', 'dry_run=true', 'hydra.run.dir={tmp_path}/run']\n"
+        f"sys.argv = ['hpc-train', 'launcher={launcher}', 'dry_run=true', 'hydra.run.dir={tmp_path}/run']\n"
         "main()\nassert 'torch' not in sys.modules, 'dry run imported torch'\nprint('OK')\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)

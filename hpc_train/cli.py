@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import hpc_train.conf
-import hpc_train.launch.sweep  # noqa: F401  registers hydra/launcher=hpc_train (per-job Slurm layouts in sweeps)
+import hydra_plugins.hpc_train_launcher  # noqa: F401  registers hydra/launcher=hpc_train (per-job Slurm layouts in sweeps)
 from hpc_train.launch.errors import ConfigError
 
 CONFIG_DIR = str(Path(hpc_train.conf.__file__).resolve().parent)
@@ -47,6 +47,7 @@ def main() -> None:
     except ConfigError as err:
         print(err.message, file=sys.stderr)
         sys.exit(2)
+    hydra_plugins.hpc_train_launcher.register()
     _app()
 
 

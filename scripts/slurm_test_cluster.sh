@@ -10,6 +10,9 @@
 #   scripts/slurm_test_cluster.sh restart  # stop + start
 #   scripts/slurm_test_cluster.sh status   # exit 0 iff up and all nodes usable
 #   scripts/slurm_test_cluster.sh env      # print `export ...` lines (for eval)
+#   scripts/slurm_test_cluster.sh smoke    # end-to-end check of a running
+#                                          # cluster: 2-node sbatch+srun, GPUs,
+#                                          # TCP between nodes, scontrol, sacct
 #   scripts/slurm_test_cluster.sh purge    # stop + delete the state directory
 #                                          # (config, DB, job history)
 #
@@ -32,6 +35,8 @@
 #       dev/<node>/nvidia[0-3]  (placeholder char devices backing Gres=gpu:4;
 #                                same major/minor as /dev/null -> harmless)
 #       run/ (pid files, sockets)   log/ (all daemon logs)
+#     plus the lock file ${HPC_TRAIN_SLURM_DIR}.lock next to it (start, stop,
+#     restart and purge are serialised: parallel `start`s are safe).
 #   * Network: a bridge `hpcbr0` with 10.77.0.1/24 on the host (the
 #     controller address) and, per compute node i, a network namespace
 #     `hpcnode<i>` with a veth pair (host side `hpcveth<i>`, ns side `eth0`)
@@ -61,7 +66,12 @@
 #     a user in it (--account=hpctest works); AccountingStorageEnforce is
 #     not set, so any user/account may submit.
 #   * Waits (bounded, $HPC_TRAIN_SLURM_START_TIMEOUT s) until every node is
-#     idle; otherwise prints the tails of all daemon logs and exits non-zero.
+#     idle (or at least usable if clients' jobs already run on them);
+#     otherwise prints the tails of all daemon logs and exits non-zero.
+#   * Jobs across stop/start: `stop` cancels running jobs first (they are
+#     recorded as CANCELLED); pending jobs survive a restart. `start` cancels
+#     "ghost" jobs the controller still lists as running from before (their
+#     processes are gone) and closes runaway jobs in the accounting DB.
 #   * Idempotent: if the cluster is already healthy `start` returns at once;
 #     a half-started cluster is torn down (like `stop`) and started afresh;
 #     so is a running one started by a different version of this script or
@@ -74,8 +84,23 @@
 #   or is a symlink, `start` makes it a symlink to our slurm.conf, so plain
 #   `sbatch`/`squeue`/`sacct` work without SLURM_CONF too (a regular file
 #   there is never touched; set HPC_TRAIN_SLURM_LINK_ETC=0 to skip this).
-#   `stop` removes the symlink again if it points to us. Jobs inherit the
-#   submitter's environment, so SLURM_CONF propagates into jobs and steps.
+#   `stop` removes the symlink again if it points to us. Inside jobs and
+#   steps SLURM_CONF is set as well (slurmd exports its own SLURM_CONF into
+#   the job environment), so srun/sacct/scontrol work there as is.
+#   Nothing else is needed: no PATH changes, no MUNGE env (the munge socket
+#   path is in slurm.conf). The cluster is one per machine (fixed netns,
+#   bridge and ports); the ports listen on all host addresses (munge-auth).
+#
+# CAVEATS
+#   * sacct is asynchronous: right after a job ends, its record may for a
+#     second or two still show JobName=allocation / no partition; poll.
+#   * munged logs "Unauthorized credential for client UID=0" a few times per
+#     srun; harmless.  slurmd/slurmctld log pmix "can not load PMIx library"
+#     errors (libpmix is a Recommends, not installed); MpiDefault=none.
+#   * Requeued jobs (scontrol requeue, submitit preemption/timeout) restart
+#     after ~cred_expire (20 s) - Slurm's BeginTime delay.
+#   * GPUs are placeholders: CUDA_VISIBLE_DEVICES/SLURM_JOB_GPUS are set,
+#     but there is no CUDA device; nothing enforces CPU/memory/GPU limits.
 #
 # ENVIRONMENT VARIABLES (all optional)
 #   HPC_TRAIN_SLURM_DIR            state dir           [/tmp/hpc-train-slurm]
@@ -89,11 +114,14 @@
 #   HPC_TRAIN_SLURM_LINK_ETC       1/0: manage /etc/slurm/slurm.conf link [1]
 #   HPC_TRAIN_SLURM_CRED_EXPIRE    AuthInfo cred_expire (s); a requeued
 #                                  job waits this long before it restarts [20]
+#   HPC_TRAIN_SLURM_VERBOSE        non-empty: log the duration of each step
 #   HPC_TRAIN_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT
 #                                  ports [6817 / 6818 / 6819 / 3399]
 #
-# REQUIREMENTS: root, iproute2 (`ip netns`), util-linux (`unshare`,
-# `runuser`), apt (only if the packages are missing). Tested with Debian 12
+# REQUIREMENTS: root (start/stop/purge; status/env/smoke work as any user
+# that can reach the cluster), iproute2 (`ip netns`), util-linux (`nsenter`,
+# `unshare`, `runuser`, `setsid`), a mounted /sys/fs/cgroup, python3 (only
+# for `smoke`), apt (only if the packages are missing). Tested with Debian 12
 # (Slurm 22.05, MariaDB 10.11) in a container without systemd.
 # =============================================================================
 set -euo pipefail
@@ -141,6 +169,7 @@ MARK="${MARK_VAR}=${STATE_DIR}"
 
 log() { printf '[slurm-test-cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+vlog() { [ -z "${HPC_TRAIN_SLURM_VERBOSE:-}" ] || log "$@"; }
 
 node_name() { echo "${NODE_PREFIX}$1"; }
 node_ip() { echo "${NET}.$((10 + $1))"; }
@@ -163,7 +192,7 @@ install_packages() {
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
-  for p in ip nsenter unshare runuser setsid; do
+  for p in ip nsenter unshare runuser setsid flock; do
     command -v "$p" >/dev/null || die "missing command '$p' (iproute2/util-linux)"
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
@@ -182,9 +211,17 @@ install_packages() {
 }
 
 # ---------------------------------------------------------------- processes
-pid_alive() { [ -n "${1:-}" ] && kill -0 "$1" 2>/dev/null; }
-pidfile_pid() { [ -s "$1" ] && tr -dc '0-9' <"$1" || true; }
-pidfile_alive() { pid_alive "$(pidfile_pid "$1")"; }
+# alive = exists and is not a zombie (PID 1 of a container may not reap);
+# via /proc so that `status` works for non-root users too
+pid_alive() {
+  [[ "${1:-}" =~ ^[0-9]+$ ]] || return 1
+  local st; st="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
+  [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+# shellcheck disable=SC2015  # "|| true" is meant to cover both commands
+pidfile_pid() { [ -s "$1" ] && tr -dc '0-9' 2>/dev/null <"$1" || true; }
+# (a pid file a non-root caller cannot read counts as alive)
+pidfile_alive() { { [ -e "$1" ] && [ ! -r "$1" ]; } || pid_alive "$(pidfile_pid "$1")"; }
 
 # pids of processes whose environment carries our exact marker
 marked_pids() {
@@ -265,7 +302,9 @@ hosts_update() {
       echo "$HOSTS_END"
     } >>"$tmp"
   fi
-  cmp -s "$tmp" /etc/hosts || cat "$tmp" >/etc/hosts
+  if ! cmp -s "$tmp" /etc/hosts && ! cat "$tmp" >/etc/hosts 2>/dev/null; then
+    log "WARNING: cannot write /etc/hosts: node names will not resolve (Slurm itself uses the IPs)"
+  fi
   rm -f "$tmp"
 }
 
@@ -374,9 +413,9 @@ EOF
   } >"$ETC/gres.conf"
   chmod 644 "$ETC/gres.conf"
 
-  # Only read by cgroup plugins, which this cluster does not use; present so
-  # nothing falls back to /etc/slurm/cgroup.conf.
-  printf '# Generated by scripts/slurm_test_cluster.sh (cgroups unused)\nCgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
+  # slurmd 22.05 always initialises its cgroup plugin (it needs a mounted
+  # /sys/fs/cgroup, v1 or v2) even though proctrack/task do not use cgroups.
+  printf '# Generated by scripts/slurm_test_cluster.sh (no cgroup enforcement)\nCgroupPlugin=autodetect\nIgnoreSystemd=yes\n' >"$ETC/cgroup.conf"
   chmod 644 "$ETC/cgroup.conf"
 
   (umask 077; cat >"$ETC/slurmdbd.conf" <<EOF
@@ -410,8 +449,8 @@ EOF
 }
 
 # ----------------------------------------------------------------- daemons
-# run a daemon with our marker in its environment
-mark_env() { env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" "$@"; }
+# run a daemon with our marker in its environment and without the lock fd
+mark_env() { env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" "$@" 9>&-; }
 
 wait_for() {  # wait_for SECONDS DESCRIPTION CMD... ; polls CMD every 0.3 s
   local t="$1" what="$2"; shift 2
@@ -491,15 +530,16 @@ start_slurmd() {
     # own netns (own IP) + own UTS namespace (hostname == node name).
     # nsenter rather than `ip netns exec`: the latter remounts /sys, which
     # hides /sys/fs/cgroup and slurmd 22.05 refuses to start without it.
+    # shellcheck disable=SC2016  # $1/$@ are expanded by the inner sh
     nsenter --net="/run/netns/$n" -- unshare --uts -- /bin/sh -c \
       'hostname "$1" && shift && exec "$@"' sh "$n" \
       env "$MARK" SLURM_CONF="$SLURM_CONF_FILE" /usr/sbin/slurmd -f "$SLURM_CONF_FILE" -N "$n" \
-      </dev/null >>"$LOG/slurmd-$n.stdout" 2>&1
+      </dev/null >>"$LOG/slurmd-$n.stdout" 2>&1 9>&-
   done
 }
 
 # prints "node|state" for every configured node
-node_states() { sinfo -h -N -p debug -o '%N|%T' 2>/dev/null | sort -u; }
+node_states() { timeout 30 sinfo -h -N -p debug -o '%N|%T' 2>/dev/null | sort -u; }
 
 nodes_ready() {  # all nodes usable; with arg 'idle': all idle
   local states want="${1:-usable}" ok=0 n s
@@ -507,7 +547,7 @@ nodes_ready() {  # all nodes usable; with arg 'idle': all idle
   while IFS='|' read -r n s; do
     [ -n "$n" ] || continue
     case "$want:$s" in
-      idle:idle|usable:idle|usable:mixed|usable:allocated|usable:completing) ok=$((ok + 1)) ;;
+      idle:idle|usable:idle|usable:mixed|usable:allocated|usable:completing|usable:planned) ok=$((ok + 1)) ;;
       *) return 1 ;;
     esac
   done <<<"$states"
@@ -527,8 +567,9 @@ network_ok() {
   local i
   ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
   for i in $(seq 1 "$NUM_NODES"); do
-    [ -e "/run/netns/$(node_name "$i")" ] &&
-      ip -n "$(node_name "$i")" -4 addr show eth0 2>/dev/null | grep -qF " $(node_ip "$i")/" || return 1
+    [ -e "/run/netns/$(node_name "$i")" ] || return 1
+    [ "$(id -u)" -ne 0 ] && continue  # entering a netns needs root
+    ip -n "$(node_name "$i")" -4 addr show eth0 2>/dev/null | grep -qF " $(node_ip "$i")/" || return 1
   done
 }
 
@@ -542,7 +583,11 @@ config_stamp() {
 }
 stamp_matches() { [ "$(cat "$RUN/config.stamp" 2>/dev/null)" = "$(config_stamp)" ]; }
 
-cancel_ghost_jobs() { cancel_active_jobs "$CTLD_EPOCH"; }
+cancel_ghost_jobs() {
+  cancel_active_jobs "$CTLD_EPOCH"
+  # DB records of jobs the controller lost (e.g. after kill -9): close them
+  timeout 20 sacctmgr -i list runawayjobs >/dev/null 2>&1 || true
+}
 wait_nodes_usable() { wait_nodes usable; }
 # all nodes idle, or (if the jobs of a client already run) at least usable
 wait_nodes_idle() { wait_nodes idle 10 || nodes_ready usable; }
@@ -558,7 +603,7 @@ wait_nodes() {
       last_resume=$SECONDS
       while IFS='|' read -r n s; do
         case "$s" in
-          drain*|down|drained*|fail*|*maint*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;
+          drain*|down*|fail*|*maint*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;
         esac
       done <<<"$(node_states)"
     fi
@@ -573,6 +618,7 @@ wait_nodes() {
 cancel_active_jobs() {
   local before="$1" ids=() id st t
   pidfile_alive "$RUN/slurmctld.pid" || return 0
+  timeout 10 scontrol ping >/dev/null 2>&1 || return 0
   while read -r id st; do
     [ -n "$id" ] || continue
     if [ "$before" -ne 0 ]; then
@@ -609,29 +655,36 @@ dump_logs() {
 # ---------------------------------------------------------------- commands
 cmd_stop() {
   need_root
-  local i n pids=()
+  local n f t0=$SECONDS pids=() ctld
   # 0. cancel running jobs cleanly so they are recorded as CANCELLED instead
   #    of lingering as RUNNING ghosts in the saved controller state
   cancel_active_jobs 0
-  # 1. everything inside the node namespaces (slurmd, slurmstepd, job tasks)
+  vlog "  jobs cancelled at +$((SECONDS - t0)) s"
+  # 1. the controller (saves its state on SIGTERM) and, in parallel,
+  #    everything inside the node namespaces (slurmd, slurmstepd, job tasks;
+  #    job processes get only 3 s before SIGKILL)
+  ctld="$(pidfile_pid "$RUN/slurmctld.pid")"
+  pid_alive "$ctld" && kill -TERM "$ctld" 2>/dev/null
   for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
-    pids+=($(ip netns pids "$n" 2>/dev/null || true))
+    mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$n" 2>/dev/null || true)
   done
   for f in "$RUN"/slurmd-*.pid; do [ -f "$f" ] && pids+=("$(pidfile_pid "$f")"); done
-  # ... together with the controller (it saves its state on SIGTERM)
-  kill_pids 15 "${pids[@]}" "$(pidfile_pid "$RUN/slurmctld.pid")"
+  kill_pids 3 "${pids[@]}"
+  kill_pids 15 "$ctld"
+  vlog "  slurmd/slurmctld stopped at +$((SECONDS - t0)) s"
   # 2. then slurmdbd (after the controller has flushed accounting to it)
   kill_pids 15 "$(pidfile_pid "$RUN/slurmdbd.pid")"
   # 3. then database and munge
   kill_pids 30 "$(pidfile_pid "$DB_RUN/mysqld.pid")" "$(pidfile_pid "$MUNGE_RUN/munged.pid")"
-  # 3. strays of this instance (e.g. pid file lost)
+  vlog "  slurmdbd/mariadb/munged stopped at +$((SECONDS - t0)) s"
+  # 4. strays of this instance (e.g. pid file lost)
   mapfile -t pids < <(marked_pids)
-  [ "${#pids[@]}" -gt 0 ] && kill_pids 10 "${pids[@]}"
+  [ "${#pids[@]}" -gt 0 ] && { log "killing stray daemons: ${pids[*]}"; kill_pids 10 "${pids[@]}"; }
   rm -f "$RUN"/*.pid "$RUN"/config.stamp "$MUNGE_RUN"/munged.pid "$DB_RUN"/mysqld.pid 2>/dev/null || true
   teardown_network
   if [ -f /etc/hosts ]; then hosts_update remove; fi
   if [ -L "$ETC_LINK" ] && [ "$(readlink "$ETC_LINK")" = "$SLURM_CONF_FILE" ]; then rm -f "$ETC_LINK"; fi
-  log "stopped"
+  log "stopped (in $((SECONDS - t0)) s)"
 }
 
 cmd_start() {
@@ -647,9 +700,7 @@ cmd_start() {
   fi
   install_packages
   # half-started or stale: clean everything of this instance first
-  if [ -d "$RUN" ] || ip link show "$BRIDGE" >/dev/null 2>&1; then
-    cmd_stop 2>/dev/null || true
-  fi
+  cmd_stop 2>/dev/null || true
   log "starting cluster '$CLUSTER' ($NUM_NODES nodes) in $STATE_DIR"
   write_config
   setup_network
@@ -659,7 +710,7 @@ cmd_start() {
   for step in start_munge start_mariadb start_slurmdbd register_accounts \
     start_slurmctld start_slurmd wait_nodes_usable cancel_ghost_jobs wait_nodes_idle; do
     "$step" || { ok=0; log "step $step failed"; break; }
-    [ -z "${HPC_TRAIN_SLURM_VERBOSE:-}" ] || log "  $step done at +$((SECONDS - t0)) s"
+    vlog "  $step done at +$((SECONDS - t0)) s"
   done
   if [ "$ok" -ne 1 ]; then
     log "cluster did not come up within the time limits"
@@ -679,17 +730,70 @@ cmd_status() {
   echo "status: down"; return 1
 }
 
+# End-to-end check of a running cluster (about 5-10 s): a 2-node batch job
+# with srun, GPUs and a TCP connection between two nodes, then scontrol/sacct.
+cmd_smoke() {
+  [ "$NUM_NODES" -ge 2 ] || die "smoke needs >= 2 nodes"
+  healthy || die "cluster not healthy; run: $0 start"
+  local dir job st i out
+  dir="$(mktemp -d /tmp/hpc-train-slurm-smoke.XXXXXX)"; chmod 755 "$dir"
+  cat >"$dir/tcp.py" <<'PYEOF'
+import os, socket, subprocess, time
+rank = int(os.environ["SLURM_PROCID"])
+first = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()[0].decode()
+if rank == 0:
+    srv = socket.create_server(("0.0.0.0", 29517)); srv.settimeout(30)
+    conn, addr = srv.accept()
+    print(f"TCP rank0@{socket.gethostname()} got '{conn.recv(100).decode()}' from {addr[0]}", flush=True)
+else:
+    for _ in range(120):
+        try:
+            conn = socket.create_connection((first, 29517), timeout=2); break
+        except OSError:
+            time.sleep(0.25)
+    conn.sendall(f"hello from rank{rank}@{socket.gethostname()}".encode())
+PYEOF
+  job="$(sbatch --parsable -N2 --ntasks-per-node=1 --gres=gpu:"$NODE_GPUS" -A "$ACCOUNT" -p gpu_p2 \
+    -t 5 -o "$dir/out" --wrap "srun bash -c 'echo TASK \$SLURM_PROCID host=\$(hostname) ip=\$(hostname -I) gpus=\$CUDA_VISIBLE_DEVICES'; srun python3 $dir/tcp.py")" ||
+    die "sbatch failed"
+  for i in $(seq 1 120); do
+    st="$(squeue -h -j "$job" -o %T 2>/dev/null || true)"; [ -z "$st" ] && break; sleep 0.5
+  done
+  out="$(cat "$dir/out" 2>/dev/null || true)"; echo "$out"
+  scontrol show job -d "$job" | grep -E 'JobState|TRES=|JOB_GRES|TresPerNode'
+  for i in $(seq 1 20); do  # accounting is asynchronous: poll briefly
+    st="$(sacct -n -X -P -j "$job" -o State 2>/dev/null || true)"; [ "$st" = COMPLETED ] && break; sleep 0.5
+  done
+  sacct -j "$job" -o JobID,JobName,Partition,Account,AllocTRES%45,State,NodeList
+  rm -rf "$dir"
+  [ "$st" = COMPLETED ] || die "smoke job $job: sacct state '$st'"
+  [ "$(grep -c '^TASK' <<<"$out")" -eq 2 ] || die "expected 2 tasks"
+  [ "$(grep '^TASK' <<<"$out" | awk '{print $3}' | sort -u | wc -l)" -eq 2 ] || die "tasks did not run on 2 nodes"
+  grep -q '^TCP .* got .hello from rank1' <<<"$out" || die "no TCP connection between nodes"
+  echo "smoke: OK (job $job)"
+}
+
 cmd_env() {
   echo "export SLURM_CONF=$SLURM_CONF_FILE"
   echo "export HPC_TRAIN_SLURM_DIR=$STATE_DIR"
 }
 
+# start/stop/restart/purge are serialised with a lock, so that e.g. several
+# pytest-xdist workers may all call `start`: the first starts the cluster,
+# the others wait and then find it healthy.
+take_lock() {
+  need_root
+  exec 9>"${STATE_DIR%/}.lock"
+  flock -w 600 9 || die "timed out waiting for lock ${STATE_DIR%/}.lock"
+}
+
 case "${1:-}" in
-  start) cmd_start ;;
-  stop) cmd_stop ;;
-  restart) cmd_stop; cmd_start ;;
+  start) take_lock; cmd_start ;;
+  stop) take_lock; cmd_stop ;;
+  restart) take_lock; cmd_stop; cmd_start ;;
   status) cmd_status ;;
   env) cmd_env ;;
-  purge) cmd_stop; rm -rf --one-file-system "$STATE_DIR"; log "removed $STATE_DIR" ;;
-  *) echo "usage: $0 {start|stop|restart|status|env|purge}" >&2; exit 2 ;;
+  smoke) cmd_smoke ;;
+  purge) take_lock; cmd_stop; rm -rf --one-file-system "$STATE_DIR"; log "removed $STATE_DIR" ;;
+  *) echo "usage: $0 {start|stop|restart|status|env|smoke|purge}" >&2; exit 2 ;;
 esac

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.validate import data_parallel_size, normalize_precision
@@ -20,9 +20,11 @@ JOB_CONFIG_NAME = "job_config.yaml"
 
 
 def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)  # Hydra's own node does not fully resolve in sweep configs, and ranks do not need it
     spec = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(spec, dict)
-    spec.pop("hydra", None)
     spec["trainer"]["precision"] = normalize_precision(spec["trainer"]["precision"])
     layout = asdict(plan.layout)
     layout["world_size"] = plan.layout.world_size

@@ -1,4 +1,4 @@
-"""Hydra launcher for `hpc-train -m ...` (registered by hpc_train.cli): every Slurm job of a sweep gets its own layout.
+"""Hydra launcher for `hpc-train -m ...` (registered as hydra/launcher=hpc_train by hydra_plugins.hpc_train_launcher): every Slurm job of a sweep gets its own layout.
 
 hydra-submitit-launcher builds one executor from `hydra.launcher` for the whole sweep, so
 sweeping `strategy=ddp,pipeline` or `resources.gpus_per_node=2,4` cannot change --gres or
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -25,18 +23,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class HpcTrainLauncherConf:
-    _target_: str = "hpc_train.launch.sweep.HpcTrainLauncher"
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="hpc_train", node=HpcTrainLauncherConf, provider="hpc_train")
-
 TABLE_NAME = "jobs.tsv"
 
 
-class HpcTrainLauncher(Launcher):
+class SweepLauncher(Launcher):
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None

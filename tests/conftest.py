@@ -66,6 +66,9 @@ def slurm_cluster():
         if os.environ.get("CI") == "true" or os.geteuid() == 0:
             pytest.fail(message)
         pytest.skip(message)
+    env = subprocess.run(["bash", str(CLUSTER_SCRIPT), "env"], capture_output=True, text=True, check=True).stdout
+    for key, value in re.findall(r"^export (\w+)=(\S+)$", env, flags=re.M):
+        os.environ[key] = value.strip("'\"")  # every sbatch/scontrol the tests run (and the CLI) talks to this cluster
     assert shutil.which("sbatch") and shutil.which("scontrol")
     yield
     # Leave the cluster running for the next session; scripts/slurm_test_cluster.sh stop ends it.

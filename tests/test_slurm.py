@@ -64,14 +64,16 @@ def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
 
 def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*SLURM, *TRAIN, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2", "cluster.partition=gpu_p2"]
+    overrides = [*SLURM, *TRAIN, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2", "cluster.partition=gpu_p2", "cluster.setup=['echo setup-line-ran']"]
+    before = set(squeue_ids())
     dry = run_cli([*overrides, "dry_run=true"], run_dir)
     assert_ok(dry)
     sbatch_lines = [line for line in dry.stdout.splitlines() if line.startswith("#SBATCH")]
     for expected in ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1", "--partition=gpu_p2", "--time=5", "--signal=USR2@30"):
         assert f"#SBATCH {expected}" in sbatch_lines
     assert "dry run, nothing submitted" in dry.stdout
-    assert squeue_ids() == [] or all(True for _ in [])  # nothing queued by a dry run
+    assert "echo setup-line-ran" in dry.stdout.splitlines()
+    assert set(squeue_ids()) == before  # nothing queued by a dry run
     assert not (run_dir / "slurm").exists()
     proc = run_cli([*overrides, "launcher.wait=true"], run_dir)
     assert_ok(proc)
@@ -79,6 +81,7 @@ def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     submitted = (run_dir / "slurm" / f"{job_id}_submission.sh").read_text()
     assert [line for line in submitted.splitlines() if line.startswith("#SBATCH")] == sbatch_lines
     assert scontrol_job(job_id)["Partition"] == "gpu_p2"
+    assert "setup-line-ran" in (run_dir / "slurm" / f"{job_id}_0_log.out").read_text()
 
 
 def test_gpus_per_node_flag(slurm_cluster, tmp_path):
@@ -120,8 +123,11 @@ def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
         (["strategy=ddp", "resources.gpus_per_node=3", "trainer.batch_size=32"], "trainer.batch_size"),
         (["cluster.partition=no_such_partition"], "cluster.partition"),
         (["cluster.time=0"], "cluster.time"),
-        (["job_name=a;rm -rf /"], "job_name"),
-        (["cluster.setup=[module load x; echo owned]"], "cluster.setup[0]"),
+        (["job_name='a;rm -rf /'"], "job_name"),
+        (["job_name='two\nlines'"], "job_name"),
+        (["cluster.setup=['module load x; echo owned']"], "cluster.setup[0]"),
+        (["cluster.setup=['echo $(id)']"], "cluster.setup[0]"),
+        (["cluster.setup=['conda activate \"my env']"], "cluster.setup[0]"),
     ],
 )
 def test_bad_layouts_are_refused_before_queueing(overrides, key, slurm_cluster, tmp_path):

@@ -70,6 +70,41 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
         raise ConfigError("trainer.lr", f"must be a positive number, got {trainer.lr!r}.", "set e.g. trainer.lr=0.05.")
 
 
+# Layers each model is cut along (launch side, no torch): stem(4) + residual blocks + avgpool, flatten, fc.
+MODEL_LAYERS = {"resnet18": 15, "resnet34": 23, "resnet50": 23, "resnet101": 40, "resnet152": 57, "toy_mlp": 4}
+STAGED = ("model_parallel", "pipeline", "hybrid")
+
+
+def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
+    strategy = cfg.strategy
+    if strategy.name not in STAGED:
+        return
+    if strategy.get("engine", "native") not in ("native",):
+        raise ConfigError("strategy.engine", f"engine {strategy.engine!r} is not available in this version.", "use strategy.engine=native (single-process pipeline), or strategy=hybrid to span nodes.")
+    stages = int(strategy.get("stages") or layout.gpus_per_task)
+    layers = MODEL_LAYERS.get(str(cfg.model.name))
+    if stages < 1:
+        raise ConfigError("strategy.stages", f"must be at least 1, got {stages}.", "set strategy.stages=2 or more, or null for one stage per GPU.")
+    if layers is not None and stages > layers:
+        raise ConfigError("strategy.stages", f"{cfg.model.name} has {layers} layers to cut, fewer than {stages} stages.", f"use at most strategy.stages={layers}.")
+    balance = strategy.get("balance", "params")
+    if isinstance(balance, str):
+        if balance not in ("params", "time"):
+            raise ConfigError("strategy.balance", f"unknown balance {balance!r}.", "use strategy.balance=params, strategy.balance=time or a list of layer counts such as strategy.balance=[5,10].")
+    else:
+        counts = list(balance)
+        if len(counts) != stages or (layers is not None and sum(counts) != layers) or min(counts) < 1:
+            raise ConfigError("strategy.balance", f"{counts} must list {stages} positive layer counts summing to {layers}.", f"give {stages} numbers that add up to {layers}, or use strategy.balance=params.")
+    if strategy.get("batchnorm", "keep") not in ("keep", "freeze"):
+        raise ConfigError("strategy.batchnorm", f"unknown mode {strategy.batchnorm!r}.", "use strategy.batchnorm=keep or strategy.batchnorm=freeze.")
+    chunks = strategy.get("chunks")
+    if chunks is not None and (not _positive_int(chunks)):
+        raise ConfigError("strategy.chunks", f"must be a positive integer, got {chunks!r}.", "set e.g. strategy.chunks=4.")
+    if chunks and layout.world_size and cfg.trainer.batch_size // data_parallel_size(cfg, layout) < chunks:
+        per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout)
+        raise ConfigError("strategy.chunks", f"{chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
+
+
 def check_data(cfg: DictConfig) -> None:
     data = cfg.data
     if data.name != "imagefolder":
@@ -112,6 +147,7 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
 
 def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     """Run every launch-side check; the first failure raises ConfigError."""
+    check_strategy(cfg, layout)
     check_trainer(cfg, layout)
     check_data(cfg)
     check_resume(cfg)

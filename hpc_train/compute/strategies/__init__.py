@@ -9,9 +9,15 @@ import torch
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.strategies.base import Strategy
 from hpc_train.compute.strategies.ddp import DDPStrategy
+from hpc_train.compute.strategies.dp import DataParallelStrategy
+from hpc_train.compute.strategies.hybrid import HybridStrategy
+from hpc_train.compute.strategies.model_parallel import ModelParallelStrategy
+from hpc_train.compute.strategies.pipeline import PipelineStrategy
 from hpc_train.compute.strategies.single import SingleStrategy
 
-STRATEGIES: Dict[str, Type[Strategy]] = {cls.name: cls for cls in (SingleStrategy, DDPStrategy)}
+STRATEGIES: Dict[str, Type[Strategy]] = {
+    cls.name: cls for cls in (SingleStrategy, DDPStrategy, DataParallelStrategy, ModelParallelStrategy, PipelineStrategy, HybridStrategy)
+}
 
 
 def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str) -> Strategy:

@@ -36,7 +36,8 @@ class Strategy:
     def input_device(self) -> torch.device:
         return self.devices[0]
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
+        """Place and wrap the model; `example` is a small input batch (for time-based balancing)."""
         return model.to(self.input_device)
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -11,7 +11,7 @@ from hpc_train.compute.strategies.base import Strategy
 class DDPStrategy(Strategy):
     name = "ddp"
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, example=None) -> nn.Module:
         model = model.to(self.input_device)
         if not self.ranks.is_distributed:
             return model

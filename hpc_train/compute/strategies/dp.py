@@ -1,0 +1,26 @@
+"""`dp`: one process drives all its GPUs with nn.DataParallel (batch split, outputs gathered on the first GPU)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch.nn as nn
+
+from hpc_train.compute.strategies.base import Strategy
+
+log = logging.getLogger("hpc_train")
+
+
+class DataParallelStrategy(Strategy):
+    name = "dp"
+
+    def wrap(self, model: nn.Module, example=None) -> nn.Module:
+        model = model.to(self.input_device)
+        gpus = sorted({d.index for d in self.devices if d.type == "cuda"})
+        if len(gpus) < 2:
+            log.warning("strategy=dp needs at least 2 GPUs, found %d: running as `single` on %s", len(gpus), self.input_device)
+            return model
+        return nn.DataParallel(model, device_ids=gpus, output_device=gpus[0])
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, nn.DataParallel) else model

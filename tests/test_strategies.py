@@ -1,0 +1,131 @@
+"""Every strategy computes what single-device training computes (real processes, gloo on CPU)."""
+
+import copy
+
+import pytest
+import torch
+import torchvision
+
+from hpc_train.compute.stages import build_staged, flatten_layers, partition
+from hpc_train.launch.validate import MODEL_LAYERS
+from tests.conftest import TINY, assert_ok, read_summary, run_cli
+
+COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
+
+VARIANTS = {
+    "single": ["strategy=single"],
+    "dp": ["strategy=dp"],
+    "model_parallel-2": ["strategy=model_parallel", "strategy.stages=2"],
+    "model_parallel-3": ["strategy=model_parallel", "strategy.stages=3"],
+    "pipeline-1": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=1"],
+    "pipeline-2": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2"],
+    "pipeline-4": ["strategy=pipeline", "strategy.stages=3", "strategy.chunks=4"],
+    "ddp-2": ["strategy=ddp", "resources.gpus_per_node=2"],
+    "hybrid-2x2": ["strategy=hybrid", "strategy.stages=2", "resources.gpus_per_node=4"],
+}
+
+
+@pytest.fixture(scope="module")
+def losses(tmp_path_factory):
+    base = tmp_path_factory.mktemp("strategies")
+    found = {}
+    for name, overrides in VARIANTS.items():
+        proc = run_cli([*COMMON, *overrides], base / name)
+        assert_ok(proc)
+        summary = read_summary(base / name)
+        assert summary["global_step"] == 20
+        found[name] = summary
+    return found
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if n != "single"])
+def test_strategy_matches_single_on_toy_mlp(name, losses):
+    assert losses[name]["train_loss"] == pytest.approx(losses["single"]["train_loss"], rel=1e-4)
+
+
+def test_hybrid_ran_two_replicas(losses):
+    assert losses["hybrid-2x2"]["world_size"] == 2 and losses["hybrid-2x2"]["data_parallel_size"] == 2
+
+
+def _resnet18():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(num_classes=10)
+
+
+@pytest.mark.parametrize("stages, chunks", [(2, 1), (3, 1), (4, 1), (2, 4), (3, 2)])
+def test_resnet18_split_outputs_equal_unsplit(stages, chunks):
+    model = _resnet18().eval()
+    x = torch.randn(8, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x)
+        staged = build_staged(copy.deepcopy(model), [torch.device("cpu")], stages, "params", chunks, freeze_batchnorm=False).eval()
+        got = staged(x)
+    assert len(staged.stages) == stages
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("stages, chunks", [(2, 1), (3, 4)])
+def test_resnet18_split_gradients_equal_with_frozen_batchnorm(stages, chunks):
+    model = _resnet18()
+    staged = build_staged(copy.deepcopy(model), [torch.device("cpu")], stages, "params", chunks, freeze_batchnorm=True)
+    model.eval()  # frozen batch norm == running statistics
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(staged(x), y).backward()
+    split = [p.grad for p in staged.parameters()]
+    assert len(split) == len(list(model.parameters()))
+    for got, want in zip(split, [p.grad for p in model.parameters() if p.grad is not None]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_resnet50_param_balance(stages):
+    model = torchvision.models.resnet50(num_classes=1000)
+    layers = flatten_layers(model)
+    weights = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    counts = partition(weights, stages)
+    ideal = sum(weights) / stages
+    start = 0
+    for count in counts:
+        assert sum(weights[start : start + count]) <= 1.5 * ideal
+        start += count
+    assert sum(counts) == len(layers)
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_LAYERS))
+def test_launch_side_layer_counts_match_models(name):
+    from hpc_train.compute.models import build_model
+    from omegaconf import OmegaConf
+
+    model = build_model(OmegaConf.create({"name": name, "hidden": 8}), 10, 8)
+    assert len(flatten_layers(model)) == MODEL_LAYERS[name]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy=model_parallel", "strategy.stages=5"], "strategy.stages"),  # toy_mlp has 4 layers
+        (["strategy=hybrid", "strategy.stages=3", "resources.gpus_per_node=4"], "strategy.stages"),
+        (["strategy=pipeline", "strategy.chunks=64", "trainer.batch_size=32"], "strategy.chunks"),
+        (["strategy=pipeline", "resources.nodes=2"], "resources.nodes"),
+        (["strategy=pipeline", "strategy.balance=[1,1]", "strategy.stages=2"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
+    ],
+)
+def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):
+    proc = run_cli([*COMMON, *overrides], tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"`{key}`" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "job_config.yaml").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["single", "dp", "ddp", "model_parallel", "pipeline", "hybrid"])
+def test_every_strategy_trains_on_gpu(strategy, tmp_path):
+    gpus = torch.cuda.device_count()
+    extra = ["strategy.stages=2"] if strategy in ("model_parallel", "pipeline", "hybrid") else []
+    proc = run_cli(["model=resnet18", "data=synthetic", "trainer.max_steps=5", "trainer.epochs=null", "trainer.batch_size=32", f"strategy={strategy}", f"resources.gpus_per_node={max(2, gpus) if strategy == 'hybrid' else gpus}", *extra], tmp_path / "run")
+    assert_ok(proc)
+    summary = read_summary(tmp_path / "run")
+    assert summary["device"] == "cuda" and summary["global_step"] == 5

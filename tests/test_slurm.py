@@ -35,6 +35,10 @@ ROWS = {
     "single": (["strategy=single", "resources.gpus_per_node=2"], (1, 1, 1)),
     "ddp-1x2": (["strategy=ddp", "resources.gpus_per_node=2"], (1, 2, 2)),
     "ddp-2x2": (["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2"], (2, 2, 2)),
+    "dp": (["strategy=dp", "resources.gpus_per_node=2"], (1, 1, 2)),
+    "model_parallel": (["strategy=model_parallel", "resources.gpus_per_node=2"], (1, 1, 2)),
+    "pipeline": (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=2"], (1, 1, 2)),
+    "hybrid-2x2x2": (["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"], (2, 2, 4)),
 }
 
 

@@ -38,6 +38,7 @@ ROWS = {
     "dp": (["strategy=dp", "resources.gpus_per_node=2"], (1, 1, 2)),
     "model_parallel": (["strategy=model_parallel", "resources.gpus_per_node=2"], (1, 1, 2)),
     "pipeline": (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=2"], (1, 1, 2)),
+    "pipelining-2x2": (["strategy=pipeline", "strategy.engine=pipelining", "resources.nodes=2", "resources.gpus_per_node=2", "strategy.chunks=2"], (2, 2, 2)),
     "hybrid-2x2x2": (["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"], (2, 2, 4)),
 }
 

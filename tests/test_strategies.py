@@ -22,6 +22,9 @@ VARIANTS = {
     "pipeline-4": ["strategy=pipeline", "strategy.stages=3", "strategy.chunks=4"],
     "ddp-2": ["strategy=ddp", "resources.gpus_per_node=2"],
     "hybrid-2x2": ["strategy=hybrid", "strategy.stages=2", "resources.gpus_per_node=4"],
+    "pipelining-gpipe": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4"],
+    "pipelining-1f1b": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4", "strategy.schedule=1f1b"],
+    "pipelining-2x2": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=4", "strategy.stages=2", "strategy.chunks=2"],
 }
 
 
@@ -45,6 +48,11 @@ def test_strategy_matches_single_on_toy_mlp(name, losses):
 
 def test_hybrid_ran_two_replicas(losses):
     assert losses["hybrid-2x2"]["world_size"] == 2 and losses["hybrid-2x2"]["data_parallel_size"] == 2
+
+
+def test_pipelining_engine_ran_one_rank_per_stage(losses):
+    assert losses["pipelining-gpipe"]["world_size"] == 2 and losses["pipelining-gpipe"]["data_parallel_size"] == 1
+    assert losses["pipelining-2x2"]["world_size"] == 4 and losses["pipelining-2x2"]["data_parallel_size"] == 2
 
 
 def _resnet18():
@@ -110,6 +118,8 @@ def test_launch_side_layer_counts_match_models(name):
         (["strategy=pipeline", "resources.nodes=2"], "resources.nodes"),
         (["strategy=pipeline", "strategy.balance=[1,1]", "strategy.stages=2"], "strategy.balance"),
         (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
+        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.schedule=1f1b", "strategy.chunks=1"], "strategy.chunks"),
+        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"], "strategy.stages"),
     ],
 )
 def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):

@@ -73,3 +73,10 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if is_initialized():
         dist.barrier()
+
+
+def collective_device(device: torch.device) -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+    if is_initialized() and dist.get_backend() == "nccl":
+        return device
+    return torch.device("cpu")

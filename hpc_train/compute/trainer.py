@@ -159,24 +159,11 @@ class Trainer:
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64)  # correct, count, summed loss
         for images, labels in self.eval_loader:
-            outputs = self.strategy.predict(self.model, self._to_input(images)).float()
-            labels = labels.to(outputs.device)
-            totals[0] += (outputs.argmax(dim=1) == labels).sum().item()
-            totals[1] += labels.numel()
-            totals[2] += nn.functional.cross_entropy(outputs, labels, reduction="sum").item()
+            totals += self.strategy.eval_counts(self.model, self._to_input(images), labels)
         self.model.train()
-        totals = distributed.all_reduce_sum(totals.to(self._collective_device())).cpu()
+        totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
         count = max(1.0, totals[1].item())
         return {"accuracy": totals[0].item() / count, "loss": totals[2].item() / count, "samples": int(totals[1].item())}
-
-    def _collective_device(self) -> torch.device:
-        """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
-        if distributed.is_initialized() and torch.distributed.get_backend() == "nccl":
-            return self.strategy.input_device
-        return torch.device("cpu")
-
-    def _global_loss(self, loss: torch.Tensor) -> float:
-        return distributed.all_reduce_mean(loss.float().reshape(1).to(self._collective_device())).item()
 
     def _sync(self) -> None:
         if self.strategy.input_device.type == "cuda":
@@ -213,7 +200,7 @@ class Trainer:
                         timer_start = time.perf_counter()
                 final = state.global_step >= self.total_steps
                 if state.global_step % int(tcfg.log_every) == 0 or final:
-                    last_loss = self._global_loss(loss)
+                    last_loss = self.strategy.global_loss(loss)
                     self.metrics.write({"kind": "train", "step": state.global_step, "epoch": state.epoch, "loss": last_loss, "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
                 progress.update(state.global_step, last_loss)
                 if final:
@@ -255,7 +242,9 @@ class Trainer:
         }
         plain = self.strategy.unwrap(self.model)
         log.info("final parameter digest %s", parameter_digest(plain))
+        weights_name = self.strategy.weights_file()
+        if weights_name:
+            save_atomic(plain.state_dict(), self.run_dir / weights_name)
         if self.is_main:
-            save_atomic(plain.state_dict(), self.run_dir / "model.pt")
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary

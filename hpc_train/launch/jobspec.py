@@ -14,7 +14,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train.launch.plan import RunPlan
-from hpc_train.launch.validate import data_parallel_size, normalize_precision
+from hpc_train.launch.validate import data_parallel_size, normalize_precision, resolved_stages
 
 JOB_CONFIG_NAME = "job_config.yaml"
 
@@ -26,6 +26,9 @@ def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     spec = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(spec, dict)
     spec["trainer"]["precision"] = normalize_precision(spec["trainer"]["precision"])
+    stages = resolved_stages(cfg, plan.layout)
+    if stages is not None:
+        spec["strategy"]["stages"] = stages
     layout = asdict(plan.layout)
     layout["world_size"] = plan.layout.world_size
     layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,10 +31,19 @@ def normalize_precision(value: object) -> str:
     return str(value).lower()
 
 
+def resolved_stages(cfg: DictConfig, layout: JobLayout) -> Optional[int]:
+    """strategy.stages, or its default: one stage per GPU of a task, per GPU of a node for the pipelining engine."""
+    if cfg.strategy.name not in STAGED:
+        return None
+    if cfg.strategy.get("stages"):
+        return int(cfg.strategy.stages)
+    return layout.gpus_per_node if layout.strategy == "pipeline+pipelining" else layout.gpus_per_task
+
+
 def data_parallel_size(cfg: DictConfig, layout: JobLayout) -> int:
     """How many ranks split each global batch (pipelining-engine stages share one shard)."""
     if layout.strategy == "pipeline+pipelining":
-        return max(1, layout.world_size // int(cfg.strategy.get("stages") or layout.gpus_per_node))
+        return max(1, layout.world_size // resolved_stages(cfg, layout))
     return layout.world_size
 
 
@@ -79,9 +89,18 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     strategy = cfg.strategy
     if strategy.name not in STAGED:
         return
-    if strategy.get("engine", "native") not in ("native",):
-        raise ConfigError("strategy.engine", f"engine {strategy.engine!r} is not available in this version.", "use strategy.engine=native (single-process pipeline), or strategy=hybrid to span nodes.")
-    stages = int(strategy.get("stages") or layout.gpus_per_task)
+    engine = strategy.get("engine", "native")
+    if engine not in ("native", "pipelining"):
+        raise ConfigError("strategy.engine", f"unknown engine {engine!r}.", "use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).")
+    stages = resolved_stages(cfg, layout)
+    if engine == "pipelining":
+        if layout.world_size % stages:
+            raise ConfigError("strategy.stages", f"{layout.world_size} ranks cannot form pipelines of {stages} stages.", f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).")
+        schedule = str(strategy.get("schedule", "gpipe")).lower()
+        if schedule not in ("gpipe", "1f1b"):
+            raise ConfigError("strategy.schedule", f"unknown schedule {schedule!r}.", "use strategy.schedule=gpipe or strategy.schedule=1f1b.")
+        if schedule == "1f1b" and int(strategy.get("chunks") or 1) < stages:
+            raise ConfigError("strategy.chunks", f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).", f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.")
     layers = MODEL_LAYERS.get(str(cfg.model.name))
     if stages < 1:
         raise ConfigError("strategy.stages", f"must be at least 1, got {stages}.", "set strategy.stages=2 or more, or null for one stage per GPU.")

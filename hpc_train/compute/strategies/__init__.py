@@ -21,4 +21,8 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 
 
 def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str) -> Strategy:
+    if cfg.name == "pipeline" and cfg.get("engine") == "pipelining":
+        from hpc_train.compute.strategies.pipelining import PipeliningStrategy
+
+        return PipeliningStrategy(cfg, ranks, devices, precision)
     return STRATEGIES[cfg.name](cfg, ranks, devices, precision)

@@ -18,6 +18,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 
+from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.ranks import RankInfo
 
@@ -65,3 +66,19 @@ class Strategy:
     def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.precision, self.input_device):
             return model(images)
+
+    def eval_counts(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """(correct, count, summed loss) of one evaluation batch, as float64 on the CPU; summed over ranks later."""
+        outputs = self.predict(model, images).float()
+        labels = labels.to(outputs.device)
+        correct = (outputs.argmax(dim=1) == labels).sum().item()
+        loss = nn.functional.cross_entropy(outputs, labels, reduction="sum").item()
+        return torch.tensor([correct, labels.numel(), loss], dtype=torch.float64)
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        """This step's loss over the global batch (every rank calls it: it may be a collective)."""
+        return distributed.all_reduce_mean(loss.float().reshape(1).to(distributed.collective_device(self.input_device))).item()
+
+    def weights_file(self) -> Optional[str]:
+        """Where this rank writes its final weights (None: it writes none). Rank 0 holds the whole model."""
+        return "model.pt" if self.ranks.is_main else None

@@ -1,0 +1,153 @@
+"""`pipeline` with `strategy.engine=pipelining`: one rank per stage on torch.distributed.pipelining.
+
+World = D x S ranks: rank r holds stage ``r % S`` of data-parallel replica ``r // S`` (on Slurm,
+one task per GPU, so consecutive GPUs of a node form a pipeline and pipelines can span nodes).
+Micro-batches go through ``ScheduleGPipe`` or ``Schedule1F1B`` (``strategy.schedule``); each
+stage's gradients are averaged over the D replicas of that stage. Unlike the single-process
+pipeline, activations cross process (and node) boundaries by point-to-point messages.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from hpc_train.compute import distributed
+from hpc_train.compute.precision import autocast
+from hpc_train.compute.stages import flatten_layers, stage_counts
+from hpc_train.compute.strategies.base import Strategy
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _send(tensor: torch.Tensor, dst: int) -> None:
+    header = torch.zeros(8, dtype=torch.long)
+    header[0] = tensor.dim()
+    header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
+    dist.send(header.to(tensor.device), dst)
+    dist.send(tensor.contiguous(), dst)
+
+
+def _recv(src: int, device: torch.device) -> torch.Tensor:
+    header = torch.zeros(8, dtype=torch.long, device=device)
+    dist.recv(header, src)
+    shape = header[1 : 1 + int(header[0])].tolist()
+    out = torch.empty(shape, device=device)
+    dist.recv(out, src)
+    return out
+
+
+class PipeliningStrategy(Strategy):
+    name = "pipeline"
+
+    def __init__(self, cfg, ranks, devices, precision) -> None:
+        super().__init__(cfg, ranks, devices, precision)
+        self.num_stages = int(cfg.stages)  # resolved on the launch side
+        if ranks.world_size % self.num_stages:
+            raise ValueError(f"world size {ranks.world_size} is not a multiple of strategy.stages={self.num_stages}")
+        self.stage_index = ranks.rank % self.num_stages
+        self.replica = ranks.rank // self.num_stages
+        self.replicas = ranks.world_size // self.num_stages
+        self.chunks = int(cfg.get("chunks") or 4)
+        self.pp_group, self.dp_group = self._groups()
+        self.schedule = None
+
+    def _groups(self):
+        """Every rank creates every group, in the same order (a requirement of new_group)."""
+        pp_group = dp_group = None
+        for replica in range(self.replicas):
+            group = dist.new_group(list(range(replica * self.num_stages, (replica + 1) * self.num_stages)))
+            if replica == self.replica:
+                pp_group = group
+        for stage in range(self.num_stages):
+            group = dist.new_group(list(range(stage, self.ranks.world_size, self.num_stages)))
+            if stage == self.stage_index:
+                dp_group = group
+        return pp_group, dp_group
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.replicas
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self.replica
+
+    def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        layers = flatten_layers(model)
+        balance = self.cfg.get("balance", "params")
+        counts = stage_counts(layers, self.num_stages, balance if isinstance(balance, str) else list(balance), example)
+        start = sum(counts[: self.stage_index])
+        stage_input = example[: max(1, example.shape[0] // self.chunks)]
+        with torch.no_grad():  # the micro-batch this stage receives (shape inference for older torch)
+            for layer in layers[:start]:
+                stage_input = layer(stage_input)
+        module = nn.Sequential(*layers[start : start + counts[self.stage_index]]).to(self.input_device)
+        self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.input_device, input_args=(stage_input.to(self.input_device),), group=self.pp_group)
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[str(self.cfg.get("schedule", "gpipe")).lower()]
+        kwargs = {}
+        loss_fn = self._loss
+        if "scale_grads" in inspect.signature(schedule_cls.__init__).parameters:
+            kwargs["scale_grads"] = True
+        else:  # older torch sums micro-batch gradients: average them through the loss instead
+            loss_fn = lambda out, target: self._loss(out, target) / self.chunks  # noqa: E731
+        self.schedule = schedule_cls(self.stage, self.chunks, loss_fn=loss_fn, **kwargs)
+        return module
+
+    def _loss(self, outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(outputs.float(), target)
+
+    def forward_backward(self, model, images, labels, loss_fn, scaler) -> torch.Tensor:
+        losses: List[torch.Tensor] = []
+        with autocast(self.precision, self.input_device):
+            if self.is_first and self.is_last:
+                self.schedule.step(images, target=labels.to(self.input_device), losses=losses)
+            elif self.is_first:
+                self.schedule.step(images)
+            elif self.is_last:
+                self.schedule.step(target=labels.to(self.input_device), losses=losses)
+            else:
+                self.schedule.step()
+        if self.replicas > 1:  # average this stage's gradients over its replicas (what DDP would do)
+            for param in model.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
+                    param.grad /= self.replicas
+        if losses:
+            return torch.stack([l.detach().float() for l in losses]).mean()
+        return torch.zeros((), device=self.input_device)
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        # Only last stages hold a loss; the others contribute 0 to the sum over the world.
+        total = distributed.all_reduce_sum(loss.float().reshape(1).to(distributed.collective_device(self.input_device)))
+        return total.item() / self.replicas
+
+    def eval_counts(self, model, images, labels) -> torch.Tensor:
+        """Forward through the stages with plain point-to-point messages; the last stage counts."""
+        x = images if self.is_first else _recv(self.ranks.rank - 1, self.input_device)
+        with autocast(self.precision, self.input_device):
+            out = model(x)
+        if not self.is_last:
+            _send(out.float(), self.ranks.rank + 1)
+            return torch.zeros(3, dtype=torch.float64)
+        return super().eval_counts(lambda _: out, images, labels)
+
+    def predict(self, model, images):
+        return model(images)
+
+    def weights_file(self) -> Optional[str]:
+        return f"model_stage{self.stage_index}.pt" if self.replica == 0 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,15 @@ TINY_DATA = ["data=synthetic", "data.image_size=8", "data.num_samples=512", "dat
 TINY = TINY_TRAINER + TINY_DATA
 
 
-def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """Run `hpc-train ARGS` as a user would; returns the finished process (stdout+stderr as text)."""
+def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None, gpus: bool = False) -> subprocess.CompletedProcess:
+    """Run `hpc-train ARGS` as a user would; returns the finished process (stdout+stderr as text).
+
+    Tests are CPU tests (gloo workers) unless they pass gpus=True: GPUs are hidden otherwise, so
+    the same assertions hold on a GPU machine.
+    """
+    env = dict(os.environ if env is None else env)
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     command = [sys.executable, "-m", "hpc_train.cli", *args]
     if run_dir is not None:
         command.append(f"hydra.run.dir={run_dir}")

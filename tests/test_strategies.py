@@ -135,7 +135,7 @@ def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):
 def test_every_strategy_trains_on_gpu(strategy, tmp_path):
     gpus = torch.cuda.device_count()
     extra = ["strategy.stages=2"] if strategy in ("model_parallel", "pipeline", "hybrid") else []
-    proc = run_cli(["model=resnet18", "data=synthetic", "trainer.max_steps=5", "trainer.epochs=null", "trainer.batch_size=32", f"strategy={strategy}", f"resources.gpus_per_node={max(2, gpus) if strategy == 'hybrid' else gpus}", *extra], tmp_path / "run")
+    proc = run_cli(["model=resnet18", "data=synthetic", "trainer.max_steps=5", "trainer.epochs=null", "trainer.batch_size=32", f"strategy={strategy}", f"resources.gpus_per_node={max(2, gpus) if strategy == 'hybrid' else gpus}", *extra], tmp_path / "run", gpus=True)
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
     assert summary["device"] == "cuda" and summary["global_step"] == 5

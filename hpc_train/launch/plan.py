@@ -62,5 +62,13 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
         stages=strategy.get("stages"),
         engine=strategy.get("engine"),
     )
+    if cfg.launcher.name == "local":
+        gpus = count_local_gpus()
+        if gpus and layout.tasks_per_node > gpus:
+            raise ConfigError(
+                "resources.gpus_per_node",
+                f"{layout.describe()} starts {layout.tasks_per_node} processes, but this machine has {gpus} GPU(s) and NCCL cannot share one GPU between ranks.",
+                f"set resources.gpus_per_node={gpus}, or run CPU workers with CUDA_VISIBLE_DEVICES= hpc-train ...",
+            )
     validate(cfg, layout, run_dir)
     return RunPlan(layout=layout, run_dir=run_dir)

@@ -8,15 +8,8 @@ from torch.nn.parallel import DistributedDataParallel
 from hpc_train.compute.strategies.base import Strategy
 
 
-class DDPStrategy(Strategy):
-    name = "ddp"
-
-    def wrap(self, model: nn.Module, example=None) -> nn.Module:
-        model = model.to(self.input_device)
-        if not self.ranks.is_distributed:
-            return model
-        device_ids = [self.input_device] if self.input_device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False)))
+class ReplicatedAcrossRanks:
+    """Every rank holds a full replica (wrapped in DDP) and reads its own shard of the data."""
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
@@ -28,3 +21,14 @@ class DDPStrategy(Strategy):
     @property
     def data_parallel_rank(self) -> int:
         return self.ranks.rank
+
+
+class DDPStrategy(ReplicatedAcrossRanks, Strategy):
+    name = "ddp"
+
+    def wrap(self, model: nn.Module, example=None) -> nn.Module:
+        model = model.to(self.input_device)
+        if not self.ranks.is_distributed:
+            return model
+        device_ids = [self.input_device] if self.input_device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False)))

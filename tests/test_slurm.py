@@ -153,3 +153,20 @@ def test_bad_sweep_job_submits_nothing(slurm_cluster, tmp_path):
     assert "nothing was submitted" in proc.stderr
     assert set(squeue_ids()) == before
     assert not (sweep_dir / "jobs.tsv").exists()
+
+
+def test_sweep_with_a_mistyped_key_submits_nothing(slurm_cluster, tmp_path):
+    before = set(squeue_ids())
+    proc = run_cli(["-m", *SLURM, *TRAIN, "strategy=ddp,single", "trainer.batchsize=3", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert proc.returncode != 0
+    assert "trainer.batchsize" in proc.stderr
+    assert set(squeue_ids()) == before
+
+
+def test_sweep_dry_run_lays_out_every_job(slurm_cluster, tmp_path):
+    proc = run_cli(["-m", *SLURM, *TRAIN, "dry_run=true", "strategy=single,ddp", "resources.gpus_per_node=1,2", "seed=range(0,5)", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert_ok(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("#")]
+    assert len(lines) == 20
+    assert sum("ddp: 1 node x 2 tasks/node" in line for line in lines) == 5
+    assert sum("seed=4" in line for line in lines) == 4  # values set on shared compositions really differ per job

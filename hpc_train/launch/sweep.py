@@ -10,6 +10,7 @@ Local jobs run one after another in this process, as with Hydra's basic launcher
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from pathlib import Path
@@ -24,10 +25,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 log = logging.getLogger(__name__)
 
 TABLE_NAME = "jobs.tsv"
+_MISSING = object()
 
 
 class SweepLauncher(Launcher):
     def __init__(self) -> None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self._parser = OverridesParser.create()
+        self._groups: Optional[set] = None
+        self._cache: dict = {}
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
@@ -36,8 +43,39 @@ class SweepLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def _job_config(self, overrides: Sequence[str], idx: int) -> DictConfig:
+        """Compose one job's config.
+
+        Hydra's full composition costs ~0.1 s a job, which dominates a 100-job sweep. Jobs that
+        differ only in plain values (seed=3, trainer.lr=0.1) share one composition per set of
+        config-group choices; the values are then set on a copy. Anything else (adding or
+        deleting keys, packages, hydra.*) goes through Hydra's full composition.
+        """
         assert self.hydra_context is not None and self.config is not None
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        loader = self.hydra_context.config_loader
+        parsed = self._parser.parse_overrides(list(overrides))
+        groups = self._groups if self._groups is not None else set(loader.list_groups(""))
+        self._groups = groups
+
+        def structural(o) -> bool:
+            return o.is_add() or o.is_delete() or o.package is not None or o.key_or_group.split(".")[0] in groups or o.key_or_group.startswith("hydra")
+
+        base_overrides = [o.input_line for o in parsed if structural(o)]
+        value_overrides = [o for o in parsed if not structural(o)]
+        key = tuple(base_overrides)
+        sweep_config = None
+        if key not in self._cache:
+            self._cache[key] = loader.load_sweep_config(self.config, base_overrides)
+        try:
+            sweep_config = copy.deepcopy(self._cache[key])
+            for o in value_overrides:
+                if OmegaConf.select(sweep_config, o.key_or_group, default=_MISSING) is _MISSING:
+                    raise KeyError(o.key_or_group)
+                OmegaConf.update(sweep_config, o.key_or_group, o.value(), merge=False)
+            with open_dict(sweep_config):
+                sweep_config.hydra.overrides.task = list(overrides)
+        except Exception as err:  # let Hydra compose it and report the problem in its own words
+            log.debug("full composition for %s: %r", list(overrides), err)
+            sweep_config = loader.load_sweep_config(self.config, list(overrides))
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = idx
             sweep_config.hydra.job.num = idx

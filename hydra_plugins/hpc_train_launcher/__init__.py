@@ -6,6 +6,7 @@ which also works for editable installs (where Hydra's own plugin scan cannot see
 """
 
 from dataclasses import dataclass
+from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -24,6 +25,35 @@ class HpcTrainLauncherConf:
 ConfigStore.instance().store(group="hydra/launcher", name="hpc_train", node=HpcTrainLauncherConf, provider="hpc_train")
 
 
+def _make_sweeper_class() -> type:
+    """Hydra's basic sweeper without its up-front full composition of every job.
+
+    BasicSweeper composes each job once just to validate it (~0.1 s a job); the hpc_train
+    launcher composes and validates every job itself before anything runs or is queued,
+    sharing compositions between jobs, and reports bad overrides in Hydra's own words.
+    Built after Hydra's plugin scan, which re-executes the module defining BasicSweeper.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    def validate_batch_is_legal(self: Any, batch: Any) -> None:
+        return None
+
+    return type("HpcTrainSweeper", (BasicSweeper,), {"validate_batch_is_legal": validate_batch_is_legal, "__module__": __name__})
+
+
+@dataclass
+class HpcTrainSweeperConf:
+    _target_: str = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
+    max_batch_size: Optional[int] = None
+    params: Optional[Dict[str, str]] = None
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="hpc_train", node=HpcTrainSweeperConf, provider="hpc_train")
+
+
+HpcTrainSweeper: Optional[type] = None  # built by register()
+
+
 def register() -> None:
     """Make sure Hydra knows the launcher class (called by hpc_train.cli before Hydra starts).
 
@@ -33,4 +63,8 @@ def register() -> None:
     """
     from hydra.core.plugins import Plugins
 
-    Plugins.instance().class_name_to_class.setdefault(f"{__name__}.HpcTrainLauncher", HpcTrainLauncher)
+    plugins = Plugins.instance()  # runs Hydra's plugin scan first
+    global HpcTrainSweeper
+    HpcTrainSweeper = _make_sweeper_class()
+    plugins.class_name_to_class[f"{__name__}.HpcTrainSweeper"] = HpcTrainSweeper
+    plugins.class_name_to_class.setdefault(f"{__name__}.HpcTrainLauncher", HpcTrainLauncher)

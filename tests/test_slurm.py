@@ -67,6 +67,18 @@ def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
     assert len(list(run_dir.glob("summary.json"))) == 1
 
 
+@pytest.mark.parametrize("row", list(ROWS))
+def test_dry_run_text_matches_layout_table(row, tmp_path):
+    overrides, (nodes, tasks_per_node, gpus_per_node) = ROWS[row]
+    proc = run_cli([*SLURM, *TRAIN, *overrides, "dry_run=true"], tmp_path / "run")
+    assert_ok(proc)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
+    gpus_per_task = 1 if row.startswith(("single", "ddp", "pipelining")) else (2 if row.startswith("hybrid") else gpus_per_node)
+    for expected in (f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--gres=gpu:{gpus_per_node}", f"--cpus-per-task={gpus_per_task}"):
+        assert f"#SBATCH {expected}" in lines, (expected, lines)
+    assert not (tmp_path / "run" / "slurm").exists()
+
+
 def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*SLURM, *TRAIN, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2", "cluster.partition=gpu_p2", "cluster.setup=['echo setup-line-ran']"]

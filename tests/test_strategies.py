@@ -20,6 +20,8 @@ VARIANTS = {
     "pipeline-1": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=1"],
     "pipeline-2": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2"],
     "pipeline-4": ["strategy=pipeline", "strategy.stages=3", "strategy.chunks=4"],
+    "pipeline-time-balanced": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2", "strategy.balance=time"],
+    "model_parallel-explicit": ["strategy=model_parallel", "strategy.stages=2", "strategy.balance=[1,3]"],
     "ddp-2": ["strategy=ddp", "resources.gpus_per_node=2"],
     "hybrid-2x2": ["strategy=hybrid", "strategy.stages=2", "resources.gpus_per_node=4"],
     "pipelining-gpipe": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4"],

@@ -125,7 +125,9 @@ class Trainer:
         model = build_model(cfg.model, data.num_classes, data.image_size)
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        example = torch.stack([data.train[i][0] for i in range(min(len(data.train), self.per_rank_batch))])
+        example = None
+        if strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
+            example = torch.stack([data.train[i][0] for i in range(min(len(data.train), self.per_rank_batch))])
         self.model = strategy.wrap(model, example)
         if self.tcfg.compile:
             self.model = torch.compile(self.model)

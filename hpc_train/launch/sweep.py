@@ -113,7 +113,7 @@ class SweepLauncher(Launcher):
         for sweep_config, job_overrides in zip(configs, overrides):
             HydraConfig.instance().set_config(sweep_config)
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
-            task_cfg = _task_config(sweep_config)
+            task_cfg = sweep_config
             label = " ".join(filter_overrides(job_overrides))
             try:
                 plan = make_plan(task_cfg, run_dir)
@@ -140,11 +140,6 @@ class SweepLauncher(Launcher):
             for job, handle in submitted:
                 follow(handle, job.plan.run_dir)
         return [_job_return(c, o, handle.job_id) for (c, o), (_, handle) in zip(zip(configs, overrides), submitted)]
-
-
-def _task_config(sweep_config: DictConfig) -> DictConfig:
-    """The job's config as the task function would see it (hydra node kept for interpolations)."""
-    return sweep_config
 
 
 def _job_return(sweep_config: DictConfig, overrides: Sequence[str], job_id: Optional[str]) -> JobReturn:

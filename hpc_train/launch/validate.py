@@ -119,8 +119,8 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     chunks = strategy.get("chunks")
     if chunks is not None and (not _positive_int(chunks)):
         raise ConfigError("strategy.chunks", f"must be a positive integer, got {chunks!r}.", "set e.g. strategy.chunks=4.")
-    if chunks and layout.world_size and cfg.trainer.batch_size // data_parallel_size(cfg, layout) < chunks:
-        per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout)
+    per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout) if _positive_int(cfg.trainer.batch_size) else None
+    if chunks and per_rank is not None and per_rank < chunks:
         raise ConfigError("strategy.chunks", f"{chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
 
 

@@ -33,6 +33,8 @@ class Strategy:
         self.precision = precision
 
     # -- placement --------------------------------------------------------------------
+    needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
+
     @property
     def input_device(self) -> torch.device:
         return self.devices[0]

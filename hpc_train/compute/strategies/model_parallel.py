@@ -13,6 +13,10 @@ class ModelParallelStrategy(Strategy):
     default_chunks = 1
 
     @property
+    def needs_example(self) -> bool:
+        return self.cfg.get("balance", "params") == "time"
+
+    @property
     def stages(self) -> int:
         return int(self.cfg.get("stages") or len(self.devices))
 

@@ -43,6 +43,7 @@ def _recv(src: int, device: torch.device) -> torch.Tensor:
 
 class PipeliningStrategy(Strategy):
     name = "pipeline"
+    needs_example = True  # each stage infers the shape of the activations it receives
 
     def __init__(self, cfg, ranks, devices, precision) -> None:
         super().__init__(cfg, ranks, devices, precision)

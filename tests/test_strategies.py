@@ -62,6 +62,14 @@ def _resnet18():
     return torchvision.models.resnet18(num_classes=10)
 
 
+@pytest.mark.parametrize("overrides", [["strategy=hybrid", "resources.gpus_per_node=4", "strategy.stages=2"], ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"]], ids=["hybrid", "pipelining"])
+def test_bf16_on_multi_rank_strategies(overrides, tmp_path):
+    proc = run_cli([*TINY, "trainer.batch_size=32", "trainer.max_steps=3", "trainer.epochs=null", "trainer.precision=bf16", *overrides], tmp_path / "run")
+    assert_ok(proc)
+    summary = read_summary(tmp_path / "run")
+    assert summary["precision"] == "bf16" and summary["global_step"] == 3 and summary["train_loss"] == summary["train_loss"]
+
+
 @pytest.mark.parametrize("stages, chunks", [(2, 1), (3, 1), (4, 1), (2, 4), (3, 2)])
 def test_resnet18_split_outputs_equal_unsplit(stages, chunks):
     model = _resnet18().eval()
@@ -122,6 +130,7 @@ def test_launch_side_layer_counts_match_models(name):
         (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
         (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.schedule=1f1b", "strategy.chunks=1"], "strategy.chunks"),
         (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"], "strategy.stages"),
+        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.precision=16"], "trainer.precision"),
     ],
 )
 def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):

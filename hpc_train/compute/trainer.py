@@ -129,8 +129,10 @@ class Trainer:
         if strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
             example = torch.stack([data.train[i][0] for i in range(min(len(data.train), self.per_rank_batch))])
         self.model = strategy.wrap(model, example)
-        if self.tcfg.compile:
+        if self.tcfg.compile and strategy.supports_compile:
             self.model = torch.compile(self.model)
+        elif self.tcfg.compile:
+            log.warning("trainer.compile is ignored for %s: its schedule runs the stage module itself", self.cfg.strategy.name)
         self.optimizer = make_optimizer(self.tcfg, self.model.parameters())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(self.tcfg, self.total_steps))
         self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)

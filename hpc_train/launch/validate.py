@@ -94,6 +94,8 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
         raise ConfigError("strategy.engine", f"unknown engine {engine!r}.", "use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).")
     stages = resolved_stages(cfg, layout)
     if engine == "pipelining":
+        if normalize_precision(cfg.trainer.precision) == "16":
+            raise ConfigError("trainer.precision", "fp16 needs loss scaling, which the pipelining engine's schedules do not apply.", "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.")
         if layout.world_size % stages:
             raise ConfigError("strategy.stages", f"{layout.world_size} ranks cannot form pipelines of {stages} stages.", f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).")
         schedule = str(strategy.get("schedule", "gpipe")).lower()

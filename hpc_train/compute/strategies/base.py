@@ -33,7 +33,8 @@ class Strategy:
         self.precision = precision
 
     # -- placement --------------------------------------------------------------------
-    needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
+    needs_example = False
+    supports_compile = True  # trainer.compile wraps the module returned by wrap()  # True: wrap() needs an example input batch (time balancing, shape inference)
 
     @property
     def input_device(self) -> torch.device:

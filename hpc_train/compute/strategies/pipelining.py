@@ -44,6 +44,7 @@ def _recv(src: int, device: torch.device) -> torch.Tensor:
 class PipeliningStrategy(Strategy):
     name = "pipeline"
     needs_example = True  # each stage infers the shape of the activations it receives
+    supports_compile = False  # the schedule calls the stage module directly
 
     def __init__(self, cfg, ranks, devices, precision) -> None:
         super().__init__(cfg, ranks, devices, precision)
@@ -94,7 +95,8 @@ class PipeliningStrategy(Strategy):
         counts = stage_counts(layers, self.num_stages, balance if isinstance(balance, str) else list(balance), example)
         start = sum(counts[: self.stage_index])
         stage_input = example[: max(1, example.shape[0] // self.chunks)]
-        with torch.no_grad():  # the micro-batch this stage receives (shape inference for older torch)
+        # The micro-batch this stage receives, with the dtype autocast gives it (shape/dtype metadata).
+        with torch.no_grad(), autocast(self.precision, torch.device("cpu")):
             for layer in layers[:start]:
                 stage_input = layer(stage_input)
         module = nn.Sequential(*layers[start : start + counts[self.stage_index]]).to(self.input_device)

@@ -54,7 +54,6 @@ def cli():
 
 
 # -- the real Slurm test cluster -------------------------------------------------------------
-import os
 import re
 import shutil
 import time

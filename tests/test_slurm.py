@@ -3,7 +3,6 @@
 Each job trains a tiny model on CPU with gloo; the layout is read back from `scontrol show job -d`.
 """
 
-import json
 import re
 from pathlib import Path
 

@@ -8,6 +8,7 @@ job array.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -50,8 +51,6 @@ def time_minutes(value: Any, key: str = "resources.time") -> int:
 
 
 def _account(cluster: DictConfig) -> Optional[str]:
-    import os
-
     if cluster.get("account"):
         return str(cluster.account)
     env_name = cluster.get("account_env")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from hpc_train.compute.stages import StagedModel, build_staged
+from hpc_train.compute.stages import build_staged
 from hpc_train.compute.strategies.base import Strategy
 
 

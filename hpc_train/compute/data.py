@@ -100,14 +100,37 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start its next epoch part-way, at the exact next batch.
+
+    ``skip_batches(k, b)`` drops the first k*b indices of this rank's share of the next
+    epoch: a run resumed after k steps of an epoch reads the batches it would have read.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip = 0
+
+    def skip_batches(self, batches: int, batch_size: int) -> None:
+        self._skip = int(batches) * int(batch_size)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        skip, self._skip = self._skip, 0
+        return iter(indices[skip:])
+
+
 def train_loader(data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, seed: int) -> DataLoader:
-    sampler = DistributedSampler(data, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    sampler = ResumableSampler(data, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
     workers = int(cfg.num_workers)
     return DataLoader(
         data,
         batch_size=per_rank_batch,
         sampler=sampler,
         drop_last=True,
+        # Its own generator: starting an epoch does not draw from the global RNG, so a resumed
+        # run's RNG streams (restored from the checkpoint) continue exactly.
+        generator=torch.Generator().manual_seed(seed),
         num_workers=workers,
         pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
         persistent_workers=workers > 0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import List
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,9 +42,18 @@ def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: t
         world_size=info.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    global _control_group
+    # Small CPU-side messages (stop requests, RNG states for checkpoints) go over gloo even when
+    # the gradients go over NCCL: no GPU synchronisation, no CUDA tensors to pickle.
+    _control_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)) if backend == "nccl" else None
+
+
+_control_group = None
 
 
 def teardown() -> None:
+    global _control_group
+    _control_group = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -80,3 +89,22 @@ def collective_device(device: torch.device) -> torch.device:
     if is_initialized() and dist.get_backend() == "nccl":
         return device
     return torch.device("cpu")
+
+
+def all_reduce_max_int(value: int) -> int:
+    """Maximum of a small integer over all ranks, on the CPU control group."""
+    if not is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
+    return int(tensor.item())
+
+
+def gather_to_main(obj: object) -> Optional[List[object]]:
+    """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere)."""
+    if not is_initialized():
+        return [obj]
+    rank = dist.get_rank()
+    out: Optional[List[object]] = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(obj, out, dst=0, group=_control_group)
+    return out

@@ -23,7 +23,8 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary."""
     import torch
 
-    from hpc_train.compute import distributed
+    from hpc_train.compute import attempts, distributed
+    from hpc_train.compute.interrupts import StopWatch, TrainingInterrupted, signal_number
     from hpc_train.compute.runlog import setup_logging
     from hpc_train.compute.strategies import build_strategy
     from hpc_train.compute.trainer import Trainer
@@ -42,14 +43,30 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     )
     if ranks.world_size != int(layout.world_size):
         log.warning("the job was planned for %d ranks but %d are running", layout.world_size, ranks.world_size)
+    launcher = cfg.get("launcher") or {}
+    watch = StopWatch(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
+    trainer = None
+
+    def record_end(how: str) -> None:
+        if trainer is not None and ranks.is_main:
+            attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
+
     try:
         distributed.init_process_group(ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0])
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
-        summary = Trainer(cfg, ranks, strategy, run_dir).fit()
+        trainer = Trainer(cfg, ranks, strategy, run_dir, watch)
+        summary = trainer.fit()
+        record_end("finish")
         distributed.barrier()
         return summary
-    except BaseException:
+    except TrainingInterrupted as stop:
+        log.warning("rank %d: %s", ranks.rank, stop)
+        record_end(stop.reason)
+        raise
+    except BaseException as err:
         log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
+        record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:
+        watch.uninstall()
         distributed.teardown()

@@ -1,11 +1,18 @@
 """The callable submitit pickles and runs in every Slurm task.
 
 Kept free of top-level torch imports: the login node pickles it without importing torch.
+It implements submitit's checkpoint protocol: on the requeue signal, training checkpoints at
+the next step boundary, then rank 0 lets submitit call :meth:`TrainingJob.checkpoint`, which
+returns the same job (it resumes from the run dir's newest checkpoint), and requeue it.
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any, Dict, Optional
+
+log = logging.getLogger("hpc_train")
 
 
 class TrainingJob:
@@ -14,9 +21,37 @@ class TrainingJob:
     def __init__(self, spec: Dict[str, Any]) -> None:
         self.spec = spec
 
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec["job"]["run_dir"])
+
     def __call__(self) -> Optional[Dict[str, Any]]:
         from omegaconf import OmegaConf
 
         from hpc_train.compute.entry import train
+        from hpc_train.compute.interrupts import REQUEUE, TrainingInterrupted
+        from hpc_train.compute.ranks import detect_ranks
+        from hpc_train.compute.requeue import wait_to_be_requeued
 
-        return train(OmegaConf.create(self.spec))
+        try:
+            return train(OmegaConf.create(self.spec))
+        except TrainingInterrupted as stop:
+            handler = stop.watch.submitit_handler()
+            if stop.request == REQUEUE and handler is not None:
+                if detect_ranks().is_main:
+                    # submitit: checkpoint() below, dump the new submission, scontrol requeue, exit.
+                    # It raises UncompletedJobError instead when it will not requeue.
+                    handler(stop.watch.requeue_signal, None)
+                else:
+                    wait_to_be_requeued()
+            raise
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[Any]:
+        """submitit's hook: what to run after the requeue (None: do not requeue)."""
+        import submitit
+
+        from hpc_train.compute.requeue import requeue_allowed
+
+        if not requeue_allowed(self.run_dir, int(self.spec["trainer"].get("max_requeues", 3))):
+            return None
+        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec))

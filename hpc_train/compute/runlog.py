@@ -84,3 +84,23 @@ def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def truncate_metrics(run_dir: Path, last_step: int, keep_eval_at_last: bool) -> None:
+    """Drop metrics.jsonl lines the resumed run will write again: lines past `last_step` (an attempt
+    that died after its last checkpoint), and the eval at `last_step` unless it came before that checkpoint."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            step = record.get("step", 0)
+            if step < last_step or (step == last_step and (record.get("kind") != "eval" or keep_eval_at_last)):
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    os.replace(tmp, path)

@@ -1,7 +1,9 @@
 """The training loop every strategy and launcher shares.
 
 `trainer.batch_size` is the global batch of one optimizer step: each of the W data-parallel
-ranks gets batch_size / W samples. Rank 0 alone writes metrics.jsonl and summary.json.
+ranks gets batch_size / W samples. Rank 0 alone writes metrics.jsonl, summary.json and the
+checkpoints (see hpc_train.compute.resume), every `trainer.checkpoint_every` steps, when a
+stop signal arrives (hpc_train.compute.interrupts) and at the end.
 """
 
 from __future__ import annotations
@@ -9,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -20,12 +21,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from hpc_train.compute import distributed
+from hpc_train.compute import attempts, distributed, faults
+from hpc_train.compute.checkpoint import save_atomic
 from hpc_train.compute.data import build_datasets, eval_loader, train_loader
+from hpc_train.compute.interrupts import NONE, StopWatch, TrainingInterrupted
 from hpc_train.compute.models import build_model
 from hpc_train.compute.precision import grad_scaler
 from hpc_train.compute.ranks import RankInfo
-from hpc_train.compute.runlog import MetricsWriter, Progress, write_json_atomic
+from hpc_train.compute.resume import Checkpointer
+from hpc_train.compute.runlog import MetricsWriter, Progress, truncate_metrics, write_json_atomic
 from hpc_train.compute.strategies import Strategy
 
 log = logging.getLogger("hpc_train")
@@ -36,6 +40,8 @@ class TrainState:
     epoch: int = 0          # epoch in progress
     step_in_epoch: int = 0  # optimizer steps already taken in that epoch
     global_step: int = 0
+    last_loss: Optional[float] = None
+    last_eval: Optional[Dict[str, float]] = field(default=None)
 
 
 def parameter_digest(model: nn.Module) -> str:
@@ -45,16 +51,6 @@ def parameter_digest(model: nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def save_atomic(obj: Any, path: Path) -> None:
-    """torch.save through a temporary file + fsync + rename: a crash never leaves a torn file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def seed_everything(seed: int) -> None:
@@ -96,7 +92,7 @@ def total_steps(trainer_cfg, steps_per_epoch: int) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path) -> None:
+    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_watch: Optional[StopWatch] = None) -> None:
         self.cfg = cfg
         self.tcfg = cfg.trainer
         self.ranks = ranks
@@ -105,6 +101,7 @@ class Trainer:
         self.is_main = ranks.is_main
         self.metrics = MetricsWriter(run_dir, enabled=self.is_main)
         self.state = TrainState()
+        self.stop_watch = stop_watch
         self.resumed_from_step: Optional[int] = None
 
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
@@ -128,7 +125,7 @@ class Trainer:
         example = None
         if strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
             example = torch.stack([data.train[i][0] for i in range(min(len(data.train), self.per_rank_batch))])
-        self.model = strategy.wrap(model, example)
+        self.model = self.wrapped = strategy.wrap(model, example)
         if self.tcfg.compile and strategy.supports_compile:
             self.model = torch.compile(self.model)
         elif self.tcfg.compile:
@@ -138,6 +135,16 @@ class Trainer:
         self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)
         self.loss_fn = nn.CrossEntropyLoss()
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
+
+        self.checkpointer = Checkpointer(cfg, self)
+        path, payload = self.checkpointer.find()
+        if payload is not None:
+            self.checkpointer.restore(payload)  # weights, optimizer, schedule, position, this rank's RNG
+            self.resumed_from_step = self.state.global_step
+            log.info("resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps)
+            if self.is_main:
+                truncate_metrics(run_dir, self.state.global_step, keep_eval_at_last=self.state.step_in_epoch < self.steps_per_epoch)  # drop lines the lost attempt logged past the checkpoint
+        self.attempt = attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step) if self.is_main else 0
 
     # -- one step -------------------------------------------------------------------------
     def _to_input(self, images: torch.Tensor) -> torch.Tensor:
@@ -174,24 +181,44 @@ class Trainer:
             torch.cuda.synchronize(self.strategy.input_device)
 
     # -- the loop -------------------------------------------------------------------------
+    def _after_step(self) -> None:
+        """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
+        state = self.state
+        faults.step_sleep()
+        if self.checkpointer.due(state.global_step):
+            self.checkpointer.save("every %d steps" % self.checkpointer.every)
+        if self.stop_watch is None:
+            return
+        request = self.stop_watch.agreed() if self.ranks.is_distributed else self.stop_watch.request
+        if request != NONE:
+            self.checkpointer.save("stop signal")
+            reason = self.stop_watch.reason(request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120))
+            raise TrainingInterrupted(request, state.global_step, reason, self.stop_watch)
+
     def fit(self) -> Dict[str, Any]:
         tcfg, state = self.tcfg, self.state
+        if self.resumed_from_step is not None and state.global_step >= self.total_steps and (self.run_dir / "summary.json").exists():
+            log.info("this run is already complete (step %d of %d); summary.json is left as it is", state.global_step, self.total_steps)
+            import json
+
+            return json.loads((self.run_dir / "summary.json").read_text())
         progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
         log.info(
             "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d ranks x %d",
             self.cfg.model.name, self.cfg.strategy.name, self.cfg.data.name, self.total_steps, self.steps_per_epoch,
             tcfg.batch_size, self.strategy.data_parallel_size, self.per_rank_batch,
         )
-        warmup = min(int(tcfg.throughput_warmup_steps), max(0, self.total_steps - 1))
+        start_step = state.global_step
+        warmup = start_step + min(int(tcfg.throughput_warmup_steps), max(0, self.total_steps - start_step - 1))
         timed_images, timed_seconds, timer_start = 0, 0.0, None
-        last_loss: Optional[float] = None
-        last_eval: Optional[Dict[str, float]] = None
         global_batch = int(tcfg.batch_size)
         self.model.train()
         while state.global_step < self.total_steps:
             sampler = self.train_loader.sampler
             sampler.set_epoch(state.epoch)
+            sampler.skip_batches(state.step_in_epoch, self.per_rank_batch)  # mid-epoch resume: the exact next batch
             for images, labels in self.train_loader:
+                faults.maybe_fail(self.ranks.rank, state.global_step)
                 loss = self.train_step(images, labels)
                 state.global_step += 1
                 state.step_in_epoch += 1
@@ -204,26 +231,29 @@ class Trainer:
                         timer_start = time.perf_counter()
                 final = state.global_step >= self.total_steps
                 if state.global_step % int(tcfg.log_every) == 0 or final:
-                    last_loss = self.strategy.global_loss(loss)
-                    self.metrics.write({"kind": "train", "step": state.global_step, "epoch": state.epoch, "loss": last_loss, "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
-                progress.update(state.global_step, last_loss)
+                    state.last_loss = self.strategy.global_loss(loss)
+                    self.metrics.write({"kind": "train", "step": state.global_step, "epoch": state.epoch, "loss": state.last_loss, "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
+                progress.update(state.global_step, state.last_loss)
                 if final:
                     break
+                self._after_step()
             epoch_done = state.step_in_epoch >= self.steps_per_epoch
             self._sync()
             if timer_start is not None:
                 timed_seconds += time.perf_counter() - timer_start
                 timer_start = None
             if tcfg.eval and (epoch_done or state.global_step >= self.total_steps):
-                last_eval = self.evaluate()
-                self.metrics.write({"kind": "eval", "step": state.global_step, "epoch": state.epoch, "accuracy": last_eval["accuracy"], "loss": last_eval["loss"], "time": time.time()})
-                log.info("epoch %d step %d: eval accuracy %.4f, eval loss %.4f", state.epoch, state.global_step, last_eval["accuracy"], last_eval["loss"])
+                state.last_eval = self.evaluate()
+                self.metrics.write({"kind": "eval", "step": state.global_step, "epoch": state.epoch, "accuracy": state.last_eval["accuracy"], "loss": state.last_eval["loss"], "time": time.time()})
+                log.info("epoch %d step %d: eval accuracy %.4f, eval loss %.4f", state.epoch, state.global_step, state.last_eval["accuracy"], state.last_eval["loss"])
             if epoch_done:
                 state.epoch += 1
                 state.step_in_epoch = 0
             if state.global_step > warmup:
                 timer_start = time.perf_counter()
         progress.close()
+        self.checkpointer.save("end of training")
+        last_loss, last_eval = state.last_loss, state.last_eval
         images_per_sec = timed_images / timed_seconds if timed_seconds > 0 else 0.0
         summary = {
             "strategy": self.cfg.strategy.name,
@@ -242,9 +272,10 @@ class Trainer:
             "images_per_sec": images_per_sec,
             "timed_steps": timed_images // global_batch,
             "resumed_from_step": self.resumed_from_step,
+            "attempts": self.attempt,
             "torch_version": torch.__version__,
         }
-        plain = self.strategy.unwrap(self.model)
+        plain = self.strategy.unwrap(self.wrapped)
         log.info("final parameter digest %s", parameter_digest(plain))
         weights_name = self.strategy.weights_file()
         if weights_name:

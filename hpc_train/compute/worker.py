@@ -1,11 +1,19 @@
-"""`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job (used by the local launcher and sbatch scripts)."""
+"""`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job (used by the local launcher and sbatch scripts).
+
+Exit codes: 0 done; 1 failed (traceback in logs/rank<r>.log and on stderr); 3 stopped by a
+signal after a checkpoint (re-run the same command to resume). Under a plain sbatch script,
+the requeue signal makes rank 0 requeue the job itself (``scontrol requeue``).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from hpc_train.compute.entry import load_job_spec, train
+
+EXIT_INTERRUPTED = 3
 
 
 def main(argv=None) -> int:
@@ -13,8 +21,23 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print("usage: python -m hpc_train.compute.worker RUN_DIR/job_config.yaml", file=sys.stderr)
         return 2
+    from hpc_train.compute.interrupts import REQUEUE, TrainingInterrupted, requeue_self
+
+    spec = load_job_spec(Path(argv[0]))
     try:
-        train(load_job_spec(Path(argv[0])))
+        train(spec)
+    except TrainingInterrupted as stop:
+        if stop.request == REQUEUE and os.environ.get("SLURM_JOB_ID"):
+            from hpc_train.compute.ranks import detect_ranks
+            from hpc_train.compute.requeue import requeue_allowed, wait_to_be_requeued
+
+            if not detect_ranks().is_main:
+                wait_to_be_requeued()
+            elif requeue_allowed(Path(spec.job.run_dir), int(spec.trainer.get("max_requeues", 3))) and requeue_self():
+                print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
+                return 0
+        print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception:  # the traceback is already in logs/rank<r>.log and on stderr below
         import traceback
 

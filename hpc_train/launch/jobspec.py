@@ -14,7 +14,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train.launch.plan import RunPlan
-from hpc_train.launch.validate import data_parallel_size, normalize_precision, resolved_stages
+from hpc_train.launch.validate import check_resume_compatible, data_parallel_size, normalize_precision, resolved_stages
 
 JOB_CONFIG_NAME = "job_config.yaml"
 
@@ -33,6 +33,7 @@ def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     layout["world_size"] = plan.layout.world_size
     layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)
     spec["job"] = {"run_dir": str(plan.run_dir.resolve()), "layout": layout}
+    check_resume_compatible(spec, plan.run_dir)
     return spec
 
 

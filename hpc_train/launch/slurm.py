@@ -107,7 +107,13 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
         "signal_delay_s": int(cfg.launcher.signal_delay_s),
         "stderr_to_stdout": False,
         "setup": [str(line) for line in cluster.get("setup") or []],
+        # One failing task ends the whole step at once instead of leaving the others blocked
+        # in a collective until the process-group timeout.
+        "srun_args": ["--kill-on-bad-exit=1"],
     }
+    signal_name = requeue_signal(cfg)
+    if signal_name != "USR2":  # submitit's default; other signals need both sides told
+        params["setup"] = [f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
     flag = str(cluster.get("gpu_flag") or "gres")
     if flag == "gres":
         params["gres"] = f"gpu:{layout.gpus_per_node}"
@@ -126,9 +132,25 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     extra = OmegaConf.to_container(cluster.get("extra") or OmegaConf.create({}), resolve=True)
     if cluster.get("hint"):
         extra = {"hint": str(cluster.hint), **extra}
-    if extra:
-        params["additional_parameters"] = extra
+    # Requeueable whatever the site default (JobRequeue=0 would refuse `scontrol requeue`).
+    extra = {"requeue": True, **extra}
+    if signal_name != "USR2":
+        extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
+    params["additional_parameters"] = extra
     return params
+
+
+SIGNALS = ("USR1", "USR2")
+
+
+def requeue_signal(cfg: DictConfig) -> str:
+    name = str(cfg.launcher.get("signal") or "USR2").upper().removeprefix("SIG")
+    if name not in SIGNALS:
+        raise ConfigError("launcher.signal", f"{cfg.launcher.signal!r} cannot be the requeue signal (Slurm's --signal with USR1 or USR2 is what leaves the job alive to checkpoint).", "use launcher.signal=USR2 (the default) or launcher.signal=USR1.")
+    delay = cfg.launcher.get("signal_delay_s")
+    if not (isinstance(delay, int) and not isinstance(delay, bool) and 0 < delay <= 65535):
+        raise ConfigError("launcher.signal_delay_s", f"must be a positive whole number of seconds (at most 65535), got {delay!r}.", "set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.")
+    return name
 
 
 def check_partition(params: Dict[str, Any]) -> None:
@@ -194,7 +216,7 @@ def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) ->
     for members in groups.values():
         first = members[0]
         folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / SUBMITIT_DIR
-        executor = make_executor(folder, first.params, int(first.cfg.launcher.max_requeues))
+        executor = make_executor(folder, first.params, int(first.cfg.trainer.max_requeues))
         if len(members) == 1:
             submitted.append((first, executor.submit(TrainingJob(first.spec))))
             continue

@@ -78,6 +78,16 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
         raise ConfigError("trainer.lr_schedule", f"unknown schedule {trainer.lr_schedule!r}.", f"use one of: {', '.join(LR_SCHEDULES)}.")
     if not (isinstance(trainer.lr, (int, float)) and trainer.lr > 0):
         raise ConfigError("trainer.lr", f"must be a positive number, got {trainer.lr!r}.", "set e.g. trainer.lr=0.05.")
+    _check_count(trainer, "checkpoint_every", 0, "trainer.checkpoint_every=100 (0: only on a stop signal and at the end)")
+    _check_count(trainer, "keep_checkpoints", 1, "trainer.keep_checkpoints=2")
+    _check_count(trainer, "max_requeues", 0, "trainer.max_requeues=3 (0: never requeue)")
+    _check_count(trainer, "dist_timeout_s", 1, "trainer.dist_timeout_s=300")
+
+
+def _check_count(section: DictConfig, name: str, minimum: int, example: str) -> None:
+    value = section.get(name)
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+        raise ConfigError(f"trainer.{name}", f"must be a whole number >= {minimum}, got {value!r}.", f"set e.g. {example}.")
 
 
 # Layers each model is cut along (launch side, no torch): stem(4) + residual blocks + avgpool, flatten, fc.
@@ -153,8 +163,14 @@ def check_resume(cfg: DictConfig) -> None:
     resume = str(cfg.resume)
     if resume in RESUME_WORDS:
         return
-    if not Path(resume).expanduser().is_file():
-        raise ConfigError("resume", f"{resume} is not a checkpoint file.", "use resume=auto (newest checkpoint in the run dir), resume=never, or resume=/path/to/checkpoint.pt.")
+    target = Path(resume).expanduser()
+    if target.is_dir():
+        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+        if not any(p.suffix == ".ckpt" for p in folder.iterdir()):
+            raise ConfigError("resume", f"{folder} holds no checkpoint (step_*.ckpt).", "point resume= at a run dir with a checkpoints/ folder or at one step_*.ckpt file, or use resume=auto / resume=never.")
+        return
+    if not target.is_file():
+        raise ConfigError("resume", f"{resume} is neither a checkpoint file nor a run dir.", "use resume=auto (newest checkpoint in the run dir), resume=never, resume=/path/to/run_dir or resume=/path/to/checkpoints/step_000000100.ckpt.")
 
 
 def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
@@ -173,3 +189,29 @@ def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     check_data(cfg)
     check_resume(cfg)
     check_output_dir(run_dir)
+
+
+def check_resume_compatible(spec: dict, run_dir: Path) -> None:
+    """Refuse, before queueing, to resume from a checkpoint written with settings that must match."""
+    from hpc_train.fingerprint import differences, fingerprint, read_header_fingerprint
+
+    resume = str(spec.get("resume", "auto"))
+    if resume == "never":
+        return
+    target = Path(run_dir) if resume == "auto" else Path(resume).expanduser()
+    if target.is_dir():
+        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
+        files = sorted(folder.glob("step_*.ckpt")) if folder.is_dir() else []
+        if not files:
+            return
+        target = files[-1]
+    saved = read_header_fingerprint(target)
+    if saved is None:
+        return  # unreadable here: the ranks verify it and fall back to an older one
+    changed = differences(saved, fingerprint(spec, int(spec["job"]["layout"]["world_size"])))
+    if changed:
+        raise ConfigError(
+            "resume",
+            f"the checkpoint {target} was written by a run with other settings ({'; '.join(changed)}), so this run cannot continue it.",
+            "run with the checkpoint's settings, or start over with resume=never (old checkpoints are moved aside) or a new hydra.run.dir.",
+        )

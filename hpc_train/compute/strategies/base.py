@@ -82,6 +82,17 @@ class Strategy:
         """This step's loss over the global batch (every rank calls it: it may be a collective)."""
         return distributed.all_reduce_mean(loss.float().reshape(1).to(distributed.collective_device(self.input_device))).item()
 
+    # -- checkpoints ------------------------------------------------------------------
+    @property
+    def checkpoint_key(self) -> str:
+        """Which part of the model this rank's parameters are, in a checkpoint's shards."""
+        return "model"
+
+    @property
+    def owns_checkpoint_shard(self) -> bool:
+        """True on the one rank that saves `checkpoint_key`'s model/optimizer state (replicas hold copies)."""
+        return self.ranks.is_main
+
     def weights_file(self) -> Optional[str]:
         """Where this rank writes its final weights (None: it writes none). Rank 0 holds the whole model."""
         return "model.pt" if self.ranks.is_main else None

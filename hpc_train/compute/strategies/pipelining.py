@@ -152,5 +152,13 @@ class PipeliningStrategy(Strategy):
     def predict(self, model, images):
         return model(images)
 
+    @property
+    def checkpoint_key(self) -> str:
+        return f"stage{self.stage_index}"
+
+    @property
+    def owns_checkpoint_shard(self) -> bool:
+        return self.replica == 0
+
     def weights_file(self) -> Optional[str]:
         return f"model_stage{self.stage_index}.pt" if self.replica == 0 else None

@@ -1,0 +1,172 @@
+"""Checkpoint files: atomic writes, verified reads, rotation, and the config fingerprint.
+
+A checkpoint is ``<run dir>/checkpoints/step_<global step>.ckpt``: a header line
+(``HPCTRAIN-CKPT 1 <sha256 of the rest>``), a line with the config fingerprint as JSON (so the
+login node can check compatibility without torch), then a ``torch.save`` payload. The digest
+lets a reader tell a complete file from a torn or corrupt one; files are written through a
+temporary name, flushed, fsynced and renamed, so the newest name on disk is always whole.
+Read one with :func:`read_checkpoint` (``torch.load`` does not understand the header).
+
+Payload keys: ``format``, ``fingerprint``, ``state`` (epoch, step_in_epoch, global_step,
+last_loss), ``shards`` (model / optimizer / GradScaler state per parameter owner: ``"model"``
+for replicated strategies, ``"stage<s>"`` for the pipelining engine), ``scheduler``, ``rng``
+(python, numpy, torch and CUDA RNG states of every rank, by rank) and ``world_size``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from hpc_train.compute import faults
+
+log = logging.getLogger("hpc_train")
+
+MAGIC = b"HPCTRAIN-CKPT"
+FORMAT = 1
+DIR_NAME = "checkpoints"
+_NAME = re.compile(r"^step_(\d+)\.ckpt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: unreadable, corrupt, or from an incompatible run."""
+
+
+# -- atomic files ---------------------------------------------------------------------------
+def write_bytes_atomic(data: bytes, path: Path) -> None:
+    """Temporary file + flush + fsync + rename (+ fsync of the folder): never a torn file under `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        half = len(data) // 2
+        handle.write(data[:half])
+        faults.slow_checkpoint_write()  # test hook: widen the window in which a kill hits mid-write
+        handle.write(data[half:])
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """``torch.save`` with the atomic write above (final weights, per-stage weights)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes_atomic(buffer.getvalue(), path)
+
+
+# -- checkpoint files -----------------------------------------------------------------------
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / DIR_NAME
+
+
+def checkpoint_path(run_dir: Path, global_step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{global_step:09d}.ckpt"
+
+
+def list_checkpoints(folder: Path) -> List[Path]:
+    """Checkpoint files in `folder`, newest (highest step) first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
+    """Write `payload` atomically, then delete all but the newest `keep` checkpoints beside it."""
+    buffer = io.BytesIO()
+    buffer.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
+    write_bytes_atomic(header + body, path)
+    for old in list_checkpoints(path.parent)[max(1, keep):]:
+        try:
+            old.unlink()
+        except OSError:
+            pass
+
+
+def read_checkpoint(path: Path) -> Dict[str, Any]:
+    """Load and verify one checkpoint file; raises CheckpointError if it is torn or corrupt."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from err
+    newline = data.find(b"\n")
+    fields = data[:newline].split() if newline > 0 else []
+    if len(fields) != 3 or fields[0] != MAGIC:
+        raise CheckpointError(f"{path} is not an hpc-train checkpoint (bad header)")
+    body = data[newline + 1 :]
+    if hashlib.sha256(body).hexdigest().encode() != fields[2]:
+        raise CheckpointError(f"{path} is truncated or corrupt (its checksum does not match; {len(body)} payload bytes)")
+    try:
+        start = body.index(b"\n") + 1  # after the fingerprint line (the payload holds it too)
+        return torch.load(io.BytesIO(body[start:]), map_location="cpu", weights_only=False)
+    except Exception as err:  # a valid digest of an unloadable payload: a different torch, say
+        raise CheckpointError(f"{path} could not be unpickled: {err}") from err
+
+
+def newest_valid(folder: Path) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
+    """The newest checkpoint in `folder` that verifies; corrupt newer ones are skipped with a warning."""
+    for path in list_checkpoints(folder):
+        try:
+            return path, read_checkpoint(path)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s; falling back to the previous one", err)
+    return None, None
+
+
+# -- RNG states -----------------------------------------------------------------------------
+def capture_rng() -> Dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: Dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+        else:
+            log.warning("the checkpoint has CUDA RNG states of %d GPUs, this node sees %d: CUDA RNG not restored", len(cuda_states), torch.cuda.device_count())
+
+
+def to_cpu(obj: Any) -> Any:
+    """A copy of nested containers with every tensor moved to the CPU (for gathering and saving)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+def now() -> float:
+    return time.time()

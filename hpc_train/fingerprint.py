@@ -1,0 +1,57 @@
+"""What a checkpoint must share with the run that resumes from it, readable without torch.
+
+Model, strategy, data, global batch, optimizer, seed and world size shape the weights, the
+optimizer state and the order of the samples; epochs, max_steps, logging, the time limit and
+the launcher may change between attempts. The fingerprint is stored in the checkpoint's
+header line, so the login node can refuse an incompatible resume before queueing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+SECTIONS = ("model", "strategy", "data")
+
+
+def fingerprint(spec: Mapping[str, Any], world_size: int) -> Dict[str, Any]:
+    """Flattened ``key -> value`` of the settings that must match; `spec` is the job spec (a plain dict)."""
+    flat: Dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for key in sorted(value):
+                walk(f"{prefix}.{key}", value[key])
+        elif isinstance(value, (list, tuple)):
+            flat[prefix] = list(value)
+        else:
+            flat[prefix] = value
+
+    for section in SECTIONS:
+        walk(section, spec[section])
+    flat["trainer.batch_size"] = int(spec["trainer"]["batch_size"])
+    flat["trainer.optimizer"] = str(spec["trainer"]["optimizer"])
+    flat["seed"] = int(spec["seed"])
+    flat["world_size"] = int(world_size)
+    return json.loads(json.dumps(flat))  # plain JSON types, as read back from a header
+
+
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[str]:
+    """``key: checkpoint X, this run Y`` for every setting that differs."""
+    lines = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<unset>"), current.get(key, "<unset>")
+        if old != new:
+            lines.append(f"{key}: checkpoint {old!r}, this run {new!r}")
+    return lines
+
+
+def read_header_fingerprint(path: Path) -> Optional[Dict[str, Any]]:
+    """The fingerprint line of a checkpoint file (no checksum check, no torch); None if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            handle.readline()
+            return json.loads(handle.readline())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,409 @@
+"""`hpc-train-report PATH`: a table (and a PNG) of one run dir or of a whole multirun sweep dir.
+
+For every job it reads what the job left behind: ``summary.json`` (strategy, world size,
+images/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss curve),
+``job_config.yaml`` (the layout), ``.hydra/overrides.yaml`` or the sweep's ``jobs.tsv`` (the
+overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``squeue``,
+then ``sacct``). The PNG holds a bar chart of throughput per job, coloured by strategy, and
+the training-loss curve of every job; it needs matplotlib (``pip install 'hpc-train[report]'``).
+
+Login-node safe: no torch import, only small files and two Slurm queries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import yaml
+
+JOB_TABLE = "jobs.tsv"  # written by the sweep launcher (hpc_train/launch/sweep.py)
+PNG_NAME = "report.png"
+LAYOUT_LEGEND = "layout = nodes x tasks per node x GPUs per task"
+INSTALL_HINT = "pip install 'hpc-train[report]'  (or: pip install matplotlib)"
+
+
+class ReportError(Exception):
+    pass
+
+
+@dataclass
+class JobReport:
+    name: str                      # job number in a sweep, run dir name otherwise
+    run_dir: str
+    overrides: List[str]
+    strategy: Optional[str] = None
+    layout: Optional[str] = None   # "nodes x tasks/node x GPUs/task"
+    world_size: Optional[int] = None
+    status: str = "UNKNOWN"
+    images_per_sec: Optional[float] = None
+    train_loss: Optional[float] = None
+    eval_accuracy: Optional[float] = None
+    attempts: Optional[int] = None
+    slurm_job_id: Optional[str] = None
+    loss_curve: List[Tuple[int, float]] = field(default_factory=list)
+
+
+# -- reading one run dir ---------------------------------------------------------------------
+def _read_json(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / name).exists() for name in ("summary.json", "job_config.yaml", "metrics.jsonl", ".hydra/overrides.yaml"))
+
+
+def loss_curve(run_dir: Path) -> List[Tuple[int, float]]:
+    """(step, loss) of every ``"kind": "train"`` line of metrics.jsonl, in step order (last write wins)."""
+    points: Dict[int, float] = {}
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line torn by a kill
+            continue
+        if record.get("kind") == "train" and record.get("loss") is not None:
+            points[int(record["step"])] = float(record["loss"])
+    return sorted(points.items())
+
+
+def _attempts_started(run_dir: Path) -> Optional[int]:
+    """Attempts counted in attempts.jsonl (starts since the last fresh start), if the file exists."""
+    try:
+        lines = (run_dir / "attempts.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    starts = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "start":
+            starts = 1 if record.get("fresh") else starts + 1
+    return starts or None
+
+
+def _slurm_job_id_of_run(run_dir: Path) -> Optional[str]:
+    """A single Slurm job's id, from submitit's ``slurm/<id>_submission.sh``."""
+    ids = [p.name.split("_")[0] for p in (run_dir / "slurm").glob("*_submission.sh")]
+    ids = [i for i in ids if i.isdigit()]
+    return max(ids, key=int) if ids else None
+
+
+def _failed_locally(run_dir: Path) -> bool:
+    for log in (run_dir / "logs").glob("rank*.log"):
+        try:
+            if re.search(r"rank \d+ failed:", log.read_text(errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def read_job(run_dir: Path, name: str, overrides: Optional[List[str]] = None, slurm_job_id: Optional[str] = None) -> JobReport:
+    if overrides is None:
+        listed = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
+        overrides = [str(o) for o in listed] if isinstance(listed, list) else []
+    job = JobReport(name=name, run_dir=str(run_dir), overrides=overrides, slurm_job_id=slurm_job_id or _slurm_job_id_of_run(run_dir))
+    spec = _read_yaml(run_dir / "job_config.yaml")
+    layout = (spec or {}).get("job", {}).get("layout") if isinstance(spec, dict) else None
+    if isinstance(layout, dict):
+        job.strategy = layout.get("strategy")
+        job.layout = f"{layout.get('nodes')}x{layout.get('tasks_per_node')}x{layout.get('gpus_per_task')}"
+        job.world_size = layout.get("world_size")
+    summary = _read_json(run_dir / "summary.json")
+    if summary is not None:
+        job.status = "COMPLETED"
+        job.strategy = job.strategy or summary.get("strategy")
+        job.world_size = summary.get("world_size", job.world_size)
+        job.images_per_sec = summary.get("images_per_sec")
+        job.train_loss = summary.get("train_loss")
+        job.eval_accuracy = summary.get("eval_accuracy")
+        job.attempts = summary.get("attempts") or _attempts_started(run_dir) or 1
+    else:
+        job.attempts = _attempts_started(run_dir)
+        if job.slurm_job_id is None:
+            job.status = "FAILED" if _failed_locally(run_dir) else "NO SUMMARY"
+    job.loss_curve = loss_curve(run_dir)
+    return job
+
+
+# -- a sweep dir -----------------------------------------------------------------------------
+def _job_table(sweep_dir: Path) -> Dict[str, Tuple[str, List[str]]]:
+    """job number -> (Slurm job id, overrides) from jobs.tsv."""
+    rows: Dict[str, Tuple[str, List[str]]] = {}
+    path = sweep_dir / JOB_TABLE
+    if not path.exists():
+        return rows
+    lines = path.read_text().splitlines()
+    for line in lines[1:]:
+        cells = line.split("\t")
+        if len(cells) >= 3:
+            rows[cells[1]] = (cells[0], cells[2].split())
+    return rows
+
+
+def collect(path: Path) -> Tuple[str, List[JobReport]]:
+    """('run' | 'sweep', jobs) for a run dir or a multirun sweep dir."""
+    if not path.is_dir():
+        raise ReportError(f"{path} is not a folder: give a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME).")
+    if is_run_dir(path) and not (path / JOB_TABLE).exists():
+        return "run", [read_job(path, path.name)]
+    table = _job_table(path)
+    names = set(table) | {p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit() and is_run_dir(p)}
+    if not names:
+        raise ReportError(
+            f"{path} holds no run: expected summary.json / job_config.yaml (a run dir) or numbered job folders / {JOB_TABLE} (a sweep dir)."
+        )
+    jobs = []
+    for name in sorted(names, key=lambda n: (0, int(n)) if n.isdigit() else (1, n)):
+        job_id, overrides = table.get(name, (None, None))
+        jobs.append(read_job(path / name, name, overrides, job_id))
+    return "sweep", jobs
+
+
+# -- Slurm states ----------------------------------------------------------------------------
+def _expand_array(job_id: str) -> List[str]:
+    """``123_[0-2,5]`` -> 123_0, 123_1, 123_2, 123_5 (sacct/squeue print pending arrays that way)."""
+    match = re.fullmatch(r"(\d+)_\[([\d,\-%]+)\]", job_id)
+    if not match:
+        return [job_id]
+    base, spec = match.group(1), match.group(2).split("%")[0]
+    ids = []
+    for part in spec.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi) + 1))
+        elif part:
+            ids.append(f"{base}_{part}")
+    return ids
+
+
+def _parse_states(text: str, sep: str) -> Dict[str, str]:
+    states: Dict[str, str] = {}
+    for line in text.splitlines():
+        if sep not in line:
+            continue
+        job_id, state = line.split(sep, 1)
+        state = state.split()[0] if state.split() else ""
+        for one in _expand_array(job_id.strip()):
+            states.setdefault(one, state)
+    return states
+
+
+def slurm_states(job_ids: Iterable[str]) -> Dict[str, str]:
+    """The current state of each job id: squeue first (live), then sacct (ended jobs). Missing: unknown."""
+    wanted = sorted({j for j in job_ids if j})
+    found: Dict[str, str] = {}
+    if not wanted:
+        return found
+    if shutil.which("squeue"):
+        try:
+            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T"], capture_output=True, text=True, timeout=30, check=False)
+            if out.returncode == 0:
+                live = _parse_states(out.stdout, "|")
+                found.update({j: live[j] for j in wanted if j in live})
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    rest = [j for j in wanted if j not in found]
+    if rest and shutil.which("sacct"):
+        try:
+            out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(rest)], capture_output=True, text=True, timeout=30, check=False)
+            if out.returncode == 0:
+                ended = _parse_states(out.stdout, "|")
+                found.update({j: ended[j] for j in rest if j in ended})
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return found
+
+
+def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
+    """Jobs without a summary take their Slurm state (PENDING, RUNNING, FAILED, TIMEOUT, ...)."""
+    waiting = [job for job in jobs if job.status != "COMPLETED" and job.slurm_job_id]
+    states = slurm_states(job.slurm_job_id for job in waiting)
+    for job in waiting:
+        state = states.get(str(job.slurm_job_id))
+        if state is None:
+            job.status = "FAILED" if _failed_locally(Path(job.run_dir)) else "NOT IN QUEUE"
+        elif state == "COMPLETED":
+            job.status = "NO SUMMARY"  # Slurm says done, but the job wrote no summary.json
+        else:
+            job.status = state
+
+
+# -- the table -------------------------------------------------------------------------------
+def split_overrides(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
+    """(overrides every job shares, each job's own): a sweep's table shows only what differs."""
+    if len(jobs) < 2:
+        return [], [list(job.overrides) for job in jobs]
+    common = [o for o in jobs[0].overrides if all(o in job.overrides for job in jobs[1:])]
+    return common, [[o for o in job.overrides if o not in common] for job in jobs]
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
+    _, own = split_overrides(jobs)
+    header = ["job", "overrides", "strategy", "layout", "world", "status", "images/s", "train loss", "eval acc", "attempts"]
+    with_ids = any(job.slurm_job_id for job in jobs)
+    if with_ids:
+        header.insert(1, "slurm id")
+    rows = []
+    for job, overrides in zip(jobs, own):
+        row = [
+            job.name, " ".join(overrides) or "(none)", job.strategy or "-", job.layout or "-", _fmt(job.world_size, "d"), job.status,
+            _fmt(job.images_per_sec, ".1f"), _fmt(job.train_loss, ".4f"), _fmt(job.eval_accuracy, ".4f"), _fmt(job.attempts, "d"),
+        ]
+        if with_ids:
+            row.insert(1, job.slurm_job_id or "-")
+        rows.append(row)
+    return header, rows
+
+
+def format_table(header: List[str], rows: List[List[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    numeric = {"world", "images/s", "train loss", "eval acc", "attempts"}
+    lines = []
+    for row in [header, *rows]:
+        cells = [cell.rjust(w) if name in numeric else cell.ljust(w) for cell, w, name in zip(row, widths, header)]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- the PNG ---------------------------------------------------------------------------------
+def _short_label(job: JobReport, own: List[str], width: int = 28) -> str:
+    text = " ".join(own) if own else (job.strategy or "")
+    wrapped = textwrap.wrap(text, width) or [""]
+    return "\n".join([f"#{job.name}" if job.name.isdigit() else job.name, *wrapped[:3]])
+
+
+def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    common, own = split_overrides(jobs)
+    strategies = sorted({job.strategy or "unknown" for job in jobs})
+    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+    colour = {name: palette[i % len(palette)] for i, name in enumerate(strategies)}
+
+    fig = Figure(figsize=(max(11.0, 4.0 + 1.4 * len(jobs)), 5.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    bars_ax, loss_ax = fig.subplots(1, 2, width_ratios=[max(1.0, 0.5 * len(jobs)), 1.6])
+
+    labels = [_short_label(job, mine) for job, mine in zip(jobs, own)]
+    values = [job.images_per_sec if job.images_per_sec is not None else 0.0 for job in jobs]
+    positions = list(range(len(jobs)))
+    bars = bars_ax.bar(positions, values, color=[colour[job.strategy or "unknown"] for job in jobs], edgecolor="black", linewidth=0.6)
+    top = max(values) if any(values) else 1.0
+    for bar, job in zip(bars, jobs):
+        text = f"{job.images_per_sec:.0f}" if job.images_per_sec is not None else job.status.lower()
+        bars_ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=9)
+    bars_ax.set_ylim(0, top * 1.18)
+    bars_ax.set_xticks(positions, labels, fontsize=8)
+    bars_ax.set_ylabel("throughput (images/s, higher is better)")
+    bars_ax.set_title("Training throughput per job")
+    bars_ax.grid(axis="y", alpha=0.3)
+    handles = [bars_ax.bar([0], [0], color=colour[name], edgecolor="black", linewidth=0.6, label=name) for name in strategies]
+    bars_ax.legend(handles=handles, title="strategy", fontsize=8, title_fontsize=8, loc="upper left")
+
+    # Jobs that train identically (e.g. ddp and single on the same global batch) draw the same
+    # curve: each job gets its own line style and marker, earlier jobs drawn wider, so none hides.
+    styles = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    curves = [(i, job, label) for i, (job, label) in enumerate(zip(jobs, labels)) if job.loss_curve]
+    for order, (i, job, label) in enumerate(curves):
+        steps, losses = zip(*job.loss_curve)
+        width = 1.2 + 1.6 * (len(curves) - 1 - order) / max(1, len(curves) - 1)
+        loss_ax.plot(
+            steps, losses, linestyle=styles[i % len(styles)], marker=markers[i % len(markers)], markersize=3 + 2 * (len(curves) - 1 - order) / max(1, len(curves) - 1),
+            linewidth=width, color=colour[job.strategy or "unknown"], alpha=0.9, label=label.replace("\n", " "),
+        )
+    if curves:
+        loss_ax.legend(fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7)
+    else:
+        loss_ax.text(0.5, 0.5, "no training step logged yet (metrics.jsonl)", ha="center", va="center", transform=loss_ax.transAxes)
+    loss_ax.set_xlabel("optimizer step")
+    loss_ax.set_ylabel("train loss (cross-entropy, global batch)")
+    loss_ax.set_title("Training loss per job")
+    loss_ax.grid(alpha=0.3)
+
+    lines = [f"hpc-train report: {title}"]
+    if common:
+        wrap = max(60, int(fig.get_figwidth() * 13))
+        shared = textwrap.wrap("shared overrides: " + " ".join(common), wrap)
+        lines += shared[:2] + (["..."] if len(shared) > 2 else [])
+    fig.suptitle("\n".join(lines), fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+# -- the command -----------------------------------------------------------------------------
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hpc-train-report",
+        description="Summarise a run dir or a multirun sweep dir: a table of every job and a PNG (throughput per job, loss curves).",
+    )
+    parser.add_argument("path", type=Path, help="a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME)")
+    parser.add_argument("--png", type=Path, default=None, help=f"where to write the plot (default: PATH/{PNG_NAME})")
+    parser.add_argument("--no-png", action="store_true", help="print the table only")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON (exact numbers) instead of the table")
+    args = parser.parse_args(argv)
+
+    try:
+        kind, jobs = collect(args.path)
+    except ReportError as err:
+        print(f"hpc-train-report: {err}", file=sys.stderr)
+        return 2
+    apply_slurm_states(jobs)
+    if args.json:
+        print(json.dumps([asdict(job) for job in jobs], indent=2))
+    else:
+        common, _ = split_overrides(jobs)
+        what = f"sweep of {len(jobs)} job{'s' if len(jobs) != 1 else ''}" if kind == "sweep" else "run"
+        print(f"hpc-train-report: {args.path} ({what})")
+        if common:
+            print(f"overrides shared by every job: {' '.join(common)}")
+        print(format_table(*table_rows(jobs)))
+        print(f"({LAYOUT_LEGEND}; images/s after the warm-up steps, evaluation excluded; train loss of the last logged step)")
+    if args.no_png:
+        return 0
+    png = args.png or (args.path / PNG_NAME)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}", file=sys.stderr)
+        return 0
+    write_png(jobs, str(args.path), png)
+    print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

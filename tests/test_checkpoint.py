@@ -1,0 +1,215 @@
+"""Checkpoints and resume with real processes: kill -9, torn writes, corrupt files, incompatible configs.
+
+The reference for every resumed run is the same command run without interruption; "equal"
+means every tensor of the final model.pt is bit-identical (torch.equal), not merely close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli
+
+# 512 samples / batch 64 = 8 steps per epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
+RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
+LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpus_per_node=2"]}
+
+
+def final_weights(run_dir: Path) -> Dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", map_location="cpu")
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), f"{name} differs after resume"
+
+
+def checkpoint_steps(run_dir: Path) -> List[int]:
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[5:14]) for p in folder.glob("step_*.ckpt"))
+
+
+def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str]) -> subprocess.Popen:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank, no chance to clean up
+    proc.wait(timeout=30)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference runs, one per layout, computed once."""
+    runs = {}
+    for name, layout in LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(f"reference-{name}")
+        assert_ok(run_cli([*RESUME, *layout], run_dir))
+        runs[name] = run_dir
+    return runs
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_kill9_after_second_checkpoint_then_rerun_is_bit_identical(layout, uninterrupted, tmp_path):
+    args = [*RESUME, *LAYOUTS[layout]]
+    run_dir = tmp_path / "run"
+    proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.15"})
+    try:
+        wait_for(lambda: len(checkpoint_steps(run_dir)) >= 2, 120, "the second checkpoint")
+    finally:
+        kill_group(proc)
+    killed_at = max(checkpoint_steps(run_dir))
+    assert killed_at < 24, "the run finished before it could be killed: slow it down"
+
+    proc = run_cli(args, run_dir)  # the same command, the same run dir: that is how a user resumes
+    assert_ok(proc)
+    summary = read_summary(run_dir)
+    assert summary["global_step"] == 24
+    assert summary["resumed_from_step"] == killed_at and killed_at % 8 != 0, "resume must be mid-epoch here"
+    assert summary["attempts"] == 2
+    assert "killed without a word" in proc.stdout  # the attempt log says how attempt 1 ended
+    assert_bit_identical(uninterrupted[layout], run_dir)
+    # metrics.jsonl holds each step once, as if the run had never stopped
+    steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "train"]
+    reference = [json.loads(l)["step"] for l in (uninterrupted[layout] / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "train"]
+    assert steps == reference
+
+
+def test_kill9_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted, tmp_path):
+    args = [*RESUME, *LAYOUTS["single"]]
+    run_dir = tmp_path / "run"
+    folder = run_dir / "checkpoints"
+    proc = start_background(args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "3"})
+    try:
+        # The first checkpoint (step 3) completes after 3 s; then kill inside the second write.
+        wait_for(lambda: checkpoint_steps(run_dir) == [3] and any(p.name.startswith(".step_000000006") for p in folder.iterdir()), 120, "the second checkpoint write to start")
+    finally:
+        kill_group(proc)
+    torn = [p for p in folder.iterdir() if p.name.startswith(".")]
+    assert torn, "the kill should have left the half-written temporary file"
+    assert checkpoint_steps(run_dir) == [3], "a torn write must never appear under a checkpoint name"
+
+    from hpc_train.compute.checkpoint import read_checkpoint
+
+    assert read_checkpoint(folder / "step_000000003.ckpt")["state"]["global_step"] == 3
+
+    assert_ok(run_cli(args, run_dir))
+    assert read_summary(run_dir)["resumed_from_step"] == 3
+    assert_bit_identical(uninterrupted["single"], run_dir)
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted, tmp_path):
+    args = [*RESUME, *LAYOUTS["single"], "trainer.epochs=1"]  # stop after 8 steps: checkpoints 3, 6, 8
+    run_dir = tmp_path / "run"
+    assert_ok(run_cli(args, run_dir))
+    assert checkpoint_steps(run_dir) == [3, 6, 8]
+    newest = run_dir / "checkpoints" / "step_000000008.ckpt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated, e.g. by a full disk
+    middle = run_dir / "checkpoints" / "step_000000006.ckpt"
+    data = bytearray(middle.read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte
+    middle.write_bytes(bytes(data))
+
+    proc = run_cli([*RESUME, *LAYOUTS["single"]], run_dir)  # now train all 3 epochs
+    assert_ok(proc)
+    assert "step_000000008.ckpt is truncated or corrupt" in proc.stdout
+    assert "step_000000006.ckpt is truncated or corrupt" in proc.stdout
+    assert read_summary(run_dir)["resumed_from_step"] == 3
+    assert_bit_identical(uninterrupted["single"], run_dir)
+
+
+def test_finished_run_rerun_changes_nothing_and_longer_run_continues(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RESUME, *LAYOUTS["single"], "trainer.epochs=2"]
+    assert_ok(run_cli(args, run_dir))
+    before = read_summary(run_dir)
+    proc = run_cli(args, run_dir)
+    assert_ok(proc)
+    assert "already complete" in proc.stdout
+    assert read_summary(run_dir) == before
+    # Asking for 3 epochs continues from step 16 (the LR is constant in TINY, so the result is the
+    # 3-epoch reference; with a cosine schedule its length would change).
+    assert_ok(run_cli([*RESUME, *LAYOUTS["single"]], run_dir))
+    assert read_summary(run_dir)["global_step"] == 24 and read_summary(run_dir)["resumed_from_step"] == 16
+    assert_bit_identical(uninterrupted["single"], run_dir)
+
+
+def test_resume_never_starts_over_and_keeps_the_old_checkpoints(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*RESUME, *LAYOUTS["single"], "trainer.epochs=1"]
+    assert_ok(run_cli(args, run_dir))
+    proc = run_cli([*args, "resume=never"], run_dir)
+    assert_ok(proc)
+    summary = read_summary(run_dir)
+    assert summary["resumed_from_step"] is None and summary["attempts"] == 1
+    aside = [p for p in run_dir.iterdir() if p.name.startswith("checkpoints.replaced-")]
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["step_000000003.ckpt", "step_000000006.ckpt", "step_000000008.ckpt"]
+
+
+def test_resume_from_an_explicit_checkpoint_path(uninterrupted, tmp_path):
+    source = tmp_path / "source"
+    args = [*RESUME, *LAYOUTS["single"]]
+    assert_ok(run_cli([*args, "trainer.epochs=1"], source))
+    run_dir = tmp_path / "continued"
+    assert_ok(run_cli([*args, f"resume={source / 'checkpoints' / 'step_000000006.ckpt'}"], run_dir))
+    assert read_summary(run_dir)["resumed_from_step"] == 6
+    assert_bit_identical(uninterrupted["single"], run_dir)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (["model.hidden=32"], "model.hidden: checkpoint 64, this run 32"),
+        (["trainer.batch_size=32"], "trainer.batch_size: checkpoint 64, this run 32"),
+        (["strategy=ddp", "resources.gpus_per_node=2"], "strategy.name: checkpoint 'single', this run 'ddp'"),
+    ],
+)
+def test_incompatible_checkpoint_is_refused_before_anything_runs(change, expected, tmp_path):
+    run_dir = tmp_path / "run"
+    assert_ok(run_cli([*RESUME, *LAYOUTS["single"], "trainer.epochs=1"], run_dir))
+    attempts_before = (run_dir / "attempts.jsonl").read_text()
+    proc = run_cli([*RESUME, *LAYOUTS["single"], *change], run_dir)
+    assert proc.returncode == 2
+    assert "`resume`" in proc.stderr and expected in proc.stderr and "resume=never" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert (run_dir / "attempts.jsonl").read_text() == attempts_before, "nothing may have started"
+
+
+def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = run_cli([*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=20"], run_dir, env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5"))
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
+    assert "rank 1 exited with code 1" in proc.stderr
+    rank1 = (run_dir / "logs" / "rank1.log").read_text()
+    assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:5" in rank1
+    assert not (run_dir / "summary.json").exists()

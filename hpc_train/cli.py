@@ -23,7 +23,12 @@ def _app(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        code = run_job(cfg, run_dir)
+        if cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
+            from hpc_train.launch.sbatch import prepare
+
+            code = prepare(cfg, run_dir)
+        else:
+            code = run_job(cfg, run_dir)
     except ConfigError as err:
         print(err.message, file=sys.stderr)
         sys.exit(2)

@@ -1,0 +1,135 @@
+"""The plain sbatch scripts in sbatch/: same layout as `launcher=slurm`, and each really runs on the Slurm test cluster."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from hpc_train.launch.slurm import time_minutes
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+
+SCRIPTS = sorted(p.stem for p in (REPO / "sbatch").glob("*.slurm"))
+# What the dry run renders for submitit's own bookkeeping (its log paths): not part of a job's shape.
+SUBMITIT_ONLY = {"output", "error", "wckey"}
+# A script may choose its own log file name.
+SCRIPT_ONLY = {"output", "error"}
+# strategy -> (nodes, tasks per node) of the script as shipped
+SHAPES = {"single": (1, 1), "dp": (1, 1), "ddp": (2, 4), "model_parallel": (1, 1), "pipeline": (1, 1), "hybrid": (2, 2)}
+TRAIN = [*TINY, "trainer.max_steps=6", "trainer.epochs=null", "trainer.batch_size=32", "cluster.cpus_per_gpu=1"]
+
+
+def sbatch_options(lines: List[str]) -> Dict[str, str]:
+    """`#SBATCH --key=value` / `#SBATCH --flag` lines -> {key: value}; times in minutes."""
+    options = {}
+    for line in lines:
+        match = re.match(r"^#SBATCH\s+--([\w-]+)(?:[= ](\S+))?\s*$", line)
+        if match:
+            key, value = match.group(1), match.group(2) or ""
+            options[key] = str(time_minutes(value, "time")) if key == "time" else value
+    return options
+
+
+def script_args(text: str) -> List[str]:
+    match = re.search(r"^HPC_TRAIN_ARGS=\((.*)\)$", text, flags=re.M)
+    assert match, "the script has no HPC_TRAIN_ARGS=(...) line"
+    return match.group(1).split()
+
+
+def test_every_strategy_has_a_script():
+    assert set(SCRIPTS) == {"single", "dp", "ddp", "model_parallel", "pipeline", "hybrid"}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_sbatch_layout_matches_the_dry_run(name, tmp_path):
+    text = (REPO / "sbatch" / f"{name}.slurm").read_text()
+    args = script_args(text)
+    assert f"strategy={name}" in args
+    dry = run_cli(["launcher=slurm", "dry_run=true", *args], tmp_path / "dry")
+    assert_ok(dry)
+    rendered = {k: v for k, v in sbatch_options(dry.stdout.splitlines()).items() if k not in SUBMITIT_ONLY}
+    mine = {k: v for k, v in sbatch_options(text.splitlines()).items() if k not in SCRIPT_ONLY}
+    assert mine == rendered
+    for key in ("nodes", "ntasks-per-node", "gres", "cpus-per-task"):  # the layout itself is always there
+        assert key in mine
+
+
+def test_scripts_are_valid_bash():
+    for name in SCRIPTS:
+        proc = subprocess.run(["bash", "-n", str(REPO / "sbatch" / f"{name}.slurm")], capture_output=True, text=True)
+        assert proc.returncode == 0, (name, proc.stderr)
+
+
+# -- on the Slurm test cluster -----------------------------------------------------------------
+def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = ()) -> str:
+    """`sbatch [options] sbatch/<script>.slurm ARGS` as a user would, with the CPU test overrides."""
+    env = dict(os.environ, PYTHON=sys.executable, RUN_DIR=str(run_dir))
+    command = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={workdir}", *sbatch_args, str(REPO / "sbatch" / f"{script}.slurm"), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, tmp_path_factory):
+    """Every script submitted at once (the cluster runs what fits, queues the rest); waits for all."""
+    root = tmp_path_factory.mktemp("sbatch")
+    jobs = {name: submit(name, root, root / name, TRAIN) for name in SCRIPTS}
+    ended = {name: wait_for_job_end(job_id, timeout=500) for name, job_id in jobs.items()}
+    return root, jobs, ended
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_runs_on_slurm(name, submitted):
+    root, jobs, ended = submitted
+    run_dir, job_id = root / name, jobs[name]
+    log = root / f"hpc-train-{job_id}.out"
+    assert ended[name]["JobState"] == "COMPLETED", (ended[name].get("JobState"), log.read_text() if log.exists() else "no log")
+    nodes, tasks_per_node = SHAPES[name]
+    world = nodes * tasks_per_node
+    assert int(ended[name]["NumNodes"]) == nodes and int(ended[name]["NumTasks"]) == world
+    summary = read_summary(run_dir)
+    assert summary["strategy"] == name and summary["world_size"] == world and summary["global_step"] == 6
+    # Every rank found its identity in srun's variables (no torchrun) and ran on the expected hosts.
+    found = []
+    for rank_log in sorted((run_dir / "logs").glob("rank*.log")):
+        match = re.search(r"rank (\d+)/(\d+) \(local (\d+), from (\w+)\) on host (\S+),", rank_log.read_text())
+        found.append((int(match.group(1)), int(match.group(2)), match.group(4), match.group(5)))
+    assert sorted(r[0] for r in found) == list(range(world))
+    assert all(r[1] == world and r[2] == "slurm" for r in found)
+    assert len({r[3] for r in found}) == nodes
+    assert "job spec" in log.read_text()  # the batch step wrote the spec before srun
+
+
+@pytest.mark.slurm
+def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
+    """`sbatch --nodes=1 ddp.slurm` without resources.nodes=1: the batch step stops with the fix, no rank starts."""
+    run_dir = tmp_path / "run"
+    job_id = submit("ddp", tmp_path, run_dir, TRAIN, ["--nodes=1"])
+    fields = wait_for_job_end(job_id, timeout=120)
+    assert fields["JobState"] == "FAILED"
+    log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
+    assert "invalid configuration for `resources.nodes`" in log and "the allocation has 1 node(s), but the overrides plan 2" in log and "Fix:" in log
+    assert "Traceback" not in log
+    assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "logs").exists()
+
+
+def test_sbatch_launcher_does_not_import_torch(tmp_path):
+    code = (
+        "import sys\nfrom hpc_train.cli import main\n"
+        f"sys.argv = ['hpc-train', 'launcher=sbatch', 'hydra.run.dir={tmp_path}/run']\n"
+        "try:\n    main()\nexcept SystemExit as stop:\n    assert not stop.code, stop.code\n"
+        "assert 'torch' not in sys.modules, 'launcher=sbatch imported torch'\nprint('OK')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+    assert (tmp_path / "run" / "job_config.yaml").exists()
+    assert "not inside a Slurm allocation" in proc.stderr

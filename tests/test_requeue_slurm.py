@@ -1,0 +1,108 @@
+"""Requeue, resume and fail-fast on the real local Slurm cluster.
+
+The requeue signal is sent by hand (``scancel --signal=USR2``), as Slurm itself sends it
+``launcher.signal_delay_s`` before the time limit. The reference is the same config run
+locally without interruption: both sides run 2 gloo ranks with one thread each, so the final
+weights must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+from tests.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
+
+pytestmark = pytest.mark.slurm
+
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
+DDP = ["strategy=ddp", "resources.gpus_per_node=2"]
+
+
+def submit(args, run_dir: Path, **env_extra) -> str:
+    proc = run_cli([*SLURM, *args], run_dir, env=dict(os.environ, **env_extra))
+    assert_ok(proc)
+    return re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+
+
+def attempt_endings(run_dir: Path):
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    return [(r["attempt"], r["how"]) for r in records if r["event"] == "end"]
+
+
+def wait_until_finished_with_summary(job_id: str, run_dir: Path, timeout: float) -> dict:
+    """A requeued job passes through REQUEUED/PENDING before running again: wait for the final end."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = scontrol_job(job_id)
+        if fields.get("JobState") == "COMPLETED" and (run_dir / "summary.json").exists():
+            return fields
+        if fields.get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            raise AssertionError(f"job {job_id} ended {fields.get('JobState')}")
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s (state {scontrol_job(job_id).get('JobState')})")
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference-ddp")
+    assert_ok(run_cli([*RESUME, *DDP], run_dir))
+    return run_dir
+
+
+def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, local_reference, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit([*RESUME, *DDP], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+
+    fields = wait_until_finished_with_summary(job, run_dir, timeout=240)
+    assert fields["Restarts"] == "1", "the job must have requeued itself once"
+    summary = read_summary(run_dir)
+    assert summary["attempts"] == 2
+    assert 3 <= summary["resumed_from_step"] < 24
+    # submitit calls a stop in the last 80% of a job's time (or, for jobs under 10 minutes, any
+    # stop) a timeout; a stop earlier in a long job is a preemption.
+    assert attempt_endings(run_dir) == [(1, "timeout"), (2, "finish")]
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert "received SIGUSR2" in (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+    assert "checkpoint step_" in rank0 and "(stop signal" in rank0
+    assert_bit_identical(local_reference, run_dir)
+
+
+def test_requeues_stop_at_max_requeues_and_keep_the_checkpoint(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit([*RESUME, *DDP, "trainer.max_requeues=0"], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    fields = wait_for_job_end(job, timeout=120)
+    assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0"
+    assert not (run_dir / "summary.json").exists()
+    stopped_at = max(checkpoint_steps(run_dir))
+    assert 3 <= stopped_at < 24
+    assert "not requeuing: 1 attempts already, trainer.max_requeues=0" in (run_dir / "logs" / "rank0.log").read_text()
+    # ... and the same command, re-run by hand, continues from that checkpoint.
+    proc = run_cli([*SLURM, *RESUME, *DDP, "launcher.wait=true"], run_dir)
+    assert_ok(proc)
+    assert read_summary(run_dir)["resumed_from_step"] == stopped_at
+
+
+def test_a_failing_rank_fails_the_slurm_job_fast_with_its_traceback(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    timeout_s = 60
+    job = submit([*RESUME, *DDP, f"trainer.dist_timeout_s={timeout_s}"], run_dir, HPC_TRAIN_FAIL_AT="1:4")
+    fields = wait_for_job_end(job, timeout=120)
+    assert fields["JobState"] == "FAILED"
+    run_time = sum(int(x) * 60**i for i, x in enumerate(reversed(fields["RunTime"].split(":"))))
+    assert run_time < timeout_s / 2, f"the job ran {run_time} s: the other rank waited for the collective timeout"
+    rank1 = (run_dir / "logs" / "rank1.log").read_text()
+    assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:4" in rank1
+    assert attempt_endings(run_dir) in ([], [(1, "crash")])  # rank 0 may be stopped before it can write
+    assert not (run_dir / "summary.json").exists()

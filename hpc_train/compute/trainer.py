@@ -25,11 +25,12 @@ from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
 from hpc_train.compute.data import build_datasets, eval_loader, train_loader
 from hpc_train.compute.interrupts import NONE, StopWatch, TrainingInterrupted
+from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.models import build_model
 from hpc_train.compute.precision import grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
-from hpc_train.compute.runlog import MetricsWriter, Progress, truncate_metrics, write_json_atomic
+from hpc_train.compute.runlog import Progress, truncate_metrics, write_json_atomic
 from hpc_train.compute.strategies import Strategy
 
 log = logging.getLogger("hpc_train")
@@ -99,7 +100,7 @@ class Trainer:
         self.strategy = strategy
         self.run_dir = run_dir
         self.is_main = ranks.is_main
-        self.metrics = MetricsWriter(run_dir, enabled=self.is_main)
+        self.metrics = metrics_writer(cfg, run_dir, enabled=self.is_main)  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
         self.state = TrainState()
         self.stop_watch = stop_watch
         self.resumed_from_step: Optional[int] = None

@@ -7,6 +7,7 @@ launcher.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Optional
@@ -20,6 +21,7 @@ PRECISIONS = ("32", "bf16", "16")
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCHEDULES = ("constant", "cosine", "step")
 RESUME_WORDS = ("auto", "never")
+LOGGERS = ("jsonl", "tensorboard")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
 
 
@@ -173,6 +175,18 @@ def check_resume(cfg: DictConfig) -> None:
         raise ConfigError("resume", f"{resume} is neither a checkpoint file nor a run dir.", "use resume=auto (newest checkpoint in the run dir), resume=never, resume=/path/to/run_dir or resume=/path/to/checkpoints/step_000000100.ckpt.")
 
 
+def check_logger(cfg: DictConfig) -> None:
+    """logger=tensorboard needs the tensorboard package: say so before anything is queued (without importing it)."""
+    name = str(OmegaConf.select(cfg, "logger.name", default="jsonl") or "jsonl")
+    if name not in LOGGERS:
+        raise ConfigError("logger", f"unknown logger {name!r}.", f"use one of: {', '.join('logger=' + n for n in LOGGERS)}.")
+    if name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "logger", "logger=tensorboard needs the tensorboard package, which this Python environment does not have.",
+            "pip install 'hpc-train[tensorboard]' (or pip install tensorboard) in the environment the job runs in, or use logger=jsonl.",
+        )
+
+
 def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
     probe = Path(run_dir).absolute()
     while not probe.exists():
@@ -188,6 +202,7 @@ def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     check_trainer(cfg, layout)
     check_data(cfg)
     check_resume(cfg)
+    check_logger(cfg)
     check_output_dir(run_dir)
 
 

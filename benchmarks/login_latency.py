@@ -1,60 +1,234 @@
-"""Login-node latency: `hpc-train launcher=slurm dry_run=true` against `python -c "import torch"`.
+"""Login-node latency, two measurements.
 
-Both are run as fresh processes, alternately, `--repeats` times; the table shows the median
-and the spread (min-max). Results go to benchmarks/results/login_latency.json.
+1. `hpc-train launcher=slurm dry_run=true` against `python -c "import torch"`: fresh processes,
+   run alternately; one warm-up run each (page cache), then `repeats` runs; median and min-max.
+   With the Slurm test cluster up, the dry run's `sinfo` partition check really asks slurmctld.
+
+2. Submitting a 32-job strategy sweep to the Slurm test cluster:
+   `hpc-train -m launcher=slurm strategy=single,dp,ddp,model_parallel seed=range(0,8)` (toy MLP,
+   2 GPUs per node, so three distinct layouts and three job arrays) against
+   hydra-submitit-launcher submitting the same 32 jobs from a minimal plain Hydra app
+   (benchmarks/hsl_app: same sweep axes, one job array with one layout for all jobs).
+   Figure: wall time from starting the command until all 32 jobs are listed by `squeue`
+   (polled every 0.1 s; both sides measured the same way). hydra-submitit-launcher's command
+   does not return after submitting (it waits for the jobs' results), so it is stopped once its
+   jobs are queued; hpc-train's command returns by itself (its exit time is recorded too).
+   Jobs are submitted held (`--hold` on both sides) so none starts during the measurement,
+   and are cancelled with `scancel` right after. Runs alternate hpc-train / hydra-submitit-launcher.
+
+Needs the test cluster for part 2: `bash scripts/slurm_test_cluster.sh start`; without it part 2
+is reported as not measured.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
+import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Dict, Optional
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import HERE, PYTHON, REPO, fmt_stats, hpc_train_cmd, machine_info, row, stats, write_result  # noqa: E402
+
+FULL = {"repeats": 7, "sweep_repeats": 5}
+QUICK = {"repeats": 3, "sweep_repeats": 3}
+SWEEP_STRATEGIES = "single,dp,ddp,model_parallel"
+SWEEP_SEEDS = 8  # x 4 strategies = 32 jobs
+POLL_S = 0.1
+SUBMIT_TIMEOUT_S = 180
 
 
-def wall(command: list) -> float:
+# -- the Slurm test cluster -------------------------------------------------------------
+def slurm_env(start: bool = False) -> Optional[Dict[str, str]]:
+    """The environment that talks to the test cluster, or None when it is not up."""
+    script = REPO / "scripts" / "slurm_test_cluster.sh"
+    if start:
+        subprocess.run(["bash", str(script), "start"], capture_output=True, text=True)
+    for attempt in range(3):  # the test suite may be restarting it right now
+        if subprocess.run(["bash", str(script), "status"], capture_output=True, text=True).returncode == 0:
+            break
+        time.sleep(5)
+    else:
+        return None
+    env = dict(os.environ)
+    for line in subprocess.run(["bash", str(script), "env"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, value = line[len("export "):].split("=", 1)
+            env[key] = value.strip("'\"")
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_")) and k != "SLURM_CONF"]:
+        del env[key]
+    return env
+
+
+def queued(name: str, env: Dict[str, str]) -> set:
+    out = subprocess.run(["squeue", "-h", "-r", "-n", name, "-o", "%i"], capture_output=True, text=True, env=env).stdout
+    return set(out.split())
+
+
+def cancel(name: str, env: Dict[str, str]) -> None:
+    subprocess.run(["scancel", "-n", name], capture_output=True, env=env)
+    deadline = time.monotonic() + 30
+    while queued(name, env) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def submit(cmd, name: str, jobs: int, env: Dict[str, str], cwd: Path, wait_exit: bool) -> Dict[str, float]:
+    """Start `cmd`; time until `jobs` jobs named `name` are queued (and until it exits, if wait_exit)."""
+    log = open(cwd / f"{name}.log", "w")
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    seen: set = set()
+    all_queued = exited = None
+    try:
+        while True:
+            seen |= queued(name, env)
+            now = time.perf_counter() - start
+            if all_queued is None and len(seen) >= jobs:
+                all_queued = now
+            if exited is None and proc.poll() is not None:
+                exited = now
+                if proc.returncode != 0 and all_queued is None:
+                    break
+            if all_queued is not None and (exited is not None or not wait_exit):
+                break
+            if now > SUBMIT_TIMEOUT_S:
+                break
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        cancel(name, env)
+    if all_queued is None:
+        tail = (cwd / f"{name}.log").read_text()[-3000:]
+        raise RuntimeError(f"only {len(seen)} of {jobs} jobs were queued by: {' '.join(map(str, cmd))}\n{tail}")
+    return {"all_queued_s": all_queued, "exit_s": exited}
+
+
+def measure_sweep(repeats: int, env: Dict[str, str]) -> dict:
+    jobs = len(SWEEP_STRATEGIES.split(",")) * SWEEP_SEEDS
+    hpc, hpc_exit, hsl = [], [], []
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+        cwd = Path(tmp)
+        for i in range(repeats):
+            name = f"bench-hpc-{uuid.uuid4().hex[:8]}"
+            r = submit(hpc_train_cmd([
+                "-m", "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "+cluster.extra.hold=true", f"job_name={name}",
+                "model=toy_mlp", "data=synthetic", "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
+                f"strategy={SWEEP_STRATEGIES}", "resources.gpus_per_node=2", f"seed=range(0,{SWEEP_SEEDS})", f"hydra.sweep.dir={cwd}/hpc{i}",
+            ]), name, jobs, env, cwd, wait_exit=True)
+            hpc.append(r["all_queued_s"])
+            hpc_exit.append(r["exit_s"])
+            name = f"bench-hsl-{uuid.uuid4().hex[:8]}"
+            r = submit([
+                PYTHON, str(HERE / "hsl_app" / "app.py"), "-m", f"strategy={SWEEP_STRATEGIES}", f"seed=range(0,{SWEEP_SEEDS})",
+                f"hydra.launcher.name={name}", "+hydra.launcher.additional_parameters.hold=true", f"hydra.sweep.dir={cwd}/hsl{i}",
+            ], name, jobs, env, cwd, wait_exit=False)
+            hsl.append(r["all_queued_s"])
+    return {
+        "jobs": jobs,
+        "sweep": f"strategy={SWEEP_STRATEGIES} x seed=range(0,{SWEEP_SEEDS}), resources.gpus_per_node=2, toy_mlp",
+        "hpc_train_all_queued_s": stats(hpc),
+        "hpc_train_command_exit_s": stats([x for x in hpc_exit if x is not None]) if any(x is not None for x in hpc_exit) else None,
+        "hydra_submitit_launcher_all_queued_s": stats(hsl),
+        "ratio_hsl_over_hpc": stats([b / a for a, b in zip(hpc, hsl)]),
+    }
+
+
+# -- dry run against import torch ------------------------------------------------------
+def wall(command, env) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env=env)
     return time.perf_counter() - start
 
 
-def measure(repeats: int) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+def measure_dry_run(repeats: int, env: Dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-dry-") as tmp:
         cases = {
-            "hpc-train launcher=slurm dry_run=true": [sys.executable, "-m", "hpc_train.cli", "launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"],
-            'python -c "import torch" (reference)': [sys.executable, "-c", "import torch"],
+            "dry_run": hpc_train_cmd(["launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"]),
+            "import_torch": [PYTHON, "-c", "import torch"],
         }
         for command in cases.values():  # warm the page cache once
-            wall(command)
+            wall(command, env)
         times = {name: [] for name in cases}
         for _ in range(repeats):
             for name, command in cases.items():
-                times[name].append(wall(command))
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "runs": len(t)} for name, t in times.items()}
+                times[name].append(wall(command, env))
+    return {
+        "dry_run_s": stats(times["dry_run"]),
+        "import_torch_s": stats(times["import_torch"]),
+        "torch_import_over_dry_run": stats([t / d for d, t in zip(times["dry_run"], times["import_torch"])]),
+    }
+
+
+def table_rows(result: dict) -> list:
+    d = result["dry_run"]
+    r = d["torch_import_over_dry_run"]
+    out = [row("login latency", "hpc-train launcher=slurm dry_run=true", d["dry_run_s"], 'python -c "import torch"', d["import_torch_s"],
+               f"{r['median']:.1f}x faster ({r['min']:.1f}-{r['max']:.1f})", "s", note="" if result["slurm_up"] else "sinfo not answering (no test cluster)")]
+    s = result.get("sweep")
+    if s and "skipped" not in s:
+        q = s["ratio_hsl_over_hpc"]
+        out.append(row("login latency", f"hpc-train -m: {s['jobs']}-job sweep queued", s["hpc_train_all_queued_s"], "hydra-submitit-launcher, same sweep",
+                       s["hydra_submitit_launcher_all_queued_s"], f"{q['median']:.2f}x faster ({q['min']:.2f}-{q['max']:.2f})", "s"))
+    else:
+        out.append(row("login latency", "hpc-train -m: 32-job sweep queued", None, "hydra-submitit-launcher, same sweep", None,
+                       (s or {}).get("skipped", "not measured"), "s"))
+    return out
+
+
+def run(quick: bool = False, repeats: int = 0, start_cluster: bool = False) -> dict:
+    params = dict(QUICK if quick else FULL)
+    if repeats:
+        params = {"repeats": repeats, "sweep_repeats": repeats}
+    before = machine_info()
+    start = time.perf_counter()
+    env = slurm_env(start_cluster)
+    result = {"benchmark": "login_latency", "mode": "quick" if quick else "full", "machine": before, "slurm_up": env is not None}
+    result["dry_run"] = measure_dry_run(params["repeats"], env or dict(os.environ))
+    if env is None:
+        result["sweep"] = {"skipped": "not measured (Slurm test cluster not running: bash scripts/slurm_test_cluster.sh start)"}
+    else:
+        if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+            result["sweep"] = {"skipped": "not measured (pip install -r benchmarks/requirements.txt)"}
+        else:
+            result["sweep"] = measure_sweep(params["sweep_repeats"], env)
+    result.update(load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
+    result["table"] = table_rows(result)
+    write_result("login_latency", result)
+    return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=0)
+    parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root)")
     args = parser.parse_args()
-    results = measure(args.repeats)
-    print(f"{'command':45s} {'median s':>9s} {'min-max s':>13s}")
-    for name, r in results.items():
-        print(f"{name:45s} {r['median_s']:9.2f} {r['min_s']:6.2f}-{r['max_s']:<6.2f}")
-    names = list(results)
-    ratio = results[names[1]]["median_s"] / results[names[0]]["median_s"]
-    print(f"dry run is {ratio:.1f}x faster than importing torch")
-    out = HERE / "results"
-    out.mkdir(exist_ok=True)
-    record = {"benchmark": "login_latency", "date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "python": platform.python_version(), "results": results, "torch_import_over_dry_run": ratio}
-    (out / "login_latency.json").write_text(json.dumps(record, indent=2))
+    result = run(args.quick, args.repeats, args.start_cluster)
+    d = result["dry_run"]
+    print(f"{'command':48s} {'median s (min-max)':>22s}")
+    print(f"{'hpc-train launcher=slurm dry_run=true':48s} {fmt_stats(d['dry_run_s']):>22s}")
+    ref = 'python -c "import torch" (reference)'
+    print(f"{ref:48s} {fmt_stats(d['import_torch_s']):>22s}")
+    s = result["sweep"]
+    if "skipped" in s:
+        print(f"sweep submission: {s['skipped']}")
+    else:
+        print(f"{'hpc-train -m, 32 jobs queued':48s} {fmt_stats(s['hpc_train_all_queued_s']):>22s}")
+        print(f"{'hpc-train -m, command exit':48s} {fmt_stats(s['hpc_train_command_exit_s']):>22s}")
+        print(f"{'hydra-submitit-launcher, 32 jobs queued':48s} {fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}")
 
 
 if __name__ == "__main__":

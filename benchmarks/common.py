@@ -1,0 +1,150 @@
+"""Helpers shared by the benchmark scripts: statistics, subprocess timing, machine info, JSON output.
+
+Nothing here imports torch, so `run.py` and the login-latency benchmark stay light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+PYTHON = sys.executable
+
+
+def stats(values: Sequence[float]) -> Dict[str, float]:
+    """Median, min and max of repeated measurements (plus the raw values)."""
+    values = [float(v) for v in values]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values), "values": values}
+
+
+def fmt_stats(s: Optional[Dict[str, float]], digits: int = 2) -> str:
+    """`median (min-max)`, or `-` when not measured."""
+    if not s:
+        return "-"
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def cpu_env(threads: int) -> Dict[str, str]:
+    """Environment for a CPU run: GPUs hidden, `threads` intra-op threads."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_"))]:
+        del env[key]
+    return env
+
+
+def run_checked(cmd: List[str], env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """Run a command, capture its output, and fail with the tail of that output if it fails."""
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
+        raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return proc
+
+
+def hpc_train_cmd(overrides: Iterable[str]) -> List[str]:
+    """`hpc-train ...` through the current interpreter (same as the console script)."""
+    return [PYTHON, "-m", "hpc_train.cli", *overrides]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hpc_train", "conf"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def load() -> List[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def cpu_busy(seconds: float = 1.0) -> Optional[float]:
+    """Fraction of all CPUs busy (not idle/iowait) over `seconds`, from /proc/stat: 0.0 on a quiet machine.
+
+    Counts every process of the machine, also those in other containers that `ps` cannot see.
+    """
+    def sample():
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    return round(1.0 - (idle1 - idle0) / total, 3) if total > 0 else None
+
+
+def machine_info(busy_seconds: float = 0.0) -> dict:
+    """What the numbers depend on: host, CPU, versions, load average (and, if asked, CPU busy fraction) now."""
+    info = {"cpu_busy_before": cpu_busy(busy_seconds)} if busy_seconds else {}
+    return info | {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_avg_1_5_15": load(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "torchvision": _version("torchvision"),
+        "hydra-core": _version("hydra-core"),
+        "submitit": _version("submitit"),
+        "hydra-submitit-launcher": _version("hydra-submitit-launcher"),
+        "hpc_train_commit": _git_commit(),
+    }
+
+
+def write_result(name: str, record: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return path
+
+
+def row(benchmark: str, measured: str, value: Optional[dict], reference: str, ref_value: Optional[dict], figure: str, unit: str, target: str = "", note: str = "") -> dict:
+    """One line of run.py's table: a measurement next to its reference in the same run."""
+    return {"benchmark": benchmark, "measured": measured, "value": value, "reference": reference, "ref_value": ref_value, "figure": figure, "unit": unit, "target": target, "note": note}
+
+
+def paired_ratios(a: Sequence[float], b: Sequence[float]) -> List[float]:
+    """a[i] / b[i] for runs made back to back (alternating), so slow drifts of the machine cancel."""
+    return [x / y for x, y in zip(a, b)]

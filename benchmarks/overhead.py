@@ -1,0 +1,102 @@
+"""Training overhead on CPU: `hpc-train strategy=single` against a plain hand-written PyTorch loop.
+
+Same model (ResNet-18, random init), same data (hpc-train's `data=synthetic` tensors, read
+through a shuffling DataLoader with num_workers=0 on both sides), same global batch, precision
+(fp32), optimizer (SGD momentum 0.9, weight decay 5e-4, cosine schedule), number of steps and
+intra-op threads (OMP_NUM_THREADS and torch.set_num_threads). Both sides report images/s the
+same way: global batch x steps after the first `warmup` steps, over the time from the end of
+step `warmup` to the end of the last step; hpc-train's figure is `summary.json`'s
+`images_per_sec` (`trainer.throughput_warmup_steps=warmup`), the plain loop's is computed by
+benchmarks/plain_train.py the same way. Process start-up, data generation and model build are
+outside the timed window on both sides.
+
+Runs alternate (hpc-train, plain, hpc-train, plain, ...), each in a fresh process; the figure is
+the median of the paired ratios hpc-train / plain, with their min-max. Target: >= 0.98.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import HERE, PYTHON, cpu_env, fmt_stats, hpc_train_cmd, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
+
+TARGET = 0.98
+FULL = {"repeats": 5, "steps": 30, "warmup": 5}
+QUICK = {"repeats": 3, "steps": 13, "warmup": 3}
+
+
+def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18") -> dict:
+    threads = threads or os.cpu_count() or 1
+    samples = batch * steps  # one epoch: no epoch boundary inside the timed window
+    env = cpu_env(threads)
+    hpc, plain = [], []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        for i in range(repeats):
+            run_dir = Path(tmp) / f"hpc{i}"
+            run_checked(hpc_train_cmd([
+                "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
+                f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
+                f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={run_dir}",
+            ]), env=env)
+            hpc.append(read_json(run_dir / "summary.json")["images_per_sec"])
+            out = Path(tmp) / f"plain{i}.json"
+            run_checked([
+                PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
+                f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--threads={threads}", "--device=cpu", f"--out={out}",
+            ], env=env)
+            plain.append(read_json(out)["images_per_sec"])
+    ratios = paired_ratios(hpc, plain)
+    return {
+        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "threads": threads, "precision": "32", "repeats": repeats, "data": "synthetic TensorDataset, DataLoader(shuffle, num_workers=0)"},
+        "hpc_train_images_per_sec": stats(hpc),
+        "plain_images_per_sec": stats(plain),
+        "ratio": stats(ratios),
+        "target": TARGET,
+    }
+
+
+def rows(result: dict) -> list:
+    if "skipped" in result:
+        return [row("overhead", "hpc-train strategy=single", None, "plain PyTorch loop", None, result["skipped"], "images/s")]
+    c = result["config"]
+    r = result["ratio"]
+    return [row(
+        "overhead", f"hpc-train strategy=single ({c['model']}, CPU, {c['threads']} threads)", result["hpc_train_images_per_sec"],
+        "plain PyTorch loop", result["plain_images_per_sec"], f"ratio {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})", "images/s", f">= {TARGET}",
+    )]
+
+
+def run(quick: bool = False, repeats: int = 0, threads: int = 0) -> dict:
+    params = dict(QUICK if quick else FULL)
+    if repeats:
+        params["repeats"] = repeats
+    before = machine_info()
+    start = time.perf_counter()
+    result = measure(threads=threads, **params)
+    result.update(benchmark="overhead", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
+    result["table"] = rows(result)
+    write_result("overhead", result)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads on both sides (default: all CPUs)")
+    args = parser.parse_args()
+    result = run(args.quick, args.repeats, args.threads)
+    print(f"{'side':28s} {'images/s median (min-max)':>28s}")
+    print(f"{'hpc-train strategy=single':28s} {fmt_stats(result['hpc_train_images_per_sec'], 1):>28s}")
+    print(f"{'plain PyTorch loop':28s} {fmt_stats(result['plain_images_per_sec'], 1):>28s}")
+    print(f"ratio hpc-train / plain: {fmt_stats(result['ratio'], 3)}  (target >= {TARGET})")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 import hpc_train.conf
 import hydra_plugins.hpc_train_launcher  # noqa: F401  registers hydra/launcher=hpc_train (per-job Slurm layouts in sweeps)
 from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.overrides import check_overrides
 
 CONFIG_DIR = str(Path(hpc_train.conf.__file__).resolve().parent)
 
@@ -49,6 +50,7 @@ def _precheck_output_dirs(argv: List[str]) -> None:
 def main() -> None:
     try:
         _precheck_output_dirs(sys.argv[1:])
+        check_overrides(sys.argv[1:], Path(CONFIG_DIR))
     except ConfigError as err:
         print(err.message, file=sys.stderr)
         sys.exit(2)

@@ -19,6 +19,27 @@ from tests.conftest import TINY, TINY_TRAINER, run_cli
         (["trainer.precision=8"], "trainer.precision", "trainer.precision=bf16"),
         (["resources.nodes=2"], "resources.nodes", "launcher=slurm"),
         (["resume=/no/such/checkpoint.pt"], "resume", "resume=auto"),
+        # unknown options and keys: named, with the nearest valid spelling
+        (["model=resnet9"], "model", "resnet18"),
+        (["data=cifar"], "data", "digits, imagefolder, synthetic"),
+        (["strategy=pipelnie"], "strategy", "model_parallel, pipeline"),
+        (["cluster=no_such_cluster"], "cluster", "jean_zay"),
+        (["launcher=slurm", "cluster.partiton=gpu"], "cluster.partiton", "partition"),
+        (["trainer.lrr=0.1"], "trainer.lrr", "lr"),
+        (["sed=1"], "sed", "seed"),
+        # quotes that would break the command line are refused, not passed on half-parsed
+        (['job_name=a"b'], "job_name", "job_name='my value'"),
+        # GPU count incompatible with the strategy, chunks that do not divide the batch
+        (["launcher=slurm", "strategy=model_parallel", "strategy.stages=3", "resources.gpus_per_node=2"], "strategy.stages", "resources.gpus_per_node=3"),
+        (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=3"], "trainer.batch_size", "multiple of 3"),
+        (["strategy=ddp", "resources.gpus_per_node=0"], "resources.gpus_per_node", "resources.gpus_per_node=1"),
+        # checkpoint and requeue settings
+        (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every", "trainer.checkpoint_every=100"),
+        (["trainer.keep_checkpoints=0"], "trainer.keep_checkpoints", "trainer.keep_checkpoints=2"),
+        (["trainer.max_requeues=-1"], "trainer.max_requeues", "trainer.max_requeues=3"),
+        (["launcher=slurm", "launcher.signal=HUP"], "launcher.signal", "launcher.signal=USR2"),
+        (["launcher=slurm", "launcher.signal_delay_s=0"], "launcher.signal_delay_s", "launcher.signal_delay_s=120"),
+        (["launcher=slurm", "resources.time=0"], "resources.time", "resources.time=01:00:00"),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):
@@ -63,3 +84,12 @@ def test_unwritable_output_dir_is_refused(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "hydra.run.dir" in proc.stderr
+
+
+def test_empty_imagefolder_root_is_refused(tmp_path):
+    root = tmp_path / "empty"
+    root.mkdir()
+    proc = run_cli([*TINY_TRAINER, "data=imagefolder", f"data.root={root}", "data.num_classes=3"], tmp_path / "run")
+    assert proc.returncode == 2
+    assert "`data.root`" in proc.stderr and "Fix:" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

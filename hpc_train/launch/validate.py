@@ -115,6 +115,14 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
             raise ConfigError("strategy.schedule", f"unknown schedule {schedule!r}.", "use strategy.schedule=gpipe or strategy.schedule=1f1b.")
         if schedule == "1f1b" and int(strategy.get("chunks") or 1) < stages:
             raise ConfigError("strategy.chunks", f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).", f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.")
+    elif cfg.launcher.name != "local" and stages > layout.gpus_per_task:
+        # Locally, stages may share a device on purpose (a laptop, a CPU); on a cluster the GPU
+        # count is asked for, and fewer GPUs than stages means two stages time-share one GPU.
+        raise ConfigError(
+            "strategy.stages",
+            f"{stages} stages on {layout.gpus_per_task} GPUs per task would put two stages on one GPU.",
+            f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per GPU).",
+        )
     layers = MODEL_LAYERS.get(str(cfg.model.name))
     if stages < 1:
         raise ConfigError("strategy.stages", f"must be at least 1, got {stages}.", "set strategy.stages=2 or more, or null for one stage per GPU.")

@@ -213,3 +213,47 @@ def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:5" in rank1
     assert not (run_dir / "summary.json").exists()
+
+
+def test_sigterm_to_the_local_launcher_checkpoints_and_a_rerun_continues(uninterrupted, tmp_path):
+    """A local stand-in for preemption: every rank checkpoints at the same step boundary and stops."""
+    args = [*RESUME, *LAYOUTS["ddp"]]
+    run_dir = tmp_path / "run"
+    proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.15"})
+    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
+    assert proc.wait(timeout=60) == 3
+    stopped_at = max(checkpoint_steps(run_dir))
+    assert 3 <= stopped_at < 24 and stopped_at % 3 != 0, "the stop must write its own checkpoint, between the periodic ones"
+    endings = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert endings[-1]["event"] == "end" and endings[-1]["how"].startswith("terminated") and endings[-1]["step"] == stopped_at
+
+    assert_ok(run_cli(args, run_dir))
+    assert read_summary(run_dir)["resumed_from_step"] == stopped_at
+    assert_bit_identical(uninterrupted["ddp"], run_dir)
+
+
+OTHER_STRATEGIES = {
+    "dp": ["strategy=dp", "resources.gpus_per_node=2"],
+    "model_parallel": ["strategy=model_parallel", "strategy.stages=2"],
+    "pipeline": ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2"],
+    "hybrid": ["strategy=hybrid", "strategy.stages=2", "resources.gpus_per_node=4"],
+    "pipelining": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=2"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_STRATEGIES))
+def test_every_strategy_resumes_after_a_crash_bit_identical(name, tmp_path):
+    args = [*RESUME, *OTHER_STRATEGIES[name], "trainer.epochs=1"]
+    reference = tmp_path / "reference"
+    assert_ok(run_cli(args, reference))
+    run_dir = tmp_path / "run"
+    crashed = run_cli(args, run_dir, env=dict(os.environ, HPC_TRAIN_FAIL_AT="0:5"))
+    assert crashed.returncode != 0 and checkpoint_steps(run_dir) == [3]
+    assert_ok(run_cli(args, run_dir))
+    assert read_summary(run_dir)["resumed_from_step"] == 3
+    weights = sorted(p.name for p in reference.glob("model*.pt"))
+    assert weights and weights == sorted(p.name for p in run_dir.glob("model*.pt"))
+    for name in weights:  # the pipelining engine writes one file per stage
+        a, b = torch.load(reference / name), torch.load(run_dir / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"{name} differs after resume"

@@ -69,6 +69,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     procs: List[subprocess.Popen] = []
     files = []
     command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
+    forwarded = _forward_stop_signals(procs)
     try:
         for rank in range(world):
             if rank == 0:
@@ -82,9 +83,22 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
         _stop(procs, signal.SIGINT)
         return 130
     finally:
+        for signum, previous in forwarded.items():
+            signal.signal(signum, previous)
         _stop(procs)
         for handle in files:
             handle.close()
+
+
+def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
+    """SIGTERM/SIGUSR1/SIGUSR2 sent to the launcher reach every rank: they checkpoint at the next step and stop."""
+
+    def forward(signum: int, frame: object) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    return {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
 
 
 def _watch(procs: List[subprocess.Popen]) -> int:
@@ -94,7 +108,10 @@ def _watch(procs: List[subprocess.Popen]) -> int:
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
+            if code == 3:  # hpc_train.compute.worker.EXIT_INTERRUPTED
+                print(f"hpc-train: rank {rank} stopped after a checkpoint (signal).", file=sys.stderr)
+            else:
+                print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
             _stop(procs)
             return code if code > 0 else 1
         if all(code == 0 for code in codes):

@@ -12,6 +12,7 @@ from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import make_plan
 
 SUMMARY_NAME = "summary.json"
+EXIT_INTERRUPTED = 3  # hpc_train.compute.worker's code for "stopped after a checkpoint"
 
 
 def run_job(cfg: DictConfig, run_dir: Path) -> int:
@@ -78,5 +79,7 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(f"hpc-train: summary {summary}")
         print(f"hpc-train: metrics {run_dir / 'metrics.jsonl'}")
         print(f"hpc-train: logs    {run_dir / 'logs'}")
+    elif code == EXIT_INTERRUPTED:
+        print(f"hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same hydra.run.dir={run_dir}) to continue")
     else:
         print(f"hpc-train: the job failed (exit code {code}); see the logs in {run_dir / 'logs'}")

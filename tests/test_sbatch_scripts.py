@@ -67,9 +67,9 @@ def test_scripts_are_valid_bash():
 
 
 # -- on the Slurm test cluster -----------------------------------------------------------------
-def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = ()) -> str:
+def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = (), **extra_env: str) -> str:
     """`sbatch [options] sbatch/<script>.slurm ARGS` as a user would, with the CPU test overrides."""
-    env = dict(os.environ, PYTHON=sys.executable, RUN_DIR=str(run_dir))
+    env = dict(os.environ, PYTHON=sys.executable, RUN_DIR=str(run_dir), **extra_env)
     command = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={workdir}", *sbatch_args, str(REPO / "sbatch" / f"{script}.slurm"), *args]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -119,6 +119,31 @@ def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
     assert "invalid configuration for `resources.nodes`" in log and "the allocation has 1 node(s), but the overrides plan 2" in log and "Fix:" in log
     assert "Traceback" not in log
     assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "logs").exists()
+
+
+@pytest.mark.slurm
+def test_requeue_signal_resumes_a_plain_sbatch_job(slurm_cluster, tmp_path):
+    """USR2 (what `#SBATCH --signal=USR2@120` sends before the time limit): checkpoint, requeue, resume in RUN_DIR."""
+    run_dir = tmp_path / "run"
+    args = [*TRAIN, "trainer.max_steps=30", "trainer.log_every=2", "trainer.checkpoint_every=0"]
+    job_id = submit("hybrid", tmp_path, run_dir, args, HPC_TRAIN_STEP_SLEEP="0.3")
+    deadline = time.monotonic() + 180
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and '"step": 4' in metrics.read_text()):
+        assert time.monotonic() < deadline, "training did not start"
+        assert scontrol_job(job_id).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), scontrol_job(job_id)
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    fields = wait_for_job_end(job_id, timeout=300)
+    log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
+    assert fields["JobState"] == "COMPLETED", log
+    assert int(fields.get("Restarts", "0")) == 1
+    assert "received SIGUSR2" in log and "job requeued" in log
+    summary = read_summary(run_dir)
+    assert summary["global_step"] == 30 and summary["attempts"] == 2
+    assert 4 <= summary["resumed_from_step"] < 30
+    steps = [int(m) for m in re.findall(r'"kind": "train", "step": (\d+)', metrics.read_text())]
+    assert steps == list(range(2, 31, 2))  # one line per logged step, none lost or doubled across the requeue
 
 
 def test_sbatch_launcher_does_not_import_torch(tmp_path):

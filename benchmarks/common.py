@@ -44,10 +44,17 @@ def cpu_env(threads: int) -> Dict[str, str]:
 
 
 def run_checked(cmd: List[str], env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
-    """Run a command, capture its output, and fail with the tail of that output if it fails."""
+    """Run a command, capture its output, and fail with the tail of that output if it fails.
+
+    For an hpc-train run (a `hydra.run.dir=` argument) the tails of its per-rank logs are added.
+    """
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:]).strip()
+        for arg in cmd:
+            if str(arg).startswith("hydra.run.dir="):
+                for log in sorted(Path(str(arg).split("=", 1)[1]).glob("logs/rank*.log")):
+                    tail += f"\n--- {log.name} (tail) ---\n" + log.read_text(errors="replace")[-1500:]
         raise RuntimeError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
     return proc
 

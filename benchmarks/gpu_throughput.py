@@ -16,9 +16,10 @@ from the end of step `--warmup` to the end of the last, synchronised). Peak memo
 started here reports torch.cuda.max_memory_allocated/reserved at exit (benchmarks/peakmem/
 sitecustomize.py on PYTHONPATH), so hpc-train's worker is measured without changing it.
 
-Expected time on one H100: about 3-4 minutes for `--compile off`, 6-9 minutes for
-`--compile on` with 2 repeats (each compiled run compiles anew). `--compile off` and
-`--compile on` can be run as separate commands; results merge into one JSON per device.
+Estimated time on one H100 (not measured yet): 3-4 minutes for `--compile off`; `--compile on`
+compiles anew in each of its 6 runs (~1.5 min each), so use `--repeats 1` under a 10-minute
+limit. `--compile off` and `--compile on` can be separate commands: results merge into one
+JSON per device.
 """
 
 from __future__ import annotations

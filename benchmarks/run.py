@@ -98,7 +98,9 @@ def main() -> None:
             rows += result.get("table", [])
         except Exception as err:  # one failing benchmark must not hide the others
             traceback.print_exc()
-            rows.append(row(key, name, None, "", None, f"failed: {str(err).splitlines()[0][:120]}", ""))
+            lines = [x.strip() for x in str(err).splitlines() if x.strip()]
+            errors = [x for x in lines if "rror" in x] or lines or [type(err).__name__]
+            rows.append(row(key, name, None, "", None, f"failed: {errors[-1][:100]}", ""))
         walls[name] = round(time.perf_counter() - t0, 1)
     total = time.perf_counter() - start
     busy_after = cpu_busy(1.0)

@@ -20,7 +20,7 @@ from common import cpu_env, hpc_train_cmd, machine_info, read_json, row, run_che
 
 STAGES = 2
 FULL = {"repeats": 3, "steps": 12, "warmup": 3}
-QUICK = {"repeats": 3, "steps": 7, "warmup": 2}
+QUICK = {"repeats": 2, "steps": 7, "warmup": 2}
 
 
 def measure(repeats: int, steps: int, warmup: int, model: str = "resnet18", image_size: int = 64, batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time") -> dict:

@@ -396,11 +396,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     png = args.png or (args.path / PNG_NAME)
     try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+        write_png(jobs, str(args.path), png)
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("matplotlib"):
+            raise
         print(f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}", file=sys.stderr)
         return 0
-    write_png(jobs, str(args.path), png)
     print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import HERE, PYTHON, cpu_env, fmt_stats, hpc_train_cmd, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 FULL = {"repeats": 5, "steps": 25, "warmup": 5}
-QUICK = {"repeats": 3, "steps": 10, "warmup": 3}
+QUICK = {"repeats": 3, "steps": 8, "warmup": 2}
 
 
 def measure(repeats: int, steps: int, warmup: int, per_rank_batch: int = 32, image_size: int = 64, model: str = "resnet18") -> dict:
@@ -73,7 +73,7 @@ def rows(result: dict) -> list:
     e1, e2 = eff["hpc_train"], eff["plain_torch_ddp"]
     return [
         row("ddp scaling", "hpc-train ddp, 2 proc x 1 thread", ips["hpc2"], "hpc-train, 1 proc x 1 thread", ips["hpc1"],
-            f"efficiency {e1['median']:.2f} ({e1['min']:.2f}-{e1['max']:.2f})", "images/s", "plain DDP's"),
+            f"efficiency {e1['median']:.2f} ({e1['min']:.2f}-{e1['max']:.2f})", "images/s"),
         row("ddp scaling", "torchrun + plain DDP, 2 proc x 1 thread", ips["plain2"], "plain loop, 1 proc x 1 thread", ips["plain1"],
             f"efficiency {e2['median']:.2f} ({e2['min']:.2f}-{e2['max']:.2f})", "images/s"),
     ]

@@ -28,7 +28,7 @@ from common import HERE, PYTHON, cpu_env, fmt_stats, hpc_train_cmd, machine_info
 
 TARGET = 0.98
 FULL = {"repeats": 5, "steps": 30, "warmup": 5}
-QUICK = {"repeats": 3, "steps": 13, "warmup": 3}
+QUICK = {"repeats": 3, "steps": 10, "warmup": 2}
 
 
 def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18") -> dict:

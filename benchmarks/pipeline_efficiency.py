@@ -10,24 +10,45 @@ alternate (sequential, M=1, M=2, ..., then again), so a slow drift of the machin
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_env, hpc_train_cmd, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import PYTHON, cpu_env, hpc_train_cmd, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 STAGES = 2
 FULL = {"repeats": 3, "steps": 12, "warmup": 3}
-QUICK = {"repeats": 2, "steps": 7, "warmup": 2}
+QUICK = {"repeats": 2, "steps": 6, "warmup": 2}
+
+
+def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
+    """hpc-train's own balance=time split (stages.stage_counts), measured once in a fresh 1-thread process.
+
+    Every run then gets the same explicit split: with balance=time each run (and each rank of a
+    pipelining run) would measure its own layer times and could cut elsewhere under load.
+    """
+    code = (
+        "import json, torch, torchvision\n"
+        "from hpc_train.compute.stages import flatten_layers, stage_counts\n"
+        "torch.set_num_threads(1)\n"
+        f"m = getattr(torchvision.models, {model!r})(weights=None, num_classes=10)\n"
+        f"x = torch.randn({batch}, 3, {image_size}, {image_size})\n"
+        f"print(json.dumps(stage_counts(flatten_layers(m), {STAGES}, 'time', x)))\n"
+    )
+    return json.loads(run_checked([PYTHON, "-c", code], env=cpu_env(1)).stdout.strip().splitlines()[-1])
 
 
 def measure(repeats: int, steps: int, warmup: int, model: str = "resnet18", image_size: int = 64, batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time") -> dict:
+    split = time_balanced_split(model, image_size, batch) if balance == "time" else None
     common = [
         f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={max(1024, batch * steps)}",
         f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
-        "trainer.progress=false", f"trainer.throughput_warmup_steps={warmup}", f"strategy.stages={STAGES}", f"strategy.balance={balance}",
+        "trainer.progress=false", f"trainer.throughput_warmup_steps={warmup}", f"strategy.stages={STAGES}",
+        f"strategy.balance=[{','.join(map(str, split))}]" if split else f"strategy.balance={balance}",
         f"resources.gpus_per_node={STAGES}",
     ]
     cases = {"sequential": ["strategy=model_parallel"]}
@@ -53,7 +74,7 @@ def measure(repeats: int, steps: int, warmup: int, model: str = "resnet18", imag
             "ideal": m / (m + STAGES - 1) * STAGES,
         })
     return {
-        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "stages": STAGES, "balance": balance, "threads_per_process": 1, "repeats": repeats},
+        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "stages": STAGES, "balance": balance, "split_layers": split, "threads_per_process": 1, "repeats": repeats},
         "sequential": {"step_s": stats(ref)},
         "rows": rows_out,
     }

@@ -84,6 +84,12 @@ def barrier() -> None:
         dist.barrier()
 
 
+def control_barrier() -> None:
+    """A barrier on the CPU control group (no GPU work involved)."""
+    if is_initialized():
+        dist.barrier(group=_control_group)
+
+
 def collective_device(device: torch.device) -> torch.device:
     """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
     if is_initialized() and dist.get_backend() == "nccl":

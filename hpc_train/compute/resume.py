@@ -86,6 +86,9 @@ class Checkpointer:
             }
             write_checkpoint(payload, path, self.keep)
             log.info("checkpoint %s written (%s, step %d, %.2f s)", path.name, why, state.global_step, time.perf_counter() - started)
+        # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit
+        # would kill rank 0 mid-write) before the file is complete.
+        distributed.control_barrier()
         self.last_saved_step = state.global_step
         return path
 

@@ -108,8 +108,11 @@ def _watch(procs: List[subprocess.Popen]) -> int:
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            if code == 3:  # hpc_train.compute.worker.EXIT_INTERRUPTED
+            if code == 3:  # hpc_train.compute.worker.EXIT_INTERRUPTED: the others stop at the same step
                 print(f"hpc-train: rank {rank} stopped after a checkpoint (signal).", file=sys.stderr)
+                deadline = time.monotonic() + GRACE_S
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
             else:
                 print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
             _stop(procs)

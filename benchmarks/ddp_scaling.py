@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import HERE, PYTHON, cpu_env, fmt_stats, hpc_train_cmd, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 FULL = {"repeats": 5, "steps": 25, "warmup": 5}
-QUICK = {"repeats": 3, "steps": 8, "warmup": 2}
+QUICK = {"repeats": 2, "steps": 8, "warmup": 2}
 
 
 def measure(repeats: int, steps: int, warmup: int, per_rank_batch: int = 32, image_size: int = 64, model: str = "resnet18") -> dict:

@@ -107,6 +107,8 @@ def main() -> None:
     print()
     print(render(rows, markdown=args.markdown))
     print(f"\n{len(names)} benchmark(s) in {total:.0f} s ({'quick' if args.quick else 'full'}); per benchmark {walls}; CPU busy after: {busy_after}")
+    if busy_after is not None and busy_after > BUSY_WARN:
+        print(f"WARNING: the machine was {busy_after:.0%} busy right after the run (other processes): check the spreads before publishing.")
     write_result("run", {"mode": "quick" if args.quick else "full", "machine": machine, "cpu_busy_after": busy_after, "wall_s": total, "wall_s_per_benchmark": walls, "table": rows})
 
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.compute.ranks import detect_ranks
+from hpc_train.rank_errors import write_error_record
 
 
 def load_job_spec(path: Path) -> DictConfig:
@@ -64,6 +65,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         record_end(stop.reason)
         raise
     except BaseException as err:
+        write_error_record(run_dir / "logs", ranks.rank, err)  # first, before peers see broken connections
         log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
         record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise

@@ -46,5 +46,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's normal shutdown when the rank failed.
+
+    A failed rank's process group may still own communication threads whose peers are going
+    away at the same moment; destroying them at shutdown can abort the process ("terminate
+    called without an active exception", exit -6) and hide the real exit code. The traceback is
+    already written, so flush and leave.
+    """
+    if code == 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

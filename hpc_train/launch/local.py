@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.launch.plan import RunPlan
+from hpc_train.rank_errors import first_failure
 
 GRACE_S = 10.0
 
@@ -78,7 +79,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
                 out = open(log_dir / f"rank{rank}.out", "w")
                 files.append(out)
             procs.append(subprocess.Popen(command, env=worker_env(rank, world, port, threads), stdout=out, stderr=subprocess.STDOUT if out else None))
-        return _watch(procs)
+        return _watch(procs, log_dir, started=time.time())
     except KeyboardInterrupt:
         _stop(procs, signal.SIGINT)
         return 130
@@ -101,8 +102,8 @@ def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
     return {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
 
 
-def _watch(procs: List[subprocess.Popen]) -> int:
-    """Wait for all ranks; on the first failure stop the rest and report which rank failed."""
+def _watch(procs: List[subprocess.Popen], log_dir: Path, started: float) -> int:
+    """Wait for all ranks; on the first failure stop the rest and report which rank failed first."""
     while True:
         codes = [proc.poll() for proc in procs]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -113,6 +114,14 @@ def _watch(procs: List[subprocess.Popen]) -> int:
                 deadline = time.monotonic() + GRACE_S
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     time.sleep(0.1)
+                _stop(procs)
+                return code
+            # The process that exits first is often a peer that lost its connection: name the root cause.
+            cause = first_failure(log_dir, len(procs), since=started)
+            if cause is not None:
+                first = int(cause["rank"])
+                print(f"hpc-train: rank {first} failed first ({cause['error']}); stopping the other ranks. "
+                      f"Its traceback: {log_dir / f'rank{first}.log'}", file=sys.stderr)
             else:
                 print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
             _stop(procs)

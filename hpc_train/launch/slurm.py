@@ -167,17 +167,39 @@ def check_partition(params: Dict[str, Any]) -> None:
         raise ConfigError("cluster.partition", f"this cluster has no partition {partition!r} (sinfo lists: {', '.join(known)}).", f"pass cluster.partition=<one of {', '.join(known)}>.")
 
 
-def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
+SLURM_COMMANDS = ("sbatch", "srun")
+
+
+def check_slurm_commands() -> None:
+    """Submitting needs Slurm's client commands; without them say so before anything else happens."""
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name) is None]
+    if missing:
+        raise ConfigError(
+            "launcher",
+            f"launcher=slurm submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)} {'is' if len(missing) == 1 else 'are'} not on PATH on this machine.",
+            "run the command on a Slurm login node (or `module load slurm` first), add dry_run=true to only print the sbatch script, or use launcher=local to train here.",
+        )
+
+
+def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int, render_only: bool = False):
+    """submitit's Slurm executor for these parameters.
+
+    ``render_only`` builds it on a machine without Slurm too (submitit refuses to start without
+    ``srun``): a dry run only renders the script, which needs no Slurm command.
+    """
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
+    cls = submitit.SlurmExecutor
+    if render_only:
+        cls = type("RenderOnlySlurmExecutor", (submitit.SlurmExecutor,), {"affinity": classmethod(lambda _cls: 1)})
+    executor = cls(folder=str(folder), max_num_timeout=max_requeues)
     executor.update_parameters(**params)
     return executor
 
 
 def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
     """The exact sbatch script submitit would submit for these parameters (nothing is submitted)."""
-    executor = make_executor(folder, params, 0)
+    executor = make_executor(folder, params, 0, render_only=True)
     # submitit's own renderer, so the dry run cannot drift from what is really submitted.
     return executor._make_submission_file_text(executor._submitit_command_str, uid="dry-run")
 
@@ -193,6 +215,8 @@ class PreparedJob:
 
 def prepare(cfg: DictConfig, plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
     params = slurm_parameters(cfg, plan)
+    if not cfg.dry_run:
+        check_slurm_commands()
     check_partition(params)
     return PreparedJob(cfg, plan, spec, params, label)
 

@@ -1,0 +1,46 @@
+"""Which rank failed first: each failing rank leaves a small record, the launcher reads them.
+
+When one rank raises, its peers fail moments later with connection errors ("Connection closed
+by peer") that say nothing about the cause. Every failing rank writes
+``logs/rank<r>.error.json`` (time, exception) before tearing anything down, so the local
+launcher can name the rank that failed *first* and its exception, whichever process happens to
+exit first. Shared by both sides: no torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+
+def record_path(log_dir: Path, rank: int) -> Path:
+    return log_dir / f"rank{rank}.error.json"
+
+
+def write_error_record(log_dir: Path, rank: int, error: BaseException) -> None:
+    """Record this rank's failure (best effort: a failing rank must not fail again here)."""
+    text = f"{type(error).__name__}: {error}".strip()
+    record = {"rank": rank, "time": time.time(), "error": text.splitlines()[0][:500] if text else type(error).__name__}
+    path = record_path(log_dir, rank)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def first_failure(log_dir: Path, world_size: int, since: float) -> Optional[Dict[str, Any]]:
+    """The earliest failure record written after `since` (a time.time()), or None."""
+    records = []
+    for rank in range(world_size):
+        try:
+            record = json.loads(record_path(log_dir, rank).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and float(record.get("time", 0)) >= since:
+            records.append(record)
+    return min(records, key=lambda r: float(r["time"])) if records else None

@@ -4,7 +4,7 @@ When one rank raises, its peers fail moments later with connection errors ("Conn
 by peer") that say nothing about the cause. Every failing rank writes
 ``logs/rank<r>.error.json`` (time, exception) before tearing anything down, so the local
 launcher can name the rank that failed *first* and its exception, whichever process happens to
-exit first. Shared by both sides: no torch here.
+exit first (see :func:`root_cause`). Shared by both sides: no torch here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def record_path(log_dir: Path, rank: int) -> Path:
@@ -33,14 +33,28 @@ def write_error_record(log_dir: Path, rank: int, error: BaseException) -> None:
         pass
 
 
-def first_failure(log_dir: Path, world_size: int, since: float) -> Optional[Dict[str, Any]]:
-    """The earliest failure record written after `since` (a time.time()), or None."""
-    records = []
+def read_records(log_dir: Path, world_size: int, since: float) -> Dict[int, Dict[str, Any]]:
+    """The failure records written after `since` (a time.time()), by rank."""
+    records = {}
     for rank in range(world_size):
         try:
             record = json.loads(record_path(log_dir, rank).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and float(record.get("time", 0)) >= since:
-            records.append(record)
-    return min(records, key=lambda r: float(r["time"])) if records else None
+            records[rank] = record
+    return records
+
+
+def root_cause(failed: List[Tuple[int, int]], records: Dict[int, Dict[str, Any]]) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """Which rank to blame, given the (rank, exit code) pairs seen failed so far and the records.
+
+    A rank that died without a record (SIGKILL, the OOM killer, a segfault) comes first: peers
+    that fail *because* of it raise an exception and leave a record. Otherwise the earliest
+    record names the rank whose exception started it all.
+    """
+    silent = [rank for rank, _ in failed if rank not in records]
+    if silent:
+        return silent[0], None
+    rank = min(records, key=lambda r: float(records[r]["time"]))
+    return rank, records[rank]

@@ -43,11 +43,11 @@ def checkpoint_steps(run_dir: Path) -> List[int]:
     return sorted(int(p.name[5:14]) for p in folder.glob("step_*.ckpt"))
 
 
-def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str]) -> subprocess.Popen:
+def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
     return subprocess.Popen(
         [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
     )
 
 
@@ -214,6 +214,36 @@ def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:5" in rank1
     assert not (run_dir / "summary.json").exists()
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int:
+    """The pid of one local worker, found by its RANK variable among the launcher's children."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no worker with RANK={rank} among {children}")
+
+
+def test_local_rank_killed_by_sigkill_ends_the_job_quickly(tmp_path):
+    """A rank that dies without a word (OOM killer, kill -9) must not leave its peer waiting in a collective."""
+    run_dir = tmp_path / "run"
+    stderr_path = tmp_path / "launcher.err"
+    with open(stderr_path, "w") as stderr:
+        proc = start_background([*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=120"], run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.15"}, stderr=stderr)
+    try:
+        wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+        os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
+        killed = time.monotonic()
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    elapsed = time.monotonic() - killed
+    assert code != 0 and not (run_dir / "summary.json").exists()
+    assert elapsed < 30, f"the job took {elapsed:.0f} s to end after a rank died (the collective timeout is 120 s)"
+    assert "rank 1 exited with code -9; stopping the other ranks" in stderr_path.read_text()
 
 
 def test_sigterm_to_the_local_launcher_checkpoints_and_a_rerun_continues(uninterrupted, tmp_path):

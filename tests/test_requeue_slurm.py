@@ -100,6 +100,7 @@ def test_a_failing_rank_fails_the_slurm_job_fast_with_its_traceback(slurm_cluste
     job = submit([*RESUME, *DDP, f"trainer.dist_timeout_s={timeout_s}"], run_dir, HPC_TRAIN_FAIL_AT="1:4")
     fields = wait_for_job_end(job, timeout=120)
     assert fields["JobState"] == "FAILED"
+    assert fields["Restarts"] == "0", "a crash must not be requeued"
     run_time = sum(int(x) * 60**i for i, x in enumerate(reversed(fields["RunTime"].split(":"))))
     assert run_time < timeout_s / 2, f"the job ran {run_time} s: the other rank waited for the collective timeout"
     rank1 = (run_dir / "logs" / "rank1.log").read_text()

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import math
 import random
+import gc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,18 @@ def total_steps(trainer_cfg, steps_per_epoch: int) -> int:
     if trainer_cfg.max_steps is not None:
         bounds.append(int(trainer_cfg.max_steps))
     return min(bounds)
+
+
+def settle_garbage_collector() -> None:
+    """Collect once, then freeze everything set up so far (torch, model, data, config).
+
+    Setup leaves hundreds of thousands of long-lived Python objects; without this, Python's
+    full (generation 2) collection fires once they pile up, in the middle of training, and
+    walks all of them (about 0.1 s per pass on a 2-core VM, 1-2 % of a short CPU run). Frozen
+    objects are skipped by every later collection; garbage made during training is still freed.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class Trainer:
@@ -214,6 +227,7 @@ class Trainer:
         timed_images, timed_seconds, timer_start = 0, 0.0, None
         global_batch = int(tcfg.batch_size)
         self.model.train()
+        settle_garbage_collector()
         while state.global_step < self.total_steps:
             sampler = self.train_loader.sampler
             sampler.set_epoch(state.epoch)

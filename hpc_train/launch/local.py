@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.launch.plan import RunPlan
-from hpc_train.rank_errors import first_failure
+from hpc_train.rank_errors import read_records, root_cause
 
 GRACE_S = 10.0
 
@@ -117,13 +117,12 @@ def _watch(procs: List[subprocess.Popen], log_dir: Path, started: float) -> int:
                 _stop(procs)
                 return code
             # The process that exits first is often a peer that lost its connection: name the root cause.
-            cause = first_failure(log_dir, len(procs), since=started)
-            if cause is not None:
-                first = int(cause["rank"])
-                print(f"hpc-train: rank {first} failed first ({cause['error']}); stopping the other ranks. "
+            first, record = root_cause(failed, read_records(log_dir, len(procs), since=started))
+            if record is not None:
+                print(f"hpc-train: rank {first} failed first ({record['error']}); stopping the other ranks. "
                       f"Its traceback: {log_dir / f'rank{first}.log'}", file=sys.stderr)
             else:
-                print(f"hpc-train: rank {rank} exited with code {code}; stopping the other ranks.", file=sys.stderr)
+                print(f"hpc-train: rank {first} exited with code {codes[first]}; stopping the other ranks.", file=sys.stderr)
             _stop(procs)
             return code if code > 0 else 1
         if all(code == 0 for code in codes):

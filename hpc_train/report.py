@@ -307,6 +307,7 @@ def _short_label(job: JobReport, own: List[str], width: int = 28) -> str:
 def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     common, own = split_overrides(jobs)
     strategies = sorted({job.strategy or "unknown" for job in jobs})
@@ -325,13 +326,19 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     for bar, job in zip(bars, jobs):
         text = f"{job.images_per_sec:.0f}" if job.images_per_sec is not None else job.status.lower()
         bars_ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=9)
-    bars_ax.set_ylim(0, top * 1.18)
+    bars_ax.set_ylim(0, top * 1.12)
+    if not any(values):  # a sweep still in the queue: no scale to show, say why the bars are empty
+        bars_ax.set_yticks([])
+        bars_ax.text(0.5, 0.5, "no job has completed (yet)\n(throughput comes from each job's summary.json)", ha="center", va="center", transform=bars_ax.transAxes)
     bars_ax.set_xticks(positions, labels, fontsize=8)
     bars_ax.set_ylabel("throughput (images/s, higher is better)")
-    bars_ax.set_title("Training throughput per job")
+    # The strategy legend sits between the title and the bars, never over a bar or its value.
+    columns = min(4, len(strategies))
+    legend_rows = -(-len(strategies) // columns)
+    bars_ax.set_title("Training throughput per job", pad=8 + 16 * legend_rows)
     bars_ax.grid(axis="y", alpha=0.3)
-    handles = [bars_ax.bar([0], [0], color=colour[name], edgecolor="black", linewidth=0.6, label=name) for name in strategies]
-    bars_ax.legend(handles=handles, title="strategy", fontsize=8, title_fontsize=8, loc="upper left")
+    handles = [Patch(facecolor=colour[name], edgecolor="black", linewidth=0.6, label=name) for name in strategies]
+    bars_ax.legend(handles=handles, title=None, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=columns, frameon=False, handlelength=1.2, columnspacing=1.2)
 
     # Jobs that train identically (e.g. ddp and single on the same global batch) draw the same
     # curve: each job gets its own line style and marker, earlier jobs drawn wider, so none hides.
@@ -349,6 +356,8 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
         loss_ax.legend(fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7)
     else:
         loss_ax.text(0.5, 0.5, "no training step logged yet (metrics.jsonl)", ha="center", va="center", transform=loss_ax.transAxes)
+        loss_ax.set_xticks([])
+        loss_ax.set_yticks([])
     loss_ax.set_xlabel("optimizer step")
     loss_ax.set_ylabel("train loss (cross-entropy, global batch)")
     loss_ax.set_title("Training loss per job")
@@ -357,8 +366,12 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     lines = [f"hpc-train report: {title}"]
     if common:
         wrap = max(60, int(fig.get_figwidth() * 13))
-        shared = textwrap.wrap("shared overrides: " + " ".join(common), wrap)
-        lines += shared[:2] + (["..."] if len(shared) > 2 else [])
+        # One override never breaks across lines (no-break spaces inside it), so they can be counted.
+        shared = textwrap.wrap("shared\u00a0overrides: " + " ".join(o.replace(" ", "\u00a0") for o in common), wrap)
+        if len(shared) > 2:  # the terminal table prints them all
+            shown = len(" ".join(shared[:2]).split(" ")) - 1
+            shared = shared[:2] + [f"... and {len(common) - shown} more (all in the printed table's header)"]
+        lines += shared
     fig.suptitle("\n".join(lines), fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,6 +1,6 @@
 """Run every benchmark, print one table, write JSON to benchmarks/results/.
 
-    python benchmarks/run.py            # full: about 12-15 minutes on 2 quiet cores
+    python benchmarks/run.py            # full: about 12 minutes on 2 quiet cores
     python benchmarks/run.py --quick    # fewer repeats and steps: under 5 minutes on 2 quiet cores
     python benchmarks/run.py --only overhead,ddp
     python benchmarks/run.py --table    # no run: the markdown table from the saved JSON (for the README)

@@ -8,11 +8,11 @@ stop signal arrives (hpc_train.compute.interrupts) and at the end.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import math
 import random
-import gc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -10,7 +10,6 @@ exit first (see :func:`root_cause`). Shared by both sides: no torch here.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -24,11 +23,10 @@ def write_error_record(log_dir: Path, rank: int, error: BaseException) -> None:
     """Record this rank's failure (best effort: a failing rank must not fail again here)."""
     text = f"{type(error).__name__}: {error}".strip()
     record = {"rank": rank, "time": time.time(), "error": text.splitlines()[0][:500] if text else type(error).__name__}
-    path = record_path(log_dir, rank)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    from hpc_train.compute.runlog import write_json_atomic  # compute side only: the launcher just reads
+
     try:
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        write_json_atomic(record_path(log_dir, rank), record)
     except OSError:
         pass
 

@@ -41,28 +41,23 @@ def test_dry_run_does_not_import_torch(launcher, tmp_path):
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
-def _path_without_slurm(tmp_path):
-    """A PATH holding only this Python's bin dir: no sbatch, srun or sinfo, as on a laptop."""
+def run_without_slurm(args, tmp_path) -> subprocess.CompletedProcess:
+    """`hpc-train ARGS` with only this Python's bin dir on PATH: no sbatch, srun or sinfo, as on a laptop."""
     from pathlib import Path
 
-    return {"PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)}
+    env = {"PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={tmp_path}/run"], capture_output=True, text=True, cwd=REPO, env=env)
 
 
 def test_slurm_dry_run_renders_the_script_without_slurm_installed(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_train.cli", "launcher=slurm", "resources.nodes=2", "dry_run=true", f"hydra.run.dir={tmp_path}/run"],
-        capture_output=True, text=True, cwd=REPO, env=_path_without_slurm(tmp_path),
-    )
+    proc = run_without_slurm(["launcher=slurm", "resources.nodes=2", "dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --ntasks-per-node=4" in proc.stdout
     assert "srun" in proc.stdout  # the script still launches its tasks with srun on the cluster
 
 
 def test_slurm_submission_without_slurm_commands_is_refused_clearly(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_train.cli", "launcher=slurm", f"hydra.run.dir={tmp_path}/run"],
-        capture_output=True, text=True, cwd=REPO, env=_path_without_slurm(tmp_path),
-    )
+    proc = run_without_slurm(["launcher=slurm"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "`launcher`" in proc.stderr and "`sbatch` and `srun` are not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr

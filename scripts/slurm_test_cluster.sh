@@ -54,10 +54,13 @@
 #     node's own private IP - torch.distributed/MASTER_ADDR style rendezvous
 #     between nodes works over real TCP. The file system is shared, so the
 #     project's venv is visible to jobs (jobs run as the submitting user).
-#   * Cluster "hpctrain": nodes hpcnode[1-2], each CPUs=8 (more than the
-#     machine has: SlurmdParameters=config_overrides), RealMemory=8000,
+#   * Cluster "hpctrain": nodes hpcnode[1-2], each CPUs=16 (more than the
+#     machine has: SlurmdParameters=config_overrides; 16 = the generic
+#     profile's 4 GPUs x cpus_per_gpu 4, so a plain `hpc-train launcher=slurm`
+#     fits a node), RealMemory=8000,
 #     Gres=gpu:4. Partitions: debug (Default=YES) and gpu_p2, both with all
-#     nodes and MaxTime=INFINITE. select/cons_tres + CR_Core (memory is not a
+#     nodes and MaxTime=INFINITE, and short (all nodes, MaxTime=30 minutes,
+#     for time-limit refusals). select/cons_tres + CR_Core (memory is not a
 #     consumable, --mem <= RealMemory is accepted). proctrack/linuxproc +
 #     task/none (no cgroups needed), jobacct_gather/none, PreemptMode=OFF,
 #     JobRequeue=1, KillWait=5, MinJobAge=300, fast scheduler loop.
@@ -106,7 +109,7 @@
 #   HPC_TRAIN_SLURM_DIR            state dir           [/tmp/hpc-train-slurm]
 #   HPC_TRAIN_SLURM_NODES          number of nodes (1-9)                [2]
 #   HPC_TRAIN_SLURM_NET            /24 prefix of the private net  [10.77.0]
-#   HPC_TRAIN_SLURM_CPUS           CPUs declared per node               [8]
+#   HPC_TRAIN_SLURM_CPUS           CPUs declared per node              [16]
 #   HPC_TRAIN_SLURM_MEM_MB         RealMemory per node (MB)          [8000]
 #   HPC_TRAIN_SLURM_GPUS           placeholder GPUs per node            [4]
 #   HPC_TRAIN_SLURM_CLUSTER        ClusterName                   [hpctrain]
@@ -129,7 +132,7 @@ set -euo pipefail
 STATE_DIR="${HPC_TRAIN_SLURM_DIR:-/tmp/hpc-train-slurm}"
 NUM_NODES="${HPC_TRAIN_SLURM_NODES:-2}"
 NET="${HPC_TRAIN_SLURM_NET:-10.77.0}"
-NODE_CPUS="${HPC_TRAIN_SLURM_CPUS:-8}"
+NODE_CPUS="${HPC_TRAIN_SLURM_CPUS:-16}"
 NODE_MEM="${HPC_TRAIN_SLURM_MEM_MB:-8000}"
 NODE_GPUS="${HPC_TRAIN_SLURM_GPUS:-4}"
 CLUSTER="${HPC_TRAIN_SLURM_CLUSTER:-hpctrain}"
@@ -400,6 +403,7 @@ EOF
   cat >>"$SLURM_CONF_FILE.tmp" <<EOF
 PartitionName=debug Nodes=$(node_list) Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu_p2 Nodes=$(node_list) Default=NO MaxTime=INFINITE State=UP
+PartitionName=short Nodes=$(node_list) Default=NO MaxTime=30 State=UP
 EOF
   mv -f "$SLURM_CONF_FILE.tmp" "$SLURM_CONF_FILE"; chmod 644 "$SLURM_CONF_FILE"
 

@@ -43,8 +43,11 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any]) -> int:
         print(slurm.render_sbatch(plan.run_dir / slurm.SUBMITIT_DIR, job.params))
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
         return 0
-    write_job_spec(spec, plan.run_dir)
+    # Submitted first, the job spec written after: a refused sbatch (a ConfigError) leaves no
+    # job_config.yaml, and submit_jobs removes submitit's files, so nothing half-made remains.
+    # Slurm tasks get the spec pickled by submitit; job_config.yaml is the readable record.
     [(_, handle)] = slurm.submit_jobs([job])
+    write_job_spec(spec, plan.run_dir)
     folder = plan.run_dir / slurm.SUBMITIT_DIR
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")

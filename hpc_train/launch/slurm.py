@@ -8,17 +8,19 @@ job array.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.plan import RunPlan
 
@@ -48,6 +50,11 @@ def time_minutes(value: Any, key: str = "resources.time") -> int:
     if minutes <= 0:
         raise ConfigError(key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes).")
     return minutes
+
+
+def time_key(cfg: DictConfig) -> str:
+    """The key the job's time limit comes from (resources.time overrides the profile's)."""
+    return "resources.time" if cfg.resources.time is not None else "cluster.time"
 
 
 def _account(cluster: DictConfig) -> Optional[str]:
@@ -97,7 +104,7 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     """submitit SlurmExecutor parameters for this job (everything but the log folder)."""
     cluster, layout = cfg.cluster, plan.layout
     check_safe_text(cfg)
-    minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, "resources.time" if cfg.resources.time is not None else "cluster.time")
+    minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, time_key(cfg))
     params: Dict[str, Any] = {
         "job_name": str(cfg.job_name),
         "nodes": layout.nodes,
@@ -156,15 +163,13 @@ def requeue_signal(cfg: DictConfig) -> str:
 def check_partition(params: Dict[str, Any]) -> None:
     """When sinfo answers, refuse a partition the cluster does not have."""
     partition = params.get("partition")
-    if not partition or shutil.which("sinfo") is None:
+    found = capacity.partitions() if partition else None
+    if not found:
         return
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return
-    known = sorted(set(out.stdout.split()))
-    if out.returncode == 0 and known and partition not in known:
-        raise ConfigError("cluster.partition", f"this cluster has no partition {partition!r} (sinfo lists: {', '.join(known)}).", f"pass cluster.partition=<one of {', '.join(known)}>.")
+    known = sorted(found)
+    missing = [name for name in str(partition).split(",") if name not in found]
+    if missing:
+        raise ConfigError("cluster.partition", f"this cluster has no partition {missing[0]!r} (sinfo lists: {', '.join(known)}).", f"pass cluster.partition=<one of {', '.join(known)}>.")
 
 
 SLURM_COMMANDS = ("sbatch", "srun")
@@ -218,6 +223,7 @@ def prepare(cfg: DictConfig, plan: RunPlan, spec: Dict[str, Any], label: str = "
     if not cfg.dry_run:
         check_slurm_commands()
     check_partition(params)
+    capacity.check_capacity(params, time_key(cfg))
     return PreparedJob(cfg, plan, spec, params, label)
 
 
@@ -225,11 +231,63 @@ def _group_key(params: Dict[str, Any]) -> str:
     return repr(sorted(params.items()))
 
 
+# Slurm's words for a refused submission -> the key to change and how (first match wins).
+_REFUSALS = (
+    ("cpu count per node", "cluster.cpus_per_gpu", "lower cluster.cpus_per_gpu (or resources.gpus_per_node) to what the partition's nodes have (`sinfo -N -o '%N %c %G %m'`)."),
+    ("memory specification", "cluster.mem_gb", "lower cluster.mem_gb, or set cluster.mem_gb=null for the partition's default."),
+    ("invalid partition", "cluster.partition", "pass cluster.partition=<a partition `sinfo` lists>."),
+    ("invalid account", "cluster.account", "pass cluster.account=<an account `sacctmgr show assoc user=$USER` lists>."),
+    ("invalid qos", "cluster.qos", "pass cluster.qos=<a QoS your account may use (`sacctmgr show assoc user=$USER format=account,qos`)>."),
+    ("feature specification", "cluster.constraint", "pass cluster.constraint=<a feature `sinfo -o '%N %f'` lists>, or cluster.constraint=null."),
+    ("time limit", "resources.time", "ask for a shorter resources.time (see the partition's MaxTime in `sinfo`)."),
+    ("gres", "resources.gpus_per_node", "lower resources.gpus_per_node, or set cluster.gpu_flag=gpus-per-node if your site wants --gpus-per-node."),
+    ("unrecognized option", "cluster.extra", "remove or correct that option in cluster.extra (`sbatch --help` lists the valid ones)."),
+    ("invalid --", "cluster.extra", "correct that option's value in cluster.extra."),
+    ("node configuration is not available", "resources", "ask for what one node of the partition has (`sinfo -N -o '%N %c %G %m'`): resources.gpus_per_node, cluster.cpus_per_gpu, cluster.mem_gb, cluster.constraint."),
+)
+
+
+def refusal_error(slurm_says: str, queued: Sequence[str] = ()) -> ConfigError:
+    """One ConfigError for a failed sbatch: Slurm's own words, the key they point at, and the fix."""
+    words = " ".join(line.strip() for line in slurm_says.strip().splitlines() if line.strip() and not line.startswith("Try ")) or "sbatch failed without a message"
+    key, fix = "cluster", "print the sbatch script with dry_run=true and compare it with your site's limits (`sinfo`, `sacctmgr show assoc user=$USER`)."
+    lowered = words.lower()
+    for needle, known_key, known_fix in _REFUSALS:
+        if needle in lowered:
+            key, fix = known_key, known_fix
+            break
+    note = f" Already queued by this command: {', '.join(queued)} (scancel them if the sweep must go in whole)." if queued else ""
+    return ConfigError(key, f"Slurm refused the job: {words}.{note}", fix)
+
+
+@contextlib.contextmanager
+def _clean_on_refusal(folder: Path, queued: Sequence[str]) -> Iterator[None]:
+    """Turn a failing sbatch into one ConfigError and remove what submitit left for that job (pickles, scripts).
+
+    submitit writes the pickled job and the script into ``folder`` before it calls sbatch and
+    prints sbatch's stderr itself; both would outlive a refusal and mislead a later look or resume.
+    """
+    from submitit.core.utils import FailedJobError
+
+    existed = folder.exists()
+    before = set(folder.iterdir()) if existed else set()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    except (FailedJobError, OSError) as err:
+        for path in (set(folder.iterdir()) if folder.exists() else set()) - before:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        if not existed and folder.exists() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise refusal_error(str(err), queued) from None
+
+
 def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) -> List[Tuple[PreparedJob, Any]]:
     """Submit jobs; those sharing identical sbatch parameters go in as one job array.
 
     A single job logs into ``<run dir>/slurm``; an array logs into ``<log_root>/slurm``
     (the sweep dir), while every rank still writes ``logs/rank<r>.log`` in its own run dir.
+    A refused sbatch raises ConfigError (see ``refusal_error``) and leaves no submitit files.
     """
     from hpc_train.compute.job import TrainingJob
 
@@ -241,10 +299,11 @@ def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) ->
         first = members[0]
         folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / SUBMITIT_DIR
         executor = make_executor(folder, first.params, int(first.cfg.trainer.max_requeues))
-        if len(members) == 1:
-            submitted.append((first, executor.submit(TrainingJob(first.spec))))
-            continue
-        with executor.batch():
-            handles = [executor.submit(TrainingJob(job.spec)) for job in members]
+        with _clean_on_refusal(folder, sorted({str(h.job_id).split("_")[0] for _, h in submitted})):
+            if len(members) == 1:
+                handles = [executor.submit(TrainingJob(first.spec))]
+            else:
+                with executor.batch():
+                    handles = [executor.submit(TrainingJob(job.spec)) for job in members]
         submitted.extend(zip(members, handles))
     return submitted

@@ -1,0 +1,169 @@
+"""Refuse, before queueing, a Slurm request that no node of the partition can ever hold.
+
+Slurm accepts some requests it can never start (a time limit over the partition's MaxTime
+pends forever with reason PartitionTimeLimit) and refuses others only at ``sbatch`` time with
+a terse message. One ``sinfo`` call gives every node's CPUs, cores, memory and GPUs and every
+partition's time limit; comparing the request with them names the key to change and the
+numbers that would fit. This is a capacity comparison, not a scheduler: node states, other
+jobs, QoS and account limits are left to Slurm. Without ``sinfo`` (or when it fails) nothing
+is checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from hpc_train.launch.errors import ConfigError
+
+_FORMAT = "%N|%P|%c|%z|%m|%G|%l"  # node, partition (* = default), CPUs, S:C:T, memory MB, gres, time limit
+_GPU = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    cores: int  # sockets x cores per socket: what a task counts with --hint=nomultithread
+    mem_mb: int
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    max_minutes: Optional[int]  # None: no limit
+    nodes: Tuple[Node, ...]
+
+
+def parse_sinfo(text: str) -> Dict[str, Partition]:
+    """``sinfo -h -N -o '%N|%P|%c|%z|%m|%G|%l'`` -> partitions by name (rows it cannot read are skipped)."""
+    nodes: Dict[str, List[Node]] = {}
+    meta: Dict[str, Tuple[bool, Optional[int]]] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 7:
+            continue
+        name, part, cpus, sct, mem, gres, limit = fields
+        default = part.endswith("*")
+        part = part.rstrip("*")
+        try:
+            sockets, cores, _threads = (int(x) for x in sct.split(":"))
+            node = Node(name, int(cpus.rstrip("+")), sockets * cores, int(mem.rstrip("+")), sum(int(n) for n in _GPU.findall(gres)))
+        except ValueError:
+            continue
+        if node.name not in {n.name for n in nodes.get(part, [])}:
+            nodes.setdefault(part, []).append(node)
+        meta[part] = (default, slurm_minutes(limit))
+    return {p: Partition(p, meta[p][0], meta[p][1], tuple(n)) for p, n in nodes.items()}
+
+
+def slurm_minutes(text: str) -> Optional[int]:
+    """sinfo's time limit ('infinite', '30:00', '2:00:00', '1-00:00:00') -> minutes; None: no limit."""
+    text = text.strip()
+    if not text or not text[0].isdigit():
+        return None
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if len(parts) == 1:
+        parts = [0, parts[0], 0]  # bare minutes
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts[-3:]
+    return (int(days or 0) * 24 + hours) * 60 + minutes + (1 if seconds else 0)
+
+
+@functools.lru_cache(maxsize=1)
+def partitions() -> Optional[Dict[str, Partition]]:
+    """What this cluster's ``sinfo`` says, once per process (a sweep asks once); None when it does not answer."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", _FORMAT], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return parse_sinfo(out.stdout) or None
+
+
+def _requested_gpus(params: Dict[str, Any]) -> int:
+    if params.get("gpus_per_node") is not None:
+        return int(params["gpus_per_node"])
+    match = _GPU.search(str(params.get("gres") or ""))
+    return int(match.group(1)) if match else 0
+
+
+def _requested_mem_mb(params: Dict[str, Any]) -> Optional[int]:
+    match = _MEM.match(str(params.get("mem") or "").strip())
+    if not match:
+        return None
+    return int(match.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[match.group(2).upper()]
+
+
+def check_capacity(params: Dict[str, Any], time_key: str, found: Optional[Dict[str, Partition]] = None) -> None:
+    """Raise ConfigError when no ``nodes`` nodes of the partition can hold this request, or its time is over MaxTime.
+
+    ``params`` are the submitit sbatch parameters (``slurm.slurm_parameters``); ``time_key`` is the
+    config key the time limit came from. ``found`` defaults to what ``sinfo`` answers.
+    """
+    found = partitions() if found is None else found
+    name = params.get("partition")
+    if not found or (name and "," in str(name)):
+        return  # no answer from Slurm, or a list of partitions: let Slurm decide
+    part = found.get(str(name)) if name else next((p for p in found.values() if p.default), None)
+    if part is None or not part.nodes:
+        return  # an unknown partition is check_partition's to refuse
+    problem = _problem(params, part, time_key)
+    if problem is None:
+        return
+    key, what, fix = problem
+    where = f"partition {part.name}" + ("" if name else " (the default)")
+    fits = sorted(p.name for p in found.values() if p is not part and p.nodes and _problem(params, p, time_key) is None)
+    other = f", or cluster.partition={' or '.join(fits)}, where it fits" if fits else ""
+    raise ConfigError(key, what.format(where=where), f"{fix}{other}.")
+
+
+def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional[Tuple[str, str, str]]:
+    """(key, problem with a {where} slot, fix) for the first thing this partition's nodes cannot give; None if it fits."""
+    nodes, gpus = int(params["nodes"]), _requested_gpus(params)
+    tasks, cpus_per_task = int(params["ntasks_per_node"]), int(params["cpus_per_task"])
+    cpus = tasks * cpus_per_task
+    extra = params.get("additional_parameters") or {}
+    by_core = str(extra.get("hint", "")) == "nomultithread" or str(extra.get("threads-per-core", "")) == "1"
+    unit = "cores" if by_core else "CPUs"
+
+    def cpus_of(node: Node) -> int:
+        return node.cores if by_core else node.cpus
+
+    mem_mb = _requested_mem_mb(params)
+    if nodes > len(part.nodes):
+        return "resources.nodes", f"the job asks for {nodes} nodes, but {{where}} has {len(part.nodes)}.", f"set resources.nodes={len(part.nodes)} or fewer"
+    most_gpus = max(n.gpus for n in part.nodes)
+    if gpus > most_gpus:
+        fix = f"set resources.gpus_per_node={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
+        return "resources.gpus_per_node", f"the job asks for {gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.", fix
+    most_cpus = max(cpus_of(n) for n in part.nodes)
+    if cpus > most_cpus:
+        per_gpu = most_cpus // gpus if gpus else 0
+        fix = f"set cluster.cpus_per_gpu={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)" if per_gpu else "ask for fewer GPUs per node (resources.gpus_per_node)"
+        hint = " with --hint=nomultithread" if by_core else ""
+        return "cluster.cpus_per_gpu", f"the job asks for {tasks} task(s) x {cpus_per_task} CPUs = {cpus} {unit} per node{hint}, but the nodes of {{where}} have at most {most_cpus}.", fix
+    most_mem = max(n.mem_mb for n in part.nodes)
+    if mem_mb is not None and mem_mb > most_mem:
+        return "cluster.mem_gb", f"the job asks for {params['mem']} per node, but the nodes of {{where}} have at most {most_mem} MB.", f"set cluster.mem_gb={most_mem // 1024} or less, or cluster.mem_gb=null for the partition's default"
+    fitting = sum(1 for n in part.nodes if n.gpus >= gpus and cpus_of(n) >= cpus and (mem_mb is None or n.mem_mb >= mem_mb))
+    if fitting < nodes:
+        each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
+        fix = f"set resources.nodes={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
+        return "resources.nodes", f"the job asks for {nodes} nodes with {each} each, but only {fitting} node(s) of {{where}} have that much.", fix
+    minutes = int(params["time"])
+    if part.max_minutes is not None and minutes > part.max_minutes:
+        return time_key, f"{minutes} minutes is longer than {{where}} allows (MaxTime {part.max_minutes} minutes): the job would pend forever.", f"set {time_key}={part.max_minutes} or less"
+    return None

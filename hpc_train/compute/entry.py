@@ -10,7 +10,8 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.compute.ranks import detect_ranks
+from hpc_train.compute.ranks import detect_ranks, world_mismatch
+from hpc_train.compute.refusal import Refusal
 from hpc_train.rank_errors import write_error_record
 
 
@@ -30,7 +31,10 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     from hpc_train.compute.strategies import build_strategy
     from hpc_train.compute.trainer import Trainer
 
-    ranks = detect_ranks()
+    try:
+        ranks = detect_ranks()
+    except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
+        raise Refusal(f"cannot tell this process's rank from its environment: {err}") from None
     run_dir = Path(cfg.job.run_dir)
     log = setup_logging(run_dir, ranks.rank)
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
@@ -42,8 +46,8 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         "rank %d/%d (local %d, from %s) on host %s, devices %s, rendezvous %s:%d",
         ranks.rank, ranks.world_size, ranks.local_rank, ranks.source, socket.gethostname(), [str(d) for d in devices], ranks.master_addr, ranks.master_port,
     )
-    if ranks.world_size != int(layout.world_size):
-        log.warning("the job was planned for %d ranks but %d are running", layout.world_size, ranks.world_size)
+    if ranks.note:
+        log.warning("%s", ranks.note)
     launcher = cfg.get("launcher") or {}
     watch = StopWatch(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
     trainer = None
@@ -53,6 +57,9 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
             attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
 
     try:
+        problem = world_mismatch(ranks, int(layout.world_size))
+        if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
+            raise Refusal(problem)
         distributed.init_process_group(ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0])
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
         trainer = Trainer(cfg, ranks, strategy, run_dir, watch)
@@ -66,7 +73,11 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         raise
     except BaseException as err:
         write_error_record(run_dir / "logs", ranks.rank, err)  # first, before peers see broken connections
-        log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
+        if isinstance(err, Refusal):
+            log.error("%s", err)
+            err.on_console = ranks.is_main
+        else:
+            log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
         record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:

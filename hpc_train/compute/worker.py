@@ -1,8 +1,10 @@
 """`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job (used by the local launcher and sbatch scripts).
 
-Exit codes: 0 done; 1 failed (traceback in logs/rank<r>.log and on stderr); 3 stopped by a
-signal after a checkpoint (re-run the same command to resume). Under a plain sbatch script,
-the requeue signal makes rank 0 requeue the job itself (``scontrol requeue``).
+Exit codes: 0 done; 1 failed (traceback in logs/rank<r>.log and on stderr); 2 refused (one
+message, no traceback: e.g. the job was planned for another number of ranks, or the checkpoint
+is unsafe or from an older hpc-train); 3 stopped by a signal after a checkpoint (re-run the same
+command to resume). Under a plain sbatch script, the requeue signal makes rank 0 requeue the job
+itself (``scontrol requeue``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from hpc_train.compute.entry import load_job_spec, train
+from hpc_train.compute.refusal import EXIT_REFUSED, Refusal
 
 EXIT_INTERRUPTED = 3
 
@@ -21,11 +26,19 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         print("usage: python -m hpc_train.compute.worker RUN_DIR/job_config.yaml", file=sys.stderr)
         return 2
+    return run_spec(load_job_spec(Path(argv[0])))
+
+
+def run_spec(spec: DictConfig) -> int:
+    """Train as this process's rank of the job `spec`; returns the exit code (see the module doc)."""
     from hpc_train.compute.interrupts import REQUEUE, TrainingInterrupted, requeue_self
 
-    spec = load_job_spec(Path(argv[0]))
     try:
         train(spec)
+    except Refusal as refusal:  # one line, no traceback (rank 0's log has already put it on the console)
+        if not refusal.on_console:
+            print(f"hpc-train: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
     except TrainingInterrupted as stop:
         if stop.request == REQUEUE and os.environ.get("SLURM_JOB_ID"):
             from hpc_train.compute.ranks import detect_ranks

@@ -1,8 +1,9 @@
 """Start a job's processes on this machine, torchrun-style, and watch them.
 
 Each task of the layout becomes one ``python -m hpc_train.compute.worker`` process with
-RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. Rank 0 keeps the console (progress
-bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
+RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, marked ``HPC_TRAIN_LOCAL_LAUNCHER=1``
+(rank detection trusts those variables only with a marker: see hpc_train.compute.ranks). Rank 0
+keeps the console (progress bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
 stopped so a broken run never hangs.
 """
 
@@ -32,9 +33,10 @@ def free_port() -> int:
 def worker_env(rank: int, world: int, port: int, threads: int) -> Dict[str, str]:
     env = dict(os.environ)
     # A stale Slurm/torchrun environment (e.g. running inside an allocation) must not leak in.
-    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_"))]:
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
         del env[key]
     env.update(
+        HPC_TRAIN_LOCAL_LAUNCHER="1",
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),

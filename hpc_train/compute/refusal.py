@@ -1,0 +1,16 @@
+"""Errors whose message is the whole story: a rank reports them as one line and exits 2, no traceback.
+
+Raised for what the user must change rather than what broke (a world size the job was not
+planned for, a checkpoint that is unsafe or from an older hpc-train). A traceback would only
+hide the message.
+"""
+
+from __future__ import annotations
+
+EXIT_REFUSED = 2
+
+
+class Refusal(RuntimeError):
+    """This rank will not run; ``str(err)`` says why and what to do."""
+
+    on_console = False  # set once the message went to the console (rank 0's log does), so it is not printed twice

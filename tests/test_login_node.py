@@ -14,6 +14,7 @@ LAUNCH_MODULES = [
     "hpc_train.launch.local",
     "hpc_train.launch.jobspec",
     "hpc_train.launch.slurm",
+    "hpc_train.launch.capacity",
     "hpc_train.launch.sweep",
     "hpc_train.rank_errors",
     "hpc_train.compute.job",  # pickled by the login node for submitit
@@ -62,3 +63,10 @@ def test_slurm_submission_without_slurm_commands_is_refused_clearly(tmp_path):
     assert "`launcher`" in proc.stderr and "`sbatch` and `srun` are not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "job_config.yaml").exists()
+
+
+def test_capacity_check_is_skipped_without_slurm(tmp_path):
+    """Without sinfo nothing is known about the nodes: the dry run renders any size, as before."""
+    proc = run_without_slurm(["launcher=slurm", "resources.gpus_per_node=64", "cluster.cpus_per_gpu=64", "trainer.batch_size=64", "dry_run=true"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "#SBATCH --gres=gpu:64" in proc.stdout and "#SBATCH --cpus-per-task=64" in proc.stdout

@@ -1,0 +1,153 @@
+"""Requests the test cluster can never hold are refused before queueing; sbatch refusals are one message.
+
+The test cluster's nodes declare 16 CPUs, 8000 MB and gpu:4 each; partitions debug (default) and
+gpu_p2 have no time limit, `short` has MaxTime=30 minutes (scripts/slurm_test_cluster.sh).
+Every refusal must exit 2, name the key and the fix, show no traceback, queue nothing and leave
+no job files (job_config.yaml, submitit's pickles and scripts) in the run dir.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hpc_train.launch import capacity
+from hpc_train.launch.errors import ConfigError
+from tests.conftest import TINY, assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+
+pytestmark = pytest.mark.slurm
+
+TRAIN = [*TINY, "trainer.max_steps=4", "trainer.epochs=null", "trainer.batch_size=32"]
+
+
+def _jobs_named(name: str) -> list:
+    """Every job of that name Slurm knows, queued or already ended (squeue, then sacct)."""
+    queued = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
+    ended = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-S", "now-1hours", "-o", "JobID"], capture_output=True, text=True, check=True).stdout.split()
+    return queued + ended
+
+
+def assert_refused(proc: subprocess.CompletedProcess, key: str, fix: str, job_name: str, run_dir: Path) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    message = proc.stderr.strip().splitlines()
+    assert len(message) == 1, f"expected one message, got:\n{proc.stderr}"
+    assert f"`{key}`" in message[0] and "Fix:" in message[0] and fix in message[0].split("Fix:", 1)[1], message[0]
+    assert _jobs_named(job_name) == [], "nothing may have been queued"
+    assert not (run_dir / "job_config.yaml").exists()
+    assert not list(run_dir.rglob("*.pkl")) and not list(run_dir.rglob("*submission*"))
+    assert not (run_dir / "slurm").exists()
+
+
+# overrides -> (key named, text of the fix): each over what one node or the partition has
+TOO_LARGE = {
+    "cpus-per-node": (["cluster.cpus_per_gpu=5"], "cluster.cpus_per_gpu", "cluster.cpus_per_gpu=4"),  # 4 GPUs x 5 = 20 > 16 CPUs
+    "gpus-per-node": (["resources.gpus_per_node=8", "cluster.cpus_per_gpu=1"], "resources.gpus_per_node", "resources.gpus_per_node=4"),
+    "nodes": (["resources.nodes=3", "cluster.cpus_per_gpu=1", "trainer.batch_size=48"], "resources.nodes", "resources.nodes=2"),
+    "memory": (["cluster.mem_gb=9", "cluster.cpus_per_gpu=1"], "cluster.mem_gb", "cluster.mem_gb=7"),
+    "time": (["cluster.partition=short", "resources.time=02:00:00", "cluster.cpus_per_gpu=1"], "resources.time", "resources.time=30"),
+    "profile-time": (["cluster.partition=short", "cluster.time=45", "cluster.cpus_per_gpu=1"], "cluster.time", "cluster.time=30"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOO_LARGE))
+def test_requests_larger_than_the_partition_are_refused_before_queueing(case, slurm_cluster, tmp_path):
+    overrides, key, fix = TOO_LARGE[case]
+    job_name = f"cap-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    proc = run_cli(["launcher=slurm", *TRAIN, *overrides, f"job_name={job_name}"], run_dir)
+    assert_refused(proc, key, fix, job_name, run_dir)
+
+
+# sbatch options the capacity check does not look at, which Slurm itself refuses
+SBATCH_REFUSES = {
+    "unknown-option": (["+cluster.extra.no-such-option=1"], "cluster.extra", "cluster.extra"),
+    "bad-option-value": (["+cluster.extra.exclusive=bogus"], "cluster.extra", "cluster.extra"),
+    "unknown-feature": (["cluster.constraint=no_such_feature"], "cluster.constraint", "cluster.constraint="),
+}
+
+
+@pytest.mark.parametrize("case", list(SBATCH_REFUSES))
+def test_sbatch_refusal_is_one_message_and_leaves_no_job_files(case, slurm_cluster, tmp_path):
+    overrides, key, fix = SBATCH_REFUSES[case]
+    job_name = f"sbr-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    proc = run_cli(["launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2", *overrides, f"job_name={job_name}"], run_dir)
+    assert_refused(proc, key, fix, job_name, run_dir)
+    assert "Slurm refused the job" in proc.stderr
+
+
+def test_refused_resubmission_keeps_the_earlier_job_files(slurm_cluster, tmp_path):
+    """Re-running into a run dir that already holds a submitted job: a refusal must not touch its files."""
+    run_dir = tmp_path / "run"
+    base = ["launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2", "cluster.time=5"]
+    first = run_cli([*base, "launcher.wait=true"], run_dir)
+    assert_ok(first)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log")
+    spec = (run_dir / "job_config.yaml").read_text()
+    again = run_cli([*base, "cluster.constraint=no_such_feature"], run_dir)
+    assert again.returncode == 2 and "`cluster.constraint`" in again.stderr, again.stderr
+    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log")
+    assert after == before
+    assert (run_dir / "job_config.yaml").read_text() == spec
+
+
+def test_sweep_with_one_too_large_job_submits_nothing(slurm_cluster, tmp_path):
+    job_name = f"capsw-{uuid.uuid4().hex[:8]}"
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", "launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2,8", f"job_name={job_name}", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "`resources.gpus_per_node`" in proc.stderr and "nothing was submitted" in proc.stderr.lower()
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert _jobs_named(job_name) == []
+
+
+def test_readme_default_profile_runs_on_the_test_cluster(slurm_cluster, tmp_path):
+    """`hpc-train launcher=slurm` with conf/cluster/slurm.yaml as is (4 GPUs/node, 4 CPUs per GPU): fits a node."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["launcher=slurm", *TRAIN, "launcher.wait=true"], run_dir)
+    assert_ok(proc)
+    job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+    fields = wait_for_job_end(job_id)
+    assert fields["JobState"] == "COMPLETED"
+    assert fields["NumTasks"] == "4" and fields["NumCPUs"] == "16", fields
+    assert read_summary(run_dir)["world_size"] == 4
+    assert (run_dir / "job_config.yaml").exists()
+
+
+def test_parsed_sinfo_agrees_with_scontrol(slurm_cluster):
+    """capacity's reading of `sinfo` against `scontrol show node`, node by node."""
+    found = capacity.partitions.__wrapped__()
+    assert found and {"debug", "gpu_p2", "short"} <= set(found)
+    assert found["debug"].default and not found["gpu_p2"].default
+    assert found["debug"].max_minutes is None and found["short"].max_minutes == 30
+    out = subprocess.run(["scontrol", "show", "node", "--oneliner"], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        fields = dict(token.split("=", 1) for token in line.split() if "=" in token)
+        node = next(n for n in found["debug"].nodes if n.name == fields["NodeName"])
+        assert node.cpus == int(fields["CPUTot"]) and node.mem_mb == int(fields["RealMemory"])
+        assert node.gpus == int(re.search(r"gpu:(\d+)", fields["Gres"]).group(1))
+        assert node.cores == int(fields["Sockets"]) * int(fields["CoresPerSocket"])
+
+
+def test_sinfo_formats_of_other_sites():
+    """Typed GPUs with socket bindings, several gres, day-long limits: as real sites print them."""
+    text = (
+        "gpu001|gpu_p13*|80|2:20:2|191000|gpu:v100:4(S:0-1)|20:00:00\n"
+        "gpu101|gpu_p5|64|2:32:1|512000|gpu:a100:8(S:0-1),mps:400|2-00:00:00\n"
+        "cpu001|cpu|40|2:20:1|190000|(null)|infinite\n"
+    )
+    found = capacity.parse_sinfo(text)
+    assert found["gpu_p13"].default and found["gpu_p13"].max_minutes == 1200
+    assert found["gpu_p13"].nodes[0].gpus == 4 and found["gpu_p13"].nodes[0].cores == 40
+    assert found["gpu_p5"].nodes[0].gpus == 8 and found["gpu_p5"].max_minutes == 2880
+    assert found["cpu"].nodes[0].gpus == 0 and found["cpu"].max_minutes is None
+    ok = {"nodes": 1, "ntasks_per_node": 4, "cpus_per_task": 10, "gres": "gpu:4", "time": 600, "additional_parameters": {"hint": "nomultithread"}}
+    capacity.check_capacity(ok, "resources.time", found)  # 40 cores: fits
+    with pytest.raises(ConfigError) as err:
+        capacity.check_capacity({**ok, "cpus_per_task": 20}, "resources.time", found)
+    assert "`cluster.cpus_per_gpu`" in str(err.value) and "cluster.cpus_per_gpu=10" in str(err.value)

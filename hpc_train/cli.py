@@ -1,61 +1,119 @@
-"""The `hpc-train` command: a Hydra app over conf/ (login-node safe: no torch import)."""
+"""The `hpc-train` command: a Hydra app over conf/ (login-node safe: no torch import).
+
+Hydra decides what the command line means: every Hydra flag (``--cfg``, ``--info``,
+``--config-dir``, ``-m``, ``-sc``, ...), the user's config dirs, ``hydra/`` groups and sweeper
+plugins work as in any Hydra app. Hydra's errors are let through to :func:`main` (by setting
+Hydra's own ``HYDRA_FULL_ERROR`` for this process) and reworded there into one paragraph
+naming the key and the fix; nothing is checked ahead of Hydra.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
-from typing import List
+from typing import NoReturn, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import hpc_train.conf
-import hydra_plugins.hpc_train_launcher  # noqa: F401  registers hydra/launcher=hpc_train (per-job Slurm layouts in sweeps)
-from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.overrides import check_overrides
+import hydra_plugins.hpc_train_launcher
+from hpc_train.launch.errors import ConfigError, JobFailed
 
 CONFIG_DIR = str(Path(hpc_train.conf.__file__).resolve().parent)
+EXIT_BAD_INPUT = 2
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def _app(cfg: DictConfig) -> None:
-    from hpc_train.launch.run import run_job
+def _app(cfg: DictConfig) -> Optional[float]:
+    """Hydra's task function: run or submit one job; returns its objective when a sweeper optimises.
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    In a sweep, bad input and failed jobs are raised, so Hydra marks that job FAILED and the
+    sweeper decides (Optuna's max_failure_rate); a single run prints the message and exits.
+    """
+    from hpc_train.launch.objective import sweeper_wants_objective
+
+    hydra_cfg = HydraConfig.get()
     try:
-        if cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
+        return _run_one(cfg, Path(hydra_cfg.runtime.output_dir), sweeper_wants_objective(hydra_cfg))
+    except (ConfigError, JobFailed) as err:
+        if str(getattr(hydra_cfg.mode, "name", hydra_cfg.mode)) == "MULTIRUN":
+            raise
+        _fail(err, user_wants_traceback=False)
+
+
+def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[float]:
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hpc_train.launch import objective
+    from hpc_train.launch.hydra_errors import from_omegaconf
+
+    try:
+        objective.check_objective(cfg, HydraConfig.get())
+        from hpc_train.launch import torchrun_client
+
+        if torchrun_client.active():  # started by torchrun: this process is one rank of torchrun's world
+            code = torchrun_client.run_rank(cfg, run_dir)
+        elif cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
             from hpc_train.launch.sbatch import prepare
 
             code = prepare(cfg, run_dir)
         else:
-            code = run_job(cfg, run_dir)
-    except ConfigError as err:
-        print(err.message, file=sys.stderr)
-        sys.exit(2)
+            from hpc_train.launch.run import run_job
+
+            code = run_job(cfg, run_dir, wait=wants_objective)
+    except OmegaConfBaseException as err:  # a key our checks read is missing or unresolvable (e.g. ~trainer.lr)
+        translated = from_omegaconf(err)
+        if translated is None:
+            raise
+        raise translated from None
     if code != 0:
-        sys.exit(code)
+        raise JobFailed(f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}", exit_code=code, reported=True)
+    return objective.read_objective(run_dir, str(cfg.objective)) if wants_objective and not cfg.dry_run else None
 
 
-def _precheck_output_dirs(argv: List[str]) -> None:
-    """Hydra creates the run dir before our code runs; refuse an unusable one with a clear message first."""
-    from hpc_train.launch.validate import check_output_dir
+def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
+    from hpc_train.launch.hydra_errors import translate
 
-    multirun = any(arg in ("-m", "--multirun") for arg in argv)
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith(key + "=")]
-    check_output_dir(Path(given[-1]) if given else Path.cwd(), key)
+    if isinstance(err, JobFailed):
+        if not err.reported:
+            print(f"hpc-train: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    translated = translate(err)
+    if translated is not None:
+        print(translated.message, file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    from hydra.errors import CompactHydraException, HydraException
+
+    if user_wants_traceback:
+        raise err
+    if isinstance(err, (CompactHydraException, HydraException)):  # Hydra's own words, as Hydra would print them
+        print(f"hpc-train: {err}", file=sys.stderr)
+        if err.__cause__ is not None:
+            print(str(err.__cause__), file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    traceback.print_exception(type(err), err, err.__traceback__)
+    sys.exit(1)
 
 
 def main() -> None:
-    try:
-        _precheck_output_dirs(sys.argv[1:])
-        check_overrides(sys.argv[1:], Path(CONFIG_DIR))
-    except ConfigError as err:
-        print(err.message, file=sys.stderr)
-        sys.exit(2)
+    user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing and exiting: we reword
     hydra_plugins.hpc_train_launcher.register()
-    _app()
+    from hpc_train.launch.hydra_callbacks import Refused
+
+    try:
+        from hpc_train.launch.torchrun_client import rank_argv
+
+        sys.argv[1:] = rank_argv(sys.argv[1:])  # under torchrun: one run dir for all ranks (a no-op otherwise)
+        _app()
+    except Refused as refused:
+        _fail(refused.error, user_wants_traceback)
+    except Exception as err:
+        _fail(err, user_wants_traceback)
 
 
 if __name__ == "__main__":

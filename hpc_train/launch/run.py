@@ -15,12 +15,15 @@ SUMMARY_NAME = "summary.json"
 EXIT_INTERRUPTED = 3  # hpc_train.compute.worker's code for "stopped after a checkpoint"
 
 
-def run_job(cfg: DictConfig, run_dir: Path) -> int:
-    """Run or submit one configured job; returns the exit code. Raises ConfigError for bad input."""
+def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
+    """Run or submit one configured job; returns the exit code. Raises ConfigError for bad input.
+
+    wait=True follows a Slurm job to its end whatever launcher.wait says (a sweeper reads its result).
+    """
     plan = make_plan(cfg, run_dir)
     spec = build_job_spec(cfg, plan)
     if cfg.launcher.name == "slurm":
-        return _slurm(cfg, plan, spec)
+        return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))
     if cfg.dry_run:
         print(f"hpc-train (dry run, local): {plan.layout.describe()}")
         print(f"  run dir: {run_dir}")
@@ -35,7 +38,7 @@ def run_job(cfg: DictConfig, run_dir: Path) -> int:
     return code
 
 
-def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any]) -> int:
+def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     from hpc_train.launch import slurm
 
     job = slurm.prepare(cfg, plan, spec)
@@ -52,7 +55,7 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any]) -> int:
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")
     print(f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / 'logs'}")
-    if not cfg.launcher.wait:
+    if not wait:
         return 0
     return follow(handle, plan.run_dir)
 

@@ -14,7 +14,7 @@ import copy
 import logging
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
@@ -103,61 +103,93 @@ class SweepLauncher(Launcher):
         return returns  # type: ignore[return-value]
 
     def _submit(self, configs: List[DictConfig], overrides: List[Sequence[str]], sweep_dir: Path) -> List[JobReturn]:
+        """Validate, submit and (when asked, or when the sweeper optimises) follow this batch's Slurm jobs.
+
+        Under hpc-train's own sweeper one bad job stops the whole sweep before anything is
+        queued. Under a sweeper that reads return values (Optuna, ...) each trial stands alone:
+        a trial whose sampled values fail validation, or whose job fails, comes back FAILED and
+        the sweeper decides (hydra.sweeper.max_failure_rate).
+        """
         from hpc_train.launch import slurm
-        from hpc_train.launch.errors import ConfigError
+        from hpc_train.launch.errors import ConfigError, JobFailed
         from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+        from hpc_train.launch.objective import read_objective, sweeper_wants_objective
         from hpc_train.launch.plan import make_plan
         from hpc_train.launch.run import follow
 
+        assert self.config is not None
+        optimising = sweeper_wants_objective(self.config.hydra)
+        returns: List[Optional[JobReturn]] = [None] * len(configs)
         prepared = []
-        for sweep_config, job_overrides in zip(configs, overrides):
+        for i, (sweep_config, job_overrides) in enumerate(zip(configs, overrides)):
             HydraConfig.instance().set_config(sweep_config)
             run_dir = Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir)
-            task_cfg = sweep_config
             label = " ".join(filter_overrides(job_overrides))
             try:
-                plan = make_plan(task_cfg, run_dir)
-                prepared.append(slurm.prepare(task_cfg, plan, build_job_spec(task_cfg, plan), label))
+                plan = make_plan(sweep_config, run_dir)
+                prepared.append((i, slurm.prepare(sweep_config, plan, build_job_spec(sweep_config, plan), label)))
             except ConfigError as err:
-                print(f"hpc-train: sweep job #{sweep_config.hydra.job.num} ({label}): {err.message}", file=sys.stderr)
-                print("hpc-train: nothing was submitted.", file=sys.stderr)
-                sys.exit(2)
+                if optimising:
+                    print(f"hpc-train: trial #{sweep_config.hydra.job.num} ({label}) not submitted: {err.message}", file=sys.stderr)
+                    returns[i] = _job_return(sweep_config, job_overrides, err)
+                    continue
+                raise ConfigError(err.key, f"sweep job #{sweep_config.hydra.job.num} ({label}): {err.problem} Because of it, nothing was submitted.", err.fix) from None
         if configs[0].dry_run:
-            for job in prepared:
+            for _, job in prepared:
                 print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
             return [_job_return(c, o, None) for c, o in zip(configs, overrides)]
-        for job, sweep_config, job_overrides in zip(prepared, configs, overrides):
+        if not prepared:
+            return returns  # type: ignore[return-value]
+        for i, job in prepared:
             write_job_spec(job.spec, job.plan.run_dir)
             hydra_dir = job.plan.run_dir / ".hydra"
             hydra_dir.mkdir(parents=True, exist_ok=True)
-            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(job_overrides))))
-        submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
-        order = {id(job): n for n, job in enumerate(prepared)}
-        submitted.sort(key=lambda pair: order[id(pair[0])])
-        rows = [(str(handle.job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for job, handle in submitted]
+            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides[i]))))
+        submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
+        handles = {id(job): handle for job, handle in submitted}
+        rows = [(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for _, job in prepared]
         _print_table(rows, sweep_dir / TABLE_NAME)
-        if configs[0].launcher.wait:
-            for job, handle in submitted:
-                follow(handle, job.plan.run_dir)
-        return [_job_return(c, o, handle.job_id) for (c, o), (_, handle) in zip(zip(configs, overrides), submitted)]
+        if optimising or configs[0].launcher.wait:
+            if optimising:
+                print(f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {configs[0].objective}")
+            for i, job in prepared:
+                handle = handles[id(job)]
+                code = follow(handle, job.plan.run_dir)
+                if not optimising:
+                    returns[i] = _job_return(configs[i], overrides[i], handle.job_id)
+                elif code != 0:
+                    returns[i] = _job_return(configs[i], overrides[i], JobFailed(f"Slurm job {handle.job_id} failed; see {job.plan.run_dir / 'logs'}"))
+                else:
+                    try:
+                        returns[i] = _job_return(configs[i], overrides[i], read_objective(job.plan.run_dir, str(configs[i].objective)))
+                    except JobFailed as err:
+                        returns[i] = _job_return(configs[i], overrides[i], err)
+        for i, job in prepared:
+            if returns[i] is None:
+                returns[i] = _job_return(configs[i], overrides[i], handles[id(job)].job_id)
+        return returns  # type: ignore[return-value]
 
 
-def _job_return(sweep_config: DictConfig, overrides: Sequence[str], job_id: Optional[str]) -> JobReturn:
+def _job_return(sweep_config: DictConfig, overrides: Sequence[str], value: Any) -> JobReturn:
+    """A finished trial: COMPLETED with `value` (job id or objective), FAILED when `value` is an exception."""
     ret = JobReturn()
     ret.overrides = list(overrides)
     ret.cfg = sweep_config
     ret.hydra_cfg = sweep_config
     ret.working_dir = str(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
     ret.task_name = "hpc-train"
-    ret.status = JobStatus.COMPLETED
-    ret.return_value = job_id
+    ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+    ret.return_value = value
     return ret
 
 
 def _print_table(rows: List[tuple], path: Path) -> None:
+    """Print this batch's jobs and append them to the sweep's job table (a sweeper may send several batches)."""
     header = ("job_id", "job", "overrides", "layout")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
     print("\n".join(lines))
-    path.write_text("\n".join("\t".join(str(v) for v in row) for row in [header, *rows]) + "\n")
-    print(f"hpc-train: job table saved to {path}")
+    new_table = not path.exists()
+    with path.open("a") as table:
+        table.write("".join("\t".join(str(v) for v in row) + "\n" for row in ([header] if new_table else []) + list(rows)))
+    print(f"hpc-train: job table {'saved to' if new_table else 'extended in'} {path}")

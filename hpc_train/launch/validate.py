@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
+from hpc_train.launch.objective import check_objective
 
 PRECISIONS = ("32", "bf16", "16")
 OPTIMIZERS = ("sgd", "adamw")
@@ -211,6 +212,7 @@ def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     check_data(cfg)
     check_resume(cfg)
     check_logger(cfg)
+    check_objective(cfg)
     check_output_dir(run_dir)
 
 

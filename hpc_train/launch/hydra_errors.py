@@ -1,0 +1,148 @@
+"""Turn Hydra's and OmegaConf's errors into hpc-train's one-paragraph ConfigError.
+
+Hydra parses the command line and composes the config over the real search path (the
+shipped conf/, ``--config-dir``, ``--config-path``, ``hydra.searchpath``, installed plugins);
+we never guess ahead of it. When it fails, its exception already carries what the message
+needs (the missing option and the group's options, the key and its parent node, the
+override that did not parse); this module only rewords it: the key, what is wrong, the
+nearest spelling, the fix. Nothing here runs on the success path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable, Optional
+
+from hpc_train.launch.errors import ConfigError
+
+
+def nearest(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def translate(err: BaseException) -> Optional[ConfigError]:
+    """The ConfigError for a Hydra or OmegaConf exception, or None when it is none of the known kinds."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(err, ConfigError):
+        return err
+    if isinstance(err, OverrideParseException):
+        return _unparsable(err.override)
+    if isinstance(err, MissingConfigException):
+        return _missing_option(err)
+    if isinstance(err, SearchPathException):
+        return ConfigError("--config-dir", f"{_first_line(err)}.", "pass an existing folder: --config-dir /path/to/my_conf (it holds e.g. cluster/mysite.yaml).")
+    if isinstance(err, ConfigCompositionException):
+        return _composition(err)
+    if isinstance(err, OmegaConfBaseException):
+        return from_omegaconf(err)
+    if isinstance(err, OSError) and err.filename:  # Hydra could not create the run dir
+        return ConfigError(
+            "hydra.run.dir",
+            f"the output directory cannot be created: {err.filename}: {err.strerror or err}.",
+            "pass hydra.run.dir=/a/writable/path (hydra.sweep.dir=... for -m), e.g. on $SCRATCH or $WORK.",
+        )
+    return None
+
+
+def from_omegaconf(err: BaseException) -> Optional[ConfigError]:
+    """A key our checks read that is missing, unset (``???``) or cannot be resolved."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, MissingMandatoryValue
+
+    key = str(getattr(err, "full_key", "") or "")
+    if isinstance(err, MissingMandatoryValue):
+        return ConfigError(key, "has no value (it is `???` in the config) and this run needs one.", f"pass {key}=<value> on the command line or in your config.")
+    if isinstance(err, InterpolationResolutionError):
+        return ConfigError(key, f"cannot be resolved: {_first_line(err)}.", "check the keys it refers to (print the config with --cfg job).")
+    if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and key:
+        missing = str(getattr(err, "key", "") or key.rsplit(".", 1)[-1])
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        whole = f"{parent}.{missing}" if parent else missing
+        return ConfigError(
+            whole,
+            f"is required but the config has no `{whole}` (was it deleted with ~{whole}, or left out of your own config file?).",
+            f"give it a value: drop the ~{whole} override, or pass +{whole}=<value>.",
+        )
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(err).__name__
+
+
+def _unparsable(override: str) -> ConfigError:
+    key = str(override).split("=", 1)[0].lstrip("+~") or str(override)
+    return ConfigError(
+        key,
+        f"the override {override!r} cannot be parsed (an unbalanced quote, or a character such as '\"', ',' or a space that needs quoting).",
+        f"quote the value as a whole, e.g. {key}='my value', or leave the special characters out.",
+    )
+
+
+def _missing_option(err) -> ConfigError:
+    missing = str(err.missing_cfg_file or "")
+    options = sorted(str(o) for o in (err.options or []))
+    if "/" not in missing:  # the primary config itself (--config-name, --config-path)
+        return ConfigError("--config-name", f"there is no primary config {missing!r} in the config search path.", "check --config-name/--config-path (the default is hpc-train's own `config`), or add the file to your --config-dir.")
+    group, option = missing.rsplit("/", 1)
+    where = re.match(r"In '([^']+)':", str(err))
+    inside = f" (named in the defaults list of {where.group(1)})" if where and where.group(1) != "config" and not where.group(1).startswith("hydra/") else ""
+    plugin = " If it is a Hydra plugin, install it into this environment (e.g. pip install hydra-optuna-sweeper)." if group.startswith("hydra/") else ""
+    listed = ", ".join(options) if options else "none"
+    return ConfigError(
+        group,
+        f"there is no {group} option {option!r}{inside}{nearest(option, options)}.",
+        f"use one of: {listed} (files {group}/<option>.yaml in conf/ or in your --config-dir).{plugin}",
+    )
+
+
+def _composition(err) -> Optional[ConfigError]:
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    text = str(err)
+    cause = err.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
+        return _unknown_key(cause)
+    match = re.search(r"An item is already at '([^']+)'", text)
+    if match:
+        key = match.group(1)
+        return ConfigError(key, f"+{key}=... adds a new key, but `{key}` already exists.", f"drop the '+': {key}=<value> (or ++{key}=<value> to add or override).")
+    match = re.match(r"(\S+) appears more than once in the final defaults list", text)
+    if match:
+        group = match.group(1)
+        return ConfigError(group, f"+{group}=... adds a second {group} entry, but the config already selects one.", f"select it without '+': {group}=<option>.")
+    match = re.search(r"Ambiguous value for argument '([^']+)'", text)
+    if match:
+        override = match.group(1)
+        key = override.split("=", 1)[0]
+        return ConfigError(key, f"{override!r} has a comma, which makes it a sweep over several values.", f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list ({key}=[a,b]).")
+    match = re.search(r"Could not delete from config\. '([^']+)' does not exist", text)
+    if match:
+        key = match.group(1)
+        return ConfigError(key, f"~{key} deletes a key that the config does not have.", f"check the spelling (print the config with --cfg job), or drop ~{key}.")
+    match = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
+    if match:
+        group = match.group(1)
+        return ConfigError(group, f"the config does not select any {group} option, so there is nothing to override.", f"add one with +{group}=<option>.")
+    return None
+
+
+def _unknown_key(cause) -> ConfigError:
+    full_key = str(cause.full_key)
+    word = str(cause.key)
+    parent_node = getattr(cause, "parent_node", None)
+    siblings = sorted(str(k) for k in parent_node.keys()) if parent_node is not None else []
+    if "." not in full_key:
+        choices = [k for k in siblings if k != "hydra"]
+        return ConfigError(full_key, f"there is no top-level key {full_key!r}{nearest(full_key, choices)}.", f"check the spelling; top-level keys are {', '.join(choices)} (add a new key on purpose with +{full_key}=...).")
+    parent = full_key.rsplit(".", 1)[0]
+    return ConfigError(
+        full_key,
+        f"{parent} has no key {word!r}{nearest(word, siblings)}.",
+        f"use one of its keys: {', '.join(siblings)}; or add a new key on purpose with +{full_key}=...",
+    )

@@ -107,3 +107,63 @@ def test_a_failing_rank_fails_the_slurm_job_fast_with_its_traceback(slurm_cluste
     assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:4" in rank1
     assert attempt_endings(run_dir) in ([], [(1, "crash")])  # rank 0 may be stopped before it can write
     assert not (run_dir / "summary.json").exists()
+
+
+def node_state(node: str) -> str:
+    return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True, check=False).stdout.split("\n")[0].strip()
+
+
+def restore_node(node: str) -> None:
+    """Give the node back to the cluster whatever state the test left it in (other tests share it)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = node_state(node)
+        if state and not any(word in state for word in ("down", "drain", "fail")):
+            return
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, check=False)
+        time.sleep(1)
+    raise AssertionError(f"node {node} is still {node_state(node)!r}: run `scontrol update nodename={node} state=resume`")
+
+
+def test_node_failure_requeues_and_resumes_exactly(slurm_cluster, local_reference, tmp_path):
+    """A node of a 2-node ddp job declared down, as Slurm declares a failed node: requeue, resume, same weights.
+
+    ``state=down`` makes slurmctld end the job as NODE_FAIL and, the job being ``--requeue``,
+    put it back in the queue; it starts again once both nodes are up. (Killing the processes
+    instead would end the step through ``--kill-on-bad-exit`` as a crash, never requeued.)
+    """
+    run_dir = tmp_path / "run"
+    job = submit([*RESUME, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"], run_dir, HPC_TRAIN_STEP_SLEEP="1.0")
+    node, finished = None, False
+    try:
+        wait_for(lambda: checkpoint_steps(run_dir) != [], 180, "the first checkpoint")
+        hosts = subprocess.run(["scontrol", "show", "hostnames", scontrol_job(job)["NodeList"]], capture_output=True, text=True, check=True).stdout.split()
+        assert len(hosts) == 2
+        node = hosts[-1]  # rank 1's node; rank 0 (and the rendezvous) sit on the first
+        # No other test's job may start there meanwhile; give those already running a moment to end.
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=hpc-train test: node failure next"], check=True)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and set(subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True).stdout.split()) - {job}:
+            time.sleep(0.5)
+        assert scontrol_job(job)["JobState"] == "RUNNING", "the job ended before its node could fail: slow it down"
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpc-train test: node failure"], check=True)
+        wait_for(lambda: scontrol_job(job).get("Restarts") == "1", 60, "Slurm to requeue the job")
+        restore_node(node)  # the requeued job needs both nodes again
+        fields = wait_until_finished_with_summary(job, run_dir, timeout=240)
+        finished = True
+    finally:
+        if node is not None:
+            restore_node(node)
+        if not finished:
+            subprocess.run(["scancel", job], check=False)
+
+    assert fields["Restarts"] == "1"
+    summary = read_summary(run_dir)
+    assert summary["attempts"] == 2
+    assert 3 <= summary["resumed_from_step"] < 24
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    said = [r for r in records if r["event"] == "end" and r.get("source") == "slurm"]
+    assert [(r["attempt"], r["how"]) for r in said] == [(1, "node failure (Slurm: NODE_FAIL)")]
+    assert attempt_endings(run_dir)[-1] == (2, "finish")
+    assert f"attempt 1 (job {job}) ended: node failure (Slurm: NODE_FAIL)" in (run_dir / "logs" / "rank0.log").read_text()
+    assert_bit_identical(local_reference, run_dir)

@@ -21,7 +21,10 @@ def test_readme_walk_own_cluster_profile_to_a_submitted_job(slurm_cluster, tmp_p
     """README, "Cluster profiles": copy the generic profile into my_conf/cluster/, edit it, submit."""
     conf = tmp_path / "my_conf" / "cluster"
     conf.mkdir(parents=True)
-    profile = yaml.safe_load((Path(CONFIG_DIR) / "cluster" / "slurm.yaml").read_text())
+    printed = run_cli(["--cfg", "job", "-p", "cluster", "launcher=slurm"])  # the README's copy command
+    assert_ok(printed)
+    assert yaml.safe_load(printed.stdout) == yaml.safe_load((Path(CONFIG_DIR) / "cluster" / "slurm.yaml").read_text())
+    profile = yaml.safe_load(printed.stdout)  # the user's edit
     profile.update(name="mysite", partition="gpu_p2", gpus_per_node=2, cpus_per_gpu=1, time="00:05:00", setup=["echo my-site-setup-ran"])
     (conf / "mysite.yaml").write_text(yaml.safe_dump(profile))
     run_dir = tmp_path / "run"

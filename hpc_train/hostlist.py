@@ -3,8 +3,8 @@
 Why our own parser: compute nodes do not always have ``scontrol`` on PATH (containers, minimal
 images), python-hostlist is GPL and submitit's parser is private. It follows
 ``scontrol show hostnames`` (tests compare the two on generated lists): top-level commas
-separate entries; an entry may hold several bracket groups, the first varying slowest
-(``r[1-2]n[08-09]`` -> r1n08 r1n09 r2n08 r2n09); a range keeps the zero padding of its low end
+separate entries; an entry may hold several bracket groups (``r[1-2]n[08-09]`` -> r1n08 r1n09
+r2n08 r2n09; with three or more, Slurm's own order, see :func:`_expand_entry`); a range keeps the zero padding of its low end
 (``[08-10]`` -> 08 09 10, ``[1-010]`` -> 1 ... 10); order and duplicates are kept. Unlike
 Slurm it also expands text after the last bracket (``n[1-2]-ib``).
 
@@ -15,6 +15,7 @@ rendezvous host would otherwise show up much later as a hang.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import List
 
@@ -72,13 +73,24 @@ def _expand_range(nodelist: str, spec: str) -> List[str]:
 
 
 def _expand_entry(nodelist: str, entry: str) -> List[str]:
-    """One top-level entry: text and bracket groups, expanded as a product (first group slowest)."""
-    hosts = [""]
+    """One top-level entry: its text and bracket groups, expanded as a product in Slurm's order.
+
+    Slurm varies the last group fastest; the others, from the one before last (slowest) down to
+    the first: ``a[1-2]b[3-4]c[5-6]`` -> a1b3c5 a1b3c6 a2b3c5 a2b3c6 a1b4c5 ... (the first
+    host is the same in any order).
+    """
+    texts, groups = [], []
     for text, bracket in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", entry):
+        texts.append(text)
         if bracket:
-            hosts = [h + text + value for h in hosts for value in _expand_range(nodelist, bracket)]
-        else:
-            hosts = [h + text for h in hosts]
+            groups.append(_expand_range(nodelist, bracket))
+    if not groups:
+        return ["".join(texts)]
+    order = [*range(len(groups) - 2, -1, -1), len(groups) - 1]  # slowest first
+    hosts = []
+    for picked in itertools.product(*(groups[g] for g in order)):
+        values = dict(zip(order, picked))
+        hosts.append("".join(text + values.get(i, "") for i, text in enumerate(texts)))
     return hosts
 
 

@@ -6,6 +6,8 @@ means every tensor of the final model.pt is bit-identical (torch.equal), not mer
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import signal
@@ -26,7 +28,7 @@ LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpu
 
 
 def final_weights(run_dir: Path) -> Dict[str, torch.Tensor]:
-    return torch.load(run_dir / "model.pt", map_location="cpu")
+    return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 
 def assert_bit_identical(a: Path, b: Path) -> None:
@@ -286,5 +288,103 @@ def test_every_strategy_resumes_after_a_crash_bit_identical(name, tmp_path):
     weights = sorted(p.name for p in reference.glob("model*.pt"))
     assert weights and weights == sorted(p.name for p in run_dir.glob("model*.pt"))
     for name in weights:  # the pipelining engine writes one file per stage
-        a, b = torch.load(reference / name), torch.load(run_dir / name)
+        a, b = torch.load(reference / name, weights_only=True), torch.load(run_dir / name, weights_only=True)
         assert all(torch.equal(a[k], b[k]) for k in a), f"{name} differs after resume"
+
+
+# -- untrusted checkpoints ------------------------------------------------------------------
+class RunsCode:
+    """Pickles as a call of open(marker, "w"): loading it unsafely creates the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def forge(real: Path, payload: object, path: Path) -> Path:
+    """A file with a valid header, digest and fingerprint (copied from a real checkpoint) around `payload`."""
+    with open(real, "rb") as handle:
+        version = handle.readline().split()[1]
+        fingerprint_line = handle.readline()
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = fingerprint_line + buffer.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"HPCTRAIN-CKPT %s %s\n" % (version, hashlib.sha256(body).hexdigest().encode()) + body)
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory) -> Path:
+    """A finished one-epoch single-process run: checkpoints at steps 3, 6 and 8."""
+    run_dir = tmp_path_factory.mktemp("one-epoch") / "run"
+    assert_ok(run_cli([*RESUME, *LAYOUTS["single"], "trainer.epochs=1"], run_dir))
+    return run_dir
+
+
+def test_a_forged_checkpoint_runs_nothing_and_is_refused_in_one_message(one_epoch, tmp_path):
+    from hpc_train.compute.checkpoint import CheckpointRefused, newest_valid, read_checkpoint
+
+    real = one_epoch / "checkpoints" / "step_000000008.ckpt"
+    marker = tmp_path / "pwned"
+    forged = forge(real, {"format": 2, "state": RunsCode(marker)}, tmp_path / "shared" / "step_000000008.ckpt")
+    # The forgery is a real threat: what an unsafe load of the same bytes would do.
+    control = tmp_path / "control-marker"
+    torch.load(io.BytesIO(forge(real, {"state": RunsCode(control)}, tmp_path / "control.ckpt").read_bytes().split(b"\n", 2)[2]), weights_only=False)
+    assert control.exists()
+
+    proc = run_cli([*RESUME, *LAYOUTS["single"], f"resume={forged}"], tmp_path / "run")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert not marker.exists(), "loading the checkpoint ran code from it"
+    assert f"refusing to load checkpoint {forged}" in output and "io.open" in output and "Nothing in it was run" in output, output
+    assert "Traceback" not in output
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+    # In a run dir, a forged newest checkpoint is refused, not skipped for the older valid one.
+    folder = tmp_path / "dir" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "step_000000006.ckpt").write_bytes((one_epoch / "checkpoints" / "step_000000006.ckpt").read_bytes())
+    forged.rename(folder / forged.name)
+    with pytest.raises(CheckpointRefused):
+        newest_valid(folder)
+    assert not marker.exists()
+    assert read_checkpoint(folder / "step_000000006.ckpt")["state"]["global_step"] == 6
+
+
+def test_a_checkpoint_of_the_older_format_is_refused_with_what_to_do(one_epoch, tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    for ckpt in (one_epoch / "checkpoints").iterdir():
+        data = ckpt.read_bytes()
+        assert data.startswith(b"HPCTRAIN-CKPT 2 ")
+        (run_dir / "checkpoints" / ckpt.name).write_bytes(b"HPCTRAIN-CKPT 1 " + data[len(b"HPCTRAIN-CKPT 2 "):])  # digest still valid
+    args = [*RESUME, *LAYOUTS["single"]]
+    proc = run_cli(args, run_dir)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert "was written by an older hpc-train (checkpoint format 1" in output and "resume=never" in output, output
+    assert "Traceback" not in output and not (run_dir / "summary.json").exists()
+    assert_ok(run_cli([*args, "resume=never"], run_dir))  # the way out the message names
+
+
+def test_rng_states_survive_a_weights_only_round_trip():
+    import random
+
+    import numpy as np
+
+    from hpc_train.compute.checkpoint import capture_rng, restore_rng
+
+    random.seed(5)
+    np.random.seed(6)
+    torch.manual_seed(7)
+    np.random.standard_normal()  # numpy caches a second gaussian: its state must survive too
+    random.gauss(0, 1)
+    buffer = io.BytesIO()
+    torch.save(capture_rng(), buffer)
+    expected = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.randint(1 << 30), torch.rand(3))
+    restore_rng(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    again = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.randint(1 << 30), torch.rand(3))
+    assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])

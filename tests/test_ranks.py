@@ -2,51 +2,93 @@
 
 import pytest
 
-from hpc_train.compute.ranks import PORT_BASE, detect_ranks, port_for_job
-from hpc_train.hostlist import expand_hostlist, first_host
+from hpc_train.compute.ranks import PORT_BASE, PORT_SPAN, detect_ranks, port_for_job, tasks_per_node, world_mismatch
+from hpc_train.launch.local import worker_env
+
+# What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).
+SRUN_TASK = {
+    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_JOB_NODELIST": "node[01-03,07]", "SLURM_STEP_NODELIST": "node[01-03,07]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "123456",
+}
+TORCHRUN_RANK = {
+    "TORCHELASTIC_RUN_ID": "f00d", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511",
+}
 
 
-@pytest.mark.parametrize(
-    "nodelist, hosts",
-    [
-        ("node01", ["node01"]),
-        ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-        ("gpu[1-2],cpu5", ["gpu1", "gpu2", "cpu5"]),
-        ("r[1-2]n[08-09]", ["r1n08", "r1n09", "r2n08", "r2n09"]),
-        ("jean-zay-iam[12,40-41]", ["jean-zay-iam12", "jean-zay-iam40", "jean-zay-iam41"]),
-    ],
-)
-def test_expand_hostlist(nodelist, hosts):
-    assert expand_hostlist(nodelist) == hosts
-    assert first_host(nodelist) == hosts[0]
-
-
-def test_torchrun_variables_win_over_slurm():
-    env = {
-        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511",
-        "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
-    }
-    info = detect_ranks(env)
+def test_torchrun_marker_wins_even_inside_an_srun_step():
+    info = detect_ranks({**SRUN_TASK, **TORCHRUN_RANK})  # torchrun started by srun: torchrun's world counts
     assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 8, 2)
     assert (info.master_addr, info.master_port, info.source) == ("10.0.0.5", 29511, "torchrun")
 
 
+def test_bare_rank_variables_are_ignored_inside_an_srun_step():
+    # RANK/WORLD_SIZE left exported in a shell made every task of the step rank 0 of 1.
+    info = detect_ranks({**SRUN_TASK, "RANK": "0", "WORLD_SIZE": "1"})
+    assert (info.rank, info.world_size, info.source) == (5, 8, "slurm")
+    assert "RANK and WORLD_SIZE" in info.note and "ignored" in info.note
+
+
+def test_bare_rank_variables_outside_srun_are_honoured_with_a_warning():
+    info = detect_ranks({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h1", "MASTER_PORT": "29400", "SLURM_JOB_ID": "9"})
+    assert (info.rank, info.world_size, info.master_addr, info.source) == (1, 2, "h1", "environment")
+    assert "RANK" in info.note and "WORLD_SIZE" in info.note
+
+
+def test_local_launcher_marker_comes_second():
+    env = worker_env(rank=1, world=2, port=29333, threads=1)  # what hpc-train's local launcher gives its workers
+    assert env["HPC_TRAIN_LOCAL_LAUNCHER"] == "1"
+    info = detect_ranks({**env, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1", "SUBMITIT_LOCAL_GLOBALID": "0"})
+    assert (info.rank, info.world_size, info.master_port, info.source) == (1, 2, 29333, "local")
+    assert detect_ranks({**env, **TORCHRUN_RANK}).source == "torchrun"
+
+
+def test_local_launcher_strips_an_outer_torchrun_and_slurm_environment(monkeypatch):
+    for key, value in {**SRUN_TASK, **TORCHRUN_RANK}.items():
+        monkeypatch.setenv(key, value)
+    env = worker_env(rank=0, world=2, port=29334, threads=1)
+    assert not [k for k in env if k.startswith(("SLURM_", "TORCHELASTIC_"))]
+    assert detect_ranks(env).source == "local"
+
+
 def test_slurm_multi_node_task():
-    env = {
-        "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
-        "SLURM_JOB_NODELIST": "node[01-03,07]", "SLURM_STEP_NODELIST": "node[01-03,07]",
-        "SLURM_STEP_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "123456",
-    }
-    info = detect_ranks(env)
+    info = detect_ranks(SRUN_TASK)
     assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (5, 1, 8, 2)
     assert info.master_addr == "node01"
-    assert info.master_port == PORT_BASE + 123456 % 20000
-    assert info.source == "slurm"
+    assert info.master_port == PORT_BASE + 123456 % PORT_SPAN
+    assert info.source == "slurm" and info.note == ""
 
 
-def test_slurm_port_differs_between_jobs_on_one_node():
+@pytest.mark.parametrize("notation, node, expected", [("3,1", 0, 3), ("3,1", 1, 1), ("4(x2),3", 1, 4), ("4(x2),3", 2, 3), ("2", 0, 2)])
+def test_local_world_size_is_this_nodes_task_count(notation, node, expected):
+    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NODEID": str(node), "SLURM_TASKS_PER_NODE": notation, "SLURM_NODELIST": "n[1-3]"}
+    assert detect_ranks(env).local_world_size == expected
+    assert detect_ranks({**env, "SLURM_STEP_TASKS_PER_NODE": notation, "SLURM_TASKS_PER_NODE": "9(x3)"}).local_world_size == expected
+
+
+def test_tasks_per_node_notation():
+    assert tasks_per_node("4(x2),3") == [4, 4, 3]
+    with pytest.raises(ValueError, match="4x2"):
+        tasks_per_node("4x2")
+
+
+def test_rendezvous_host_from_slurm_nodelist_when_the_others_are_missing():
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "5"}
+    assert detect_ranks(env).master_addr == "gpu07"
+
+
+def test_malformed_nodelist_names_the_list():
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "node[1-3", "SLURM_JOB_ID": "5"}
+    with pytest.raises(ValueError, match=r"node\[1-3"):
+        detect_ranks(env)
+
+
+def test_rendezvous_ports_stay_below_the_ephemeral_range():
+    ports = [port_for_job(str(job)) for job in range(0, 200000, 7)]
+    assert min(ports) >= PORT_BASE and max(ports) <= 32767  # Linux's ephemeral range is 32768-60999
     assert port_for_job("1001") != port_for_job("1002")
+    assert len({port_for_job(str(job)) for job in range(5000, 5000 + PORT_SPAN)}) == PORT_SPAN  # neighbours never collide
     assert port_for_job("4242_7") == port_for_job("42427")  # array ids use their digits
 
 
@@ -55,6 +97,13 @@ def test_slurm_batch_script_without_srun_is_a_single_process():
     env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
     info = detect_ranks(env)
     assert (info.world_size, info.source) == (1, "single")
+    problem = world_mismatch(info, 4, env)
+    assert "planned for 4 rank(s)" in problem and "srun -n 4" in problem
+
+
+def test_world_mismatch_is_none_when_the_world_fits():
+    assert world_mismatch(detect_ranks(SRUN_TASK), 8, SRUN_TASK) is None
+    assert "srun -n 16" in world_mismatch(detect_ranks(SRUN_TASK), 16, SRUN_TASK)
 
 
 def test_submitit_local_executor():
@@ -63,6 +112,7 @@ def test_submitit_local_executor():
     assert (info.rank, info.local_rank, info.world_size, info.source) == (2, 2, 4, "submitit")
     assert info.master_addr == "127.0.0.1"
     assert info.master_port == port_for_job("999")
+    assert detect_ranks({**env, "RANK": "0", "WORLD_SIZE": "1"}).source == "submitit"  # before bare variables
 
 
 def test_plain_process():

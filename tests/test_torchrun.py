@@ -94,3 +94,9 @@ def test_worker_alone_for_a_job_planned_for_two_ranks_is_refused(reference, tmp_
     assert "planned for 2 rank(s), but this process is rank 0 of 1" in output and "srun -n 2" in output, output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "summary.json").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_torchrun_client_and_host_lists_do_not_import_torch():
+    code = "import sys\nimport hpc_train.launch.torchrun_client, hpc_train.hostlist, hpc_train.compute.ranks\nassert 'torch' not in sys.modules\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr

@@ -28,7 +28,7 @@ def test_every_option_composes(group, option):
         cfg = compose(config_name="config", overrides=[f"{group}={option}", *required])
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert container[group] is not None
-    assert cfg.strategy.name and cfg.model.name and cfg.data.name
+    assert cfg.strategy.name and cfg.model._target_ and cfg.data.train._target_
 
 
 def test_unknown_group_option_fails_in_compose():

@@ -7,7 +7,6 @@ import torch
 import torchvision
 
 from hpc_train.compute.stages import build_staged, flatten_layers, partition
-from hpc_train.launch.validate import MODEL_LAYERS
 from tests.conftest import TINY, assert_ok, read_summary, run_cli
 
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
@@ -110,23 +109,16 @@ def test_resnet50_param_balance(stages):
     assert sum(counts) == len(layers)
 
 
-@pytest.mark.parametrize("name", sorted(MODEL_LAYERS))
-def test_launch_side_layer_counts_match_models(name):
-    from hpc_train.compute.models import build_model
-    from omegaconf import OmegaConf
-
-    model = build_model(OmegaConf.create({"name": name, "hidden": 8}), 10, 8)
-    assert len(flatten_layers(model)) == MODEL_LAYERS[name]
-
-
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (["strategy=model_parallel", "strategy.stages=5"], "strategy.stages"),  # toy_mlp has 4 layers
         (["strategy=hybrid", "strategy.stages=3", "resources.gpus_per_node=4"], "strategy.stages"),
         (["strategy=pipeline", "strategy.chunks=64", "trainer.batch_size=32"], "strategy.chunks"),
         (["strategy=pipeline", "resources.nodes=2"], "resources.nodes"),
-        (["strategy=pipeline", "strategy.balance=[1,1]", "strategy.stages=2"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.balance=[1,1,2]", "strategy.stages=2"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.split_points=[2]", "strategy.stages=3"], "strategy.stages"),
+        (["strategy=pipeline", "strategy.split_points=[2]", "strategy.balance=time"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.split_points=[2,2]"], "strategy.split_points"),
         (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
         (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.schedule=1f1b", "strategy.chunks=1"], "strategy.chunks"),
         (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"], "strategy.stages"),
@@ -138,6 +130,25 @@ def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"`{key}`" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "job_config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy=model_parallel", "strategy.stages=5"], "strategy.stages"),  # toy_mlp has 4 layers
+        (["strategy=pipeline", "strategy.balance=[1,1]", "strategy.stages=2"], "strategy.balance"),  # 2 of 4 layers
+        (["strategy=pipeline", "strategy.split_points=[3,1]"], "strategy.split_points"),  # not in forward order
+        (["strategy=pipeline", "strategy.split_points=[hidden]"], "strategy.split_points"),  # no such module
+    ],
+)
+def test_splits_the_model_cannot_take_are_refused_before_training(overrides, key, tmp_path):
+    """What only the built model can tell (its layers, its module names) is checked at the job's start."""
+    run_dir = tmp_path / "run"
+    proc = run_cli([*COMMON, *overrides], run_dir)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"`{key}`" in proc.stdout + proc.stderr and "Fix:" in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "summary.json").exists()
 
 
 @pytest.mark.gpu

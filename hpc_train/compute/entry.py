@@ -30,12 +30,14 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     from hpc_train.compute.runlog import setup_logging
     from hpc_train.compute.strategies import build_strategy
     from hpc_train.compute.trainer import Trainer
+    from hpc_train.compute.user_code import add_code_dirs
 
     try:
         ranks = detect_ranks()
     except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
         raise Refusal(f"cannot tell this process's rank from its environment: {err}") from None
     run_dir = Path(cfg.job.run_dir)
+    add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
     log = setup_logging(run_dir, ranks.rank)
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
     if threads:

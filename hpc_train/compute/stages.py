@@ -6,7 +6,13 @@ on cuda:1) to any number of stages and to automatic boundaries:
 * ``balance="params"``: contiguous stages with the largest stage's parameter count as small as
   possible (exact linear partition);
 * ``balance="time"``: the same, weighting each layer by its measured forward time;
-* ``balance=[n1, n2, ...]``: explicit layer counts per stage.
+* ``balance=[n1, n2, ...]``: explicit layer counts per stage;
+* ``split_points=[name, ...]``: any model, cut where the named modules (``named_modules()``)
+  begin, by tracing its forward with ``torch.fx`` (see :func:`trace_split`).
+
+Every stage takes the values that cross its front boundary as positional arguments and
+returns those that cross its back boundary (one tensor for a plain chain), so stages chain
+on any number of devices, in one process or one rank per stage.
 
 With ``chunks > 1`` the batch is cut into micro-batches pushed through the stages in fill-drain
 order: at clock tick t, stage s runs micro-batch t - s, so on GPUs (asynchronous kernels) stage
@@ -17,12 +23,15 @@ batch-norm layer in eval mode (running statistics, exact equivalence to the unsp
 
 from __future__ import annotations
 
+import difflib
 import time
-from typing import List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from torchvision.models.resnet import ResNet
+
+from hpc_train.compute.refusal import Refusal
 
 
 def flatten_layers(model: nn.Module) -> List[nn.Module]:
@@ -32,7 +41,10 @@ def flatten_layers(model: nn.Module) -> List[nn.Module]:
         return [model.conv1, model.bn1, model.relu, model.maxpool, *blocks, model.avgpool, nn.Flatten(1), model.fc]
     if isinstance(model, nn.Sequential):
         return list(model)
-    raise ValueError(f"cannot split {type(model).__name__}: give an nn.Sequential or a torchvision ResNet")
+    raise Refusal(
+        f"`strategy.split_points`: {type(model).__name__} is neither an nn.Sequential nor a torchvision ResNet, so it cannot be "
+        "cut automatically. Fix: name the modules where each new stage begins, e.g. strategy.split_points=[head] (names as in model.named_modules())."
+    )
 
 
 def partition(weights: Sequence[float], stages: int) -> List[int]:
@@ -80,10 +92,12 @@ def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int
 
 
 def stage_counts(layers: Sequence[nn.Module], stages: int, balance: Union[str, Sequence[int]], example: torch.Tensor = None) -> List[int]:
+    if stages > len(layers):
+        raise Refusal(f"`strategy.stages`: the model has {len(layers)} layers to cut, fewer than {stages} stages. Fix: use at most strategy.stages={len(layers)}.")
     if not isinstance(balance, str):
         counts = [int(c) for c in balance]
         if len(counts) != stages or sum(counts) != len(layers) or min(counts) < 1:
-            raise ValueError(f"strategy.balance={counts} must list {stages} positive layer counts summing to {len(layers)}")
+            raise Refusal(f"`strategy.balance`: {counts} must list {stages} positive layer counts summing to {len(layers)}. Fix: give {stages} numbers that add up to {len(layers)}, or use strategy.balance=params.")
         return counts
     if balance == "time":
         if example is None:
@@ -115,36 +129,144 @@ class StagedModel(nn.Module):
     def output_device(self) -> torch.device:
         return self.devices[-1]
 
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
-        for stage, device in zip(self.stages, self.devices):
-            x = stage(x.to(device, non_blocking=True))
-        return x
+    def _stage(self, s: int, carry: Any) -> Any:
+        """Stage s on the values crossing its front boundary (a tensor, or a tuple for traced splits)."""
+        device = self.devices[s]
+        if isinstance(carry, tuple):
+            return self.stages[s](*(v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for v in carry))
+        return self.stages[s](carry.to(device, non_blocking=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.chunks <= 1:
-            return self._run(x)
+            for s in range(len(self.stages)):
+                x = self._stage(s, x)
+            return x
         micro = list(x.split(-(-x.shape[0] // self.chunks)))
         n_stages = len(self.stages)
-        current: List[torch.Tensor] = [None] * len(micro)  # type: ignore[list-item]
-        outputs: List[torch.Tensor] = [None] * len(micro)  # type: ignore[list-item]
+        current: List[Any] = list(micro)
         # Fill-drain: tick t runs stage s on micro-batch t - s, last stage first, so that the
         # kernels of stage s+1 (micro-batch j-1) are queued before those of stage s (micro-batch j).
         for tick in range(len(micro) + n_stages - 1):
             for s in range(min(tick, n_stages - 1), -1, -1):
                 j = tick - s
                 if 0 <= j < len(micro):
-                    source = micro[j] if s == 0 else current[j]
-                    current[j] = self.stages[s](source.to(self.devices[s], non_blocking=True))
-                    if s == n_stages - 1:
-                        outputs[j] = current[j]
-        return torch.cat(outputs)
+                    current[j] = self._stage(s, current[j])
+        return torch.cat(current)
 
 
-def build_staged(model: nn.Module, devices: Sequence[torch.device], stages: int, balance, chunks: int, freeze_batchnorm: bool, example: torch.Tensor = None) -> StagedModel:
+def split_model(model: nn.Module, stages: int, balance, split_points: Optional[Sequence[str]] = None, example: torch.Tensor = None) -> List[nn.Module]:
+    """The model as consecutive stage modules: traced at `split_points`, else flattened and balanced."""
+    if split_points:
+        return trace_split(model, [str(name) for name in split_points])
     layers = flatten_layers(model)
     counts = stage_counts(layers, stages, balance, example)
     groups, start = [], 0
     for count in counts:
         groups.append(nn.Sequential(*layers[start : start + count]))
         start += count
-    return StagedModel(groups, [devices[i % len(devices)] for i in range(stages)], chunks, freeze_batchnorm)
+    return groups
+
+
+def build_staged(model: nn.Module, devices: Sequence[torch.device], stages: int, balance, chunks: int, freeze_batchnorm: bool, example: torch.Tensor = None, split_points: Optional[Sequence[str]] = None) -> StagedModel:
+    groups = split_model(model, stages, balance, split_points, example)
+    return StagedModel(groups, [devices[i % len(devices)] for i in range(len(groups))], chunks, freeze_batchnorm)
+
+
+# -- splitting any model at named modules -----------------------------------------------------
+def _refuse_split(problem: str) -> Refusal:
+    return Refusal(f"`strategy.split_points`: {problem} Fix: name modules of model.named_modules() in the order the forward pass uses them, e.g. strategy.split_points=[layer3] (one stage begins at each).")
+
+
+def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[str]) -> List[int]:
+    """Index (in graph order) of the first node that runs inside each named module."""
+    nodes = list(graph.nodes)
+    firsts = []
+    for name in names:
+        if name not in known or name == "":
+            close = difflib.get_close_matches(name, [k for k in known if k], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise _refuse_split(f"the model has no module {name!r}{hint}.")
+        index = next((i for i, n in enumerate(nodes) if n.op == "call_module" and (n.target == name or str(n.target).startswith(name + "."))), None)
+        if index is None:
+            raise _refuse_split(f"the traced forward pass never calls module {name!r}.")
+        firsts.append(index)
+    if firsts != sorted(firsts) or len(set(firsts)) != len(firsts):
+        raise _refuse_split(f"{list(names)} are not in the order the forward pass reaches them (or two begin at the same place).")
+    return firsts
+
+
+def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
+    """Cut `model` where each named module begins: ``len(split_points) + 1`` chained stages.
+
+    The forward pass is traced symbolically with ``torch.fx`` (no example needed, any batch
+    size). Each node goes to the stage of the last split point at or before it; a value made
+    in one stage and used in a later one is passed through the stages between, so stage k
+    takes exactly what stage k-1 returns. Parameters are shared with `model`, not copied.
+    """
+    import torch.fx as fx
+
+    try:
+        traced = fx.symbolic_trace(model)
+    except Exception as err:  # data-dependent control flow, unsupported Python
+        raise _refuse_split(f"{type(model).__name__}'s forward cannot be traced with torch.fx ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).") from None
+    graph = traced.graph
+    nodes = list(graph.nodes)
+    firsts = _first_nodes(graph, split_points, [n for n, _ in model.named_modules()])
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != 1:
+        raise _refuse_split(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; a split model takes exactly one.")
+    n_stages = len(split_points) + 1
+    stage_of: Dict[fx.Node, int] = {}
+    for i, node in enumerate(nodes):
+        if node.op in ("placeholder", "get_attr"):
+            continue  # inputs enter stage 0; attributes are fetched by whichever stage uses them
+        stage_of[node] = n_stages if node.op == "output" else sum(1 for f in firsts if f <= i)
+    for k in range(n_stages):
+        if k not in stage_of.values():
+            raise _refuse_split(f"stage {k} of {n_stages} would hold no computation.")
+    for node in placeholders:
+        stage_of[node] = 0
+
+    def last_use(node: fx.Node) -> int:
+        return max((stage_of[u] for u in node.users if u in stage_of), default=-1)
+
+    values = [n for n in nodes if n.op not in ("get_attr", "output")]
+    crossing = [[v for v in values if stage_of[v] < k <= last_use(v)] for k in range(n_stages + 1)]
+    stages = []
+    output_node = next(n for n in nodes if n.op == "output")
+    for k in range(n_stages):
+        stage_graph = fx.Graph()
+        env: Dict[fx.Node, fx.Node] = {}
+        inputs = placeholders if k == 0 else crossing[k]
+        for value in inputs:
+            env[value] = stage_graph.placeholder(value.name)
+        for node in nodes:
+            if stage_of.get(node) != k or node.op == "placeholder":
+                continue
+            for arg in node.all_input_nodes:
+                if arg.op == "get_attr" and arg not in env:
+                    env[arg] = stage_graph.node_copy(arg)
+            env[node] = stage_graph.node_copy(node, lambda n: env[n])
+        if k == n_stages - 1:
+            for arg in output_node.all_input_nodes:
+                if arg.op == "get_attr" and arg not in env:
+                    env[arg] = stage_graph.node_copy(arg)
+            stage_graph.output(fx.map_arg(output_node.args[0], lambda n: env[n]))
+        else:
+            live = [env[v] for v in crossing[k + 1]]
+            stage_graph.output(live[0] if len(live) == 1 else tuple(live))
+        stage_graph.lint()
+        stages.append(fx.GraphModule(traced, stage_graph, class_name=f"Stage{k}"))
+    return stages
+
+
+def stage_inputs(stages: Sequence[nn.Module], k: int, example: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """What stage k receives for `example`: the earlier stages run on it (no grad)."""
+    carry: Any = example
+    with torch.no_grad():
+        for stage in stages[:k]:
+            carry = stage(*carry) if isinstance(carry, tuple) else stage(carry)
+    values = carry if isinstance(carry, tuple) else (carry,)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        raise _refuse_split(f"stage {k} would receive a value that is not a tensor ({[type(v).__name__ for v in values]}), which cannot be sent between ranks.")
+    return values

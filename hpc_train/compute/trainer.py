@@ -24,15 +24,15 @@ import torch.nn as nn
 
 from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
-from hpc_train.compute.data import build_datasets, eval_loader, train_loader
+from hpc_train.compute.data import eval_loader, train_loader
 from hpc_train.compute.interrupts import NONE, StopWatch, TrainingInterrupted
 from hpc_train.compute.loggers import metrics_writer
-from hpc_train.compute.models import build_model
 from hpc_train.compute.precision import grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
 from hpc_train.compute.runlog import Progress, truncate_metrics, write_json_atomic
 from hpc_train.compute.strategies import Strategy
+from hpc_train.compute.user_code import build_datasets, build_loss, build_model, check_fit, collate
 
 log = logging.getLogger("hpc_train")
 
@@ -123,8 +123,8 @@ class Trainer:
         self.data = data
         dp_size, dp_rank = strategy.data_parallel_size, strategy.data_parallel_rank
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
-        self.train_loader = train_loader(data.train, cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=int(cfg.seed))
-        self.eval_loader = eval_loader(data.val, cfg.data, self.per_rank_batch, dp_size, dp_rank)
+        self.train_loader = train_loader(data.train, cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=int(cfg.seed), collate_fn=data.collate_fn)
+        self.eval_loader = eval_loader(data.val, cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn) if data.val is not None else None
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch == 0:
             raise ValueError(
@@ -133,12 +133,14 @@ class Trainer:
             )
         self.total_steps = total_steps(self.tcfg, self.steps_per_epoch)
 
-        model = build_model(cfg.model, data.num_classes, data.image_size)
+        model = build_model(cfg)
+        self.loss_fn = strategy.loss_fn = build_loss(cfg)
+        check_fit(model, self.loss_fn, data)  # a dataset the model cannot take is refused before any step
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         example = None
         if strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
-            example = torch.stack([data.train[i][0] for i in range(min(len(data.train), self.per_rank_batch))])
+            example = collate(data, range(min(len(data.train), self.per_rank_batch)))[0]
         self.model = self.wrapped = strategy.wrap(model, example)
         if self.tcfg.compile and strategy.supports_compile:
             self.model = torch.compile(self.model)
@@ -147,7 +149,6 @@ class Trainer:
         self.optimizer = make_optimizer(self.tcfg, self.model.parameters())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(self.tcfg, self.total_steps))
         self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)
-        self.loss_fn = nn.CrossEntropyLoss()
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
 
         self.checkpointer = Checkpointer(cfg, self)
@@ -159,6 +160,15 @@ class Trainer:
             if self.is_main:
                 truncate_metrics(run_dir, self.state.global_step, keep_eval_at_last=self.state.step_in_epoch < self.steps_per_epoch)  # drop lines the lost attempt logged past the checkpoint
         self.attempt = attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step) if self.is_main else 0
+
+    @property
+    def model_name(self) -> str:
+        """The model's config choice (model=resnet18), else its _target_."""
+        return str(self.cfg.job.get("choices", {}).get("model") or self.cfg.model.get("_target_", "model"))
+
+    @property
+    def data_name(self) -> str:
+        return str(self.cfg.job.get("choices", {}).get("data") or self.cfg.data.train.get("_target_", "data"))
 
     # -- one step -------------------------------------------------------------------------
     def _to_input(self, images: torch.Tensor) -> torch.Tensor:
@@ -180,15 +190,17 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> Dict[str, float]:
+    def evaluate(self) -> Dict[str, Optional[float]]:
+        """Loss (trainer.loss) and, for class logits against integer labels, accuracy over data.val."""
         self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # correct, count, summed loss
+        totals = torch.zeros(4, dtype=torch.float64)  # correct, samples, summed loss, classified samples
         for images, labels in self.eval_loader:
             totals += self.strategy.eval_counts(self.model, self._to_input(images), labels)
         self.model.train()
         totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
         count = max(1.0, totals[1].item())
-        return {"accuracy": totals[0].item() / count, "loss": totals[2].item() / count, "samples": int(totals[1].item())}
+        accuracy = totals[0].item() / count if totals[3].item() == totals[1].item() > 0 else None
+        return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item())}
 
     def _sync(self) -> None:
         if self.strategy.input_device.type == "cuda":
@@ -219,7 +231,7 @@ class Trainer:
         progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
         log.info(
             "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d ranks x %d",
-            self.cfg.model.name, self.cfg.strategy.name, self.cfg.data.name, self.total_steps, self.steps_per_epoch,
+            self.model_name, self.cfg.strategy.name, self.data_name, self.total_steps, self.steps_per_epoch,
             tcfg.batch_size, self.strategy.data_parallel_size, self.per_rank_batch,
         )
         start_step = state.global_step
@@ -257,10 +269,11 @@ class Trainer:
             if timer_start is not None:
                 timed_seconds += time.perf_counter() - timer_start
                 timer_start = None
-            if tcfg.eval and (epoch_done or state.global_step >= self.total_steps):
+            if tcfg.eval and self.eval_loader is not None and (epoch_done or state.global_step >= self.total_steps):
                 state.last_eval = self.evaluate()
                 self.metrics.write({"kind": "eval", "step": state.global_step, "epoch": state.epoch, "accuracy": state.last_eval["accuracy"], "loss": state.last_eval["loss"], "time": time.time()})
-                log.info("epoch %d step %d: eval accuracy %.4f, eval loss %.4f", state.epoch, state.global_step, state.last_eval["accuracy"], state.last_eval["loss"])
+                accuracy = state.last_eval["accuracy"]
+                log.info("epoch %d step %d: eval %seval loss %.4f", state.epoch, state.global_step, "" if accuracy is None else f"accuracy {accuracy:.4f}, ", state.last_eval["loss"])
             if epoch_done:
                 state.epoch += 1
                 state.step_in_epoch = 0
@@ -272,8 +285,8 @@ class Trainer:
         images_per_sec = timed_images / timed_seconds if timed_seconds > 0 else 0.0
         summary = {
             "strategy": self.cfg.strategy.name,
-            "model": self.cfg.model.name,
-            "data": self.cfg.data.name,
+            "model": self.model_name,
+            "data": self.data_name,
             "world_size": self.ranks.world_size,
             "data_parallel_size": self.strategy.data_parallel_size,
             "global_batch": global_batch,

@@ -14,7 +14,7 @@ from typing import Any, Dict
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train.launch.plan import RunPlan
-from hpc_train.launch.validate import check_resume_compatible, data_parallel_size, normalize_precision, resolved_stages
+from hpc_train.launch.validate import check_resume_compatible, code_dirs, data_parallel_size, normalize_precision, resolved_stages
 
 JOB_CONFIG_NAME = "job_config.yaml"
 
@@ -32,9 +32,19 @@ def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     layout = asdict(plan.layout)
     layout["world_size"] = plan.layout.world_size
     layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)
-    spec["job"] = {"run_dir": str(plan.run_dir.resolve()), "layout": layout}
+    spec["job"] = {"run_dir": str(plan.run_dir.resolve()), "layout": layout, "choices": _choices(), "code_dirs": code_dirs()}
     check_resume_compatible(spec, plan.run_dir)
     return spec
+
+
+def _choices() -> Dict[str, str]:
+    """The config-group options this job was composed from (model=resnet18, ...): how runs name their model and data."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra/") and v is not None}
 
 
 def write_job_spec(spec: Dict[str, Any], run_dir: Path) -> Path:

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout, compute_layout
-from hpc_train.launch.validate import validate
+from hpc_train.launch.validate import STAGED, declared_stages, validate
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
@@ -59,7 +59,7 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
         nodes=cfg.resources.nodes,
         gpus_per_node=resolve_gpus_per_node(cfg),
         cpus_per_gpu=int(cfg.cluster.get("cpus_per_gpu") or 1),
-        stages=strategy.get("stages"),
+        stages=declared_stages(strategy) if strategy.name in STAGED else strategy.get("stages"),
         engine=strategy.get("engine"),
     )
     if cfg.launcher.name == "local":

@@ -7,10 +7,12 @@ launcher.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,12 +36,20 @@ def normalize_precision(value: object) -> str:
     return str(value).lower()
 
 
+def declared_stages(strategy: DictConfig) -> Optional[int]:
+    """The stage count the config fixes: len(split_points) + 1, else strategy.stages (None: from the GPUs)."""
+    points = strategy.get("split_points")
+    if points:
+        return len(points) + 1
+    return int(strategy.stages) if strategy.get("stages") else None
+
+
 def resolved_stages(cfg: DictConfig, layout: JobLayout) -> Optional[int]:
-    """strategy.stages, or its default: one stage per GPU of a task, per GPU of a node for the pipelining engine."""
+    """The stages a split strategy runs: as declared, else one per GPU of a task (of a node for the pipelining engine)."""
     if cfg.strategy.name not in STAGED:
         return None
-    if cfg.strategy.get("stages"):
-        return int(cfg.strategy.stages)
+    if declared_stages(cfg.strategy):
+        return declared_stages(cfg.strategy)
     return layout.gpus_per_node if layout.strategy == "pipeline+pipelining" else layout.gpus_per_task
 
 
@@ -93,15 +103,32 @@ def _check_count(section: DictConfig, name: str, minimum: int, example: str) -> 
         raise ConfigError(f"trainer.{name}", f"must be a whole number >= {minimum}, got {value!r}.", f"set e.g. {example}.")
 
 
-# Layers each model is cut along (launch side, no torch): stem(4) + residual blocks + avgpool, flatten, fc.
-MODEL_LAYERS = {"resnet18": 15, "resnet34": 23, "resnet50": 23, "resnet101": 40, "resnet152": 57, "toy_mlp": 4}
 STAGED = ("model_parallel", "pipeline", "hybrid")
+
+
+def check_split_points(strategy: DictConfig) -> None:
+    """split_points fix the stages; a strategy.stages or strategy.balance that says otherwise is refused."""
+    points = strategy.get("split_points")
+    if points is None:
+        return
+    # Hydra reads `[2]` as a number: the module names of an nn.Sequential are digits.
+    if not OmegaConf.is_list(points) or not points or not all((isinstance(p, str) and p) or (isinstance(p, int) and not isinstance(p, bool)) for p in points):
+        raise ConfigError("strategy.split_points", f"must be a non-empty list of module names, got {points!r}.", "e.g. strategy.split_points=[layer3] or strategy.split_points=[features.4,head] (names as in model.named_modules()); null to cut automatically.")
+    if len({str(p) for p in points}) != len(points):
+        raise ConfigError("strategy.split_points", f"{list(points)} names a module twice.", "name each module where a stage begins once.")
+    stages = strategy.get("stages")
+    if stages is not None and stages != len(points) + 1:
+        raise ConfigError("strategy.stages", f"is {stages}, but strategy.split_points={list(points)} makes {len(points) + 1} stages.", f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.")
+    balance = strategy.get("balance", "params")
+    if balance != "params":
+        raise ConfigError("strategy.balance", f"is {balance!r}, but strategy.split_points already fixes where the stages begin.", "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.")
 
 
 def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     strategy = cfg.strategy
     if strategy.name not in STAGED:
         return
+    check_split_points(strategy)
     engine = strategy.get("engine", "native")
     if engine not in ("native", "pipelining"):
         raise ConfigError("strategy.engine", f"unknown engine {engine!r}.", "use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).")
@@ -124,19 +151,18 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
             f"{stages} stages on {layout.gpus_per_task} GPUs per task would put two stages on one GPU.",
             f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per GPU).",
         )
-    layers = MODEL_LAYERS.get(str(cfg.model.name))
     if stages < 1:
         raise ConfigError("strategy.stages", f"must be at least 1, got {stages}.", "set strategy.stages=2 or more, or null for one stage per GPU.")
-    if layers is not None and stages > layers:
-        raise ConfigError("strategy.stages", f"{cfg.model.name} has {layers} layers to cut, fewer than {stages} stages.", f"use at most strategy.stages={layers}.")
+    # How many layers a model has is known only once it is built: the job checks that (and the
+    # split points' names) at its start, before any training.
     balance = strategy.get("balance", "params")
     if isinstance(balance, str):
         if balance not in ("params", "time"):
             raise ConfigError("strategy.balance", f"unknown balance {balance!r}.", "use strategy.balance=params, strategy.balance=time or a list of layer counts such as strategy.balance=[5,10].")
     else:
         counts = list(balance)
-        if len(counts) != stages or (layers is not None and sum(counts) != layers) or min(counts) < 1:
-            raise ConfigError("strategy.balance", f"{counts} must list {stages} positive layer counts summing to {layers}.", f"give {stages} numbers that add up to {layers}, or use strategy.balance=params.")
+        if len(counts) != stages or not all(_positive_int(c) for c in counts):
+            raise ConfigError("strategy.balance", f"{counts} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
     if strategy.get("batchnorm", "keep") not in ("keep", "freeze"):
         raise ConfigError("strategy.batchnorm", f"unknown mode {strategy.batchnorm!r}.", "use strategy.batchnorm=keep or strategy.batchnorm=freeze.")
     chunks = strategy.get("chunks")
@@ -147,11 +173,20 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
         raise ConfigError("strategy.chunks", f"{chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
 
 
+IMAGE_FOLDER_TARGET = "hpc_train.compute.datasets.image_folder"
+
+
 def check_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if data.name != "imagefolder":
-        return
-    if OmegaConf.is_missing(data, "root") or not data.root:
+    if not isinstance(data.get("train"), DictConfig) or not data.train.get("_target_"):
+        raise ConfigError("data.train", "the data node needs a `train` dataset with a _target_.", "set data.train._target_=my_package.MyDataset (its other keys are the constructor's arguments); see conf/data/synthetic.yaml.")
+    if data.train._target_ == IMAGE_FOLDER_TARGET:
+        _check_image_folder(data)
+
+
+def _check_image_folder(data: DictConfig) -> None:
+    """data=imagefolder: the folders exist, hold images, and as many classes as data.num_classes says."""
+    if OmegaConf.is_missing(data, "root") or not data.get("root"):
         raise ConfigError("data.root", "data=imagefolder needs the dataset folder, and none was given.", "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.")
     root = Path(str(data.root)).expanduser()
     if not root.is_dir():
@@ -168,6 +203,42 @@ def check_data(cfg: DictConfig) -> None:
         has_image = any(f.suffix.lower() in IMAGE_SUFFIXES for c in classes for f in (split / c).iterdir())
         if not has_image:
             raise ConfigError("data.root", f"the class folders under {split} hold no images.", "check data.root: each class folder needs image files (.jpg, .png, ...).")
+
+
+def code_dirs() -> List[str]:
+    """Where the job imports the user's code from: the submitting directory, then PYTHONPATH."""
+    dirs = [os.getcwd(), *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    return list(dict.fromkeys(str(Path(d).absolute()) for d in dirs))
+
+
+def _targets(node: object, path: str) -> List[Tuple[str, str]]:
+    """(key, dotted path) of every _target_ in the config, hydra's own node aside."""
+    found: List[Tuple[str, str]] = []
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            if path == "" and key == "hydra":
+                continue
+            child_path = f"{path}.{key}" if path else str(key)
+            if key == "_target_":
+                value = node._get_node(key)._value()
+                if isinstance(value, str):
+                    found.append((path or "_target_", value))
+            else:
+                found.extend(_targets(node._get_node(key), child_path))
+    return found
+
+
+def check_targets(cfg: DictConfig) -> None:
+    """Every _target_'s top-level package is findable (find_spec imports nothing: no torch here)."""
+    search = code_dirs() + sys.path
+    for key, target in _targets(cfg, ""):
+        top = target.split(".")[0]
+        if not top or importlib.machinery.PathFinder.find_spec(top, search) is None and importlib.util.find_spec(top) is None:
+            raise ConfigError(
+                f"{key}._target_",
+                f"{target!r}: no module {top!r} can be found from {os.getcwd()} or PYTHONPATH in this Python environment.",
+                f"run hpc-train from the folder that holds {top}/ (or {top}.py), add its parent folder to PYTHONPATH, or pip install -e your package; the job imports it from the same places.",
+            )
 
 
 def check_resume(cfg: DictConfig) -> None:
@@ -210,6 +281,7 @@ def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     check_strategy(cfg, layout)
     check_trainer(cfg, layout)
     check_data(cfg)
+    check_targets(cfg)
     check_resume(cfg)
     check_logger(cfg)
     check_objective(cfg)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Type
+from typing import Callable, Dict, List, Optional, Type
 
 import torch
 
@@ -20,9 +20,9 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 }
 
 
-def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str) -> Strategy:
+def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None) -> Strategy:
     if cfg.name == "pipeline" and cfg.get("engine") == "pipelining":
         from hpc_train.compute.strategies.pipelining import PipeliningStrategy
 
-        return PipeliningStrategy(cfg, ranks, devices, precision)
-    return STRATEGIES[cfg.name](cfg, ranks, devices, precision)
+        return PipeliningStrategy(cfg, ranks, devices, precision, loss_fn)
+    return STRATEGIES[cfg.name](cfg, ranks, devices, precision, loss_fn)

@@ -13,7 +13,7 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -26,15 +26,16 @@ from hpc_train.compute.ranks import RankInfo
 class Strategy:
     name = "base"
 
-    def __init__(self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str) -> None:
+    def __init__(self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None) -> None:
         self.cfg = cfg
         self.ranks = ranks
         self.devices = devices
         self.precision = precision
+        self.loss_fn: Callable = loss_fn or nn.CrossEntropyLoss()  # trainer.loss; pipeline schedules call it themselves
 
     # -- placement --------------------------------------------------------------------
-    needs_example = False
-    supports_compile = True  # trainer.compile wraps the module returned by wrap()  # True: wrap() needs an example input batch (time balancing, shape inference)
+    needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
+    supports_compile = True  # trainer.compile wraps the module returned by wrap()
 
     @property
     def input_device(self) -> torch.device:
@@ -71,12 +72,20 @@ class Strategy:
             return model(images)
 
     def eval_counts(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """(correct, count, summed loss) of one evaluation batch, as float64 on the CPU; summed over ranks later."""
+        """(correct, samples, summed loss, classified samples) of one evaluation batch, float64 on the CPU.
+
+        Summed over batches and ranks later: the loss is trainer.loss (a mean over the batch)
+        times the batch size; accuracy counts only batches of class logits against integer labels.
+        """
+        from hpc_train.compute.user_code import is_classification
+
         outputs = self.predict(model, images).float()
         labels = labels.to(outputs.device)
-        correct = (outputs.argmax(dim=1) == labels).sum().item()
-        loss = nn.functional.cross_entropy(outputs, labels, reduction="sum").item()
-        return torch.tensor([correct, labels.numel(), loss], dtype=torch.float64)
+        count = outputs.shape[0]
+        loss = float(self.loss_fn(outputs, labels)) * count
+        if is_classification(outputs, labels):
+            return torch.tensor([(outputs.argmax(dim=1) == labels).sum().item(), count, loss, count], dtype=torch.float64)
+        return torch.tensor([0, count, loss, 0], dtype=torch.float64)
 
     def global_loss(self, loss: torch.Tensor) -> float:
         """This step's loss over the global batch (every rank calls it: it may be a collective)."""

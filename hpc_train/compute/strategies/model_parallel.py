@@ -17,7 +17,13 @@ class ModelParallelStrategy(Strategy):
         return self.cfg.get("balance", "params") == "time"
 
     @property
+    def split_points(self) -> list:
+        return [str(name) for name in self.cfg.get("split_points") or []]
+
+    @property
     def stages(self) -> int:
+        if self.split_points:
+            return len(self.split_points) + 1
         return int(self.cfg.get("stages") or len(self.devices))
 
     @property
@@ -29,7 +35,7 @@ class ModelParallelStrategy(Strategy):
         balance = balance if isinstance(balance, str) else list(balance)
         return build_staged(
             model, self.devices, self.stages, balance, self.chunks,
-            freeze_batchnorm=self.cfg.get("batchnorm", "keep") == "freeze", example=example,
+            freeze_batchnorm=self.cfg.get("batchnorm", "keep") == "freeze", example=example, split_points=self.split_points,
         )
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -10,7 +10,7 @@ pipeline, activations cross process (and node) boundaries by point-to-point mess
 from __future__ import annotations
 
 import inspect
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -18,27 +18,35 @@ import torch.nn as nn
 
 from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
-from hpc_train.compute.stages import flatten_layers, stage_counts
+from hpc_train.compute.stages import split_model, stage_inputs
 from hpc_train.compute.strategies.base import Strategy
 
-SCHEDULES = ("gpipe", "1f1b")
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool, torch.uint8]
 
 
-def _send(tensor: torch.Tensor, dst: int) -> None:
-    header = torch.zeros(8, dtype=torch.long)
-    header[0] = tensor.dim()
-    header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape)
-    dist.send(header.to(tensor.device), dst)
-    dist.send(tensor.contiguous(), dst)
+def _send_values(values: Tuple[torch.Tensor, ...], dst: int) -> None:
+    """Evaluation's point-to-point hand-over: how many tensors, then each one's shape, dtype and data."""
+    device = values[0].device
+    dist.send(torch.tensor([len(values)], dtype=torch.long, device=device), dst)
+    for tensor in values:
+        header = torch.zeros(10, dtype=torch.long)
+        header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
+        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
+        dist.send(header.to(device), dst)
+        dist.send(tensor.contiguous(), dst)
 
 
-def _recv(src: int, device: torch.device) -> torch.Tensor:
-    header = torch.zeros(8, dtype=torch.long, device=device)
-    dist.recv(header, src)
-    shape = header[1 : 1 + int(header[0])].tolist()
-    out = torch.empty(shape, device=device)
-    dist.recv(out, src)
-    return out
+def _recv_values(src: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
+    count = torch.zeros(1, dtype=torch.long, device=device)
+    dist.recv(count, src)
+    values = []
+    for _ in range(int(count.item())):
+        header = torch.zeros(10, dtype=torch.long, device=device)
+        dist.recv(header, src)
+        out = torch.empty(header[2 : 2 + int(header[0])].tolist(), dtype=_DTYPES[int(header[1])], device=device)
+        dist.recv(out, src)
+        values.append(out)
+    return tuple(values)
 
 
 class PipeliningStrategy(Strategy):
@@ -46,9 +54,9 @@ class PipeliningStrategy(Strategy):
     needs_example = True  # each stage infers the shape of the activations it receives
     supports_compile = False  # the schedule calls the stage module directly
 
-    def __init__(self, cfg, ranks, devices, precision) -> None:
-        super().__init__(cfg, ranks, devices, precision)
-        self.num_stages = int(cfg.stages)  # resolved on the launch side
+    def __init__(self, cfg, ranks, devices, precision, loss_fn=None) -> None:
+        super().__init__(cfg, ranks, devices, precision, loss_fn)
+        self.num_stages = int(cfg.stages)  # resolved on the launch side (len(split_points) + 1 when given)
         if ranks.world_size % self.num_stages:
             raise ValueError(f"world size {ranks.world_size} is not a multiple of strategy.stages={self.num_stages}")
         self.stage_index = ranks.rank % self.num_stages
@@ -90,17 +98,13 @@ class PipeliningStrategy(Strategy):
     def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        layers = flatten_layers(model)
         balance = self.cfg.get("balance", "params")
-        counts = stage_counts(layers, self.num_stages, balance if isinstance(balance, str) else list(balance), example)
-        start = sum(counts[: self.stage_index])
-        stage_input = example[: max(1, example.shape[0] // self.chunks)]
-        # The micro-batch this stage receives, with the dtype autocast gives it (shape/dtype metadata).
-        with torch.no_grad(), autocast(self.precision, torch.device("cpu")):
-            for layer in layers[:start]:
-                stage_input = layer(stage_input)
-        module = nn.Sequential(*layers[start : start + counts[self.stage_index]]).to(self.input_device)
-        self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.input_device, input_args=(stage_input.to(self.input_device),), group=self.pp_group)
+        stages = split_model(model, self.num_stages, balance if isinstance(balance, str) else list(balance), self.cfg.get("split_points"), example)
+        # What this stage receives for one micro-batch, with the dtype autocast gives it (shape/dtype metadata).
+        with autocast(self.precision, torch.device("cpu")):
+            inputs = stage_inputs(stages, self.stage_index, example[: max(1, example.shape[0] // self.chunks)])
+        module = stages[self.stage_index].to(self.input_device)
+        self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.input_device, input_args=tuple(v.to(self.input_device) for v in inputs), group=self.pp_group)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[str(self.cfg.get("schedule", "gpipe")).lower()]
         kwargs = {}
         loss_fn = self._loss
@@ -112,7 +116,7 @@ class PipeliningStrategy(Strategy):
         return module
 
     def _loss(self, outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(outputs.float(), target)
+        return self.loss_fn(outputs.float(), target)
 
     def forward_backward(self, model, images, labels, loss_fn, scaler) -> torch.Tensor:
         losses: List[torch.Tensor] = []
@@ -141,12 +145,12 @@ class PipeliningStrategy(Strategy):
 
     def eval_counts(self, model, images, labels) -> torch.Tensor:
         """Forward through the stages with plain point-to-point messages; the last stage counts."""
-        x = images if self.is_first else _recv(self.ranks.rank - 1, self.input_device)
+        inputs = (images,) if self.is_first else _recv_values(self.ranks.rank - 1, self.input_device)
         with autocast(self.precision, self.input_device):
-            out = model(x)
+            out = model(*inputs)
         if not self.is_last:
-            _send(out.float(), self.ranks.rank + 1)
-            return torch.zeros(3, dtype=torch.float64)
+            _send_values(out if isinstance(out, tuple) else (out,), self.ranks.rank + 1)
+            return torch.zeros(4, dtype=torch.float64)
         return super().eval_counts(lambda _: out, images, labels)
 
     def predict(self, model, images):

@@ -25,7 +25,7 @@ TINY_DATA = ["data=synthetic", "data.image_size=8", "data.num_samples=512", "dat
 TINY = TINY_TRAINER + TINY_DATA
 
 
-def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None, gpus: bool = False) -> subprocess.CompletedProcess:
+def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None, gpus: bool = False, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
     """Run `hpc-train ARGS` as a user would; returns the finished process (stdout+stderr as text).
 
     Tests are CPU tests (gloo workers) unless they pass gpus=True: GPUs are hidden otherwise, so
@@ -37,7 +37,7 @@ def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 30
     command = [sys.executable, "-m", "hpc_train.cli", *args]
     if run_dir is not None:
         command.append(f"hydra.run.dir={run_dir}")
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
 
 
 def read_summary(run_dir: Path) -> Dict:

@@ -140,12 +140,14 @@ class SweepLauncher(Launcher):
             return [_job_return(c, o, None) for c, o in zip(configs, overrides)]
         if not prepared:
             return returns  # type: ignore[return-value]
+        # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
+        # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
+        submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
         for i, job in prepared:
             write_job_spec(job.spec, job.plan.run_dir)
             hydra_dir = job.plan.run_dir / ".hydra"
             hydra_dir.mkdir(parents=True, exist_ok=True)
             (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides[i]))))
-        submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for _, job in prepared]
         _print_table(rows, sweep_dir / TABLE_NAME)

@@ -7,6 +7,15 @@ The package is split in two halves that never mix:
   It never imports torch, so it stays fast on a busy login node.
 * ``hpc_train.compute`` runs inside every training process: rank detection, data,
   models, strategies and the training loop.
+
+The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func:`run`,
+:func:`submit`, :func:`sweep`, :class:`Job`, the errors :class:`ConfigError` and
+:class:`JobFailed`, and :func:`staged_model` for in-process timing. ``import hpc_train``
+imports neither torch nor Hydra; the jobs run in their own processes, as with the CLI.
 """
 
+from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep
+
 __version__ = "0.1.0"
+
+__all__ = ["ConfigError", "Job", "JobFailed", "compose", "run", "staged_model", "submit", "sweep", "__version__"]

@@ -6,6 +6,8 @@ import sys
 from tests.conftest import REPO
 
 LAUNCH_MODULES = [
+    "hpc_train",  # the public Python API, re-exported from the package root
+    "hpc_train.api",
     "hpc_train.cli",
     "hpc_train.launch.run",
     "hpc_train.launch.plan",
@@ -29,6 +31,12 @@ def test_launch_side_does_not_import_torch():
 
 
 import pytest
+
+
+def test_api_compose_does_not_import_torch():
+    code = "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert 'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])

@@ -1,0 +1,147 @@
+"""The public Python API (hpc_train.compose/run/submit/sweep, Job): real processes, the real Slurm test cluster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+import hpc_train
+from tests.conftest import TINY, assert_ok, read_summary, run_cli
+
+JOB = [*TINY, "strategy=single", "trainer.max_steps=4", "trainer.epochs=null"]
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=1"]
+
+
+@pytest.fixture(autouse=True)
+def cpu_here(monkeypatch, tmp_path):
+    """CPU workers (as run_cli gives the CLI), and default run dirs under the test's own dir."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+
+
+# -- compose ----------------------------------------------------------------------------------
+def test_compose_is_the_clis_resolved_job_config(tmp_path):
+    overrides = ["strategy=single", "model=toy_mlp", "trainer.lr=0.3", "data=synthetic", "data.num_classes=4"]
+    cfg = hpc_train.compose(overrides)
+    assert cfg.strategy.name == "single" and cfg.trainer.lr == 0.3 and "hydra" not in cfg
+    assert cfg.model.num_classes == 4 and not OmegaConf.is_interpolation(cfg.model, "num_classes")
+    assert list(tmp_path.iterdir()) == []  # nothing ran, nothing was written
+    proc = run_cli(["--cfg", "job", "--resolve", *overrides])
+    assert_ok(proc)
+    assert OmegaConf.to_container(cfg) == yaml.safe_load(proc.stdout)
+
+
+def test_compose_with_a_users_config_dir(tmp_path):
+    conf = tmp_path / "my_conf"
+    (conf / "cluster").mkdir(parents=True)
+    (conf / "cluster" / "mysite.yaml").write_text("defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ngpus_per_node: 8\n")
+    cfg = hpc_train.compose(["launcher=slurm", "cluster=mysite"], config_dir=conf)
+    shipped = hpc_train.compose(["launcher=slurm"])
+    assert cfg.cluster.name == "mysite" and cfg.cluster.partition == "gpu_p2" and cfg.cluster.gpus_per_node == 8
+    assert cfg.cluster.cpus_per_gpu == shipped.cluster.cpus_per_gpu  # inherited from the shipped profile
+    with pytest.raises(hpc_train.ConfigError, match="did you mean 'mysite'"):
+        hpc_train.compose(["launcher=slurm", "cluster=mysit"], config_dir=conf)
+
+
+# -- errors -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["model=resnet19"], "model"),  # Hydra refuses it: raised before any process starts
+        (["strategy=ddp", "trainer.batch_size=63"], "trainer.batch_size"),  # validation refuses it: the CLI's exit code 2
+    ],
+)
+def test_bad_input_raises_config_error_with_the_clis_message(overrides, key, tmp_path):
+    with pytest.raises(hpc_train.ConfigError) as err:
+        hpc_train.run([*JOB, *overrides], run_dir=tmp_path / "api", quiet=True)
+    assert err.value.key == key
+    proc = run_cli([*JOB, *overrides], tmp_path / "cli")
+    assert proc.returncode == 2 and err.value.message == proc.stderr.strip(), (err.value.message, proc.stderr)
+    assert not (tmp_path / "api" / "job_config.yaml").exists()
+
+
+def test_a_sweep_over_launchers_is_refused():
+    with pytest.raises(hpc_train.ConfigError, match="mixes launchers"):
+        hpc_train.sweep([*JOB, "launcher=local,slurm"])
+
+
+# -- run --------------------------------------------------------------------------------------
+def test_run_returns_the_summary_with_the_clis_loss(tmp_path):
+    summary = hpc_train.run(JOB, run_dir=tmp_path / "api", quiet=True)
+    assert summary == read_summary(tmp_path / "api") and summary["global_step"] == 4
+    assert "hpc-train: done: 4 steps" in (tmp_path / "api" / "hpc-train.out").read_text()
+    proc = run_cli(JOB, tmp_path / "cli")
+    assert_ok(proc)
+    assert summary["train_loss"] == read_summary(tmp_path / "cli")["train_loss"]
+
+
+def test_dry_runs_print_and_get_a_run_dir_each(tmp_path, capsys):
+    first = hpc_train.run([*JOB, *SLURM, "dry_run=true"])
+    second = hpc_train.run([*JOB, *SLURM, "dry_run=true"], quiet=True)
+    assert first["dry_run"] and "#SBATCH --ntasks-per-node=1" in first["output"]
+    assert "#SBATCH --ntasks-per-node=1" in capsys.readouterr().out  # echoed as hpc-train prints it
+    # Two calls in the same second would share outputs/<date>/<time>: each gets its own dir.
+    assert first["run_dir"] != second["run_dir"]
+    assert all(str(tmp_path / "outputs") in run["run_dir"] for run in (first, second))
+
+
+def test_a_failing_job_raises_job_failed_naming_the_rank(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPC_TRAIN_FAIL_AT", "0:2")
+    with pytest.raises(hpc_train.JobFailed) as err:
+        hpc_train.run(JOB, run_dir=tmp_path / "run", quiet=True)
+    assert err.value.error.startswith("InjectedFailure: HPC_TRAIN_FAIL_AT=0:2") and "rank 0 failed first" in str(err.value)
+    assert err.value.exit_code == 1
+    # Two ranks: the one that raised is named, not its peer that lost the connection.
+    job = hpc_train.submit([*JOB, "strategy=ddp"], run_dir=tmp_path / "ddp")
+    with pytest.raises(hpc_train.JobFailed) as err:
+        job.wait(timeout=120)
+    assert err.value.error.startswith("InjectedFailure") and job.state() == "FAILED"
+
+
+# -- submit -----------------------------------------------------------------------------------
+def test_submit_returns_at_once_and_wait_returns_the_summary(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.5")  # 4 steps: at least 2 s of training
+    job = hpc_train.submit(JOB, run_dir=tmp_path / "run")
+    assert job.launcher == "local" and job.run_dir == tmp_path / "run"
+    assert job.state() == "RUNNING" and job.summary() is None
+    with pytest.raises(TimeoutError):
+        job.wait(timeout=0.2)
+    summary = job.wait(timeout=120)
+    assert summary["global_step"] == 4 and summary == job.summary()
+    assert job.state() == "COMPLETED"
+
+
+# -- sweep ------------------------------------------------------------------------------------
+def test_local_sweep_gives_one_job_per_run(tmp_path):
+    jobs = hpc_train.sweep([*JOB, "seed=0,1"], sweep_dir=tmp_path / "sweep")
+    assert [job.run_dir for job in jobs] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
+    assert [job.overrides[-1] for job in jobs] == ["seed=0", "seed=1"] and len({job.job_id for job in jobs}) == 2
+    assert jobs[1].state() in ("PENDING", "RUNNING")  # one after another
+    summaries = [job.wait(timeout=180) for job in jobs]
+    assert [s["global_step"] for s in summaries] == [4, 4]
+    assert [job.state() for job in jobs] == ["COMPLETED", "COMPLETED"]
+
+
+# -- the Slurm test cluster -------------------------------------------------------------------
+@pytest.mark.slurm
+def test_slurm_submit_wait_and_run(slurm_cluster, tmp_path):
+    start = time.monotonic()
+    job = hpc_train.submit([*JOB, *SLURM], run_dir=tmp_path / "submitted")
+    assert job.launcher == "slurm" and job.job_id.isdigit() and time.monotonic() - start < 60
+    assert job.state() in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED")
+    summary = job.wait(timeout=300)
+    assert summary["global_step"] == 4 and job.state() == "COMPLETED"
+    assert hpc_train.run([*JOB, *SLURM], run_dir=tmp_path / "run", quiet=True)["train_loss"] == summary["train_loss"]
+
+
+@pytest.mark.slurm
+def test_slurm_sweep(slurm_cluster, tmp_path):
+    jobs = hpc_train.sweep([*JOB, *SLURM, "seed=0,1"], sweep_dir=tmp_path / "sweep")
+    rows = [line.split("\t") for line in (tmp_path / "sweep" / "jobs.tsv").read_text().splitlines()[1:]]
+    assert [job.job_id for job in jobs] == [row[0] for row in rows] and len(jobs) == 2
+    assert [job.run_dir for job in jobs] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
+    assert [job.wait(timeout=300)["global_step"] for job in jobs] == [4, 4]
+    assert [job.state() for job in jobs] == ["COMPLETED", "COMPLETED"]

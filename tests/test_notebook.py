@@ -67,8 +67,10 @@ def test_notebook_is_committed_without_outputs():
     for name in ("MODEL", "IMAGE_SIZE", "BATCH_SIZE", "MICRO_BATCHES", "SUBMIT", "SLURM_OVERRIDES"):
         assert re.search(rf"^{name} = ", first.source, flags=re.M), name
     source = "\n".join(cell.source for cell in code)
-    for reused in ("hpc_train.compute.strategies", "hpc_train.compute.models", "hpc_train.compute.distributed"):
-        assert reused in source
+    # Only the public API: jobs through hpc_train.run/sweep, the timing cell through hpc_train.staged_model.
+    for public in ("hpc_train.compose(", "hpc_train.staged_model(", "hpc_train.run(", "hpc_train.sweep("):
+        assert public in source, public
+    assert "hpc_train.compute" not in source and "hpc_train.cli" not in source
 
 
 def test_notebook_runs_on_cpu(tmp_path):

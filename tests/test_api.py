@@ -114,6 +114,30 @@ def test_submit_returns_at_once_and_wait_returns_the_summary(monkeypatch, tmp_pa
     assert job.state() == "COMPLETED"
 
 
+def test_cancel_stops_a_local_job_after_a_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.5")
+    job = hpc_train.submit([*JOB, "trainer.max_steps=100"], run_dir=tmp_path / "run")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:  # training has begun
+        time.sleep(0.2)
+    job.cancel()
+    with pytest.raises(hpc_train.JobFailed):
+        job.wait(timeout=120)
+    assert job.state() == "CANCELLED" and list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+
+
+def test_staged_model_is_the_strategies_split():
+    torch = pytest.importorskip("torch")
+    from hydra.utils import instantiate
+
+    model = instantiate(hpc_train.compose(["model=toy_mlp", "data=synthetic", "data.image_size=8"]).model)
+    staged = hpc_train.staged_model(model, ["cpu"], stages=2, chunks=2)
+    assert len(staged.stages) == 2 and staged.devices == [torch.device("cpu")] * 2
+    x = torch.randn(4, 3, 8, 8)
+    assert torch.allclose(staged(x), model(x))
+    assert len(hpc_train.staged_model(model, split_points=["2"]).stages) == 2  # named modules, any model
+
+
 # -- sweep ------------------------------------------------------------------------------------
 def test_local_sweep_gives_one_job_per_run(tmp_path):
     jobs = hpc_train.sweep([*JOB, "seed=0,1"], sweep_dir=tmp_path / "sweep")

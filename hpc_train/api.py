@@ -538,12 +538,12 @@ def sweep(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, 
         rows = _table_rows(target)[len(known):]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        return [Job(row["job_id"], target / row["job"], "slurm", row["overrides"].split(), output=output, started=started) for row in rows]
+        return [Job(row["job_id"], target / row["job"], "slurm", _overrides_of(target / row["job"], row["overrides"].split()), output=output, started=started) for row in rows]
     process = _background(command, output)
     if optimising:  # the sweeper decides how many jobs there are: wait for it
         process.wait()
         numbers = sorted(int(p.name) for p in target.iterdir() if p.name.isdigit() and (p / ".hydra").exists())
-        jobs = [[] for _ in numbers]
+        jobs = [_overrides_of(target / str(n), []) for n in numbers]
     else:
         numbers = list(range(len(jobs)))
         _wait_for_start(process, [target / "0" / ".hydra" / "overrides.yaml"], started)
@@ -567,6 +567,17 @@ def _expand(overrides: List[str]) -> List[List[str]]:
         return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch] or [[]]
     except Exception as err:
         raise _as_config_error(err) from None
+
+
+def _overrides_of(run_dir: Path, fallback: List[str]) -> List[str]:
+    """A sweep job's overrides as Hydra recorded them (.hydra/overrides.yaml), else `fallback`."""
+    import yaml
+
+    try:
+        listed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return fallback
+    return [str(o) for o in listed] if isinstance(listed, list) else fallback
 
 
 def _launcher_of(job: List[str], default: str) -> str:

@@ -166,6 +166,7 @@ def test_slurm_sweep(slurm_cluster, tmp_path):
     jobs = hpc_train.sweep([*JOB, *SLURM, "seed=0,1"], sweep_dir=tmp_path / "sweep")
     rows = [line.split("\t") for line in (tmp_path / "sweep" / "jobs.tsv").read_text().splitlines()[1:]]
     assert [job.job_id for job in jobs] == [row[0] for row in rows] and len(jobs) == 2
+    assert [job.overrides[-1] for job in jobs] == ["seed=0", "seed=1"]
     assert [job.run_dir for job in jobs] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
     assert [job.wait(timeout=300)["global_step"] for job in jobs] == [4, 4]
     assert [job.state() for job in jobs] == ["COMPLETED", "COMPLETED"]

@@ -1,11 +1,14 @@
 """Save a training run's full state and put it back: what makes a resumed run exact.
 
-Rank 0 writes one file per checkpoint; every rank contributes its RNG states, and each owner of
-parameters (rank 0, or the first replica of every pipeline stage) its model, optimizer and
-GradScaler state, gathered over the CPU control group. On resume every rank reads the same
-file, checks the fingerprint, and restores its own part.
+The trainer hands the checkpointer the objects that hold state, each with ``state_dict`` and
+``load_state_dict``: *sharded* ones (model, optimizer, GradScaler), whose content differs
+between parameter owners (the first replica of every pipeline stage), and *shared* ones
+(LR schedule, loop position), equal on every rank and saved by rank 0. Every rank adds its
+RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
+(hpc_train.compute.checkpoint); on resume every rank reads the same file, checks the
+fingerprint, and loads its own part.
 
-Resume modes (the top-level ``resume`` key):
+Resume modes (the top-level ``resume`` key; targets resolved by hpc_train.rundir):
   * ``auto``: the newest checkpoint of the run dir that verifies (a torn or corrupt newest one
     is skipped with a warning); none: start from scratch.
   * ``never``: start from scratch; existing checkpoints are moved aside to
@@ -17,102 +20,108 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Protocol, Tuple
 
-from omegaconf import OmegaConf
-
+from hpc_train import rundir
 from hpc_train.compute import distributed
-from hpc_train.fingerprint import differences, fingerprint
 from hpc_train.compute.checkpoint import (
     FORMAT,
     CheckpointError,
     capture_rng,
-    checkpoint_dir,
-    checkpoint_path,
-    list_checkpoints,
     newest_valid,
     read_checkpoint,
     restore_rng,
     to_cpu,
     write_checkpoint,
 )
+from hpc_train.compute.ranks import RankInfo
+from hpc_train.fingerprint import differences
 
 log = logging.getLogger("hpc_train")
 
 
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> Any: ...
+
+
 class Checkpointer:
-    def __init__(self, cfg, trainer) -> None:
-        self.cfg = cfg
-        self.trainer = trainer
-        self.folder = checkpoint_dir(trainer.run_dir)
-        self.every = int(cfg.trainer.get("checkpoint_every") or 0)
-        self.keep = int(cfg.trainer.get("keep_checkpoints") or 1)
-        self.fingerprint = fingerprint(OmegaConf.to_container(cfg, resolve=True), trainer.ranks.world_size)
+    """Writes and finds checkpoints of the state holders it is given (every method is called on every rank)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        ranks: RankInfo,
+        fingerprint: Dict[str, Any],
+        sharded: Mapping[str, Stateful],
+        shared: Mapping[str, Stateful],
+        shard_key: str = "model",
+        owns_shard: bool = True,
+        every: int = 0,
+        keep: int = 1,
+        resume: str = "auto",
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.ranks = ranks
+        self.fingerprint = fingerprint
+        self.sharded = {k: v for k, v in sharded.items() if v is not None}
+        self.shared = dict(shared)
+        self.shard_key, self.owns_shard = shard_key, owns_shard
+        self.every, self.keep, self.resume = every, max(1, keep), str(resume)
+        self.folder = rundir.checkpoint_dir(run_dir)
         self.last_saved_step: Optional[int] = None
 
     # -- saving -------------------------------------------------------------------------
     def due(self, global_step: int) -> bool:
         return self.every > 0 and global_step % self.every == 0
 
-    def save(self, why: str) -> Optional[Path]:
+    def save(self, global_step: int, why: str) -> Optional[Path]:
         """Write a checkpoint of the current state (a collective: every rank calls it)."""
-        t = self.trainer
-        state = t.state
-        if self.last_saved_step == state.global_step:
+        if self.last_saved_step == global_step:
             return None
         started = time.perf_counter()
-        strategy = t.strategy
         part: Dict[str, Any] = {"rng": capture_rng()}
-        if strategy.owns_checkpoint_shard:
-            shard = {"model": to_cpu(strategy.unwrap(t.wrapped).state_dict()), "optimizer": to_cpu(t.optimizer.state_dict())}
-            if t.scaler is not None:
-                shard["scaler"] = t.scaler.state_dict()
-            part["shard"] = (strategy.checkpoint_key, shard)
+        if self.owns_shard:
+            part["shard"] = (self.shard_key, {name: to_cpu(holder.state_dict()) for name, holder in self.sharded.items()})
         parts = distributed.gather_to_main(part)
-        path = checkpoint_path(t.run_dir, state.global_step)
+        path = rundir.checkpoint_path(self.run_dir, global_step)
         if parts is not None:  # rank 0
             payload = {
                 "format": FORMAT,
                 "fingerprint": self.fingerprint,
-                "state": asdict(state),
-                "scheduler": t.scheduler.state_dict(),
+                **{name: holder.state_dict() for name, holder in self.shared.items()},
                 "rng": [p["rng"] for p in parts],
                 "shards": dict(p["shard"] for p in parts if "shard" in p),
-                "world_size": t.ranks.world_size,
+                "world_size": self.ranks.world_size,
                 "written": time.time(),
                 "why": why,
             }
             write_checkpoint(payload, path, self.keep)
-            log.info("checkpoint %s written (%s, step %d, %.2f s)", path.name, why, state.global_step, time.perf_counter() - started)
+            log.info("checkpoint %s written (%s, step %d, %.2f s)", path.name, why, global_step, time.perf_counter() - started)
         # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit
         # would kill rank 0 mid-write) before the file is complete.
         distributed.control_barrier()
-        self.last_saved_step = state.global_step
+        self.last_saved_step = global_step
         return path
 
     # -- loading ------------------------------------------------------------------------
     def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
-        """The checkpoint this run resumes from, per the ``resume`` key (every rank calls it)."""
-        mode = str(self.cfg.resume)
-        if mode == "never":
-            if self.trainer.ranks.is_main and list_checkpoints(self.folder):
+        """The checkpoint this run resumes from, per the ``resume`` key."""
+        target = rundir.resume_target(self.resume, self.run_dir)
+        if target is None:  # resume=never
+            if self.ranks.is_main and rundir.list_checkpoints(self.folder):
                 aside = self.folder.with_name(f"{self.folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
                 self.folder.rename(aside)
                 log.warning("resume=never: the existing checkpoints were moved to %s", aside)
             return None, None
-        if mode == "auto":
-            path, payload = newest_valid(self.folder)
+        if target.is_dir() or self.resume == "auto":
+            path, payload = newest_valid(target)
+            if path is None and self.resume != "auto":
+                raise CheckpointError(f"resume={self.resume}: no valid checkpoint in {target}")
         else:
-            target = Path(mode).expanduser()
-            if target.is_dir():
-                folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-                path, payload = newest_valid(folder)
-                if path is None:
-                    raise CheckpointError(f"resume={mode}: no valid checkpoint in {folder}")
-            else:
-                path, payload = target, read_checkpoint(target)
+            path, payload = target, read_checkpoint(target)
         self._agree(payload)
         if payload is not None:
             changed = differences(payload["fingerprint"], self.fingerprint)
@@ -132,18 +141,14 @@ class Checkpointer:
             raise CheckpointError(f"ranks found different checkpoints to resume from (steps {lowest} to {highest}): is the run dir on a shared file system?")
 
     def restore(self, payload: Dict[str, Any]) -> None:
-        """Put model, optimizer, scheduler, scaler, loop position and this rank's RNG back."""
-        t = self.trainer
-        key = t.strategy.checkpoint_key
-        if key not in payload["shards"]:
-            raise CheckpointError(f"the checkpoint has no parameters for {key} (it has {sorted(payload['shards'])})")
-        shard = payload["shards"][key]
-        t.strategy.unwrap(t.wrapped).load_state_dict(shard["model"])
-        t.optimizer.load_state_dict(shard["optimizer"])
-        if t.scaler is not None and "scaler" in shard:
-            t.scaler.load_state_dict(shard["scaler"])
-        t.scheduler.load_state_dict(payload["scheduler"])
-        for name, value in payload["state"].items():
-            setattr(t.state, name, value)
-        restore_rng(payload["rng"][t.ranks.rank])
-        self.last_saved_step = t.state.global_step
+        """Load every state holder's part of `payload`, and this rank's RNG states."""
+        if self.shard_key not in payload["shards"]:
+            raise CheckpointError(f"the checkpoint has no parameters for {self.shard_key} (it has {sorted(payload['shards'])})")
+        shard = payload["shards"][self.shard_key]
+        for name, holder in self.sharded.items():
+            if name in shard:
+                holder.load_state_dict(shard[name])
+        for name, holder in self.shared.items():
+            holder.load_state_dict(payload[name])
+        restore_rng(payload["rng"][self.ranks.rank])
+        self.last_saved_step = int(payload["state"]["global_step"])

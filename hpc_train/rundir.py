@@ -1,0 +1,194 @@
+"""The run directory's contract, written once: file names, exit codes, atomic writes, resume targets, attempts.
+
+The launcher, every rank and ``hpc-train-report`` read and write run dirs only through this
+module (no torch here: the login node uses it too)::
+
+    <run dir>/
+      job_config.yaml              the resolved job spec every rank runs (launcher)
+      summary.json                 rank 0, at the end of training
+      metrics.jsonl                rank 0, one line per logged step and per evaluation
+      attempts.jsonl               rank 0, start and end of every attempt
+      checkpoints/step_<N>.ckpt    rank 0, the newest `trainer.keep_checkpoints`
+      model.pt | model_stage<s>.pt final weights
+      logs/rank<r>.log             every rank; rank<r>.error.json (a failing rank), rank<r>.out (local ranks > 0)
+      slurm/                       submitit's scripts and logs
+    <sweep dir>/jobs.tsv           the sweep launcher's job table (Slurm sweeps)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+JOB_CONFIG = "job_config.yaml"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+ATTEMPTS = "attempts.jsonl"
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+SLURM_LOGS = "slurm"
+WEIGHTS = "model.pt"
+JOB_TABLE = "jobs.tsv"
+HYDRA_OVERRIDES = ".hydra/overrides.yaml"
+
+# How a rank (python -m hpc_train.compute.worker) and the hpc-train command exit.
+EXIT_OK = 0
+EXIT_FAILED = 1       # an exception: the traceback is in logs/rank<r>.log
+EXIT_REFUSED = 2      # bad input, one message and no traceback (the CLI uses it for config errors too)
+EXIT_INTERRUPTED = 3  # stopped by a signal after writing a checkpoint: run the same command to resume
+
+RESUME_WORDS = ("auto", "never")
+_CHECKPOINT = re.compile(r"^step_(\d+)\.ckpt$")
+
+
+# -- names ------------------------------------------------------------------------------------
+def stage_weights(stage: int) -> str:
+    return f"model_stage{stage}.pt"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.log"
+
+
+def rank_error(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.error.json"
+
+
+def rank_output(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.out"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def checkpoint_path(run_dir: Path, global_step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{global_step:09d}.ckpt"
+
+
+def list_checkpoints(folder: Path) -> List[Path]:
+    """Checkpoint files in `folder`, newest (highest step) first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((Path(path) / name).exists() for name in (SUMMARY, JOB_CONFIG, METRICS, HYDRA_OVERRIDES))
+
+
+# -- atomic writes ------------------------------------------------------------------------------
+def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
+    """Temporary file + flush + fsync + rename (+ fsync of the folder): never a torn file under `path`.
+
+    `halfway` runs between the two halves of the write (a test hook that widens the window in
+    which a kill can hit mid-write).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        half = len(data) // 2
+        handle.write(data[:half])
+        if halfway is not None:
+            halfway()
+        handle.write(data[half:])
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut
+    except OSError:
+        pass
+    finally:
+        os.close(folder)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(text.encode(), path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """JSON that readers never see half-written."""
+    write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def read_json(path: Path) -> Optional[Any]:
+    """The JSON in `path`, or None when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
+    summary = read_json(Path(run_dir) / SUMMARY)
+    return summary if isinstance(summary, dict) else None
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """Every whole JSON line of `path` (a line torn by a kill is skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# -- what a run resumes from --------------------------------------------------------------------
+def resume_target(resume: str, run_dir: Path) -> Optional[Path]:
+    """Where `resume` points: a checkpoint file or a folder of checkpoints; None for resume=never.
+
+    ``auto`` is this run dir's checkpoints; a run dir means its checkpoints/ folder; a folder
+    without one is taken as a folder of checkpoints; anything else is a file path.
+    """
+    resume = str(resume)
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return checkpoint_dir(run_dir)
+    target = Path(resume).expanduser()
+    if target.is_dir() and checkpoint_dir(target).is_dir():
+        return checkpoint_dir(target)
+    return target
+
+
+def newest_checkpoint(resume: str, run_dir: Path) -> Optional[Path]:
+    """The newest checkpoint file `resume` names (unverified), or None when there is none."""
+    target = resume_target(resume, run_dir)
+    if target is None:
+        return None
+    if target.is_dir():
+        files = list_checkpoints(target)
+        return files[0] if files else None
+    return target if target.is_file() else None
+
+
+# -- the attempt log ----------------------------------------------------------------------------
+def read_attempts(run_dir: Path) -> List[Dict[str, Any]]:
+    """The attempt records of the current count: everything after the last fresh start."""
+    records = read_jsonl(Path(run_dir) / ATTEMPTS)
+    fresh = [i for i, r in enumerate(records) if r.get("event") == "start" and r.get("fresh")]
+    return records[fresh[-1]:] if fresh else records
+
+
+def attempts_started(run_dir: Path) -> int:
+    """How many attempts this run has started so far (0: none, or no attempt log)."""
+    return sum(1 for r in read_attempts(run_dir) if r.get("event") == "start")

@@ -40,6 +40,21 @@ from tests.conftest import TINY, TINY_TRAINER, run_cli
         (["launcher=slurm", "launcher.signal=HUP"], "launcher.signal", "launcher.signal=USR2"),
         (["launcher=slurm", "launcher.signal_delay_s=0"], "launcher.signal_delay_s", "launcher.signal_delay_s=120"),
         (["launcher=slurm", "resources.time=0"], "resources.time", "resources.time=01:00:00"),
+        # every key's type and range (schema.py), found from outside
+        (["data.num_classes=0"], "data.num_classes", "data.num_classes=N"),
+        (["seed=abc"], "seed", "seed=0"),
+        (["trainer.log_every=0"], "trainer.log_every", "trainer.log_every=10"),
+        (["trainer.momentum=abc"], "trainer.momentum", "trainer.momentum=0.9"),
+        (["cluster=jean_zay", "cluster.gpu_type=b200"], "cluster.gpu_type", "cluster.gpu_type=a100"),
+        (["data.image_size=0"], "data.image_size", "data.image_size=32"),
+        (["dry_run=maybe"], "dry_run", "dry_run=true"),
+        # ... and a few more kinds: non-ASCII where Slurm reads it, a node replaced by a number, huge and wrong-typed numbers
+        (["launcher=slurm", "dry_run=true", "job_name='r\u00e9seau'"], "job_name", "job_name=resnet-ddp"),
+        (["launcher=slurm", "dry_run=true", "cluster.partition='gpu \u00e9'"], "cluster.partition", "cluster.partition=gpu"),
+        (["trainer.loss=5"], "trainer.loss", "trainer.loss._target_="),
+        (["launcher.master_port=99999999999999999999"], "launcher.master_port", "launcher.master_port=29500"),
+        (["resources.nodes=abc"], "resources.nodes", "resources.nodes=1"),
+        (["trainer.lr=nan"], "trainer.lr", "trainer.lr=0.05"),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout, compute_layout
-from hpc_train.launch.validate import STAGED, declared_stages, validate
+from hpc_train.launch.validate import STAGED, check_keys, declared_stages, validate
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
@@ -50,7 +50,12 @@ def resolve_gpus_per_node(cfg: DictConfig) -> int:
 
 
 def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
-    """Resolve the layout and validate everything; raises ConfigError before anything starts."""
+    """Resolve the layout and validate everything; raises ConfigError before anything starts.
+
+    Every key's type and range is checked first (``check_keys``), so the layout and the checks
+    after it only ever see values of the right kind.
+    """
+    check_keys(cfg)
     if cfg.launcher.name == "local" and cfg.resources.nodes != 1:
         raise ConfigError("resources.nodes", f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.", "use launcher=slurm for several nodes, or set resources.nodes=1.")
     strategy = cfg.strategy

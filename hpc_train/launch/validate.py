@@ -1,8 +1,10 @@
 """Check a composed config before anything runs or is queued.
 
-Each check raises ConfigError naming the key and the fix. Only cheap, local checks live
-here (no torch, no network); cluster-side checks (partition names) live with the Slurm
-launcher.
+Each check raises ConfigError naming the key and the fix. ``check_keys`` first checks every
+key's type and range against the table in ``schema.py`` (before the layout is computed);
+``validate`` then checks what the types alone do not say (keys that must agree with each
+other or with the layout, files, packages). Only cheap, local checks live here (no torch, no
+network); cluster-side checks (partition names, node capacity) live with the Slurm launcher.
 """
 
 from __future__ import annotations
@@ -19,17 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.objective import check_objective
+from hpc_train.launch.schema import check_keys
 
-PRECISIONS = ("32", "bf16", "16")
-OPTIMIZERS = ("sgd", "adamw")
-LR_SCHEDULES = ("constant", "cosine", "step")
 RESUME_WORDS = ("auto", "never")
 LOGGERS = ("jsonl", "tensorboard")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def normalize_precision(value: object) -> str:
@@ -61,17 +57,11 @@ def data_parallel_size(cfg: DictConfig, layout: JobLayout) -> int:
 
 
 def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
+    """What the types alone do not say: training stops, and the global batch splits evenly."""
     trainer = cfg.trainer
-    epochs, max_steps = trainer.epochs, trainer.max_steps
-    if epochs is None and max_steps is None:
+    if trainer.epochs is None and trainer.max_steps is None:
         raise ConfigError("trainer.epochs", "both trainer.epochs and trainer.max_steps are null, so training would never stop.", "set trainer.epochs=5 or trainer.max_steps=1000.")
-    if epochs is not None and not _positive_int(epochs):
-        raise ConfigError("trainer.epochs", f"must be a positive integer (or null), got {epochs!r}.", "set trainer.epochs=1 or more, or trainer.epochs=null with trainer.max_steps set.")
-    if max_steps is not None and not _positive_int(max_steps):
-        raise ConfigError("trainer.max_steps", f"must be a positive integer (or null), got {max_steps!r}.", "set trainer.max_steps=1 or more, or null to train for trainer.epochs.")
     batch = trainer.batch_size
-    if not _positive_int(batch):
-        raise ConfigError("trainer.batch_size", f"must be a positive integer, got {batch!r}.", "set e.g. trainer.batch_size=64.")
     replicas = data_parallel_size(cfg, layout)
     chunks = int(cfg.strategy.get("chunks") or 1)
     divisor = replicas * chunks
@@ -83,24 +73,6 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
             f"the global batch {batch} does not split evenly over the {what} ({layout.describe()}).",
             f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}.",
         )
-    if normalize_precision(trainer.precision) not in PRECISIONS:
-        raise ConfigError("trainer.precision", f"unknown precision {trainer.precision!r}.", "use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16.")
-    if trainer.optimizer not in OPTIMIZERS:
-        raise ConfigError("trainer.optimizer", f"unknown optimizer {trainer.optimizer!r}.", f"use one of: {', '.join(OPTIMIZERS)}.")
-    if trainer.lr_schedule not in LR_SCHEDULES:
-        raise ConfigError("trainer.lr_schedule", f"unknown schedule {trainer.lr_schedule!r}.", f"use one of: {', '.join(LR_SCHEDULES)}.")
-    if not (isinstance(trainer.lr, (int, float)) and trainer.lr > 0):
-        raise ConfigError("trainer.lr", f"must be a positive number, got {trainer.lr!r}.", "set e.g. trainer.lr=0.05.")
-    _check_count(trainer, "checkpoint_every", 0, "trainer.checkpoint_every=100 (0: only on a stop signal and at the end)")
-    _check_count(trainer, "keep_checkpoints", 1, "trainer.keep_checkpoints=2")
-    _check_count(trainer, "max_requeues", 0, "trainer.max_requeues=3 (0: never requeue)")
-    _check_count(trainer, "dist_timeout_s", 1, "trainer.dist_timeout_s=300")
-
-
-def _check_count(section: DictConfig, name: str, minimum: int, example: str) -> None:
-    value = section.get(name)
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
-        raise ConfigError(f"trainer.{name}", f"must be a whole number >= {minimum}, got {value!r}.", f"set e.g. {example}.")
 
 
 STAGED = ("model_parallel", "pipeline", "hybrid")
@@ -111,9 +83,6 @@ def check_split_points(strategy: DictConfig) -> None:
     points = strategy.get("split_points")
     if points is None:
         return
-    # Hydra reads `[2]` as a number: the module names of an nn.Sequential are digits.
-    if not OmegaConf.is_list(points) or not points or not all((isinstance(p, str) and p) or (isinstance(p, int) and not isinstance(p, bool)) for p in points):
-        raise ConfigError("strategy.split_points", f"must be a non-empty list of module names, got {points!r}.", "e.g. strategy.split_points=[layer3] or strategy.split_points=[features.4,head] (names as in model.named_modules()); null to cut automatically.")
     if len({str(p) for p in points}) != len(points):
         raise ConfigError("strategy.split_points", f"{list(points)} names a module twice.", "name each module where a stage begins once.")
     stages = strategy.get("stages")
@@ -125,13 +94,12 @@ def check_split_points(strategy: DictConfig) -> None:
 
 
 def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
+    """How the split strategies' stages, micro-batches and schedule fit the layout and the batch."""
     strategy = cfg.strategy
     if strategy.name not in STAGED:
         return
     check_split_points(strategy)
     engine = strategy.get("engine", "native")
-    if engine not in ("native", "pipelining"):
-        raise ConfigError("strategy.engine", f"unknown engine {engine!r}.", "use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).")
     stages = resolved_stages(cfg, layout)
     if engine == "pipelining":
         if normalize_precision(cfg.trainer.precision) == "16":
@@ -139,8 +107,6 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
         if layout.world_size % stages:
             raise ConfigError("strategy.stages", f"{layout.world_size} ranks cannot form pipelines of {stages} stages.", f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).")
         schedule = str(strategy.get("schedule", "gpipe")).lower()
-        if schedule not in ("gpipe", "1f1b"):
-            raise ConfigError("strategy.schedule", f"unknown schedule {schedule!r}.", "use strategy.schedule=gpipe or strategy.schedule=1f1b.")
         if schedule == "1f1b" and int(strategy.get("chunks") or 1) < stages:
             raise ConfigError("strategy.chunks", f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).", f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.")
     elif cfg.launcher.name != "local" and stages > layout.gpus_per_task:
@@ -151,25 +117,14 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
             f"{stages} stages on {layout.gpus_per_task} GPUs per task would put two stages on one GPU.",
             f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per GPU).",
         )
-    if stages < 1:
-        raise ConfigError("strategy.stages", f"must be at least 1, got {stages}.", "set strategy.stages=2 or more, or null for one stage per GPU.")
     # How many layers a model has is known only once it is built: the job checks that (and the
     # split points' names) at its start, before any training.
     balance = strategy.get("balance", "params")
-    if isinstance(balance, str):
-        if balance not in ("params", "time"):
-            raise ConfigError("strategy.balance", f"unknown balance {balance!r}.", "use strategy.balance=params, strategy.balance=time or a list of layer counts such as strategy.balance=[5,10].")
-    else:
-        counts = list(balance)
-        if len(counts) != stages or not all(_positive_int(c) for c in counts):
-            raise ConfigError("strategy.balance", f"{counts} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
-    if strategy.get("batchnorm", "keep") not in ("keep", "freeze"):
-        raise ConfigError("strategy.batchnorm", f"unknown mode {strategy.batchnorm!r}.", "use strategy.batchnorm=keep or strategy.batchnorm=freeze.")
+    if not isinstance(balance, str) and len(balance) != stages:
+        raise ConfigError("strategy.balance", f"{list(balance)} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
     chunks = strategy.get("chunks")
-    if chunks is not None and (not _positive_int(chunks)):
-        raise ConfigError("strategy.chunks", f"must be a positive integer, got {chunks!r}.", "set e.g. strategy.chunks=4.")
-    per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout) if _positive_int(cfg.trainer.batch_size) else None
-    if chunks and per_rank is not None and per_rank < chunks:
+    per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout)
+    if chunks and per_rank < chunks:
         raise ConfigError("strategy.chunks", f"{chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
 
 
@@ -178,8 +133,6 @@ IMAGE_FOLDER_TARGET = "hpc_train.compute.datasets.image_folder"
 
 def check_data(cfg: DictConfig) -> None:
     data = cfg.data
-    if not isinstance(data.get("train"), DictConfig) or not data.train.get("_target_"):
-        raise ConfigError("data.train", "the data node needs a `train` dataset with a _target_.", "set data.train._target_=my_package.MyDataset (its other keys are the constructor's arguments); see conf/data/synthetic.yaml.")
     if data.train._target_ == IMAGE_FOLDER_TARGET:
         _check_image_folder(data)
 
@@ -257,8 +210,8 @@ def check_resume(cfg: DictConfig) -> None:
 
 def check_logger(cfg: DictConfig) -> None:
     """logger=tensorboard needs the tensorboard package: say so before anything is queued (without importing it)."""
-    name = str(OmegaConf.select(cfg, "logger.name", default="jsonl") or "jsonl")
-    if name not in LOGGERS:
+    name = OmegaConf.select(cfg, "logger.name", default="jsonl")  # no logger node (~logger): jsonl
+    if not isinstance(name, str) or name not in LOGGERS:
         raise ConfigError("logger", f"unknown logger {name!r}.", f"use one of: {', '.join('logger=' + n for n in LOGGERS)}.")
     if name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
@@ -277,7 +230,7 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
 
 
 def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
-    """Run every launch-side check; the first failure raises ConfigError."""
+    """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
     check_strategy(cfg, layout)
     check_trainer(cfg, layout)
     check_data(cfg)

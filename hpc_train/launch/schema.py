@@ -1,0 +1,503 @@
+"""The type and range of every config key hpc-train reads, as one table.
+
+Why a table: the keys come from eight config groups, users' own config dirs and any override;
+one declarative list (key -> what it accepts and how to fix it) is easier to read and to keep
+complete than type checks spread over the launch code. ``validate.check_keys`` walks it before
+any layout is computed, so a wrong type never reaches code that would trip over it.
+
+Rules:
+
+* A key is checked when the config has it (a user's own option may leave optional keys out);
+  the ``required`` ones must be there. ``*`` in a key matches every child of that node.
+* Values are read resolved: a value interpolated from another key is checked where it is
+  defined first (the table lists sources before the keys that interpolate them), and an
+  interpolation that cannot be resolved is refused naming its key.
+* Booleans must be real booleans (``true``/``false``); whole numbers must not be booleans;
+  numbers must be finite. Text Slurm reads (job name, partition, account, QoS, constraint,
+  extra options) must be plain ASCII without spaces or control characters.
+* The arguments of the shipped ``_target_`` s (torchvision ResNets, ``toy_mlp``, the digits,
+  synthetic and image-folder datasets) are checked here too; the arguments of a user's own
+  ``_target_`` are checked when the job starts (``hpc_train/compute/user_code.py``).
+
+Cross-key rules (the batch splits over the ranks, stages fit the GPUs, ...) stay in
+``validate.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
+
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS
+
+Problem = Optional[str]  # None: the value is fine; else what is wrong, as a sentence fragment
+Checker = Callable[[Any], Problem]
+
+INT64_MAX = 2**63 - 1  # what torch, numpy and C code downstream can hold
+MINUTES_PER_YEAR = 365 * 24 * 60
+PRECISIONS = ("32", "bf16", "16")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _show(value: Any) -> str:
+    """repr, cut short: the message stays one readable line whatever was passed."""
+    text_ = repr(value)
+    return text_ if len(text_) <= 80 else text_[:60] + f"... ({len(text_)} characters)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, ListConfig))
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))  # math.isfinite(10**400) would raise
+
+
+# -- checkers: each returns None or the problem ------------------------------------------------
+def whole(low: int = 1, high: int = INT64_MAX) -> Checker:
+    def check(value: Any) -> Problem:
+        if not _is_int(value):
+            return f"must be a whole number, got {_show(value)}"
+        if value < low:
+            return f"must be at least {low}, got {_show(value)}"
+        if value > high:
+            return f"must be at most {high}, got {_show(value)}"
+        return None
+
+    return check
+
+
+def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False) -> Checker:
+    below = "greater than" if low_open else "at least"
+    above = "less than" if high_open else "at most"
+
+    def check(value: Any) -> Problem:
+        if not _is_number(value):
+            return f"must be a finite number, got {_show(value)}"
+        if value < low or (low_open and value == low):
+            return f"must be {below} {low}, got {_show(value)}"
+        if value > high or (high_open and value == high):
+            return f"must be {above} {high}, got {_show(value)}"
+        return None
+
+    return check
+
+
+def flag(value: Any) -> Problem:
+    return None if isinstance(value, bool) else f"must be true or false, got {_show(value)}"
+
+
+def one_of(*choices: str, normalize: Callable[[str], str] = lambda s: s, ints: bool = False) -> Checker:
+    def check(value: Any) -> Problem:
+        if isinstance(value, str) or (ints and _is_int(value)):
+            if normalize(str(value)) in choices:
+                return None
+        return f"must be one of {', '.join(choices)}, got {_show(value)}"
+
+    return check
+
+
+def text(pattern: str = "", what: str = "non-empty text", max_len: int = 4096, ints: bool = False, min_len: int = 1) -> Checker:
+    """A string (an int too where ``ints``: job_name=2024) matching ``pattern``; never control characters."""
+    compiled = re.compile(pattern) if pattern else None
+
+    def check(value: Any) -> Problem:
+        if not (isinstance(value, str) or (ints and _is_int(value))):
+            return f"must be {what}, got {_show(value)}"
+        word = str(value)
+        if not min_len <= len(word) <= max_len:
+            return f"must be {what} of {min_len} to {max_len} characters, got {_show(value)}"
+        if _CONTROL.search(word):
+            return f"must be {what} without newlines or other control characters, got {_show(value)}"
+        if compiled is not None and word and not compiled.fullmatch(word):
+            return f"must be {what}, got {_show(value)}"
+        return None
+
+    return check
+
+
+def slurm_time(value: Any) -> Problem:
+    """Minutes or a Slurm time string, parsed by the same function that renders --time."""
+    from hpc_train.launch.slurm import time_minutes  # imported here: slurm.py imports plan.py, which imports this
+
+    if isinstance(value, bool) or not (isinstance(value, (int, str))):
+        return f"must be minutes or a Slurm time such as 01:30:00, got {_show(value)}"
+    try:
+        minutes = time_minutes(value)
+    except ConfigError:
+        return f"must be a positive number of minutes or a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS), got {_show(value)}"
+    if minutes > MINUTES_PER_YEAR:
+        return f"must be at most a year ({MINUTES_PER_YEAR} minutes), got {_show(value)}"
+    return None
+
+
+def target_node(value: Any) -> Problem:
+    if not isinstance(value, Mapping):
+        return f"must be a config node with a _target_, got {_show(value)}"
+    target = value.get("_target_")
+    if not isinstance(target, str) or not target.strip():
+        return f"needs a _target_ naming a class or function, got _target_={_show(target)}"
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", target):
+        return f"_target_ must be a dotted Python name such as my_package.MyClass, got {_show(target)}"
+    return None
+
+
+def list_of(item: Checker, what: str, allow_empty: bool = True) -> Checker:
+    def check(value: Any) -> Problem:
+        if not _is_list(value):
+            return f"must be a list of {what}, got {_show(value)}"
+        if not allow_empty and len(value) == 0:
+            return f"must be a non-empty list of {what}, got []"
+        for index, element in enumerate(value):
+            problem = item(element)
+            if problem:
+                return f"entry {index}: {problem}"
+        return None
+
+    return check
+
+
+def balance(value: Any) -> Problem:
+    if isinstance(value, str) and value in ("params", "time"):
+        return None
+    if _is_list(value) and len(value) > 0 and all(_is_int(c) and 1 <= c <= INT64_MAX for c in value):
+        return None
+    return f"must be params, time or a list of positive layer counts such as [5,10], got {_show(value)}"
+
+
+def split_point(value: Any) -> Problem:
+    # Hydra reads `[2]` as a number: the module names of an nn.Sequential are digits.
+    if _is_int(value) and value >= 0:
+        return None
+    return text(what="a module name")(value) if isinstance(value, str) else f"must be a module name, got {_show(value)}"
+
+
+def qos_row(value: Any) -> Problem:
+    if not isinstance(value, Mapping) or set(value.keys()) != {"max_minutes", "qos"}:
+        return f"must be {{max_minutes: N, qos: name}}, got {_show(value)}"
+    return whole(1, MINUTES_PER_YEAR)(value["max_minutes"]) or SLURM_WORD(value["qos"])
+
+
+def sbatch_options(value: Any) -> Problem:
+    """cluster.extra: {option: value} rendered as `#SBATCH --option=value`; one line each, ASCII."""
+    if not isinstance(value, Mapping):
+        return f"must be a mapping of sbatch options such as {{exclusive: true, mail-type: END}}, got {_show(value)}"
+    for name in value.keys():
+        if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name)):
+            return f"has {_show(name)}, which is not an sbatch option name (letters, digits, '-', '_')"
+        option = value[name]
+        if isinstance(option, bool) or _is_number(option):
+            continue
+        problem = text(r"[ -~]+", "plain ASCII text")(option) if isinstance(option, str) else f"must be text, a number or true, got {_show(option)}"
+        if problem:
+            return f"option {_show(name)} {problem}"
+    return None
+
+
+SLURM_WORD = text(r"[A-Za-z0-9_.@:+-]+", "a Slurm name (ASCII letters, digits, '_', '.', '@', ':', '+', '-')", 255)
+SLURM_WORDS = text(r"[A-Za-z0-9_.@:+-]+(,[A-Za-z0-9_.@:+-]+)*", "a Slurm name or a comma-separated list of names (ASCII)", 1024)
+PATH_TEXT = text(what="a path")
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    check: Checker
+    example: str  # the value shown in the fix: "set {key}={example}"
+    null: Optional[str] = None  # what null means, when null is allowed
+    required: bool = False
+    fix: Optional[str] = None  # the whole fix sentence, where an example alone says too little
+
+    def fix_for(self, key: str) -> str:
+        if self.fix:
+            return self.fix
+        tail = f", or {key}=null ({self.null})" if self.null else ""
+        return f"set e.g. {key}={self.example}{tail}."
+
+
+def R(key: str, check: Checker, example: Any, null: Optional[str] = None, required: bool = False, fix: Optional[str] = None) -> Rule:
+    return Rule(key, check, str(example), null, required, fix)
+
+
+# Order matters: a key is listed before the keys that interpolate it.
+RULES: Tuple[Rule, ...] = (
+    # top level
+    R("seed", whole(0, 2**32 - 1), 0, required=True),
+    R("job_name", text(r"[A-Za-z0-9_.+-]+", "ASCII letters, digits, '.', '_', '+' or '-'", 200, ints=True), "resnet-ddp", required=True,
+      fix="use letters, digits, '.', '_', '+' or '-' (Slurm job names and log prefixes), e.g. job_name=resnet-ddp."),
+    R("dry_run", flag, "true", required=True, fix="use dry_run=true (print the layout, run nothing) or dry_run=false."),
+    R("resume", text(what="auto, never or a path"), "auto", required=True,
+      fix="use resume=auto (newest checkpoint in the run dir), resume=never or resume=/path/to/run_dir."),
+    R("objective", one_of(*NUMERIC_SUMMARY_KEYS), "eval_loss", fix=f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy)."),
+    # resources
+    R("resources.nodes", whole(1, 100_000), 1, required=True, fix="set resources.nodes=1 or more."),
+    R("resources.gpus_per_node", whole(1, 1024), 1, null="the cluster profile's; locally all GPUs", required=True,
+      fix="set resources.gpus_per_node=1 or more (at most 1024), or null for the cluster profile's value."),
+    R("resources.time", slurm_time, "01:00:00", null="the cluster profile's", required=True,
+      fix="set resources.time=01:00:00 (HH:MM:SS) or a number of minutes such as resources.time=90, or null for the cluster profile's."),
+    # launcher
+    R("launcher.name", one_of("local", "slurm", "sbatch"), "local", required=True, fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch."),
+    R("launcher.wait", flag, "true", fix="use launcher.wait=true (follow the job to its end) or launcher.wait=false."),
+    R("launcher.signal", one_of("USR1", "USR2", normalize=lambda s: s.upper().removeprefix("SIG")), "USR2",
+      fix="use launcher.signal=USR2 (the default) or launcher.signal=USR1."),
+    R("launcher.signal_delay_s", whole(1, 65535), 120, fix="set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint."),
+    R("launcher.master_port", whole(1, 65535), 29500, null="a free port"),
+    # cluster profile (the per-GPU-type table of jean_zay-like profiles first: the keys below interpolate it)
+    R("cluster.types.*.partition", SLURM_WORDS, "gpu_p13"),
+    R("cluster.types.*.constraint", text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024), "v100-32g"),
+    R("cluster.types.*.gpus_per_node", whole(1, 1024), 4),
+    R("cluster.types.*.cpus_per_gpu", whole(1, 1024), 10),
+    R("cluster.types.*.qos_prefix", SLURM_WORD, "qos_gpu"),
+    R("cluster.name", text(r"[A-Za-z0-9_.+-]+", "a profile name (ASCII letters, digits, '.', '_', '+', '-')", 200), "mysite", required=True),
+    R("cluster.gpus_per_node", whole(1, 1024), 4, null="locally: count the GPUs"),
+    R("cluster.cpus_per_gpu", whole(1, 1024), 4, null="1"),
+    R("cluster.partition", SLURM_WORDS, "gpu", null="the cluster's default partition"),
+    R("cluster.account", SLURM_WORD, "myproject", null="no --account"),
+    R("cluster.account_env", text(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name"), "IDRPROJ", null="no account from the environment"),
+    R("cluster.account_suffix", text(r"[A-Za-z0-9_.@:+-]+", "ASCII text without spaces", 255, min_len=0), "@v100", fix="set e.g. cluster.account_suffix=@v100, or cluster.account_suffix='' for none."),
+    R("cluster.qos", SLURM_WORD, "qos_gpu-t3", null="from qos_by_time, else none"),
+    R("cluster.qos_by_time", list_of(qos_row, "{max_minutes: N, qos: name} rows"), "[]", null="no QoS by time",
+      fix="give rows such as cluster.qos_by_time='[{max_minutes:120,qos:short}]', or cluster.qos_by_time=[] for none."),
+    R("cluster.constraint", text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024), "a100", null="no --constraint"),
+    R("cluster.hint", one_of("nomultithread", "multithread", "compute_bound", "memory_bound"), "nomultithread", null="no --hint"),
+    R("cluster.gpu_flag", one_of("gres", "gpus-per-node"), "gres", fix="use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node."),
+    R("cluster.time", slurm_time, "01:00:00", fix="set cluster.time=01:00:00 (HH:MM:SS) or a number of minutes."),
+    R("cluster.mem_gb", whole(1, 2**20), 64, null="the cluster's default"),
+    R("cluster.setup", list_of(text(what="a shell command line"), "shell command lines"), "'[module purge,module load pytorch-gpu]'", null="no setup lines",
+      fix="give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]', or cluster.setup=[]."),
+    R("cluster.extra", sbatch_options, "{exclusive:true}", null="no extra options", fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none."),
+    # strategy
+    R("strategy.name", one_of("single", "dp", "ddp", "model_parallel", "pipeline", "hybrid"), "ddp", required=True,
+      fix="pick the strategy with strategy=single|dp|ddp|model_parallel|pipeline|hybrid."),
+    R("strategy.stages", whole(1), 2, null="one stage per GPU, or len(split_points) + 1"),
+    R("strategy.chunks", whole(1), 4, null="one micro-batch"),
+    R("strategy.balance", balance, "params", fix="use strategy.balance=params, strategy.balance=time or layer counts such as strategy.balance=[5,10]."),
+    R("strategy.batchnorm", one_of("keep", "freeze"), "keep", fix="use strategy.batchnorm=keep or strategy.batchnorm=freeze."),
+    R("strategy.engine", one_of("native", "pipelining"), "native", fix="use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage)."),
+    R("strategy.schedule", one_of("gpipe", "1f1b", normalize=str.lower), "gpipe", fix="use strategy.schedule=gpipe or strategy.schedule=1f1b."),
+    R("strategy.split_points", list_of(split_point, "module names", allow_empty=False), "[layer3]", null="cut automatically",
+      fix="e.g. strategy.split_points=[layer3] or strategy.split_points=[features.4,head] (names as in model.named_modules()); null to cut automatically."),
+    R("strategy.backend", one_of("auto", "nccl", "gloo", "mpi", "ucc"), "auto", fix="use strategy.backend=auto (nccl on GPUs, gloo on CPUs), nccl or gloo."),
+    R("strategy.find_unused_parameters", flag, "false", fix="use strategy.find_unused_parameters=true or false."),
+    # trainer (conf/trainer/default.yaml: every key is read by the training loop)
+    R("trainer.batch_size", whole(1), 64, required=True),
+    R("trainer.epochs", whole(1), 1, null="train for trainer.max_steps", required=True,
+      fix="set trainer.epochs=1 or more, or trainer.epochs=null with trainer.max_steps set."),
+    R("trainer.max_steps", whole(1), 1000, null="train for trainer.epochs", required=True,
+      fix="set trainer.max_steps=1 or more, or null to train for trainer.epochs."),
+    R("trainer.optimizer", one_of("sgd", "adamw"), "sgd", required=True, fix="use one of: sgd, adamw."),
+    R("trainer.lr", number(0, low_open=True), 0.05, required=True),
+    R("trainer.momentum", number(0, 1), 0.9, required=True),
+    R("trainer.weight_decay", number(0), 0.0005, required=True),
+    R("trainer.lr_schedule", one_of("constant", "cosine", "step"), "cosine", required=True, fix="use one of: constant, cosine, step."),
+    R("trainer.lr_warmup_steps", whole(0), 0, required=True),
+    R("trainer.lr_step_every", whole(1), 1000, required=True),
+    R("trainer.lr_step_gamma", number(0, 1, low_open=True), 0.1, required=True),
+    R("trainer.loss", target_node, "torch.nn.CrossEntropyLoss", required=True,
+      fix="set trainer.loss._target_=torch.nn.CrossEntropyLoss (a loss class), or a function with trainer.loss._partial_=true."),
+    R("trainer.precision", one_of(*PRECISIONS, normalize=str.lower, ints=True), "bf16", required=True,
+      fix="use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16."),
+    R("trainer.channels_last", flag, "false", required=True),
+    R("trainer.compile", flag, "false", required=True),
+    R("trainer.eval", flag, "true", required=True),
+    R("trainer.log_every", whole(1), 10, required=True),
+    R("trainer.throughput_warmup_steps", whole(0), 5, required=True),
+    R("trainer.progress", flag, "true", required=True),
+    R("trainer.dist_timeout_s", whole(1, 7 * 24 * 3600), 300, required=True),
+    R("trainer.checkpoint_every", whole(0), 100, required=True, fix="set e.g. trainer.checkpoint_every=100 (0: only on a stop signal and at the end)."),
+    R("trainer.keep_checkpoints", whole(1), 2, required=True),
+    R("trainer.max_requeues", whole(0), 3, required=True, fix="set e.g. trainer.max_requeues=3 (0: never requeue)."),
+    # logger (logger.name: validate.check_logger, which also looks for the tensorboard package)
+    R("logger.log_dir", PATH_TEXT, "tensorboard", fix="set logger.log_dir=tensorboard (relative to the run dir) or an absolute path."),
+    # data: plain keys of the shipped options (and of a user's own node that uses these names), then the nodes
+    R("data.root", PATH_TEXT, "/path/to/dataset", fix="pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class."),
+    R("data.train_dir", PATH_TEXT, "train"),
+    R("data.val_dir", PATH_TEXT, "val"),
+    R("data.image_size", whole(1, 65536), 32),
+    R("data.num_classes", whole(1), 10, fix="pass data.num_classes=N, the number of classes (at least 1)."),
+    R("data.num_samples", whole(1), 1024),
+    R("data.val_samples", whole(1), 256),
+    R("data.val_fraction", number(0, 1, low_open=True, high_open=True), 0.2),
+    R("data.num_workers", whole(0, 1024), 4),
+    R("data.pin_memory", flag, "true"),
+    R("data.train", target_node, "my_package.MyDataset", required=True,
+      fix="set data.train._target_=my_package.MyDataset (its other keys are the constructor's arguments); see conf/data/synthetic.yaml."),
+    R("data.val", target_node, "my_package.MyDataset", null="no evaluation"),
+    R("data.collate_fn", target_node, "my_package.collate", null="PyTorch's default collate",
+      fix="set data.collate_fn._target_=my_package.collate with data.collate_fn._partial_=true, or data.collate_fn=null."),
+    R("model", target_node, "torchvision.models.resnet18", required=True,
+      fix="pick a model (model=resnet18) or give a node whose _target_ names an nn.Module class or factory."),
+)
+
+_RESNETS = {f"torchvision.models.resnet{n}": {"num_classes": (whole(1), 10)} for n in (18, 34, 50, 101, 152)}
+_IMAGE = {"image_size": (whole(1, 65536), 32)}
+# Arguments of the shipped _target_s, checked where a node names one (a user's own: at job start).
+TARGET_ARGS = {
+    **_RESNETS,
+    "hpc_train.compute.models.toy_mlp": {**_IMAGE, "num_classes": (whole(1), 10), "hidden": (whole(1), 64), "in_channels": (whole(1), 3)},
+    "hpc_train.compute.datasets.digits": {"split": (one_of("train", "val"), "train"), **_IMAGE, "val_fraction": (number(0, 1, True, True), 0.2)},
+    "hpc_train.compute.datasets.synthetic": {"num_samples": (whole(1), 1024), **_IMAGE, "num_classes": (whole(1), 10), "seed": (whole(0, 2**32 - 1), 1)},
+    "hpc_train.compute.datasets.image_folder": {"root": (PATH_TEXT, "/path/to/dataset"), "split": (PATH_TEXT, "train"), **_IMAGE, "augment": (flag, "true")},
+}
+TARGET_NODES = ("model", "data.train", "data.val")
+
+
+# -- reading the config ------------------------------------------------------------------------
+# The checks read a plain, resolved copy of the config (one OmegaConf pass, a few ms); only when
+# something does not resolve do they read the DictConfig itself, key by key, to name it.
+_MISSING = object()  # `???`
+MISSING_TEXT = "???"
+
+
+def _first_line(err: BaseException) -> str:
+    text_ = str(err).strip()
+    return text_.splitlines()[0].rstrip(".") if text_ else type(err).__name__
+
+
+def _unresolvable(key: str, err: BaseException) -> ConfigError:
+    if isinstance(err, InterpolationToMissingValueError):
+        return ConfigError(key, f"refers to a key that has no value (`???`): {_first_line(err)}.", "give that key a value (hpc-train --cfg job prints the config).")
+    return ConfigError(key, f"cannot be resolved: {_first_line(err)}.", "check the keys it refers to (hpc-train --cfg job prints the config).")
+
+
+def _child(node: Any, name: Any, key: str) -> Any:
+    """node[name], resolved; _MISSING for `???`; an interpolation that cannot be resolved is refused naming `key`."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        if OmegaConf.is_missing(node, name):
+            return _MISSING
+        try:
+            return node[name]
+        except OmegaConfBaseException as err:
+            raise _unresolvable(key, err) from None
+    value = node[name]
+    return _MISSING if isinstance(value, str) and value == MISSING_TEXT else value
+
+
+def _has(node: Any, name: str) -> bool:
+    return isinstance(node, Mapping) and name in node.keys()
+
+
+def lookup(cfg: Any, pattern: str) -> Iterator[Tuple[str, Any]]:
+    """(key, resolved value or _MISSING) for every key the dotted pattern names that the config has."""
+
+    def walk(node: Any, parts: Sequence[str], prefix: str) -> Iterator[Tuple[str, Any]]:
+        head, rest = parts[0], parts[1:]
+        names = [str(k) for k in node.keys()] if head == "*" and isinstance(node, Mapping) else [head]
+        for name in names:
+            if not _has(node, name):
+                continue
+            key = f"{prefix}.{name}" if prefix else name
+            value = _child(node, name, key)
+            if not rest:
+                yield key, value
+            elif isinstance(value, Mapping):
+                yield from walk(value, rest, key)
+
+    return walk(cfg, pattern.split("."), "")
+
+
+def _apply(key: str, value: Any, rule: Rule) -> None:
+    if value is _MISSING:
+        raise ConfigError(key, "has no value (it is `???` in the config) and this run needs one.", rule.fix_for(key).replace("set e.g.", "pass", 1))
+    if value is None and rule.null is not None:
+        return
+    try:
+        problem = rule.check(value)
+    except OmegaConfBaseException as err:  # an interpolation inside a list or mapping value
+        raise _unresolvable(key, err) from None
+    if problem:
+        raise ConfigError(key, f"{problem}.", rule.fix_for(key))
+
+
+def check_profile_type(cfg: Any) -> None:
+    """Profiles with a per-GPU-type table (jean_zay): gpu_type must be one of its types, before anything reads them."""
+    cluster = _child(cfg, "cluster", "cluster") if _has(cfg, "cluster") else None
+    if not (_has(cluster, "gpu_type") and _has(cluster, "types")):
+        return
+    types = _child(cluster, "types", "cluster.types")
+    gpu_type = _child(cluster, "gpu_type", "cluster.gpu_type")
+    if not isinstance(types, Mapping) or not len(types):
+        raise ConfigError("cluster.types", f"must map each GPU type to its partition, constraint, gpus_per_node and cpus_per_gpu, got {_show(types)}.", "keep the profile's types table (see conf/cluster/jean_zay.yaml).")
+    known = [str(k) for k in types.keys()]
+    for name in known:
+        entry = _child(types, name, f"cluster.types.{name}")
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"cluster.types.{name}", f"must be a mapping such as {{partition: gpu_p13, constraint: v100-32g, gpus_per_node: 4, cpus_per_gpu: 10}}, got {_show(entry)}.", "keep the profile's types table (see conf/cluster/jean_zay.yaml).")
+    if not isinstance(gpu_type, str) or gpu_type not in known:
+        name = cluster.get("name", "cluster") if not isinstance(cluster, DictConfig) else OmegaConf.select(cluster, "name", default="cluster", throw_on_resolution_failure=False)
+        raise ConfigError(
+            "cluster.gpu_type", f"{_show(gpu_type)} is not a GPU type of the {name} profile, which knows {', '.join(known)}.",
+            f"use one of: {', '.join(f'cluster.gpu_type={t}' for t in known)}.",
+        )
+
+
+def check_table(cfg: Any) -> None:
+    """Every key of RULES that the config has (and every required one) has the type and range it must."""
+    for rule in RULES:
+        found = False
+        for key, value in lookup(cfg, rule.key):
+            found = True
+            _apply(key, value, rule)
+        if rule.required and not found:
+            raise ConfigError(
+                rule.key,
+                f"is required but the config has no `{rule.key}` (was it deleted with ~{rule.key}, or left out of your own config file?).",
+                f"give it a value: drop the ~{rule.key} override, or pass +{rule.key}={rule.example}.",
+            )
+
+
+def check_target_args(cfg: Any) -> None:
+    """The arguments of the shipped _target_s the model and data nodes name."""
+    for node_key in TARGET_NODES:
+        for _, node in lookup(cfg, node_key):
+            target = node.get("_target_") if isinstance(node, Mapping) else None
+            for arg, (check, example) in TARGET_ARGS.get(str(target), {}).items():
+                rule = Rule(f"{node_key}.{arg}", check, str(example))
+                for key, value in lookup(cfg, rule.key):
+                    _apply(key, value, rule)
+
+
+def check_resolvable(node: Any, prefix: str = "") -> None:
+    """Every value of a DictConfig resolves (the job spec is the config resolved): the first that does not is named."""
+    if isinstance(node, DictConfig):
+        for name in node.keys():
+            if not (prefix == "" and name == "hydra"):
+                key = f"{prefix}.{name}" if prefix else str(name)
+                check_resolvable(_child(node, name, key), key)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            check_resolvable(_child(node, index, f"{prefix}[{index}]"), f"{prefix}[{index}]")
+
+
+def resolved(cfg: DictConfig) -> Optional[dict]:
+    """The config as plain, resolved Python values (Hydra's own node left out); None when something does not resolve."""
+    try:
+        return {str(k): OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v for k in cfg.keys() if k != "hydra" for v in [_child(cfg, k, str(k))]}
+    except (OmegaConfBaseException, ConfigError):
+        return None
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Type and range of every key, before the layout is computed or anything runs; raises ConfigError.
+
+    The table is checked in its order (so the key a bad value comes from is named first), then
+    every other value must resolve.
+    """
+    plain = resolved(cfg)
+    view: Any = cfg if plain is None else plain
+    check_profile_type(view)
+    check_table(view)
+    check_target_args(view)
+    if plain is None:
+        check_resolvable(cfg)

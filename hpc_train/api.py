@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import json
 import os
 import re
 import signal
@@ -50,6 +49,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError, JobFailed
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
-SUMMARY_NAME = "summary.json"
-JOB_TABLE = "jobs.tsv"
 EXIT_BAD_INPUT = 2  # hpc_train.cli: bad input, nothing ran
 EXIT_STOPPED = 3  # stopped by a signal after a checkpoint
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
@@ -283,9 +281,9 @@ def _rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[st
     """(rank, one-line error) of the rank that failed first, from logs/rank<r>.error.json written after `since`."""
     from hpc_train.rank_errors import read_records, root_cause
 
-    log_dir = run_dir / "logs"
+    log_dir = run_dir / rundir.LOGS
     ranks = [int(m.group(1)) for m in (re.fullmatch(r"rank(\d+)\.error\.json", p.name) for p in log_dir.glob("rank*.error.json")) if m]
-    records = read_records(log_dir, max(ranks) + 1, since) if ranks else {}
+    records = read_records(run_dir, max(ranks) + 1, since) if ranks else {}
     if not records:
         return None, None
     rank, record = root_cause([], records)
@@ -293,10 +291,7 @@ def _rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[st
 
 
 def _read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
-    try:
-        return json.loads((run_dir / SUMMARY_NAME).read_text())
-    except (OSError, ValueError):
-        return None
+    return rundir.read_summary(run_dir)
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -343,11 +338,11 @@ class Job:
         if state:
             return state
         # Between squeue forgetting a job and sacct recording it (or with no accounting at all).
-        return "COMPLETED" if (self.run_dir / SUMMARY_NAME).exists() else "UNKNOWN"
+        return "COMPLETED" if (self.run_dir / rundir.SUMMARY).exists() else "UNKNOWN"
 
     def _local_state(self) -> str:
         code = self._process.poll() if self._process is not None else None
-        has_summary = (self.run_dir / SUMMARY_NAME).exists()
+        has_summary = (self.run_dir / rundir.SUMMARY).exists()
         if self._sweep_index is None:
             if self._process is not None and code is None:
                 return "RUNNING"
@@ -407,7 +402,7 @@ class Job:
             raise _bad_input(self._printed(), self.run_dir, self._started)
         rank, error = _rank_error(self.run_dir, self._started)
         cause = f": rank {rank} failed first ({error})" if error else ""
-        where = f"; its traceback: {self.run_dir / 'logs' / f'rank{rank}.log'}" if error else f"; see {self.run_dir / 'logs'}"
+        where = f"; its traceback: {rundir.rank_log(self.run_dir, rank)}" if error else f"; see {self.run_dir / rundir.LOGS}"
         if state == "COMPLETED":
             cause = " without writing summary.json"
         printed = f" and {self._output}" if self._output is not None else ""
@@ -487,7 +482,7 @@ def submit(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None,
             raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {output}", exit_code=code or 1)
         return Job(match.group(1), target, "slurm", overrides, output=output, started=started)
     process = _background(command, output)
-    _wait_for_start(process, [target / "job_config.yaml"], started)
+    _wait_for_start(process, [target / rundir.JOB_CONFIG], started)
     if process.poll() == EXIT_BAD_INPUT:
         raise _bad_input(output.read_text(errors="replace"), target, started)
     return Job(f"local-{process.pid}", target, "local", overrides, process=process, output=output, started=started)
@@ -591,7 +586,7 @@ def _launcher_of(job: List[str], default: str) -> str:
 def _table_rows(sweep_dir: Path) -> List[Dict[str, str]]:
     """The rows of the sweep's jobs.tsv (job_id, job, overrides, layout), header lines skipped."""
     try:
-        lines = (sweep_dir / JOB_TABLE).read_text().splitlines()
+        lines = (sweep_dir / rundir.JOB_TABLE).read_text().splitlines()
     except OSError:
         return []
     header = ["job_id", "job", "overrides", "layout"]

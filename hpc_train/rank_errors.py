@@ -9,36 +9,28 @@ exit first (see :func:`root_cause`). Shared by both sides: no torch here.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-
-def record_path(log_dir: Path, rank: int) -> Path:
-    return log_dir / f"rank{rank}.error.json"
+from hpc_train import rundir
 
 
-def write_error_record(log_dir: Path, rank: int, error: BaseException) -> None:
+def write_error_record(run_dir: Path, rank: int, error: BaseException) -> None:
     """Record this rank's failure (best effort: a failing rank must not fail again here)."""
     text = f"{type(error).__name__}: {error}".strip()
     record = {"rank": rank, "time": time.time(), "error": text.splitlines()[0][:500] if text else type(error).__name__}
-    from hpc_train.compute.runlog import write_json_atomic  # compute side only: the launcher just reads
-
     try:
-        write_json_atomic(record_path(log_dir, rank), record)
+        rundir.write_json_atomic(rundir.rank_error(run_dir, rank), record)
     except OSError:
         pass
 
 
-def read_records(log_dir: Path, world_size: int, since: float) -> Dict[int, Dict[str, Any]]:
+def read_records(run_dir: Path, world_size: int, since: float) -> Dict[int, Dict[str, Any]]:
     """The failure records written after `since` (a time.time()), by rank."""
     records = {}
     for rank in range(world_size):
-        try:
-            record = json.loads(record_path(log_dir, rank).read_text())
-        except (OSError, ValueError):
-            continue
+        record = rundir.read_json(rundir.rank_error(run_dir, rank))
         if isinstance(record, dict) and float(record.get("time", 0)) >= since:
             records[rank] = record
     return records

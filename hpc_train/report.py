@@ -25,7 +25,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
-JOB_TABLE = "jobs.tsv"  # written by the sweep launcher (hpc_train/launch/sweep.py)
+from hpc_train import rundir
+
 PNG_NAME = "report.png"
 LAYOUT_LEGEND = "layout = nodes x tasks per node x GPUs per task"
 INSTALL_HINT = "pip install 'hpc-train[report]'  (or: pip install matplotlib)"
@@ -53,13 +54,6 @@ class JobReport:
 
 
 # -- reading one run dir ---------------------------------------------------------------------
-def _read_json(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
@@ -67,53 +61,26 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def is_run_dir(path: Path) -> bool:
-    return any((path / name).exists() for name in ("summary.json", "job_config.yaml", "metrics.jsonl", ".hydra/overrides.yaml"))
-
-
 def loss_curve(run_dir: Path) -> List[Tuple[int, float]]:
     """(step, loss) of every ``"kind": "train"`` line of metrics.jsonl, in step order (last write wins)."""
-    points: Dict[int, float] = {}
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line torn by a kill
-            continue
-        if record.get("kind") == "train" and record.get("loss") is not None:
-            points[int(record["step"])] = float(record["loss"])
+    points = {int(r["step"]): float(r["loss"]) for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind") == "train" and r.get("loss") is not None}
     return sorted(points.items())
 
 
 def _attempts_started(run_dir: Path) -> Optional[int]:
     """Attempts counted in attempts.jsonl (starts since the last fresh start), if the file exists."""
-    try:
-        lines = (run_dir / "attempts.jsonl").read_text().splitlines()
-    except OSError:
-        return None
-    starts = 0
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("event") == "start":
-            starts = 1 if record.get("fresh") else starts + 1
-    return starts or None
+    return rundir.attempts_started(run_dir) or None
 
 
 def _slurm_job_id_of_run(run_dir: Path) -> Optional[str]:
     """A single Slurm job's id, from submitit's ``slurm/<id>_submission.sh``."""
-    ids = [p.name.split("_")[0] for p in (run_dir / "slurm").glob("*_submission.sh")]
+    ids = [p.name.split("_")[0] for p in (run_dir / rundir.SLURM_LOGS).glob("*_submission.sh")]
     ids = [i for i in ids if i.isdigit()]
     return max(ids, key=int) if ids else None
 
 
 def _failed_locally(run_dir: Path) -> bool:
-    for log in (run_dir / "logs").glob("rank*.log"):
+    for log in (run_dir / rundir.LOGS).glob("rank*.log"):
         try:
             if re.search(r"rank \d+ failed:", log.read_text(errors="replace")):
                 return True
@@ -127,13 +94,13 @@ def read_job(run_dir: Path, name: str, overrides: Optional[List[str]] = None, sl
         listed = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
         overrides = [str(o) for o in listed] if isinstance(listed, list) else []
     job = JobReport(name=name, run_dir=str(run_dir), overrides=overrides, slurm_job_id=slurm_job_id or _slurm_job_id_of_run(run_dir))
-    spec = _read_yaml(run_dir / "job_config.yaml")
+    spec = _read_yaml(run_dir / rundir.JOB_CONFIG)
     layout = (spec or {}).get("job", {}).get("layout") if isinstance(spec, dict) else None
     if isinstance(layout, dict):
         job.strategy = layout.get("strategy")
         job.layout = f"{layout.get('nodes')}x{layout.get('tasks_per_node')}x{layout.get('gpus_per_task')}"
         job.world_size = layout.get("world_size")
-    summary = _read_json(run_dir / "summary.json")
+    summary = rundir.read_summary(run_dir)
     if summary is not None:
         job.status = "COMPLETED"
         job.strategy = job.strategy or summary.get("strategy")
@@ -154,7 +121,7 @@ def read_job(run_dir: Path, name: str, overrides: Optional[List[str]] = None, sl
 def _job_table(sweep_dir: Path) -> Dict[str, Tuple[str, List[str]]]:
     """job number -> (Slurm job id, overrides) from jobs.tsv."""
     rows: Dict[str, Tuple[str, List[str]]] = {}
-    path = sweep_dir / JOB_TABLE
+    path = sweep_dir / rundir.JOB_TABLE
     if not path.exists():
         return rows
     lines = path.read_text().splitlines()
@@ -169,13 +136,13 @@ def collect(path: Path) -> Tuple[str, List[JobReport]]:
     """('run' | 'sweep', jobs) for a run dir or a multirun sweep dir."""
     if not path.is_dir():
         raise ReportError(f"{path} is not a folder: give a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME).")
-    if is_run_dir(path) and not (path / JOB_TABLE).exists():
+    if rundir.is_run_dir(path) and not (path / rundir.JOB_TABLE).exists():
         return "run", [read_job(path, path.name)]
     table = _job_table(path)
-    names = set(table) | {p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit() and is_run_dir(p)}
+    names = set(table) | {p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit() and rundir.is_run_dir(p)}
     if not names:
         raise ReportError(
-            f"{path} holds no run: expected summary.json / job_config.yaml (a run dir) or numbered job folders / {JOB_TABLE} (a sweep dir)."
+            f"{path} holds no run: expected summary.json / job_config.yaml (a run dir) or numbered job folders / {rundir.JOB_TABLE} (a sweep dir)."
         )
     jobs = []
     for name in sorted(names, key=lambda n: (0, int(n)) if n.isdigit() else (1, n)):

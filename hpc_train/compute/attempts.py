@@ -23,32 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hpc_train import rundir
+
 log = logging.getLogger("hpc_train")
-FILE_NAME = "attempts.jsonl"
-
-
-def read(run_dir: Path) -> List[Dict[str, Any]]:
-    """The records of the current count (after the last fresh start)."""
-    path = Path(run_dir) / FILE_NAME
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line torn by a kill: ignore it
-            continue
-    starts = [i for i, r in enumerate(records) if r.get("event") == "start" and r.get("fresh")]
-    return records[starts[-1]:] if starts else records
-
-
-def count(run_dir: Path) -> int:
-    """How many attempts this run has started so far."""
-    return sum(1 for r in read(run_dir) if r.get("event") == "start")
 
 
 def _append(run_dir: Path, record: Dict[str, Any]) -> None:
-    with open(Path(run_dir) / FILE_NAME, "a") as handle:
+    with open(Path(run_dir) / rundir.ATTEMPTS, "a") as handle:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -92,7 +73,7 @@ def _unsure(how: Optional[str]) -> bool:
 
 def begin(run_dir: Path, fresh: bool, resumed_from_step: Any) -> int:
     """Record the start of an attempt (rank 0); report how earlier ones ended. Returns its number."""
-    previous = [] if fresh else read(run_dir)
+    previous = [] if fresh else rundir.read_attempts(run_dir)
     ends: Dict[Any, Dict[str, Any]] = {}
     for r in previous:
         if r.get("event") == "end":

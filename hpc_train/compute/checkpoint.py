@@ -1,6 +1,6 @@
 """Checkpoint files: atomic writes, verified reads, rotation, and the config fingerprint.
 
-A checkpoint is ``<run dir>/checkpoints/step_<global step>.ckpt``: a header line
+A checkpoint is ``rundir.checkpoint_path(run_dir, step)``: a header line
 (``HPCTRAIN-CKPT 2 <sha256 of the rest>``), a line with the config fingerprint as JSON (so the
 login node can check compatibility without torch), then a ``torch.save`` payload. The digest
 lets a reader tell a complete file from a torn or corrupt one; files are written through a
@@ -28,17 +28,16 @@ import hashlib
 import io
 import json
 import logging
-import os
 import pickle
 import random
 import re
-import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
+from hpc_train import rundir
 from hpc_train.compute import faults
 from hpc_train.compute.refusal import Refusal
 
@@ -46,8 +45,6 @@ log = logging.getLogger("hpc_train")
 
 MAGIC = b"HPCTRAIN-CKPT"
 FORMAT = 2  # 2: loadable with weights_only=True (format 1 pickled numpy RNG states)
-DIR_NAME = "checkpoints"
-_NAME = re.compile(r"^step_(\d+)\.ckpt$")
 
 
 class CheckpointError(RuntimeError):
@@ -62,54 +59,14 @@ class CheckpointRefused(CheckpointError, Refusal):
 
 
 # -- atomic files ---------------------------------------------------------------------------
-def write_bytes_atomic(data: bytes, path: Path) -> None:
-    """Temporary file + flush + fsync + rename (+ fsync of the folder): never a torn file under `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        half = len(data) // 2
-        handle.write(data[:half])
-        faults.slow_checkpoint_write()  # test hook: widen the window in which a kill hits mid-write
-        handle.write(data[half:])
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    try:
-        folder = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)  # the rename itself survives a power cut
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
-
-
 def save_atomic(obj: Any, path: Path) -> None:
     """``torch.save`` with the atomic write above (final weights, per-stage weights)."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    write_bytes_atomic(buffer.getvalue(), path)
+    rundir.write_bytes_atomic(buffer.getvalue(), path, halfway=faults.slow_checkpoint_write)
 
 
 # -- checkpoint files -----------------------------------------------------------------------
-def checkpoint_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / DIR_NAME
-
-
-def checkpoint_path(run_dir: Path, global_step: int) -> Path:
-    return checkpoint_dir(run_dir) / f"step_{global_step:09d}.ckpt"
-
-
-def list_checkpoints(folder: Path) -> List[Path]:
-    """Checkpoint files in `folder`, newest (highest step) first."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
-
-
 def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     """Write `payload` atomically, then delete all but the newest `keep` checkpoints beside it."""
     buffer = io.BytesIO()
@@ -117,8 +74,8 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     torch.save(payload, buffer)
     body = buffer.getvalue()
     header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
-    write_bytes_atomic(header + body, path)
-    for old in list_checkpoints(path.parent)[max(1, keep):]:
+    rundir.write_bytes_atomic(header + body, path, halfway=faults.slow_checkpoint_write)
+    for old in rundir.list_checkpoints(path.parent)[max(1, keep):]:
         try:
             old.unlink()
         except OSError:
@@ -180,7 +137,7 @@ def _first_reason(err: Exception) -> str:
 
 def newest_valid(folder: Path) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
     """The newest checkpoint in `folder` that verifies; corrupt newer ones are skipped with a warning."""
-    for path in list_checkpoints(folder):
+    for path in rundir.list_checkpoints(folder):
         try:
             return path, read_checkpoint(path)
         except CheckpointRefused:
@@ -231,6 +188,3 @@ def to_cpu(obj: Any) -> Any:
         return type(obj)(to_cpu(v) for v in obj)
     return obj
 
-
-def now() -> float:
-    return time.time()

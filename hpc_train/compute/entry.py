@@ -74,7 +74,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         record_end(stop.reason)
         raise
     except BaseException as err:
-        write_error_record(run_dir / "logs", ranks.rank, err)  # first, before peers see broken connections
+        write_error_record(run_dir, ranks.rank, err)  # first, before peers see broken connections
         if isinstance(err, Refusal):
             log.error("%s", err)
             err.on_console = ranks.is_main

@@ -19,6 +19,8 @@ import signal
 import subprocess
 from typing import Any, Callable, Dict, Optional
 
+from hpc_train.slurm_time import slurm_seconds
+
 log = logging.getLogger("hpc_train")
 
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
@@ -86,23 +88,10 @@ def slurm_time_left_s() -> Optional[float]:
         out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=15).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return parse_slurm_duration(out)
-
-
-def parse_slurm_duration(text: str) -> Optional[float]:
-    """'1-02:03:04', '02:03:04', '03:04' -> seconds; None for UNLIMITED/INVALID/empty."""
-    text = text.strip()
-    if not text or not text[0].isdigit():
+    try:
+        return slurm_seconds(out)
+    except ValueError:
         return None
-    days = 0
-    if "-" in text:
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
-    parts = [int(p) for p in text.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    hours, minutes, seconds = parts[-3:]
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
 def requeue_self() -> bool:

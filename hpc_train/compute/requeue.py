@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from hpc_train.compute import attempts
+from hpc_train import rundir
 
 log = logging.getLogger("hpc_train")
 
@@ -22,7 +22,7 @@ WAIT_FOR_REQUEUE_S = 120.0
 
 def requeue_allowed(run_dir: Path, max_requeues: int) -> bool:
     """True while the attempts so far leave room for one more (attempt n+1 needs n <= max_requeues)."""
-    started = attempts.count(run_dir)
+    started = rundir.attempts_started(run_dir)
     if started > max_requeues:
         log.error(
             "not requeuing: %d attempts already, trainer.max_requeues=%d. The checkpoint is kept: "

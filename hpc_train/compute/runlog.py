@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from hpc_train import rundir
+
 
 def setup_logging(run_dir: Path, rank: int) -> logging.Logger:
     """Every rank logs to ``logs/rank<r>.log``; rank 0 also to the console."""
-    log_dir = run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    path = rundir.rank_log(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
     logger = logging.getLogger("hpc_train")
     logger.handlers.clear()
     logger.setLevel(logging.INFO)
     logger.propagate = False
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
-    file_handler = logging.FileHandler(log_dir / f"rank{rank}.log")
+    file_handler = logging.FileHandler(path)
     file_handler.setFormatter(fmt)
     logger.addHandler(file_handler)
     if rank == 0:
@@ -66,7 +67,7 @@ class MetricsWriter:
     """Rank 0 appends one JSON object per logged step/epoch to ``metrics.jsonl``."""
 
     def __init__(self, run_dir: Path, enabled: bool) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / rundir.METRICS
         self.enabled = enabled
 
     def write(self, record: Dict[str, Any]) -> None:
@@ -76,20 +77,10 @@ class MetricsWriter:
             handle.write(json.dumps(record) + "\n")
 
 
-def write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
-    """Write JSON so that readers never see a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def truncate_metrics(run_dir: Path, last_step: int, keep_eval_at_last: bool) -> None:
     """Drop metrics.jsonl lines the resumed run will write again: lines past `last_step` (an attempt
     that died after its last checkpoint), and the eval at `last_step` unless it came before that checkpoint."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / rundir.METRICS
     if not path.exists():
         return
     kept = []
@@ -101,6 +92,4 @@ def truncate_metrics(run_dir: Path, last_step: int, keep_eval_at_last: bool) -> 
                 kept.append(line)
         except json.JSONDecodeError:
             continue
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    os.replace(tmp, path)
+    rundir.write_text_atomic(path, "".join(k + "\n" for k in kept))

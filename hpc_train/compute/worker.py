@@ -1,9 +1,9 @@
 """`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job (used by the local launcher and sbatch scripts).
 
-Exit codes: 0 done; 1 failed (traceback in logs/rank<r>.log and on stderr); 2 refused (one
-message, no traceback: e.g. the job was planned for another number of ranks, or the checkpoint
-is unsafe or from an older hpc-train); 3 stopped by a signal after a checkpoint (re-run the same
-command to resume). Under a plain sbatch script, the requeue signal makes rank 0 requeue the job
+Exit codes (hpc_train.rundir): EXIT_OK; EXIT_FAILED (traceback in logs/rank<r>.log and on
+stderr); EXIT_REFUSED (one message, no traceback: e.g. the job was planned for another number
+of ranks, or the checkpoint is unsafe or from an older hpc-train); EXIT_INTERRUPTED (stopped by
+a signal after a checkpoint: re-run the same command to resume). Under a plain sbatch script, the requeue signal makes rank 0 requeue the job
 itself (``scontrol requeue``).
 """
 
@@ -16,16 +16,15 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hpc_train.compute.entry import load_job_spec, train
-from hpc_train.compute.refusal import EXIT_REFUSED, Refusal
-
-EXIT_INTERRUPTED = 3
+from hpc_train.compute.refusal import Refusal
+from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m hpc_train.compute.worker RUN_DIR/job_config.yaml", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     return run_spec(load_job_spec(Path(argv[0])))
 
 
@@ -48,15 +47,15 @@ def run_spec(spec: DictConfig) -> int:
                 wait_to_be_requeued()
             elif requeue_allowed(Path(spec.job.run_dir), int(spec.trainer.get("max_requeues", 3))) and requeue_self():
                 print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
-                return 0
+                return EXIT_OK
         print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception:  # the traceback is already in logs/rank<r>.log and on stderr below
         import traceback
 
         traceback.print_exc()
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def exit_now(code: int) -> None:
@@ -67,7 +66,7 @@ def exit_now(code: int) -> None:
     called without an active exception", exit -6) and hide the real exit code. The traceback is
     already written, so flush and leave.
     """
-    if code == 1:
+    if code == EXIT_FAILED:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

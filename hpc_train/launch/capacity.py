@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train.launch.errors import ConfigError
+from hpc_train.slurm_time import slurm_minutes
 
 _FORMAT = "%N|%P|%c|%z|%m|%G|%l"  # node, partition (* = default), CPUs, S:C:T, memory MB, gres, time limit
 _GPU = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
@@ -60,23 +61,16 @@ def parse_sinfo(text: str) -> Dict[str, Partition]:
             continue
         if node.name not in {n.name for n in nodes.get(part, [])}:
             nodes.setdefault(part, []).append(node)
-        meta[part] = (default, slurm_minutes(limit))
+        meta[part] = (default, _limit_minutes(limit))
     return {p: Partition(p, meta[p][0], meta[p][1], tuple(n)) for p, n in nodes.items()}
 
 
-def slurm_minutes(text: str) -> Optional[int]:
-    """sinfo's time limit ('infinite', '30:00', '2:00:00', '1-00:00:00') -> minutes; None: no limit."""
-    text = text.strip()
-    if not text or not text[0].isdigit():
+def _limit_minutes(text: str) -> Optional[int]:
+    """sinfo's time limit ('infinite', '30:00', '1-00:00:00') -> minutes; None: no limit (or unreadable)."""
+    try:
+        return slurm_minutes(text)
+    except ValueError:
         return None
-    days, _, rest = text.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if len(parts) == 1:
-        parts = [0, parts[0], 0]  # bare minutes
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    hours, minutes, seconds = parts[-3:]
-    return (int(days or 0) * 24 + hours) * 60 + minutes + (1 if seconds else 0)
 
 
 @functools.lru_cache(maxsize=1)

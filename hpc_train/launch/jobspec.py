@@ -13,11 +13,9 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.validate import check_resume_compatible, code_dirs, data_parallel_size, normalize_precision, resolved_stages
-
-JOB_CONFIG_NAME = "job_config.yaml"
-
 
 def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     cfg = cfg.copy()
@@ -49,6 +47,6 @@ def _choices() -> Dict[str, str]:
 
 def write_job_spec(spec: Dict[str, Any], run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / JOB_CONFIG_NAME
+    path = run_dir / rundir.JOB_CONFIG
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(spec)))
     return path

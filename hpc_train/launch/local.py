@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
 from hpc_train.rank_errors import read_records, root_cause
 
@@ -67,8 +68,8 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     world = plan.layout.world_size
     port = master_port or free_port()
     threads = max(1, (os.cpu_count() or 1) // world)
-    log_dir = plan.run_dir / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = plan.run_dir
+    (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
     files = []
     command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
@@ -78,10 +79,10 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
             if rank == 0:
                 out = None
             else:
-                out = open(log_dir / f"rank{rank}.out", "w")
+                out = open(rundir.rank_output(run_dir, rank), "w")
                 files.append(out)
             procs.append(subprocess.Popen(command, env=worker_env(rank, world, port, threads), stdout=out, stderr=subprocess.STDOUT if out else None))
-        return _watch(procs, log_dir, started=time.time())
+        return _watch(procs, run_dir, started=time.time())
     except KeyboardInterrupt:
         _stop(procs, signal.SIGINT)
         return 130
@@ -104,14 +105,17 @@ def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
     return {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
 
 
-def _watch(procs: List[subprocess.Popen], log_dir: Path, started: float) -> int:
+def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
     """Wait for all ranks; on the first failure stop the rest and report which rank failed first."""
     while True:
         codes = [proc.poll() for proc in procs]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
             rank, code = failed[0]
-            if code == 3:  # hpc_train.compute.worker.EXIT_INTERRUPTED: the others stop at the same step
+            if code == rundir.EXIT_REFUSED:  # the rank said why in one line (on the console already)
+                _stop(procs)
+                return code
+            if code == rundir.EXIT_INTERRUPTED:  # the others stop at the same step
                 print(f"hpc-train: rank {rank} stopped after a checkpoint (signal).", file=sys.stderr)
                 deadline = time.monotonic() + GRACE_S
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
@@ -119,10 +123,10 @@ def _watch(procs: List[subprocess.Popen], log_dir: Path, started: float) -> int:
                 _stop(procs)
                 return code
             # The process that exits first is often a peer that lost its connection: name the root cause.
-            first, record = root_cause(failed, read_records(log_dir, len(procs), since=started))
+            first, record = root_cause(failed, read_records(run_dir, len(procs), since=started))
             if record is not None:
                 print(f"hpc-train: rank {first} failed first ({record['error']}); stopping the other ranks. "
-                      f"Its traceback: {log_dir / f'rank{first}.log'}", file=sys.stderr)
+                      f"Its traceback: {rundir.rank_log(run_dir, first)}", file=sys.stderr)
             else:
                 print(f"hpc-train: rank {first} exited with code {codes[first]}; stopping the other ranks.", file=sys.stderr)
             _stop(procs)

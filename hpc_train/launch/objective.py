@@ -10,13 +10,13 @@ specific to one sweeper.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError, JobFailed
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
@@ -45,10 +45,10 @@ def check_objective(cfg: DictConfig, hydra_cfg: Optional[Any] = None) -> None:
 
 def read_objective(run_dir: Path, key: str) -> float:
     """summary.json[key] of a finished job as a float; JobFailed (naming `objective`) when there is none."""
-    path = Path(run_dir) / "summary.json"
-    if not path.exists():
-        raise JobFailed(f"the job in {run_dir} wrote no summary.json, so it has no objective ({key}).")
-    value = json.loads(path.read_text()).get(key)
+    summary = rundir.read_summary(run_dir)
+    if summary is None:
+        raise JobFailed(f"the job in {run_dir} wrote no {rundir.SUMMARY}, so it has no objective ({key}).")
+    value = summary.get(key)
     if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(float(value)):
         hint = " (trainer.eval=false runs no evaluation)" if key.startswith("eval_") else ""
         raise JobFailed(f"`objective`: summary.json of {run_dir} has {key}={value!r}{hint}; a sweeper needs a number. Fix: set objective= to a key this run reports, e.g. objective=train_loss.")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict
 
 from omegaconf import DictConfig
 
+from hpc_train import rundir
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import make_plan
 
-SUMMARY_NAME = "summary.json"
-EXIT_INTERRUPTED = 3  # hpc_train.compute.worker's code for "stopped after a checkpoint"
 
 
 def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
@@ -43,7 +41,7 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
 
     job = slurm.prepare(cfg, plan, spec)
     if cfg.dry_run:
-        print(slurm.render_sbatch(plan.run_dir / slurm.SUBMITIT_DIR, job.params))
+        print(slurm.render_sbatch(plan.run_dir / rundir.SLURM_LOGS, job.params))
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
         return 0
     # Submitted first, the job spec written after: a refused sbatch (a ConfigError) leaves no
@@ -51,10 +49,10 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     # Slurm tasks get the spec pickled by submitit; job_config.yaml is the readable record.
     [(_, handle)] = slurm.submit_jobs([job])
     write_job_spec(spec, plan.run_dir)
-    folder = plan.run_dir / slurm.SUBMITIT_DIR
+    folder = plan.run_dir / rundir.SLURM_LOGS
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")
-    print(f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / 'logs'}")
+    print(f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / rundir.LOGS}")
     if not wait:
         return 0
     return follow(handle, plan.run_dir)
@@ -73,19 +71,20 @@ def follow(handle: Any, run_dir: Path) -> int:
 
 
 def report_summary(run_dir: Path, code: int) -> None:
-    summary = run_dir / SUMMARY_NAME
-    if code == 0 and summary.exists():
-        data = json.loads(summary.read_text())
+    data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
+    if data is not None:
         acc = data.get("eval_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         print(
             f"hpc-train: done: {data['global_step']} steps, train_loss {data['train_loss']:.4f}, "
             f"eval_accuracy {acc_text}, {data['images_per_sec']:.1f} images/s"
         )
-        print(f"hpc-train: summary {summary}")
-        print(f"hpc-train: metrics {run_dir / 'metrics.jsonl'}")
-        print(f"hpc-train: logs    {run_dir / 'logs'}")
-    elif code == EXIT_INTERRUPTED:
+        print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
+        print(f"hpc-train: metrics {run_dir / rundir.METRICS}")
+        print(f"hpc-train: logs    {run_dir / rundir.LOGS}")
+    elif code == rundir.EXIT_INTERRUPTED:
         print(f"hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same hydra.run.dir={run_dir}) to continue")
+    elif code == rundir.EXIT_REFUSED:
+        print(f"hpc-train: the job refused to start (exit code {code}): the reason is printed above and in {run_dir / rundir.LOGS}")
     else:
-        print(f"hpc-train: the job failed (exit code {code}); see the logs in {run_dir / 'logs'}")
+        print(f"hpc-train: the job failed (exit code {code}); see the logs in {run_dir / rundir.LOGS}")

@@ -22,32 +22,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
+from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
+from hpc_train.slurm_time import slurm_minutes
 
-SUBMITIT_DIR = "slurm"
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
 
 
 def time_minutes(value: Any, key: str = "resources.time") -> int:
-    """Slurm time (minutes, MM:SS, HH:MM:SS or D-HH:MM:SS) -> whole minutes (rounded up)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        minutes = value
-    else:
-        match = _TIME.match(str(value).strip())
-        if not match:
-            raise ConfigError(key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00.")
-        days, a, b, c = (int(g) if g else None for g in match.groups())
-        if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
-            seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-        elif b is None:  # MM
-            seconds = a * 60
-        elif c is None:  # MM:SS
-            seconds = a * 60 + b
-        else:  # HH:MM:SS
-            seconds = a * 3600 + b * 60 + c
-        minutes = -(-seconds // 60)
-    if minutes <= 0:
+    """A time limit (minutes, or a Slurm duration such as HH:MM:SS or D-HH:MM:SS) -> whole minutes, rounded up."""
+    try:
+        minutes = value if isinstance(value, int) and not isinstance(value, bool) else slurm_minutes(value)
+    except ValueError:
+        minutes = None
+        raise ConfigError(key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00.") from None
+    if minutes is None or minutes <= 0:
         raise ConfigError(key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes).")
     return minutes
 
@@ -297,7 +286,7 @@ def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) ->
     submitted: List[Tuple[PreparedJob, Any]] = []
     for members in groups.values():
         first = members[0]
-        folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / SUBMITIT_DIR
+        folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / rundir.SLURM_LOGS
         executor = make_executor(folder, first.params, int(first.cfg.trainer.max_requeues))
         with _clean_on_refusal(folder, sorted({str(h.job_id).split("_")[0] for _, h in submitted})):
             if len(members) == 1:

@@ -22,9 +22,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hpc_train import rundir
+
 log = logging.getLogger(__name__)
 
-TABLE_NAME = "jobs.tsv"
 _MISSING = object()
 
 
@@ -150,7 +151,7 @@ class SweepLauncher(Launcher):
             (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides[i]))))
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for _, job in prepared]
-        _print_table(rows, sweep_dir / TABLE_NAME)
+        _print_table(rows, sweep_dir / rundir.JOB_TABLE)
         if optimising or configs[0].launcher.wait:
             if optimising:
                 print(f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {configs[0].objective}")

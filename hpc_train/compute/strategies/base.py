@@ -18,6 +18,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn as nn
 
+from hpc_train import rundir
 from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.ranks import RankInfo
@@ -104,4 +105,4 @@ class Strategy:
 
     def weights_file(self) -> Optional[str]:
         """Where this rank writes its final weights (None: it writes none). Rank 0 holds the whole model."""
-        return "model.pt" if self.ranks.is_main else None
+        return rundir.WEIGHTS if self.ranks.is_main else None

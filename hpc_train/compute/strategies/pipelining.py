@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from hpc_train import rundir
 from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.stages import split_model, stage_inputs
@@ -165,4 +166,4 @@ class PipeliningStrategy(Strategy):
         return self.replica == 0
 
     def weights_file(self) -> Optional[str]:
-        return f"model_stage{self.stage_index}.pt" if self.replica == 0 else None
+        return rundir.stage_weights(self.stage_index) if self.replica == 0 else None

@@ -62,6 +62,18 @@ def test_user_model_trains_to_the_same_loss_under_every_strategy(strategy, singl
     assert summary["eval_accuracy"] is not None
 
 
+def test_the_python_api_runs_the_user_project_to_the_same_loss(single_run, tmp_path, monkeypatch):
+    """hpc_train.run from the project's folder (where `import mynet` works), as a notebook there would."""
+    import hpc_train
+
+    monkeypatch.chdir(PROJECT)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    overrides = [o for o in TRAIN if o not in ("--config-dir", "my_conf")] + ["strategy=ddp", "resources.gpus_per_node=2"]
+    summary = hpc_train.run(overrides, config_dir=PROJECT / "my_conf", run_dir=tmp_path / "api", quiet=True)
+    assert summary["model"] == "tinynet" and summary["world_size"] == 2
+    assert summary["train_loss"] == pytest.approx(final_loss(single_run), rel=1e-4)
+
+
 def test_user_model_learns(single_run):
     assert read_summary(single_run)["eval_accuracy"] > 0.8, "4 well-separated blobs"
 

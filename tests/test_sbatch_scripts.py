@@ -100,10 +100,10 @@ def test_script_runs_on_slurm(name, submitted):
     # Every rank found its identity in srun's variables (no torchrun) and ran on the expected hosts.
     found = []
     for rank_log in sorted((run_dir / "logs").glob("rank*.log")):
-        match = re.search(r"rank (\d+)/(\d+) \(local (\d+), from (\w+)\) on host (\S+),", rank_log.read_text())
+        match = re.search(r"rank (\d+)/(\d+) \(local (\d+), started by ([^)]+)\) on host (\S+),", rank_log.read_text())
         found.append((int(match.group(1)), int(match.group(2)), match.group(4), match.group(5)))
     assert sorted(r[0] for r in found) == list(range(world))
-    assert all(r[1] == world and r[2] == "slurm" for r in found)
+    assert all(r[1] == world and r[2] == "srun" for r in found)
     assert len({r[3] for r in found}) == nodes
     assert "job spec" in log.read_text()  # the batch step wrote the spec before srun
 

@@ -24,7 +24,7 @@ def _rank_lines(run_dir: Path):
     """(rank, world, local rank, source, host) for each rank log."""
     found = []
     for log in sorted((run_dir / "logs").glob("rank*.log")):
-        m = re.search(r"rank (\d+)/(\d+) \(local (\d+), from (\w+)\) on host (\S+),", log.read_text())
+        m = re.search(r"rank (\d+)/(\d+) \(local (\d+), started by ([^)]+)\) on host (\S+),", log.read_text())
         found.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)))
     return sorted(found)
 
@@ -58,7 +58,7 @@ def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
     # Every rank saw its Slurm identity and trained; rank 0 alone wrote the summary.
     ranks = _rank_lines(run_dir)
     assert [r[0] for r in ranks] == list(range(world))
-    assert all(r[1] == world and r[3] == "slurm" for r in ranks)
+    assert all(r[1] == world and r[3] == "srun" for r in ranks)
     assert sorted(r[2] for r in ranks) == sorted(list(range(tasks_per_node)) * nodes)
     assert len({r[4] for r in ranks}) == nodes  # ranks really ran on `nodes` different hosts
     summary = read_summary(run_dir)

@@ -58,7 +58,7 @@ def test_torchrun_runs_one_job_in_its_world_with_one_run_dir(reference, tmp_path
     assert summary["train_loss"] == pytest.approx(read_summary(reference)["train_loss"], rel=1e-6)
     assert (run_dir / "job_config.yaml").exists() and (run_dir / ".hydra" / "config.yaml").exists()
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
-    assert "from torchrun" in (run_dir / "logs" / "rank1.log").read_text()
+    assert "started by torchrun" in (run_dir / "logs" / "rank1.log").read_text()
     assert proc.stdout.count("hpc-train: done:") == 1  # rank 0 reports, once
 
 

@@ -45,8 +45,8 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     layout = cfg.job.layout
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     log.info(
-        "rank %d/%d (local %d, from %s) on host %s, devices %s, rendezvous %s:%d",
-        ranks.rank, ranks.world_size, ranks.local_rank, ranks.source, socket.gethostname(), [str(d) for d in devices], ranks.master_addr, ranks.master_port,
+        "rank %d/%d (local %d, started by %s) on host %s, devices %s, rendezvous %s:%d",
+        ranks.rank, ranks.world_size, ranks.local_rank, ranks.origin, socket.gethostname(), [str(d) for d in devices], ranks.master_addr, ranks.master_port,
     )
     if ranks.note:
         log.warning("%s", ranks.note)

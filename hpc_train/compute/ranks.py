@@ -39,6 +39,15 @@ from hpc_train.hostlist import first_host
 PORT_BASE = 20000
 PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
 LOCAL_LAUNCHER_MARK = "HPC_TRAIN_LOCAL_LAUNCHER"
+# How each source reads in a rank's first log line ("ranks from ...").
+SOURCE_WORDS = {
+    "torchrun": "torchrun",
+    "local": "the local launcher",
+    "slurm": "srun",
+    "submitit": "submitit's local executor",
+    "environment": "bare RANK/WORLD_SIZE variables",
+    "single": "no launcher: one process",
+}
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,11 @@ class RankInfo:
     master_port: int
     source: str  # "torchrun" | "local" | "slurm" | "submitit" | "environment" | "single"
     note: str = ""  # a warning for the rank's log (e.g. variables that were ignored or guessed from)
+
+    @property
+    def origin(self) -> str:
+        """Who started this process, in words (the `source` for people)."""
+        return SOURCE_WORDS.get(self.source, self.source)
 
     @property
     def is_distributed(self) -> bool:

@@ -274,9 +274,9 @@ class Trainer:
 
     def _announce(self) -> None:
         log.info(
-            "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d ranks x %d",
-            self.model_name, self.cfg.strategy.name, self.data_name, self.total_steps, self.steps_per_epoch,
-            self.tcfg.batch_size, self.strategy.data_parallel_size, self.per_rank_batch,
+            "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d %s x %d",
+            self.model_name, self.cfg.strategy.name, self.data_name, self.total_steps, self.steps_per_epoch, self.tcfg.batch_size,
+            self.strategy.data_parallel_size, "rank" if self.strategy.data_parallel_size == 1 else "ranks", self.per_rank_batch,
         )
 
     def _finish(self, meter: Throughput) -> Dict[str, Any]:

@@ -96,11 +96,14 @@ class SweepLauncher(Launcher):
                 returns[i] = ret
         for i, sweep_config in enumerate(configs):
             if returns[i] is None:
-                log.info("\t#%d : %s", sweep_config.hydra.job.num, " ".join(filter_overrides(job_overrides[i])))
+                # printed, not logged: Hydra reconfigures logging per job, which would change this line's prefix after job #0
+                print(f"hpc-train: sweep job #{sweep_config.hydra.job.num}: {' '.join(filter_overrides(job_overrides[i]))}", flush=True)
                 returns[i] = run_job(
                     hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
                     job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
                 )
+        if any(c.launcher.name != "slurm" for c in configs) and not configs[0].dry_run:
+            print(f"hpc-train: sweep dir {sweep_dir}; compare its jobs with: hpc-train-report {sweep_dir}")
         return returns  # type: ignore[return-value]
 
     def _submit(self, configs: List[DictConfig], overrides: List[Sequence[str]], sweep_dir: Path) -> List[JobReturn]:

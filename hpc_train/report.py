@@ -315,18 +315,21 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     for order, (i, job, label) in enumerate(curves):
         steps, losses = zip(*job.loss_curve)
         width = 1.2 + 1.6 * (len(curves) - 1 - order) / max(1, len(curves) - 1)
+        few = len(steps) <= 3  # a point or two is a marker to see, not a line to follow
         loss_ax.plot(
-            steps, losses, linestyle=styles[i % len(styles)], marker=markers[i % len(markers)], markersize=3 + 2 * (len(curves) - 1 - order) / max(1, len(curves) - 1),
+            steps, losses, linestyle="none" if few else styles[i % len(styles)], marker=markers[i % len(markers)],
+            markersize=(9 if few else 3) + 2 * (len(curves) - 1 - order) / max(1, len(curves) - 1),
             linewidth=width, color=colour[job.strategy or "unknown"], alpha=0.9, label=label.replace("\n", " "),
         )
     if curves:
+        _readable_loss_axis(loss_ax, [loss for _, job, _ in curves for _, loss in job.loss_curve])
         loss_ax.legend(fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7)
     else:
         loss_ax.text(0.5, 0.5, "no training step logged yet (metrics.jsonl)", ha="center", va="center", transform=loss_ax.transAxes)
         loss_ax.set_xticks([])
         loss_ax.set_yticks([])
     loss_ax.set_xlabel("optimizer step")
-    loss_ax.set_ylabel("train loss (cross-entropy, global batch)")
+    loss_ax.set_ylabel("train loss (trainer.loss, global batch)")
     loss_ax.set_title("Training loss per job")
     loss_ax.grid(alpha=0.3)
 
@@ -342,6 +345,23 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     fig.suptitle("\n".join(lines), fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def _readable_loss_axis(ax, losses: List[float]) -> None:
+    """Plain tick labels, and at least a 2 % span around the losses.
+
+    Without this, two identical runs whose losses differ by 5e-7 get an axis in offset notation
+    ("1e-7+2.3317") stretched over that difference, and look far apart.
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
+    low, high = min(losses), max(losses)
+    middle, span = (low + high) / 2, high - low
+    least = 0.02 * max(abs(middle), 1e-12)
+    if span < least:
+        ax.set_ylim(middle - least, middle + least)
 
 
 # -- the command -----------------------------------------------------------------------------

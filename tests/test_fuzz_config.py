@@ -290,3 +290,15 @@ def test_every_shipped_option_validates(targets, run_dir):
             plan = make_plan(cfg, run_dir)
             if cfg.launcher.name == "slurm":
                 slurm.slurm_parameters(cfg, plan)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="hydra_errors.translate does not reword Hydra's ValueError/TypeError for a group override that is not "
+    "an option name (model=5, model=null, trainer=[1]): the CLI prints a traceback and exits 1",
+)
+@pytest.mark.parametrize("override", ["model=5", "model=null", "trainer=[1]"])
+def test_a_group_choice_that_is_not_a_name_is_refused(override, run_dir):
+    with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        status, named, message = cli_outcome(["dry_run=true", override], run_dir)
+    assert status == "refused" and named == override.split("=")[0], f"{override}: {status} {message}"

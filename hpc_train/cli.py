@@ -82,7 +82,7 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
         if not err.reported:
             print(f"hpc-train: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    translated = translate(err)
+    translated = translate(err, sys.argv[1:])
     if translated is not None:
         print(translated.message, file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

@@ -176,7 +176,7 @@ def cli_outcome(overrides: List[str], run_dir: Path) -> Tuple[str, Optional[str]
     except Exception as err:  # Hydra refused the command line: the CLI rewords it (hydra_errors) or prints Hydra's words
         from hydra.errors import HydraException
 
-        translated = translate(err)
+        translated = translate(err, overrides)
         if translated is not None:
             return "refused", translated.key, translated.message
         if isinstance(err, HydraException):
@@ -292,11 +292,6 @@ def test_every_shipped_option_validates(targets, run_dir):
                 slurm.slurm_parameters(cfg, plan)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="hydra_errors.translate does not reword Hydra's ValueError/TypeError for a group override that is not "
-    "an option name (model=5, model=null, trainer=[1]): the CLI prints a traceback and exits 1",
-)
 @pytest.mark.parametrize("override", ["model=5", "model=null", "trainer=[1]"])
 def test_a_group_choice_that_is_not_a_name_is_refused(override, run_dir):
     with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from hpc_train.launch.errors import ConfigError
 
@@ -23,8 +23,12 @@ def nearest(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def translate(err: BaseException) -> Optional[ConfigError]:
-    """The ConfigError for a Hydra or OmegaConf exception, or None when it is none of the known kinds."""
+def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigError]:
+    """The ConfigError for a Hydra or OmegaConf exception, or None when it is none of the known kinds.
+
+    `argv` (the command line's arguments) is read, with Hydra's own override parser, only for
+    the few errors whose message does not name the override that caused them.
+    """
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -40,6 +44,8 @@ def translate(err: BaseException) -> Optional[ConfigError]:
         return _composition(err)
     if isinstance(err, OmegaConfBaseException):
         return from_omegaconf(err)
+    if isinstance(err, (ValueError, TypeError)) and _raised_by_hydra(err):
+        return _bad_group_value(argv)
     if isinstance(err, OSError) and err.filename:  # Hydra could not create the run dir
         return ConfigError(
             "hydra.run.dir",
@@ -125,6 +131,11 @@ def _composition(err) -> Optional[ConfigError]:
     if match:
         key = match.group(1)
         return ConfigError(key, f"~{key} deletes a key that the config does not have.", f"check the spelling (print the config with --cfg job), or drop ~{key}.")
+    match = re.match(r"Error merging override ([^=\s]+)=(.*)", text)
+    if match:
+        key, value = match.group(1).lstrip("+~"), match.group(2)
+        reason = _first_line(cause) if cause is not None else "the value does not fit the key"
+        return ConfigError(key, f"{key}={value} cannot be merged into the config ({reason}).", f"give {key} a value of the kind it holds (hpc-train --cfg job -p {key} shows it), or set one of its keys, e.g. {key}.<key>=<value>.")
     match = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if match:
         group = match.group(1)
@@ -146,3 +157,38 @@ def _unknown_key(cause) -> ConfigError:
         f"{parent} has no key {word!r}{nearest(word, siblings)}.",
         f"use one of its keys: {', '.join(siblings)}; or add a new key on purpose with +{full_key}=...",
     )
+
+
+def _raised_by_hydra(err: BaseException) -> bool:
+    """A plain ValueError/TypeError from inside Hydra's composition (not from our code)."""
+    tb = err.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_globals.get("__name__", "")
+        tb = tb.tb_next
+    return bool(last) and (last.startswith("hydra.") or last.startswith("omegaconf."))
+
+
+def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
+    """A config-group choice that is not a name (model=5, model=null, trainer=[1]), found with Hydra's parser."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            override = parser.parse_override(arg)
+            value = override.value()
+        except Exception:
+            continue
+        key = override.key_or_group
+        if "." in key or override.is_delete():
+            continue
+        names = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in names):
+            return ConfigError(
+                key, f"{arg!r} selects a {key} option by a value that is not a name.",
+                f"name an option, e.g. {key}=<name> for {key}/<name>.yaml in conf/ or your --config-dir (hpc-train --help lists them).",
+            )
+    return None

@@ -183,7 +183,7 @@ def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
         except Exception:
             continue
         key = override.key_or_group
-        if "." in key or override.is_delete():
+        if "." in key or override.is_delete() or key in _plain_top_level_keys():
             continue
         names = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in names):
@@ -192,3 +192,15 @@ def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
                 f"name an option, e.g. {key}=<name> for {key}/<name>.yaml in conf/ or your --config-dir (hpc-train --help lists them).",
             )
     return None
+
+
+def _plain_top_level_keys() -> Iterable[str]:
+    """Top-level keys of the shipped config that are values, not config groups (seed, dry_run, ...)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    import hpc_train.conf
+
+    primary = OmegaConf.load(Path(hpc_train.conf.__file__).parent / "config.yaml")
+    return [str(k) for k in primary.keys() if k not in ("defaults", "hydra")]

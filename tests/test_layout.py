@@ -5,6 +5,7 @@ import pytest
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import compute_layout
 from hpc_train.launch.slurm import time_minutes
+from hpc_train.strategy_table import strategy_id
 
 # strategy, engine, N, G, S -> nodes, tasks/node, gpus/node (gres), gpus/task
 ROWS = [
@@ -20,7 +21,8 @@ ROWS = [
 
 @pytest.mark.parametrize("strategy, engine, nodes, gpus, stages, expected", ROWS)
 def test_layout_rows(strategy, engine, nodes, gpus, stages, expected):
-    layout = compute_layout(strategy, nodes, gpus, cpus_per_gpu=10, stages=stages, engine=engine)
+    identity = strategy_id({"name": strategy, "engine": engine or "native"})  # what users type -> one identity
+    layout = compute_layout(identity, nodes, gpus, cpus_per_gpu=10, stages=stages)
     assert (layout.nodes, layout.tasks_per_node, layout.gpus_per_node, layout.gpus_per_task) == expected
     assert layout.cpus_per_task == 10 * layout.gpus_per_task
 
@@ -53,3 +55,16 @@ def test_slurm_time_formats(text, minutes):
 def test_bad_slurm_times(text):
     with pytest.raises(ConfigError):
         time_minutes(text)
+
+
+def test_the_distributed_pipeline_has_an_identity_of_its_own():
+    assert strategy_id({"name": "pipeline", "engine": "pipelining"}) == "pipelining"
+    assert strategy_id({"name": "pipeline", "engine": "native"}) == "pipeline"
+    layout = compute_layout("pipelining", 2, 4, stages=2)
+    assert layout.label == "pipeline (engine=pipelining)" and layout.describe().startswith("pipeline (engine=pipelining): 2 nodes")
+
+
+def test_without_gpus_the_layout_says_cpu_workers():
+    layout = compute_layout("ddp", 1, 2)
+    assert layout.describe(on_cpus=True) == "ddp: 1 node x 2 tasks/node (world size 2), 2 CPU worker processes (no GPU)"
+    assert "GPU/task" in layout.describe()

@@ -1,21 +1,9 @@
-"""The job layout each strategy needs, declared in one place.
+"""The job layout of a strategy: what Slurm must allocate and how the processes use it.
 
-A layout is what Slurm must allocate (nodes, tasks per node, GPUs per node) and how the
-training processes use it (GPUs per task). The Slurm renderer, the local launcher and the
-validation all read it from here, so a strategy's shape is never written twice.
-
-G = GPUs per node, N = nodes, S = pipeline/model stages:
-
-=======================  =====  ===============  =======  =================================
-strategy                 nodes  tasks per node   gres     notes
-=======================  =====  ===============  =======  =================================
-single                   1      1                gpu:1
-dp                       1      1                gpu:G    one process drives G GPUs
-ddp                      N      G                gpu:G    one task per GPU
-model_parallel/pipeline  1      1                gpu:G    S = G by default
-hybrid                   N      G/S              gpu:G    each task owns S GPUs
-pipeline (pipelining)    N      G                gpu:G    one rank per stage
-=======================  =====  ===============  =======  =================================
+The shapes themselves (one task per GPU, GPUs per task from the stages, single node...) are
+declared once, per strategy identity, in :mod:`hpc_train.strategy_table`; this module turns
+one into numbers. The Slurm renderer, the local launcher and the validation all read layouts
+from here, so a strategy's shape is never written twice.
 """
 
 from __future__ import annotations
@@ -24,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hpc_train.launch.errors import ConfigError
+from hpc_train.strategy_table import KINDS, NAMES
 
 
 @dataclass(frozen=True)
@@ -39,45 +28,21 @@ class JobLayout:
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
 
-    def describe(self) -> str:
+    @property
+    def label(self) -> str:
+        """The strategy as users name it (`pipeline (engine=pipelining)` for the distributed pipeline)."""
+        return "pipeline (engine=pipelining)" if self.strategy == "pipelining" else self.strategy
+
+    def describe(self, on_cpus: bool = False) -> str:
+        """One line for people; `on_cpus`: a machine without GPUs, where every "GPU" is a CPU worker process."""
         node_word = "node" if self.nodes == 1 else "nodes"
         task_word = "task" if self.tasks_per_node == 1 else "tasks"
-        return (
-            f"{self.strategy}: {self.nodes} {node_word} x {self.tasks_per_node} {task_word}/node "
-            f"(world size {self.world_size}), {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, "
-            f"{self.cpus_per_task} CPU/task"
-        )
-
-
-@dataclass(frozen=True)
-class StrategyShape:
-    """How a strategy maps GPUs to processes."""
-
-    multi_node: bool
-    one_task_per_gpu: bool  # ddp-like: G tasks per node, 1 GPU each
-    gpus_per_task_from_stages: bool  # hybrid: each task owns S GPUs
-    single_gpu: bool = False  # `single` always asks for exactly one GPU
-    multi_node_hint: str = ""
-
-
-SINGLE_NODE_HINT = (
-    "use strategy=hybrid (pipelined replicas under DDP) or strategy=pipeline strategy.engine=pipelining "
-    "to span nodes, or set resources.nodes=1"
-)
-
-SHAPES = {
-    "single": StrategyShape(False, False, False, single_gpu=True, multi_node_hint="use strategy=ddp to span nodes, or set resources.nodes=1"),
-    "dp": StrategyShape(False, False, False, multi_node_hint="use strategy=ddp to span nodes, or set resources.nodes=1"),
-    "ddp": StrategyShape(True, True, False),
-    "model_parallel": StrategyShape(False, False, False, multi_node_hint=SINGLE_NODE_HINT),
-    "pipeline": StrategyShape(False, False, False, multi_node_hint=SINGLE_NODE_HINT),
-    "hybrid": StrategyShape(True, False, True),
-    "pipeline/pipelining": StrategyShape(True, True, False),
-}
-
-
-def shape_key(strategy: str, engine: Optional[str]) -> str:
-    return "pipeline/pipelining" if strategy == "pipeline" and engine == "pipelining" else strategy
+        head = f"{self.label}: {self.nodes} {node_word} x {self.tasks_per_node} {task_word}/node (world size {self.world_size})"
+        if on_cpus:
+            workers = self.world_size
+            stages = f", {self.gpus_per_task} stages each" if self.gpus_per_task > 1 else ""
+            return f"{head}, {workers} CPU worker process{'es' if workers != 1 else ''}{stages} (no GPU)"
+        return f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task} CPU/task"
 
 
 def compute_layout(
@@ -86,13 +51,11 @@ def compute_layout(
     gpus_per_node: int,
     cpus_per_gpu: int = 1,
     stages: Optional[int] = None,
-    engine: Optional[str] = None,
 ) -> JobLayout:
-    """Return the layout for a strategy, or raise ConfigError naming the key to change."""
-    key = shape_key(strategy, engine)
-    if key not in SHAPES:
-        raise ConfigError("strategy", f"unknown strategy {strategy!r}.", f"choose one of {', '.join(sorted(set(k.split('/')[0] for k in SHAPES)))}.")
-    shape = SHAPES[key]
+    """Return the layout for a strategy identity (hpc_train.strategy_table), or raise ConfigError naming the key to change."""
+    if strategy not in KINDS:
+        raise ConfigError("strategy", f"unknown strategy {strategy!r}.", f"choose one of {', '.join(NAMES)}.")
+    shape = KINDS[strategy]
     if not isinstance(nodes, int) or nodes < 1:
         raise ConfigError("resources.nodes", f"must be a positive integer, got {nodes!r}.", "set resources.nodes=1 or more.")
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
@@ -100,7 +63,7 @@ def compute_layout(
             "resources.gpus_per_node", f"must be a positive integer, got {gpus_per_node!r}.", "set resources.gpus_per_node=1 or more."
         )
     if nodes > 1 and not shape.multi_node:
-        raise ConfigError("resources.nodes", f"strategy {strategy} runs inside one node, but resources.nodes={nodes}.", shape.multi_node_hint + ".")
+        raise ConfigError("resources.nodes", f"{shape.spelling} runs inside one node, but resources.nodes={nodes}.", shape.multi_node_hint + ".")
     if shape.single_gpu:
         tasks, gpus_node, gpus_task = 1, 1, 1
     elif shape.one_task_per_gpu:
@@ -117,7 +80,7 @@ def compute_layout(
     else:
         tasks, gpus_node, gpus_task = 1, gpus_per_node, gpus_per_node
     return JobLayout(
-        strategy=strategy if key == strategy else key.replace("/", "+"),
+        strategy=strategy,
         nodes=nodes,
         tasks_per_node=tasks,
         gpus_per_node=gpus_node,

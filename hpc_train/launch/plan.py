@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout, compute_layout
-from hpc_train.launch.validate import STAGED, check_keys, declared_stages, validate
+from hpc_train.launch.schema import check_keys
+from hpc_train.launch.validate import validate
+from hpc_train.strategy_table import KINDS, split_settings, strategy_id
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
@@ -59,13 +61,13 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     if cfg.launcher.name == "local" and cfg.resources.nodes != 1:
         raise ConfigError("resources.nodes", f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.", "use launcher=slurm for several nodes, or set resources.nodes=1.")
     strategy = cfg.strategy
+    kind = strategy_id(strategy)
     layout = compute_layout(
-        strategy=strategy.name,
+        strategy=kind,
         nodes=cfg.resources.nodes,
         gpus_per_node=resolve_gpus_per_node(cfg),
         cpus_per_gpu=int(cfg.cluster.get("cpus_per_gpu") or 1),
-        stages=declared_stages(strategy) if strategy.name in STAGED else strategy.get("stages"),
-        engine=strategy.get("engine"),
+        stages=split_settings(strategy).stages if KINDS.get(kind) and KINDS[kind].staged else None,
     )
     if cfg.launcher.name == "local":
         gpus = count_local_gpus()

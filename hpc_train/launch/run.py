@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from hpc_train import rundir
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
-from hpc_train.launch.plan import make_plan
+from hpc_train.launch.plan import count_local_gpus, make_plan
 
 
 
@@ -23,13 +23,13 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))
     if cfg.dry_run:
-        print(f"hpc-train (dry run, local): {plan.layout.describe()}")
+        print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
         print(f"  run dir: {run_dir}")
         return 0
     from hpc_train.launch.local import run_local
 
     config_path = write_job_spec(spec, run_dir)
-    print(f"hpc-train: {plan.layout.describe()}")
+    print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
     print(f"hpc-train: run dir {run_dir}")
     code = run_local(plan, config_path, cfg.launcher.get("master_port"))
     report_summary(run_dir, code)

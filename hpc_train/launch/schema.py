@@ -36,6 +36,7 @@ from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseExce
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS
+from hpc_train.strategy_table import NAMES as STRATEGY_NAMES
 
 Problem = Optional[str]  # None: the value is fine; else what is wrong, as a sentence fragment
 Checker = Callable[[Any], Problem]
@@ -278,8 +279,7 @@ RULES: Tuple[Rule, ...] = (
       fix="give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]', or cluster.setup=[]."),
     R("cluster.extra", sbatch_options, "{exclusive:true}", null="no extra options", fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none."),
     # strategy
-    R("strategy.name", one_of("single", "dp", "ddp", "model_parallel", "pipeline", "hybrid"), "ddp", required=True,
-      fix="pick the strategy with strategy=single|dp|ddp|model_parallel|pipeline|hybrid."),
+    R("strategy.name", one_of(*STRATEGY_NAMES), "ddp", required=True, fix=f"pick the strategy with strategy={'|'.join(STRATEGY_NAMES)}."),
     R("strategy.stages", whole(1), 2, null="one stage per GPU, or len(split_points) + 1"),
     R("strategy.chunks", whole(1), 4, null="one micro-batch"),
     R("strategy.balance", balance, "params", fix="use strategy.balance=params, strategy.balance=time or layer counts such as strategy.balance=[5,10]."),

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
+from hpc_train.strategy_table import KINDS, split_settings
 from hpc_train.launch.objective import check_objective
-from hpc_train.launch.schema import check_keys
 
 RESUME_WORDS = ("auto", "never")
 LOGGERS = ("jsonl", "tensorboard")
@@ -32,26 +32,19 @@ def normalize_precision(value: object) -> str:
     return str(value).lower()
 
 
-def declared_stages(strategy: DictConfig) -> Optional[int]:
-    """The stage count the config fixes: len(split_points) + 1, else strategy.stages (None: from the GPUs)."""
-    points = strategy.get("split_points")
-    if points:
-        return len(points) + 1
-    return int(strategy.stages) if strategy.get("stages") else None
-
-
 def resolved_stages(cfg: DictConfig, layout: JobLayout) -> Optional[int]:
     """The stages a split strategy runs: as declared, else one per GPU of a task (of a node for the pipelining engine)."""
-    if cfg.strategy.name not in STAGED:
+    if not KINDS[layout.strategy].staged:
         return None
-    if declared_stages(cfg.strategy):
-        return declared_stages(cfg.strategy)
-    return layout.gpus_per_node if layout.strategy == "pipeline+pipelining" else layout.gpus_per_task
+    declared = split_settings(cfg.strategy).stages
+    if declared:
+        return declared
+    return layout.gpus_per_node if layout.strategy == "pipelining" else layout.gpus_per_task
 
 
 def data_parallel_size(cfg: DictConfig, layout: JobLayout) -> int:
     """How many ranks split each global batch (pipelining-engine stages share one shard)."""
-    if layout.strategy == "pipeline+pipelining":
+    if layout.strategy == "pipelining":
         return max(1, layout.world_size // resolved_stages(cfg, layout))
     return layout.world_size
 
@@ -63,7 +56,7 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
         raise ConfigError("trainer.epochs", "both trainer.epochs and trainer.max_steps are null, so training would never stop.", "set trainer.epochs=5 or trainer.max_steps=1000.")
     batch = trainer.batch_size
     replicas = data_parallel_size(cfg, layout)
-    chunks = int(cfg.strategy.get("chunks") or 1)
+    chunks = split_settings(cfg.strategy).chunks or 1 if KINDS[layout.strategy].staged else 1
     divisor = replicas * chunks
     if batch % divisor != 0:
         what = f"world size {replicas}" if chunks == 1 else f"data-parallel size {replicas} x strategy.chunks={chunks}"
@@ -75,39 +68,34 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
         )
 
 
-STAGED = ("model_parallel", "pipeline", "hybrid")
-
-
 def check_split_points(strategy: DictConfig) -> None:
     """split_points fix the stages; a strategy.stages or strategy.balance that says otherwise is refused."""
-    points = strategy.get("split_points")
-    if points is None:
+    settings = split_settings(strategy)
+    points = settings.split_points
+    if not points:
         return
-    if len({str(p) for p in points}) != len(points):
-        raise ConfigError("strategy.split_points", f"{list(points)} names a module twice.", "name each module where a stage begins once.")
+    if len(set(points)) != len(points):
+        raise ConfigError("strategy.split_points", f"{points} names a module twice.", "name each module where a stage begins once.")
     stages = strategy.get("stages")
     if stages is not None and stages != len(points) + 1:
-        raise ConfigError("strategy.stages", f"is {stages}, but strategy.split_points={list(points)} makes {len(points) + 1} stages.", f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.")
-    balance = strategy.get("balance", "params")
-    if balance != "params":
-        raise ConfigError("strategy.balance", f"is {balance!r}, but strategy.split_points already fixes where the stages begin.", "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.")
+        raise ConfigError("strategy.stages", f"is {stages}, but strategy.split_points={points} makes {len(points) + 1} stages.", f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.")
+    if settings.balance != "params":
+        raise ConfigError("strategy.balance", f"is {settings.balance!r}, but strategy.split_points already fixes where the stages begin.", "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.")
 
 
 def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     """How the split strategies' stages, micro-batches and schedule fit the layout and the batch."""
-    strategy = cfg.strategy
-    if strategy.name not in STAGED:
+    if not KINDS[layout.strategy].staged:
         return
-    check_split_points(strategy)
-    engine = strategy.get("engine", "native")
+    check_split_points(cfg.strategy)
+    settings = split_settings(cfg.strategy)
     stages = resolved_stages(cfg, layout)
-    if engine == "pipelining":
+    if layout.strategy == "pipelining":
         if normalize_precision(cfg.trainer.precision) == "16":
             raise ConfigError("trainer.precision", "fp16 needs loss scaling, which the pipelining engine's schedules do not apply.", "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.")
         if layout.world_size % stages:
             raise ConfigError("strategy.stages", f"{layout.world_size} ranks cannot form pipelines of {stages} stages.", f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).")
-        schedule = str(strategy.get("schedule", "gpipe")).lower()
-        if schedule == "1f1b" and int(strategy.get("chunks") or 1) < stages:
+        if settings.schedule == "1f1b" and (settings.chunks or 1) < stages:
             raise ConfigError("strategy.chunks", f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).", f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.")
     elif cfg.launcher.name != "local" and stages > layout.gpus_per_task:
         # Locally, stages may share a device on purpose (a laptop, a CPU); on a cluster the GPU
@@ -119,13 +107,11 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
         )
     # How many layers a model has is known only once it is built: the job checks that (and the
     # split points' names) at its start, before any training.
-    balance = strategy.get("balance", "params")
-    if not isinstance(balance, str) and len(balance) != stages:
-        raise ConfigError("strategy.balance", f"{list(balance)} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
-    chunks = strategy.get("chunks")
+    if not isinstance(settings.balance, str) and len(settings.balance) != stages:
+        raise ConfigError("strategy.balance", f"{settings.balance} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
     per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout)
-    if chunks and per_rank < chunks:
-        raise ConfigError("strategy.chunks", f"{chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
+    if settings.chunks and per_rank < settings.chunks:
+        raise ConfigError("strategy.chunks", f"{settings.chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
 
 
 IMAGE_FOLDER_TARGET = "hpc_train.compute.datasets.image_folder"

@@ -1,4 +1,4 @@
-"""Strategy registry: one module per strategy, looked up by `strategy.name`."""
+"""Strategy registry: one module per strategy, looked up by its identity (hpc_train.strategy_table)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from hpc_train.compute.strategies.hybrid import HybridStrategy
 from hpc_train.compute.strategies.model_parallel import ModelParallelStrategy
 from hpc_train.compute.strategies.pipeline import PipelineStrategy
 from hpc_train.compute.strategies.single import SingleStrategy
+from hpc_train.strategy_table import strategy_id
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
     cls.name: cls for cls in (SingleStrategy, DDPStrategy, DataParallelStrategy, ModelParallelStrategy, PipelineStrategy, HybridStrategy)
@@ -21,8 +22,9 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 
 
 def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None) -> Strategy:
-    if cfg.name == "pipeline" and cfg.get("engine") == "pipelining":
+    identity = strategy_id(cfg)
+    if identity == "pipelining":  # imported on demand: torch.distributed.pipelining is heavy
         from hpc_train.compute.strategies.pipelining import PipeliningStrategy
 
         return PipeliningStrategy(cfg, ranks, devices, precision, loss_fn)
-    return STRATEGIES[cfg.name](cfg, ranks, devices, precision, loss_fn)
+    return STRATEGIES[identity](cfg, ranks, devices, precision, loss_fn)

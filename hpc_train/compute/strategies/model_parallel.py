@@ -6,6 +6,7 @@ import torch.nn as nn
 
 from hpc_train.compute.stages import build_staged
 from hpc_train.compute.strategies.base import Strategy
+from hpc_train.strategy_table import SplitSettings, split_settings
 
 
 class ModelParallelStrategy(Strategy):
@@ -13,29 +14,26 @@ class ModelParallelStrategy(Strategy):
     default_chunks = 1
 
     @property
-    def needs_example(self) -> bool:
-        return self.cfg.get("balance", "params") == "time"
+    def settings(self) -> SplitSettings:
+        return split_settings(self.cfg)
 
     @property
-    def split_points(self) -> list:
-        return [str(name) for name in self.cfg.get("split_points") or []]
+    def needs_example(self) -> bool:
+        return self.settings.balance == "time"
 
     @property
     def stages(self) -> int:
-        if self.split_points:
-            return len(self.split_points) + 1
-        return int(self.cfg.get("stages") or len(self.devices))
+        return self.settings.stages or len(self.devices)
 
     @property
     def chunks(self) -> int:
-        return int(self.cfg.get("chunks") or self.default_chunks)
+        return self.settings.chunks or self.default_chunks
 
     def wrap(self, model: nn.Module, example=None) -> nn.Module:
-        balance = self.cfg.get("balance", "params")
-        balance = balance if isinstance(balance, str) else list(balance)
+        settings = self.settings
         return build_staged(
-            model, self.devices, self.stages, balance, self.chunks,
-            freeze_batchnorm=self.cfg.get("batchnorm", "keep") == "freeze", example=example, split_points=self.split_points,
+            model, self.devices, self.stages, settings.balance, self.chunks,
+            freeze_batchnorm=settings.batchnorm == "freeze", example=example, split_points=settings.split_points,
         )
 
     def unwrap(self, model: nn.Module) -> nn.Module:

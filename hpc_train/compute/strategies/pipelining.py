@@ -21,6 +21,7 @@ from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.stages import split_model, stage_inputs
 from hpc_train.compute.strategies.base import Strategy
+from hpc_train.strategy_table import split_settings
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool, torch.uint8]
 
@@ -51,7 +52,7 @@ def _recv_values(src: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
 
 
 class PipeliningStrategy(Strategy):
-    name = "pipeline"
+    name = "pipelining"
     needs_example = True  # each stage infers the shape of the activations it receives
     supports_compile = False  # the schedule calls the stage module directly
 
@@ -63,7 +64,8 @@ class PipeliningStrategy(Strategy):
         self.stage_index = ranks.rank % self.num_stages
         self.replica = ranks.rank // self.num_stages
         self.replicas = ranks.world_size // self.num_stages
-        self.chunks = int(cfg.get("chunks") or 4)
+        self.settings = split_settings(cfg)
+        self.chunks = self.settings.chunks or 4
         self.pp_group, self.dp_group = self._groups()
         self.schedule = None
 
@@ -99,14 +101,13 @@ class PipeliningStrategy(Strategy):
     def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        balance = self.cfg.get("balance", "params")
-        stages = split_model(model, self.num_stages, balance if isinstance(balance, str) else list(balance), self.cfg.get("split_points"), example)
+        stages = split_model(model, self.num_stages, self.settings.balance, self.settings.split_points, example)
         # What this stage receives for one micro-batch, with the dtype autocast gives it (shape/dtype metadata).
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.stage_index, example[: max(1, example.shape[0] // self.chunks)])
         module = stages[self.stage_index].to(self.input_device)
         self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.input_device, input_args=tuple(v.to(self.input_device) for v in inputs), group=self.pp_group)
-        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[str(self.cfg.get("schedule", "gpipe")).lower()]
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.settings.schedule]
         kwargs = {}
         loss_fn = self._loss
         if "scale_grads" in inspect.signature(schedule_cls.__init__).parameters:

@@ -1,0 +1,94 @@
+"""Every strategy's identity, spelling and job shape: the one table both sides read (no torch).
+
+Users pick a strategy with ``strategy=<name>`` (and, for the distributed pipeline,
+``strategy.engine=pipelining``); :func:`strategy_id` turns that into one identity, which the
+launch side lays out (hpc_train.launch.layout) and validates, and the compute side builds
+(hpc_train.compute.strategies). G = GPUs per node, N = nodes, S = stages:
+
+============== ========================================= ===== ============== ===================
+identity       what users type                           nodes tasks per node GPUs per task
+============== ========================================= ===== ============== ===================
+single         strategy=single                           1     1              1
+dp             strategy=dp                               1     1              G
+ddp            strategy=ddp                              N     G              1
+model_parallel strategy=model_parallel                   1     1              G (S = G default)
+pipeline       strategy=pipeline                         1     1              G (S = G default)
+hybrid         strategy=hybrid                           N     G/S            S
+pipelining     strategy=pipeline strategy.engine=pipelining N  G              1 (one rank a stage)
+============== ========================================= ===== ============== ===================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
+
+
+@dataclass(frozen=True)
+class StrategyKind:
+    id: str
+    spelling: str                    # how users select it
+    multi_node: bool                 # may span nodes
+    one_task_per_gpu: bool           # G tasks per node, 1 GPU each (ddp-like)
+    gpus_per_task_from_stages: bool  # each task owns S GPUs (hybrid)
+    staged: bool = False             # the model is cut into stages (split_points, balance, chunks, ...)
+    single_gpu: bool = False         # always exactly one GPU
+    multi_node_hint: str = ""        # the fix when resources.nodes > 1 is refused
+
+
+_ONE_NODE = "use strategy=hybrid (pipelined replicas under DDP) or strategy=pipeline strategy.engine=pipelining to span nodes, or set resources.nodes=1"
+_USE_DDP = "use strategy=ddp to span nodes, or set resources.nodes=1"
+
+KINDS = {
+    kind.id: kind
+    for kind in (
+        StrategyKind("single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP),
+        StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP),
+        StrategyKind("ddp", "strategy=ddp", True, True, False),
+        StrategyKind("model_parallel", "strategy=model_parallel", False, False, False, staged=True, multi_node_hint=_ONE_NODE),
+        StrategyKind("pipeline", "strategy=pipeline", False, False, False, staged=True, multi_node_hint=_ONE_NODE),
+        StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
+        StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
+    )
+}
+NAMES = ("single", "dp", "ddp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
+
+
+def strategy_id(strategy: Any) -> str:
+    """The identity of a `strategy` config node (what users type -> one name)."""
+    name = str(strategy.get("name"))
+    if name == "pipeline" and str(strategy.get("engine", "native")) == "pipelining":
+        return "pipelining"
+    return name
+
+
+def kind_of(strategy: Any) -> Optional[StrategyKind]:
+    return KINDS.get(strategy_id(strategy))
+
+
+@dataclass(frozen=True)
+class SplitSettings:
+    """The settings of the strategies that cut the model, with their defaults written once."""
+
+    stages: Optional[int]            # declared stages: len(split_points) + 1, else strategy.stages (None: from the GPUs)
+    split_points: List[str]          # module names where a stage begins ([]: cut automatically)
+    chunks: Optional[int]            # micro-batches (None: the strategy's default)
+    balance: Union[str, List[int]]   # params | time | layer counts
+    batchnorm: str                   # keep | freeze
+    engine: str                      # native | pipelining
+    schedule: str                    # gpipe | 1f1b
+
+
+def split_settings(strategy: Any) -> SplitSettings:
+    points = [str(p) for p in (strategy.get("split_points") or [])]
+    balance = strategy.get("balance", "params")
+    stages = len(points) + 1 if points else (int(strategy.get("stages")) if strategy.get("stages") else None)
+    return SplitSettings(
+        stages=stages,
+        split_points=points,
+        chunks=int(strategy.get("chunks")) if strategy.get("chunks") else None,
+        balance=balance if isinstance(balance, str) else [int(c) for c in balance],
+        batchnorm=str(strategy.get("batchnorm", "keep")),
+        engine=str(strategy.get("engine", "native")),
+        schedule=str(strategy.get("schedule", "gpipe")).lower(),
+    )

@@ -26,7 +26,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     import torch
 
     from hpc_train.compute import attempts, distributed
-    from hpc_train.compute.interrupts import StopWatch, TrainingInterrupted, signal_number
+    from hpc_train.compute.interrupts import StopFlag, TrainingInterrupted, signal_number
     from hpc_train.compute.runlog import setup_logging
     from hpc_train.compute.strategies import build_strategy
     from hpc_train.compute.trainer import Trainer
@@ -51,7 +51,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     if ranks.note:
         log.warning("%s", ranks.note)
     launcher = cfg.get("launcher") or {}
-    watch = StopWatch(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
+    stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
     trainer = None
 
     def record_end(how: str) -> None:
@@ -64,7 +64,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
             raise Refusal(problem)
         distributed.init_process_group(ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0])
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
-        trainer = Trainer(cfg, ranks, strategy, run_dir, watch)
+        trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)
         summary = trainer.fit()
         record_end("finish")
         distributed.barrier()
@@ -83,5 +83,5 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:
-        watch.uninstall()
+        stop_flag.uninstall()
         distributed.teardown()

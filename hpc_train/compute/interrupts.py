@@ -26,7 +26,7 @@ log = logging.getLogger("hpc_train")
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
 
 
-class StopWatch:
+class StopFlag:
     """The flag the handlers set, and the previous handlers (submitit's), kept for chaining."""
 
     def __init__(self, requeue_signal: int) -> None:
@@ -39,7 +39,7 @@ class StopWatch:
         # Logging from a signal handler can deadlock on the handler's lock: write directly.
         os.write(2, f"hpc-train: received {signal.Signals(signum).name}: checkpointing after the current step\n".encode())
 
-    def install(self) -> "StopWatch":
+    def install(self) -> "StopFlag":
         for signum in (self.requeue_signal, signal.SIGTERM):
             self.previous[signum] = signal.signal(signum, self._on_signal)
         return self
@@ -109,9 +109,9 @@ def requeue_self() -> bool:
 class TrainingInterrupted(Exception):
     """Training stopped at a step boundary after a checkpoint, because a stop signal arrived."""
 
-    def __init__(self, request: int, step: int, reason: str, watch: StopWatch) -> None:
+    def __init__(self, request: int, step: int, reason: str, flag: StopFlag) -> None:
         super().__init__(f"stopped after step {step} ({reason}); a checkpoint holds the state")
         self.request = request
         self.step = step
         self.reason = reason
-        self.watch = watch
+        self.flag = flag

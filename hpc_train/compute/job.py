@@ -36,12 +36,12 @@ class TrainingJob:
         try:
             return train(OmegaConf.create(self.spec))
         except TrainingInterrupted as stop:
-            handler = stop.watch.submitit_handler()
+            handler = stop.flag.submitit_handler()
             if stop.request == REQUEUE and handler is not None:
                 if detect_ranks().is_main:
                     # submitit: checkpoint() below, dump the new submission, scontrol requeue, exit.
                     # It raises UncompletedJobError instead when it will not requeue.
-                    handler(stop.watch.requeue_signal, None)
+                    handler(stop.flag.requeue_signal, None)
                 else:
                     wait_to_be_requeued()
             raise

@@ -27,7 +27,7 @@ from hpc_train import rundir
 from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
 from hpc_train.compute.data import eval_loader, train_loader
-from hpc_train.compute.interrupts import NONE, StopWatch, TrainingInterrupted
+from hpc_train.compute.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
 from hpc_train.compute.precision import grad_scaler
@@ -91,9 +91,9 @@ class Throughput:
 
 
 class Trainer:
-    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_watch: Optional[StopWatch] = None) -> None:
+    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None) -> None:
         self.cfg, self.tcfg = cfg, cfg.trainer
-        self.ranks, self.strategy, self.run_dir, self.stop_watch = ranks, strategy, run_dir, stop_watch
+        self.ranks, self.strategy, self.run_dir, self.stop_flag = ranks, strategy, run_dir, stop_flag
         self.is_main = ranks.is_main
         self.metrics = metrics_writer(cfg, run_dir, enabled=self.is_main)  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
         self.state = TrainState()
@@ -244,13 +244,13 @@ class Trainer:
         faults.step_sleep()
         if self.checkpointer.due(step):
             self.checkpointer.save(step, "every %d steps" % self.checkpointer.every)
-        if self.stop_watch is None:
+        if self.stop_flag is None:
             return
-        request = self.stop_watch.agreed() if self.ranks.is_distributed else self.stop_watch.request
+        request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
             self.checkpointer.save(step, "stop signal")
-            reason = self.stop_watch.reason(request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120))
-            raise TrainingInterrupted(request, step, reason, self.stop_watch)
+            reason = self.stop_flag.reason(request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120))
+            raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
     def _sync(self) -> None:
         if self.strategy.input_device.type == "cuda":

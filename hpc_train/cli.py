@@ -71,7 +71,9 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
             raise
         raise translated from None
     if code != 0:
-        raise JobFailed(f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}", exit_code=code, reported=True)
+        raise JobFailed(
+            f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}", exit_code=code, reported=True
+        )
     return objective.read_objective(run_dir, str(cfg.objective)) if wants_objective and not cfg.dry_run else None
 
 

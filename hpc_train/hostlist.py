@@ -4,7 +4,8 @@ Why our own parser: compute nodes do not always have ``scontrol`` on PATH (conta
 images), python-hostlist is GPL and submitit's parser is private. It follows
 ``scontrol show hostnames`` (tests compare the two on generated lists): top-level commas
 separate entries; an entry may hold several bracket groups (``r[1-2]n[08-09]`` -> r1n08 r1n09
-r2n08 r2n09; with three or more, Slurm's own order, see :func:`_expand_entry`); a range keeps the zero padding of its low end
+r2n08 r2n09; with three or more, Slurm's own order, see :func:`_expand_entry`); a range keeps the
+zero padding of its low end
 (``[08-10]`` -> 08 09 10, ``[1-010]`` -> 1 ... 10); order and duplicates are kept. Unlike
 Slurm it also expands text after the last bracket (``n[1-2]-ib``).
 

@@ -36,7 +36,9 @@ def read_records(run_dir: Path, world_size: int, since: float) -> Dict[int, Dict
     return records
 
 
-def root_cause(failed: List[Tuple[int, int]], records: Dict[int, Dict[str, Any]]) -> Tuple[int, Optional[Dict[str, Any]]]:
+def root_cause(
+    failed: List[Tuple[int, int]], records: Dict[int, Dict[str, Any]]
+) -> Tuple[int, Optional[Dict[str, Any]]]:
     """Which rank to blame, given the (rank, exit code) pairs seen failed so far and the records.
 
     A rank that died without a record (SIGKILL, the OOM killer, a segfault) comes first: peers

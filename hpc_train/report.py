@@ -38,11 +38,11 @@ class ReportError(Exception):
 
 @dataclass
 class JobReport:
-    name: str                      # job number in a sweep, run dir name otherwise
+    name: str  # job number in a sweep, run dir name otherwise
     run_dir: str
     overrides: List[str]
     strategy: Optional[str] = None
-    layout: Optional[str] = None   # "nodes x tasks/node x GPUs/task"
+    layout: Optional[str] = None  # "nodes x tasks/node x GPUs/task"
     world_size: Optional[int] = None
     status: str = "UNKNOWN"
     images_per_sec: Optional[float] = None
@@ -63,7 +63,11 @@ def _read_yaml(path: Path) -> Any:
 
 def loss_curve(run_dir: Path) -> List[Tuple[int, float]]:
     """(step, loss) of every ``"kind": "train"`` line of metrics.jsonl, in step order (last write wins)."""
-    points = {int(r["step"]): float(r["loss"]) for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind") == "train" and r.get("loss") is not None}
+    points = {
+        int(r["step"]): float(r["loss"])
+        for r in rundir.read_jsonl(run_dir / rundir.METRICS)
+        if r.get("kind") == "train" and r.get("loss") is not None
+    }
     return sorted(points.items())
 
 
@@ -89,11 +93,15 @@ def _failed_locally(run_dir: Path) -> bool:
     return False
 
 
-def read_job(run_dir: Path, name: str, overrides: Optional[List[str]] = None, slurm_job_id: Optional[str] = None) -> JobReport:
+def read_job(
+    run_dir: Path, name: str, overrides: Optional[List[str]] = None, slurm_job_id: Optional[str] = None
+) -> JobReport:
     if overrides is None:
         listed = _read_yaml(run_dir / ".hydra" / "overrides.yaml")
         overrides = [str(o) for o in listed] if isinstance(listed, list) else []
-    job = JobReport(name=name, run_dir=str(run_dir), overrides=overrides, slurm_job_id=slurm_job_id or _slurm_job_id_of_run(run_dir))
+    job = JobReport(
+        name=name, run_dir=str(run_dir), overrides=overrides, slurm_job_id=slurm_job_id or _slurm_job_id_of_run(run_dir)
+    )
     spec = _read_yaml(run_dir / rundir.JOB_CONFIG)
     layout = (spec or {}).get("job", {}).get("layout") if isinstance(spec, dict) else None
     if isinstance(layout, dict):
@@ -135,14 +143,17 @@ def _job_table(sweep_dir: Path) -> Dict[str, Tuple[str, List[str]]]:
 def collect(path: Path) -> Tuple[str, List[JobReport]]:
     """('run' | 'sweep', jobs) for a run dir or a multirun sweep dir."""
     if not path.is_dir():
-        raise ReportError(f"{path} is not a folder: give a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME).")
+        raise ReportError(
+            f"{path} is not a folder: give a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME)."
+        )
     if rundir.is_run_dir(path) and not (path / rundir.JOB_TABLE).exists():
         return "run", [read_job(path, path.name)]
     table = _job_table(path)
     names = set(table) | {p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit() and rundir.is_run_dir(p)}
     if not names:
         raise ReportError(
-            f"{path} holds no run: expected summary.json / job_config.yaml (a run dir) or numbered job folders / {rundir.JOB_TABLE} (a sweep dir)."
+            f"{path} holds no run: expected summary.json / job_config.yaml (a run dir) or numbered job folders /"
+            f" {rundir.JOB_TABLE} (a sweep dir)."
         )
     jobs = []
     for name in sorted(names, key=lambda n: (0, int(n)) if n.isdigit() else (1, n)):
@@ -188,7 +199,9 @@ def slurm_states(job_ids: Iterable[str]) -> Dict[str, str]:
         return found
     if shutil.which("squeue"):
         try:
-            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%T"], capture_output=True, text=True, timeout=30, check=False)
+            out = subprocess.run(
+                ["squeue", "-h", "-r", "-o", "%i|%T"], capture_output=True, text=True, timeout=30, check=False
+            )
             if out.returncode == 0:
                 live = _parse_states(out.stdout, "|")
                 found.update({j: live[j] for j in wanted if j in live})
@@ -197,7 +210,13 @@ def slurm_states(job_ids: Iterable[str]) -> Dict[str, str]:
     rest = [j for j in wanted if j not in found]
     if rest and shutil.which("sacct"):
         try:
-            out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(rest)], capture_output=True, text=True, timeout=30, check=False)
+            out = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(rest)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
             if out.returncode == 0:
                 ended = _parse_states(out.stdout, "|")
                 found.update({j: ended[j] for j in rest if j in ended})
@@ -237,15 +256,34 @@ def _fmt(value: Any, spec: str) -> str:
 
 def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
     _, own = split_overrides(jobs)
-    header = ["job", "overrides", "strategy", "layout", "world", "status", "images/s", "train loss", "eval acc", "attempts"]
+    header = [
+        "job",
+        "overrides",
+        "strategy",
+        "layout",
+        "world",
+        "status",
+        "images/s",
+        "train loss",
+        "eval acc",
+        "attempts",
+    ]
     with_ids = any(job.slurm_job_id for job in jobs)
     if with_ids:
         header.insert(1, "slurm id")
     rows = []
     for job, overrides in zip(jobs, own):
         row = [
-            job.name, " ".join(overrides) or "(none)", job.strategy or "-", job.layout or "-", _fmt(job.world_size, "d"), job.status,
-            _fmt(job.images_per_sec, ".1f"), _fmt(job.train_loss, ".4f"), _fmt(job.eval_accuracy, ".4f"), _fmt(job.attempts, "d"),
+            job.name,
+            " ".join(overrides) or "(none)",
+            job.strategy or "-",
+            job.layout or "-",
+            _fmt(job.world_size, "d"),
+            job.status,
+            _fmt(job.images_per_sec, ".1f"),
+            _fmt(job.train_loss, ".4f"),
+            _fmt(job.eval_accuracy, ".4f"),
+            _fmt(job.attempts, "d"),
         ]
         if with_ids:
             row.insert(1, job.slurm_job_id or "-")
@@ -288,15 +326,32 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     labels = [_short_label(job, mine) for job, mine in zip(jobs, own)]
     values = [job.images_per_sec if job.images_per_sec is not None else 0.0 for job in jobs]
     positions = list(range(len(jobs)))
-    bars = bars_ax.bar(positions, values, color=[colour[job.strategy or "unknown"] for job in jobs], edgecolor="black", linewidth=0.6)
+    bars = bars_ax.bar(
+        positions, values, color=[colour[job.strategy or "unknown"] for job in jobs], edgecolor="black", linewidth=0.6
+    )
     top = max(values) if any(values) else 1.0
     for bar, job in zip(bars, jobs):
         text = f"{job.images_per_sec:.0f}" if job.images_per_sec is not None else job.status.lower()
-        bars_ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=9)
+        bars_ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     bars_ax.set_ylim(0, top * 1.12)
     if not any(values):  # a sweep still in the queue: no scale to show, say why the bars are empty
         bars_ax.set_yticks([])
-        bars_ax.text(0.5, 0.5, "no job has completed (yet)\n(throughput comes from each job's summary.json)", ha="center", va="center", transform=bars_ax.transAxes)
+        bars_ax.text(
+            0.5,
+            0.5,
+            "no job has completed (yet)\n(throughput comes from each job's summary.json)",
+            ha="center",
+            va="center",
+            transform=bars_ax.transAxes,
+        )
     bars_ax.set_xticks(positions, labels, fontsize=8)
     bars_ax.set_ylabel("throughput (images/s, higher is better)")
     # The strategy legend sits between the title and the bars, never over a bar or its value.
@@ -305,7 +360,17 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     bars_ax.set_title("Training throughput per job", pad=8 + 16 * legend_rows)
     bars_ax.grid(axis="y", alpha=0.3)
     handles = [Patch(facecolor=colour[name], edgecolor="black", linewidth=0.6, label=name) for name in strategies]
-    bars_ax.legend(handles=handles, title=None, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=columns, frameon=False, handlelength=1.2, columnspacing=1.2)
+    bars_ax.legend(
+        handles=handles,
+        title=None,
+        fontsize=8,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 1.0),
+        ncol=columns,
+        frameon=False,
+        handlelength=1.2,
+        columnspacing=1.2,
+    )
 
     # Jobs that train identically (e.g. ddp and single on the same global batch) draw the same
     # curve: each job gets its own line style and marker, earlier jobs drawn wider, so none hides.
@@ -317,15 +382,30 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
         width = 1.2 + 1.6 * (len(curves) - 1 - order) / max(1, len(curves) - 1)
         few = len(steps) <= 3  # a point or two is a marker to see, not a line to follow
         loss_ax.plot(
-            steps, losses, linestyle="none" if few else styles[i % len(styles)], marker=markers[i % len(markers)],
+            steps,
+            losses,
+            linestyle="none" if few else styles[i % len(styles)],
+            marker=markers[i % len(markers)],
             markersize=(9 if few else 3) + 2 * (len(curves) - 1 - order) / max(1, len(curves) - 1),
-            linewidth=width, color=colour[job.strategy or "unknown"], alpha=0.9, label=label.replace("\n", " "),
+            linewidth=width,
+            color=colour[job.strategy or "unknown"],
+            alpha=0.9,
+            label=label.replace("\n", " "),
         )
     if curves:
         _readable_loss_axis(loss_ax, [loss for _, job, _ in curves for _, loss in job.loss_curve])
-        loss_ax.legend(fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7)
+        loss_ax.legend(
+            fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7
+        )
     else:
-        loss_ax.text(0.5, 0.5, "no training step logged yet (metrics.jsonl)", ha="center", va="center", transform=loss_ax.transAxes)
+        loss_ax.text(
+            0.5,
+            0.5,
+            "no training step logged yet (metrics.jsonl)",
+            ha="center",
+            va="center",
+            transform=loss_ax.transAxes,
+        )
         loss_ax.set_xticks([])
         loss_ax.set_yticks([])
     loss_ax.set_xlabel("optimizer step")
@@ -368,12 +448,17 @@ def _readable_loss_axis(ax, losses: List[float]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hpc-train-report",
-        description="Summarise a run dir or a multirun sweep dir: a table of every job and a PNG (throughput per job, loss curves).",
+        description=(
+            "Summarise a run dir or a multirun sweep dir: a table of every job and a PNG (throughput per job, loss"
+            " curves)."
+        ),
     )
     parser.add_argument("path", type=Path, help="a run dir (outputs/DATE/TIME) or a sweep dir (multirun/DATE/TIME)")
     parser.add_argument("--png", type=Path, default=None, help=f"where to write the plot (default: PATH/{PNG_NAME})")
     parser.add_argument("--no-png", action="store_true", help="print the table only")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON (exact numbers) instead of the table")
+    parser.add_argument(
+        "--json", action="store_true", help="print the rows as JSON (exact numbers) instead of the table"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -391,7 +476,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if common:
             print(f"overrides shared by every job: {' '.join(common)}")
         print(format_table(*table_rows(jobs)))
-        print(f"({LAYOUT_LEGEND}; images/s after the warm-up steps, evaluation excluded; train loss of the last logged step)")
+        print(
+            f"({LAYOUT_LEGEND}; images/s after the warm-up steps, evaluation excluded; train loss of the last logged"
+            " step)"
+        )
     if args.no_png:
         return 0
     png = args.png or (args.path / PNG_NAME)
@@ -400,7 +488,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ModuleNotFoundError as err:
         if not (err.name or "").startswith("matplotlib"):
             raise
-        print(f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}", file=sys.stderr)
+        print(
+            f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}",
+            file=sys.stderr,
+        )
         return 0
     print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
     return 0

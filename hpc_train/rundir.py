@@ -36,8 +36,8 @@ HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 
 # How a rank (python -m hpc_train.compute.worker) and the hpc-train command exit.
 EXIT_OK = 0
-EXIT_FAILED = 1       # an exception: the traceback is in logs/rank<r>.log
-EXIT_REFUSED = 2      # bad input, one message and no traceback (the CLI uses it for config errors too)
+EXIT_FAILED = 1  # an exception: the traceback is in logs/rank<r>.log
+EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for config errors too)
 EXIT_INTERRUPTED = 3  # stopped by a signal after writing a checkpoint: run the same command to resume
 
 RESUME_WORDS = ("auto", "never")
@@ -186,7 +186,7 @@ def read_attempts(run_dir: Path) -> List[Dict[str, Any]]:
     """The attempt records of the current count: everything after the last fresh start."""
     records = read_jsonl(Path(run_dir) / ATTEMPTS)
     fresh = [i for i, r in enumerate(records) if r.get("event") == "start" and r.get("fresh")]
-    return records[fresh[-1]:] if fresh else records
+    return records[fresh[-1] :] if fresh else records
 
 
 def attempts_started(run_dir: Path) -> int:

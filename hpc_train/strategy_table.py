@@ -27,16 +27,19 @@ from typing import Any, List, Optional, Union
 @dataclass(frozen=True)
 class StrategyKind:
     id: str
-    spelling: str                    # how users select it
-    multi_node: bool                 # may span nodes
-    one_task_per_gpu: bool           # G tasks per node, 1 GPU each (ddp-like)
+    spelling: str  # how users select it
+    multi_node: bool  # may span nodes
+    one_task_per_gpu: bool  # G tasks per node, 1 GPU each (ddp-like)
     gpus_per_task_from_stages: bool  # each task owns S GPUs (hybrid)
-    staged: bool = False             # the model is cut into stages (split_points, balance, chunks, ...)
-    single_gpu: bool = False         # always exactly one GPU
-    multi_node_hint: str = ""        # the fix when resources.nodes > 1 is refused
+    staged: bool = False  # the model is cut into stages (split_points, balance, chunks, ...)
+    single_gpu: bool = False  # always exactly one GPU
+    multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
 
 
-_ONE_NODE = "use strategy=hybrid (pipelined replicas under DDP) or strategy=pipeline strategy.engine=pipelining to span nodes, or set resources.nodes=1"
+_ONE_NODE = (
+    "use strategy=hybrid (pipelined replicas under DDP) or strategy=pipeline strategy.engine=pipelining to span nodes,"
+    " or set resources.nodes=1"
+)
 _USE_DDP = "use strategy=ddp to span nodes, or set resources.nodes=1"
 
 KINDS = {
@@ -45,7 +48,9 @@ KINDS = {
         StrategyKind("single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP),
         StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP),
         StrategyKind("ddp", "strategy=ddp", True, True, False),
-        StrategyKind("model_parallel", "strategy=model_parallel", False, False, False, staged=True, multi_node_hint=_ONE_NODE),
+        StrategyKind(
+            "model_parallel", "strategy=model_parallel", False, False, False, staged=True, multi_node_hint=_ONE_NODE
+        ),
         StrategyKind("pipeline", "strategy=pipeline", False, False, False, staged=True, multi_node_hint=_ONE_NODE),
         StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
@@ -70,17 +75,17 @@ def kind_of(strategy: Any) -> Optional[StrategyKind]:
 class SplitSettings:
     """The settings of the strategies that cut the model, with their defaults written once."""
 
-    stages: Optional[int]            # declared stages: len(split_points) + 1, else strategy.stages (None: from the GPUs)
-    split_points: List[str]          # module names where a stage begins ([]: cut automatically)
-    chunks: Optional[int]            # micro-batches (None: the strategy's default)
-    balance: Union[str, List[int]]   # params | time | layer counts
-    batchnorm: str                   # keep | freeze
-    engine: str                      # native | pipelining
-    schedule: str                    # gpipe | 1f1b
+    stages: Optional[int]  # declared stages: len(split_points) + 1, else strategy.stages (None: from the GPUs)
+    split_points: List[str]  # module names where a stage begins ([]: cut automatically)
+    chunks: Optional[int]  # micro-batches (None: the strategy's default)
+    balance: Union[str, List[int]]  # params | time | layer counts
+    batchnorm: str  # keep | freeze
+    engine: str  # native | pipelining
+    schedule: str  # gpipe | 1f1b
 
 
 def split_settings(strategy: Any) -> SplitSettings:
-    points = [str(p) for p in (strategy.get("split_points") or [])]
+    points = [str(p) for p in strategy.get("split_points") or []]
     balance = strategy.get("balance", "params")
     stages = len(points) + 1 if points else (int(strategy.get("stages")) if strategy.get("stages") else None)
     return SplitSettings(

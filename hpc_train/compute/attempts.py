@@ -37,7 +37,14 @@ def _append(run_dir: Path, record: Dict[str, Any]) -> None:
 
 KILLED = "killed without a word (SIGKILL, node failure or out of memory)"
 # Slurm's end states that say more than a silence or a SIGTERM can.
-SLURM_ENDINGS = {"NODE_FAIL": "node failure", "BOOT_FAIL": "node failure", "OUT_OF_MEMORY": "out of memory", "PREEMPTED": "preemption", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+SLURM_ENDINGS = {
+    "NODE_FAIL": "node failure",
+    "BOOT_FAIL": "node failure",
+    "OUT_OF_MEMORY": "out of memory",
+    "PREEMPTED": "preemption",
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+}
 
 
 def slurm_endings(job_ids: List[str]) -> List[Dict[str, Any]]:
@@ -46,14 +53,21 @@ def slurm_endings(job_ids: List[str]) -> List[Dict[str, Any]]:
         return []
     command = ["sacct", "-n", "-X", "-D", "-P", "-j", ",".join(job_ids), "-o", "JobIDRaw,State,Start,End"]
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=20, env=dict(os.environ, SLURM_TIME_FORMAT="%s"))
+        out = subprocess.run(
+            command, capture_output=True, text=True, timeout=20, env=dict(os.environ, SLURM_TIME_FORMAT="%s")
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     runs = []
     for line in out.stdout.splitlines():
         fields = line.split("|")
         if len(fields) == 4 and fields[2].isdigit() and fields[3].isdigit():
-            runs.append({"job_id": fields[0], "state": fields[1].split()[0] if fields[1] else "", "start": int(fields[2]), "end": int(fields[3])})
+            runs.append({
+                "job_id": fields[0],
+                "state": fields[1].split()[0] if fields[1] else "",
+                "start": int(fields[2]),
+                "end": int(fields[3]),
+            })
     return runs
 
 
@@ -79,21 +93,45 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any) -> int:
         if r.get("event") == "end":
             ends[r.get("attempt")] = r  # the last end record of an attempt wins (Slurm's word comes later)
     starts = [r for r in previous if r.get("event") == "start"]
-    asked = [r for r in starts if r.get("job_id") and ends.get(r.get("attempt"), {}).get("source") != "slurm" and _unsure(ends.get(r.get("attempt"), {}).get("how"))]
+    asked = [
+        r
+        for r in starts
+        if r.get("job_id")
+        and ends.get(r.get("attempt"), {}).get("source") != "slurm"
+        and _unsure(ends.get(r.get("attempt"), {}).get("how"))
+    ]
     runs = slurm_endings(sorted({str(r["job_id"]) for r in asked}))
     for record in starts:
         end_record = ends.get(record.get("attempt"))
         how = end_record.get("how") if end_record else None
         said = _slurm_how(record, runs) if record in asked else None
         if said:
-            _append(run_dir, {"event": "end", "attempt": record.get("attempt"), "how": said, "step": (end_record or {}).get("step"), "time": time.time(), "source": "slurm"})
+            _append(
+                run_dir,
+                {
+                    "event": "end",
+                    "attempt": record.get("attempt"),
+                    "how": said,
+                    "step": (end_record or {}).get("step"),
+                    "time": time.time(),
+                    "source": "slurm",
+                },
+            )
             how = said if how is None else f"{said}; rank 0 saw: {how}"
         log.info("attempt %s (job %s) ended: %s", record.get("attempt"), record.get("job_id") or "local", how or KILLED)
     number = len(starts) + 1
-    _append(run_dir, {
-        "event": "start", "attempt": number, "fresh": fresh, "time": time.time(), "host": socket.gethostname(),
-        "job_id": os.environ.get("SLURM_JOB_ID"), "resumed_from_step": resumed_from_step,
-    })
+    _append(
+        run_dir,
+        {
+            "event": "start",
+            "attempt": number,
+            "fresh": fresh,
+            "time": time.time(),
+            "host": socket.gethostname(),
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "resumed_from_step": resumed_from_step,
+        },
+    )
     return number
 
 

@@ -75,7 +75,7 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     body = buffer.getvalue()
     header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
     rundir.write_bytes_atomic(header + body, path, halfway=faults.slow_checkpoint_write)
-    for old in rundir.list_checkpoints(path.parent)[max(1, keep):]:
+    for old in rundir.list_checkpoints(path.parent)[max(1, keep) :]:
         try:
             old.unlink()
         except OSError:
@@ -94,7 +94,9 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
         raise CheckpointError(f"{path} is not an hpc-train checkpoint (bad header)")
     body = data[newline + 1 :]
     if hashlib.sha256(body).hexdigest().encode() != fields[2]:
-        raise CheckpointError(f"{path} is truncated or corrupt (its checksum does not match; {len(body)} payload bytes)")
+        raise CheckpointError(
+            f"{path} is truncated or corrupt (its checksum does not match; {len(body)} payload bytes)"
+        )
     check_format(path, fields[1])
     try:
         start = body.index(b"\n") + 1  # after the fingerprint line (the payload holds it too)
@@ -104,9 +106,9 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
         return torch.load(io.BytesIO(body[start:]), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # something other than tensors and plain types: never run it
         raise CheckpointRefused(
-            f"refusing to load checkpoint {path}: it holds objects other than tensors and plain values "
-            f"({_first_reason(err)}), which hpc-train never writes; it may have been tampered with. Nothing in it was run. "
-            "Fix: resume from a checkpoint you trust, or start over with resume=never or a new hydra.run.dir."
+            f"refusing to load checkpoint {path}: it holds objects other than tensors and plain values"
+            f" ({_first_reason(err)}), which hpc-train never writes; it may have been tampered with. Nothing in it was"
+            " run. Fix: resume from a checkpoint you trust, or start over with resume=never or a new hydra.run.dir."
         ) from None
     except Exception as err:  # a valid digest of an unloadable payload: a different torch, say
         raise CheckpointError(f"{path} could not be unpickled: {err}") from err
@@ -122,8 +124,9 @@ def check_format(path: Path, version: bytes) -> None:
         return
     who = "an older" if found < FORMAT else "a newer"
     raise CheckpointRefused(
-        f"checkpoint {path} was written by {who} hpc-train (checkpoint format {found}; this version reads format {FORMAT}) "
-        "and cannot be loaded. Fix: start this run over with resume=never (old checkpoints are moved aside) or a new hydra.run.dir"
+        f"checkpoint {path} was written by {who} hpc-train (checkpoint format {found}; this version reads format"
+        f" {FORMAT}) and cannot be loaded. Fix: start this run over with resume=never (old checkpoints are moved aside)"
+        " or a new hydra.run.dir"
         + (", or finish it with the hpc-train version that wrote it." if found < FORMAT else ", or upgrade hpc-train.")
     )
 
@@ -155,7 +158,12 @@ def capture_rng() -> Dict[str, Any]:
     assert kind == "MT19937", kind
     state = {
         "python": {"version": int(version), "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -168,14 +176,20 @@ def restore_rng(state: Dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
         else:
-            log.warning("the checkpoint has CUDA RNG states of %d GPUs, this node sees %d: CUDA RNG not restored", len(cuda_states), torch.cuda.device_count())
+            log.warning(
+                "the checkpoint has CUDA RNG states of %d GPUs, this node sees %d: CUDA RNG not restored",
+                len(cuda_states),
+                torch.cuda.device_count(),
+            )
 
 
 def to_cpu(obj: Any) -> Any:
@@ -187,4 +201,3 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
-

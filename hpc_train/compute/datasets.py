@@ -50,4 +50,6 @@ def image_folder(root: str, split: str, image_size: int = 224, augment: bool = F
         steps = [transforms.RandomResizedCrop(image_size), transforms.RandomHorizontalFlip()]
     else:
         steps = [transforms.Resize(int(image_size * 256 / 224)), transforms.CenterCrop(image_size)]
-    return datasets.ImageFolder(str(Path(root).expanduser() / split), transform=transforms.Compose([*steps, transforms.ToTensor(), normalize]))
+    return datasets.ImageFolder(
+        str(Path(root).expanduser() / split), transform=transforms.Compose([*steps, transforms.ToTensor(), normalize])
+    )

@@ -45,7 +45,9 @@ def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: t
     global _control_group
     # Small CPU-side messages (stop requests, RNG states for checkpoints) go over gloo even when
     # the gradients go over NCCL: no GPU synchronisation, no CUDA tensors to pickle.
-    _control_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)) if backend == "nccl" else None
+    _control_group = (
+        dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)) if backend == "nccl" else None
+    )
 
 
 _control_group = None

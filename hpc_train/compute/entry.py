@@ -46,7 +46,14 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     log.info(
         "rank %d/%d (local %d, started by %s) on host %s, devices %s, rendezvous %s:%d",
-        ranks.rank, ranks.world_size, ranks.local_rank, ranks.origin, socket.gethostname(), [str(d) for d in devices], ranks.master_addr, ranks.master_port,
+        ranks.rank,
+        ranks.world_size,
+        ranks.local_rank,
+        ranks.origin,
+        socket.gethostname(),
+        [str(d) for d in devices],
+        ranks.master_addr,
+        ranks.master_port,
     )
     if ranks.note:
         log.warning("%s", ranks.note)
@@ -62,7 +69,9 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         problem = world_mismatch(ranks, int(layout.world_size))
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
-        distributed.init_process_group(ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0])
+        distributed.init_process_group(
+            ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0]
+        )
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
         trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)
         summary = trainer.fit()

@@ -37,7 +37,9 @@ class StopFlag:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.request = max(self.request, TERMINATE if signum == signal.SIGTERM else REQUEUE)
         # Logging from a signal handler can deadlock on the handler's lock: write directly.
-        os.write(2, f"hpc-train: received {signal.Signals(signum).name}: checkpointing after the current step\n".encode())
+        os.write(
+            2, f"hpc-train: received {signal.Signals(signum).name}: checkpointing after the current step\n".encode()
+        )
 
     def install(self) -> "StopFlag":
         for signum in (self.requeue_signal, signal.SIGTERM):
@@ -85,7 +87,9 @@ def slurm_time_left_s() -> Optional[float]:
     if not job:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=15).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=15
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     try:
@@ -96,7 +100,11 @@ def slurm_time_left_s() -> Optional[float]:
 
 def requeue_self() -> bool:
     """``scontrol requeue $SLURM_JOB_ID`` (plain sbatch jobs; submitit jobs requeue through submitit)."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" or os.environ.get("SLURM_JOB_ID")
+    job = (
+        os.environ.get("SLURM_ARRAY_JOB_ID")
+        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+        or os.environ.get("SLURM_JOB_ID")
+    )
     if not job:
         return False
     proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)

@@ -52,7 +52,9 @@ class TensorBoardWriter(MetricsWriter):
             atexit.register(self.close)
         for key in SCALARS[record["kind"]]:
             if record.get(key) is not None:
-                self._writer.add_scalar(f"{record['kind']}/{key}", float(record[key]), step, walltime=record.get("time"))
+                self._writer.add_scalar(
+                    f"{record['kind']}/{key}", float(record[key]), step, walltime=record.get("time")
+                )
         self._writer.flush()
 
     def close(self) -> None:

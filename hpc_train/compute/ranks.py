@@ -122,12 +122,19 @@ def _from_slurm(env: Mapping[str, str]) -> Optional[RankInfo]:
     if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
         return None
     world = int(env["SLURM_STEP_NUM_TASKS"])
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
+    nodelist = (
+        env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
+    )
     counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
     node = int(env.get("SLURM_NODEID", "0"))
     port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
     ignored = [key for key in ("RANK", "WORLD_SIZE") if key in env]
-    note = f"{' and '.join(ignored)} in the environment ignored: this is an srun step, whose SLURM_PROCID and SLURM_STEP_NUM_TASKS say the rank" if ignored else ""
+    note = (
+        f"{' and '.join(ignored)} in the environment ignored: this is an srun step, whose SLURM_PROCID and"
+        " SLURM_STEP_NUM_TASKS say the rank"
+        if ignored
+        else ""
+    )
     return RankInfo(
         rank=int(env["SLURM_PROCID"]),
         local_rank=int(env.get("SLURM_LOCALID", "0")),
@@ -159,8 +166,9 @@ def _from_bare_variables(env: Mapping[str, str]) -> Optional[RankInfo]:
     if "RANK" not in env or "WORLD_SIZE" not in env:
         return None
     note = (
-        f"rank {env['RANK']} of WORLD_SIZE={env['WORLD_SIZE']} taken from bare RANK and WORLD_SIZE variables "
-        "(no torchrun, hpc-train launcher or srun step around this process); unset them if they are left over in your shell"
+        f"rank {env['RANK']} of WORLD_SIZE={env['WORLD_SIZE']} taken from bare RANK and WORLD_SIZE variables (no"
+        " torchrun, hpc-train launcher or srun step around this process); unset them if they are left over in your"
+        " shell"
     )
     return _torchrun_style(env, "environment", note)
 
@@ -180,13 +188,28 @@ def world_mismatch(info: RankInfo, planned: int, env: Optional[Mapping[str, str]
     if info.world_size == planned:
         return None
     env = os.environ if env is None else env
-    message = f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size} (from {info.source})"
+    message = (
+        f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size} (from"
+        f" {info.source})"
+    )
     if info.source == "single" and env.get("SLURM_JOB_ID"):
-        fix = f"inside a Slurm allocation start the ranks with srun: srun -n {planned} python -m hpc_train.compute.worker RUN_DIR/job_config.yaml (a batch script's own shell is one process)."
+        fix = (
+            f"inside a Slurm allocation start the ranks with srun: srun -n {planned} python -m hpc_train.compute.worker"
+            " RUN_DIR/job_config.yaml (a batch script's own shell is one process)."
+        )
     elif info.source == "slurm":
-        fix = f"start the step with {planned} tasks (srun -n {planned}, or the job's --nodes x --ntasks-per-node), or plan the job for {info.world_size} (resources.nodes / resources.gpus_per_node)."
+        fix = (
+            f"start the step with {planned} tasks (srun -n {planned}, or the job's --nodes x --ntasks-per-node), or"
+            f" plan the job for {info.world_size} (resources.nodes / resources.gpus_per_node)."
+        )
     elif info.source == "torchrun":
-        fix = f"start torchrun with {planned} processes in all (--nnodes x --nproc_per_node), or set resources.gpus_per_node to match --nproc_per_node."
+        fix = (
+            f"start torchrun with {planned} processes in all (--nnodes x --nproc_per_node), or set"
+            " resources.gpus_per_node to match --nproc_per_node."
+        )
     else:
-        fix = "start the job with hpc-train, which starts every rank, or with a launcher that starts the planned number of processes."
+        fix = (
+            "start the job with hpc-train, which starts every rank, or with a launcher that starts the planned number"
+            " of processes."
+        )
     return f"{message}. Fix: {fix}"

@@ -27,7 +27,8 @@ def requeue_allowed(run_dir: Path, max_requeues: int) -> bool:
         log.error(
             "not requeuing: %d attempts already, trainer.max_requeues=%d. The checkpoint is kept: "
             "re-run the same command (same hydra.run.dir) to continue, or raise trainer.max_requeues.",
-            started, max_requeues,
+            started,
+            max_requeues,
         )
         return False
     return True

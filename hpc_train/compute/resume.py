@@ -84,7 +84,10 @@ class Checkpointer:
         started = time.perf_counter()
         part: Dict[str, Any] = {"rng": capture_rng()}
         if self.owns_shard:
-            part["shard"] = (self.shard_key, {name: to_cpu(holder.state_dict()) for name, holder in self.sharded.items()})
+            part["shard"] = (
+                self.shard_key,
+                {name: to_cpu(holder.state_dict()) for name, holder in self.sharded.items()},
+            )
         parts = distributed.gather_to_main(part)
         path = rundir.checkpoint_path(self.run_dir, global_step)
         if parts is not None:  # rank 0
@@ -99,7 +102,13 @@ class Checkpointer:
                 "why": why,
             }
             write_checkpoint(payload, path, self.keep)
-            log.info("checkpoint %s written (%s, step %d, %.2f s)", path.name, why, global_step, time.perf_counter() - started)
+            log.info(
+                "checkpoint %s written (%s, step %d, %.2f s)",
+                path.name,
+                why,
+                global_step,
+                time.perf_counter() - started,
+            )
         # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit
         # would kill rank 0 mid-write) before the file is complete.
         distributed.control_barrier()
@@ -127,8 +136,10 @@ class Checkpointer:
             changed = differences(payload["fingerprint"], self.fingerprint)
             if changed:
                 raise CheckpointError(
-                    f"checkpoint {path} comes from an incompatible run:\n  " + "\n  ".join(changed)
-                    + "\nFix: run with the checkpoint's settings, or start over with resume=never or a fresh hydra.run.dir."
+                    f"checkpoint {path} comes from an incompatible run:\n  "
+                    + "\n  ".join(changed)
+                    + "\nFix: run with the checkpoint's settings, or start over with resume=never or a fresh"
+                    " hydra.run.dir."
                 )
         return path, payload
 
@@ -138,12 +149,17 @@ class Checkpointer:
         highest = distributed.all_reduce_max_int(step)
         lowest = -distributed.all_reduce_max_int(-step)
         if highest != lowest:
-            raise CheckpointError(f"ranks found different checkpoints to resume from (steps {lowest} to {highest}): is the run dir on a shared file system?")
+            raise CheckpointError(
+                f"ranks found different checkpoints to resume from (steps {lowest} to {highest}): is the run dir on a"
+                " shared file system?"
+            )
 
     def restore(self, payload: Dict[str, Any]) -> None:
         """Load every state holder's part of `payload`, and this rank's RNG states."""
         if self.shard_key not in payload["shards"]:
-            raise CheckpointError(f"the checkpoint has no parameters for {self.shard_key} (it has {sorted(payload['shards'])})")
+            raise CheckpointError(
+                f"the checkpoint has no parameters for {self.shard_key} (it has {sorted(payload['shards'])})"
+            )
         shard = payload["shards"][self.shard_key]
         for name, holder in self.sharded.items():
             if name in shard:

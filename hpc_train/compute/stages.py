@@ -42,8 +42,9 @@ def flatten_layers(model: nn.Module) -> List[nn.Module]:
     if isinstance(model, nn.Sequential):
         return list(model)
     raise Refusal(
-        f"`strategy.split_points`: {type(model).__name__} is neither an nn.Sequential nor a torchvision ResNet, so it cannot be "
-        "cut automatically. Fix: name the modules where each new stage begins, e.g. strategy.split_points=[head] (names as in model.named_modules())."
+        f"`strategy.split_points`: {type(model).__name__} is neither an nn.Sequential nor a torchvision ResNet, so it"
+        " cannot be cut automatically. Fix: name the modules where each new stage begins, e.g."
+        " strategy.split_points=[head] (names as in model.named_modules())."
     )
 
 
@@ -91,13 +92,21 @@ def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int
     return times
 
 
-def stage_counts(layers: Sequence[nn.Module], stages: int, balance: Union[str, Sequence[int]], example: torch.Tensor = None) -> List[int]:
+def stage_counts(
+    layers: Sequence[nn.Module], stages: int, balance: Union[str, Sequence[int]], example: torch.Tensor = None
+) -> List[int]:
     if stages > len(layers):
-        raise Refusal(f"`strategy.stages`: the model has {len(layers)} layers to cut, fewer than {stages} stages. Fix: use at most strategy.stages={len(layers)}.")
+        raise Refusal(
+            f"`strategy.stages`: the model has {len(layers)} layers to cut, fewer than {stages} stages. Fix: use at"
+            f" most strategy.stages={len(layers)}."
+        )
     if not isinstance(balance, str):
         counts = [int(c) for c in balance]
         if len(counts) != stages or sum(counts) != len(layers) or min(counts) < 1:
-            raise Refusal(f"`strategy.balance`: {counts} must list {stages} positive layer counts summing to {len(layers)}. Fix: give {stages} numbers that add up to {len(layers)}, or use strategy.balance=params.")
+            raise Refusal(
+                f"`strategy.balance`: {counts} must list {stages} positive layer counts summing to {len(layers)}. Fix:"
+                f" give {stages} numbers that add up to {len(layers)}, or use strategy.balance=params."
+            )
         return counts
     if balance == "time":
         if example is None:
@@ -109,7 +118,13 @@ def stage_counts(layers: Sequence[nn.Module], stages: int, balance: Union[str, S
 class StagedModel(nn.Module):
     """Consecutive stages on consecutive devices; ``chunks > 1`` pipelines micro-batches."""
 
-    def __init__(self, stages: Sequence[nn.Sequential], devices: Sequence[torch.device], chunks: int = 1, freeze_batchnorm: bool = False) -> None:
+    def __init__(
+        self,
+        stages: Sequence[nn.Sequential],
+        devices: Sequence[torch.device],
+        chunks: int = 1,
+        freeze_batchnorm: bool = False,
+    ) -> None:
         super().__init__()
         self.stages = nn.ModuleList(stage.to(device) for stage, device in zip(stages, devices))
         self.devices = list(devices)
@@ -133,7 +148,9 @@ class StagedModel(nn.Module):
         """Stage s on the values crossing its front boundary (a tensor, or a tuple for traced splits)."""
         device = self.devices[s]
         if isinstance(carry, tuple):
-            return self.stages[s](*(v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for v in carry))
+            return self.stages[s](
+                *(v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for v in carry)
+            )
         return self.stages[s](carry.to(device, non_blocking=True))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,7 +171,9 @@ class StagedModel(nn.Module):
         return torch.cat(current)
 
 
-def split_model(model: nn.Module, stages: int, balance, split_points: Optional[Sequence[str]] = None, example: torch.Tensor = None) -> List[nn.Module]:
+def split_model(
+    model: nn.Module, stages: int, balance, split_points: Optional[Sequence[str]] = None, example: torch.Tensor = None
+) -> List[nn.Module]:
     """The model as consecutive stage modules: traced at `split_points`, else flattened and balanced."""
     if split_points:
         return trace_split(model, [str(name) for name in split_points])
@@ -167,14 +186,26 @@ def split_model(model: nn.Module, stages: int, balance, split_points: Optional[S
     return groups
 
 
-def build_staged(model: nn.Module, devices: Sequence[torch.device], stages: int, balance, chunks: int, freeze_batchnorm: bool, example: torch.Tensor = None, split_points: Optional[Sequence[str]] = None) -> StagedModel:
+def build_staged(
+    model: nn.Module,
+    devices: Sequence[torch.device],
+    stages: int,
+    balance,
+    chunks: int,
+    freeze_batchnorm: bool,
+    example: torch.Tensor = None,
+    split_points: Optional[Sequence[str]] = None,
+) -> StagedModel:
     groups = split_model(model, stages, balance, split_points, example)
     return StagedModel(groups, [devices[i % len(devices)] for i in range(len(groups))], chunks, freeze_batchnorm)
 
 
 # -- splitting any model at named modules -----------------------------------------------------
 def _refuse_split(problem: str) -> Refusal:
-    return Refusal(f"`strategy.split_points`: {problem} Fix: name modules of model.named_modules() in the order the forward pass uses them, e.g. strategy.split_points=[layer3] (one stage begins at each).")
+    return Refusal(
+        f"`strategy.split_points`: {problem} Fix: name modules of model.named_modules() in the order the forward pass"
+        " uses them, e.g. strategy.split_points=[layer3] (one stage begins at each)."
+    )
 
 
 def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[str]) -> List[int]:
@@ -186,12 +217,21 @@ def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[
             close = difflib.get_close_matches(name, [k for k in known if k], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _refuse_split(f"the model has no module {name!r}{hint}.")
-        index = next((i for i, n in enumerate(nodes) if n.op == "call_module" and (n.target == name or str(n.target).startswith(name + "."))), None)
+        index = next(
+            (
+                i
+                for i, n in enumerate(nodes)
+                if n.op == "call_module" and (n.target == name or str(n.target).startswith(name + "."))
+            ),
+            None,
+        )
         if index is None:
             raise _refuse_split(f"the traced forward pass never calls module {name!r}.")
         firsts.append(index)
     if firsts != sorted(firsts) or len(set(firsts)) != len(firsts):
-        raise _refuse_split(f"{list(names)} are not in the order the forward pass reaches them (or two begin at the same place).")
+        raise _refuse_split(
+            f"{list(names)} are not in the order the forward pass reaches them (or two begin at the same place)."
+        )
     return firsts
 
 
@@ -208,13 +248,18 @@ def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
     try:
         traced = fx.symbolic_trace(model)
     except Exception as err:  # data-dependent control flow, unsupported Python
-        raise _refuse_split(f"{type(model).__name__}'s forward cannot be traced with torch.fx ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}).") from None
+        raise _refuse_split(
+            f"{type(model).__name__}'s forward cannot be traced with torch.fx ({type(err).__name__}:"
+            f" {str(err).splitlines()[0] if str(err) else ''})."
+        ) from None
     graph = traced.graph
     nodes = list(graph.nodes)
     firsts = _first_nodes(graph, split_points, [n for n, _ in model.named_modules()])
     placeholders = [n for n in nodes if n.op == "placeholder"]
     if len(placeholders) != 1:
-        raise _refuse_split(f"{type(model).__name__}.forward takes {len(placeholders)} inputs; a split model takes exactly one.")
+        raise _refuse_split(
+            f"{type(model).__name__}.forward takes {len(placeholders)} inputs; a split model takes exactly one."
+        )
     n_stages = len(split_points) + 1
     stage_of: Dict[fx.Node, int] = {}
     for i, node in enumerate(nodes):
@@ -268,5 +313,8 @@ def stage_inputs(stages: Sequence[nn.Module], k: int, example: torch.Tensor) -> 
             carry = stage(*carry) if isinstance(carry, tuple) else stage(carry)
     values = carry if isinstance(carry, tuple) else (carry,)
     if not all(isinstance(v, torch.Tensor) for v in values):
-        raise _refuse_split(f"stage {k} would receive a value that is not a tensor ({[type(v).__name__ for v in values]}), which cannot be sent between ranks.")
+        raise _refuse_split(
+            f"stage {k} would receive a value that is not a tensor ({[type(v).__name__ for v in values]}), which cannot"
+            " be sent between ranks."
+        )
     return values

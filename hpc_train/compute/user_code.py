@@ -52,20 +52,27 @@ def instantiate_node(node: Any, key: str, what: str) -> Any:
 
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if not target:
-        raise Refusal(f"`{key}` has no _target_: it must name the {what} to build. Fix: set {key}._target_=my_package.MyClass (a class or factory importable on the compute nodes).")
+        raise Refusal(
+            f"`{key}` has no _target_: it must name the {what} to build. Fix: set {key}._target_=my_package.MyClass (a"
+            " class or factory importable on the compute nodes)."
+        )
     try:
         return instantiate(node)
     except Exception as err:  # InstantiationException wraps import errors and the callee's TypeError/ValueError
         raise Refusal(
-            f"`{key}`: cannot build {target} ({_reason(err)}). Fix: check {key}._target_ and that every other key of {key} "
-            f"is an argument of {target}; the module must be importable where the job runs (its folder is the submitting directory or on PYTHONPATH)."
+            f"`{key}`: cannot build {target} ({_reason(err)}). Fix: check {key}._target_ and that every other key of"
+            f" {key} is an argument of {target}; the module must be importable where the job runs (its folder is the"
+            " submitting directory or on PYTHONPATH)."
         ) from None
 
 
 def build_model(cfg: DictConfig) -> nn.Module:
     model = instantiate_node(cfg.model, "model", "model (an nn.Module class or factory)")
     if not isinstance(model, nn.Module):
-        raise Refusal(f"`model`: {cfg.model._target_} returned a {type(model).__name__}, not a torch.nn.Module. Fix: point model._target_ at an nn.Module class or a function returning one.")
+        raise Refusal(
+            f"`model`: {cfg.model._target_} returned a {type(model).__name__}, not a torch.nn.Module. Fix: point"
+            " model._target_ at an nn.Module class or a function returning one."
+        )
     return model
 
 
@@ -74,19 +81,29 @@ def build_datasets(data_cfg: DictConfig) -> Datasets:
     val_node = data_cfg.get("val")
     val = instantiate_node(val_node, "data.val", "validation dataset") if val_node is not None else None
     collate_node = data_cfg.get("collate_fn")
-    collate = instantiate_node(collate_node, "data.collate_fn", "collate function") if collate_node is not None else None
+    collate = (
+        instantiate_node(collate_node, "data.collate_fn", "collate function") if collate_node is not None else None
+    )
     for key, dataset in (("data.train", train), ("data.val", val)):
         if dataset is not None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise Refusal(f"`{key}`: {type(dataset).__name__} is not a map-style dataset (it needs __getitem__ and __len__). Fix: return a torch.utils.data.Dataset yielding (input, target) pairs.")
+            raise Refusal(
+                f"`{key}`: {type(dataset).__name__} is not a map-style dataset (it needs __getitem__ and __len__). Fix:"
+                " return a torch.utils.data.Dataset yielding (input, target) pairs."
+            )
     if len(train) == 0:
-        raise Refusal(f"`data.train`: the training set is empty. Fix: check the arguments of {data_cfg.train._target_}.")
+        raise Refusal(
+            f"`data.train`: the training set is empty. Fix: check the arguments of {data_cfg.train._target_}."
+        )
     return Datasets(train=train, val=val, collate_fn=collate)
 
 
 def build_loss(cfg: DictConfig) -> Callable:
     loss = instantiate_node(cfg.trainer.get("loss"), "trainer.loss", "loss (e.g. torch.nn.CrossEntropyLoss)")
     if not callable(loss):
-        raise Refusal(f"`trainer.loss`: {cfg.trainer.loss._target_} built a {type(loss).__name__}, which cannot be called. Fix: name a loss class, or a loss function with _partial_: true.")
+        raise Refusal(
+            f"`trainer.loss`: {cfg.trainer.loss._target_} built a {type(loss).__name__}, which cannot be called. Fix:"
+            " name a loss class, or a loss function with _partial_: true."
+        )
     return loss
 
 
@@ -98,7 +115,10 @@ def collate(data: Datasets, indices: Sequence[int]) -> Any:
 def _pair(item: Any, key: str) -> None:
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         kind = f"a {len(item)}-tuple" if isinstance(item, (tuple, list)) else f"a {type(item).__name__}"
-        raise Refusal(f"`{key}`: its items must be (input, target) pairs, but item 0 is {kind}. Fix: make __getitem__ return (input, target).")
+        raise Refusal(
+            f"`{key}`: its items must be (input, target) pairs, but item 0 is {kind}. Fix: make __getitem__ return"
+            " (input, target)."
+        )
 
 
 def _shape(x: Any) -> str:
@@ -116,7 +136,10 @@ def check_fit(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
         _pair(data.val[0], "data.val")
         train_in, val_in = data.train[0][0], data.val[0][0]
         if isinstance(train_in, torch.Tensor) and isinstance(val_in, torch.Tensor) and train_in.shape != val_in.shape:
-            raise Refusal(f"`data.val`: its inputs have {_shape(val_in)}, the training inputs {_shape(train_in)}. Fix: give both datasets the same input shape.")
+            raise Refusal(
+                f"`data.val`: its inputs have {_shape(val_in)}, the training inputs {_shape(train_in)}. Fix: give both"
+                " datasets the same input shape."
+            )
     inputs, targets = collate(data, range(min(2, len(data.train))))
     was_training = model.training
     model.eval()
@@ -126,18 +149,23 @@ def check_fit(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
                 outputs = model(inputs)
             except Exception as err:
                 raise Refusal(
-                    f"`data.train`: the model ({type(model).__name__}) cannot take a batch of its inputs ({_shape(inputs)}): "
-                    f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix: make the dataset yield what the model expects, or change the model's arguments."
+                    f"`data.train`: the model ({type(model).__name__}) cannot take a batch of its inputs"
+                    f" ({_shape(inputs)}): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix:"
+                    " make the dataset yield what the model expects, or change the model's arguments."
                 ) from None
             try:
                 loss = loss_fn(outputs, targets)
             except Exception as err:
                 raise Refusal(
-                    f"`trainer.loss`: the loss cannot compare the model's output ({_shape(outputs)}) with the targets ({_shape(targets)}): "
-                    f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix: choose a loss for this kind of target, or fix the dataset's targets."
+                    f"`trainer.loss`: the loss cannot compare the model's output ({_shape(outputs)}) with the targets"
+                    f" ({_shape(targets)}): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix:"
+                    " choose a loss for this kind of target, or fix the dataset's targets."
                 ) from None
             if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-                raise Refusal(f"`trainer.loss`: it returned {_shape(loss)}, not one number. Fix: use a loss with reduction='mean' (or 'sum').")
+                raise Refusal(
+                    f"`trainer.loss`: it returned {_shape(loss)}, not one number. Fix: use a loss with reduction='mean'"
+                    " (or 'sum')."
+                )
     finally:
         model.train(was_training)
 
@@ -145,6 +173,10 @@ def check_fit(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
 def is_classification(outputs: torch.Tensor, targets: Any) -> bool:
     """Class logits against integer labels: the only case where accuracy means something."""
     return (
-        isinstance(targets, torch.Tensor) and outputs.dim() == 2 and targets.dim() == 1
-        and not targets.is_floating_point() and not targets.is_complex() and outputs.shape[0] == targets.shape[0]
+        isinstance(targets, torch.Tensor)
+        and outputs.dim() == 2
+        and targets.dim() == 1
+        and not targets.is_floating_point()
+        and not targets.is_complex()
+        and outputs.shape[0] == targets.shape[0]
     )

@@ -1,10 +1,12 @@
-"""`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job (used by the local launcher and sbatch scripts).
+"""`python -m hpc_train.compute.worker JOB_CONFIG.yaml`: one rank of a job.
+
+The local launcher and the plain sbatch scripts start it once per task.
 
 Exit codes (hpc_train.rundir): EXIT_OK; EXIT_FAILED (traceback in logs/rank<r>.log and on
 stderr); EXIT_REFUSED (one message, no traceback: e.g. the job was planned for another number
 of ranks, or the checkpoint is unsafe or from an older hpc-train); EXIT_INTERRUPTED (stopped by
-a signal after a checkpoint: re-run the same command to resume). Under a plain sbatch script, the requeue signal makes rank 0 requeue the job
-itself (``scontrol requeue``).
+a signal after a checkpoint: re-run the same command to resume). Under a plain sbatch
+script, the requeue signal makes rank 0 requeue the job itself (``scontrol requeue``).
 """
 
 from __future__ import annotations

@@ -56,7 +56,13 @@ def parse_sinfo(text: str) -> Dict[str, Partition]:
         part = part.rstrip("*")
         try:
             sockets, cores, _threads = (int(x) for x in sct.split(":"))
-            node = Node(name, int(cpus.rstrip("+")), sockets * cores, int(mem.rstrip("+")), sum(int(n) for n in _GPU.findall(gres)))
+            node = Node(
+                name,
+                int(cpus.rstrip("+")),
+                sockets * cores,
+                int(mem.rstrip("+")),
+                sum(int(n) for n in _GPU.findall(gres)),
+            )
         except ValueError:
             continue
         if node.name not in {n.name for n in nodes.get(part, [])}:
@@ -79,7 +85,9 @@ def partitions() -> Optional[Dict[str, Partition]]:
     if shutil.which("sinfo") is None:
         return None
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", _FORMAT], capture_output=True, text=True, timeout=15, check=False)
+        out = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", _FORMAT], capture_output=True, text=True, timeout=15, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -125,7 +133,7 @@ def check_capacity(params: Dict[str, Any], time_key: str, found: Optional[Dict[s
 
 
 def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional[Tuple[str, str, str]]:
-    """(key, problem with a {where} slot, fix) for the first thing this partition's nodes cannot give; None if it fits."""
+    """(key, problem with a {where} slot, fix) for the first thing the partition's nodes cannot give, or None."""
     nodes, gpus = int(params["nodes"]), _requested_gpus(params)
     tasks, cpus_per_task = int(params["ntasks_per_node"]), int(params["cpus_per_task"])
     cpus = tasks * cpus_per_task
@@ -138,26 +146,64 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional
 
     mem_mb = _requested_mem_mb(params)
     if nodes > len(part.nodes):
-        return "resources.nodes", f"the job asks for {nodes} nodes, but {{where}} has {len(part.nodes)}.", f"set resources.nodes={len(part.nodes)} or fewer"
+        return (
+            "resources.nodes",
+            f"the job asks for {nodes} nodes, but {{where}} has {len(part.nodes)}.",
+            f"set resources.nodes={len(part.nodes)} or fewer",
+        )
     most_gpus = max(n.gpus for n in part.nodes)
     if gpus > most_gpus:
         fix = f"set resources.gpus_per_node={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
-        return "resources.gpus_per_node", f"the job asks for {gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.", fix
+        return (
+            "resources.gpus_per_node",
+            f"the job asks for {gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.",
+            fix,
+        )
     most_cpus = max(cpus_of(n) for n in part.nodes)
     if cpus > most_cpus:
         per_gpu = most_cpus // gpus if gpus else 0
-        fix = f"set cluster.cpus_per_gpu={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)" if per_gpu else "ask for fewer GPUs per node (resources.gpus_per_node)"
+        fix = (
+            f"set cluster.cpus_per_gpu={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)"
+            if per_gpu
+            else "ask for fewer GPUs per node (resources.gpus_per_node)"
+        )
         hint = " with --hint=nomultithread" if by_core else ""
-        return "cluster.cpus_per_gpu", f"the job asks for {tasks} task(s) x {cpus_per_task} CPUs = {cpus} {unit} per node{hint}, but the nodes of {{where}} have at most {most_cpus}.", fix
+        return (
+            "cluster.cpus_per_gpu",
+            (
+                f"the job asks for {tasks} task(s) x {cpus_per_task} CPUs = {cpus} {unit} per node{hint}, but the nodes"
+                f" of {{where}} have at most {most_cpus}."
+            ),
+            fix,
+        )
     most_mem = max(n.mem_mb for n in part.nodes)
     if mem_mb is not None and mem_mb > most_mem:
-        return "cluster.mem_gb", f"the job asks for {params['mem']} per node, but the nodes of {{where}} have at most {most_mem} MB.", f"set cluster.mem_gb={most_mem // 1024} or less, or cluster.mem_gb=null for the partition's default"
-    fitting = sum(1 for n in part.nodes if n.gpus >= gpus and cpus_of(n) >= cpus and (mem_mb is None or n.mem_mb >= mem_mb))
+        return (
+            "cluster.mem_gb",
+            f"the job asks for {params['mem']} per node, but the nodes of {{where}} have at most {most_mem} MB.",
+            f"set cluster.mem_gb={most_mem // 1024} or less, or cluster.mem_gb=null for the partition's default",
+        )
+    fitting = sum(
+        1 for n in part.nodes if n.gpus >= gpus and cpus_of(n) >= cpus and (mem_mb is None or n.mem_mb >= mem_mb)
+    )
     if fitting < nodes:
         each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
-        fix = f"set resources.nodes={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
-        return "resources.nodes", f"the job asks for {nodes} nodes with {each} each, but only {fitting} node(s) of {{where}} have that much.", fix
+        fix = (
+            f"set resources.nodes={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
+        )
+        return (
+            "resources.nodes",
+            f"the job asks for {nodes} nodes with {each} each, but only {fitting} node(s) of {{where}} have that much.",
+            fix,
+        )
     minutes = int(params["time"])
     if part.max_minutes is not None and minutes > part.max_minutes:
-        return time_key, f"{minutes} minutes is longer than {{where}} allows (MaxTime {part.max_minutes} minutes): the job would pend forever.", f"set {time_key}={part.max_minutes} or less"
+        return (
+            time_key,
+            (
+                f"{minutes} minutes is longer than {{where}} allows (MaxTime {part.max_minutes} minutes): the job would"
+                " pend forever."
+            ),
+            f"set {time_key}={part.max_minutes} or less",
+        )
     return None

@@ -49,7 +49,9 @@ class LaunchGuard(Callback):
             name = REFUSED_LAUNCHERS[target]
             raise ConfigError(
                 "hydra/launcher",
-                f"hydra/launcher={name} would give every job of the sweep the one sbatch shape of hydra.launcher and run hpc-train's local launcher inside it, ignoring each job's strategy layout.",
-                "keep hydra/launcher=hpc_train (the default) and pass launcher=slurm: it submits every job through submitit with its own layout.",
+                f"hydra/launcher={name} would give every job of the sweep the one sbatch shape of hydra.launcher and"
+                " run hpc-train's local launcher inside it, ignoring each job's strategy layout.",
+                "keep hydra/launcher=hpc_train (the default) and pass launcher=slurm: it submits every job through"
+                " submitit with its own layout.",
             )
         check_objective(config, config.hydra)

@@ -29,7 +29,12 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
     `argv` (the command line's arguments) is read, with Hydra's own override parser, only for
     the few errors whose message does not name the override that caused them.
     """
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+        SearchPathException,
+    )
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(err, ConfigError):
@@ -39,7 +44,11 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
     if isinstance(err, MissingConfigException):
         return _missing_option(err)
     if isinstance(err, SearchPathException):
-        return ConfigError("--config-dir", f"{_first_line(err)}.", "pass an existing folder: --config-dir /path/to/my_conf (it holds e.g. cluster/mysite.yaml).")
+        return ConfigError(
+            "--config-dir",
+            f"{_first_line(err)}.",
+            "pass an existing folder: --config-dir /path/to/my_conf (it holds e.g. cluster/mysite.yaml).",
+        )
     if isinstance(err, ConfigCompositionException):
         return _composition(err)
     if isinstance(err, OmegaConfBaseException):
@@ -57,20 +66,34 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
 
 def from_omegaconf(err: BaseException) -> Optional[ConfigError]:
     """A key our checks read that is missing, unset (``???``) or cannot be resolved."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, InterpolationResolutionError, MissingMandatoryValue
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        InterpolationResolutionError,
+        MissingMandatoryValue,
+    )
 
     key = str(getattr(err, "full_key", "") or "")
     if isinstance(err, MissingMandatoryValue):
-        return ConfigError(key, "has no value (it is `???` in the config) and this run needs one.", f"pass {key}=<value> on the command line or in your config.")
+        return ConfigError(
+            key,
+            "has no value (it is `???` in the config) and this run needs one.",
+            f"pass {key}=<value> on the command line or in your config.",
+        )
     if isinstance(err, InterpolationResolutionError):
-        return ConfigError(key, f"cannot be resolved: {_first_line(err)}.", "check the keys it refers to (print the config with --cfg job).")
+        return ConfigError(
+            key,
+            f"cannot be resolved: {_first_line(err)}.",
+            "check the keys it refers to (print the config with --cfg job).",
+        )
     if isinstance(err, (ConfigAttributeError, ConfigKeyError)) and key:
         missing = str(getattr(err, "key", "") or key.rsplit(".", 1)[-1])
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         whole = f"{parent}.{missing}" if parent else missing
         return ConfigError(
             whole,
-            f"is required but the config has no `{whole}` (was it deleted with ~{whole}, or left out of your own config file?).",
+            f"is required but the config has no `{whole}` (was it deleted with ~{whole}, or left out of your own config"
+            " file?).",
             f"give it a value: drop the ~{whole} override, or pass +{whole}=<value>.",
         )
     return None
@@ -85,20 +108,34 @@ def _unparsable(override: str) -> ConfigError:
     key = str(override).split("=", 1)[0].lstrip("+~") or str(override)
     return ConfigError(
         key,
-        f"the override {override!r} cannot be parsed (an unbalanced quote, or a character such as '\"', ',' or a space that needs quoting).",
+        f"the override {override!r} cannot be parsed (an unbalanced quote, or a character such as '\"', ',' or a space"
+        " that needs quoting).",
         f"quote the value as a whole, e.g. {key}='my value', or leave the special characters out.",
     )
 
 
 def _missing_option(err) -> ConfigError:
     missing = str(err.missing_cfg_file or "")
-    options = sorted(str(o) for o in (err.options or []))
+    options = sorted(str(o) for o in err.options or [])
     if "/" not in missing:  # the primary config itself (--config-name, --config-path)
-        return ConfigError("--config-name", f"there is no primary config {missing!r} in the config search path.", "check --config-name/--config-path (the default is hpc-train's own `config`), or add the file to your --config-dir.")
+        return ConfigError(
+            "--config-name",
+            f"there is no primary config {missing!r} in the config search path.",
+            "check --config-name/--config-path (the default is hpc-train's own `config`), or add the file to your"
+            " --config-dir.",
+        )
     group, option = missing.rsplit("/", 1)
     where = re.match(r"In '([^']+)':", str(err))
-    inside = f" (named in the defaults list of {where.group(1)})" if where and where.group(1) != "config" and not where.group(1).startswith("hydra/") else ""
-    plugin = " If it is a Hydra plugin, install it into this environment (e.g. pip install hydra-optuna-sweeper)." if group.startswith("hydra/") else ""
+    inside = (
+        f" (named in the defaults list of {where.group(1)})"
+        if where and where.group(1) != "config" and not where.group(1).startswith("hydra/")
+        else ""
+    )
+    plugin = (
+        " If it is a Hydra plugin, install it into this environment (e.g. pip install hydra-optuna-sweeper)."
+        if group.startswith("hydra/")
+        else ""
+    )
     listed = ", ".join(options) if options else "none"
     return ConfigError(
         group,
@@ -117,29 +154,55 @@ def _composition(err) -> Optional[ConfigError]:
     match = re.search(r"An item is already at '([^']+)'", text)
     if match:
         key = match.group(1)
-        return ConfigError(key, f"+{key}=... adds a new key, but `{key}` already exists.", f"drop the '+': {key}=<value> (or ++{key}=<value> to add or override).")
+        return ConfigError(
+            key,
+            f"+{key}=... adds a new key, but `{key}` already exists.",
+            f"drop the '+': {key}=<value> (or ++{key}=<value> to add or override).",
+        )
     match = re.match(r"(\S+) appears more than once in the final defaults list", text)
     if match:
         group = match.group(1)
-        return ConfigError(group, f"+{group}=... adds a second {group} entry, but the config already selects one.", f"select it without '+': {group}=<option>.")
+        return ConfigError(
+            group,
+            f"+{group}=... adds a second {group} entry, but the config already selects one.",
+            f"select it without '+': {group}=<option>.",
+        )
     match = re.search(r"Ambiguous value for argument '([^']+)'", text)
     if match:
         override = match.group(1)
         key = override.split("=", 1)[0]
-        return ConfigError(key, f"{override!r} has a comma, which makes it a sweep over several values.", f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list ({key}=[a,b]).")
+        return ConfigError(
+            key,
+            f"{override!r} has a comma, which makes it a sweep over several values.",
+            f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list"
+            f" ({key}=[a,b]).",
+        )
     match = re.search(r"Could not delete from config\. '([^']+)' does not exist", text)
     if match:
         key = match.group(1)
-        return ConfigError(key, f"~{key} deletes a key that the config does not have.", f"check the spelling (print the config with --cfg job), or drop ~{key}.")
+        return ConfigError(
+            key,
+            f"~{key} deletes a key that the config does not have.",
+            f"check the spelling (print the config with --cfg job), or drop ~{key}.",
+        )
     match = re.match(r"Error merging override ([^=\s]+)=(.*)", text)
     if match:
         key, value = match.group(1).lstrip("+~"), match.group(2)
         reason = _first_line(cause) if cause is not None else "the value does not fit the key"
-        return ConfigError(key, f"{key}={value} cannot be merged into the config ({reason}).", f"give {key} a value of the kind it holds (hpc-train --cfg job -p {key} shows it), or set one of its keys, e.g. {key}.<key>=<value>.")
+        return ConfigError(
+            key,
+            f"{key}={value} cannot be merged into the config ({reason}).",
+            f"give {key} a value of the kind it holds (hpc-train --cfg job -p {key} shows it), or set one of its keys,"
+            f" e.g. {key}.<key>=<value>.",
+        )
     match = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
     if match:
         group = match.group(1)
-        return ConfigError(group, f"the config does not select any {group} option, so there is nothing to override.", f"add one with +{group}=<option>.")
+        return ConfigError(
+            group,
+            f"the config does not select any {group} option, so there is nothing to override.",
+            f"add one with +{group}=<option>.",
+        )
     return None
 
 
@@ -150,7 +213,12 @@ def _unknown_key(cause) -> ConfigError:
     siblings = sorted(str(k) for k in parent_node.keys()) if parent_node is not None else []
     if "." not in full_key:
         choices = [k for k in siblings if k != "hydra"]
-        return ConfigError(full_key, f"there is no top-level key {full_key!r}{nearest(full_key, choices)}.", f"check the spelling; top-level keys are {', '.join(choices)} (add a new key on purpose with +{full_key}=...).")
+        return ConfigError(
+            full_key,
+            f"there is no top-level key {full_key!r}{nearest(full_key, choices)}.",
+            f"check the spelling; top-level keys are {', '.join(choices)} (add a new key on purpose with"
+            f" +{full_key}=...).",
+        )
     parent = full_key.rsplit(".", 1)[0]
     return ConfigError(
         full_key,
@@ -188,8 +256,10 @@ def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
         names = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in names):
             return ConfigError(
-                key, f"{arg!r} selects a {key} option by a value that is not a name.",
-                f"name an option, e.g. {key}=<name> for {key}/<name>.yaml in conf/ or your --config-dir (hpc-train --help lists them).",
+                key,
+                f"{arg!r} selects a {key} option by a value that is not a name.",
+                f"name an option, e.g. {key}=<name> for {key}/<name>.yaml in conf/ or your --config-dir (hpc-train"
+                " --help lists them).",
             )
     return None
 

@@ -15,7 +15,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
-from hpc_train.launch.validate import check_resume_compatible, code_dirs, data_parallel_size, normalize_precision, resolved_stages
+from hpc_train.launch.validate import (
+    check_resume_compatible,
+    code_dirs,
+    data_parallel_size,
+    normalize_precision,
+    resolved_stages,
+)
+
 
 def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     cfg = cfg.copy()
@@ -30,7 +37,12 @@ def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     layout = asdict(plan.layout)
     layout["world_size"] = plan.layout.world_size
     layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)
-    spec["job"] = {"run_dir": str(plan.run_dir.resolve()), "layout": layout, "choices": _choices(), "code_dirs": code_dirs()}
+    spec["job"] = {
+        "run_dir": str(plan.run_dir.resolve()),
+        "layout": layout,
+        "choices": _choices(),
+        "code_dirs": code_dirs(),
+    }
     check_resume_compatible(spec, plan.run_dir)
     return spec
 

@@ -37,12 +37,17 @@ class JobLayout:
         """One line for people; `on_cpus`: a machine without GPUs, where every "GPU" is a CPU worker process."""
         node_word = "node" if self.nodes == 1 else "nodes"
         task_word = "task" if self.tasks_per_node == 1 else "tasks"
-        head = f"{self.label}: {self.nodes} {node_word} x {self.tasks_per_node} {task_word}/node (world size {self.world_size})"
+        head = (
+            f"{self.label}: {self.nodes} {node_word} x {self.tasks_per_node} {task_word}/node (world size"
+            f" {self.world_size})"
+        )
         if on_cpus:
             workers = self.world_size
             stages = f", {self.gpus_per_task} stages each" if self.gpus_per_task > 1 else ""
             return f"{head}, {workers} CPU worker process{'es' if workers != 1 else ''}{stages} (no GPU)"
-        return f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task} CPU/task"
+        return (
+            f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task} CPU/task"
+        )
 
 
 def compute_layout(
@@ -52,18 +57,26 @@ def compute_layout(
     cpus_per_gpu: int = 1,
     stages: Optional[int] = None,
 ) -> JobLayout:
-    """Return the layout for a strategy identity (hpc_train.strategy_table), or raise ConfigError naming the key to change."""
+    """The layout of a strategy identity (hpc_train.strategy_table); ConfigError naming the key to change."""
     if strategy not in KINDS:
         raise ConfigError("strategy", f"unknown strategy {strategy!r}.", f"choose one of {', '.join(NAMES)}.")
     shape = KINDS[strategy]
     if not isinstance(nodes, int) or nodes < 1:
-        raise ConfigError("resources.nodes", f"must be a positive integer, got {nodes!r}.", "set resources.nodes=1 or more.")
+        raise ConfigError(
+            "resources.nodes", f"must be a positive integer, got {nodes!r}.", "set resources.nodes=1 or more."
+        )
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise ConfigError(
-            "resources.gpus_per_node", f"must be a positive integer, got {gpus_per_node!r}.", "set resources.gpus_per_node=1 or more."
+            "resources.gpus_per_node",
+            f"must be a positive integer, got {gpus_per_node!r}.",
+            "set resources.gpus_per_node=1 or more.",
         )
     if nodes > 1 and not shape.multi_node:
-        raise ConfigError("resources.nodes", f"{shape.spelling} runs inside one node, but resources.nodes={nodes}.", shape.multi_node_hint + ".")
+        raise ConfigError(
+            "resources.nodes",
+            f"{shape.spelling} runs inside one node, but resources.nodes={nodes}.",
+            shape.multi_node_hint + ".",
+        )
     if shape.single_gpu:
         tasks, gpus_node, gpus_task = 1, 1, 1
     elif shape.one_task_per_gpu:
@@ -74,7 +87,8 @@ def compute_layout(
             raise ConfigError(
                 "strategy.stages",
                 f"hybrid gives each task {stages} GPUs, which does not divide resources.gpus_per_node={gpus_per_node}.",
-                f"choose strategy.stages among the divisors of {gpus_per_node}, or change resources.gpus_per_node to a multiple of {stages}.",
+                f"choose strategy.stages among the divisors of {gpus_per_node}, or change resources.gpus_per_node to a"
+                f" multiple of {stages}.",
             )
         tasks, gpus_node, gpus_task = gpus_per_node // stages, gpus_per_node, stages
     else:

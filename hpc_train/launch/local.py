@@ -81,7 +81,14 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
             else:
                 out = open(rundir.rank_output(run_dir, rank), "w")
                 files.append(out)
-            procs.append(subprocess.Popen(command, env=worker_env(rank, world, port, threads), stdout=out, stderr=subprocess.STDOUT if out else None))
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=worker_env(rank, world, port, threads),
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                )
+            )
         return _watch(procs, run_dir, started=time.time())
     except KeyboardInterrupt:
         _stop(procs, signal.SIGINT)
@@ -125,10 +132,16 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
             # The process that exits first is often a peer that lost its connection: name the root cause.
             first, record = root_cause(failed, read_records(run_dir, len(procs), since=started))
             if record is not None:
-                print(f"hpc-train: rank {first} failed first ({record['error']}); stopping the other ranks. "
-                      f"Its traceback: {rundir.rank_log(run_dir, first)}", file=sys.stderr)
+                print(
+                    f"hpc-train: rank {first} failed first ({record['error']}); stopping the other ranks. "
+                    f"Its traceback: {rundir.rank_log(run_dir, first)}",
+                    file=sys.stderr,
+                )
             else:
-                print(f"hpc-train: rank {first} exited with code {codes[first]}; stopping the other ranks.", file=sys.stderr)
+                print(
+                    f"hpc-train: rank {first} exited with code {codes[first]}; stopping the other ranks.",
+                    file=sys.stderr,
+                )
             _stop(procs)
             return code if code > 0 else 1
         if all(code == 0 for code in codes):

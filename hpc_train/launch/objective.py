@@ -21,7 +21,15 @@ from hpc_train.launch.errors import ConfigError, JobFailed
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
 # Numeric keys of the summary.json rank 0 writes at the end of training (hpc_train/compute/trainer.py).
-NUMERIC_SUMMARY_KEYS = ("eval_loss", "eval_accuracy", "train_loss", "images_per_sec", "global_step", "epochs_completed", "timed_steps")
+NUMERIC_SUMMARY_KEYS = (
+    "eval_loss",
+    "eval_accuracy",
+    "train_loss",
+    "images_per_sec",
+    "global_step",
+    "epochs_completed",
+    "timed_steps",
+)
 
 
 def sweeper_target(hydra_cfg: Any) -> str:
@@ -38,9 +46,19 @@ def check_objective(cfg: DictConfig, hydra_cfg: Optional[Any] = None) -> None:
     """`objective` names a numeric summary key; a dry run cannot feed a sweeper that optimises."""
     key = cfg.get("objective")
     if key not in NUMERIC_SUMMARY_KEYS:
-        raise ConfigError("objective", f"{key!r} is not a numeric key of summary.json.", f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy with hydra.sweeper.direction=maximize).")
+        raise ConfigError(
+            "objective",
+            f"{key!r} is not a numeric key of summary.json.",
+            f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy with"
+            " hydra.sweeper.direction=maximize).",
+        )
     if hydra_cfg is not None and sweeper_wants_objective(hydra_cfg) and cfg.get("dry_run"):
-        raise ConfigError("dry_run", f"a dry run trains nothing, so it has no {key} to return to the sweeper {sweeper_target(hydra_cfg)}.", "drop dry_run=true, or print the layouts with hpc-train's own sweeper (hydra/sweeper=hpc_train, the default).")
+        raise ConfigError(
+            "dry_run",
+            f"a dry run trains nothing, so it has no {key} to return to the sweeper {sweeper_target(hydra_cfg)}.",
+            "drop dry_run=true, or print the layouts with hpc-train's own sweeper (hydra/sweeper=hpc_train, the"
+            " default).",
+        )
 
 
 def read_objective(run_dir: Path, key: str) -> float:
@@ -51,5 +69,8 @@ def read_objective(run_dir: Path, key: str) -> float:
     value = summary.get(key)
     if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(float(value)):
         hint = " (trainer.eval=false runs no evaluation)" if key.startswith("eval_") else ""
-        raise JobFailed(f"`objective`: summary.json of {run_dir} has {key}={value!r}{hint}; a sweeper needs a number. Fix: set objective= to a key this run reports, e.g. objective=train_loss.")
+        raise JobFailed(
+            f"`objective`: summary.json of {run_dir} has {key}={value!r}{hint}; a sweeper needs a number. Fix: set"
+            " objective= to a key this run reports, e.g. objective=train_loss."
+        )
     return float(value)

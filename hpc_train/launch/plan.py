@@ -41,14 +41,21 @@ def count_local_gpus() -> int:
 
 def resolve_gpus_per_node(cfg: DictConfig) -> int:
     """resources.gpus_per_node, else the cluster profile's, else (local only) what this machine has."""
-    for key, value in (("resources.gpus_per_node", cfg.resources.gpus_per_node), ("cluster.gpus_per_node", cfg.cluster.get("gpus_per_node"))):
+    for key, value in (
+        ("resources.gpus_per_node", cfg.resources.gpus_per_node),
+        ("cluster.gpus_per_node", cfg.cluster.get("gpus_per_node")),
+    ):
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(key, f"must be a positive integer, got {value!r}.", f"set {key}=1 or more.")
             return value
     if cfg.launcher.name == "local":
         return count_local_gpus() or CPU_WORKERS_WITHOUT_GPU
-    raise ConfigError("resources.gpus_per_node", "the cluster profile does not say how many GPUs a node has.", "pass resources.gpus_per_node=N or set gpus_per_node in your cluster profile.")
+    raise ConfigError(
+        "resources.gpus_per_node",
+        "the cluster profile does not say how many GPUs a node has.",
+        "pass resources.gpus_per_node=N or set gpus_per_node in your cluster profile.",
+    )
 
 
 def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
@@ -59,7 +66,11 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
     """
     check_keys(cfg)
     if cfg.launcher.name == "local" and cfg.resources.nodes != 1:
-        raise ConfigError("resources.nodes", f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.", "use launcher=slurm for several nodes, or set resources.nodes=1.")
+        raise ConfigError(
+            "resources.nodes",
+            f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.",
+            "use launcher=slurm for several nodes, or set resources.nodes=1.",
+        )
     strategy = cfg.strategy
     kind = strategy_id(strategy)
     layout = compute_layout(
@@ -74,7 +85,8 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
         if gpus and layout.tasks_per_node > gpus:
             raise ConfigError(
                 "resources.gpus_per_node",
-                f"{layout.describe()} starts {layout.tasks_per_node} processes, but this machine has {gpus} GPU(s) and NCCL cannot share one GPU between ranks.",
+                f"{layout.describe()} starts {layout.tasks_per_node} processes, but this machine has {gpus} GPU(s) and"
+                " NCCL cannot share one GPU between ranks.",
                 f"set resources.gpus_per_node={gpus}, or run CPU workers with CUDA_VISIBLE_DEVICES= hpc-train ...",
             )
     validate(cfg, layout, run_dir)

@@ -12,7 +12,6 @@ from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import count_local_gpus, make_plan
 
 
-
 def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     """Run or submit one configured job; returns the exit code. Raises ConfigError for bad input.
 
@@ -52,7 +51,9 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     folder = plan.run_dir / rundir.SLURM_LOGS
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")
-    print(f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / rundir.LOGS}")
+    print(
+        f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err; rank logs {plan.run_dir / rundir.LOGS}"
+    )
     if not wait:
         return 0
     return follow(handle, plan.run_dir)
@@ -83,8 +84,14 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")
     elif code == rundir.EXIT_INTERRUPTED:
-        print(f"hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same hydra.run.dir={run_dir}) to continue")
+        print(
+            "hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same"
+            f" hydra.run.dir={run_dir}) to continue"
+        )
     elif code == rundir.EXIT_REFUSED:
-        print(f"hpc-train: the job refused to start (exit code {code}): the reason is printed above and in {run_dir / rundir.LOGS}")
+        print(
+            f"hpc-train: the job refused to start (exit code {code}): the reason is printed above and in"
+            f" {run_dir / rundir.LOGS}"
+        )
     else:
         print(f"hpc-train: the job failed (exit code {code}); see the logs in {run_dir / rundir.LOGS}")

@@ -41,23 +41,41 @@ def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
     """Raise ConfigError when the allocation cannot run `layout`; return warnings for harmless differences."""
     if "SLURM_JOB_ID" not in env:
         return ["not inside a Slurm allocation (no SLURM_JOB_ID): the allocation was not checked"]
-    how = "the #SBATCH lines (or sbatch's command-line options) and the hpc-train overrides of the script must describe the same job"
+    how = (
+        "the #SBATCH lines (or sbatch's command-line options) and the hpc-train overrides of the script must describe"
+        " the same job"
+    )
     nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
     if nodes is not None and nodes != layout.nodes:
-        raise ConfigError("resources.nodes", f"the allocation has {nodes} node(s), but the overrides plan {layout.nodes} ({layout.describe()}); {how}.", f"use `#SBATCH --nodes={layout.nodes}`, or pass resources.nodes={nodes} to hpc-train in the script.")
+        raise ConfigError(
+            "resources.nodes",
+            f"the allocation has {nodes} node(s), but the overrides plan {layout.nodes} ({layout.describe()}); {how}.",
+            f"use `#SBATCH --nodes={layout.nodes}`, or pass resources.nodes={nodes} to hpc-train in the script.",
+        )
     tasks = _int(env, "SLURM_NTASKS")
     if tasks is not None and tasks != layout.world_size:
         raise ConfigError(
-            "strategy", f"the allocation has {tasks} task(s), but the overrides plan {layout.world_size} ranks ({layout.describe()}); {how}.",
-            f"use `#SBATCH --nodes={layout.nodes}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the dry run `hpc-train launcher=slurm dry_run=true ...` prints them).",
+            "strategy",
+            f"the allocation has {tasks} task(s), but the overrides plan {layout.world_size} ranks"
+            f" ({layout.describe()}); {how}.",
+            f"use `#SBATCH --nodes={layout.nodes}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the dry run"
+            " `hpc-train launcher=slurm dry_run=true ...` prints them).",
         )
     gpus = _int(env, "SLURM_GPUS_ON_NODE")
     if gpus is not None and gpus < layout.gpus_per_node:
-        raise ConfigError("resources.gpus_per_node", f"the allocation has {gpus} GPU(s) per node, but the overrides plan {layout.gpus_per_node} ({layout.describe()}); {how}.", f"use `#SBATCH --gres=gpu:{layout.gpus_per_node}`, or pass resources.gpus_per_node={gpus}.")
+        raise ConfigError(
+            "resources.gpus_per_node",
+            f"the allocation has {gpus} GPU(s) per node, but the overrides plan {layout.gpus_per_node}"
+            f" ({layout.describe()}); {how}.",
+            f"use `#SBATCH --gres=gpu:{layout.gpus_per_node}`, or pass resources.gpus_per_node={gpus}.",
+        )
     warnings = []
     cpus = _int(env, "SLURM_CPUS_PER_TASK")
     if cpus is not None and cpus != layout.cpus_per_task:
-        warnings.append(f"the allocation gives {cpus} CPU(s) per task, the cluster profile plans {layout.cpus_per_task}; training uses {cpus}")
+        warnings.append(
+            f"the allocation gives {cpus} CPU(s) per task, the cluster profile plans {layout.cpus_per_task}; training"
+            f" uses {cpus}"
+        )
     return warnings
 
 

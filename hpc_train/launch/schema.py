@@ -109,7 +109,9 @@ def one_of(*choices: str, normalize: Callable[[str], str] = lambda s: s, ints: b
     return check
 
 
-def text(pattern: str = "", what: str = "non-empty text", max_len: int = 4096, ints: bool = False, min_len: int = 1) -> Checker:
+def text(
+    pattern: str = "", what: str = "non-empty text", max_len: int = 4096, ints: bool = False, min_len: int = 1
+) -> Checker:
     """A string (an int too where ``ints``: job_name=2024) matching ``pattern``; never control characters."""
     compiled = re.compile(pattern) if pattern else None
 
@@ -137,7 +139,10 @@ def slurm_time(value: Any) -> Problem:
     try:
         minutes = time_minutes(value)
     except ConfigError:
-        return f"must be a positive number of minutes or a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS), got {_show(value)}"
+        return (
+            "must be a positive number of minutes or a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS), got"
+            f" {_show(value)}"
+        )
     if minutes > MINUTES_PER_YEAR:
         return f"must be at most a year ({MINUTES_PER_YEAR} minutes), got {_show(value)}"
     return None
@@ -200,14 +205,20 @@ def sbatch_options(value: Any) -> Problem:
         option = value[name]
         if isinstance(option, bool) or _is_number(option):
             continue
-        problem = text(r"[ -~]+", "plain ASCII text")(option) if isinstance(option, str) else f"must be text, a number or true, got {_show(option)}"
+        problem = (
+            text(r"[ -~]+", "plain ASCII text")(option)
+            if isinstance(option, str)
+            else f"must be text, a number or true, got {_show(option)}"
+        )
         if problem:
             return f"option {_show(name)} {problem}"
     return None
 
 
 SLURM_WORD = text(r"[A-Za-z0-9_.@:+-]+", "a Slurm name (ASCII letters, digits, '_', '.', '@', ':', '+', '-')", 255)
-SLURM_WORDS = text(r"[A-Za-z0-9_.@:+-]+(,[A-Za-z0-9_.@:+-]+)*", "a Slurm name or a comma-separated list of names (ASCII)", 1024)
+SLURM_WORDS = text(
+    r"[A-Za-z0-9_.@:+-]+(,[A-Za-z0-9_.@:+-]+)*", "a Slurm name or a comma-separated list of names (ASCII)", 1024
+)
 PATH_TEXT = text(what="a path")
 
 
@@ -227,7 +238,14 @@ class Rule:
         return f"set e.g. {key}={self.example}{tail}."
 
 
-def R(key: str, check: Checker, example: Any, null: Optional[str] = None, required: bool = False, fix: Optional[str] = None) -> Rule:
+def R(
+    key: str,
+    check: Checker,
+    example: Any,
+    null: Optional[str] = None,
+    required: bool = False,
+    fix: Optional[str] = None,
+) -> Rule:
     return Rule(key, check, str(example), null, required, fix)
 
 
@@ -235,79 +253,249 @@ def R(key: str, check: Checker, example: Any, null: Optional[str] = None, requir
 RULES: Tuple[Rule, ...] = (
     # top level
     R("seed", whole(0, 2**32 - 1), 0, required=True),
-    R("job_name", text(r"[A-Za-z0-9_.+-]+", "ASCII letters, digits, '.', '_', '+' or '-'", 200, ints=True), "resnet-ddp", required=True,
-      fix="use letters, digits, '.', '_', '+' or '-' (Slurm job names and log prefixes), e.g. job_name=resnet-ddp."),
+    R(
+        "job_name",
+        text(r"[A-Za-z0-9_.+-]+", "ASCII letters, digits, '.', '_', '+' or '-'", 200, ints=True),
+        "resnet-ddp",
+        required=True,
+        fix="use letters, digits, '.', '_', '+' or '-' (Slurm job names and log prefixes), e.g. job_name=resnet-ddp.",
+    ),
     R("dry_run", flag, "true", required=True, fix="use dry_run=true (print the layout, run nothing) or dry_run=false."),
-    R("resume", text(what="auto, never or a path"), "auto", required=True,
-      fix="use resume=auto (newest checkpoint in the run dir), resume=never or resume=/path/to/run_dir."),
-    R("objective", one_of(*NUMERIC_SUMMARY_KEYS), "eval_loss", fix=f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy)."),
+    R(
+        "resume",
+        text(what="auto, never or a path"),
+        "auto",
+        required=True,
+        fix="use resume=auto (newest checkpoint in the run dir), resume=never or resume=/path/to/run_dir.",
+    ),
+    R(
+        "objective",
+        one_of(*NUMERIC_SUMMARY_KEYS),
+        "eval_loss",
+        fix=f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy).",
+    ),
     # resources
     R("resources.nodes", whole(1, 100_000), 1, required=True, fix="set resources.nodes=1 or more."),
-    R("resources.gpus_per_node", whole(1, 1024), 1, null="the cluster profile's; locally all GPUs", required=True,
-      fix="set resources.gpus_per_node=1 or more (at most 1024), or null for the cluster profile's value."),
-    R("resources.time", slurm_time, "01:00:00", null="the cluster profile's", required=True,
-      fix="set resources.time=01:00:00 (HH:MM:SS) or a number of minutes such as resources.time=90, or null for the cluster profile's."),
+    R(
+        "resources.gpus_per_node",
+        whole(1, 1024),
+        1,
+        null="the cluster profile's; locally all GPUs",
+        required=True,
+        fix="set resources.gpus_per_node=1 or more (at most 1024), or null for the cluster profile's value.",
+    ),
+    R(
+        "resources.time",
+        slurm_time,
+        "01:00:00",
+        null="the cluster profile's",
+        required=True,
+        fix=(
+            "set resources.time=01:00:00 (HH:MM:SS) or a number of minutes such as resources.time=90, or null for the"
+            " cluster profile's."
+        ),
+    ),
     # launcher
-    R("launcher.name", one_of("local", "slurm", "sbatch"), "local", required=True, fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch."),
+    R(
+        "launcher.name",
+        one_of("local", "slurm", "sbatch"),
+        "local",
+        required=True,
+        fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch.",
+    ),
     R("launcher.wait", flag, "true", fix="use launcher.wait=true (follow the job to its end) or launcher.wait=false."),
-    R("launcher.signal", one_of("USR1", "USR2", normalize=lambda s: s.upper().removeprefix("SIG")), "USR2",
-      fix="use launcher.signal=USR2 (the default) or launcher.signal=USR1."),
-    R("launcher.signal_delay_s", whole(1, 65535), 120, fix="set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint."),
+    R(
+        "launcher.signal",
+        one_of("USR1", "USR2", normalize=lambda s: s.upper().removeprefix("SIG")),
+        "USR2",
+        fix="use launcher.signal=USR2 (the default) or launcher.signal=USR1.",
+    ),
+    R(
+        "launcher.signal_delay_s",
+        whole(1, 65535),
+        120,
+        fix="set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.",
+    ),
     R("launcher.master_port", whole(1, 65535), 29500, null="a free port"),
     # cluster profile (the per-GPU-type table of jean_zay-like profiles first: the keys below interpolate it)
     R("cluster.types.*.partition", SLURM_WORDS, "gpu_p13"),
-    R("cluster.types.*.constraint", text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024), "v100-32g"),
+    R(
+        "cluster.types.*.constraint",
+        text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024),
+        "v100-32g",
+    ),
     R("cluster.types.*.gpus_per_node", whole(1, 1024), 4),
     R("cluster.types.*.cpus_per_gpu", whole(1, 1024), 10),
     R("cluster.types.*.qos_prefix", SLURM_WORD, "qos_gpu"),
-    R("cluster.name", text(r"[A-Za-z0-9_.+-]+", "a profile name (ASCII letters, digits, '.', '_', '+', '-')", 200), "mysite", required=True),
+    R(
+        "cluster.name",
+        text(r"[A-Za-z0-9_.+-]+", "a profile name (ASCII letters, digits, '.', '_', '+', '-')", 200),
+        "mysite",
+        required=True,
+    ),
     R("cluster.gpus_per_node", whole(1, 1024), 4, null="locally: count the GPUs"),
     R("cluster.cpus_per_gpu", whole(1, 1024), 4, null="1"),
     R("cluster.partition", SLURM_WORDS, "gpu", null="the cluster's default partition"),
     R("cluster.account", SLURM_WORD, "myproject", null="no --account"),
-    R("cluster.account_env", text(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name"), "IDRPROJ", null="no account from the environment"),
-    R("cluster.account_suffix", text(r"[A-Za-z0-9_.@:+-]+", "ASCII text without spaces", 255, min_len=0), "@v100", fix="set e.g. cluster.account_suffix=@v100, or cluster.account_suffix='' for none."),
+    R(
+        "cluster.account_env",
+        text(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name"),
+        "IDRPROJ",
+        null="no account from the environment",
+    ),
+    R(
+        "cluster.account_suffix",
+        text(r"[A-Za-z0-9_.@:+-]+", "ASCII text without spaces", 255, min_len=0),
+        "@v100",
+        fix="set e.g. cluster.account_suffix=@v100, or cluster.account_suffix='' for none.",
+    ),
     R("cluster.qos", SLURM_WORD, "qos_gpu-t3", null="from qos_by_time, else none"),
-    R("cluster.qos_by_time", list_of(qos_row, "{max_minutes: N, qos: name} rows"), "[]", null="no QoS by time",
-      fix="give rows such as cluster.qos_by_time='[{max_minutes:120,qos:short}]', or cluster.qos_by_time=[] for none."),
-    R("cluster.constraint", text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024), "a100", null="no --constraint"),
-    R("cluster.hint", one_of("nomultithread", "multithread", "compute_bound", "memory_bound"), "nomultithread", null="no --hint"),
-    R("cluster.gpu_flag", one_of("gres", "gpus-per-node"), "gres", fix="use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node."),
+    R(
+        "cluster.qos_by_time",
+        list_of(qos_row, "{max_minutes: N, qos: name} rows"),
+        "[]",
+        null="no QoS by time",
+        fix=(
+            "give rows such as cluster.qos_by_time='[{max_minutes:120,qos:short}]', or cluster.qos_by_time=[] for none."
+        ),
+    ),
+    R(
+        "cluster.constraint",
+        text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024),
+        "a100",
+        null="no --constraint",
+    ),
+    R(
+        "cluster.hint",
+        one_of("nomultithread", "multithread", "compute_bound", "memory_bound"),
+        "nomultithread",
+        null="no --hint",
+    ),
+    R(
+        "cluster.gpu_flag",
+        one_of("gres", "gpus-per-node"),
+        "gres",
+        fix="use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.",
+    ),
     R("cluster.time", slurm_time, "01:00:00", fix="set cluster.time=01:00:00 (HH:MM:SS) or a number of minutes."),
     R("cluster.mem_gb", whole(1, 2**20), 64, null="the cluster's default"),
-    R("cluster.setup", list_of(text(what="a shell command line"), "shell command lines"), "'[module purge,module load pytorch-gpu]'", null="no setup lines",
-      fix="give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]', or cluster.setup=[]."),
-    R("cluster.extra", sbatch_options, "{exclusive:true}", null="no extra options", fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none."),
+    R(
+        "cluster.setup",
+        list_of(text(what="a shell command line"), "shell command lines"),
+        "'[module purge,module load pytorch-gpu]'",
+        null="no setup lines",
+        fix=(
+            "give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]', or"
+            " cluster.setup=[]."
+        ),
+    ),
+    R(
+        "cluster.extra",
+        sbatch_options,
+        "{exclusive:true}",
+        null="no extra options",
+        fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none.",
+    ),
     # strategy
-    R("strategy.name", one_of(*STRATEGY_NAMES), "ddp", required=True, fix=f"pick the strategy with strategy={'|'.join(STRATEGY_NAMES)}."),
+    R(
+        "strategy.name",
+        one_of(*STRATEGY_NAMES),
+        "ddp",
+        required=True,
+        fix=f"pick the strategy with strategy={'|'.join(STRATEGY_NAMES)}.",
+    ),
     R("strategy.stages", whole(1), 2, null="one stage per GPU, or len(split_points) + 1"),
     R("strategy.chunks", whole(1), 4, null="one micro-batch"),
-    R("strategy.balance", balance, "params", fix="use strategy.balance=params, strategy.balance=time or layer counts such as strategy.balance=[5,10]."),
-    R("strategy.batchnorm", one_of("keep", "freeze"), "keep", fix="use strategy.batchnorm=keep or strategy.batchnorm=freeze."),
-    R("strategy.engine", one_of("native", "pipelining"), "native", fix="use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage)."),
-    R("strategy.schedule", one_of("gpipe", "1f1b", normalize=str.lower), "gpipe", fix="use strategy.schedule=gpipe or strategy.schedule=1f1b."),
-    R("strategy.split_points", list_of(split_point, "module names", allow_empty=False), "[layer3]", null="cut automatically",
-      fix="e.g. strategy.split_points=[layer3] or strategy.split_points=[features.4,head] (names as in model.named_modules()); null to cut automatically."),
-    R("strategy.backend", one_of("auto", "nccl", "gloo", "mpi", "ucc"), "auto", fix="use strategy.backend=auto (nccl on GPUs, gloo on CPUs), nccl or gloo."),
+    R(
+        "strategy.balance",
+        balance,
+        "params",
+        fix="use strategy.balance=params, strategy.balance=time or layer counts such as strategy.balance=[5,10].",
+    ),
+    R(
+        "strategy.batchnorm",
+        one_of("keep", "freeze"),
+        "keep",
+        fix="use strategy.batchnorm=keep or strategy.batchnorm=freeze.",
+    ),
+    R(
+        "strategy.engine",
+        one_of("native", "pipelining"),
+        "native",
+        fix="use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).",
+    ),
+    R(
+        "strategy.schedule",
+        one_of("gpipe", "1f1b", normalize=str.lower),
+        "gpipe",
+        fix="use strategy.schedule=gpipe or strategy.schedule=1f1b.",
+    ),
+    R(
+        "strategy.split_points",
+        list_of(split_point, "module names", allow_empty=False),
+        "[layer3]",
+        null="cut automatically",
+        fix=(
+            "e.g. strategy.split_points=[layer3] or strategy.split_points=[features.4,head] (names as in"
+            " model.named_modules()); null to cut automatically."
+        ),
+    ),
+    R(
+        "strategy.backend",
+        one_of("auto", "nccl", "gloo", "mpi", "ucc"),
+        "auto",
+        fix="use strategy.backend=auto (nccl on GPUs, gloo on CPUs), nccl or gloo.",
+    ),
     R("strategy.find_unused_parameters", flag, "false", fix="use strategy.find_unused_parameters=true or false."),
     # trainer (conf/trainer/default.yaml: every key is read by the training loop)
     R("trainer.batch_size", whole(1), 64, required=True),
-    R("trainer.epochs", whole(1), 1, null="train for trainer.max_steps", required=True,
-      fix="set trainer.epochs=1 or more, or trainer.epochs=null with trainer.max_steps set."),
-    R("trainer.max_steps", whole(1), 1000, null="train for trainer.epochs", required=True,
-      fix="set trainer.max_steps=1 or more, or null to train for trainer.epochs."),
+    R(
+        "trainer.epochs",
+        whole(1),
+        1,
+        null="train for trainer.max_steps",
+        required=True,
+        fix="set trainer.epochs=1 or more, or trainer.epochs=null with trainer.max_steps set.",
+    ),
+    R(
+        "trainer.max_steps",
+        whole(1),
+        1000,
+        null="train for trainer.epochs",
+        required=True,
+        fix="set trainer.max_steps=1 or more, or null to train for trainer.epochs.",
+    ),
     R("trainer.optimizer", one_of("sgd", "adamw"), "sgd", required=True, fix="use one of: sgd, adamw."),
     R("trainer.lr", number(0, low_open=True), 0.05, required=True),
     R("trainer.momentum", number(0, 1), 0.9, required=True),
     R("trainer.weight_decay", number(0), 0.0005, required=True),
-    R("trainer.lr_schedule", one_of("constant", "cosine", "step"), "cosine", required=True, fix="use one of: constant, cosine, step."),
+    R(
+        "trainer.lr_schedule",
+        one_of("constant", "cosine", "step"),
+        "cosine",
+        required=True,
+        fix="use one of: constant, cosine, step.",
+    ),
     R("trainer.lr_warmup_steps", whole(0), 0, required=True),
     R("trainer.lr_step_every", whole(1), 1000, required=True),
     R("trainer.lr_step_gamma", number(0, 1, low_open=True), 0.1, required=True),
-    R("trainer.loss", target_node, "torch.nn.CrossEntropyLoss", required=True,
-      fix="set trainer.loss._target_=torch.nn.CrossEntropyLoss (a loss class), or a function with trainer.loss._partial_=true."),
-    R("trainer.precision", one_of(*PRECISIONS, normalize=str.lower, ints=True), "bf16", required=True,
-      fix="use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16."),
+    R(
+        "trainer.loss",
+        target_node,
+        "torch.nn.CrossEntropyLoss",
+        required=True,
+        fix=(
+            "set trainer.loss._target_=torch.nn.CrossEntropyLoss (a loss class), or a function with"
+            " trainer.loss._partial_=true."
+        ),
+    ),
+    R(
+        "trainer.precision",
+        one_of(*PRECISIONS, normalize=str.lower, ints=True),
+        "bf16",
+        required=True,
+        fix="use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16.",
+    ),
     R("trainer.channels_last", flag, "false", required=True),
     R("trainer.compile", flag, "false", required=True),
     R("trainer.eval", flag, "true", required=True),
@@ -315,13 +503,29 @@ RULES: Tuple[Rule, ...] = (
     R("trainer.throughput_warmup_steps", whole(0), 5, required=True),
     R("trainer.progress", flag, "true", required=True),
     R("trainer.dist_timeout_s", whole(1, 7 * 24 * 3600), 300, required=True),
-    R("trainer.checkpoint_every", whole(0), 100, required=True, fix="set e.g. trainer.checkpoint_every=100 (0: only on a stop signal and at the end)."),
+    R(
+        "trainer.checkpoint_every",
+        whole(0),
+        100,
+        required=True,
+        fix="set e.g. trainer.checkpoint_every=100 (0: only on a stop signal and at the end).",
+    ),
     R("trainer.keep_checkpoints", whole(1), 2, required=True),
     R("trainer.max_requeues", whole(0), 3, required=True, fix="set e.g. trainer.max_requeues=3 (0: never requeue)."),
     # logger (logger.name: validate.check_logger, which also looks for the tensorboard package)
-    R("logger.log_dir", PATH_TEXT, "tensorboard", fix="set logger.log_dir=tensorboard (relative to the run dir) or an absolute path."),
+    R(
+        "logger.log_dir",
+        PATH_TEXT,
+        "tensorboard",
+        fix="set logger.log_dir=tensorboard (relative to the run dir) or an absolute path.",
+    ),
     # data: plain keys of the shipped options (and of a user's own node that uses these names), then the nodes
-    R("data.root", PATH_TEXT, "/path/to/dataset", fix="pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class."),
+    R(
+        "data.root",
+        PATH_TEXT,
+        "/path/to/dataset",
+        fix="pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.",
+    ),
     R("data.train_dir", PATH_TEXT, "train"),
     R("data.val_dir", PATH_TEXT, "val"),
     R("data.image_size", whole(1, 65536), 32),
@@ -331,13 +535,34 @@ RULES: Tuple[Rule, ...] = (
     R("data.val_fraction", number(0, 1, low_open=True, high_open=True), 0.2),
     R("data.num_workers", whole(0, 1024), 4),
     R("data.pin_memory", flag, "true"),
-    R("data.train", target_node, "my_package.MyDataset", required=True,
-      fix="set data.train._target_=my_package.MyDataset (its other keys are the constructor's arguments); see conf/data/synthetic.yaml."),
+    R(
+        "data.train",
+        target_node,
+        "my_package.MyDataset",
+        required=True,
+        fix=(
+            "set data.train._target_=my_package.MyDataset (its other keys are the constructor's arguments); see"
+            " conf/data/synthetic.yaml."
+        ),
+    ),
     R("data.val", target_node, "my_package.MyDataset", null="no evaluation"),
-    R("data.collate_fn", target_node, "my_package.collate", null="PyTorch's default collate",
-      fix="set data.collate_fn._target_=my_package.collate with data.collate_fn._partial_=true, or data.collate_fn=null."),
-    R("model", target_node, "torchvision.models.resnet18", required=True,
-      fix="pick a model (model=resnet18) or give a node whose _target_ names an nn.Module class or factory."),
+    R(
+        "data.collate_fn",
+        target_node,
+        "my_package.collate",
+        null="PyTorch's default collate",
+        fix=(
+            "set data.collate_fn._target_=my_package.collate with data.collate_fn._partial_=true, or"
+            " data.collate_fn=null."
+        ),
+    ),
+    R(
+        "model",
+        target_node,
+        "torchvision.models.resnet18",
+        required=True,
+        fix="pick a model (model=resnet18) or give a node whose _target_ names an nn.Module class or factory.",
+    ),
 )
 
 _RESNETS = {f"torchvision.models.resnet{n}": {"num_classes": (whole(1), 10)} for n in (18, 34, 50, 101, 152)}
@@ -345,10 +570,29 @@ _IMAGE = {"image_size": (whole(1, 65536), 32)}
 # Arguments of the shipped _target_s, checked where a node names one (a user's own: at job start).
 TARGET_ARGS = {
     **_RESNETS,
-    "hpc_train.compute.models.toy_mlp": {**_IMAGE, "num_classes": (whole(1), 10), "hidden": (whole(1), 64), "in_channels": (whole(1), 3)},
-    "hpc_train.compute.datasets.digits": {"split": (one_of("train", "val"), "train"), **_IMAGE, "val_fraction": (number(0, 1, True, True), 0.2)},
-    "hpc_train.compute.datasets.synthetic": {"num_samples": (whole(1), 1024), **_IMAGE, "num_classes": (whole(1), 10), "seed": (whole(0, 2**32 - 1), 1)},
-    "hpc_train.compute.datasets.image_folder": {"root": (PATH_TEXT, "/path/to/dataset"), "split": (PATH_TEXT, "train"), **_IMAGE, "augment": (flag, "true")},
+    "hpc_train.compute.models.toy_mlp": {
+        **_IMAGE,
+        "num_classes": (whole(1), 10),
+        "hidden": (whole(1), 64),
+        "in_channels": (whole(1), 3),
+    },
+    "hpc_train.compute.datasets.digits": {
+        "split": (one_of("train", "val"), "train"),
+        **_IMAGE,
+        "val_fraction": (number(0, 1, True, True), 0.2),
+    },
+    "hpc_train.compute.datasets.synthetic": {
+        "num_samples": (whole(1), 1024),
+        **_IMAGE,
+        "num_classes": (whole(1), 10),
+        "seed": (whole(0, 2**32 - 1), 1),
+    },
+    "hpc_train.compute.datasets.image_folder": {
+        "root": (PATH_TEXT, "/path/to/dataset"),
+        "split": (PATH_TEXT, "train"),
+        **_IMAGE,
+        "augment": (flag, "true"),
+    },
 }
 TARGET_NODES = ("model", "data.train", "data.val")
 
@@ -367,8 +611,16 @@ def _first_line(err: BaseException) -> str:
 
 def _unresolvable(key: str, err: BaseException) -> ConfigError:
     if isinstance(err, InterpolationToMissingValueError):
-        return ConfigError(key, f"refers to a key that has no value (`???`): {_first_line(err)}.", "give that key a value (hpc-train --cfg job prints the config).")
-    return ConfigError(key, f"cannot be resolved: {_first_line(err)}.", "check the keys it refers to (hpc-train --cfg job prints the config).")
+        return ConfigError(
+            key,
+            f"refers to a key that has no value (`???`): {_first_line(err)}.",
+            "give that key a value (hpc-train --cfg job prints the config).",
+        )
+    return ConfigError(
+        key,
+        f"cannot be resolved: {_first_line(err)}.",
+        "check the keys it refers to (hpc-train --cfg job prints the config).",
+    )
 
 
 def _child(node: Any, name: Any, key: str) -> Any:
@@ -409,7 +661,11 @@ def lookup(cfg: Any, pattern: str) -> Iterator[Tuple[str, Any]]:
 
 def _apply(key: str, value: Any, rule: Rule) -> None:
     if value is _MISSING:
-        raise ConfigError(key, "has no value (it is `???` in the config) and this run needs one.", rule.fix_for(key).replace("set e.g.", "pass", 1))
+        raise ConfigError(
+            key,
+            "has no value (it is `???` in the config) and this run needs one.",
+            rule.fix_for(key).replace("set e.g.", "pass", 1),
+        )
     if value is None and rule.null is not None:
         return
     try:
@@ -428,16 +684,30 @@ def check_profile_type(cfg: Any) -> None:
     types = _child(cluster, "types", "cluster.types")
     gpu_type = _child(cluster, "gpu_type", "cluster.gpu_type")
     if not isinstance(types, Mapping) or not len(types):
-        raise ConfigError("cluster.types", f"must map each GPU type to its partition, constraint, gpus_per_node and cpus_per_gpu, got {_show(types)}.", "keep the profile's types table (see conf/cluster/jean_zay.yaml).")
+        raise ConfigError(
+            "cluster.types",
+            f"must map each GPU type to its partition, constraint, gpus_per_node and cpus_per_gpu, got {_show(types)}.",
+            "keep the profile's types table (see conf/cluster/jean_zay.yaml).",
+        )
     known = [str(k) for k in types.keys()]
     for name in known:
         entry = _child(types, name, f"cluster.types.{name}")
         if not isinstance(entry, Mapping):
-            raise ConfigError(f"cluster.types.{name}", f"must be a mapping such as {{partition: gpu_p13, constraint: v100-32g, gpus_per_node: 4, cpus_per_gpu: 10}}, got {_show(entry)}.", "keep the profile's types table (see conf/cluster/jean_zay.yaml).")
+            raise ConfigError(
+                f"cluster.types.{name}",
+                "must be a mapping such as {partition: gpu_p13, constraint: v100-32g, gpus_per_node: 4, cpus_per_gpu:"
+                f" 10}}, got {_show(entry)}.",
+                "keep the profile's types table (see conf/cluster/jean_zay.yaml).",
+            )
     if not isinstance(gpu_type, str) or gpu_type not in known:
-        name = cluster.get("name", "cluster") if not isinstance(cluster, DictConfig) else OmegaConf.select(cluster, "name", default="cluster", throw_on_resolution_failure=False)
+        name = (
+            cluster.get("name", "cluster")
+            if not isinstance(cluster, DictConfig)
+            else OmegaConf.select(cluster, "name", default="cluster", throw_on_resolution_failure=False)
+        )
         raise ConfigError(
-            "cluster.gpu_type", f"{_show(gpu_type)} is not a GPU type of the {name} profile, which knows {', '.join(known)}.",
+            "cluster.gpu_type",
+            f"{_show(gpu_type)} is not a GPU type of the {name} profile, which knows {', '.join(known)}.",
             f"use one of: {', '.join(f'cluster.gpu_type={t}' for t in known)}.",
         )
 
@@ -452,7 +722,8 @@ def check_table(cfg: Any) -> None:
         if rule.required and not found:
             raise ConfigError(
                 rule.key,
-                f"is required but the config has no `{rule.key}` (was it deleted with ~{rule.key}, or left out of your own config file?).",
+                f"is required but the config has no `{rule.key}` (was it deleted with ~{rule.key}, or left out of your"
+                " own config file?).",
                 f"give it a value: drop the ~{rule.key} override, or pass +{rule.key}={rule.example}.",
             )
 
@@ -483,7 +754,12 @@ def check_resolvable(node: Any, prefix: str = "") -> None:
 def resolved(cfg: DictConfig) -> Optional[dict]:
     """The config as plain, resolved Python values (Hydra's own node left out); None when something does not resolve."""
     try:
-        return {str(k): OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v for k in cfg.keys() if k != "hydra" for v in [_child(cfg, k, str(k))]}
+        return {
+            str(k): OmegaConf.to_container(v, resolve=True) if isinstance(v, (DictConfig, ListConfig)) else v
+            for k in cfg.keys()
+            if k != "hydra"
+            for v in [_child(cfg, k, str(k))]
+        }
     except (OmegaConfBaseException, ConfigError):
         return None
 

@@ -35,9 +35,13 @@ def time_minutes(value: Any, key: str = "resources.time") -> int:
         minutes = value if isinstance(value, int) and not isinstance(value, bool) else slurm_minutes(value)
     except ValueError:
         minutes = None
-        raise ConfigError(key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00.") from None
+        raise ConfigError(
+            key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00."
+        ) from None
     if minutes is None or minutes <= 0:
-        raise ConfigError(key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes).")
+        raise ConfigError(
+            key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes)."
+        )
     return minutes
 
 
@@ -54,7 +58,11 @@ def _account(cluster: DictConfig) -> Optional[str]:
         return None
     value = os.environ.get(str(env_name))
     if not value:
-        raise ConfigError("cluster.account", f"the {cluster.name} profile reads the account from ${env_name}, which is not set.", f"export {env_name}=<your project> or pass cluster.account=<account>.")
+        raise ConfigError(
+            "cluster.account",
+            f"the {cluster.name} profile reads the account from ${env_name}, which is not set.",
+            f"export {env_name}=<your project> or pass cluster.account=<account>.",
+        )
     return value + str(cluster.get("account_suffix") or "")
 
 
@@ -67,14 +75,22 @@ def _qos(cluster: DictConfig, minutes: int) -> Optional[str]:
             return str(row.qos)
     if table:
         longest = max(int(r.max_minutes) for r in table)
-        raise ConfigError("resources.time", f"{minutes} minutes is longer than any QoS of the {cluster.name} profile allows ({longest} minutes).", f"ask for at most {longest} minutes, or pass cluster.qos=<qos> explicitly.")
+        raise ConfigError(
+            "resources.time",
+            f"{minutes} minutes is longer than any QoS of the {cluster.name} profile allows ({longest} minutes).",
+            f"ask for at most {longest} minutes, or pass cluster.qos=<qos> explicitly.",
+        )
     return None
 
 
 def check_safe_text(cfg: DictConfig) -> None:
     """Setup lines are shell, one command each; job names are flags: refuse anything that would run as extra shell."""
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(cfg.job_name)):
-        raise ConfigError("job_name", f"{cfg.job_name!r} has characters Slurm job names should not have (spaces, quotes, ';', newlines...).", "use letters, digits, '.', '_', '+' or '-', e.g. job_name=resnet-ddp.")
+        raise ConfigError(
+            "job_name",
+            f"{cfg.job_name!r} has characters Slurm job names should not have (spaces, quotes, ';', newlines...).",
+            "use letters, digits, '.', '_', '+' or '-', e.g. job_name=resnet-ddp.",
+        )
     for index, line in enumerate(cfg.cluster.get("setup") or []):
         text = str(line)
         problem = None
@@ -86,7 +102,11 @@ def check_safe_text(cfg: DictConfig) -> None:
             except ValueError:
                 problem = "has unbalanced quotes"
         if problem:
-            raise ConfigError(f"cluster.setup[{index}]", f"the setup line {text!r} {problem}.", "give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]'.")
+            raise ConfigError(
+                f"cluster.setup[{index}]",
+                f"the setup line {text!r} {problem}.",
+                "give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]'.",
+            )
 
 
 def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
@@ -116,7 +136,11 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
     elif flag == "gpus-per-node":
         params["gpus_per_node"] = layout.gpus_per_node
     else:
-        raise ConfigError("cluster.gpu_flag", f"unknown value {flag!r}.", "use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.")
+        raise ConfigError(
+            "cluster.gpu_flag",
+            f"unknown value {flag!r}.",
+            "use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.",
+        )
     optional = {
         "partition": cluster.get("partition"),
         "account": _account(cluster),
@@ -142,10 +166,19 @@ SIGNALS = ("USR1", "USR2")
 def requeue_signal(cfg: DictConfig) -> str:
     name = str(cfg.launcher.get("signal") or "USR2").upper().removeprefix("SIG")
     if name not in SIGNALS:
-        raise ConfigError("launcher.signal", f"{cfg.launcher.signal!r} cannot be the requeue signal (Slurm's --signal with USR1 or USR2 is what leaves the job alive to checkpoint).", "use launcher.signal=USR2 (the default) or launcher.signal=USR1.")
+        raise ConfigError(
+            "launcher.signal",
+            f"{cfg.launcher.signal!r} cannot be the requeue signal (Slurm's --signal with USR1 or USR2 is what leaves"
+            " the job alive to checkpoint).",
+            "use launcher.signal=USR2 (the default) or launcher.signal=USR1.",
+        )
     delay = cfg.launcher.get("signal_delay_s")
     if not (isinstance(delay, int) and not isinstance(delay, bool) and 0 < delay <= 65535):
-        raise ConfigError("launcher.signal_delay_s", f"must be a positive whole number of seconds (at most 65535), got {delay!r}.", "set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.")
+        raise ConfigError(
+            "launcher.signal_delay_s",
+            f"must be a positive whole number of seconds (at most 65535), got {delay!r}.",
+            "set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.",
+        )
     return name
 
 
@@ -158,7 +191,11 @@ def check_partition(params: Dict[str, Any]) -> None:
     known = sorted(found)
     missing = [name for name in str(partition).split(",") if name not in found]
     if missing:
-        raise ConfigError("cluster.partition", f"this cluster has no partition {missing[0]!r} (sinfo lists: {', '.join(known)}).", f"pass cluster.partition=<one of {', '.join(known)}>.")
+        raise ConfigError(
+            "cluster.partition",
+            f"this cluster has no partition {missing[0]!r} (sinfo lists: {', '.join(known)}).",
+            f"pass cluster.partition=<one of {', '.join(known)}>.",
+        )
 
 
 SLURM_COMMANDS = ("sbatch", "srun")
@@ -170,8 +207,10 @@ def check_slurm_commands() -> None:
     if missing:
         raise ConfigError(
             "launcher",
-            f"launcher=slurm submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)} {'is' if len(missing) == 1 else 'are'} not on PATH on this machine.",
-            "run the command on a Slurm login node (or `module load slurm` first), add dry_run=true to only print the sbatch script, or use launcher=local to train here.",
+            f"launcher=slurm submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)}"
+            f" {'is' if len(missing) == 1 else 'are'} not on PATH on this machine.",
+            "run the command on a Slurm login node (or `module load slurm` first), add dry_run=true to only print the"
+            " sbatch script, or use launcher=local to train here.",
         )
 
 
@@ -222,30 +261,79 @@ def _group_key(params: Dict[str, Any]) -> str:
 
 # Slurm's words for a refused submission -> the key to change and how (first match wins).
 _REFUSALS = (
-    ("cpu count per node", "cluster.cpus_per_gpu", "lower cluster.cpus_per_gpu (or resources.gpus_per_node) to what the partition's nodes have (`sinfo -N -o '%N %c %G %m'`)."),
-    ("memory specification", "cluster.mem_gb", "lower cluster.mem_gb, or set cluster.mem_gb=null for the partition's default."),
+    (
+        "cpu count per node",
+        "cluster.cpus_per_gpu",
+        (
+            "lower cluster.cpus_per_gpu (or resources.gpus_per_node) to what the partition's nodes have (`sinfo -N -o"
+            " '%N %c %G %m'`)."
+        ),
+    ),
+    (
+        "memory specification",
+        "cluster.mem_gb",
+        "lower cluster.mem_gb, or set cluster.mem_gb=null for the partition's default.",
+    ),
     ("invalid partition", "cluster.partition", "pass cluster.partition=<a partition `sinfo` lists>."),
     ("invalid account", "cluster.account", "pass cluster.account=<an account `sacctmgr show assoc user=$USER` lists>."),
-    ("invalid qos", "cluster.qos", "pass cluster.qos=<a QoS your account may use (`sacctmgr show assoc user=$USER format=account,qos`)>."),
-    ("feature specification", "cluster.constraint", "pass cluster.constraint=<a feature `sinfo -o '%N %f'` lists>, or cluster.constraint=null."),
+    (
+        "invalid qos",
+        "cluster.qos",
+        "pass cluster.qos=<a QoS your account may use (`sacctmgr show assoc user=$USER format=account,qos`)>.",
+    ),
+    (
+        "feature specification",
+        "cluster.constraint",
+        "pass cluster.constraint=<a feature `sinfo -o '%N %f'` lists>, or cluster.constraint=null.",
+    ),
     ("time limit", "resources.time", "ask for a shorter resources.time (see the partition's MaxTime in `sinfo`)."),
-    ("gres", "resources.gpus_per_node", "lower resources.gpus_per_node, or set cluster.gpu_flag=gpus-per-node if your site wants --gpus-per-node."),
-    ("unrecognized option", "cluster.extra", "remove or correct that option in cluster.extra (`sbatch --help` lists the valid ones)."),
+    (
+        "gres",
+        "resources.gpus_per_node",
+        "lower resources.gpus_per_node, or set cluster.gpu_flag=gpus-per-node if your site wants --gpus-per-node.",
+    ),
+    (
+        "unrecognized option",
+        "cluster.extra",
+        "remove or correct that option in cluster.extra (`sbatch --help` lists the valid ones).",
+    ),
     ("invalid --", "cluster.extra", "correct that option's value in cluster.extra."),
-    ("node configuration is not available", "resources", "ask for what one node of the partition has (`sinfo -N -o '%N %c %G %m'`): resources.gpus_per_node, cluster.cpus_per_gpu, cluster.mem_gb, cluster.constraint."),
+    (
+        "node configuration is not available",
+        "resources",
+        (
+            "ask for what one node of the partition has (`sinfo -N -o '%N %c %G %m'`): resources.gpus_per_node,"
+            " cluster.cpus_per_gpu, cluster.mem_gb, cluster.constraint."
+        ),
+    ),
 )
 
 
 def refusal_error(slurm_says: str, queued: Sequence[str] = ()) -> ConfigError:
     """One ConfigError for a failed sbatch: Slurm's own words, the key they point at, and the fix."""
-    words = " ".join(line.strip() for line in slurm_says.strip().splitlines() if line.strip() and not line.startswith("Try ")) or "sbatch failed without a message"
-    key, fix = "cluster", "print the sbatch script with dry_run=true and compare it with your site's limits (`sinfo`, `sacctmgr show assoc user=$USER`)."
+    words = (
+        " ".join(
+            line.strip() for line in slurm_says.strip().splitlines() if line.strip() and not line.startswith("Try ")
+        )
+        or "sbatch failed without a message"
+    )
+    key, fix = (
+        "cluster",
+        (
+            "print the sbatch script with dry_run=true and compare it with your site's limits (`sinfo`, `sacctmgr show"
+            " assoc user=$USER`)."
+        ),
+    )
     lowered = words.lower()
     for needle, known_key, known_fix in _REFUSALS:
         if needle in lowered:
             key, fix = known_key, known_fix
             break
-    note = f" Already queued by this command: {', '.join(queued)} (scancel them if the sweep must go in whole)." if queued else ""
+    note = (
+        f" Already queued by this command: {', '.join(queued)} (scancel them if the sweep must go in whole)."
+        if queued
+        else ""
+    )
     return ConfigError(key, f"Slurm refused the job: {words}.{note}", fix)
 
 

@@ -1,4 +1,6 @@
-"""Hydra launcher for `hpc-train -m ...` (registered as hydra/launcher=hpc_train by hydra_plugins.hpc_train_launcher): every Slurm job of a sweep gets its own layout.
+"""Hydra launcher for `hpc-train -m ...`: every Slurm job of a sweep gets its own layout.
+
+Registered as hydra/launcher=hpc_train by hydra_plugins.hpc_train_launcher.
 
 hydra-submitit-launcher builds one executor from `hydra.launcher` for the whole sweep, so
 sweeping `strategy=ddp,pipeline` or `resources.gpus_per_node=2,4` cannot change --gres or
@@ -58,7 +60,13 @@ class SweepLauncher(Launcher):
         self._groups = groups
 
         def structural(o) -> bool:
-            return o.is_add() or o.is_delete() or o.package is not None or o.key_or_group.split(".")[0] in groups or o.key_or_group.startswith("hydra")
+            return (
+                o.is_add()
+                or o.is_delete()
+                or o.package is not None
+                or o.key_or_group.split(".")[0] in groups
+                or o.key_or_group.startswith("hydra")
+            )
 
         base_overrides = [o.input_line for o in parsed if structural(o)]
         value_overrides = [o for o in parsed if not structural(o)]
@@ -92,15 +100,25 @@ class SweepLauncher(Launcher):
         slurm_idx = [i for i, c in enumerate(configs) if c.launcher.name == "slurm"]
         returns: List[Optional[JobReturn]] = [None] * len(configs)
         if slurm_idx:
-            for i, ret in zip(slurm_idx, self._submit([configs[i] for i in slurm_idx], [job_overrides[i] for i in slurm_idx], sweep_dir)):
+            for i, ret in zip(
+                slurm_idx,
+                self._submit([configs[i] for i in slurm_idx], [job_overrides[i] for i in slurm_idx], sweep_dir),
+            ):
                 returns[i] = ret
         for i, sweep_config in enumerate(configs):
             if returns[i] is None:
-                # printed, not logged: Hydra reconfigures logging per job, which would change this line's prefix after job #0
-                print(f"hpc-train: sweep job #{sweep_config.hydra.job.num}: {' '.join(filter_overrides(job_overrides[i]))}", flush=True)
+                # printed, not logged: Hydra reconfigures logging per job (this line's prefix would change after job #0)
+                print(
+                    f"hpc-train: sweep job #{sweep_config.hydra.job.num}:"
+                    f" {' '.join(filter_overrides(job_overrides[i]))}",
+                    flush=True,
+                )
                 returns[i] = run_job(
-                    hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                    job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+                    hydra_context=self.hydra_context,
+                    task_function=self.task_function,
+                    config=sweep_config,
+                    job_dir_key="hydra.sweep.dir",
+                    job_subdir_key="hydra.sweep.subdir",
                 )
         if any(c.launcher.name != "slurm" for c in configs) and not configs[0].dry_run:
             print(f"hpc-train: sweep dir {sweep_dir}; compare its jobs with: hpc-train-report {sweep_dir}")
@@ -134,10 +152,18 @@ class SweepLauncher(Launcher):
                 prepared.append((i, slurm.prepare(sweep_config, plan, build_job_spec(sweep_config, plan), label)))
             except ConfigError as err:
                 if optimising:
-                    print(f"hpc-train: trial #{sweep_config.hydra.job.num} ({label}) not submitted: {err.message}", file=sys.stderr)
+                    print(
+                        f"hpc-train: trial #{sweep_config.hydra.job.num} ({label}) not submitted: {err.message}",
+                        file=sys.stderr,
+                    )
                     returns[i] = _job_return(sweep_config, job_overrides, err)
                     continue
-                raise ConfigError(err.key, f"sweep job #{sweep_config.hydra.job.num} ({label}): {err.problem} Because of it, nothing was submitted.", err.fix) from None
+                raise ConfigError(
+                    err.key,
+                    f"sweep job #{sweep_config.hydra.job.num} ({label}): {err.problem} Because of it, nothing was"
+                    " submitted.",
+                    err.fix,
+                ) from None
         if configs[0].dry_run:
             for _, job in prepared:
                 print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
@@ -153,21 +179,33 @@ class SweepLauncher(Launcher):
             hydra_dir.mkdir(parents=True, exist_ok=True)
             (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(overrides[i]))))
         handles = {id(job): handle for job, handle in submitted}
-        rows = [(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()) for _, job in prepared]
+        rows = [
+            (str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
+            for _, job in prepared
+        ]
         _print_table(rows, sweep_dir / rundir.JOB_TABLE)
         if optimising or configs[0].launcher.wait:
             if optimising:
-                print(f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {configs[0].objective}")
+                print(
+                    f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their"
+                    f" {configs[0].objective}"
+                )
             for i, job in prepared:
                 handle = handles[id(job)]
                 code = follow(handle, job.plan.run_dir)
                 if not optimising:
                     returns[i] = _job_return(configs[i], overrides[i], handle.job_id)
                 elif code != 0:
-                    returns[i] = _job_return(configs[i], overrides[i], JobFailed(f"Slurm job {handle.job_id} failed; see {job.plan.run_dir / 'logs'}"))
+                    returns[i] = _job_return(
+                        configs[i],
+                        overrides[i],
+                        JobFailed(f"Slurm job {handle.job_id} failed; see {job.plan.run_dir / 'logs'}"),
+                    )
                 else:
                     try:
-                        returns[i] = _job_return(configs[i], overrides[i], read_objective(job.plan.run_dir, str(configs[i].objective)))
+                        returns[i] = _job_return(
+                            configs[i], overrides[i], read_objective(job.plan.run_dir, str(configs[i].objective))
+                        )
                     except JobFailed as err:
                         returns[i] = _job_return(configs[i], overrides[i], err)
         for i, job in prepared:
@@ -197,5 +235,7 @@ def _print_table(rows: List[tuple], path: Path) -> None:
     print("\n".join(lines))
     new_table = not path.exists()
     with path.open("a") as table:
-        table.write("".join("\t".join(str(v) for v in row) + "\n" for row in ([header] if new_table else []) + list(rows)))
+        table.write(
+            "".join("\t".join(str(v) for v in row) + "\n" for row in ([header] if new_table else []) + list(rows))
+        )
     print(f"hpc-train: job table {'saved to' if new_table else 'extended in'} {path}")

@@ -53,7 +53,8 @@ def rank_argv(argv: List[str], env: Optional[Mapping[str, str]] = None) -> List[
         return argv
     if any(arg in ("-m", "--multirun") for arg in argv):
         raise ConfigError(
-            "-m", "a sweep cannot run under torchrun: every torchrun process would start the whole sweep.",
+            "-m",
+            "a sweep cannot run under torchrun: every torchrun process would start the whole sweep.",
             "run the sweep with hpc-train -m directly (it starts every rank of every job itself).",
         )
     extra = []
@@ -64,10 +65,11 @@ def rank_argv(argv: List[str], env: Optional[Mapping[str, str]] = None) -> List[
                 raise SystemExit(2)  # local rank 0 says why, once per node
             raise ConfigError(
                 "hydra.run.dir",
-                "under torchrun without --standalone or --rdzv-id (its run id is 'none'), the ranks share nothing to name one run dir after, "
-                "and the default outputs/<date>/<time> can differ between them.",
-                "pass hydra.run.dir=outputs/my-run to every rank (torchrun ... -m hpc_train.cli ... hydra.run.dir=...), "
-                "run torchrun --standalone or with --rdzv-id=<name>, or start the job with hpc-train directly (it starts the ranks itself).",
+                "under torchrun without --standalone or --rdzv-id (its run id is 'none'), the ranks share nothing to"
+                " name one run dir after, and the default outputs/<date>/<time> can differ between them.",
+                "pass hydra.run.dir=outputs/my-run to every rank (torchrun ... -m hpc_train.cli ... hydra.run.dir=...),"
+                " run torchrun --standalone or with --rdzv-id=<name>, or start the job with hpc-train directly (it"
+                " starts the ranks itself).",
             )
         extra.append(f"hydra.run.dir={RUN_DIR_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)}")
     if env.get("RANK", "0") != "0" and not _given(argv, "hydra.output_subdir"):
@@ -84,8 +86,9 @@ def check_world(layout, env: Mapping[str, str]) -> None:
         "resources.gpus_per_node",
         f"torchrun started {world} process(es) ({local} on this node, --nproc_per_node), but the job's layout needs "
         f"{layout.world_size} rank(s), {layout.tasks_per_node} per node ({layout.describe()}).",
-        f"start torchrun with --nproc_per_node={layout.tasks_per_node}, or set resources.gpus_per_node to match --nproc_per_node "
-        "(ddp: one rank per GPU; single, dp, model_parallel and pipeline: one process), or run hpc-train directly.",
+        f"start torchrun with --nproc_per_node={layout.tasks_per_node}, or set resources.gpus_per_node to match"
+        " --nproc_per_node (ddp: one rank per GPU; single, dp, model_parallel and pipeline: one process), or run"
+        " hpc-train directly.",
     )
 
 
@@ -107,12 +110,15 @@ def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:
 
     if cfg.launcher.name != "local":
         raise ConfigError(
-            "launcher", f"launcher={cfg.launcher.name} under torchrun: torchrun already started this rank on this machine.",
-            "drop the launcher override to train in torchrun's world, or run hpc-train launcher=slurm directly (not under torchrun).",
+            "launcher",
+            f"launcher={cfg.launcher.name} under torchrun: torchrun already started this rank on this machine.",
+            "drop the launcher override to train in torchrun's world, or run hpc-train launcher=slurm directly (not"
+            " under torchrun).",
         )
     if int(env.get("GROUP_WORLD_SIZE", "1")) > 1:
         raise ConfigError(
-            "resources.nodes", "hpc-train under torchrun runs on one node (torchrun --nnodes=1).",
+            "resources.nodes",
+            "hpc-train under torchrun runs on one node (torchrun --nnodes=1).",
             "for several nodes use hpc-train launcher=slurm resources.nodes=N, which starts every rank with srun.",
         )
     plan = make_plan(cfg, run_dir)

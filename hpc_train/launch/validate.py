@@ -33,7 +33,7 @@ def normalize_precision(value: object) -> str:
 
 
 def resolved_stages(cfg: DictConfig, layout: JobLayout) -> Optional[int]:
-    """The stages a split strategy runs: as declared, else one per GPU of a task (of a node for the pipelining engine)."""
+    """The stages a split strategy runs: as declared, else one per GPU of a task (of a node for `pipelining`)."""
     if not KINDS[layout.strategy].staged:
         return None
     declared = split_settings(cfg.strategy).stages
@@ -53,7 +53,11 @@ def check_trainer(cfg: DictConfig, layout: JobLayout) -> None:
     """What the types alone do not say: training stops, and the global batch splits evenly."""
     trainer = cfg.trainer
     if trainer.epochs is None and trainer.max_steps is None:
-        raise ConfigError("trainer.epochs", "both trainer.epochs and trainer.max_steps are null, so training would never stop.", "set trainer.epochs=5 or trainer.max_steps=1000.")
+        raise ConfigError(
+            "trainer.epochs",
+            "both trainer.epochs and trainer.max_steps are null, so training would never stop.",
+            "set trainer.epochs=5 or trainer.max_steps=1000.",
+        )
     batch = trainer.batch_size
     replicas = data_parallel_size(cfg, layout)
     chunks = split_settings(cfg.strategy).chunks or 1 if KINDS[layout.strategy].staged else 1
@@ -75,12 +79,22 @@ def check_split_points(strategy: DictConfig) -> None:
     if not points:
         return
     if len(set(points)) != len(points):
-        raise ConfigError("strategy.split_points", f"{points} names a module twice.", "name each module where a stage begins once.")
+        raise ConfigError(
+            "strategy.split_points", f"{points} names a module twice.", "name each module where a stage begins once."
+        )
     stages = strategy.get("stages")
     if stages is not None and stages != len(points) + 1:
-        raise ConfigError("strategy.stages", f"is {stages}, but strategy.split_points={points} makes {len(points) + 1} stages.", f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.")
+        raise ConfigError(
+            "strategy.stages",
+            f"is {stages}, but strategy.split_points={points} makes {len(points) + 1} stages.",
+            f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.",
+        )
     if settings.balance != "params":
-        raise ConfigError("strategy.balance", f"is {settings.balance!r}, but strategy.split_points already fixes where the stages begin.", "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.")
+        raise ConfigError(
+            "strategy.balance",
+            f"is {settings.balance!r}, but strategy.split_points already fixes where the stages begin.",
+            "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.",
+        )
 
 
 def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
@@ -92,26 +106,47 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     stages = resolved_stages(cfg, layout)
     if layout.strategy == "pipelining":
         if normalize_precision(cfg.trainer.precision) == "16":
-            raise ConfigError("trainer.precision", "fp16 needs loss scaling, which the pipelining engine's schedules do not apply.", "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.")
+            raise ConfigError(
+                "trainer.precision",
+                "fp16 needs loss scaling, which the pipelining engine's schedules do not apply.",
+                "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.",
+            )
         if layout.world_size % stages:
-            raise ConfigError("strategy.stages", f"{layout.world_size} ranks cannot form pipelines of {stages} stages.", f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).")
+            raise ConfigError(
+                "strategy.stages",
+                f"{layout.world_size} ranks cannot form pipelines of {stages} stages.",
+                f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).",
+            )
         if settings.schedule == "1f1b" and (settings.chunks or 1) < stages:
-            raise ConfigError("strategy.chunks", f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).", f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.")
+            raise ConfigError(
+                "strategy.chunks",
+                f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).",
+                f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.",
+            )
     elif cfg.launcher.name != "local" and stages > layout.gpus_per_task:
         # Locally, stages may share a device on purpose (a laptop, a CPU); on a cluster the GPU
         # count is asked for, and fewer GPUs than stages means two stages time-share one GPU.
         raise ConfigError(
             "strategy.stages",
             f"{stages} stages on {layout.gpus_per_task} GPUs per task would put two stages on one GPU.",
-            f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per GPU).",
+            f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per"
+            " GPU).",
         )
     # How many layers a model has is known only once it is built: the job checks that (and the
     # split points' names) at its start, before any training.
     if not isinstance(settings.balance, str) and len(settings.balance) != stages:
-        raise ConfigError("strategy.balance", f"{settings.balance} must list {stages} positive layer counts, one per stage.", f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.")
+        raise ConfigError(
+            "strategy.balance",
+            f"{settings.balance} must list {stages} positive layer counts, one per stage.",
+            f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.",
+        )
     per_rank = cfg.trainer.batch_size // data_parallel_size(cfg, layout)
     if settings.chunks and per_rank < settings.chunks:
-        raise ConfigError("strategy.chunks", f"{settings.chunks} micro-batches is more than the per-rank batch of {per_rank} samples.", f"use strategy.chunks<={per_rank} or raise trainer.batch_size.")
+        raise ConfigError(
+            "strategy.chunks",
+            f"{settings.chunks} micro-batches is more than the per-rank batch of {per_rank} samples.",
+            f"use strategy.chunks<={per_rank} or raise trainer.batch_size.",
+        )
 
 
 IMAGE_FOLDER_TARGET = "hpc_train.compute.datasets.image_folder"
@@ -126,22 +161,47 @@ def check_data(cfg: DictConfig) -> None:
 def _check_image_folder(data: DictConfig) -> None:
     """data=imagefolder: the folders exist, hold images, and as many classes as data.num_classes says."""
     if OmegaConf.is_missing(data, "root") or not data.get("root"):
-        raise ConfigError("data.root", "data=imagefolder needs the dataset folder, and none was given.", "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.")
+        raise ConfigError(
+            "data.root",
+            "data=imagefolder needs the dataset folder, and none was given.",
+            "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.",
+        )
     root = Path(str(data.root)).expanduser()
     if not root.is_dir():
-        raise ConfigError("data.root", f"{root} does not exist or is not a folder.", "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.")
+        raise ConfigError(
+            "data.root",
+            f"{root} does not exist or is not a folder.",
+            "pass data.root=/path/to/dataset, a folder holding train/ and val/ with one sub-folder per class.",
+        )
     if OmegaConf.is_missing(data, "num_classes"):
-        raise ConfigError("data.num_classes", "data=imagefolder needs the number of classes.", "pass data.num_classes=N, the number of class folders under train/.")
+        raise ConfigError(
+            "data.num_classes",
+            "data=imagefolder needs the number of classes.",
+            "pass data.num_classes=N, the number of class folders under train/.",
+        )
     for split_key in ("train_dir", "val_dir"):
         split = root / str(data[split_key])
         classes = sorted(p.name for p in split.iterdir() if p.is_dir()) if split.is_dir() else []
         if not classes:
-            raise ConfigError("data.root", f"{split} has no class folders.", f"put one folder per class under {split}, or point data.root (and data.{split_key}) at the right place.")
+            raise ConfigError(
+                "data.root",
+                f"{split} has no class folders.",
+                f"put one folder per class under {split}, or point data.root (and data.{split_key}) at the right"
+                " place.",
+            )
         if len(classes) != int(data.num_classes):
-            raise ConfigError("data.num_classes", f"{split} has {len(classes)} class folders but data.num_classes={data.num_classes}.", f"set data.num_classes={len(classes)} or fix the folders.")
+            raise ConfigError(
+                "data.num_classes",
+                f"{split} has {len(classes)} class folders but data.num_classes={data.num_classes}.",
+                f"set data.num_classes={len(classes)} or fix the folders.",
+            )
         has_image = any(f.suffix.lower() in IMAGE_SUFFIXES for c in classes for f in (split / c).iterdir())
         if not has_image:
-            raise ConfigError("data.root", f"the class folders under {split} hold no images.", "check data.root: each class folder needs image files (.jpg, .png, ...).")
+            raise ConfigError(
+                "data.root",
+                f"the class folders under {split} hold no images.",
+                "check data.root: each class folder needs image files (.jpg, .png, ...).",
+            )
 
 
 def code_dirs() -> List[str]:
@@ -172,11 +232,17 @@ def check_targets(cfg: DictConfig) -> None:
     search = code_dirs() + sys.path
     for key, target in _targets(cfg, ""):
         top = target.split(".")[0]
-        if not top or importlib.machinery.PathFinder.find_spec(top, search) is None and importlib.util.find_spec(top) is None:
+        if (
+            not top
+            or importlib.machinery.PathFinder.find_spec(top, search) is None
+            and importlib.util.find_spec(top) is None
+        ):
             raise ConfigError(
                 f"{key}._target_",
-                f"{target!r}: no module {top!r} can be found from {os.getcwd()} or PYTHONPATH in this Python environment.",
-                f"run hpc-train from the folder that holds {top}/ (or {top}.py), add its parent folder to PYTHONPATH, or pip install -e your package; the job imports it from the same places.",
+                f"{target!r}: no module {top!r} can be found from {os.getcwd()} or PYTHONPATH in this Python"
+                " environment.",
+                f"run hpc-train from the folder that holds {top}/ (or {top}.py), add its parent folder to PYTHONPATH,"
+                " or pip install -e your package; the job imports it from the same places.",
             )
 
 
@@ -188,21 +254,35 @@ def check_resume(cfg: DictConfig) -> None:
     if target.is_dir():
         folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
         if not any(p.suffix == ".ckpt" for p in folder.iterdir()):
-            raise ConfigError("resume", f"{folder} holds no checkpoint (step_*.ckpt).", "point resume= at a run dir with a checkpoints/ folder or at one step_*.ckpt file, or use resume=auto / resume=never.")
+            raise ConfigError(
+                "resume",
+                f"{folder} holds no checkpoint (step_*.ckpt).",
+                "point resume= at a run dir with a checkpoints/ folder or at one step_*.ckpt file, or use resume=auto /"
+                " resume=never.",
+            )
         return
     if not target.is_file():
-        raise ConfigError("resume", f"{resume} is neither a checkpoint file nor a run dir.", "use resume=auto (newest checkpoint in the run dir), resume=never, resume=/path/to/run_dir or resume=/path/to/checkpoints/step_000000100.ckpt.")
+        raise ConfigError(
+            "resume",
+            f"{resume} is neither a checkpoint file nor a run dir.",
+            "use resume=auto (newest checkpoint in the run dir), resume=never, resume=/path/to/run_dir or"
+            " resume=/path/to/checkpoints/step_000000100.ckpt.",
+        )
 
 
 def check_logger(cfg: DictConfig) -> None:
     """logger=tensorboard needs the tensorboard package: say so before anything is queued (without importing it)."""
     name = OmegaConf.select(cfg, "logger.name", default="jsonl")  # no logger node (~logger): jsonl
     if not isinstance(name, str) or name not in LOGGERS:
-        raise ConfigError("logger", f"unknown logger {name!r}.", f"use one of: {', '.join('logger=' + n for n in LOGGERS)}.")
+        raise ConfigError(
+            "logger", f"unknown logger {name!r}.", f"use one of: {', '.join('logger=' + n for n in LOGGERS)}."
+        )
     if name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(
-            "logger", "logger=tensorboard needs the tensorboard package, which this Python environment does not have.",
-            "pip install 'hpc-train[tensorboard]' (or pip install tensorboard) in the environment the job runs in, or use logger=jsonl.",
+            "logger",
+            "logger=tensorboard needs the tensorboard package, which this Python environment does not have.",
+            "pip install 'hpc-train[tensorboard]' (or pip install tensorboard) in the environment the job runs in, or"
+            " use logger=jsonl.",
         )
 
 
@@ -212,7 +292,11 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         reason = "is a file, not a folder" if not probe.is_dir() else "is not writable"
-        raise ConfigError(key, f"the output directory {run_dir} cannot be created ({probe} {reason}).", f"pass {key}=/a/writable/path (e.g. on $SCRATCH or $WORK).")
+        raise ConfigError(
+            key,
+            f"the output directory {run_dir} cannot be created ({probe} {reason}).",
+            f"pass {key}=/a/writable/path (e.g. on $SCRATCH or $WORK).",
+        )
 
 
 def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
@@ -248,6 +332,8 @@ def check_resume_compatible(spec: dict, run_dir: Path) -> None:
     if changed:
         raise ConfigError(
             "resume",
-            f"the checkpoint {target} was written by a run with other settings ({'; '.join(changed)}), so this run cannot continue it.",
-            "run with the checkpoint's settings, or start over with resume=never (old checkpoints are moved aside) or a new hydra.run.dir.",
+            f"the checkpoint {target} was written by a run with other settings ({'; '.join(changed)}), so this run"
+            " cannot continue it.",
+            "run with the checkpoint's settings, or start over with resume=never (old checkpoints are moved aside) or a"
+            " new hydra.run.dir.",
         )

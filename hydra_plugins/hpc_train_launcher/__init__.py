@@ -38,7 +38,9 @@ def _make_sweeper_class() -> type:
     def validate_batch_is_legal(self: Any, batch: Any) -> None:
         return None
 
-    return type("HpcTrainSweeper", (BasicSweeper,), {"validate_batch_is_legal": validate_batch_is_legal, "__module__": __name__})
+    return type(
+        "HpcTrainSweeper", (BasicSweeper,), {"validate_batch_is_legal": validate_batch_is_legal, "__module__": __name__}
+    )
 
 
 @dataclass

@@ -17,11 +17,21 @@ from hpc_train.compute.strategies.single import SingleStrategy
 from hpc_train.strategy_table import strategy_id
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
-    cls.name: cls for cls in (SingleStrategy, DDPStrategy, DataParallelStrategy, ModelParallelStrategy, PipelineStrategy, HybridStrategy)
+    cls.name: cls
+    for cls in (
+        SingleStrategy,
+        DDPStrategy,
+        DataParallelStrategy,
+        ModelParallelStrategy,
+        PipelineStrategy,
+        HybridStrategy,
+    )
 }
 
 
-def build_strategy(cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None) -> Strategy:
+def build_strategy(
+    cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None
+) -> Strategy:
     identity = strategy_id(cfg)
     if identity == "pipelining":  # imported on demand: torch.distributed.pipelining is heavy
         from hpc_train.compute.strategies.pipelining import PipeliningStrategy

@@ -27,7 +27,9 @@ from hpc_train.compute.ranks import RankInfo
 class Strategy:
     name = "base"
 
-    def __init__(self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None) -> None:
+    def __init__(
+        self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None
+    ) -> None:
         self.cfg = cfg
         self.ranks = ranks
         self.devices = devices
@@ -60,7 +62,14 @@ class Strategy:
         return 0
 
     # -- compute ----------------------------------------------------------------------
-    def forward_backward(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, loss_fn: nn.Module, scaler: Optional["torch.amp.GradScaler"]) -> torch.Tensor:
+    def forward_backward(
+        self,
+        model: nn.Module,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        loss_fn: nn.Module,
+        scaler: Optional["torch.amp.GradScaler"],
+    ) -> torch.Tensor:
         """One forward and backward pass; returns this rank's mean loss (detached)."""
         with autocast(self.precision, self.input_device):
             outputs = model(images)
@@ -85,12 +94,16 @@ class Strategy:
         count = outputs.shape[0]
         loss = float(self.loss_fn(outputs, labels)) * count
         if is_classification(outputs, labels):
-            return torch.tensor([(outputs.argmax(dim=1) == labels).sum().item(), count, loss, count], dtype=torch.float64)
+            return torch.tensor(
+                [(outputs.argmax(dim=1) == labels).sum().item(), count, loss, count], dtype=torch.float64
+            )
         return torch.tensor([0, count, loss, 0], dtype=torch.float64)
 
     def global_loss(self, loss: torch.Tensor) -> float:
         """This step's loss over the global batch (every rank calls it: it may be a collective)."""
-        return distributed.all_reduce_mean(loss.float().reshape(1).to(distributed.collective_device(self.input_device))).item()
+        return distributed.all_reduce_mean(
+            loss.float().reshape(1).to(distributed.collective_device(self.input_device))
+        ).item()
 
     # -- checkpoints ------------------------------------------------------------------
     @property

@@ -31,4 +31,6 @@ class DDPStrategy(ReplicatedAcrossRanks, Strategy):
         if not self.ranks.is_distributed:
             return model
         device_ids = [self.input_device] if self.input_device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False)))
+        return DistributedDataParallel(
+            model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False))
+        )

@@ -18,7 +18,9 @@ class DataParallelStrategy(Strategy):
         model = model.to(self.input_device)
         gpus = sorted({d.index for d in self.devices if d.type == "cuda"})
         if len(gpus) < 2:
-            log.warning("strategy=dp needs at least 2 GPUs, found %d: running as `single` on %s", len(gpus), self.input_device)
+            log.warning(
+                "strategy=dp needs at least 2 GPUs, found %d: running as `single` on %s", len(gpus), self.input_device
+            )
             return model
         return nn.DataParallel(model, device_ids=gpus, output_device=gpus[0])
 

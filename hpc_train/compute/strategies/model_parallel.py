@@ -32,8 +32,14 @@ class ModelParallelStrategy(Strategy):
     def wrap(self, model: nn.Module, example=None) -> nn.Module:
         settings = self.settings
         return build_staged(
-            model, self.devices, self.stages, settings.balance, self.chunks,
-            freeze_batchnorm=settings.batchnorm == "freeze", example=example, split_points=settings.split_points,
+            model,
+            self.devices,
+            self.stages,
+            settings.balance,
+            self.chunks,
+            freeze_batchnorm=settings.batchnorm == "freeze",
+            example=example,
+            split_points=settings.split_points,
         )
 
     def unwrap(self, model: nn.Module) -> nn.Module:

@@ -23,7 +23,16 @@ from hpc_train.compute.stages import split_model, stage_inputs
 from hpc_train.compute.strategies.base import Strategy
 from hpc_train.strategy_table import split_settings
 
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.bool, torch.uint8]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+    torch.uint8,
+]
 
 
 def _send_values(values: Tuple[torch.Tensor, ...], dst: int) -> None:
@@ -106,7 +115,14 @@ class PipeliningStrategy(Strategy):
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.stage_index, example[: max(1, example.shape[0] // self.chunks)])
         module = stages[self.stage_index].to(self.input_device)
-        self.stage = PipelineStage(module, self.stage_index, self.num_stages, self.input_device, input_args=tuple(v.to(self.input_device) for v in inputs), group=self.pp_group)
+        self.stage = PipelineStage(
+            module,
+            self.stage_index,
+            self.num_stages,
+            self.input_device,
+            input_args=tuple(v.to(self.input_device) for v in inputs),
+            group=self.pp_group,
+        )
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.settings.schedule]
         kwargs = {}
         loss_fn = self._loss

@@ -231,3 +231,20 @@ def test_a_dry_run_is_refused_under_a_sweeper_that_optimises(tmp_path):
     assert proc.returncode == 2
     message = proc.stderr.strip()
     assert "`dry_run`" in message and "\n" not in message, message
+
+
+def test_config_path_and_name_pick_another_primary_config(tmp_path):
+    """-cp/-cn: a user's own primary config that starts from the shipped one."""
+    (tmp_path / "exp.yaml").write_text("defaults:\n  - config\n  - _self_\n\nseed: 42\n")
+    proc = run_cli(["-cp", str(tmp_path), "-cn", "exp", "hydra.searchpath=[pkg://hpc_train.conf]", "--cfg", "job", "-p", "seed"])
+    assert_ok(proc)
+    assert proc.stdout.strip().splitlines()[-1] == "42"
+
+
+def test_hydra_help_version_and_search_path_info(tmp_path):
+    conf = _user_conf(tmp_path)
+    assert run_cli(["--hydra-help"]).stdout.startswith("Hydra (")
+    assert run_cli(["--version"]).stdout.startswith("Hydra ")
+    info = run_cli(["--info", "searchpath", "--config-dir", str(conf)])
+    assert_ok(info)
+    assert f"file://{conf}" in info.stdout

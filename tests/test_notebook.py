@@ -201,7 +201,11 @@ def check_fits(job_ids: List[str], cpus_per_task: int) -> None:
 def test_notebook_submits_to_slurm_when_it_answers(slurm_cluster, tmp_path):
     overrides = ["cluster.cpus_per_gpu=1", "cluster.time=5", "resources.gpus_per_node=2", "trainer.max_steps=3", "trainer.epochs=null", "trainer.eval=false", "trainer.progress=false", "data.num_samples=64"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    nb, text, images, elapsed = run_notebook(tmp_path, {**SMALL, "SUBMIT": "True", "WAIT": "True", "SLURM_OVERRIDES": repr(overrides)}, env, timeout=400)
+    # CPU_SCALE_DOWN = False: the timing as on a GPU node (small sizes given), no budget.
+    params = {**SMALL, "CPU_SCALE_DOWN": "False", "SUBMIT": "True", "WAIT": "True", "SLURM_OVERRIDES": repr(overrides)}
+    nb, text, images, elapsed = run_notebook(tmp_path, params, env, timeout=400)
+    assert "Scaled down" not in text and "CPU budget" not in text
+    assert "model resnet18, batch 16 x 3 x 32 x 32, 2 stages, micro-batches [1, 2, 4], 1 warm-up + 2 timed passes per point" in text
     assert "partition debug (the default): 2 node(s) with 16 CPUs and 4 GPUs each (sinfo)." in text
     assert "The request: 1 node(s) x 2 GPUs, 1 x 2 = 2 CPUs per task: fits." in text
     sweep_dirs = list((tmp_path / "out" / "slurm_sweep").iterdir())

@@ -60,7 +60,18 @@ PathLike = Union[str, "os.PathLike[str]"]
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
 EXIT_BAD_INPUT = 2  # hpc_train.cli: bad input, nothing ran
 EXIT_STOPPED = 3  # stopped by a signal after a checkpoint
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
+ENDED = frozenset({
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+})
 UNKNOWN_GRACE_S = 60.0  # a Slurm job neither squeue nor sacct knows for this long is gone
 START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
 
@@ -170,8 +181,10 @@ def _checked(overrides: Sequence[str]) -> List[str]:
     for override in checked:
         if override.startswith("-"):
             raise ConfigError(
-                "overrides", f"{override!r} is a command-line flag, not an override.",
-                "pass key=value overrides only; use config_dir=... for --config-dir, sweep() for -m, compose() for --cfg job.",
+                "overrides",
+                f"{override!r} is a command-line flag, not an override.",
+                "pass key=value overrides only; use config_dir=... for --config-dir, sweep() for -m, compose() for"
+                " --cfg job.",
             )
     return checked
 
@@ -256,7 +269,9 @@ def _background(command: List[str], output: Path) -> subprocess.Popen:
     """Start the CLI detached from our terminal (Ctrl-C here does not reach it), its output into `output`."""
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
 
 
 def _bad_input(printed: str, run_dir: Optional[Path] = None, since: float = 0.0) -> ConfigError:
@@ -271,7 +286,7 @@ def _bad_input(printed: str, run_dir: Optional[Path] = None, since: float = 0.0)
     if run_dir is not None:
         _, error = _rank_error(run_dir, since)
         if error and error.startswith("Refusal: "):  # a rank refused to start: what it printed
-            return _CliWords("hpc-train: " + error[len("Refusal: "):])
+            return _CliWords("hpc-train: " + error[len("Refusal: ") :])
     lines = printed.strip().splitlines()
     first = max((i for i, line in enumerate(lines) if line.startswith("hpc-train: ")), default=0)
     return _CliWords("\n".join(lines[first:]) or "hpc-train: bad input (exit code 2)")
@@ -282,7 +297,11 @@ def _rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[st
     from hpc_train.rank_errors import read_records, root_cause
 
     log_dir = run_dir / rundir.LOGS
-    ranks = [int(m.group(1)) for m in (re.fullmatch(r"rank(\d+)\.error\.json", p.name) for p in log_dir.glob("rank*.error.json")) if m]
+    ranks = [
+        int(m.group(1))
+        for m in (re.fullmatch(r"rank(\d+)\.error\.json", p.name) for p in log_dir.glob("rank*.error.json"))
+        if m
+    ]
     records = read_records(run_dir, max(ranks) + 1, since) if ranks else {}
     if not records:
         return None, None
@@ -304,9 +323,17 @@ class Job:
     """
 
     def __init__(
-        self, job_id: str, run_dir: Path, launcher: str = "local", overrides: Sequence[str] = (), *,
-        process: Optional[subprocess.Popen] = None, output: Optional[Path] = None, started: Optional[float] = None,
-        next_run_dir: Optional[Path] = None, sweep_index: Optional[int] = None,
+        self,
+        job_id: str,
+        run_dir: Path,
+        launcher: str = "local",
+        overrides: Sequence[str] = (),
+        *,
+        process: Optional[subprocess.Popen] = None,
+        output: Optional[Path] = None,
+        started: Optional[float] = None,
+        next_run_dir: Optional[Path] = None,
+        sweep_index: Optional[int] = None,
     ) -> None:
         self.job_id = str(job_id)
         self.run_dir = Path(run_dir)
@@ -348,7 +375,9 @@ class Job:
                 return "RUNNING"
             return _state_of_exit(code, has_summary)
         started = (self.run_dir / ".hydra").exists()
-        ended = (self._process is None or code is not None) or (self._next_run_dir is not None and (self._next_run_dir / ".hydra").exists())
+        ended = (self._process is None or code is not None) or (
+            self._next_run_dir is not None and (self._next_run_dir / ".hydra").exists()
+        )
         if not ended:
             return "RUNNING" if started else "PENDING"
         if has_summary:
@@ -379,7 +408,11 @@ class Job:
             if state == "UNKNOWN":
                 self._unknown_since = self._unknown_since or time.monotonic()
                 if time.monotonic() - self._unknown_since > UNKNOWN_GRACE_S:
-                    raise JobFailed(f"Slurm job {self.job_id}: neither squeue nor sacct knows it any more, and it left no summary in {self.run_dir}", error=self._error())
+                    raise JobFailed(
+                        f"Slurm job {self.job_id}: neither squeue nor sacct knows it any more, and it left no summary"
+                        f" in {self.run_dir}",
+                        error=self._error(),
+                    )
             else:
                 self._unknown_since = None
             if deadline is not None and time.monotonic() >= deadline:
@@ -402,11 +435,19 @@ class Job:
             raise _bad_input(self._printed(), self.run_dir, self._started)
         rank, error = _rank_error(self.run_dir, self._started)
         cause = f": rank {rank} failed first ({error})" if error else ""
-        where = f"; its traceback: {rundir.rank_log(self.run_dir, rank)}" if error else f"; see {self.run_dir / rundir.LOGS}"
+        where = (
+            f"; its traceback: {rundir.rank_log(self.run_dir, rank)}"
+            if error
+            else f"; see {self.run_dir / rundir.LOGS}"
+        )
         if state == "COMPLETED":
             cause = " without writing summary.json"
         printed = f" and {self._output}" if self._output is not None else ""
-        raise JobFailed(f"job {self.job_id} {state}{cause}{where}{printed}", exit_code=code if code not in (None, 0) else 1, error=error)
+        raise JobFailed(
+            f"job {self.job_id} {state}{cause}{where}{printed}",
+            exit_code=code if code not in (None, 0) else 1,
+            error=error,
+        )
 
     def _error(self) -> Optional[str]:
         return _rank_error(self.run_dir, self._started)[1]
@@ -431,7 +472,13 @@ def _state_of_exit(code: Optional[int], has_summary: bool) -> str:
 
 
 # -- run, submit, sweep -----------------------------------------------------------------------
-def run(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, run_dir: Optional[PathLike] = None, *, quiet: bool = False) -> Dict[str, Any]:
+def run(
+    overrides: Sequence[str] = (),
+    config_dir: Optional[PathLike] = None,
+    run_dir: Optional[PathLike] = None,
+    *,
+    quiet: bool = False,
+) -> Dict[str, Any]:
     """Run the job as `hpc-train <overrides>` would, wait for it, return its summary (summary.json).
 
     The launcher comes from the overrides (local by default); a Slurm job is followed to its
@@ -457,11 +504,21 @@ def run(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, ru
     rank, error = _rank_error(target, started)
     slurm_id = re.search(r"submitted Slurm job ([0-9_]+)", out)
     what = f"Slurm job {slurm_id.group(1)}" if slurm_id else "the job"
-    cause = f": rank {rank} failed first ({error})" if error else (" without writing summary.json" if code == 0 else f" (exit code {code})")
-    raise JobFailed(f"{what} in {target} failed{cause}; see {target / 'logs'} and {target / OUTPUT_NAME}", exit_code=code or 1, error=error)
+    cause = (
+        f": rank {rank} failed first ({error})"
+        if error
+        else (" without writing summary.json" if code == 0 else f" (exit code {code})")
+    )
+    raise JobFailed(
+        f"{what} in {target} failed{cause}; see {target / 'logs'} and {target / OUTPUT_NAME}",
+        exit_code=code or 1,
+        error=error,
+    )
 
 
-def submit(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, run_dir: Optional[PathLike] = None) -> Job:
+def submit(
+    overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, run_dir: Optional[PathLike] = None
+) -> Job:
     """Start the job and return at once: locally a background hpc-train process, on Slurm once it is queued.
 
     A local job returns as soon as it has passed validation and its ranks are starting (a few
@@ -504,7 +561,9 @@ def _written_since(path: Path, since: float) -> bool:
         return False
 
 
-def sweep(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, sweep_dir: Optional[PathLike] = None) -> List[Job]:
+def sweep(
+    overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, sweep_dir: Optional[PathLike] = None
+) -> List[Job]:
     """A multirun (`hpc-train -m <overrides>`): one Job per job of the sweep, in Hydra's job order.
 
     Slurm: returns once every job is queued (ids from ``<sweep dir>/jobs.tsv``). Local: the sweep
@@ -519,21 +578,37 @@ def sweep(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, 
     target = _own_dir(sweep_dir, overrides, "hydra.sweep.dir", dirs["sweep"])
     launchers = {_launcher_of(job, str(cfg.launcher.name)) for job in jobs}
     if len(launchers) > 1:
-        raise ConfigError("launcher", f"this sweep mixes launchers ({', '.join(sorted(launchers))}); sweep() follows one kind of job.", "sweep the local and the Slurm jobs in two sweep() calls.")
+        raise ConfigError(
+            "launcher",
+            f"this sweep mixes launchers ({', '.join(sorted(launchers))}); sweep() follows one kind of job.",
+            "sweep the local and the Slurm jobs in two sweep() calls.",
+        )
     launcher = launchers.pop()
     command = _command(overrides, config_dir, multirun=True) + [f"hydra.sweep.dir={_path_value(target)}"]
     output = target / OUTPUT_NAME
     started = time.time()
-    optimising = any(o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.split("=", 1)[1] != "hpc_train" for o in overrides)
+    optimising = any(
+        o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.split("=", 1)[1] != "hpc_train" for o in overrides
+    )
     if launcher == "slurm":
         known = _table_rows(target)
         code, _, err = _foreground(command, output, echo=False)
         if code == EXIT_BAD_INPUT:
             raise _bad_input(err)
-        rows = _table_rows(target)[len(known):]
+        rows = _table_rows(target)[len(known) :]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        return [Job(row["job_id"], target / row["job"], "slurm", _overrides_of(target / row["job"], row["overrides"].split()), output=output, started=started) for row in rows]
+        return [
+            Job(
+                row["job_id"],
+                target / row["job"],
+                "slurm",
+                _overrides_of(target / row["job"], row["overrides"].split()),
+                output=output,
+                started=started,
+            )
+            for row in rows
+        ]
     process = _background(command, output)
     if optimising:  # the sweeper decides how many jobs there are: wait for it
         process.wait()
@@ -545,7 +620,17 @@ def sweep(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None, 
     if process.poll() == EXIT_BAD_INPUT and not any((target / str(n) / ".hydra").exists() for n in numbers):
         raise _bad_input(output.read_text(errors="replace"))
     return [
-        Job(f"local-{process.pid}_{n}", target / str(n), "local", job, process=process, output=output, started=started, next_run_dir=target / str(n + 1), sweep_index=n)
+        Job(
+            f"local-{process.pid}_{n}",
+            target / str(n),
+            "local",
+            job,
+            process=process,
+            output=output,
+            started=started,
+            next_run_dir=target / str(n + 1),
+            sweep_index=n,
+        )
         for n, job in zip(numbers, jobs)
     ]
 
@@ -557,7 +642,9 @@ def _expand(overrides: List[str]) -> List[List[str]]:
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
-        if any(o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed):  # interval(), ...: for an optimising sweeper
+        if any(
+            o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed
+        ):  # interval(), ...: for an optimising sweeper
             parsed = [o for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
         return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch] or [[]]
     except Exception as err:
@@ -595,8 +682,13 @@ def _table_rows(sweep_dir: Path) -> List[Dict[str, str]]:
 
 # -- in-process staging -----------------------------------------------------------------------
 def staged_model(
-    model: Any, devices: Optional[Sequence[Any]] = None, stages: Optional[int] = None, chunks: int = 1,
-    balance: Union[str, Sequence[int]] = "params", split_points: Optional[Sequence[str]] = None, batchnorm: str = "keep",
+    model: Any,
+    devices: Optional[Sequence[Any]] = None,
+    stages: Optional[int] = None,
+    chunks: int = 1,
+    balance: Union[str, Sequence[int]] = "params",
+    split_points: Optional[Sequence[str]] = None,
+    batchnorm: str = "keep",
     example: Any = None,
 ) -> Any:
     """`model` cut into consecutive stages exactly as ``strategy=model_parallel`` (chunks=1) or ``pipeline`` builds it.
@@ -625,4 +717,13 @@ def staged_model(
     devices = [torch.device(d) for d in devices]
     stages = stages or (len(points) + 1 if points else len(devices))
     balance = balance if isinstance(balance, str) else [int(b) for b in balance]
-    return build_staged(model, devices, stages, balance, chunks, freeze_batchnorm=batchnorm == "freeze", example=example, split_points=points or None)
+    return build_staged(
+        model,
+        devices,
+        stages,
+        balance,
+        chunks,
+        freeze_batchnorm=batchnorm == "freeze",
+        example=example,
+        split_points=points or None,
+    )

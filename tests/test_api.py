@@ -134,7 +134,7 @@ def test_staged_model_is_the_strategies_split():
     staged = hpc_train.staged_model(model, ["cpu"], stages=2, chunks=2)
     assert len(staged.stages) == 2 and staged.devices == [torch.device("cpu")] * 2
     x = torch.randn(4, 3, 8, 8)
-    assert torch.allclose(staged(x), model(x))
+    torch.testing.assert_close(staged(x), model(x), rtol=1e-5, atol=1e-6)  # micro-batches: other BLAS blockings, rounding only
     assert len(hpc_train.staged_model(model, split_points=["2"]).stages) == 2  # named modules, any model
 
 

@@ -48,7 +48,15 @@ class ResumableSampler(DistributedSampler):
         return iter(indices[skip:])
 
 
-def train_loader(data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, seed: int, collate_fn: Optional[Callable] = None) -> DataLoader:
+def train_loader(
+    data: Dataset,
+    cfg,
+    per_rank_batch: int,
+    num_replicas: int,
+    rank: int,
+    seed: int,
+    collate_fn: Optional[Callable] = None,
+) -> DataLoader:
     sampler = ResumableSampler(data, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
     workers = int(cfg.get("num_workers", 0))
     return DataLoader(
@@ -66,7 +74,9 @@ def train_loader(data: Dataset, cfg, per_rank_batch: int, num_replicas: int, ran
     )
 
 
-def eval_loader(data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, collate_fn: Optional[Callable] = None) -> DataLoader:
+def eval_loader(
+    data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, collate_fn: Optional[Callable] = None
+) -> DataLoader:
     return DataLoader(
         data,
         batch_size=per_rank_batch,

@@ -45,7 +45,7 @@ log = logging.getLogger("hpc_train")
 class TrainState:
     """Where the loop is; checkpointed (as ``state``) and restored like any other state holder."""
 
-    epoch: int = 0          # epoch in progress
+    epoch: int = 0  # epoch in progress
     step_in_epoch: int = 0  # optimizer steps already taken in that epoch
     global_step: int = 0
     last_loss: Optional[float] = None
@@ -62,7 +62,9 @@ class TrainState:
 class Throughput:
     """Images per second over the steps after the warm-up, evaluation excluded."""
 
-    def __init__(self, first_step: int, total: int, warmup_steps: int, global_batch: int, sync: Callable[[], None]) -> None:
+    def __init__(
+        self, first_step: int, total: int, warmup_steps: int, global_batch: int, sync: Callable[[], None]
+    ) -> None:
         self.warmup = first_step + min(warmup_steps, max(0, total - first_step - 1))
         self.global_batch, self.sync = global_batch, sync
         self.images, self.seconds, self.started = 0, 0.0, None
@@ -91,11 +93,15 @@ class Throughput:
 
 
 class Trainer:
-    def __init__(self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None) -> None:
+    def __init__(
+        self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None
+    ) -> None:
         self.cfg, self.tcfg = cfg, cfg.trainer
         self.ranks, self.strategy, self.run_dir, self.stop_flag = ranks, strategy, run_dir, stop_flag
         self.is_main = ranks.is_main
-        self.metrics = metrics_writer(cfg, run_dir, enabled=self.is_main)  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
+        self.metrics = metrics_writer(
+            cfg, run_dir, enabled=self.is_main
+        )  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
@@ -106,14 +112,23 @@ class Trainer:
         self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
         self.checkpointer = Checkpointer(
-            run_dir, ranks, fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size),
+            run_dir,
+            ranks,
+            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size),
             sharded={"model": strategy.unwrap(self.wrapped), "optimizer": self.optimizer, "scaler": self.scaler},
             shared={"scheduler": self.scheduler, "state": self.state},
-            shard_key=strategy.checkpoint_key, owns_shard=strategy.owns_checkpoint_shard,
-            every=int(self.tcfg.get("checkpoint_every") or 0), keep=int(self.tcfg.get("keep_checkpoints") or 1), resume=str(cfg.resume),
+            shard_key=strategy.checkpoint_key,
+            owns_shard=strategy.owns_checkpoint_shard,
+            every=int(self.tcfg.get("checkpoint_every") or 0),
+            keep=int(self.tcfg.get("keep_checkpoints") or 1),
+            resume=str(cfg.resume),
         )
         self._resume()
-        self.attempt = attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step) if self.is_main else 0
+        self.attempt = (
+            attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step)
+            if self.is_main
+            else 0
+        )
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
@@ -122,7 +137,9 @@ class Trainer:
             return rundir.read_summary(self.run_dir) or {}
         self._announce()
         progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
-        meter = Throughput(state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync)
+        meter = Throughput(
+            state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync
+        )
         self.model.train()
         settle_garbage_collector()
         while state.global_step < self.total_steps:
@@ -180,11 +197,26 @@ class Trainer:
         data = self.data = build_datasets(self.cfg.data)
         dp_size, dp_rank = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
-        self.train_loader = train_loader(data.train, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=int(self.cfg.seed), collate_fn=data.collate_fn)
-        self.eval_loader = eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn) if data.val is not None else None
+        self.train_loader = train_loader(
+            data.train,
+            self.cfg.data,
+            self.per_rank_batch,
+            dp_size,
+            dp_rank,
+            seed=int(self.cfg.seed),
+            collate_fn=data.collate_fn,
+        )
+        self.eval_loader = (
+            eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
+            if data.val is not None
+            else None
+        )
         self.steps_per_epoch = len(self.train_loader)
         if self.steps_per_epoch == 0:
-            raise ValueError(f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({len(data.train)} samples): lower trainer.batch_size.")
+            raise ValueError(
+                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({len(data.train)}"
+                " samples): lower trainer.batch_size."
+            )
         self.total_steps = total_steps(self.tcfg, self.steps_per_epoch)
 
     def _build_model(self) -> None:
@@ -200,7 +232,9 @@ class Trainer:
         if self.tcfg.compile and self.strategy.supports_compile:
             self.model = torch.compile(self.model)
         elif self.tcfg.compile:
-            log.warning("trainer.compile is ignored for %s: its schedule runs the stage module itself", self.cfg.strategy.name)
+            log.warning(
+                "trainer.compile is ignored for %s: its schedule runs the stage module itself", self.cfg.strategy.name
+            )
 
     def _resume(self) -> None:
         path, payload = self.checkpointer.find()
@@ -208,9 +242,13 @@ class Trainer:
             return
         self.checkpointer.restore(payload)  # weights, optimizer, schedule, position, this rank's RNG
         self.resumed_from_step = self.state.global_step
-        log.info("resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps)
+        log.info(
+            "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
+        )
         if self.is_main:  # drop lines the lost attempt logged past the checkpoint
-            truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=self.state.step_in_epoch < self.steps_per_epoch)
+            truncate_metrics(
+                self.run_dir, self.state.global_step, keep_eval_at_last=self.state.step_in_epoch < self.steps_per_epoch
+            )
 
     # -- inside the loop --------------------------------------------------------------------
     def _epoch_batches(self) -> Iterator[Tuple[Any, Any]]:
@@ -229,14 +267,34 @@ class Trainer:
     def _log_train(self, loss: torch.Tensor) -> None:
         state = self.state
         state.last_loss = self.strategy.global_loss(loss)  # a collective on some strategies: every rank calls it
-        self.metrics.write({"kind": "train", "step": state.global_step, "epoch": state.epoch, "loss": state.last_loss, "lr": self.scheduler.get_last_lr()[0], "time": time.time()})
+        self.metrics.write({
+            "kind": "train",
+            "step": state.global_step,
+            "epoch": state.epoch,
+            "loss": state.last_loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "time": time.time(),
+        })
 
     def _evaluate_and_log(self) -> None:
         state = self.state
         state.last_eval = self.evaluate()
         accuracy, loss = state.last_eval["accuracy"], state.last_eval["loss"]
-        self.metrics.write({"kind": "eval", "step": state.global_step, "epoch": state.epoch, "accuracy": accuracy, "loss": loss, "time": time.time()})
-        log.info("epoch %d step %d: eval %seval loss %.4f", state.epoch, state.global_step, "" if accuracy is None else f"accuracy {accuracy:.4f}, ", loss)
+        self.metrics.write({
+            "kind": "eval",
+            "step": state.global_step,
+            "epoch": state.epoch,
+            "accuracy": accuracy,
+            "loss": loss,
+            "time": time.time(),
+        })
+        log.info(
+            "epoch %d step %d: eval %seval loss %.4f",
+            state.epoch,
+            state.global_step,
+            "" if accuracy is None else f"accuracy {accuracy:.4f}, ",
+            loss,
+        )
 
     def _after_step(self) -> None:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
@@ -249,7 +307,9 @@ class Trainer:
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
             self.checkpointer.save(step, "stop signal")
-            reason = self.stop_flag.reason(request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120))
+            reason = self.stop_flag.reason(
+                request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120)
+            )
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
     def _sync(self) -> None:
@@ -267,16 +327,32 @@ class Trainer:
         return str(self.cfg.job.get("choices", {}).get("data") or self.cfg.data.train.get("_target_", "data"))
 
     def _already_complete(self) -> bool:
-        done = self.resumed_from_step is not None and self.state.global_step >= self.total_steps and (self.run_dir / rundir.SUMMARY).exists()
+        done = (
+            self.resumed_from_step is not None
+            and self.state.global_step >= self.total_steps
+            and (self.run_dir / rundir.SUMMARY).exists()
+        )
         if done:
-            log.info("this run is already complete (step %d of %d); %s is left as it is", self.state.global_step, self.total_steps, rundir.SUMMARY)
+            log.info(
+                "this run is already complete (step %d of %d); %s is left as it is",
+                self.state.global_step,
+                self.total_steps,
+                rundir.SUMMARY,
+            )
         return done
 
     def _announce(self) -> None:
         log.info(
             "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d %s x %d",
-            self.model_name, self.cfg.strategy.name, self.data_name, self.total_steps, self.steps_per_epoch, self.tcfg.batch_size,
-            self.strategy.data_parallel_size, "rank" if self.strategy.data_parallel_size == 1 else "ranks", self.per_rank_batch,
+            self.model_name,
+            self.cfg.strategy.name,
+            self.data_name,
+            self.total_steps,
+            self.steps_per_epoch,
+            self.tcfg.batch_size,
+            self.strategy.data_parallel_size,
+            "rank" if self.strategy.data_parallel_size == 1 else "ranks",
+            self.per_rank_batch,
         )
 
     def _finish(self, meter: Throughput) -> Dict[str, Any]:

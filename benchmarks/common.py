@@ -155,3 +155,57 @@ def row(benchmark: str, measured: str, value: Optional[dict], reference: str, re
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> List[float]:
     """a[i] / b[i] for runs made back to back (alternating), so slow drifts of the machine cancel."""
     return [x / y for x, y in zip(a, b)]
+
+
+# -- runs that other processes did not share --------------------------------------------
+FOREIGN_MAX = 0.10  # cores: a run during which other processes used more is repeated
+CLEAN_ATTEMPTS = 4
+
+
+def _busy_seconds() -> float:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user..steal, without guest (counted in user)
+
+
+def foreign_cpu(fn):
+    """Run fn(); return (its result, cores used meanwhile by processes other than this one and its children).
+
+    Machine-wide busy time from /proc/stat (every process of the machine, also other containers')
+    minus this process's and its waited-for children's CPU time (os.times), over the wall time.
+    The benchmarked commands are children that are waited for, so they count as ours.
+    """
+    try:
+        busy0, mine0, wall0 = _busy_seconds(), os.times(), time.perf_counter()
+    except (OSError, ValueError, IndexError):
+        return fn(), None
+    value = fn()
+    busy1, mine1, wall1 = _busy_seconds(), os.times(), time.perf_counter()
+    ours = sum(mine1[:4]) - sum(mine0[:4])
+    return value, round(max(0.0, (busy1 - busy0) - ours) / max(1e-9, wall1 - wall0), 3)
+
+
+def wait_for_quiet(max_load: float = 1.0, timeout_s: float = 300.0) -> List[float]:
+    """Wait (at most timeout_s) until the 1-minute load average is below max_load; return the load then."""
+    deadline = time.monotonic() + timeout_s
+    while load() and load()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(10)
+    return load()
+
+
+def clean_run(fn, max_foreign: float = FOREIGN_MAX, attempts: int = CLEAN_ATTEMPTS, log=None):
+    """fn() until no other process used more than `max_foreign` cores during it (at most `attempts` tries).
+
+    Returns (value, record): record holds the foreign CPU of every try and whether the kept one
+    was clean. Between tries it waits for the load average to drop (at most 5 minutes).
+    """
+    tries = []
+    for attempt in range(attempts):
+        value, foreign = foreign_cpu(fn)
+        tries.append(foreign)
+        if foreign is None or foreign <= max_foreign:
+            return value, {"foreign_cores": tries, "clean": True}
+        if log:
+            log(f"  other processes used {foreign:.2f} cores during this run: discarded, repeating (try {attempt + 2} of {attempts})")
+        wait_for_quiet()
+    return value, {"foreign_cores": tries, "clean": False}

@@ -16,6 +16,10 @@
    Jobs are submitted held (`--hold` on both sides) so none starts during the measurement,
    and are cancelled with `scancel` right after. Runs alternate hpc-train / hydra-submitit-launcher.
 
+With `--baseline-tree DIR` (another checkout, e.g. `git worktree add /tmp/before <commit>`) both
+measurements also run that checkout's hpc-train, interleaved with this one's, and report this /
+baseline per pair (the dry run also in CPU seconds: user + system of the command).
+
 Needs the test cluster for part 2: `bash scripts/slurm_test_cluster.sh start`; without it part 2
 is reported as not measured.
 """
@@ -116,20 +120,32 @@ def submit(cmd, name: str, jobs: int, env: Dict[str, str], cwd: Path, wait_exit:
     return {"all_queued_s": all_queued, "exit_s": exited}
 
 
-def measure_sweep(repeats: int, env: Dict[str, str]) -> dict:
+def in_tree(env: Dict[str, str], tree: str) -> Dict[str, str]:
+    """The environment that runs another checkout's hpc_train (see --baseline-tree)."""
+    return {**env, "PYTHONPATH": tree}
+
+
+def measure_sweep(repeats: int, env: Dict[str, str], baseline_tree: str = "") -> dict:
     jobs = len(SWEEP_STRATEGIES.split(",")) * SWEEP_SEEDS
-    hpc, hpc_exit, hsl = [], [], []
+    hpc, hpc_exit, hsl, base = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         cwd = Path(tmp)
-        for i in range(repeats):
+
+        def hpc_sweep(i: int, tree: str = "") -> Dict[str, float]:
             name = f"bench-hpc-{uuid.uuid4().hex[:8]}"
-            r = submit(hpc_train_cmd([
+            return submit(hpc_train_cmd([
                 "-m", "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "+cluster.extra.hold=true", f"job_name={name}",
                 "model=toy_mlp", "data=synthetic", "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
-                f"strategy={SWEEP_STRATEGIES}", "resources.gpus_per_node=2", f"seed=range(0,{SWEEP_SEEDS})", f"hydra.sweep.dir={cwd}/hpc{i}",
-            ]), name, jobs, env, cwd, wait_exit=True)
+                f"strategy={SWEEP_STRATEGIES}", "resources.gpus_per_node=2", f"seed=range(0,{SWEEP_SEEDS})",
+                f"hydra.sweep.dir={cwd}/hpc{'-base' if tree else ''}{i}",
+            ]), name, jobs, in_tree(env, tree) if tree else env, Path(tree) if tree else cwd, wait_exit=True)
+
+        for i in range(repeats):
+            r = hpc_sweep(i)
             hpc.append(r["all_queued_s"])
             hpc_exit.append(r["exit_s"])
+            if baseline_tree:
+                base.append(hpc_sweep(i, baseline_tree)["all_queued_s"])
             name = f"bench-hsl-{uuid.uuid4().hex[:8]}"
             r = submit([
                 PYTHON, str(HERE / "hsl_app" / "app.py"), "-m", f"strategy={SWEEP_STRATEGIES}", f"seed=range(0,{SWEEP_SEEDS})",
@@ -143,33 +159,48 @@ def measure_sweep(repeats: int, env: Dict[str, str]) -> dict:
         "hpc_train_command_exit_s": stats([x for x in hpc_exit if x is not None]) if any(x is not None for x in hpc_exit) else None,
         "hydra_submitit_launcher_all_queued_s": stats(hsl),
         "ratio_hsl_over_hpc": stats([b / a for a, b in zip(hpc, hsl)]),
+        **({"baseline_all_queued_s": stats(base), "this_over_baseline": stats([a / b for a, b in zip(hpc, base)])} if base else {}),
     }
 
 
 # -- dry run against import torch ------------------------------------------------------
-def wall(command, env) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, env=env)
-    return time.perf_counter() - start
+def wall(command, env, cwd=None) -> Dict[str, float]:
+    """Wall and CPU seconds (user + system of the command and its children) of one run."""
+    cpu0, start = os.times(), time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
+    elapsed, cpu1 = time.perf_counter() - start, os.times()
+    return {"wall": elapsed, "cpu": (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)}
 
 
-def measure_dry_run(repeats: int, env: Dict[str, str]) -> dict:
+def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-dry-") as tmp:
-        cases = {
-            "dry_run": hpc_train_cmd(["launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"]),
-            "import_torch": [PYTHON, "-c", "import torch"],
-        }
-        for command in cases.values():  # warm the page cache once
-            wall(command, env)
+        dry = ["launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"]
+        cases = {"dry_run": (hpc_train_cmd(dry), env, None), "import_torch": ([PYTHON, "-c", "import torch"], env, None)}
+        if baseline_tree:  # the same dry run from another checkout, in its directory (its conf/)
+            cases["baseline"] = (hpc_train_cmd(dry), in_tree(env, baseline_tree), baseline_tree)
+        for command, case_env, cwd in cases.values():  # warm the page cache once
+            wall(command, case_env, cwd)
         times = {name: [] for name in cases}
         for _ in range(repeats):
-            for name, command in cases.items():
-                times[name].append(wall(command, env))
-    return {
-        "dry_run_s": stats(times["dry_run"]),
-        "import_torch_s": stats(times["import_torch"]),
-        "torch_import_over_dry_run": stats([t / d for d, t in zip(times["dry_run"], times["import_torch"])]),
+            for name, (command, case_env, cwd) in cases.items():
+                times[name].append(wall(command, case_env, cwd))
+    seconds = {name: [t["wall"] for t in runs] for name, runs in times.items()}
+    out = {
+        "dry_run_s": stats(seconds["dry_run"]),
+        "dry_run_cpu_s": stats([t["cpu"] for t in times["dry_run"]]),
+        "import_torch_s": stats(seconds["import_torch"]),
+        "torch_import_over_dry_run": stats([t / d for d, t in zip(seconds["dry_run"], seconds["import_torch"])]),
     }
+    if baseline_tree:
+        out["baseline"] = {
+            "tree": baseline_tree,
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=baseline_tree, capture_output=True, text=True).stdout.strip(),
+            "dry_run_s": stats(seconds["baseline"]),
+            "dry_run_cpu_s": stats([t["cpu"] for t in times["baseline"]]),
+            "this_over_baseline_wall": stats([a / b for a, b in zip(seconds["dry_run"], seconds["baseline"])]),
+            "this_over_baseline_cpu": stats([a["cpu"] / b["cpu"] for a, b in zip(times["dry_run"], times["baseline"])]),
+        }
+    return out
 
 
 def table_rows(result: dict) -> list:
@@ -188,7 +219,7 @@ def table_rows(result: dict) -> list:
     return out
 
 
-def run(quick: bool = False, repeats: int = 0, start_cluster: bool = False) -> dict:
+def run(quick: bool = False, repeats: int = 0, start_cluster: bool = False, baseline_tree: str = "") -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params = {"repeats": repeats, "sweep_repeats": repeats}
@@ -196,14 +227,15 @@ def run(quick: bool = False, repeats: int = 0, start_cluster: bool = False) -> d
     start = time.perf_counter()
     env = slurm_env(start_cluster)
     result = {"benchmark": "login_latency", "mode": "quick" if quick else "full", "machine": before, "slurm_up": env is not None}
-    result["dry_run"] = measure_dry_run(params["repeats"], env or dict(os.environ))
+    baseline_tree = str(Path(baseline_tree).resolve()) if baseline_tree else ""
+    result["dry_run"] = measure_dry_run(params["repeats"], env or dict(os.environ), baseline_tree)
     if env is None:
         result["sweep"] = {"skipped": "not measured (Slurm test cluster not running: bash scripts/slurm_test_cluster.sh start)"}
     else:
         if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
             result["sweep"] = {"skipped": "not measured (pip install -r benchmarks/requirements.txt)"}
         else:
-            result["sweep"] = measure_sweep(params["sweep_repeats"], env)
+            result["sweep"] = measure_sweep(params["sweep_repeats"], env, baseline_tree)
     result.update(load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
     result["table"] = table_rows(result)
     write_result("login_latency", result)
@@ -215,13 +247,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root)")
+    parser.add_argument("--baseline-tree", default="", help="also time another checkout's hpc-train, interleaved (e.g. `git worktree add "
+                        "/tmp/before <commit>`; link its hpc_train/conf to ../conf if the package finds conf/ beside itself)")
     args = parser.parse_args()
-    result = run(args.quick, args.repeats, args.start_cluster)
+    result = run(args.quick, args.repeats, args.start_cluster, args.baseline_tree)
     d = result["dry_run"]
     print(f"{'command':48s} {'median s (min-max)':>22s}")
     print(f"{'hpc-train launcher=slurm dry_run=true':48s} {fmt_stats(d['dry_run_s']):>22s}")
     ref = 'python -c "import torch" (reference)'
     print(f"{ref:48s} {fmt_stats(d['import_torch_s']):>22s}")
+    if "baseline" in d:
+        b = d["baseline"]
+        print(f"{'the same dry run at ' + b['commit']:48s} {fmt_stats(b['dry_run_s']):>22s}")
+        print(f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU {fmt_stats(b['this_over_baseline_cpu'], 3)}")
     s = result["sweep"]
     if "skipped" in s:
         print(f"sweep submission: {s['skipped']}")
@@ -229,6 +267,9 @@ def main() -> None:
         print(f"{'hpc-train -m, 32 jobs queued':48s} {fmt_stats(s['hpc_train_all_queued_s']):>22s}")
         print(f"{'hpc-train -m, command exit':48s} {fmt_stats(s['hpc_train_command_exit_s']):>22s}")
         print(f"{'hydra-submitit-launcher, 32 jobs queued':48s} {fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}")
+        if "baseline_all_queued_s" in s:
+            print(f"{'hpc-train -m at the baseline, 32 jobs queued':48s} {fmt_stats(s['baseline_all_queued_s']):>22s}")
+            print(f"this / baseline: {fmt_stats(s['this_over_baseline'], 3)}")
 
 
 if __name__ == "__main__":

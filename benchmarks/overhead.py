@@ -17,54 +17,80 @@ the median of the paired ratios hpc-train / plain, with their min-max. Target: >
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, cpu_env, fmt_stats, hpc_train_cmd, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import HERE, PYTHON, clean_run, cpu_env, fmt_stats, hpc_train_cmd, load, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 TARGET = 0.98
 FULL = {"repeats": 10, "steps": 30, "warmup": 5}
 QUICK = {"repeats": 4, "steps": 10, "warmup": 2}
 
 
-def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18") -> dict:
+def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18", baseline_tree: str = "") -> dict:
     threads = threads or os.cpu_count() or 1
     samples = batch * steps  # one epoch: no epoch boundary inside the timed window
     env = cpu_env(threads)
-    hpc, plain = [], []
+    hpc, plain, base, loads, rounds = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
-        def run_hpc(i: int) -> None:
-            run_dir = Path(tmp) / f"hpc{i}"
+        def hpc_train(i: int, tree: str) -> float:
+            run_dir = Path(tmp) / f"hpc{'-base' if tree else ''}{i}"
             run_checked(hpc_train_cmd([
                 "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
                 f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
                 f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={run_dir}",
-            ]), env=env)
-            hpc.append(read_json(run_dir / "summary.json")["images_per_sec"])
+            ]), env=env | {"PYTHONPATH": tree} if tree else env, cwd=Path(tree) if tree else None)
+            return read_json(run_dir / "summary.json")["images_per_sec"]
 
-        def run_plain(i: int) -> None:
+        def run_hpc(i: int) -> float:
+            return hpc_train(i, "")
+
+        def run_base(i: int) -> float:  # another checkout's hpc_train (e.g. a git worktree of an older commit)
+            return hpc_train(i, str(Path(baseline_tree).resolve()))
+
+        def run_plain(i: int) -> float:
             out = Path(tmp) / f"plain{i}.json"
             run_checked([
                 PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
                 f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--threads={threads}", "--device=cpu", f"--out={out}",
             ], env=env)
-            plain.append(read_json(out)["images_per_sec"])
+            return read_json(out)["images_per_sec"]
 
-        for i in range(repeats):  # ABBA order: a drift of the machine does not favour either side
-            for side in ((run_hpc, run_plain) if i % 2 == 0 else (run_plain, run_hpc)):
-                side(i)
+        orders = list(itertools.permutations((run_hpc, run_plain, run_base))) if baseline_tree else [(run_hpc, run_plain), (run_plain, run_hpc)]
+        lists = {run_hpc: hpc, run_plain: plain, run_base: base}
+        for i in range(repeats):  # ABBA order (with a baseline: every order of the three in turn), so a drift favours no side
+            loads.append(load())
+            order = orders[i % len(orders)]
+            # a round during which other processes used the CPUs is repeated (common.clean_run)
+            values, record = clean_run(lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True))
+            rounds.append(record)
+            for side, value in zip(order, values):
+                lists[side].append(value)
     ratios = paired_ratios(hpc, plain)
-    return {
+    result = {
         "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "threads": threads, "precision": "32", "repeats": repeats, "data": "synthetic TensorDataset, DataLoader(shuffle, num_workers=0)"},
         "hpc_train_images_per_sec": stats(hpc),
         "plain_images_per_sec": stats(plain),
         "ratio": stats(ratios),
         "target": TARGET,
+        "load_before_each_round": loads,
+        "foreign_cores_per_round": rounds,  # other processes' CPU use during each try of each round; a round is repeated above common.FOREIGN_MAX
     }
+    if baseline_tree:
+        result["baseline"] = {"tree": str(Path(baseline_tree).resolve()), "commit": _commit(baseline_tree), "images_per_sec": stats(base),
+                              "ratio": stats(paired_ratios(base, plain)), "this_over_baseline": stats(paired_ratios(hpc, base))}
+    return result
+
+
+def _commit(tree: str) -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return out.stdout.strip() or "?"
 
 
 def rows(result: dict) -> list:
@@ -78,13 +104,13 @@ def rows(result: dict) -> list:
     )]
 
 
-def run(quick: bool = False, repeats: int = 0, threads: int = 0) -> dict:
+def run(quick: bool = False, repeats: int = 0, threads: int = 0, baseline_tree: str = "") -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params["repeats"] = repeats
     before = machine_info()
     start = time.perf_counter()
-    result = measure(threads=threads, **params)
+    result = measure(threads=threads, baseline_tree=baseline_tree, **params)
     result.update(benchmark="overhead", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
     result["table"] = rows(result)
     write_result("overhead", result)
@@ -96,12 +122,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads on both sides (default: all CPUs)")
+    parser.add_argument("--baseline-tree", default="", help="also run another checkout's hpc-train (e.g. `git worktree add /tmp/before <commit>`), interleaved with the other two")
     args = parser.parse_args()
-    result = run(args.quick, args.repeats, args.threads)
+    result = run(args.quick, args.repeats, args.threads, args.baseline_tree)
     print(f"{'side':28s} {'images/s median (min-max)':>28s}")
     print(f"{'hpc-train strategy=single':28s} {fmt_stats(result['hpc_train_images_per_sec'], 1):>28s}")
     print(f"{'plain PyTorch loop':28s} {fmt_stats(result['plain_images_per_sec'], 1):>28s}")
+    if "baseline" in result:
+        b = result["baseline"]
+        print(f"{'hpc-train at ' + b['commit']:28s} {fmt_stats(b['images_per_sec'], 1):>28s}")
     print(f"ratio hpc-train / plain: {fmt_stats(result['ratio'], 3)}  (target >= {TARGET})")
+    if "baseline" in result:
+        print(f"ratio hpc-train at {b['commit']} / plain: {fmt_stats(b['ratio'], 3)}; this checkout / {b['commit']}: {fmt_stats(b['this_over_baseline'], 3)}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, cpu_env, hpc_train_cmd, load, machine_info, read_json, run_checked, write_result  # noqa: E402
+from common import HERE, PYTHON, clean_run, cpu_env, hpc_train_cmd, load, machine_info, read_json, run_checked, write_result  # noqa: E402
 
 PROBE = HERE / "stepprobe"
 
@@ -66,7 +66,7 @@ def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: in
     samples = batch * steps
     runs = {"hpc": [], "plain": []}
     reported = {"hpc": [], "plain": []}
-    loads = []
+    loads, foreign = [], []
     with tempfile.TemporaryDirectory(prefix="bench-probe-") as tmp:
         probe_dir = Path(tmp) / "probe"
         probe_dir.mkdir()
@@ -74,25 +74,27 @@ def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: in
 
         def hpc(i):
             run_dir = Path(tmp) / f"hpc{i}"
-            runs["hpc"].append(_one(hpc_train_cmd([
+            return "hpc", _one(hpc_train_cmd([
                 "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
                 f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
                 f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={run_dir}", *extra,
-            ]), env, probe_dir))
-            reported["hpc"].append(read_json(run_dir / "summary.json")["images_per_sec"])
+            ]), env, probe_dir), read_json(run_dir / "summary.json")["images_per_sec"]
 
         def plain(i):
             out = Path(tmp) / f"plain{i}.json"
-            runs["plain"].append(_one([
+            return "plain", _one([
                 PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
                 f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--threads={threads}", "--device=cpu", f"--out={out}",
-            ], env, probe_dir))
-            reported["plain"].append(read_json(out)["images_per_sec"])
+            ], env, probe_dir), read_json(out)["images_per_sec"]
 
         for i in range(pairs):
             loads.append(load())
-            for side in ((hpc, plain) if i % 2 == 0 else (plain, hpc)):
-                side(i)
+            order = (hpc, plain) if i % 2 == 0 else (plain, hpc)
+            pair, record = clean_run(lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True))  # repeated if others used the CPUs
+            foreign.append(record)
+            for side, steps_of_run, ips in pair:
+                runs[side].append(steps_of_run)
+                reported[side].append(ips)
     imported = {side: sorted({r.pop()["hpc_train"] or "-" for r in side_runs}) for side, side_runs in runs.items()}
     per_step = {}
     for side, side_runs in runs.items():
@@ -109,6 +111,7 @@ def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: in
         "reported_images_per_sec": reported,
         "ratios_reported": [h / p for h, p in zip(reported["hpc"], reported["plain"])],
         "load_before_pairs": loads,
+        "foreign_cores_per_pair": foreign,
         "raw": runs,
     }
 

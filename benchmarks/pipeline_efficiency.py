@@ -29,7 +29,7 @@ from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline_bound  # noqa: E402
-from common import PYTHON, cpu_env, hpc_train_cmd, load, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import PYTHON, clean_run, cpu_env, hpc_train_cmd, load, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 STAGES = 2
 TARGET = 0.9
@@ -54,14 +54,22 @@ def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
     return json.loads(run_checked([PYTHON, "-c", code], env=cpu_env(1)).stdout.strip().splitlines()[-1])
 
 
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
 def _ideal(m: int) -> float:
     return m / (m + STAGES - 1) * STAGES
 
 
 def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedules=("gpipe", "1f1b"), model: str = "resnet18", image_size: int = 64,
             batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time", split=None) -> dict:
-    if split is None and balance == "time":
+    if split is None and not isinstance(balance, str):
+        split = [int(x) for x in balance]
+    elif split is None and balance == "time":
         split = time_balanced_split(model, image_size, batch)
+    elif split is None and balance == "fwdbwd":  # forward + backward time at the largest micro-batch count's size
+        split = pipeline_bound.fwd_bwd_split(model, image_size, batch // max(micro))
     common = [
         f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={max(1024, batch * steps)}",
         f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
@@ -76,16 +84,25 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
                 continue  # Schedule1F1B needs chunks >= stages
             cases[f"{schedule} M={m}"] = (["strategy=pipeline", "strategy.engine=pipelining", f"strategy.chunks={m}", f"strategy.schedule={schedule}"], 1)
     times = {name: [] for name in cases}
-    probes, loads = [], []
+    probes, loads, foreign = [], [], {}
     with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
         for i in range(repeats):
             loads.append(load())
-            probes.append(pipeline_bound.measure(model, image_size, batch, split, None, tuple(micro), probe_iters))
+            # every measurement during which other processes used the CPUs is repeated (common.clean_run)
+            probe, record = clean_run(lambda: pipeline_bound.measure(model, image_size, batch, split, None, tuple(micro), probe_iters), log=say)
+            probes.append(probe)
+            foreign.setdefault("probe", []).append(record)
             for name, (overrides, threads) in cases.items():
                 run_dir = Path(tmp) / f"{name.replace('=', '').replace(' ', '_')}-{i}"
-                run_checked(hpc_train_cmd([*common, *overrides, f"hydra.run.dir={run_dir}"]), env=cpu_env(threads))
-                summary = read_json(run_dir / "summary.json")
-                times[name].append(summary["global_batch"] / summary["images_per_sec"])  # seconds per step
+
+                def one() -> float:
+                    run_checked(hpc_train_cmd([*common, *overrides, f"hydra.run.dir={run_dir}"]), env=cpu_env(threads))
+                    summary = read_json(run_dir / "summary.json")
+                    return summary["global_batch"] / summary["images_per_sec"]  # seconds per step
+
+                value, record = clean_run(one, log=say)
+                times[name].append(value)
+                foreign.setdefault(name, []).append(record)
         loads.append(load())
     seq, seq2 = times["sequential"], times["sequential_2t"]
     rows_out = []
@@ -119,6 +136,7 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
         "rows": rows_out,
         "probes": probes,
         "load_before_rounds_and_after": loads,
+        "foreign_cores": foreign,
     }
 
 
@@ -146,12 +164,14 @@ def table_rows(result: dict) -> list:
 
 
 def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str = "time", image_size: int = 64, batch: int = 64, steps: int = 0,
-        schedules=None, name: str = "pipeline_efficiency") -> dict:
+        schedules=None, name: str = "pipeline_efficiency", warmup: int = 0) -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params["repeats"] = repeats
     if steps:
         params["steps"] = steps
+    if warmup:
+        params["warmup"] = warmup
     if schedules:
         params["schedules"] = tuple(schedules)
     before = machine_info()
@@ -185,15 +205,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=0)
     parser.add_argument("--micro", default="1,2,4,8")
     parser.add_argument("--schedules", default="", help="gpipe,1f1b (default: both in full mode, gpipe in quick mode)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--balance", default="time", help="stage split for both sides: time (equal measured forward time) or params")
+    parser.add_argument("--balance", default="time", help="stage split for both sides: time (hpc-train's balance=time: equal forward time), "
+                        "fwdbwd (equal forward + backward time, measured here at the micro-batch size of the largest M), params, or layer counts a,b")
     parser.add_argument("--name", default="pipeline_efficiency", help="results/<name>.json")
     args = parser.parse_args()
-    result = run(args.quick, args.repeats, [int(x) for x in args.micro.split(",")], args.balance, args.image_size, args.batch, args.steps,
-                 [s for s in args.schedules.split(",") if s], args.name)
+    balance = [int(x) for x in args.balance.split(",")] if args.balance[0].isdigit() else args.balance
+    result = run(args.quick, args.repeats, [int(x) for x in args.micro.split(",")], balance, args.image_size, args.batch, args.steps,
+                 [s for s in args.schedules.split(",") if s], args.name, args.warmup)
     print_result(result)
 
 

@@ -12,10 +12,23 @@ The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func
 :func:`submit`, :func:`sweep`, :class:`Job`, the errors :class:`ConfigError` and
 :class:`JobFailed`, and :func:`staged_model` for in-process timing. ``import hpc_train``
 imports neither torch nor Hydra; the jobs run in their own processes, as with the CLI.
+The API module is loaded on first use of one of its names (PEP 562), so the ``hpc-train``
+command, which imports submodules of this package, does not pay for it on a login node.
 """
 
-from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 __all__ = ["ConfigError", "Job", "JobFailed", "compose", "run", "staged_model", "submit", "sweep", "__version__"]
+
+if TYPE_CHECKING:
+    from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from hpc_train import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'hpc_train' has no attribute {name!r}")

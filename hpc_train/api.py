@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
-EXIT_BAD_INPUT = 2  # hpc_train.cli: bad input, nothing ran
-EXIT_STOPPED = 3  # stopped by a signal after a checkpoint
+EXIT_BAD_INPUT = rundir.EXIT_REFUSED  # the CLI's exit code for bad input: nothing ran
+EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
 ENDED = frozenset({
     "COMPLETED",
     "FAILED",

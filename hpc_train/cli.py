@@ -9,22 +9,30 @@ naming the key and the fix; nothing is checked ahead of Hydra.
 
 from __future__ import annotations
 
-import os
-import sys
-import traceback
-from pathlib import Path
-from typing import NoReturn, Optional
+import gc
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+# This module is the entry point of a short-lived process that mostly imports (Hydra, OmegaConf,
+# submitit): with Python's default thresholds the garbage collector walks those modules' objects
+# ~120 times, ~40 ms of a dry run's ~0.5 s CPU on a login node, and frees next to nothing.
+# A larger first threshold keeps collection for what really allocates (as mypy does).
+gc.set_threshold(100_000, 50, 100)
 
-import hpc_train.conf
-import hydra_plugins.hpc_train_launcher
-from hpc_train.launch.errors import ConfigError, JobFailed
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import NoReturn, Optional  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+import hpc_train.conf  # noqa: E402
+import hydra_plugins.hpc_train_launcher  # noqa: E402
+from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
+from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 
 CONFIG_DIR = str(Path(hpc_train.conf.__file__).resolve().parent)
-EXIT_BAD_INPUT = 2
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

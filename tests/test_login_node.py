@@ -6,7 +6,7 @@ import sys
 from tests.conftest import REPO
 
 LAUNCH_MODULES = [
-    "hpc_train",  # the public Python API, re-exported from the package root
+    "hpc_train",  # the public Python API, loaded from the package root on first use
     "hpc_train.api",
     "hpc_train.cli",
     "hpc_train.launch.run",
@@ -37,6 +37,18 @@ def test_api_compose_does_not_import_torch():
     code = "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert 'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_command_does_not_load_the_python_api_but_the_package_root_still_exports_it():
+    """`hpc-train` imports hpc_train's submodules; the API module (threads, signals, subprocess
+    plumbing for jobs run from Python) is loaded only when one of its names is used."""
+    code = (
+        "import sys\nimport hpc_train.cli\nassert 'hpc_train.api' not in sys.modules, 'the CLI loaded hpc_train.api'\n"
+        "from hpc_train import Job, compose\nimport hpc_train.api\nassert compose is hpc_train.api.compose and hpc_train.run is hpc_train.api.run\n"
+        "try:\n    hpc_train.not_a_name\nexcept AttributeError as err:\n    print('OK', err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "OK module 'hpc_train' has no attribute 'not_a_name'" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torchvision
 
-from hpc_train.compute.stages import build_staged, flatten_layers, partition
+from hpc_train.compute.stages import agree_on_counts, build_staged, flatten_layers, layer_times, partition
 from tests.conftest import TINY, assert_ok, read_summary, run_cli
 
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
@@ -26,6 +26,7 @@ VARIANTS = {
     "pipelining-gpipe": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4"],
     "pipelining-1f1b": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4", "strategy.schedule=1f1b"],
     "pipelining-2x2": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=4", "strategy.stages=2", "strategy.chunks=2"],
+    "pipelining-time-balanced": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=2", "strategy.balance=time"],
 }
 
 
@@ -54,6 +55,48 @@ def test_hybrid_ran_two_replicas(losses):
 def test_pipelining_engine_ran_one_rank_per_stage(losses):
     assert losses["pipelining-gpipe"]["world_size"] == 2 and losses["pipelining-gpipe"]["data_parallel_size"] == 1
     assert losses["pipelining-2x2"]["world_size"] == 4 and losses["pipelining-2x2"]["data_parallel_size"] == 2
+
+
+def test_layer_times_leave_the_model_untouched():
+    """balance=time runs each layer forward and backward on a copy: no batch-norm statistics or gradients change."""
+    model = _resnet18().train()
+    before = copy.deepcopy(model.state_dict())
+    times = layer_times(flatten_layers(model), torch.randn(4, 3, 32, 32))
+    assert len(times) == len(flatten_layers(model)) and min(times) > 0
+    after = model.state_dict()
+    assert all(torch.equal(before[key], after[key]) for key in before)  # running_mean/var, num_batches_tracked too
+    assert all(p.grad is None for p in model.parameters())
+
+
+def _agree_worker(rank: int, world: int, init: str, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    measured = []
+
+    def measure():  # every rank would measure its own split; only rank 0's is used
+        measured.append(rank)
+        return [1 + rank, 5 - rank]
+
+    counts = agree_on_counts(measure)
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"counts": counts, "measured": measured}, f)
+
+
+def test_time_balanced_counts_are_rank_0s_on_every_rank(tmp_path):
+    """Two real gloo processes whose own timings would cut differently end with rank 0's cut (only rank 0 measures)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path}/rendezvous"
+    mp.spawn(_agree_worker, args=(2, init, str(tmp_path / "out")), nprocs=2, join=True)
+    found = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2)]
+    assert [f["counts"] for f in found] == [[1, 5], [1, 5]]
+    assert [f["measured"] for f in found] == [[0], []]
 
 
 def _resnet18():

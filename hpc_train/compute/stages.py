@@ -5,7 +5,9 @@ on cuda:1) to any number of stages and to automatic boundaries:
 
 * ``balance="params"``: contiguous stages with the largest stage's parameter count as small as
   possible (exact linear partition);
-* ``balance="time"``: the same, weighting each layer by its measured forward time;
+* ``balance="time"``: the same, weighting each layer by its measured forward + backward time
+  on one micro-batch (what a pipeline stage spends per micro-batch), measured once on rank 0 and
+  broadcast, so that every rank of a distributed run cuts the model at the same layers;
 * ``balance=[n1, n2, ...]``: explicit layer counts per stage;
 * ``split_points=[name, ...]``: any model, cut where the named modules (``named_modules()``)
   begin, by tracing its forward with ``torch.fx`` (see :func:`trace_split`).
@@ -23,9 +25,10 @@ batch-norm layer in eval mode (running statistics, exact equivalence to the unsp
 
 from __future__ import annotations
 
+import copy
 import difflib
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -76,20 +79,49 @@ def partition(weights: Sequence[float], stages: int) -> List[int]:
 
 
 def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int = 3) -> List[float]:
-    """Forward time of each layer on an example batch (median of a few runs, CPU or one device)."""
+    """Forward + backward time of each layer on an example batch (median of a few runs, CPU or one device).
+
+    Backward counts because a stage's step is its forward and its backward, and their ratio varies
+    along a network (on CPU a late ResNet block's backward costs 2-3x its forward, an early one's
+    about 1x): forward time alone leaves the last stage with most of the step. Each layer is timed
+    on a copy, so the model's batch-norm statistics and gradients are untouched.
+    """
     times, x = [], example
-    with torch.no_grad():
-        for layer in layers:
-            runs = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                y = layer(x)
-                if y.is_cuda:
-                    torch.cuda.synchronize(y.device)
-                runs.append(time.perf_counter() - start)
-            times.append(sorted(runs)[len(runs) // 2] + 1e-9)
-            x = y
+    for index, layer in enumerate(layers):
+        probe, runs = copy.deepcopy(layer), []
+        for _ in range(repeats):
+            leaf = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+            start = time.perf_counter()
+            y = probe(leaf.clone())  # a non-leaf copy: layers such as ResNet's ReLU work in place
+            if isinstance(y, torch.Tensor) and y.requires_grad:
+                y.backward(torch.ones_like(y))
+            if isinstance(y, torch.Tensor) and y.is_cuda:
+                torch.cuda.synchronize(y.device)
+            runs.append(time.perf_counter() - start)
+        times.append(sorted(runs)[len(runs) // 2] + 1e-9)
+        x = y.detach()
+        del probe
     return times
+
+
+def micro_batch(example: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The first micro-batch of `example` cut into `chunks` (what one pipeline step of a stage sees)."""
+    return example[: max(1, -(-example.shape[0] // max(1, chunks)))]
+
+
+def agree_on_counts(measure: Callable[[], List[int]]) -> List[int]:
+    """Layer counts measured by rank 0 of the default process group, on every rank (measured here without one).
+
+    Timings differ between processes, so ranks that measured their own layer times could cut the
+    model at different layers: the pipeline's stages would not fit and DDP replicas would differ.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(measure())
+    box: List[Any] = [list(measure()) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return list(box[0])
 
 
 def stage_counts(
@@ -111,7 +143,7 @@ def stage_counts(
     if balance == "time":
         if example is None:
             raise ValueError("balance=time needs an example batch")
-        return partition(layer_times(layers, example), stages)
+        return agree_on_counts(lambda: partition(layer_times(layers, example), stages))
     return partition([float(sum(p.numel() for p in layer.parameters())) for layer in layers], stages)
 
 
@@ -196,6 +228,8 @@ def build_staged(
     example: torch.Tensor = None,
     split_points: Optional[Sequence[str]] = None,
 ) -> StagedModel:
+    if example is not None:
+        example = micro_batch(example, chunks)  # balance=time: the size each stage computes on
     groups = split_model(model, stages, balance, split_points, example)
     return StagedModel(groups, [devices[i % len(devices)] for i in range(len(groups))], chunks, freeze_batchnorm)
 

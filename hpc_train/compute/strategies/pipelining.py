@@ -19,7 +19,7 @@ import torch.nn as nn
 from hpc_train import rundir
 from hpc_train.compute import distributed
 from hpc_train.compute.precision import autocast
-from hpc_train.compute.stages import split_model, stage_inputs
+from hpc_train.compute.stages import micro_batch, split_model, stage_inputs
 from hpc_train.compute.strategies.base import Strategy
 from hpc_train.strategy_table import split_settings
 
@@ -110,10 +110,11 @@ class PipeliningStrategy(Strategy):
     def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        stages = split_model(model, self.num_stages, self.settings.balance, self.settings.split_points, example)
+        micro = micro_batch(example, self.chunks)
+        stages = split_model(model, self.num_stages, self.settings.balance, self.settings.split_points, micro)
         # What this stage receives for one micro-batch, with the dtype autocast gives it (shape/dtype metadata).
         with autocast(self.precision, torch.device("cpu")):
-            inputs = stage_inputs(stages, self.stage_index, example[: max(1, example.shape[0] // self.chunks)])
+            inputs = stage_inputs(stages, self.stage_index, micro)
         module = stages[self.stage_index].to(self.input_device)
         self.stage = PipelineStage(
             module,

@@ -124,49 +124,6 @@ def bounds(measured: dict) -> dict:
     return out
 
 
-# -- a split balanced on forward + backward time ---------------------------------------------
-def layer_fwd_bwd_times(model: str, image_size: int, batch: int, repeats: int = 3) -> list:
-    """Forward + backward time of each of hpc-train's flattened layers (stages.flatten_layers), 1 thread.
-
-    hpc-train's own balance=time weighs layers by forward time only; on CPU the backward of the
-    late ResNet layers costs 2-3x their forward, the early ones about 1x, so a forward-balanced
-    split leaves the last stage with most of the step.
-    """
-    import torch
-    import torchvision
-
-    from hpc_train.compute.stages import flatten_layers
-
-    torch.set_num_threads(1)
-    layers = flatten_layers(getattr(torchvision.models, model)(weights=None, num_classes=10))
-    x = torch.randn(batch, 3, image_size, image_size)
-    times = []
-    for i, layer in enumerate(layers):
-        runs = []
-        for _ in range(repeats + 1):
-            inp = x.detach().requires_grad_(i > 0)  # the first stage's input needs no gradient
-            t0 = time.perf_counter()
-            y = layer(inp.clone() if i > 0 else inp)  # a non-leaf input: ResNet's ReLU works in place
-            y.backward(torch.ones_like(y))
-            runs.append(time.perf_counter() - t0)
-        times.append(statistics.median(runs[1:]))
-        x = y.detach()
-    return times
-
-
-def fwd_bwd_split(model: str, image_size: int, batch: int) -> List[int]:
-    """Layer counts of the 2 stages that balance forward + backward time (in a fresh 1-thread process)."""
-    code = (
-        "import json, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-        "from pipeline_bound import layer_fwd_bwd_times\n"
-        "from hpc_train.compute.stages import partition\n"
-        f"print(json.dumps(partition(layer_fwd_bwd_times({model!r}, {image_size}, {batch}), {STAGES})))\n"
-    )
-    out = subprocess.run([PYTHON, "-c", code], env=cpu_env(1), capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 # -- the measurement (2 processes) ----------------------------------------------------------
 def _median(values: List[float]) -> float:
     return statistics.median(values) if values else float("nan")

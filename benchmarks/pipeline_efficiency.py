@@ -38,7 +38,8 @@ QUICK = {"repeats": 2, "steps": 6, "warmup": 2, "probe_iters": 3, "schedules": (
 
 
 def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
-    """hpc-train's own balance=time split (stages.stage_counts), measured once in a fresh 1-thread process.
+    """hpc-train's own balance=time split (stages.stage_counts: forward + backward time of each layer
+    on a batch of `batch` images), measured once in a fresh 1-thread process.
 
     Every run then gets the same explicit split: with balance=time each run (and each rank of a
     pipelining run) would measure its own layer times and could cut elsewhere under load.
@@ -63,18 +64,19 @@ def _ideal(m: int) -> float:
 
 
 def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedules=("gpipe", "1f1b"), model: str = "resnet18", image_size: int = 64,
-            batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time", split=None) -> dict:
-    if split is None and not isinstance(balance, str):
+            batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time", split=None, split_points=None) -> dict:
+    if split_points:  # cut at named modules (strategy.split_points), e.g. inside a residual block
+        split = None
+    elif split is None and not isinstance(balance, str):
         split = [int(x) for x in balance]
-    elif split is None and balance == "time":
-        split = time_balanced_split(model, image_size, batch)
-    elif split is None and balance == "fwdbwd":  # forward + backward time at the largest micro-batch count's size
-        split = pipeline_bound.fwd_bwd_split(model, image_size, batch // max(micro))
+    elif split is None and balance == "time":  # at the micro-batch size of the largest M, as the engine would cut for it
+        split = time_balanced_split(model, image_size, batch // max(micro))
     common = [
         f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={max(1024, batch * steps)}",
         f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
         "trainer.progress=false", f"trainer.throughput_warmup_steps={warmup}", f"strategy.stages={STAGES}",
-        f"strategy.balance=[{','.join(map(str, split))}]" if split else f"strategy.balance={balance}",
+        f"strategy.split_points=[{','.join(split_points)}]" if split_points
+        else f"strategy.balance=[{','.join(map(str, split))}]" if split else f"strategy.balance={balance}",
         f"resources.gpus_per_node={STAGES}",
     ]
     cases = {"sequential": (["strategy=model_parallel"], 1), "sequential_2t": (["strategy=model_parallel"], 2)}
@@ -89,7 +91,7 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
         for i in range(repeats):
             loads.append(load())
             # every measurement during which other processes used the CPUs is repeated (common.clean_run)
-            probe, record = clean_run(lambda: pipeline_bound.measure(model, image_size, batch, split, None, tuple(micro), probe_iters), log=say)
+            probe, record = clean_run(lambda: pipeline_bound.measure(model, image_size, batch, split, split_points, tuple(micro), probe_iters), log=say)
             probes.append(probe)
             foreign.setdefault("probe", []).append(record)
             for name, (overrides, threads) in cases.items():
@@ -130,7 +132,7 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
             })
     return {
         "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "stages": STAGES, "balance": balance,
-                   "split_layers": split, "threads_per_process": 1, "repeats": repeats, "probe_iters": probe_iters, "schedules": list(schedules)},
+                   "split_layers": split, "split_points": split_points, "threads_per_process": 1, "repeats": repeats, "probe_iters": probe_iters, "schedules": list(schedules)},
         "sequential": {"step_s": stats(seq)},
         "sequential_2_threads": {"step_s": stats(seq2), "speedup_over_1_thread": stats([a / b for a, b in zip(seq, seq2)])},
         "rows": rows_out,
@@ -164,7 +166,7 @@ def table_rows(result: dict) -> list:
 
 
 def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str = "time", image_size: int = 64, batch: int = 64, steps: int = 0,
-        schedules=None, name: str = "pipeline_efficiency", warmup: int = 0) -> dict:
+        schedules=None, name: str = "pipeline_efficiency", warmup: int = 0, split_points=None) -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params["repeats"] = repeats
@@ -176,7 +178,7 @@ def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str 
         params["schedules"] = tuple(schedules)
     before = machine_info()
     start = time.perf_counter()
-    result = measure(micro=tuple(micro), balance=balance, image_size=image_size, batch=batch, **params)
+    result = measure(micro=tuple(micro), balance=balance, image_size=image_size, batch=batch, split_points=split_points, **params)
     result.update(benchmark="pipeline_efficiency", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
     result["table"] = table_rows(result)
     write_result(name, result)
@@ -210,13 +212,14 @@ def main() -> None:
     parser.add_argument("--schedules", default="", help="gpipe,1f1b (default: both in full mode, gpipe in quick mode)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--balance", default="time", help="stage split for both sides: time (hpc-train's balance=time: equal forward time), "
-                        "fwdbwd (equal forward + backward time, measured here at the micro-batch size of the largest M), params, or layer counts a,b")
+    parser.add_argument("--balance", default="time", help="stage split for both sides: time (hpc-train's balance=time at the micro-batch size "
+                        "of the largest M), params, or layer counts a,b")
+    parser.add_argument("--split-points", default="", help="cut at these modules instead (strategy.split_points), e.g. layer2.1.conv2")
     parser.add_argument("--name", default="pipeline_efficiency", help="results/<name>.json")
     args = parser.parse_args()
     balance = [int(x) for x in args.balance.split(",")] if args.balance[0].isdigit() else args.balance
     result = run(args.quick, args.repeats, [int(x) for x in args.micro.split(",")], balance, args.image_size, args.batch, args.steps,
-                 [s for s in args.schedules.split(",") if s], args.name, args.warmup)
+                 [s for s in args.schedules.split(",") if s], args.name, args.warmup, [p for p in args.split_points.split(",") if p] or None)
     print_result(result)
 
 

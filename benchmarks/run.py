@@ -1,7 +1,7 @@
 """Run every benchmark, print one table, write JSON to benchmarks/results/.
 
     python benchmarks/run.py            # full: about 12 minutes on 2 quiet cores
-    python benchmarks/run.py --quick    # fewer repeats and steps: under 5 minutes on 2 quiet cores
+    python benchmarks/run.py --quick    # fewer repeats and steps: about 5 minutes on 2 quiet cores
     python benchmarks/run.py --only overhead,ddp
     python benchmarks/run.py --table    # no run: the markdown table from the saved JSON (for the README)
 
@@ -67,7 +67,7 @@ def saved_rows(names) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (under 5 minutes on 2 quiet cores)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (about 5 minutes on 2 quiet cores)")
     parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root), for the sweep submission figure")
     parser.add_argument("--table", action="store_true", help="run nothing: print the markdown table from the saved JSON")

@@ -14,7 +14,9 @@ import gc
 # This module is the entry point of a short-lived process that mostly imports (Hydra, OmegaConf,
 # submitit): with Python's default thresholds the garbage collector walks those modules' objects
 # ~120 times, ~40 ms of a dry run's ~0.5 s CPU on a login node, and frees next to nothing.
-# A larger first threshold keeps collection for what really allocates (as mypy does).
+# A larger first threshold keeps collection for what really allocates (as mypy does); a process
+# that goes on to train (a torchrun rank) gets Python's thresholds back first.
+PYTHON_GC_THRESHOLDS = gc.get_threshold()
 gc.set_threshold(100_000, 50, 100)
 
 import os  # noqa: E402
@@ -64,6 +66,7 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
         from hpc_train.launch import torchrun_client
 
         if torchrun_client.active():  # started by torchrun: this process is one rank of torchrun's world
+            gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             code = torchrun_client.run_rank(cfg, run_dir)
         elif cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
             from hpc_train.launch.sbatch import prepare

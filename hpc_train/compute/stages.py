@@ -100,13 +100,17 @@ def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int
             runs.append(time.perf_counter() - start)
         times.append(sorted(runs)[len(runs) // 2] + 1e-9)
         x = y.detach()
-        del probe
     return times
+
+
+def micro_batch_size(batch: int, chunks: int) -> int:
+    """Images per micro-batch when `batch` images are cut into `chunks` (the last may hold fewer)."""
+    return max(1, -(-batch // max(1, chunks)))
 
 
 def micro_batch(example: torch.Tensor, chunks: int) -> torch.Tensor:
     """The first micro-batch of `example` cut into `chunks` (what one pipeline step of a stage sees)."""
-    return example[: max(1, -(-example.shape[0] // max(1, chunks)))]
+    return example[: micro_batch_size(example.shape[0], chunks)]
 
 
 def agree_on_counts(measure: Callable[[], List[int]]) -> List[int]:
@@ -190,7 +194,7 @@ class StagedModel(nn.Module):
             for s in range(len(self.stages)):
                 x = self._stage(s, x)
             return x
-        micro = list(x.split(-(-x.shape[0] // self.chunks)))
+        micro = list(x.split(micro_batch_size(x.shape[0], self.chunks)))
         n_stages = len(self.stages)
         current: List[Any] = list(micro)
         # Fill-drain: tick t runs stage s on micro-batch t - s, last stage first, so that the

@@ -85,11 +85,16 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> Optional[str]:
+def git_commit(tree: Path = REPO, mark_dirty: bool = True) -> Optional[str]:
+    """Short commit of a checkout, `+dirty` when its hpc_train/ or conf/ differ from it (if mark_dirty)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hpc_train", "conf"], cwd=REPO, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10)
+        if out.returncode != 0:
+            return None
+        if not mark_dirty:
+            return out.stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "hpc_train", "conf"], cwd=tree, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -136,7 +141,7 @@ def machine_info(busy_seconds: float = 0.0) -> dict:
         "hydra-core": _version("hydra-core"),
         "submitit": _version("submitit"),
         "hydra-submitit-launcher": _version("hydra-submitit-launcher"),
-        "hpc_train_commit": _git_commit(),
+        "hpc_train_commit": git_commit(),
     }
 
 
@@ -155,6 +160,18 @@ def row(benchmark: str, measured: str, value: Optional[dict], reference: str, re
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> List[float]:
     """a[i] / b[i] for runs made back to back (alternating), so slow drifts of the machine cancel."""
     return [x / y for x, y in zip(a, b)]
+
+
+# -- the per-step probe (benchmarks/stepprobe/) ----------------------------------------------
+STEPPROBE = HERE / "stepprobe"  # first on PYTHONPATH, with HPC_BENCH_STEPPROBE_DIR set: every step of a run is timed
+
+
+def probe_record(probe_dir: Path) -> dict:
+    """The step probe's record of the one training process of a run (it wrote it to probe_dir at exit)."""
+    files = list(Path(probe_dir).glob("steps-*.json"))
+    if len(files) != 1:
+        raise RuntimeError(f"expected one probed training process, found {len(files)} in {probe_dir}")
+    return json.loads(files[0].read_text())
 
 
 # -- runs that other processes did not share --------------------------------------------

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, REPO, fmt_stats, hpc_train_cmd, machine_info, row, stats, write_result  # noqa: E402
+from common import HERE, PYTHON, REPO, fmt_stats, git_commit, hpc_train_cmd, machine_info, row, stats, write_result  # noqa: E402
 
 FULL = {"repeats": 7, "sweep_repeats": 5}
 QUICK = {"repeats": 3, "sweep_repeats": 3}
@@ -194,7 +194,7 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
     if baseline_tree:
         out["baseline"] = {
             "tree": baseline_tree,
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=baseline_tree, capture_output=True, text=True).stdout.strip(),
+            "commit": git_commit(Path(baseline_tree), mark_dirty=False),
             "dry_run_s": stats(seconds["baseline"]),
             "dry_run_cpu_s": stats([t["cpu"] for t in times["baseline"]]),
             "this_over_baseline_wall": stats([a / b for a, b in zip(seconds["dry_run"], seconds["baseline"])]),

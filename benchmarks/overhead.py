@@ -24,31 +24,24 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, clean_run, cpu_env, fmt_stats, hpc_train_cmd, load, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, git_commit, hpc_train_cmd, load, machine_info, paired_ratios, probe_record, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 TARGET = 0.98
 FULL = {"repeats": 10, "steps": 30, "warmup": 5}
 QUICK = {"repeats": 6, "steps": 20, "warmup": 3}  # 4 pairs x 10 steps could not resolve 2 % (see README)
-PROBE = HERE / "stepprobe"
 
 
 def median_step_s(probe_dir: Path, warmup: int) -> float:
     """Median duration of the steps after the warm-up, from the step probe's record of the run."""
-    import json
-    import statistics
-
-    records = [json.loads(f.read_text()) for f in probe_dir.glob("steps-*.json")]
-    if len(records) != 1:
-        raise RuntimeError(f"expected one probed training process, found {len(records)} in {probe_dir}")
-    ends = records[0]["opt_end"]
+    ends = probe_record(probe_dir)["opt_end"]
     return statistics.median(b - a for a, b in zip(ends[warmup - 1 :], ends[warmup:]))
 
 
@@ -63,7 +56,7 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
             """Environment and probe dir of one run: the step probe first on PYTHONPATH (then `tree`)."""
             probe_dir = Path(tmp) / f"probe-{name}"
             probe_dir.mkdir()
-            path = os.pathsep.join(x for x in (str(PROBE), tree) if x)
+            path = os.pathsep.join(x for x in (str(STEPPROBE), tree) if x)
             return env | {"PYTHONPATH": path, "HPC_BENCH_STEPPROBE_DIR": str(probe_dir)}, probe_dir
 
         def hpc_train(i: int, tree: str) -> tuple:
@@ -118,15 +111,10 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
         "foreign_cores_per_round": rounds,  # other processes' CPU use during each try of each round; a round is repeated above common.FOREIGN_MAX
     }
     if baseline_tree:
-        result["baseline"] = {"tree": str(Path(baseline_tree).resolve()), "commit": _commit(baseline_tree), "images_per_sec": stats(base),
+        result["baseline"] = {"tree": str(Path(baseline_tree).resolve()), "commit": git_commit(Path(baseline_tree), mark_dirty=False), "images_per_sec": stats(base),
                               "ratio": stats(paired_ratios(base, plain)), "this_over_baseline": stats(paired_ratios(hpc, base)),
                               "median_step_ratio": stats(paired_ratios(plain_step, base_step))}
     return result
-
-
-def _commit(tree: str) -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    return out.stdout.strip() or "?"
 
 
 def rows(result: dict) -> list:

@@ -23,18 +23,15 @@ as computed from the probe, next to what summary.json / the plain loop reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, clean_run, cpu_env, hpc_train_cmd, load, machine_info, read_json, run_checked, write_result  # noqa: E402
+from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, hpc_train_cmd, load, machine_info, probe_record, read_json, run_checked, write_result  # noqa: E402
 
-PROBE = HERE / "stepprobe"
 
 
 def _steps(record: dict) -> list:
@@ -53,16 +50,13 @@ def _one(cmd, env, probe_dir: Path) -> list:
     for old in probe_dir.glob("steps-*.json"):
         old.unlink()
     run_checked(cmd, env=env)
-    files = list(probe_dir.glob("steps-*.json"))
-    if len(files) != 1:
-        raise RuntimeError(f"expected one probed training process, found {len(files)} in {probe_dir}")
-    record = json.loads(files[0].read_text())
+    record = probe_record(probe_dir)
     return _steps(record) + [{"hpc_train": record.get("hpc_train")}]
 
 
 def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18", extra=()) -> dict:
     threads = threads or os.cpu_count() or 1
-    env = cpu_env(threads) | {"PYTHONPATH": os.pathsep.join([str(PROBE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = cpu_env(threads) | {"PYTHONPATH": os.pathsep.join([str(STEPPROBE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     samples = batch * steps
     runs = {"hpc": [], "plain": []}
     reported = {"hpc": [], "plain": []}

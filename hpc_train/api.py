@@ -103,7 +103,7 @@ def _hydra(config_dir: Optional[PathLike]) -> Iterator[None]:
     from hydra.version import setbase
 
     import hydra_plugins.hpc_train_launcher as plugin
-    from hpc_train.cli import CONFIG_DIR
+    from hpc_train.conf import CONFIG_DIR
 
     plugin.register()
     setbase("1.3")

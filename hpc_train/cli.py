@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import gc
 
-# This module is the entry point of a short-lived process that mostly imports (Hydra, OmegaConf,
-# submitit): with Python's default thresholds the garbage collector walks those modules' objects
-# ~120 times, ~40 ms of a dry run's ~0.5 s CPU on a login node, and frees next to nothing.
-# A larger first threshold keeps collection for what really allocates (as mypy does); a process
-# that goes on to train (a torchrun rank) gets Python's thresholds back first.
+# This module is the `hpc-train` command's entry point (the Python API does not import it): a
+# short-lived process that mostly imports (Hydra, OmegaConf, submitit). With Python's default
+# thresholds the garbage collector walks those modules' objects ~120 times, ~40 ms of a dry run's
+# ~0.5 s CPU on a login node, and frees next to nothing. A larger first threshold keeps collection
+# for what really allocates (as mypy does); a process that goes on to train (a torchrun rank)
+# gets Python's thresholds back first.
 PYTHON_GC_THRESHOLDS = gc.get_threshold()
 gc.set_threshold(100_000, 50, 100)
 
@@ -29,12 +30,10 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-import hpc_train.conf  # noqa: E402
 import hydra_plugins.hpc_train_launcher  # noqa: E402
+from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
 from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
-
-CONFIG_DIR = str(Path(hpc_train.conf.__file__).resolve().parent)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")

@@ -51,6 +51,17 @@ def test_the_command_does_not_load_the_python_api_but_the_package_root_still_exp
     assert proc.returncode == 0 and "OK module 'hpc_train' has no attribute 'not_a_name'" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_the_python_api_leaves_the_callers_garbage_collector_alone():
+    """Only the `hpc-train` process tunes the GC (hpc_train/cli.py); a notebook using the API keeps its own."""
+    code = (
+        "import gc, sys\nbefore = gc.get_threshold()\nimport hpc_train\nhpc_train.compose(['launcher=slurm'])\n"
+        "assert 'hpc_train.cli' not in sys.modules, 'the API imported the CLI module'\n"
+        "assert gc.get_threshold() == before, (before, gc.get_threshold())\nprint('OK')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_dry_run_does_not_import_torch(launcher, tmp_path):
     code = (

@@ -270,7 +270,7 @@ def _plain_top_level_keys() -> Iterable[str]:
 
     from omegaconf import OmegaConf
 
-    import hpc_train.conf
+    from hpc_train.conf import CONFIG_DIR
 
-    primary = OmegaConf.load(Path(hpc_train.conf.__file__).parent / "config.yaml")
+    primary = OmegaConf.load(Path(CONFIG_DIR) / "config.yaml")
     return [str(k) for k in primary.keys() if k not in ("defaults", "hydra")]

@@ -22,12 +22,16 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError
+
+PEER_REFUSAL_WAIT_S = 60.0  # a non-zero local rank's wait for torchrun's SIGTERM after a refusal
 
 MARKER = "TORCHELASTIC_RUN_ID"
 RUN_DIR_PREFIX = "outputs/torchrun-"
@@ -99,7 +103,11 @@ def run_rank(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = 
         return _run_rank(cfg, run_dir, env)
     except ConfigError:
         if env.get("LOCAL_RANK", "0") != "0":
-            raise SystemExit(2) from None  # every rank refuses alike; local rank 0 says why, once per node
+            # Every rank refuses alike; local rank 0 says why, once per node. The others wait for
+            # torchrun to stop them once rank 0 has failed: exiting first, they would make torchrun
+            # stop rank 0 before it printed the reason.
+            time.sleep(PEER_REFUSAL_WAIT_S)
+            raise SystemExit(rundir.EXIT_REFUSED) from None
         raise
 
 

@@ -65,8 +65,7 @@ def rank_argv(argv: List[str], env: Optional[Mapping[str, str]] = None) -> List[
     if not _given(argv, "hydra.run.dir"):
         run_id = env.get(MARKER, "").strip()
         if run_id in ("", "none"):
-            if env.get("LOCAL_RANK", "0") != "0":
-                raise SystemExit(2)  # local rank 0 says why, once per node
+            _leave_the_reason_to_local_rank_0(env)
             raise ConfigError(
                 "hydra.run.dir",
                 "under torchrun without --standalone or --rdzv-id (its run id is 'none'), the ranks share nothing to"
@@ -102,13 +101,20 @@ def run_rank(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = 
     try:
         return _run_rank(cfg, run_dir, env)
     except ConfigError:
-        if env.get("LOCAL_RANK", "0") != "0":
-            # Every rank refuses alike; local rank 0 says why, once per node. The others wait for
-            # torchrun to stop them once rank 0 has failed: exiting first, they would make torchrun
-            # stop rank 0 before it printed the reason.
-            time.sleep(PEER_REFUSAL_WAIT_S)
-            raise SystemExit(rundir.EXIT_REFUSED) from None
+        _leave_the_reason_to_local_rank_0(env)
         raise
+
+
+def _leave_the_reason_to_local_rank_0(env: Mapping[str, str]) -> None:
+    """On a refusal every rank refuses alike, and local rank 0 alone says why (once per node).
+
+    Returns on local rank 0. The other ranks wait for torchrun to stop them once rank 0 has failed:
+    exiting first, they would make torchrun stop rank 0 before it printed the reason.
+    """
+    if env.get("LOCAL_RANK", "0") == "0":
+        return
+    time.sleep(PEER_REFUSAL_WAIT_S)
+    raise SystemExit(rundir.EXIT_REFUSED)
 
 
 def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:

@@ -6,8 +6,10 @@ import pytest
 import torch
 import torchvision
 
-from hpc_train.compute.stages import agree_on_counts, build_staged, flatten_layers, layer_times, partition
+from hpc_train.compute.refusal import Refusal
+from hpc_train.compute.stages import agree_on_counts, build_staged, flatten_layers, layer_times, partition, split_model
 from tests.conftest import TINY, assert_ok, read_summary, run_cli
+from tests.tied_net import TiedNet
 
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
 
@@ -23,10 +25,33 @@ VARIANTS = {
     "model_parallel-explicit": ["strategy=model_parallel", "strategy.stages=2", "strategy.balance=[1,3]"],
     "ddp-2": ["strategy=ddp", "resources.gpus_per_node=2"],
     "hybrid-2x2": ["strategy=hybrid", "strategy.stages=2", "resources.gpus_per_node=4"],
-    "pipelining-gpipe": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4"],
-    "pipelining-1f1b": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=4", "strategy.schedule=1f1b"],
-    "pipelining-2x2": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=4", "strategy.stages=2", "strategy.chunks=2"],
-    "pipelining-time-balanced": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=2", "strategy.balance=time"],
+    "pipelining-gpipe": [
+        "strategy=pipeline",
+        "strategy.engine=pipelining",
+        "resources.gpus_per_node=2",
+        "strategy.chunks=4",
+    ],
+    "pipelining-1f1b": [
+        "strategy=pipeline",
+        "strategy.engine=pipelining",
+        "resources.gpus_per_node=2",
+        "strategy.chunks=4",
+        "strategy.schedule=1f1b",
+    ],
+    "pipelining-2x2": [
+        "strategy=pipeline",
+        "strategy.engine=pipelining",
+        "resources.gpus_per_node=4",
+        "strategy.stages=2",
+        "strategy.chunks=2",
+    ],
+    "pipelining-time-balanced": [
+        "strategy=pipeline",
+        "strategy.engine=pipelining",
+        "resources.gpus_per_node=2",
+        "strategy.chunks=2",
+        "strategy.balance=time",
+    ],
 }
 
 
@@ -99,17 +124,87 @@ def test_time_balanced_counts_are_rank_0s_on_every_rank(tmp_path):
     assert [f["measured"] for f in found] == [[0], []]
 
 
+def test_tied_weights_split_across_stages_are_refused_naming_both_names():
+    """One parameter in two layers cannot live on two devices or ranks: cut between its users, it is refused."""
+    model = TiedNet(image_size=4, hidden=8, num_classes=3)
+    with pytest.raises(Refusal, match=r"`strategy.balance`: 'mid.weight' and 'out.weight' are one parameter"):
+        split_model(model, 2, "params", split_points=["out"])  # mid in stage 0, out in stage 1
+    stages = split_model(model, 2, "params", split_points=["head"])  # both users in stage 0: fine
+    assert len(stages) == 2
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    b.weight = a.weight
+    chain = torch.nn.Sequential(a, torch.nn.Tanh(), torch.nn.Linear(4, 4), b)
+    with pytest.raises(Refusal, match=r"'0.weight' and '3.weight' are one parameter .* stage 0 and stage 1"):
+        split_model(chain, 2, [2, 2])
+
+
+TIED = [*COMMON, "model._target_=tests.tied_net.TiedNet"]
+
+
+def test_tied_weights_pipelining_is_refused_before_training_and_trains_when_kept_in_one_stage(tmp_path):
+    refused = run_cli(
+        [
+            *TIED,
+            "strategy=pipeline",
+            "strategy.engine=pipelining",
+            "resources.gpus_per_node=2",
+            "strategy.split_points=[out]",
+        ],
+        tmp_path / "cut",
+    )
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2, out
+    assert "`strategy.balance`" in out and "'mid.weight' and 'out.weight'" in out and "Fix:" in out, out
+    assert "Traceback" not in out and not (tmp_path / "cut" / "checkpoints").exists(), out
+    single, kept = tmp_path / "single", tmp_path / "kept"
+    assert_ok(run_cli([*TIED, "strategy=single"], single))
+    assert_ok(
+        run_cli(
+            [
+                *TIED,
+                "strategy=pipeline",
+                "strategy.engine=pipelining",
+                "resources.gpus_per_node=2",
+                "strategy.split_points=[head]",
+            ],
+            kept,
+        )
+    )
+    assert read_summary(kept)["train_loss"] == pytest.approx(read_summary(single)["train_loss"], rel=1e-4)
+
+
 def _resnet18():
     torch.manual_seed(0)
     return torchvision.models.resnet18(num_classes=10)
 
 
-@pytest.mark.parametrize("overrides", [["strategy=hybrid", "resources.gpus_per_node=4", "strategy.stages=2"], ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"]], ids=["hybrid", "pipelining"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["strategy=hybrid", "resources.gpus_per_node=4", "strategy.stages=2"],
+        ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"],
+    ],
+    ids=["hybrid", "pipelining"],
+)
 def test_bf16_on_multi_rank_strategies(overrides, tmp_path):
-    proc = run_cli([*TINY, "trainer.batch_size=32", "trainer.max_steps=3", "trainer.epochs=null", "trainer.precision=bf16", *overrides], tmp_path / "run")
+    proc = run_cli(
+        [
+            *TINY,
+            "trainer.batch_size=32",
+            "trainer.max_steps=3",
+            "trainer.epochs=null",
+            "trainer.precision=bf16",
+            *overrides,
+        ],
+        tmp_path / "run",
+    )
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
-    assert summary["precision"] == "bf16" and summary["global_step"] == 3 and summary["train_loss"] == summary["train_loss"]
+    assert (
+        summary["precision"] == "bf16"
+        and summary["global_step"] == 3
+        and summary["train_loss"] == summary["train_loss"]
+    )
 
 
 @pytest.mark.parametrize("stages, chunks", [(2, 1), (3, 1), (4, 1), (2, 4), (3, 2)])
@@ -118,7 +213,9 @@ def test_resnet18_split_outputs_equal_unsplit(stages, chunks):
     x = torch.randn(8, 3, 32, 32)
     with torch.no_grad():
         expected = model(x)
-        staged = build_staged(copy.deepcopy(model), [torch.device("cpu")], stages, "params", chunks, freeze_batchnorm=False).eval()
+        staged = build_staged(
+            copy.deepcopy(model), [torch.device("cpu")], stages, "params", chunks, freeze_batchnorm=False
+        ).eval()
         got = staged(x)
     assert len(staged.stages) == stages
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -163,9 +260,24 @@ def test_resnet50_param_balance(stages):
         (["strategy=pipeline", "strategy.split_points=[2]", "strategy.balance=time"], "strategy.balance"),
         (["strategy=pipeline", "strategy.split_points=[2,2]"], "strategy.split_points"),
         (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
-        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.schedule=1f1b", "strategy.chunks=1"], "strategy.chunks"),
-        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"], "strategy.stages"),
-        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.precision=16"], "trainer.precision"),
+        (
+            [
+                "strategy=pipeline",
+                "strategy.engine=pipelining",
+                "resources.gpus_per_node=2",
+                "strategy.schedule=1f1b",
+                "strategy.chunks=1",
+            ],
+            "strategy.chunks",
+        ),
+        (
+            ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"],
+            "strategy.stages",
+        ),
+        (
+            ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.precision=16"],
+            "trainer.precision",
+        ),
     ],
 )
 def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):
@@ -200,7 +312,20 @@ def test_splits_the_model_cannot_take_are_refused_before_training(overrides, key
 def test_every_strategy_trains_on_gpu(strategy, tmp_path):
     gpus = torch.cuda.device_count()
     extra = ["strategy.stages=2"] if strategy in ("model_parallel", "pipeline", "hybrid") else []
-    proc = run_cli(["model=resnet18", "data=synthetic", "trainer.max_steps=5", "trainer.epochs=null", "trainer.batch_size=32", f"strategy={strategy}", f"resources.gpus_per_node={max(2, gpus) if strategy == 'hybrid' else gpus}", *extra], tmp_path / "run", gpus=True)
+    proc = run_cli(
+        [
+            "model=resnet18",
+            "data=synthetic",
+            "trainer.max_steps=5",
+            "trainer.epochs=null",
+            "trainer.batch_size=32",
+            f"strategy={strategy}",
+            f"resources.gpus_per_node={max(2, gpus) if strategy == 'hybrid' else gpus}",
+            *extra,
+        ],
+        tmp_path / "run",
+        gpus=True,
+    )
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
     assert summary["device"] == "cuda" and summary["global_step"] == 5

@@ -212,14 +212,39 @@ def split_model(
 ) -> List[nn.Module]:
     """The model as consecutive stage modules: traced at `split_points`, else flattened and balanced."""
     if split_points:
-        return trace_split(model, [str(name) for name in split_points])
-    layers = flatten_layers(model)
-    counts = stage_counts(layers, stages, balance, example)
-    groups, start = [], 0
-    for count in counts:
-        groups.append(nn.Sequential(*layers[start : start + count]))
-        start += count
+        groups = trace_split(model, [str(name) for name in split_points])
+    else:
+        layers = flatten_layers(model)
+        counts = stage_counts(layers, stages, balance, example)
+        groups, start = [], 0
+        for count in counts:
+            groups.append(nn.Sequential(*layers[start : start + count]))
+            start += count
+    refuse_parameters_shared_across_stages(model, groups)
     return groups
+
+
+def refuse_parameters_shared_across_stages(model: nn.Module, groups: Sequence[nn.Module]) -> None:
+    """Tied weights (one parameter used by two layers, as a language model's embedding and output
+    layer) must fall in one stage: stages live on different devices or ranks, where a shared
+    parameter would either sit on the wrong device or be copied per rank and trained apart.
+    """
+    names: Dict[int, List[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    owner: Dict[int, int] = {}
+    for k, group in enumerate(groups):
+        for param in group.parameters():
+            first = owner.setdefault(id(param), k)
+            if first != k:
+                tied = " and ".join(repr(n) for n in names.get(id(param), ["?"]))
+                raise Refusal(
+                    f"`strategy.balance`: {tied} are one parameter (tied weights), used by stage {first} and stage {k}."
+                    " Each stage lives on its own device or rank, where one parameter cannot be shared (its copies"
+                    " would train apart). Fix: cut the model so that every layer using it falls in one stage"
+                    " (strategy.balance=[n1, n2, ...] or strategy.split_points=[...]), untie the weights, or train"
+                    " with strategy=ddp or single."
+                )
 
 
 def build_staged(

@@ -44,6 +44,11 @@ def read_summary(run_dir: Path) -> Dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """`python -c CODE` in a fresh interpreter from the repository root (what a fresh process imports)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+
+
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
 

@@ -3,7 +3,9 @@
 import subprocess
 import sys
 
-from tests.conftest import REPO
+import pytest
+
+from tests.conftest import REPO, run_python
 
 LAUNCH_MODULES = [
     "hpc_train",  # the public Python API, loaded from the package root on first use
@@ -26,16 +28,14 @@ LAUNCH_MODULES = [
 
 def test_launch_side_does_not_import_torch():
     code = "import sys\n" + "".join(f"import {m}\n" for m in LAUNCH_MODULES) + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
-
-import pytest
 
 
 def test_api_compose_does_not_import_torch():
     code = "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert 'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -47,7 +47,7 @@ def test_the_command_does_not_load_the_python_api_but_the_package_root_still_exp
         "from hpc_train import Job, compose\nimport hpc_train.api\nassert compose is hpc_train.api.compose and hpc_train.run is hpc_train.api.run\n"
         "try:\n    hpc_train.not_a_name\nexcept AttributeError as err:\n    print('OK', err)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0 and "OK module 'hpc_train' has no attribute 'not_a_name'" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -58,7 +58,7 @@ def test_the_python_api_leaves_the_callers_garbage_collector_alone():
         "assert 'hpc_train.cli' not in sys.modules, 'the API imported the CLI module'\n"
         "assert gc.get_threshold() == before, (before, gc.get_threshold())\nprint('OK')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -69,7 +69,7 @@ def test_dry_run_does_not_import_torch(launcher, tmp_path):
         f"sys.argv = ['hpc-train', 'launcher={launcher}', 'dry_run=true', 'hydra.run.dir={tmp_path}/run']\n"
         "main()\nassert 'torch' not in sys.modules, 'dry run imported torch'\nprint('OK')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 

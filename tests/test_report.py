@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python
 
 REPORT_BIN = Path(sys.executable).parent / "hpc-train-report"  # the installed console script
 TRAIN = [*TINY, "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32", "trainer.log_every=3"]
@@ -130,7 +130,7 @@ def test_report_refuses_a_folder_without_runs(tmp_path):
 
 def test_report_does_not_import_torch():
     code = "import sys, hpc_train.report\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert not heavy, heavy\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -13,7 +13,7 @@ from typing import Dict, List
 import pytest
 
 from hpc_train.launch.slurm import time_minutes
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python, scontrol_job, wait_for_job_end
 
 SCRIPTS = sorted(p.stem for p in (REPO / "sbatch").glob("*.slurm"))
 # What the dry run renders for submitit's own bookkeeping (its log paths): not part of a job's shape.
@@ -154,7 +154,7 @@ def test_sbatch_launcher_does_not_import_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'launcher=sbatch imported torch'\nprint('OK')\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    proc = run_python(code, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
     assert (tmp_path / "run" / "job_config.yaml").exists()
     assert "not inside a Slurm allocation" in proc.stderr

@@ -17,7 +17,7 @@ import pytest
 
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
-from tests.conftest import TINY, assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+from tests.conftest import TINY, assert_ok, read_summary, run_cli, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 

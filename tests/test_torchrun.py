@@ -15,7 +15,7 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 JOB = [*TINY, "strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1", "seed=3"]
@@ -98,5 +98,5 @@ def test_worker_alone_for_a_job_planned_for_two_ranks_is_refused(reference, tmp_
 
 def test_the_torchrun_client_and_host_lists_do_not_import_torch():
     code = "import sys\nimport hpc_train.launch.torchrun_client, hpc_train.hostlist, hpc_train.compute.ranks\nassert 'torch' not in sys.modules\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

@@ -96,6 +96,8 @@ def test_deleting_a_required_key_is_refused_without_traceback(tmp_path):
         (["objective=accuracy"], "objective", "eval_accuracy"),
         (["--config-dir", "/no/such/dir"], "--config-dir", "existing folder"),
         (["--config-name", "nope"], "--config-name", "--config-dir"),
+        (["-c", "job", "--info", "defaults"], "--cfg with --info", "at most one of --cfg, --info"),  # Hydra: a traceback
+        (["--resolve"], "--resolve", "--resolve only with --cfg"),
     ],
 )
 def test_hydra_errors_become_one_paragraph_with_key_and_fix(overrides, key, fix, tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Tuple
 
 from hpc_train.launch.errors import ConfigError
 
@@ -53,6 +53,8 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
         return _composition(err)
     if isinstance(err, OmegaConfBaseException):
         return from_omegaconf(err)
+    if isinstance(err, ValueError) and _innermost_frame(err) == ("hydra._internal.utils", "_run_hydra"):
+        return _flag_misuse(err, argv)
     if isinstance(err, (ValueError, TypeError)) and _raised_by_hydra(err):
         return _bad_group_value(argv)
     if isinstance(err, OSError) and err.filename:  # Hydra could not create the run dir
@@ -227,14 +229,45 @@ def _unknown_key(cause) -> ConfigError:
     )
 
 
+def _innermost_frame(err: BaseException) -> Tuple[str, str]:
+    """(module, function) of the frame that raised `err`."""
+    tb = err.__traceback__
+    if tb is None:
+        return "", ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_globals.get("__name__", ""), tb.tb_frame.f_code.co_name
+
+
 def _raised_by_hydra(err: BaseException) -> bool:
     """A plain ValueError/TypeError from inside Hydra's composition (not from our code)."""
-    tb = err.__traceback__
-    last = None
-    while tb is not None:
-        last = tb.tb_frame.f_globals.get("__name__", "")
-        tb = tb.tb_next
-    return bool(last) and (last.startswith("hydra.") or last.startswith("omegaconf."))
+    module, _ = _innermost_frame(err)
+    return module.startswith("hydra.") or module.startswith("omegaconf.")
+
+
+def _flag_misuse(err: BaseException, argv: Sequence[str]) -> ConfigError:
+    """Hydra's own check of its flags (--resolve without --cfg; two of --cfg, --info, -m, ...), which a plain
+    Hydra app reports with a traceback. The key: the flags given, as Hydra's own argument parser reads argv."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    given = [
+        flag
+        for flag, on in (
+            ("--cfg", args.cfg is not None),
+            ("--info", args.info is not None),
+            ("--multirun", args.multirun),
+            ("--shell-completion", args.shell_completion),
+            ("--resolve", args.resolve),
+        )
+        if on
+    ]
+    return ConfigError(
+        " with ".join(given) or "Hydra's flags",
+        f"{_first_line(err)}.",
+        "give at most one of --cfg, --info, -m/--multirun and --shell-completion per command, and --resolve only with"
+        " --cfg or --help, e.g. hpc-train --cfg job --resolve (hpc-train --hydra-help lists Hydra's flags).",
+    )
 
 
 def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:

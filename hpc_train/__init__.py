@@ -10,7 +10,8 @@ The package is split in two halves that never mix:
 
 The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func:`run`,
 :func:`submit`, :func:`sweep`, :class:`Job`, the errors :class:`ConfigError` and
-:class:`JobFailed`, and :func:`staged_model` for in-process timing. ``import hpc_train``
+:class:`JobFailed`, :func:`staged_model` for in-process timing, and :func:`data_shard` for a
+user's streamed dataset (which share of the stream this training process reads). ``import hpc_train``
 imports neither torch nor Hydra; the jobs run in their own processes, as with the CLI.
 The API module is loaded on first use of one of its names (PEP 562), so the ``hpc-train``
 command, which imports submodules of this package, does not pay for it on a login node.
@@ -20,13 +21,29 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "Job", "JobFailed", "compose", "run", "staged_model", "submit", "sweep", "__version__"]
+__all__ = [
+    "ConfigError",
+    "Job",
+    "JobFailed",
+    "compose",
+    "data_shard",
+    "run",
+    "staged_model",
+    "submit",
+    "sweep",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep  # noqa: F401
+    from hpc_train.compute.data import data_shard  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
+    if name == "data_shard":  # for the user's streamed dataset, inside a training process (imports torch)
+        from hpc_train.compute.data import data_shard
+
+        return data_shard
     if name in __all__:
         from hpc_train import api
 

@@ -11,60 +11,27 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli
+from tests.conftest import (
+    TINY,
+    assert_bit_identical,
+    assert_ok,
+    checkpoint_steps,
+    kill_group,
+    read_summary,
+    run_cli,
+    start_background,
+    wait_for,
+)
 
 # 512 samples / batch 64 = 8 steps per epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
 RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
 LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpus_per_node=2"]}
-
-
-def final_weights(run_dir: Path) -> Dict[str, torch.Tensor]:
-    return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-
-
-def assert_bit_identical(a: Path, b: Path) -> None:
-    wa, wb = final_weights(a), final_weights(b)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        assert torch.equal(wa[name], wb[name]), f"{name} differs after resume"
-
-
-def checkpoint_steps(run_dir: Path) -> List[int]:
-    folder = run_dir / "checkpoints"
-    if not folder.is_dir():
-        return []
-    return sorted(int(p.name[5:14]) for p in folder.glob("step_*.ckpt"))
-
-
-def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
-    return subprocess.Popen(
-        [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
-    )
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank, no chance to clean up
-    proc.wait(timeout=30)
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,73 @@
-"""Loaders and samplers over any map-style dataset (the datasets come from the config, see user_code).
+"""Loaders and samplers over the user's datasets (built from the config, see user_code).
 
 Sharding: the training set goes through ``DistributedSampler(drop_last=True)``. Its
 permutation depends only on the seed and the epoch, and rank r takes every W-th element,
 so at step k the union of the W per-rank batches is exactly the k-th block of B = W*b
 samples of that permutation: a single process with batch B sees the same samples per step.
 Evaluation shards without padding, so the all-reduced accuracy counts each sample once.
+
+Streamed data (a ``torch.utils.data.IterableDataset``) is not sharded by a sampler: the
+dataset shards itself. :func:`data_shard` tells it which share is its own, (rank, size) of the
+data-parallel group, set before the datasets are built; inside loader workers it combines with
+``torch.utils.data.get_worker_info()``. A stream with ``state_dict()``/``load_state_dict()`` is
+read through torchdata's ``StatefulDataLoader`` (when torchdata is installed), whose state is
+checkpointed per rank, so a resumed run reads exactly the batches it would have read.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Sized
+import warnings
+from typing import Any, Callable, Iterator, Optional, Sized, Tuple
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+
+_SHARD: Optional[Tuple[int, int]] = None  # (rank, size) of this process's data-parallel group, set by the trainer
+
+
+def data_shard() -> Tuple[int, int]:
+    """(rank, size) of the data-parallel group this process reads for: the share of a stream that is its own.
+
+    In a running job it is set before ``data.train`` is built (pipeline stages of one replica
+    share a shard); elsewhere it is torch.distributed's rank and world size, or (0, 1).
+    """
+    if _SHARD is not None:
+        return _SHARD
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def set_data_shard(rank: int, size: int) -> None:
+    global _SHARD
+    _SHARD = (int(rank), int(size))
+
+
+def is_stream(data: Any) -> bool:
+    return isinstance(data, IterableDataset)
+
+
+def has_length(data: Any) -> bool:
+    try:
+        len(data)
+    except TypeError:
+        return False
+    return True
+
+
+def is_stateful(data: Any) -> bool:
+    return callable(getattr(data, "state_dict", None)) and callable(getattr(data, "load_state_dict", None))
+
+
+def stateful_loader_class() -> Optional[type]:
+    """torchdata's StatefulDataLoader, or None where torchdata is not installed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return None
+    return StatefulDataLoader
 
 
 class ShardSampler(Sampler[int]):
@@ -74,13 +129,31 @@ def train_loader(
     )
 
 
+def stream_loader(
+    data: IterableDataset, cfg, per_rank_batch: int, seed: int, collate_fn: Optional[Callable] = None
+) -> DataLoader:
+    """Batches of a stream the dataset shards itself; stateful streams through torchdata's StatefulDataLoader."""
+    workers = int(cfg.get("num_workers", 0))
+    cls = (stateful_loader_class() if is_stateful(data) else None) or DataLoader
+    warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11 on torch >= 2.12, harmless
+    return cls(
+        data,
+        batch_size=per_rank_batch,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(seed),
+        num_workers=workers,
+        pin_memory=bool(cfg.get("pin_memory", False)) and torch.cuda.is_available(),
+        collate_fn=collate_fn,
+    )
+
+
 def eval_loader(
     data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, collate_fn: Optional[Callable] = None
 ) -> DataLoader:
     return DataLoader(
         data,
         batch_size=per_rank_batch,
-        sampler=ShardSampler(data, num_replicas, rank),
+        sampler=None if is_stream(data) else ShardSampler(data, num_replicas, rank),
         num_workers=int(cfg.get("num_workers", 0)),
         pin_memory=bool(cfg.get("pin_memory", False)) and torch.cuda.is_available(),
         collate_fn=collate_fn,

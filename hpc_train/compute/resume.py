@@ -3,8 +3,8 @@
 The trainer hands the checkpointer the objects that hold state, each with ``state_dict`` and
 ``load_state_dict``: *sharded* ones (model, optimizer, GradScaler), whose content differs
 between parameter owners (the first replica of every pipeline stage), and *shared* ones
-(LR schedule, loop position), equal on every rank and saved by rank 0. Every rank adds its
-RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
+(LR schedule, loop position), equal on every rank and saved by rank 0, and *per-rank* ones (a
+stream's read position), saved for every rank. Every rank adds its RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
 (hpc_train.compute.checkpoint); on resume every rank reads the same file, checks the
 fingerprint, and loads its own part.
 
@@ -57,6 +57,7 @@ class Checkpointer:
         fingerprint: Dict[str, Any],
         sharded: Mapping[str, Stateful],
         shared: Mapping[str, Stateful],
+        per_rank: Optional[Mapping[str, Stateful]] = None,
         shard_key: str = "model",
         owns_shard: bool = True,
         every: int = 0,
@@ -68,6 +69,7 @@ class Checkpointer:
         self.fingerprint = fingerprint
         self.sharded = {k: v for k, v in sharded.items() if v is not None}
         self.shared = dict(shared)
+        self.per_rank = dict(per_rank or {})  # each rank's own (a stream's read position), saved for every rank
         self.shard_key, self.owns_shard = shard_key, owns_shard
         self.every, self.keep, self.resume = every, max(1, keep), str(resume)
         self.folder = rundir.checkpoint_dir(run_dir)
@@ -83,6 +85,8 @@ class Checkpointer:
             return None
         started = time.perf_counter()
         part: Dict[str, Any] = {"rng": capture_rng()}
+        if self.per_rank:
+            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
         if self.owns_shard:
             part["shard"] = (
                 self.shard_key,
@@ -96,6 +100,7 @@ class Checkpointer:
                 "fingerprint": self.fingerprint,
                 **{name: holder.state_dict() for name, holder in self.shared.items()},
                 "rng": [p["rng"] for p in parts],
+                "per_rank": [p.get("own", {}) for p in parts],
                 "shards": dict(p["shard"] for p in parts if "shard" in p),
                 "world_size": self.ranks.world_size,
                 "written": time.time(),
@@ -166,5 +171,9 @@ class Checkpointer:
                 holder.load_state_dict(shard[name])
         for name, holder in self.shared.items():
             holder.load_state_dict(payload[name])
+        own = (payload.get("per_rank") or [{}] * self.ranks.world_size)[self.ranks.rank]
+        for name, holder in self.per_rank.items():
+            if name in own:
+                holder.load_state_dict(own[name])
         restore_rng(payload["rng"][self.ranks.rank])
         self.last_saved_step = int(payload["state"]["global_step"])

@@ -12,6 +12,11 @@ on cuda:1) to any number of stages and to automatic boundaries:
 * ``split_points=[name, ...]``: any model, cut where the named modules (``named_modules()``)
   begin, by tracing its forward with ``torch.fx`` (see :func:`trace_split`).
 
+A model that is neither an ``nn.Sequential`` nor a torchvision ResNet is cut automatically when
+it is built from a repeated block list (a transformer's ``blocks`` / ``h`` / ``layers``): the
+stages are cut between its blocks, the layers before the list joining the first stage and
+those after it the last (see :func:`split_block_list`).
+
 Every stage takes the values that cross its front boundary as positional arguments and
 returns those that cross its back boundary (one tensor for a plain chain), so stages chain
 on any number of devices, in one process or one rank per stage.
@@ -27,7 +32,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
+import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -35,6 +43,8 @@ import torch.nn as nn
 from torchvision.models.resnet import ResNet
 
 from hpc_train.compute.refusal import Refusal
+
+log = logging.getLogger("hpc_train")
 
 
 def flatten_layers(model: nn.Module) -> List[nn.Module]:
@@ -44,10 +54,15 @@ def flatten_layers(model: nn.Module) -> List[nn.Module]:
         return [model.conv1, model.bn1, model.relu, model.maxpool, *blocks, model.avgpool, nn.Flatten(1), model.fc]
     if isinstance(model, nn.Sequential):
         return list(model)
-    raise Refusal(
-        f"`strategy.split_points`: {type(model).__name__} is neither an nn.Sequential nor a torchvision ResNet, so it"
-        " cannot be cut automatically. Fix: name the modules where each new stage begins, e.g."
-        " strategy.split_points=[head] (names as in model.named_modules())."
+    raise _refuse_unsplittable(model, "")
+
+
+def _refuse_unsplittable(model: nn.Module, detail: str) -> Refusal:
+    """No automatic cut: the user names where the stages begin."""
+    return Refusal(
+        f"`strategy.split_points`: {type(model).__name__} is neither an nn.Sequential, a torchvision ResNet, nor built"
+        f" from a repeated block list{detail}, so it cannot be cut automatically. Fix: name the modules where each new"
+        " stage begins, e.g. strategy.split_points=[head] (names as in model.named_modules())."
     )
 
 
@@ -131,24 +146,51 @@ def agree_on_counts(measure: Callable[[], List[int]]) -> List[int]:
 def stage_counts(
     layers: Sequence[nn.Module], stages: int, balance: Union[str, Sequence[int]], example: torch.Tensor = None
 ) -> List[int]:
-    if stages > len(layers):
+    """Layer counts per stage for a flattened model (ResNet, nn.Sequential)."""
+    return balanced_counts(
+        len(layers),
+        stages,
+        balance,
+        example,
+        lambda: [float(sum(p.numel() for p in layer.parameters())) for layer in layers],
+        lambda: layer_times(layers, example),
+        f"the model has {len(layers)} layers",
+        "layer",
+    )
+
+
+def balanced_counts(
+    n: int,
+    stages: int,
+    balance: Union[str, Sequence[int]],
+    example: Optional[torch.Tensor],
+    param_weights: Callable[[], List[float]],
+    time_weights: Callable[[], List[float]],
+    what: str,
+    unit: str,
+) -> List[int]:
+    """Counts of `n` consecutive units (layers or blocks) per stage: explicit, by parameters, or by measured time.
+
+    Time is measured on rank 0 only and broadcast (:func:`agree_on_counts`), so that every rank cuts alike.
+    `what` (e.g. "the model has 12 layers") and `unit` word the refusals.
+    """
+    if stages > n:
         raise Refusal(
-            f"`strategy.stages`: the model has {len(layers)} layers to cut, fewer than {stages} stages. Fix: use at"
-            f" most strategy.stages={len(layers)}."
+            f"`strategy.stages`: {what} to cut, fewer than {stages} stages. Fix: use at most strategy.stages={n}."
         )
     if not isinstance(balance, str):
         counts = [int(c) for c in balance]
-        if len(counts) != stages or sum(counts) != len(layers) or min(counts) < 1:
+        if len(counts) != stages or sum(counts) != n or min(counts) < 1:
             raise Refusal(
-                f"`strategy.balance`: {counts} must list {stages} positive layer counts summing to {len(layers)}. Fix:"
-                f" give {stages} numbers that add up to {len(layers)}, or use strategy.balance=params."
+                f"`strategy.balance`: {counts} must list {stages} positive {unit} counts summing to {n}. Fix:"
+                f" give {stages} numbers that add up to {n}, or use strategy.balance=params."
             )
         return counts
     if balance == "time":
         if example is None:
             raise ValueError("balance=time needs an example batch")
-        return agree_on_counts(lambda: partition(layer_times(layers, example), stages))
-    return partition([float(sum(p.numel() for p in layer.parameters())) for layer in layers], stages)
+        return agree_on_counts(lambda: partition(time_weights(), stages))
+    return partition(param_weights(), stages)
 
 
 class StagedModel(nn.Module):
@@ -210,17 +252,30 @@ class StagedModel(nn.Module):
 def split_model(
     model: nn.Module, stages: int, balance, split_points: Optional[Sequence[str]] = None, example: torch.Tensor = None
 ) -> List[nn.Module]:
-    """The model as consecutive stage modules: traced at `split_points`, else flattened and balanced."""
+    """The model as consecutive stage modules: traced at `split_points`, else cut automatically and balanced.
+
+    A ResNet or nn.Sequential is flattened into layers; any other model is cut between the blocks of
+    its repeated block list (a transformer's), as only there is a cut both automatic and balanced.
+    """
     if split_points:
         groups = trace_split(model, [str(name) for name in split_points])
+    elif isinstance(model, (ResNet, nn.Sequential)):
+        groups = _flattened_groups(model, stages, balance, example)
     else:
-        layers = flatten_layers(model)
-        counts = stage_counts(layers, stages, balance, example)
-        groups, start = [], 0
-        for count in counts:
-            groups.append(nn.Sequential(*layers[start : start + count]))
-            start += count
+        groups = split_block_list(model, stages, balance, example)
     refuse_parameters_shared_across_stages(model, groups)
+    return groups
+
+
+def _flattened_groups(
+    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor]
+) -> List[nn.Module]:
+    """A ResNet or nn.Sequential as consecutive nn.Sequential stages of its layers."""
+    layers = flatten_layers(model)
+    groups, start = [], 0
+    for count in stage_counts(layers, stages, balance, example):
+        groups.append(nn.Sequential(*layers[start : start + count]))
+        start += count
     return groups
 
 
@@ -241,9 +296,10 @@ def refuse_parameters_shared_across_stages(model: nn.Module, groups: Sequence[nn
                 raise Refusal(
                     f"`strategy.balance`: {tied} are one parameter (tied weights), used by stage {first} and stage {k}."
                     " Each stage lives on its own device or rank, where one parameter cannot be shared (its copies"
-                    " would train apart). Fix: cut the model so that every layer using it falls in one stage"
-                    " (strategy.balance=[n1, n2, ...] or strategy.split_points=[...]), untie the weights, or train"
-                    " with strategy=ddp or single."
+                    " would train apart). Fix: train with strategy=ddp (no split: language models tie the token"
+                    " embedding and the output layer, which sit at the two ends of the model, so no cut keeps them in"
+                    " one stage), cut the model so that every layer using it falls in one stage"
+                    " (strategy.balance=[n1, n2, ...] or strategy.split_points=[...]), or untie the weights."
                 )
 
 
@@ -263,12 +319,179 @@ def build_staged(
     return StagedModel(groups, [devices[i % len(devices)] for i in range(len(groups))], chunks, freeze_batchnorm)
 
 
+# -- automatic stages for models built from a repeated block list ------------------------------
+@dataclass
+class BlockList:
+    """The repeated block list a model is cut along: ``model.get_submodule(name)``, e.g. ViT's ``blocks``."""
+
+    name: str
+    blocks: nn.Module  # an nn.ModuleList or nn.Sequential of 2+ children of one class
+
+    @property
+    def describe(self) -> str:
+        return f"{self.name!r} ({len(self.blocks)} x {type(self.blocks[0]).__name__})"
+
+
+def _count(module: nn.Module) -> int:
+    """Unique parameters (a tied weight counts once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def find_block_list(model: nn.Module) -> BlockList:
+    """The model's repeated block list: the nn.ModuleList/nn.Sequential of 2+ same-class children with the
+    most parameters, which must hold more than half of the model's (else cuts between its blocks could
+    not balance the stages). Refused when there is none.
+    """
+    candidates = [
+        BlockList(name, module)
+        for name, module in model.named_modules()
+        if name
+        and isinstance(module, (nn.ModuleList, nn.Sequential))
+        and len(module) >= 2
+        and len({type(child) for child in module}) == 1
+    ]
+    if not candidates:
+        raise _refuse_unsplittable(model, " (an nn.ModuleList or nn.Sequential of 2 or more blocks of one class)")
+    best = max(candidates, key=lambda c: _count(c.blocks))
+    total, held = _count(model), _count(best.blocks)
+    if 2 * held <= total:
+        share = f"{100 * held / total:.0f}%" if total else "none"
+        raise _refuse_unsplittable(
+            model,
+            f" holding most of its parameters (its largest, {best.describe}, holds only {share} of them: cuts"
+            " between its blocks could not balance the stages)",
+        )
+    return best
+
+
+def block_param_weights(model: nn.Module, found: BlockList) -> List[float]:
+    """Parameters per block; those registered before the list count for the first block (they join the first
+    stage), those after it for the last.
+    """
+    weights = [float(_count(block)) for block in found.blocks]
+    inside = {id(p) for p in found.blocks.parameters()}
+    past_list = False
+    for param in model.parameters():  # unique, in registration order
+        if id(param) in inside:
+            past_list = True
+        else:
+            weights[-1 if past_list else 0] += param.numel()
+    return weights
+
+
+def block_inputs(model: nn.Module, found: BlockList, example: torch.Tensor) -> List[Tuple[tuple, dict]]:
+    """The (args, kwargs) each block receives on `example`: a block's real input is only known inside the forward.
+
+    One no-grad forward in eval mode (no dropout draws, no batch-norm statistics updated); every module's
+    training flag is restored afterwards.
+    """
+    seen: Dict[int, Tuple[tuple, dict]] = {}
+
+    def hook(index: int) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen.setdefault(index, (args, kwargs))  # the first call (a block called twice is timed once)
+
+        return record
+
+    handles = [block.register_forward_pre_hook(hook(i), with_kwargs=True) for i, block in enumerate(found.blocks)]
+    modes = [(module, module.training) for module in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, mode in modes:
+            module.training = mode
+    missing = [f"{found.name}.{i}" for i in range(len(found.blocks)) if i not in seen]
+    if missing:
+        raise _refuse_split(f"the forward pass never calls {', '.join(missing)}.")
+    return [seen[i] for i in range(len(found.blocks))]
+
+
+def _first_tensor(value: Any) -> Optional[torch.Tensor]:
+    """A block's main output (blocks may return a tuple, the hidden state first)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+def block_time(block: nn.Module, args: tuple, kwargs: dict, repeats: int = 3) -> float:
+    """Forward + backward time of one block on its real input (median of a few runs, on a copy, as layer_times)."""
+    probe, runs = copy.deepcopy(block), []
+    for _ in range(repeats):
+        head = args[:1]
+        if head and isinstance(head[0], torch.Tensor):  # the hidden state: a fresh, non-leaf copy per run
+            head = (head[0].detach().requires_grad_(head[0].is_floating_point()).clone(),)
+        start = time.perf_counter()
+        y = _first_tensor(probe(*head, *args[1:], **kwargs))
+        if y is not None and y.requires_grad:
+            y.backward(torch.ones_like(y))
+        if y is not None and y.is_cuda:
+            torch.cuda.synchronize(y.device)
+        runs.append(time.perf_counter() - start)
+    return sorted(runs)[len(runs) // 2] + 1e-9
+
+
+def block_times(model: nn.Module, found: BlockList, example: torch.Tensor) -> List[float]:
+    """Forward + backward time of each block (what a pipeline stage spends per micro-batch)."""
+    return [block_time(block, *inputs) for block, inputs in zip(found.blocks, block_inputs(model, found, example))]
+
+
+def split_block_list(
+    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor] = None
+) -> List[nn.Module]:
+    """`model` cut between the blocks of its repeated block list into `stages` balanced stages.
+
+    The cut is traced (:func:`trace_split`) at the first block of every stage but the first, so the
+    layers before the list (embeddings) join the first stage and those after it (norm, head) the last.
+    """
+    found = find_block_list(model)
+    counts = balanced_counts(
+        len(found.blocks),
+        stages,
+        balance,
+        example,
+        lambda: block_param_weights(model, found),
+        lambda: block_times(model, found, example),
+        f"{type(model).__name__}'s block list {found.name!r} has {len(found.blocks)} blocks",
+        "block",
+    )
+    starts = [sum(counts[:k]) for k in range(1, len(counts))]
+    points = [f"{found.name}.{i}" for i in starts]
+    label = balance if isinstance(balance, str) else list(balance)
+    log.info(
+        "cutting %s's block list %s into %d stages at %s (balance=%s: %s blocks)",
+        type(model).__name__,
+        found.describe,
+        len(counts),
+        ", ".join(points) or "no block",
+        label,
+        " + ".join(str(c) for c in counts),
+    )
+    return trace_split(model, points)
+
+
 # -- splitting any model at named modules -----------------------------------------------------
 def _refuse_split(problem: str) -> Refusal:
     return Refusal(
         f"`strategy.split_points`: {problem} Fix: name modules of model.named_modules() in the order the forward pass"
         " uses them, e.g. strategy.split_points=[layer3] (one stage begins at each)."
     )
+
+
+def _runs_inside(node: "torch.fx.Node", name: str) -> bool:
+    """Whether `node` is a call of module `name` or any operation of its forward (as fx recorded the module stack).
+
+    Not only its first submodule call: a block's own first operations (a traced LayerNorm's parameter
+    fetch, a shape read) would otherwise fall in the previous stage and send Python ints between stages.
+    """
+    paths = [str(node.target)] if node.op == "call_module" else []
+    paths += [path for path, _ in node.meta.get("nn_module_stack", {}).values()]
+    return any(path == name or path.startswith(name + ".") for path in paths)
 
 
 def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[str]) -> List[int]:
@@ -280,14 +503,7 @@ def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[
             close = difflib.get_close_matches(name, [k for k in known if k], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise _refuse_split(f"the model has no module {name!r}{hint}.")
-        index = next(
-            (
-                i
-                for i, n in enumerate(nodes)
-                if n.op == "call_module" and (n.target == name or str(n.target).startswith(name + "."))
-            ),
-            None,
-        )
+        index = next((i for i, n in enumerate(nodes) if _runs_inside(n, name)), None)
         if index is None:
             raise _refuse_split(f"the traced forward pass never calls module {name!r}.")
         firsts.append(index)
@@ -298,24 +514,98 @@ def _first_nodes(graph: "torch.fx.Graph", names: Sequence[str], known: Sequence[
     return firsts
 
 
-def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
-    """Cut `model` where each named module begins: ``len(split_points) + 1`` chained stages.
+def _refuse_inputs(model: nn.Module, required: Sequence[str]) -> Refusal:
+    """More than one required forward input: stages are chained on exactly one tensor."""
+    first, *extra = required
+    example = ", ".join([first, *(f"{name}=None" for name in extra)])
+    return Refusal(
+        f"`strategy.split_points`: {type(model).__name__}.forward takes {len(required)} required inputs"
+        f" ({', '.join(required)}), but a split model is called with one tensor, which its first stage receives."
+        f" Fix: give the extra inputs default values (e.g. forward(self, {example})) so that the model is called"
+        " with one tensor, wrap the model in a module whose forward takes one tensor, or train with strategy=ddp"
+        " (no split)."
+    )
 
-    The forward pass is traced symbolically with ``torch.fx`` (no example needed, any batch
-    size). Each node goes to the stage of the last split point at or before it; a value made
-    in one stage and used in a later one is passed through the stages between, so stage k
-    takes exactly what stage k-1 returns. Parameters are shared with `model`, not copied.
+
+def forward_inputs(model: nn.Module) -> Tuple[str, Dict[str, Any]]:
+    """The forward's one tensor input, and every other argument bound to its default.
+
+    Stages are called with one tensor, so the optional arguments (timm's ``attn_mask=None``, a language
+    model's ``targets=None``) take their defaults and are traced as constants; *args and **kwargs are
+    optional too. Only a forward with more than one required argument is refused.
     """
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = [p for p in inspect.signature(model.forward).parameters.values() if p.kind not in variadic]
+    required = [p.name for p in named if p.default is inspect.Parameter.empty]
+    if len(required) > 1:
+        raise _refuse_inputs(model, required)
+    if not named:
+        raise _refuse_split(f"{type(model).__name__}.forward names no input, but a split model is called with one.")
+    inp = required[0] if required else named[0].name
+    return inp, {p.name: p.default for p in named if p.name != inp}
+
+
+def _drop_bound_inputs(graph: "torch.fx.Graph", inp: str) -> None:
+    """Remove the placeholders fx adds for arguments bound to constants, with their guards.
+
+    fx keeps a placeholder per bound argument, checked by ``_assert_is_none``/``_assert`` nodes, and one
+    for an unused *args/**kwargs; a stage would otherwise expect them as inputs.
+    """
+    for node in [n for n in graph.nodes if n.op == "placeholder" and n.target != inp]:
+        bound = not str(node.target).startswith("*")
+        if not bound and node.users:
+            raise _refuse_split(f"{node.target} is used by the forward pass; a split model is called with one tensor.")
+        guards, todo = set(), list(node.users)
+        while todo:  # a bound placeholder's only users are its guards (fx passes the constant itself on)
+            user = todo.pop()
+            if user not in guards:
+                guards.add(user)
+                todo.extend(user.users)
+        for user in reversed([n for n in graph.nodes if n in guards]):
+            graph.erase_node(user)
+        graph.erase_node(node)
+
+
+def _trace(model: nn.Module) -> "torch.fx.Graph":
+    """The model's forward as an fx graph with one placeholder: its tensor input."""
     import torch.fx as fx
 
-    try:
-        traced = fx.symbolic_trace(model)
+    inp, bound = forward_inputs(model)
+    try:  # fx.Tracer, not fx.symbolic_trace: fx cannot compile a forward with tuple defaults and *args
+        graph = fx.Tracer().trace(model, concrete_args=bound)
     except Exception as err:  # data-dependent control flow, unsupported Python
         raise _refuse_split(
             f"{type(model).__name__}'s forward cannot be traced with torch.fx ({type(err).__name__}:"
             f" {str(err).splitlines()[0] if str(err) else ''})."
         ) from None
-    graph = traced.graph
+    _drop_bound_inputs(graph, inp)
+    return graph
+
+
+def _stage_output(graph: "torch.fx.Graph", output_node: "torch.fx.Node", env: Dict[Any, Any]) -> Any:
+    """The last stage's output, structured as the model's (fx flattens it when a default was a tuple or dict)."""
+    import torch.fx as fx
+    from torch.fx.graph import _PyTreeCodeGen
+    from torch.utils import _pytree as pytree
+
+    value = fx.map_arg(output_node.args[0], lambda n: env[n])
+    if isinstance(graph._codegen, _PyTreeCodeGen) and graph._codegen.pytree_info.out_spec is not None:
+        return pytree.tree_unflatten(list(value), graph._codegen.pytree_info.out_spec)
+    return value
+
+
+def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
+    """Cut `model` where each named module begins: ``len(split_points) + 1`` chained stages.
+
+    The forward pass is traced symbolically with ``torch.fx`` (no example needed, any batch
+    size), its optional arguments bound to their defaults (:func:`forward_inputs`). Each node
+    goes to the stage of the last split point at or before it; a value made in one stage and
+    used in a later one is passed through the stages between, so stage k takes exactly what
+    stage k-1 returns. Parameters are shared with `model`, not copied.
+    """
+    import torch.fx as fx
+
+    graph = _trace(model)
     nodes = list(graph.nodes)
     firsts = _first_nodes(graph, split_points, [n for n, _ in model.named_modules()])
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -359,12 +649,12 @@ def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
             for arg in output_node.all_input_nodes:
                 if arg.op == "get_attr" and arg not in env:
                     env[arg] = stage_graph.node_copy(arg)
-            stage_graph.output(fx.map_arg(output_node.args[0], lambda n: env[n]))
+            stage_graph.output(_stage_output(graph, output_node, env))
         else:
             live = [env[v] for v in crossing[k + 1]]
             stage_graph.output(live[0] if len(live) == 1 else tuple(live))
         stage_graph.lint()
-        stages.append(fx.GraphModule(traced, stage_graph, class_name=f"Stage{k}"))
+        stages.append(fx.GraphModule(model, stage_graph, class_name=f"Stage{k}"))
     return stages
 
 

@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from hpc_train import rundir
 from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
-from hpc_train.compute.data import eval_loader, train_loader
+from hpc_train.compute.batch import to_device
+from hpc_train.compute.data import eval_loader, has_length, is_stateful, is_stream, set_data_shard, stream_loader, train_loader
 from hpc_train.compute.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
@@ -35,10 +36,13 @@ from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
 from hpc_train.compute.runlog import Progress, truncate_metrics
 from hpc_train.compute.strategies import Strategy
+from hpc_train.compute.refusal import Refusal
+from hpc_train.compute.step import build_step
 from hpc_train.compute.user_code import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.fingerprint import fingerprint
 
 log = logging.getLogger("hpc_train")
+_END = object()  # a stream's iterator ran out
 
 
 @dataclass
@@ -49,6 +53,7 @@ class TrainState:
     step_in_epoch: int = 0  # optimizer steps already taken in that epoch
     global_step: int = 0
     last_loss: Optional[float] = None
+    last_metrics: Dict[str, float] = field(default_factory=dict)  # the user step's other metrics, last logged
     last_eval: Optional[Dict[str, Any]] = field(default=None)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -117,6 +122,7 @@ class Trainer:
             fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size),
             sharded={"model": strategy.unwrap(self.wrapped), "optimizer": self.optimizer, "scaler": self.scaler},
             shared={"scheduler": self.scheduler, "state": self.state},
+            per_rank={"data": self.train_loader} if self.exact_stream_resume else {},
             shard_key=strategy.checkpoint_key,
             owns_shard=strategy.owns_checkpoint_shard,
             every=int(self.tcfg.get("checkpoint_every") or 0),
@@ -143,20 +149,22 @@ class Trainer:
         self.model.train()
         settle_garbage_collector()
         while state.global_step < self.total_steps:
-            for inputs, targets in self._epoch_batches():
+            ran_out = True  # the epoch's batches ran out (a stream without a length ends its epoch so)
+            for batch in self._epoch_batches():
                 faults.maybe_fail(self.ranks.rank, state.global_step)
-                loss = self.train_step(inputs, targets)
+                loss, metrics = self.train_step(batch)
                 state.global_step += 1
                 state.step_in_epoch += 1
                 meter.step_done(state.global_step)
                 final = state.global_step >= self.total_steps
                 if final or state.global_step % int(tcfg.log_every) == 0:
-                    self._log_train(loss)
+                    self._log_train(loss, metrics)
                 progress.update(state.global_step, state.last_loss)
                 if final:
+                    ran_out = False
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
-            epoch_done = state.step_in_epoch >= self.steps_per_epoch
+            epoch_done = self._epoch_done(ran_out)
             self._sync()
             meter.pause()
             if tcfg.eval and self.eval_loader is not None and (epoch_done or state.global_step >= self.total_steps):
@@ -168,66 +176,104 @@ class Trainer:
         self.checkpointer.save(state.global_step, "end of training")
         return self._finish(meter)
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def train_step(self, batch: Any) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.strategy.forward_backward(self.model, self._to_input(inputs), targets, self.loss_fn, self.scaler)
+        loss, metrics = self.strategy.forward_backward(self.model, self._to_device(batch), self.scaler)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.scheduler.step()
-        return loss
+        return loss, metrics
 
     @torch.no_grad()
     def evaluate(self) -> Dict[str, Optional[float]]:
-        """Loss (trainer.loss) and, for class logits against integer labels, accuracy over data.val."""
+        """The step's loss and metrics over data.val, weighted by batch size; accuracy for the built-in step's
+        class logits against integer labels."""
         self.model.eval()
-        totals = torch.zeros(4, dtype=torch.float64)  # correct, samples, summed loss, classified samples
-        for inputs, targets in self.eval_loader:
-            totals += self.strategy.eval_counts(self.model, self._to_input(inputs), targets)
+        names = self.strategy.metric_names
+        totals = torch.zeros(4 + len(names), dtype=torch.float64)  # correct, samples, loss, classified, *metrics
+        for batch in self.eval_loader:
+            totals += self.strategy.eval_counts(self.model, self._to_device(batch))
         self.model.train()
         totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
         count = max(1.0, totals[1].item())
         accuracy = totals[0].item() / count if totals[3].item() == totals[1].item() > 0 else None
-        return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item())}
+        metrics = {name: totals[4 + i].item() / count for i, name in enumerate(names)}
+        return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item()), **metrics}
 
     # -- set-up -----------------------------------------------------------------------------
     def _build_data(self) -> None:
-        data = self.data = build_datasets(self.cfg.data)
         dp_size, dp_rank = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
+        set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
+        data = self.data = build_datasets(self.cfg.data)
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
-        self.train_loader = train_loader(
-            data.train,
-            self.cfg.data,
-            self.per_rank_batch,
-            dp_size,
-            dp_rank,
-            seed=int(self.cfg.seed),
-            collate_fn=data.collate_fn,
-        )
+        self.stream = is_stream(data.train)
+        seed = int(self.cfg.seed)
+        if self.stream:
+            self.train_loader = stream_loader(data.train, self.cfg.data, self.per_rank_batch, seed, data.collate_fn)
+        else:
+            self.train_loader = train_loader(
+                data.train, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=seed, collate_fn=data.collate_fn
+            )
         self.eval_loader = (
             eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
             if data.val is not None
             else None
         )
-        self.steps_per_epoch = len(self.train_loader)
-        if self.steps_per_epoch == 0:
+        self.steps_per_epoch = self._count_steps_per_epoch()
+        self.total_steps = total_steps(self.tcfg, self.steps_per_epoch) if self.steps_per_epoch else self._stream_steps()
+        self._skip_on_resume = 0  # batches of a stream without state to re-read and drop after a resume
+        # A stream with state_dict() read through torchdata's StatefulDataLoader: its position is checkpointed per rank.
+        self.exact_stream_resume = self.stream and hasattr(self.train_loader, "load_state_dict")
+
+    def _count_steps_per_epoch(self) -> Optional[int]:
+        """Optimizer steps per epoch; None for a stream without a length (its epoch ends when it runs out)."""
+        data = self.data.train
+        if self.stream and not has_length(data):
+            return None
+        steps = len(self.train_loader)
+        if self.stream:  # each rank's share has its own length: every rank stops at the shortest
+            steps = -distributed.all_reduce_max_int(-steps)
+        if steps == 0:
+            size = f"{len(data)} samples" + (" on some rank" if self.stream else "")
             raise ValueError(
-                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({len(data.train)}"
-                " samples): lower trainer.batch_size."
+                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({size}): lower"
+                " trainer.batch_size."
             )
-        self.total_steps = total_steps(self.tcfg, self.steps_per_epoch)
+        return steps
+
+    def _stream_steps(self) -> int:
+        """A stream without a length trains trainer.max_steps steps, re-read from its start whenever it runs out."""
+        name = type(self.data.train).__name__
+        if self.tcfg.max_steps is None:
+            raise Refusal(
+                f"`trainer.max_steps`: data.train ({name}) is a stream without a length, so trainer.epochs cannot be"
+                " turned into a number of steps. Fix: set trainer.max_steps=N (the stream is read again from its start"
+                " whenever it runs out), or give the dataset a __len__."
+            )
+        if self.tcfg.epochs is not None:
+            log.info(
+                "data.train (%s) has no length: training for trainer.max_steps=%d steps (trainer.epochs=%s does not"
+                " apply; the stream starts over when it runs out)",
+                name,
+                self.tcfg.max_steps,
+                self.tcfg.epochs,
+            )
+        return int(self.tcfg.max_steps)
 
     def _build_model(self) -> None:
         model = build_model(self.cfg)
         self.loss_fn = self.strategy.loss_fn = build_loss(self.cfg)
-        check_fit(model, self.loss_fn, self.data)  # a dataset the model cannot take is refused before any step
+        self.strategy.step = build_step(self.cfg, self.loss_fn)
+        # One tiny batch through the step: a dataset the model cannot take is refused before any training step.
+        self.strategy.metric_names = check_fit(model, self.strategy.step, self.loss_fn, self.data)
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         example = None
         if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
-            example = collate(self.data, range(min(len(self.data.train), self.per_rank_batch)))[0]
+            example = collate(self.data, self.per_rank_batch)[0]
         self.model = self.wrapped = self.strategy.wrap(model, example)
         if self.tcfg.compile and self.strategy.supports_compile:
             self.model = torch.compile(self.model)
@@ -245,33 +291,73 @@ class Trainer:
         log.info(
             "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
         )
-        if self.is_main:  # drop lines the lost attempt logged past the checkpoint
-            truncate_metrics(
-                self.run_dir, self.state.global_step, keep_eval_at_last=self.state.step_in_epoch < self.steps_per_epoch
+        if self.stream and not self.exact_stream_resume:
+            self._skip_on_resume = self.state.step_in_epoch
+            log.warning(
+                "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"
+                " batches already trained on (exact for a stream that yields the same items in the same order)",
+                type(self.data.train).__name__,
+                "read without torchdata (pip install torchdata for an exact restart from its state_dict())"
+                if is_stateful(self.data.train)
+                else "without state_dict()/load_state_dict()",
+                self.state.epoch,
+                self._skip_on_resume,
             )
+        if self.is_main:  # drop lines the lost attempt logged past the checkpoint
+            # An epoch that was complete at the checkpoint is evaluated again after the resume (a stream without a
+            # length cannot tell whether it was: it re-evaluates in that case too).
+            mid_epoch = self.steps_per_epoch is not None and self.state.step_in_epoch < self.steps_per_epoch
+            truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=mid_epoch)
 
     # -- inside the loop --------------------------------------------------------------------
-    def _epoch_batches(self) -> Iterator[Tuple[Any, Any]]:
+    def _epoch_batches(self) -> Iterator[Any]:
         """This epoch's batches from the exact position the loop is at (mid-epoch after a resume)."""
-        sampler = self.train_loader.sampler
-        sampler.set_epoch(self.state.epoch)
-        sampler.skip_batches(self.state.step_in_epoch, self.per_rank_batch)
-        return iter(self.train_loader)
+        if not self.stream:
+            sampler = self.train_loader.sampler
+            sampler.set_epoch(self.state.epoch)
+            sampler.skip_batches(self.state.step_in_epoch, self.per_rank_batch)
+            return iter(self.train_loader)
+        if callable(getattr(self.data.train, "set_epoch", None)):
+            self.data.train.set_epoch(self.state.epoch)
+        batches = iter(self.train_loader)  # a restored StatefulDataLoader continues where it stopped
+        for _ in range(self._skip_on_resume):  # a stream without state: re-read what the lost attempt consumed
+            next(batches, None)
+        self._skip_on_resume = 0
+        return self._while_every_rank_has_one(batches)
 
-    def _to_input(self, inputs: torch.Tensor) -> torch.Tensor:
-        inputs = inputs.to(self.strategy.input_device, non_blocking=True)
-        if self.tcfg.channels_last and inputs.dim() == 4:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
-        return inputs
+    def _while_every_rank_has_one(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """A stream's batches while every rank still has one (and the epoch's length is not reached): a rank whose
+        share runs out first ends the epoch everywhere, instead of leaving the others waiting in a collective."""
+        while self.steps_per_epoch is None or self.state.step_in_epoch < self.steps_per_epoch:
+            batch = next(batches, _END)
+            if distributed.all_reduce_max_int(int(batch is _END)):  # one collective a step, all ranks alike
+                return
+            yield batch
 
-    def _log_train(self, loss: torch.Tensor) -> None:
+    def _epoch_done(self, ran_out: bool) -> bool:
+        if self.steps_per_epoch is not None:
+            return self.state.step_in_epoch >= self.steps_per_epoch or (self.stream and ran_out)
+        if ran_out and self.state.step_in_epoch == 0:
+            raise Refusal(
+                f"`data.train`: the stream ({type(self.data.train).__name__}) yielded no batch of"
+                f" {self.per_rank_batch} items in epoch {self.state.epoch} on some rank. Fix: check its sharding"
+                " (hpc_train.data_shard()) and that each rank's share holds at least one batch."
+            )
+        return ran_out
+
+    def _to_device(self, batch: Any) -> Any:
+        return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
+
+    def _log_train(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor]) -> None:
         state = self.state
         state.last_loss = self.strategy.global_loss(loss)  # a collective on some strategies: every rank calls it
+        state.last_metrics = self.strategy.global_metrics(metrics)
         self.metrics.write({
             "kind": "train",
             "step": state.global_step,
             "epoch": state.epoch,
             "loss": state.last_loss,
+            **state.last_metrics,
             "lr": self.scheduler.get_last_lr()[0],
             "time": time.time(),
         })
@@ -286,6 +372,7 @@ class Trainer:
             "epoch": state.epoch,
             "accuracy": accuracy,
             "loss": loss,
+            **{name: state.last_eval[name] for name in self.strategy.metric_names},
             "time": time.time(),
         })
         log.info(
@@ -372,6 +459,8 @@ class Trainer:
             "train_loss": state.last_loss,
             "eval_accuracy": None if last_eval is None else last_eval["accuracy"],
             "eval_loss": None if last_eval is None else last_eval["loss"],
+            **{f"train_{name}": value for name, value in state.last_metrics.items()},
+            **{f"eval_{name}": (last_eval or {}).get(name) for name in self.strategy.metric_names},
             "images_per_sec": meter.images_per_sec,
             "timed_steps": meter.images // int(self.tcfg.batch_size),
             "resumed_from_step": self.resumed_from_step,

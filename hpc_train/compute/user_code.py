@@ -9,16 +9,20 @@ the start of the job before any training step.
 
 from __future__ import annotations
 
+import copy
+import itertools
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
 from omegaconf import DictConfig
 from torch.utils.data import Dataset, default_collate
 
+from hpc_train.compute.batch import describe
+from hpc_train.compute.data import is_stream
 from hpc_train.compute.refusal import Refusal
 
 DATA_LOADER_KEYS = ("num_workers", "pin_memory", "collate_fn")  # data.* keys the loaders read, never the datasets
@@ -85,12 +89,14 @@ def build_datasets(data_cfg: DictConfig) -> Datasets:
         instantiate_node(collate_node, "data.collate_fn", "collate function") if collate_node is not None else None
     )
     for key, dataset in (("data.train", train), ("data.val", val)):
-        if dataset is not None and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        if dataset is not None and not is_stream(dataset) and not (
+            hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+        ):
             raise Refusal(
-                f"`{key}`: {type(dataset).__name__} is not a map-style dataset (it needs __getitem__ and __len__). Fix:"
-                " return a torch.utils.data.Dataset yielding (input, target) pairs."
+                f"`{key}`: {type(dataset).__name__} is neither a map-style dataset (__getitem__ and __len__) nor a"
+                " torch.utils.data.IterableDataset. Fix: return a torch.utils.data.Dataset or IterableDataset."
             )
-    if len(train) == 0:
+    if not is_stream(train) and len(train) == 0:
         raise Refusal(
             f"`data.train`: the training set is empty. Fix: check the arguments of {data_cfg.train._target_}."
         )
@@ -107,17 +113,32 @@ def build_loss(cfg: DictConfig) -> Callable:
     return loss
 
 
-def collate(data: Datasets, indices: Sequence[int]) -> Any:
-    items = [data.train[i] for i in indices]
-    return (data.collate_fn or default_collate)(items)
+def first_items(dataset: Any, count: int) -> List[Any]:
+    """The first `count` items of a dataset; a stream is read from a copy, so its own position does not move."""
+    if not is_stream(dataset):
+        return [dataset[i] for i in range(min(count, len(dataset)))]
+    try:
+        probe = copy.deepcopy(dataset)
+    except Exception:
+        probe = dataset
+    return list(itertools.islice(iter(probe), count))
+
+
+def collate(data: Datasets, count: int) -> Any:
+    """A batch of the first `count` training items, collated as the loader does."""
+    return (data.collate_fn or default_collate)(first_items(data.train, count))
 
 
 def _pair(item: Any, key: str) -> None:
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
-        kind = f"a {len(item)}-tuple" if isinstance(item, (tuple, list)) else f"a {type(item).__name__}"
+        kind = f"a {len(item)}-tuple" if isinstance(item, (tuple, list)) else describe(item)
+        hint = (
+            " or, for a model that computes its own loss (Hugging Face: labels in the batch), set"
+            " trainer.step=hpc_train.steps.model_loss (a _target_ with _partial_: true), or your own step(model, batch)"
+        )
         raise Refusal(
-            f"`{key}`: its items must be (input, target) pairs, but item 0 is {kind}. Fix: make __getitem__ return"
-            " (input, target)."
+            f"`{key}`: the built-in training step (trainer.step=null) takes (input, target) pairs, but item 0 is"
+            f" {kind}. Fix: make __getitem__ return (input, target),{hint}."
         )
 
 
@@ -125,22 +146,40 @@ def _shape(x: Any) -> str:
     return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
-def check_fit(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
-    """One tiny batch through the model and the loss, on the CPU, before any training.
+def check_fit(model: nn.Module, step: Callable, loss_fn: Callable, data: Datasets) -> List[str]:
+    """One tiny batch through the training step, on the CPU, before any training; the step's metric names.
 
-    A dataset yielding the wrong shape or a loss that does not match the model's output is
-    refused here, naming the key, instead of failing inside the first step of every rank.
+    A dataset yielding the wrong shape, a loss that does not match the model's output or a user
+    step that fails is refused here, naming the key, instead of failing inside the first step of
+    every rank.
     """
-    _pair(data.train[0], "data.train")
-    if data.val is not None and len(data.val) > 0:
-        _pair(data.val[0], "data.val")
-        train_in, val_in = data.train[0][0], data.val[0][0]
+    from hpc_train.compute.step import check_step, is_builtin
+
+    if not is_builtin(step):
+        items = first_items(data.train, 2)
+        if not items:
+            raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
+        return check_step(step, model, (data.collate_fn or default_collate)(items))
+    check_pairs(model, loss_fn, data)
+    return []
+
+
+def check_pairs(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
+    """The built-in step: (input, target) items, the model takes the inputs, the loss compares output and target."""
+    train_items = first_items(data.train, 2)
+    if not train_items:
+        raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
+    _pair(train_items[0], "data.train")
+    val_items = first_items(data.val, 1) if data.val is not None else []
+    if val_items:
+        _pair(val_items[0], "data.val")
+        train_in, val_in = train_items[0][0], val_items[0][0]
         if isinstance(train_in, torch.Tensor) and isinstance(val_in, torch.Tensor) and train_in.shape != val_in.shape:
             raise Refusal(
                 f"`data.val`: its inputs have {_shape(val_in)}, the training inputs {_shape(train_in)}. Fix: give both"
                 " datasets the same input shape."
             )
-    inputs, targets = collate(data, range(min(2, len(data.train))))
+    inputs, targets = (data.collate_fn or default_collate)(train_items)
     was_training = model.training
     model.eval()
     try:
@@ -156,10 +195,16 @@ def check_fit(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
             try:
                 loss = loss_fn(outputs, targets)
             except Exception as err:
+                hint = (
+                    " For a model that computes its own loss, set trainer.step to a function step(model, batch) that"
+                    " returns it."
+                    if isinstance(outputs, (tuple, list, dict))
+                    else ""
+                )
                 raise Refusal(
                     f"`trainer.loss`: the loss cannot compare the model's output ({_shape(outputs)}) with the targets"
                     f" ({_shape(targets)}): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}. Fix:"
-                    " choose a loss for this kind of target, or fix the dataset's targets."
+                    f" choose a loss for this kind of target, or fix the dataset's targets.{hint}"
                 ) from None
             if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
                 raise Refusal(

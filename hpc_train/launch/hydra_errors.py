@@ -222,6 +222,12 @@ def _unknown_key(cause) -> ConfigError:
             f" +{full_key}=...).",
         )
     parent = full_key.rsplit(".", 1)[0]
+    if not siblings:  # a null (or empty) node, such as trainer.step before it is set
+        return ConfigError(
+            full_key,
+            f"{parent} is empty (null), so it has no key {word!r}.",
+            f"give the whole node, e.g. '{parent}={{{word}:...}}', or add the key on purpose with +{full_key}=...",
+        )
     return ConfigError(
         full_key,
         f"{parent} has no key {word!r}{nearest(word, siblings)}.",

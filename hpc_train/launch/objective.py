@@ -11,6 +11,7 @@ specific to one sweeper.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +33,15 @@ NUMERIC_SUMMARY_KEYS = (
 )
 
 
+# A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/step.py).
+STEP_METRIC = re.compile(r"(train|eval)_[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_objective_name(value: Any) -> bool:
+    """A numeric summary key, or the summary key of a metric a user step may report."""
+    return isinstance(value, str) and (value in NUMERIC_SUMMARY_KEYS or STEP_METRIC.fullmatch(value) is not None)
+
+
 def sweeper_target(hydra_cfg: Any) -> str:
     return str(OmegaConf.select(hydra_cfg, "sweeper._target_", default="") or "")
 
@@ -45,12 +55,14 @@ def sweeper_wants_objective(hydra_cfg: Any) -> bool:
 def check_objective(cfg: DictConfig, hydra_cfg: Optional[Any] = None) -> None:
     """`objective` names a numeric summary key; a dry run cannot feed a sweeper that optimises."""
     key = cfg.get("objective")
-    if key not in NUMERIC_SUMMARY_KEYS:
+    user_step = OmegaConf.select(cfg, "trainer.step", default=None) is not None
+    if key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
+        more = "" if user_step else " (train_<metric> and eval_<metric> name the metrics of a trainer.step)"
         raise ConfigError(
             "objective",
-            f"{key!r} is not a numeric key of summary.json.",
+            f"{key!r} is not a numeric key of summary.json{more}.",
             f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy with"
-            " hydra.sweeper.direction=maximize).",
+            " hydra.sweeper.direction=maximize), or train_<name> / eval_<name> for a metric your trainer.step returns.",
         )
     if hydra_cfg is not None and sweeper_wants_objective(hydra_cfg) and cfg.get("dry_run"):
         raise ConfigError(

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS
+from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS, is_objective_name
 from hpc_train.strategy_table import NAMES as STRATEGY_NAMES
 
 Problem = Optional[str]  # None: the value is fine; else what is wrong, as a sentence fragment
@@ -270,9 +270,12 @@ RULES: Tuple[Rule, ...] = (
     ),
     R(
         "objective",
-        one_of(*NUMERIC_SUMMARY_KEYS),
+        lambda value: None if is_objective_name(value) else f"must be a numeric key of summary.json, got {_show(value)}",
         "eval_loss",
-        fix=f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy).",
+        fix=(
+            f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy), or train_<name> /"
+            " eval_<name> for a metric your trainer.step returns."
+        ),
     ),
     # resources
     R("resources.nodes", whole(1, 100_000), 1, required=True, fix="set resources.nodes=1 or more."),
@@ -487,6 +490,17 @@ RULES: Tuple[Rule, ...] = (
         fix=(
             "set trainer.loss._target_=torch.nn.CrossEntropyLoss (a loss class), or a function with"
             " trainer.loss._partial_=true."
+        ),
+    ),
+    R(
+        "trainer.step",
+        target_node,
+        "hpc_train.steps.model_loss",
+        null="the built-in step: trainer.loss of the model's output against the target",
+        fix=(
+            "set trainer.step={_target_: my_package.step, _partial_: true} (a function step(model, batch) returning the"
+            " loss), trainer.step._target_=hpc_train.steps.model_loss for a model that computes its own loss, or"
+            " trainer.step=null."
         ),
     ),
     R(

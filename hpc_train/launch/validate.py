@@ -101,6 +101,14 @@ def check_strategy(cfg: DictConfig, layout: JobLayout) -> None:
     """How the split strategies' stages, micro-batches and schedule fit the layout and the batch."""
     if not KINDS[layout.strategy].staged:
         return
+    if cfg.trainer.get("step") is not None:
+        raise ConfigError(
+            "trainer.step",
+            f"{KINDS[layout.strategy].spelling} cuts the model into stages and computes trainer.loss on the last"
+            " stage's output, so it cannot run a step that calls the whole model (the model's own loss included).",
+            "train with strategy=ddp (or single, dp), or set trainer.step=null and give the loss as trainer.loss on"
+            " (input, target) pairs.",
+        )
     check_split_points(cfg.strategy)
     settings = split_settings(cfg.strategy)
     stages = resolved_stages(cfg, layout)

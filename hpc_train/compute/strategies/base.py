@@ -13,15 +13,17 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from hpc_train import rundir
 from hpc_train.compute import distributed
+from hpc_train.compute.batch import batch_size
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.ranks import RankInfo
+from hpc_train.compute.step import SupervisedStep, is_builtin, split_result
 
 
 class Strategy:
@@ -35,6 +37,8 @@ class Strategy:
         self.devices = devices
         self.precision = precision
         self.loss_fn: Callable = loss_fn or nn.CrossEntropyLoss()  # trainer.loss; pipeline schedules call it themselves
+        self.step: Callable = SupervisedStep(self.loss_fn)  # trainer.step (the trainer sets both)
+        self.metric_names: List[str] = []  # the metrics the user's step returns besides its loss
 
     # -- placement --------------------------------------------------------------------
     needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
@@ -63,32 +67,38 @@ class Strategy:
 
     # -- compute ----------------------------------------------------------------------
     def forward_backward(
-        self,
-        model: nn.Module,
-        images: torch.Tensor,
-        labels: torch.Tensor,
-        loss_fn: nn.Module,
-        scaler: Optional["torch.amp.GradScaler"],
-    ) -> torch.Tensor:
-        """One forward and backward pass; returns this rank's mean loss (detached)."""
+        self, model: nn.Module, batch: Any, scaler: Optional["torch.amp.GradScaler"]
+    ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """One forward and backward pass of the training step; this rank's loss and metrics (detached)."""
         with autocast(self.precision, self.input_device):
-            outputs = model(images)
-            loss = loss_fn(outputs, labels.to(outputs.device, non_blocking=True))
+            loss, metrics = split_result(self.step(model, batch), self.reduce_replicas)
         (scaler.scale(loss) if scaler is not None else loss).backward()
-        return loss.detach()
+        return loss.detach(), {name: value.detach() for name, value in metrics.items()}
+
+    def reduce_replicas(self, value: Any) -> Any:
+        """One value from what the wrapped model returned (nn.DataParallel returns one per GPU)."""
+        return value
 
     def predict(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         with autocast(self.precision, self.input_device):
             return model(images)
 
-    def eval_counts(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """(correct, samples, summed loss, classified samples) of one evaluation batch, float64 on the CPU.
+    def eval_counts(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Sums over one evaluation batch, float64 on the CPU: (correct, samples, loss, classified, *metrics).
 
-        Summed over batches and ranks later: the loss is trainer.loss (a mean over the batch)
-        times the batch size; accuracy counts only batches of class logits against integer labels.
+        Summed over batches and ranks later, then divided by the samples: the loss (a mean over
+        the batch) and each metric of the user's step are weighted by the batch size; accuracy
+        counts only the built-in step's batches of class logits against integer labels.
         """
+        if not is_builtin(self.step):
+            with autocast(self.precision, self.input_device):
+                loss, metrics = split_result(self.step(model, batch), self.reduce_replicas)
+            count = batch_size(batch)
+            sums = [float(loss) * count, *(float(metrics[name]) * count for name in self.metric_names)]
+            return torch.tensor([0, count, sums[0], 0, *sums[1:]], dtype=torch.float64)
         from hpc_train.compute.user_code import is_classification
 
+        images, labels = batch
         outputs = self.predict(model, images).float()
         labels = labels.to(outputs.device)
         count = outputs.shape[0]
@@ -104,6 +114,14 @@ class Strategy:
         return distributed.all_reduce_mean(
             loss.float().reshape(1).to(distributed.collective_device(self.input_device))
         ).item()
+
+    def global_metrics(self, metrics: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """The step's metrics averaged over the global batch (every rank calls it, with the same names)."""
+        if not self.metric_names:
+            return {}
+        device = distributed.collective_device(self.input_device)
+        values = torch.stack([metrics[name].detach().float().reshape(()).to(device) for name in self.metric_names])
+        return dict(zip(self.metric_names, distributed.all_reduce_mean(values).tolist()))
 
     # -- checkpoints ------------------------------------------------------------------
     @property

@@ -137,7 +137,8 @@ class PipeliningStrategy(Strategy):
     def _loss(self, outputs: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.loss_fn(outputs.float(), target)
 
-    def forward_backward(self, model, images, labels, loss_fn, scaler) -> torch.Tensor:
+    def forward_backward(self, model, batch, scaler):
+        images, labels = batch
         losses: List[torch.Tensor] = []
         with autocast(self.precision, self.input_device):
             if self.is_first and self.is_last:
@@ -154,23 +155,24 @@ class PipeliningStrategy(Strategy):
                     dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
                     param.grad /= self.replicas
         if losses:
-            return torch.stack([l.detach().float() for l in losses]).mean()
-        return torch.zeros((), device=self.input_device)
+            return torch.stack([l.detach().float() for l in losses]).mean(), {}
+        return torch.zeros((), device=self.input_device), {}
 
     def global_loss(self, loss: torch.Tensor) -> float:
         # Only last stages hold a loss; the others contribute 0 to the sum over the world.
         total = distributed.all_reduce_sum(loss.float().reshape(1).to(distributed.collective_device(self.input_device)))
         return total.item() / self.replicas
 
-    def eval_counts(self, model, images, labels) -> torch.Tensor:
+    def eval_counts(self, model, batch) -> torch.Tensor:
         """Forward through the stages with plain point-to-point messages; the last stage counts."""
+        images, labels = batch
         inputs = (images,) if self.is_first else _recv_values(self.ranks.rank - 1, self.input_device)
         with autocast(self.precision, self.input_device):
             out = model(*inputs)
         if not self.is_last:
             _send_values(out if isinstance(out, tuple) else (out,), self.ranks.rank + 1)
             return torch.zeros(4, dtype=torch.float64)
-        return super().eval_counts(lambda _: out, images, labels)
+        return super().eval_counts(lambda _: out, (images, labels))
 
     def predict(self, model, images):
         return model(images)

@@ -1,0 +1,165 @@
+"""trainer.step: the user's own training step, batches of any structure, and the checks around them.
+
+The step contract (hpc_train/compute/step.py): step(model, batch) returns a scalar loss or a mapping
+with 'loss' and other scalar metrics. A user step doing what the built-in step does must give
+bit-identical weights; its metrics are averaged over the global batch and reported beside the loss.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict, namedtuple
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from hpc_train.compute.batch import batch_size, describe, to_device
+from hpc_train.compute.refusal import Refusal
+from hpc_train.compute.step import split_result
+from hpc_train.steps import model_loss
+from tests.conftest import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
+
+DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1"]
+
+
+def step_node(target: str) -> str:
+    return f"trainer.step={{_target_:{target},_partial_:true}}"
+
+
+# -- batches of any structure -------------------------------------------------------------------
+def test_every_tensor_leaf_moves_and_containers_keep_their_type():
+    Pair = namedtuple("Pair", "x y")
+    batch = OrderedDict(
+        ids=torch.zeros(3, 4, dtype=torch.long), nested=[Pair(torch.ones(3, 2), 7), (torch.zeros(3, 1, 2, 2),)]
+    )
+    moved = to_device(batch, torch.device("cpu"), channels_last=True)
+    assert type(moved) is OrderedDict and isinstance(moved["nested"][0], Pair) and moved["nested"][0].y == 7
+    image = moved["nested"][1][0]
+    assert image.is_contiguous(memory_format=torch.channels_last), "4-D float leaves go channels-last"
+    assert moved["ids"].dtype == torch.long and moved["ids"].is_contiguous()
+    assert batch_size(batch) == 3 and batch_size({"x": [torch.zeros(5)]}) == 5
+
+
+def test_a_hugging_face_batch_encoding_stays_one():
+    transformers = pytest.importorskip("transformers")
+    batch = transformers.BatchEncoding({"input_ids": torch.zeros(2, 3, dtype=torch.long)})
+    moved = to_device(batch, torch.device("cpu"))
+    assert isinstance(moved, transformers.BatchEncoding) and batch_size(moved) == 2
+
+
+# -- the shipped model_loss step and the result contract ---------------------------------------------
+class OwnLoss(nn.Module):
+    """Returns what the mode says: an object with .loss, a dict, or a (logits, loss) tuple."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode, self.w = mode, nn.Parameter(torch.ones(1))
+
+    def forward(self, x, labels=None):
+        loss = (self.w * x).mean() if labels is not None else None
+        return {"obj": SimpleNamespace(loss=loss), "dict": {"loss": loss}, "tuple": (x, loss)}[self.mode]
+
+
+def test_model_loss_calls_the_model_the_way_the_batch_is_shaped():
+    x = torch.arange(4.0)
+    assert model_loss(OwnLoss("obj"), {"x": x, "labels": x}).item() == pytest.approx(1.5)
+    assert model_loss(OwnLoss("dict"), (x, x)).item() == pytest.approx(1.5)
+    with pytest.raises(Refusal, match=r"`trainer.step`.*returned a tuple of 2.*Fix:"):
+        model_loss(OwnLoss("tuple"), (x, x))
+    with pytest.raises(Refusal, match=r"whose loss is None.*labels"):
+        model_loss(OwnLoss("obj"), {"x": x})
+
+
+def test_a_step_result_is_a_scalar_loss_or_a_mapping_with_loss():
+    w = torch.ones(3, requires_grad=True)
+    loss, metrics = split_result({"loss": w.sum(), "acc": 0.5, "n": torch.tensor([2.0])})
+    assert loss.item() == 3.0 and {k: float(v) for k, v in metrics.items()} == {"acc": 0.5, "n": 2.0}
+    for bad, words in [
+        (w * 2, "not one number"),
+        ({"total": w.sum()}, "without a 'loss' key"),
+        ((w.sum(), 1), "returned a tuple"),
+        (w.sum().detach(), "does not require grad"),
+        ({"loss": w.sum(), "acc": torch.ones(2)}, "metric 'acc'"),
+    ]:
+        with pytest.raises(Refusal, match=words):
+            split_result(bad)
+    assert "keys input_ids" in describe({"input_ids": 1})
+
+
+# -- real runs --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def builtin_ddp(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("builtin")
+    assert_ok(run_cli([*TINY, *DDP], run_dir))
+    return run_dir
+
+
+def test_a_user_step_doing_the_built_in_computation_gives_bit_identical_weights(builtin_ddp, tmp_path):
+    assert_ok(run_cli([*TINY, *DDP, step_node("tests.user_steps.cross_entropy")], tmp_path / "run"))
+    assert_bit_identical(builtin_ddp, tmp_path / "run")
+    ours, builtin = read_summary(tmp_path / "run"), read_summary(builtin_ddp)
+    assert ours["eval_loss"] == pytest.approx(builtin["eval_loss"], abs=1e-6), "batch-size-weighted mean"
+    assert ours["eval_accuracy"] is None, "accuracy comes from the built-in step only"
+
+
+def test_a_user_steps_metrics_are_logged_and_can_be_the_objective(builtin_ddp, tmp_path):
+    """mynet.steps.with_top1: top1 over the global batch equals the built-in step's accuracy (same weights)."""
+    from tests.test_user_project import PROJECT
+
+    run_dir = tmp_path / "run"
+    args = [*TINY, *DDP, step_node("mynet.steps.with_top1"), "objective=eval_top1", "trainer.log_every=1"]
+    assert_ok(run_cli(args, run_dir, cwd=PROJECT))
+    assert_bit_identical(builtin_ddp, run_dir)
+    summary, builtin = read_summary(run_dir), read_summary(builtin_ddp)
+    assert summary["eval_top1"] == pytest.approx(builtin["eval_accuracy"], abs=1e-9)
+    assert 0 <= summary["train_top1"] <= 1
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 8 and all("top1" in r and "loss" in r for r in train)
+    assert train[-1]["top1"] == pytest.approx(summary["train_top1"])
+    assert [r["top1"] for r in records if r["kind"] == "eval"] == [pytest.approx(summary["eval_top1"])]
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("tests.user_steps.raises", "raised TypeError"),
+        ("tests.user_steps.per_sample_loss", "not one number"),
+        ("tests.user_steps.no_loss_key", "without a 'loss' key"),
+        ("tests.user_steps.nowhere", "cannot build"),
+    ],
+)
+def test_a_broken_step_is_refused_at_the_start_of_the_job(target, words, tmp_path):
+    proc = run_cli([*TINY, "strategy=single", step_node(target)], tmp_path / "run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "`trainer.step`" in out and words in out and "Fix:" in out, out
+    assert "Traceback" not in out, out
+    assert not (tmp_path / "run" / "checkpoints").exists(), "nothing may train"
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["strategy=pipeline"],
+        ["strategy=model_parallel"],
+        ["strategy=hybrid"],
+        ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"],
+    ],
+    ids=["pipeline", "model_parallel", "hybrid", "pipelining"],
+)
+def test_split_strategies_refuse_a_user_step_on_the_login_node(strategy, tmp_path):
+    proc = run_cli([*TINY, *strategy, step_node("hpc_train.steps.model_loss")], tmp_path / "run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "`trainer.step`" in out and "strategy=" in out and "Fix:" in out and "Traceback" not in out, out
+    assert not (tmp_path / "run" / "job_config.yaml").exists(), "refused before anything is made"
+
+
+def test_a_metric_objective_needs_a_user_step(tmp_path):
+    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true"], tmp_path / "run")
+    assert proc.returncode == 2 and "`objective`" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
+    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.user_steps.cross_entropy")])
+    assert_ok(proc)

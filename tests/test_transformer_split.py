@@ -184,7 +184,9 @@ def test_language_model_without_tie_splits_between_blocks(split_log):
     torch.manual_seed(0)
     gpt = TinyGPT(tie=False).eval()
     stages = split_model(gpt, 2, "params")
-    assert any("TinyGPT's block list 'transformer.h' (4 x Block) into 2 stages at transformer.h.2" in m for m in split_log)
+    assert any(
+        "TinyGPT's block list 'transformer.h' (4 x Block) into 2 stages at transformer.h.2" in m for m in split_log
+    )
     idx = torch.randint(0, 64, (3, 16))
     logits, loss = _chain(stages, idx)
     with torch.no_grad():

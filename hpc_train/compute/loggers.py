@@ -15,8 +15,10 @@ from omegaconf import OmegaConf
 
 from hpc_train.compute.runlog import MetricsWriter
 
-# record kind -> the record keys shown as TensorBoard scalars (tag "<kind>/<key>")
-SCALARS = {"train": ("loss", "lr"), "eval": ("accuracy", "loss")}
+# The record kinds shown in TensorBoard: every number of the record (the loss, lr, accuracy and the metrics of
+# a user's trainer.step) as a scalar tagged "<kind>/<key>", except these bookkeeping keys.
+KINDS = ("train", "eval")
+NOT_SCALARS = ("kind", "step", "epoch", "time", "samples")
 
 
 def metrics_writer(cfg, run_dir: Path, enabled: bool) -> MetricsWriter:
@@ -40,7 +42,7 @@ class TensorBoardWriter(MetricsWriter):
 
     def write(self, record: Dict[str, Any]) -> None:
         super().write(record)
-        if not self.enabled or record.get("kind") not in SCALARS:
+        if not self.enabled or record.get("kind") not in KINDS:
             return
         step = int(record["step"])
         if self._writer is None:
@@ -50,8 +52,8 @@ class TensorBoardWriter(MetricsWriter):
             # as metrics.jsonl drops those lines.
             self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
             atexit.register(self.close)
-        for key in SCALARS[record["kind"]]:
-            if record.get(key) is not None:
+        for key, value in record.items():
+            if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._writer.add_scalar(
                     f"{record['kind']}/{key}", float(record[key]), step, walltime=record.get("time")
                 )

@@ -574,9 +574,11 @@ def _trace(model: nn.Module) -> "torch.fx.Graph":
     try:  # fx.Tracer, not fx.symbolic_trace: fx cannot compile a forward with tuple defaults and *args
         graph = fx.Tracer().trace(model, concrete_args=bound)
     except Exception as err:  # data-dependent control flow, unsupported Python
-        raise _refuse_split(
-            f"{type(model).__name__}'s forward cannot be traced with torch.fx ({type(err).__name__}:"
-            f" {str(err).splitlines()[0] if str(err) else ''})."
+        raise Refusal(
+            f"`strategy.split_points`: {type(model).__name__}'s forward cannot be traced with torch.fx"
+            f" ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}), so hpc-train cannot cut it into"
+            " stages (Hugging Face transformers' forwards are among those). Fix: train it with strategy=ddp (or"
+            " single, dp), or write the model as an nn.Sequential of its stages."
         ) from None
     _drop_bound_inputs(graph, inp)
     return graph

@@ -430,12 +430,16 @@ class Trainer:
 
     def _announce(self) -> None:
         log.info(
-            "training %s (%s) on %s, %d steps (%d per epoch), global batch %d = %d %s x %d",
+            "training %s (%s) on %s, %d steps (%s), global batch %d = %d %s x %d",
             self.model_name,
             self.cfg.strategy.name,
             self.data_name,
             self.total_steps,
-            self.steps_per_epoch,
+            (
+                "an epoch ends with the stream"
+                if self.steps_per_epoch is None
+                else f"{self.steps_per_epoch} per epoch"
+            ),
             self.tcfg.batch_size,
             self.strategy.data_parallel_size,
             "rank" if self.strategy.data_parallel_size == 1 else "ranks",

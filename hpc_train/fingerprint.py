@@ -12,11 +12,19 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+from hpc_train import rundir
+
 SECTIONS = ("model", "strategy", "data")
+# A sharded (fsdp) checkpoint loads at any number of ranks and mesh shape: these may change on resume.
+RESHARDABLE = ("world_size", "strategy.replicate", "strategy.reshard_after_forward", "strategy.cpu_offload")
 
 
-def fingerprint(spec: Mapping[str, Any], world_size: int) -> Dict[str, Any]:
-    """Flattened ``key -> value`` of the settings that must match; `spec` is the job spec (a plain dict)."""
+def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False) -> Dict[str, Any]:
+    """Flattened ``key -> value`` of the settings that must match; `spec` is the job spec (a plain dict).
+
+    `sharded`: a torch.distributed.checkpoint of fsdp, which any layout can load, so the layout
+    keys (RESHARDABLE) are left out.
+    """
     flat: Dict[str, Any] = {}
 
     def walk(prefix: str, value: Any) -> None:
@@ -34,6 +42,8 @@ def fingerprint(spec: Mapping[str, Any], world_size: int) -> Dict[str, Any]:
     flat["trainer.optimizer"] = str(spec["trainer"]["optimizer"])
     flat["seed"] = int(spec["seed"])
     flat["world_size"] = int(world_size)
+    for key in RESHARDABLE if sharded else ():
+        flat.pop(key, None)
     return json.loads(json.dumps(flat))  # plain JSON types, as read back from a header
 
 
@@ -47,8 +57,17 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[st
     return lines
 
 
+
+
 def read_header_fingerprint(path: Path) -> Optional[Dict[str, Any]]:
-    """The fingerprint line of a checkpoint file (no checksum check, no torch); None if unreadable."""
+    """The fingerprint of a checkpoint file (its header line) or directory (its manifest.json), without torch
+    and without a checksum check; None if unreadable."""
+    if Path(path).is_dir():
+        try:
+            found = json.loads((Path(path) / rundir.SHARDED_MANIFEST).read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return found if isinstance(found, dict) else None
     try:
         with open(path, "rb") as handle:
             handle.readline()

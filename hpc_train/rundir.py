@@ -9,6 +9,7 @@ module (no torch here: the login node uses it too)::
       metrics.jsonl                rank 0, one line per logged step and per evaluation
       attempts.jsonl               rank 0, start and end of every attempt
       checkpoints/step_<N>.ckpt    rank 0, the newest `trainer.keep_checkpoints`
+      checkpoints/step_<N>/        the same for fsdp: a torch.distributed.checkpoint directory, every rank's shard
       model.pt | model_stage<s>.pt final weights
       logs/rank<r>.log             every rank; rank<r>.error.json (a failing rank), rank<r>.out (local ranks > 0)
       slurm/                       submitit's scripts and logs
@@ -31,6 +32,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 SLURM_LOGS = "slurm"
 WEIGHTS = "model.pt"
+SHARDED_MANIFEST = "manifest.json"  # written last into a sharded (fsdp) checkpoint dir: its files and fingerprint
 JOB_TABLE = "jobs.tsv"
 HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 
@@ -41,7 +43,7 @@ EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for
 EXIT_INTERRUPTED = 3  # stopped by a signal after writing a checkpoint: run the same command to resume
 
 RESUME_WORDS = ("auto", "never")
-_CHECKPOINT = re.compile(r"^step_(\d+)\.ckpt$")
+_CHECKPOINT = re.compile(r"^step_(\d+)(?:\.ckpt)?$")  # a file (step_<N>.ckpt) or a sharded directory (step_<N>/)
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -65,16 +67,25 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
 
-def checkpoint_path(run_dir: Path, global_step: int) -> Path:
-    return checkpoint_dir(run_dir) / f"step_{global_step:09d}.ckpt"
+def checkpoint_path(run_dir: Path, global_step: int, sharded: bool = False) -> Path:
+    """checkpoints/step_<N>.ckpt, or the directory checkpoints/step_<N>/ of a sharded (fsdp) checkpoint."""
+    return checkpoint_dir(run_dir) / (f"step_{global_step:09d}" if sharded else f"step_{global_step:09d}.ckpt")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint's directory (with the manifest its save writes last)."""
+    path = Path(path)
+    if not _CHECKPOINT.match(path.name):
+        return False
+    return path.is_file() if path.suffix == ".ckpt" else (path / SHARDED_MANIFEST).is_file()
 
 
 def list_checkpoints(folder: Path) -> List[Path]:
-    """Checkpoint files in `folder`, newest (highest step) first."""
+    """Checkpoints (files and sharded directories) in `folder`, newest (highest step) first."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name)) and is_checkpoint(p)]
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -167,7 +178,7 @@ def resume_target(resume: str, run_dir: Path) -> Optional[Path]:
     target = Path(resume).expanduser()
     if target.is_dir() and checkpoint_dir(target).is_dir():
         return checkpoint_dir(target)
-    return target
+    return target  # a checkpoint (file or sharded directory), or a folder of checkpoints
 
 
 def newest_checkpoint(resume: str, run_dir: Path) -> Optional[Path]:
@@ -175,10 +186,12 @@ def newest_checkpoint(resume: str, run_dir: Path) -> Optional[Path]:
     target = resume_target(resume, run_dir)
     if target is None:
         return None
+    if is_checkpoint(target):
+        return target
     if target.is_dir():
         files = list_checkpoints(target)
         return files[0] if files else None
-    return target if target.is_file() else None
+    return None
 
 
 # -- the attempt log ----------------------------------------------------------------------------

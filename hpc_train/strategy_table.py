@@ -11,6 +11,7 @@ identity       what users type                           nodes tasks per node GP
 single         strategy=single                           1     1              1
 dp             strategy=dp                               1     1              G
 ddp            strategy=ddp                              N     G              1
+fsdp           strategy=fsdp                             N     G              1 (parameters sharded)
 model_parallel strategy=model_parallel                   1     1              G (S = G default)
 pipeline       strategy=pipeline                         1     1              G (S = G default)
 hybrid         strategy=hybrid                           N     G/S            S
@@ -21,7 +22,7 @@ pipelining     strategy=pipeline strategy.engine=pipelining N  G              1 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class StrategyKind:
     gpus_per_task_from_stages: bool  # each task owns S GPUs (hybrid)
     staged: bool = False  # the model is cut into stages (split_points, balance, chunks, ...)
     single_gpu: bool = False  # always exactly one GPU
+    sharded: bool = False  # parameters sharded over ranks (torch.distributed.checkpoint checkpoints, any world on resume)
     multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
 
 
@@ -48,6 +50,7 @@ KINDS = {
         StrategyKind("single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP),
         StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP),
         StrategyKind("ddp", "strategy=ddp", True, True, False),
+        StrategyKind("fsdp", "strategy=fsdp", True, True, False, sharded=True),
         StrategyKind(
             "model_parallel", "strategy=model_parallel", False, False, False, staged=True, multi_node_hint=_ONE_NODE
         ),
@@ -56,7 +59,7 @@ KINDS = {
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
     )
 }
-NAMES = ("single", "dp", "ddp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
+NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
 
 
 def strategy_id(strategy: Any) -> str:
@@ -69,6 +72,15 @@ def strategy_id(strategy: Any) -> str:
 
 def kind_of(strategy: Any) -> Optional[StrategyKind]:
     return KINDS.get(strategy_id(strategy))
+
+
+def fsdp_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, int]:
+    """(replicas, shards) of an fsdp job: `strategy.replicate` 1 shards over all ranks, `nodes` shards inside a node
+    and replicates across nodes (HSDP), R makes R replicas of W / R shards (validated on the login side)."""
+    replicate = strategy.get("replicate", 1)
+    world = nodes * tasks_per_node
+    replicas = nodes if str(replicate) == "nodes" else int(replicate or 1)
+    return replicas, world // max(1, replicas)
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,15 @@ from omegaconf import OmegaConf
 from hpc_train import rundir
 from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
+from hpc_train.compute.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.batch import to_device
 from hpc_train.compute.data import eval_loader, has_length, is_stateful, is_stream, set_data_shard, stream_loader, train_loader
 from hpc_train.compute.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
-from hpc_train.compute.precision import grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
+from hpc_train.compute.sharded_checkpointer import ShardedCheckpointer
 from hpc_train.compute.runlog import Progress, truncate_metrics
 from hpc_train.compute.strategies import Strategy
 from hpc_train.compute.refusal import Refusal
@@ -114,12 +115,13 @@ class Trainer:
         self._build_model()
         self.optimizer = make_optimizer(self.tcfg, self.model.parameters())
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
-        self.scaler = grad_scaler(self.tcfg.precision, strategy.input_device)
+        self.scaler = strategy.make_grad_scaler()
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
-        self.checkpointer = Checkpointer(
+        checkpointer = ShardedCheckpointer if strategy.sharded_checkpoints else Checkpointer
+        self.checkpointer = checkpointer(
             run_dir,
             ranks,
-            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size),
+            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, strategy.sharded_checkpoints),
             sharded={"model": strategy.unwrap(self.wrapped), "optimizer": self.optimizer, "scaler": self.scaler},
             shared={"scheduler": self.scheduler, "state": self.state},
             per_rank={"data": self.train_loader} if self.exact_stream_resume else {},
@@ -271,6 +273,9 @@ class Trainer:
         self.strategy.metric_names = check_fit(model, self.strategy.step, self.loss_fn, self.data)
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if str(self.tcfg.get("activation_checkpointing", "none")) == "blocks":
+            log.info("activation checkpointing: %s", checkpoint_blocks(model))
+        self.strategy.compile_blocks = bool(self.tcfg.compile)
         example = None
         if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
             example = collate(self.data, self.per_rank_batch)[0]
@@ -291,7 +296,7 @@ class Trainer:
         log.info(
             "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
         )
-        if self.stream and not self.exact_stream_resume:
+        if self.stream and (not self.exact_stream_resume or getattr(self.checkpointer, "resharded_from", None)):
             self._skip_on_resume = self.state.step_in_epoch
             log.warning(
                 "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"
@@ -471,20 +476,21 @@ class Trainer:
             "attempts": self.attempt,
             "torch_version": torch.__version__,
         }
-        plain = self.strategy.unwrap(self.wrapped)
-        log.info("final parameter digest %s", parameter_digest(plain))
+        weights = self.strategy.final_state_dict(self.wrapped)  # a collective for fsdp (gathered on rank 0)
+        if weights:
+            log.info("final parameter digest %s", parameter_digest(weights))
         weights_name = self.strategy.weights_file()
         if weights_name:
-            save_atomic(plain.state_dict(), self.run_dir / weights_name)
+            save_atomic(weights, self.run_dir / weights_name)
         if self.is_main:
             rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
         return summary
 
 
-def parameter_digest(model: nn.Module) -> str:
-    """SHA-256 over every parameter and buffer, in order: equal digests mean bit-identical weights."""
+def parameter_digest(weights: Dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every parameter and buffer of a state dict, in order: equal digests mean bit-identical weights."""
     digest = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in weights.items():
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

@@ -9,7 +9,7 @@ from here, so a strategy's shape is never written twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from hpc_train.launch.errors import ConfigError
 from hpc_train.strategy_table import KINDS, NAMES
@@ -23,6 +23,7 @@ class JobLayout:
     gpus_per_node: int
     gpus_per_task: int
     cpus_per_task: int
+    mesh: Optional[Tuple[int, int]] = None  # fsdp: (replicas, shards); replicas > 1 is HSDP
 
     @property
     def world_size(self) -> int:
@@ -44,10 +45,21 @@ class JobLayout:
         if on_cpus:
             workers = self.world_size
             stages = f", {self.gpus_per_task} stages each" if self.gpus_per_task > 1 else ""
-            return f"{head}, {workers} CPU worker process{'es' if workers != 1 else ''}{stages} (no GPU)"
+            return f"{head}, {workers} CPU worker process{'es' if workers != 1 else ''}{stages} (no GPU){self.sharding}"
         return (
-            f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task} CPU/task"
+            f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task}"
+            f" CPU/task{self.sharding}"
         )
+
+    @property
+    def sharding(self) -> str:
+        """How fsdp shards the parameters, for the describe() line ("" for the other strategies)."""
+        if self.mesh is None:
+            return ""
+        replicas, shards = self.mesh
+        if replicas == 1:
+            return f", parameters sharded over {shards} ranks"
+        return f", HSDP: {replicas} replicas x {shards} shards"
 
 
 def compute_layout(
@@ -56,6 +68,7 @@ def compute_layout(
     gpus_per_node: int,
     cpus_per_gpu: int = 1,
     stages: Optional[int] = None,
+    mesh: Optional[Tuple[int, int]] = None,
 ) -> JobLayout:
     """The layout of a strategy identity (hpc_train.strategy_table); ConfigError naming the key to change."""
     if strategy not in KINDS:
@@ -100,4 +113,5 @@ def compute_layout(
         gpus_per_node=gpus_node,
         gpus_per_task=gpus_task,
         cpus_per_task=max(1, cpus_per_gpu * gpus_task),
+        mesh=mesh if shape.sharded else None,
     )

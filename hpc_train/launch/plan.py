@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout, compute_layout
 from hpc_train.launch.schema import check_keys
-from hpc_train.launch.validate import validate
+from hpc_train.launch.validate import check_mesh, validate
 from hpc_train.strategy_table import KINDS, split_settings, strategy_id
 
 CPU_WORKERS_WITHOUT_GPU = 2
@@ -73,12 +73,15 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
         )
     strategy = cfg.strategy
     kind = strategy_id(strategy)
+    gpus_per_node = resolve_gpus_per_node(cfg)
+    sharded = KINDS.get(kind) is not None and KINDS[kind].sharded
     layout = compute_layout(
         strategy=kind,
         nodes=cfg.resources.nodes,
-        gpus_per_node=resolve_gpus_per_node(cfg),
+        gpus_per_node=gpus_per_node,
         cpus_per_gpu=int(cfg.cluster.get("cpus_per_gpu") or 1),
         stages=split_settings(strategy).stages if KINDS.get(kind) and KINDS[kind].staged else None,
+        mesh=check_mesh(strategy, cfg.resources.nodes, gpus_per_node) if sharded else None,
     )
     if cfg.launcher.name == "local":
         gpus = count_local_gpus()

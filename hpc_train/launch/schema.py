@@ -189,6 +189,12 @@ def split_point(value: Any) -> Problem:
     return text(what="a module name")(value) if isinstance(value, str) else f"must be a module name, got {_show(value)}"
 
 
+def replicate(value: Any) -> Problem:
+    if value == "nodes" or (_is_int(value) and value >= 1):
+        return None
+    return f"must be nodes or a positive whole number of replicas, got {_show(value)}"
+
+
 def qos_row(value: Any) -> Problem:
     if not isinstance(value, Mapping) or set(value.keys()) != {"max_minutes", "qos"}:
         return f"must be {{max_minutes: N, qos: name}}, got {_show(value)}"
@@ -450,6 +456,24 @@ RULES: Tuple[Rule, ...] = (
         fix="use strategy.backend=auto (nccl on GPUs, gloo on CPUs), nccl or gloo.",
     ),
     R("strategy.find_unused_parameters", flag, "false", fix="use strategy.find_unused_parameters=true or false."),
+    R(
+        "strategy.replicate",
+        replicate,
+        "nodes",
+        fix=(
+            "use strategy.replicate=1 (shard over all ranks), strategy.replicate=nodes (HSDP: shard inside a node,"
+            " replicate across nodes) or a number of replicas."
+        ),
+    ),
+    R("strategy.reshard_after_forward", flag, "true", fix="use strategy.reshard_after_forward=true or false."),
+    R("strategy.cpu_offload", flag, "false", fix="use strategy.cpu_offload=true or false."),
+    R(
+        "strategy.wrap",
+        list_of(split_point, "module names", allow_empty=False),
+        "[layer1,layer2]",
+        null="each block of the model's repeated block list",
+        fix="give module names as in model.named_modules(), e.g. strategy.wrap=[encoder,decoder], or strategy.wrap=null.",
+    ),
     # trainer (conf/trainer/default.yaml: every key is read by the training loop)
     R("trainer.batch_size", whole(1), 64, required=True),
     R(
@@ -511,6 +535,12 @@ RULES: Tuple[Rule, ...] = (
         fix="use trainer.precision=32, trainer.precision=bf16 or trainer.precision=16.",
     ),
     R("trainer.channels_last", flag, "false", required=True),
+    R(
+        "trainer.activation_checkpointing",
+        one_of("none", "blocks"),
+        "blocks",
+        fix="use trainer.activation_checkpointing=none or trainer.activation_checkpointing=blocks.",
+    ),
     R("trainer.compile", flag, "false", required=True),
     R("trainer.eval", flag, "true", required=True),
     R("trainer.log_every", whole(1), 10, required=True),

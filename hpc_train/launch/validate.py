@@ -18,9 +18,10 @@ from typing import List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
-from hpc_train.strategy_table import KINDS, split_settings
+from hpc_train.strategy_table import KINDS, fsdp_mesh, split_settings
 from hpc_train.launch.objective import check_objective
 
 RESUME_WORDS = ("auto", "never")
@@ -94,6 +95,33 @@ def check_split_points(strategy: DictConfig) -> None:
             "strategy.balance",
             f"is {settings.balance!r}, but strategy.split_points already fixes where the stages begin.",
             "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.",
+        )
+
+
+def check_mesh(strategy: DictConfig, nodes: int, tasks_per_node: int) -> Tuple[int, int]:
+    """fsdp's (replicas, shards): strategy.replicate must split the W ranks into equal replicas."""
+    world = nodes * tasks_per_node
+    replicate = strategy.get("replicate", 1)
+    replicas, shards = fsdp_mesh(strategy, nodes, tasks_per_node)
+    if replicas < 1 or world % replicas:
+        raise ConfigError(
+            "strategy.replicate",
+            f"{replicate} replicas do not divide the {world} ranks ({nodes} node{'s' if nodes != 1 else ''} x {tasks_per_node} GPUs).",
+            f"use strategy.replicate=nodes (HSDP: shard inside each node), 1 (shard over all ranks), or a divisor of"
+            f" {world}.",
+        )
+    return replicas, shards
+
+
+def check_activation_checkpointing(cfg: DictConfig, layout: JobLayout) -> None:
+    """Recomputing blocks in the backward pass needs the whole model in one process."""
+    mode = str(cfg.trainer.get("activation_checkpointing", "none") or "none")
+    if mode != "none" and KINDS[layout.strategy].staged:
+        raise ConfigError(
+            "trainer.activation_checkpointing",
+            f"{KINDS[layout.strategy].spelling} runs the model's stages itself; activation checkpointing wraps the"
+            " blocks of a whole model.",
+            "use it with strategy=single, dp, ddp or fsdp, or set trainer.activation_checkpointing=none.",
         )
 
 
@@ -259,15 +287,17 @@ def check_resume(cfg: DictConfig) -> None:
     if resume in RESUME_WORDS:
         return
     target = Path(resume).expanduser()
-    if target.is_dir():
-        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-        if not any(p.suffix == ".ckpt" for p in folder.iterdir()):
+    if target.is_dir() and not rundir.is_checkpoint(target):
+        folder = rundir.resume_target(resume, Path("."))
+        if not rundir.list_checkpoints(folder):
             raise ConfigError(
                 "resume",
-                f"{folder} holds no checkpoint (step_*.ckpt).",
-                "point resume= at a run dir with a checkpoints/ folder or at one step_*.ckpt file, or use resume=auto /"
-                " resume=never.",
+                f"{folder} holds no checkpoint (step_*.ckpt, or step_*/ of fsdp).",
+                "point resume= at a run dir with a checkpoints/ folder or at one checkpoint (a step_*.ckpt file or an"
+                " fsdp step_*/ directory), or use resume=auto / resume=never.",
             )
+        return
+    if target.is_dir():
         return
     if not target.is_file():
         raise ConfigError(
@@ -310,6 +340,7 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
 def validate(cfg: DictConfig, layout: JobLayout, run_dir: Path) -> None:
     """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
     check_strategy(cfg, layout)
+    check_activation_checkpointing(cfg, layout)
     check_trainer(cfg, layout)
     check_data(cfg)
     check_targets(cfg)
@@ -324,19 +355,14 @@ def check_resume_compatible(spec: dict, run_dir: Path) -> None:
     from hpc_train.fingerprint import differences, fingerprint, read_header_fingerprint
 
     resume = str(spec.get("resume", "auto"))
-    if resume == "never":
+    target = rundir.newest_checkpoint(resume, Path(run_dir))
+    if target is None:
         return
-    target = Path(run_dir) if resume == "auto" else Path(resume).expanduser()
-    if target.is_dir():
-        folder = target / "checkpoints" if (target / "checkpoints").is_dir() else target
-        files = sorted(folder.glob("step_*.ckpt")) if folder.is_dir() else []
-        if not files:
-            return
-        target = files[-1]
     saved = read_header_fingerprint(target)
     if saved is None:
         return  # unreadable here: the ranks verify it and fall back to an older one
-    changed = differences(saved, fingerprint(spec, int(spec["job"]["layout"]["world_size"])))
+    sharded = KINDS[str(spec["job"]["layout"]["strategy"])].sharded
+    changed = differences(saved, fingerprint(spec, int(spec["job"]["layout"]["world_size"]), sharded=sharded))
     if changed:
         raise ConfigError(
             "resume",

@@ -10,6 +10,7 @@ from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.strategies.base import Strategy
 from hpc_train.compute.strategies.ddp import DDPStrategy
 from hpc_train.compute.strategies.dp import DataParallelStrategy
+from hpc_train.compute.strategies.fsdp import FSDPStrategy
 from hpc_train.compute.strategies.hybrid import HybridStrategy
 from hpc_train.compute.strategies.model_parallel import ModelParallelStrategy
 from hpc_train.compute.strategies.pipeline import PipelineStrategy
@@ -21,6 +22,7 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
     for cls in (
         SingleStrategy,
         DDPStrategy,
+        FSDPStrategy,
         DataParallelStrategy,
         ModelParallelStrategy,
         PipelineStrategy,

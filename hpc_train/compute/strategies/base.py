@@ -21,7 +21,7 @@ import torch.nn as nn
 from hpc_train import rundir
 from hpc_train.compute import distributed
 from hpc_train.compute.batch import batch_size
-from hpc_train.compute.precision import autocast
+from hpc_train.compute.precision import autocast, grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.step import SupervisedStep, is_builtin, split_result
 
@@ -123,7 +123,16 @@ class Strategy:
         values = torch.stack([metrics[name].detach().float().reshape(()).to(device) for name in self.metric_names])
         return dict(zip(self.metric_names, distributed.all_reduce_mean(values).tolist()))
 
+    def make_grad_scaler(self) -> Optional["torch.amp.GradScaler"]:
+        """fp16 needs loss scaling; bf16 and fp32 do not."""
+        return grad_scaler(self.precision, self.input_device)
+
+    def final_state_dict(self, model: nn.Module) -> Dict[str, torch.Tensor]:
+        """The whole model's final weights where this rank holds them (every rank calls it: it may be a collective)."""
+        return self.unwrap(model).state_dict()
+
     # -- checkpoints ------------------------------------------------------------------
+    sharded_checkpoints = False  # True: torch.distributed.checkpoint directories (fsdp) instead of one file
     @property
     def checkpoint_key(self) -> str:
         """Which part of the model this rank's parameters are, in a checkpoint's shards."""

@@ -1,0 +1,133 @@
+"""``hpc-train-export RUN_DIR [--step N] OUT.pt``: the full weights of a sharded (fsdp) checkpoint as one file.
+
+``strategy=fsdp`` checkpoints are DCP directories, one shard file per rank, that only DCP can
+read. This command, on one process without GPUs or a process group, assembles the full model
+state dict of the newest complete checkpoint (or of step N) and writes it with ``torch.save``:
+``torch.load(OUT.pt, weights_only=True)`` then gives ``{param name: tensor}`` for
+``model.load_state_dict``. Nothing in the checkpoint is unpickled beyond tensors, plain values
+and DCP's allow-listed metadata classes (hpc_train.compute.dcp_io).
+
+Errors are one line on stderr and exit code 2 (``hpc_train.rundir.EXIT_REFUSED``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from hpc_train import rundir
+
+
+class ExportError(RuntimeError):
+    """Nothing to export from the given run dir; ``str(err)`` says why."""
+
+
+def _checkpoints_folder(run_dir: Path) -> Path:
+    """A run dir's checkpoints/ folder; a checkpoints folder itself is accepted too."""
+    run_dir = Path(run_dir)
+    folder = rundir.checkpoint_dir(run_dir)
+    if folder.is_dir():
+        return folder
+    if run_dir.is_dir() and run_dir.name == rundir.CHECKPOINTS:
+        return run_dir
+    if not run_dir.is_dir():
+        raise ExportError(f"{run_dir} is not a directory (expected a run dir with a {rundir.CHECKPOINTS}/ folder)")
+    raise ExportError(f"{run_dir} has no {rundir.CHECKPOINTS}/ folder: no checkpoint was written there")
+
+
+def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
+    """The checkpoint dir to export: step `step`, or the newest complete one."""
+    from hpc_train.compute import dcp_io
+
+    if step is None and (Path(run_dir) / dcp_io.MANIFEST).is_file():
+        return Path(run_dir)  # a checkpoint dir itself
+    folder = _checkpoints_folder(run_dir)
+    found = dcp_io.list_dcp_checkpoints(folder)
+    if not found:
+        weights = Path(run_dir) / rundir.WEIGHTS
+        if any(p.is_file() for p in folder.glob("step_*.ckpt")):
+            where = f"its final weights are {weights}" if weights.is_file() else f"its final weights go to {weights}"
+            raise ExportError(
+                f"{folder} holds single-file checkpoints (step_<N>.ckpt) of a non-sharded strategy, not fsdp"
+                f" checkpoint dirs: there is nothing to consolidate; {where} (torch.load(..., weights_only=True))"
+            )
+        raise ExportError(f"{folder} has no fsdp checkpoint dirs (step_<N>/)")
+    if step is not None:
+        path = dcp_io.step_dir(folder, step)
+        if path not in found:
+            steps = ", ".join(str(int(p.name[5:])) for p in found)
+            raise ExportError(f"{folder} has no checkpoint of step {step} (it has steps {steps})")
+        return path
+    path = dcp_io.newest_complete(folder)
+    if path is None:
+        raise ExportError(f"{folder} has no complete checkpoint (every step_<N>/ there is truncated or corrupt)")
+    return path
+
+
+def _save_atomic(obj: object, out: Path) -> None:
+    """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt."""
+    import torch
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
+    """Write the full model weights of `run_dir`'s newest complete checkpoint (or `step`) to `out`; returns `out`."""
+    from hpc_train.compute import dcp_io
+
+    path = find_checkpoint(Path(run_dir), step)
+    state = dcp_io.consolidate(path)
+    out = Path(out)
+    _save_atomic(state, out)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpc-train-export",
+        description="Write the full model weights of a sharded (strategy=fsdp) checkpoint as one torch.save file.",
+    )
+    parser.add_argument(
+        "run_dir",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the run dir (or its checkpoints/ folder, or one checkpoint dir step_<N>/)",
+    )
+    parser.add_argument("out", type=Path, metavar="OUT.pt", help="where to write the state dict")
+    parser.add_argument("--step", type=int, default=None, help="export this step (default: the newest complete one)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    from hpc_train.compute.checkpoint import CheckpointError
+
+    try:
+        out = export(args.run_dir, args.out, args.step)
+    except (ExportError, CheckpointError, OSError) as err:
+        print(f"hpc-train-export: {' '.join(str(err).split())}", file=sys.stderr)
+        return rundir.EXIT_REFUSED
+    print(f"wrote {out}")
+    return rundir.EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -73,11 +74,9 @@ def checkpoint_path(run_dir: Path, global_step: int, sharded: bool = False) -> P
 
 
 def is_checkpoint(path: Path) -> bool:
-    """A checkpoint file, or a sharded checkpoint's directory (with the manifest its save writes last)."""
+    """A checkpoint file, or a sharded checkpoint's directory (with the manifest its save writes last), by any name."""
     path = Path(path)
-    if not _CHECKPOINT.match(path.name):
-        return False
-    return path.is_file() if path.suffix == ".ckpt" else (path / SHARDED_MANIFEST).is_file()
+    return path.is_file() or (path / SHARDED_MANIFEST).is_file()
 
 
 def list_checkpoints(folder: Path) -> List[Path]:
@@ -87,6 +86,32 @@ def list_checkpoints(folder: Path) -> List[Path]:
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name)) and is_checkpoint(p)]
     return [p for _, p in sorted(found, reverse=True)]
+
+
+_TEMPORARY = re.compile(r"^\.step_.*\.tmp")  # .step_<N>.ckpt.tmp<pid> files, .step_<N>.dcp.tmp* dirs
+
+
+def remove_stale_temporaries(folder: Path) -> List[Path]:
+    """Delete what interrupted checkpoint writes left in `folder`; returns what was removed.
+
+    Only while no write is running: at the start of an attempt (rank 0), or by the writer itself.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if not _TEMPORARY.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        removed.append(path)
+    return removed
 
 
 def is_run_dir(path: Path) -> bool:

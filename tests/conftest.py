@@ -62,7 +62,7 @@ def checkpoint_steps(run_dir: Path) -> List[int]:
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(int(p.name[5:14]) for p in folder.glob("step_*.ckpt"))
+    return sorted(int(p.name[5:14]) for p in folder.glob("step_*"))  # step_<N>.ckpt files, fsdp's step_<N>/ dirs
 
 
 def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL, cwd: Optional[Path] = None) -> subprocess.Popen:

@@ -24,6 +24,7 @@ and ``world_size``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -31,6 +32,7 @@ import logging
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -58,6 +60,39 @@ class CheckpointRefused(CheckpointError, Refusal):
     """
 
 
+class DiskFull(CheckpointError, Refusal):
+    """A checkpoint could not be written for lack of space (ENOSPC/EDQUOT); the previous one stays.
+
+    A :class:`Refusal` (exit code hpc_train.rundir.EXIT_REFUSED, one message, no traceback): the
+    user has to free space, there is nothing to debug. The run resumes from the previous
+    checkpoint when the same command runs again.
+    """
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def human_size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def disk_full_error(folder: Path, what: str, needed: int) -> DiskFull:
+    """The one message for a full disk: where, how much the checkpoint needs, how much is free, what to do."""
+    try:
+        free = human_size(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    return DiskFull(
+        f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. The previous"
+        " checkpoint is kept and stays the resume target. Fix: free space on that file system or lower"
+        " trainer.keep_checkpoints, then run the same command again to resume."
+    )
+
+
 # -- atomic files ---------------------------------------------------------------------------
 def save_atomic(obj: Any, path: Path) -> None:
     """``torch.save`` with the atomic write above (final weights, per-stage weights)."""
@@ -74,7 +109,13 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     torch.save(payload, buffer)
     body = buffer.getvalue()
     header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
-    rundir.write_bytes_atomic(header + body, path, halfway=faults.slow_checkpoint_write)
+    try:
+        rundir.write_bytes_atomic(header + body, path, halfway=faults.slow_checkpoint_write)
+    except OSError as err:
+        rundir.remove_stale_temporaries(path.parent)  # this write's temporary file (the only writer: rank 0)
+        if err.errno in DISK_FULL_ERRNOS:
+            raise disk_full_error(path.parent, f"checkpoint {path.name}", len(header) + len(body)) from None
+        raise
     for old in rundir.list_checkpoints(path.parent)[max(1, keep) :]:
         try:
             old.unlink()

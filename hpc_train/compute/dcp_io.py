@@ -58,19 +58,19 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
-from hpc_train.compute.checkpoint import CheckpointError, CheckpointRefused
-from hpc_train.compute.refusal import Refusal
+from hpc_train import rundir
+from hpc_train.compute import faults
+from hpc_train.compute.checkpoint import CheckpointError, CheckpointRefused, DiskFull, disk_full_error  # noqa: F401
 
 log = logging.getLogger("hpc_train")
 
 METADATA = ".metadata"
 LOOP = "loop.pt"
-MANIFEST = "manifest.json"
+MANIFEST = rundir.SHARDED_MANIFEST
 MANIFEST_FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d{9})$")
 # Temporaries of both formats: ".step_000000010.dcp.tmp" (this module, also "-replaced"/"-pruned")
 # and ".step_000000010.ckpt.tmp<pid>" (rundir.write_bytes_atomic for today's single-file checkpoints).
-_TEMPORARY = re.compile(r"^\.step_.*\.tmp")  # the glob .step_*.tmp*
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # (module, name) of every global a DCP .metadata pickle needs (inspected with pickletools on
@@ -116,13 +116,6 @@ class IncompleteCheckpoint(CheckpointError):
     """A checkpoint dir that is missing files, truncated or corrupt (a kill, a full disk, bit rot).
 
     Like a torn checkpoint file, it may be skipped in favour of the previous complete one.
-    """
-
-
-class DiskFull(CheckpointError, Refusal):
-    """A checkpoint could not be written for lack of space (ENOSPC/EDQUOT); the previous one stays.
-
-    A :class:`Refusal`: the user has to free space, there is nothing to debug.
     """
 
 
@@ -388,23 +381,6 @@ def newest_complete(folder: Path) -> Optional[Path]:
     return None
 
 
-def remove_stale_temporaries(folder: Path) -> List[Path]:
-    """Delete what killed saves left in `folder` (``.step_*.tmp*`` dirs and files); returns them.
-
-    Only while no save is running (at start-up, before the first checkpoint of an attempt).
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    removed = []
-    for path in sorted(folder.iterdir()):
-        if not _TEMPORARY.match(path.name):
-            continue
-        _remove(path)
-        removed.append(path)
-    return removed
-
-
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -573,26 +549,6 @@ def _prune(folder: Path, keep: int) -> None:
         _remove(doomed)
 
 
-def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"
-
-
-def _disk_full(folder: Path, step: int, needed: int) -> DiskFull:
-    try:
-        free = _size(shutil.disk_usage(folder).free)
-    except OSError:
-        free = "unknown"
-    return DiskFull(
-        f"no space left for checkpoint step {step} in {folder}: it needs about {_size(needed)}, {free} free there."
-        f" The previous checkpoint is kept and stays the resume target. Fix: free space on that file system or"
-        f" lower trainer.keep_checkpoints, then run the same command again to resume."
-    )
-
-
 def _needed(folder: Path, state: Dict[str, Any], extra: Dict[str, Any]) -> int:
     """Space a checkpoint takes: the previous complete one's, or at least its tensors' bytes."""
     previous = newest_complete(folder) if folder.is_dir() else None
@@ -643,7 +599,7 @@ def _fail(
         _remove(tmp)
     barrier()
     if any_disk_full:
-        exc: CheckpointError = _disk_full(folder, step, needed())
+        exc: CheckpointError = disk_full_error(folder, f"checkpoint step {step}", needed())
     else:
         exc = _failure(err, step)
     exc.__cause__ = err if isinstance(err, Exception) else None
@@ -690,6 +646,7 @@ def save_dcp(
     writer = _Writer(str(tmp))
     try:
         dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
+        faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits a save half-done
         if is_main:
             _write_rank0_files(tmp, step, extra)
     except (Exception, CheckpointException) as err:

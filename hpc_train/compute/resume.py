@@ -123,6 +123,7 @@ class Checkpointer:
     # -- loading ------------------------------------------------------------------------
     def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
         """The checkpoint this run resumes from, per the ``resume`` key."""
+        self._remove_stale_temporaries()
         target = rundir.resume_target(self.resume, self.run_dir)
         if target is None:  # resume=never
             if self.ranks.is_main and rundir.list_checkpoints(self.folder):
@@ -147,6 +148,13 @@ class Checkpointer:
                     " hydra.run.dir."
                 )
         return path, payload
+
+    def _remove_stale_temporaries(self) -> None:
+        """Rank 0 deletes what a killed write left (before any rank can start a new one)."""
+        if self.ranks.is_main:
+            for stale in rundir.remove_stale_temporaries(self.folder):
+                log.info("removed %s, left by a checkpoint write that was interrupted", stale.name)
+        distributed.control_barrier()
 
     def _agree(self, payload: Optional[Dict[str, Any]]) -> None:
         """Every rank must have picked the same checkpoint (a shared file system can lag)."""

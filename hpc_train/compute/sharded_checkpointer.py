@@ -92,6 +92,7 @@ class ShardedCheckpointer(Checkpointer):
         target = rundir.resume_target(self.resume, self.run_dir)
         if target is None:  # resume=never
             return super().find()
+        self._remove_stale_temporaries()
         if rundir.is_checkpoint(target):
             path, loop = target, self._read(target)
         else:

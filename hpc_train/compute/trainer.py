@@ -20,7 +20,6 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
-import torch.nn as nn
 from omegaconf import OmegaConf
 
 from hpc_train import rundir

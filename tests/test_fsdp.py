@@ -1,0 +1,252 @@
+"""strategy=fsdp (FSDP2) and HSDP with real gloo ranks: the same training as one process, sharded
+checkpoints that survive kill -9 and reshard to another number of ranks, export, disk full.
+
+"Same loss" is within 1e-4 after 5 steps: sharding changes only the order of floating-point
+reductions. Models with batch norm (ResNet-18) normalise over each rank's share of the batch, so
+they are compared with ddp at the same number of ranks, not with one process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import (
+    TINY,
+    assert_bit_identical,
+    assert_ok,
+    checkpoint_steps,
+    final_weights,
+    kill9_after_checkpoints,
+    kill_group,
+    read_summary,
+    run_cli,
+    start_background,
+    wait_for,
+    wait_for_job_end,
+)
+
+FIVE = [*TINY, "trainer.max_steps=5", "trainer.eval=false"]
+FSDP = ["strategy=fsdp"]
+
+
+def ranks(n: int) -> list:
+    return [f"resources.gpus_per_node={n}"]
+
+
+def loss_after(args, run_dir: Path) -> float:
+    proc = run_cli(args, run_dir)
+    assert_ok(proc)
+    return read_summary(run_dir)["train_loss"]
+
+
+@pytest.fixture(scope="module")
+def single_loss(tmp_path_factory):
+    return loss_after([*FIVE, "strategy=single"], tmp_path_factory.mktemp("single"))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        [*FSDP, *ranks(2)],
+        [*FSDP, *ranks(4)],
+        [*FSDP, *ranks(4), "strategy.replicate=2"],
+        [*FSDP, *ranks(2), "strategy.reshard_after_forward=false"],
+        [*FSDP, *ranks(2), "trainer.activation_checkpointing=blocks"],
+    ],
+    ids=["fsdp-2", "fsdp-4", "hsdp-2x2", "no-reshard-after-forward", "activation-checkpointing"],
+)
+def test_fsdp_trains_like_one_process(layout, single_loss, tmp_path):
+    proc = run_cli([*FIVE, *layout], tmp_path / "run")
+    assert_ok(proc)
+    if "strategy.replicate=2" in layout:
+        assert "HSDP: 2 replicas x 2 shards" in proc.stdout
+    assert read_summary(tmp_path / "run")["train_loss"] == pytest.approx(single_loss, abs=1e-4)
+
+
+def test_activation_checkpointing_changes_no_loss(single_loss, tmp_path):
+    loss = loss_after([*FIVE, "strategy=single", "trainer.activation_checkpointing=blocks"], tmp_path / "run")
+    assert loss == pytest.approx(single_loss, abs=1e-5)
+
+
+def test_a_resnet18_with_batch_norm_trains_like_ddp(tmp_path):
+    resnet = [*TINY, "model=resnet18", "data.image_size=32", "trainer.batch_size=16", "trainer.max_steps=5", "trainer.eval=false"]
+    ddp = loss_after([*resnet, "strategy=ddp", *ranks(2)], tmp_path / "ddp")
+    fsdp = loss_after([*resnet, *FSDP, *ranks(2)], tmp_path / "fsdp")
+    assert fsdp == pytest.approx(ddp, abs=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "16"])
+def test_mixed_precision_trains(precision, single_loss, tmp_path):
+    """bf16/fp16 parameters for compute, fp32 reductions (fp16 with torch's ShardedGradScaler)."""
+    proc = run_cli([*FIVE, *FSDP, *ranks(2), f"trainer.precision={precision}"], tmp_path / "run")
+    assert_ok(proc)
+    summary = read_summary(tmp_path / "run")
+    assert summary["precision"] == precision and summary["train_loss"] == pytest.approx(single_loss, abs=0.05)
+
+
+# -- checkpoints --------------------------------------------------------------------------------------
+# 512 samples / 64 = 8 steps an epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
+RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=10", *FSDP]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fsdp-2")
+    assert_ok(run_cli([*RESUME, *ranks(2)], run_dir))
+    return run_dir
+
+
+def test_checkpoints_are_dcp_directories_and_export_to_one_file(uninterrupted, tmp_path):
+    step_dirs = sorted((uninterrupted / "checkpoints").iterdir())
+    assert [p.name for p in step_dirs][-1] == "step_000000024"
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt", "manifest.json"} <= {p.name for p in step_dirs[-1].iterdir()}
+    out = tmp_path / "exported.pt"
+    proc = subprocess.run([sys.executable, "-m", "hpc_train.export", str(uninterrupted), str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exported, final = torch.load(out, weights_only=True), final_weights(uninterrupted)
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+
+
+def test_kill9_mid_training_then_rerun_is_bit_identical(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    killed_at = kill9_after_checkpoints([*RESUME, *ranks(2)], run_dir, count=2)
+    assert 0 < killed_at < 24
+    proc = run_cli([*RESUME, *ranks(2)], run_dir)
+    assert_ok(proc)
+    assert read_summary(run_dir)["resumed_from_step"] == killed_at
+    assert_bit_identical(uninterrupted, run_dir)
+
+
+def test_kill9_during_a_sharded_write_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_background([*RESUME, *ranks(2)], run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "30"})
+    try:  # the first save (step 3) pauses half-way: its temporary dir exists, no step_* dir does
+        wait_for(lambda: list((run_dir / "checkpoints").glob(".step_000000003*")), 120, "a checkpoint being written")
+    finally:
+        kill_group(proc)
+    assert checkpoint_steps(run_dir) == []
+    proc = run_cli([*RESUME, *ranks(2)], run_dir)
+    assert_ok(proc)
+    assert not list((run_dir / "checkpoints").glob(".step_*")), "the killed write's temporary dir is removed"
+    assert read_summary(run_dir)["resumed_from_step"] is None
+    assert_bit_identical(uninterrupted, run_dir)
+
+
+def resume_from(checkpoint: Path, args, run_dir: Path) -> None:
+    proc = run_cli([*args, f"resume={checkpoint}"], run_dir)
+    assert_ok(proc)
+    assert "resharding" in proc.stdout + proc.stderr
+
+
+def max_difference(a: Path, b: Path) -> float:
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
+
+
+def test_four_ranks_reshard_to_two_and_continue(tmp_path):
+    """4 ranks to step 10, then 2 ranks to step 20: the same as a second 2-rank resume of the same state (to
+    1e-6), and as 4 ranks uninterrupted (to 1e-4: reductions over 2 and 4 shards round differently)."""
+    args = [*TINY, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.keep_checkpoints=10", *FSDP]
+    four = tmp_path / "four"
+    assert_ok(run_cli([*args, "trainer.max_steps=10", *ranks(4)], four))
+    step10 = four / "checkpoints" / "step_000000010"
+    saved = tmp_path / "step10"
+    shutil.copytree(step10, saved)
+    assert_ok(run_cli([*args, *ranks(2)], four))  # resumes from step 10 in place, at 2 ranks
+    assert read_summary(four)["resumed_from_step"] == 10
+    again = tmp_path / "again"
+    resume_from(saved, [*args, *ranks(2)], again)
+    uninterrupted = tmp_path / "uninterrupted"
+    assert_ok(run_cli([*args, *ranks(4)], uninterrupted))
+    assert max_difference(four, again) <= 1e-6
+    assert max_difference(four, uninterrupted) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [([*ranks(2)], [*ranks(3)]), ([*ranks(4), "strategy.replicate=2"], [*ranks(4)])],
+    ids=["2-to-3-ranks", "hsdp-2x2-to-fsdp-4"],
+)
+def test_resharding_keeps_step_and_parameters(first, second, tmp_path):
+    args = [*TINY, "trainer.batch_size=48", "trainer.max_steps=8", "trainer.checkpoint_every=4", "trainer.lr_schedule=constant", *FSDP]
+    reference = tmp_path / "reference"
+    assert_ok(run_cli([*args, *first], reference))
+    run_dir = tmp_path / "run"
+    assert_ok(run_cli([*args, "trainer.max_steps=4", *first], run_dir))
+    proc = run_cli([*args, *second], run_dir)
+    assert_ok(proc)
+    assert read_summary(run_dir)["resumed_from_step"] == 4 and "resharding" in proc.stdout + proc.stderr
+    assert max_difference(reference, run_dir) <= 1e-4
+
+
+def test_resharding_still_refuses_another_global_batch(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted / "checkpoints", run_dir / "checkpoints")
+    proc = run_cli([*RESUME, *ranks(4), "trainer.batch_size=32"], run_dir)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "trainer.batch_size" in out and "Traceback" not in out, out
+
+
+# -- the login side ---------------------------------------------------------------------------------------
+def test_hsdp_layout_in_the_slurm_dry_run():
+    proc = run_cli([*TINY, *FSDP, "launcher=slurm", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.replicate=nodes", "dry_run=true"])
+    assert_ok(proc)
+    assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --ntasks-per-node=4" in proc.stdout
+    assert "HSDP: 2 replicas x 4 shards" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy.replicate=3", *ranks(4)], "strategy.replicate"),
+        (["strategy.replicate=half"], "strategy.replicate"),
+        (["strategy=pipeline", "trainer.activation_checkpointing=blocks"], "trainer.activation_checkpointing"),
+    ],
+)
+def test_bad_fsdp_settings_are_refused_before_anything_runs(overrides, key, tmp_path):
+    proc = run_cli([*TINY, *FSDP, *overrides, "dry_run=true"], tmp_path / "run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"`{key}`" in out and "Fix:" in out and "Traceback" not in out, out
+
+
+# -- disk full -------------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of a few checkpoints' size (root only; the suite runs as root in CI)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+
+    def make(size_kib: int) -> Path:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (not root?): {proc.stderr.strip()}")
+        return mount
+
+    yield make
+    subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("strategy", [["strategy=single"], [*FSDP, *ranks(2)]], ids=["file-checkpoint", "sharded"])
+def test_disk_full_during_a_checkpoint_is_one_message_and_keeps_the_previous_one(strategy, small_disk, tmp_path):
+    args = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=10", "logger=jsonl", *strategy]
+    probe = tmp_path / "probe"
+    assert_ok(run_cli([*args, "trainer.max_steps=3"], probe))
+    one = sum(f.stat().st_size for f in (probe / "checkpoints").rglob("*") if f.is_file())
+    disk = small_disk(int(2.5 * one / 1024) + 64)  # two checkpoints and the logs fit, the third does not
+    run_dir = disk / "run"
+    proc = run_cli(args, run_dir)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and "No space left" not in out.replace("no space", ""), out
+    assert str(run_dir / "checkpoints") in out and "trainer.keep_checkpoints" in out, out
+    assert checkpoint_steps(run_dir) == [3, 6], "the previous checkpoints stay"
+    assert not list((run_dir / "checkpoints").glob(".*")), "no temporary file is left"

@@ -57,10 +57,14 @@ def loss_of(args, run_dir, cwd=None, **kwargs) -> float:
     [("nanogpt", GPT + ["data=chars"], NANOGPT), ("nanogpt-stream", GPT + ["data=chars_stream"], NANOGPT), ("hf-gpt2", GPT2, HF)],
 )
 def test_language_models_train_the_same_under_single_and_ddp(name, args, cwd, tmp_path):
-    """The stream's two ranks each read their half of every global batch (hpc_train.data_shard)."""
+    """The stream's two ranks each read their half of every global batch (hpc_train.data_shard). The GPT also
+    trains sharded (fsdp: its blocks transformer.h.*, the tied embedding and output layer in the root unit)."""
     single = loss_of([*args, "strategy=single"], tmp_path / "single", cwd=cwd)
     ddp = loss_of([*args, *DDP], tmp_path / "ddp", cwd=cwd)
     assert ddp == pytest.approx(single, abs=1e-4)
+    if name == "nanogpt":
+        fsdp = loss_of([*args, "strategy=fsdp", "resources.gpus_per_node=2"], tmp_path / "fsdp", cwd=cwd)
+        assert fsdp == pytest.approx(single, abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +77,12 @@ def vit_single(tmp_path_factory):
     "layout",
     [
         DDP,
+        ["strategy=fsdp", "resources.gpus_per_node=2"],
         ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2"],
         ["strategy=pipeline", "strategy.split_points=[blocks.6]", "strategy.chunks=2"],
         ["strategy=pipeline", "strategy.engine=pipelining", "strategy.split_points=[blocks.6]", "resources.gpus_per_node=2", "strategy.chunks=2"],
     ],
-    ids=["ddp", "pipeline-auto-2-stages", "pipeline-split-at-blocks.6", "pipelining-engine"],
+    ids=["ddp", "fsdp", "pipeline-auto-2-stages", "pipeline-split-at-blocks.6", "pipelining-engine"],
 )
 def test_a_timm_vit_trains_the_same_under_every_layout(layout, vit_single, tmp_path):
     proc = run_cli([*VIT, *layout], tmp_path / "run")

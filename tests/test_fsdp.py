@@ -60,8 +60,10 @@ def single_loss(tmp_path_factory):
         [*FSDP, *ranks(4), "strategy.replicate=2"],
         [*FSDP, *ranks(2), "strategy.reshard_after_forward=false"],
         [*FSDP, *ranks(2), "trainer.activation_checkpointing=blocks"],
+        [*FSDP, *ranks(2), "trainer.compile=true"],
+        [*FSDP, *ranks(2), "strategy.cpu_offload=true"],
     ],
-    ids=["fsdp-2", "fsdp-4", "hsdp-2x2", "no-reshard-after-forward", "activation-checkpointing"],
+    ids=["fsdp-2", "fsdp-4", "hsdp-2x2", "no-reshard-after-forward", "activation-checkpointing", "compiled-blocks", "cpu-offload"],
 )
 def test_fsdp_trains_like_one_process(layout, single_loss, tmp_path):
     proc = run_cli([*FIVE, *layout], tmp_path / "run")

@@ -98,12 +98,13 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         policy = mixed_precision_policy(self.precision)
         if policy is not None:
             options["mp_policy"] = policy
-        if self.cfg.get("cpu_offload"):
+        if self.cfg.get("cpu_offload") and self.input_device.type != "cpu":
             options["offload_policy"] = CPUOffloadPolicy()
+        elif self.cfg.get("cpu_offload"):  # CPU workers: the sharded state is in CPU memory already
+            log.info("strategy.cpu_offload: the ranks compute on the CPU, where the sharded state already lives")
         units = shard_units(model, [str(n) for n in self.cfg.get("wrap") or []])
         if self.compile_blocks:
-            for unit in units:
-                unit.compile()  # in place: the module (and its parameter names) stays the same
+            self._compile(units)
         for unit in units:
             fully_shard(unit, **options)
         fully_shard(model, **options)
@@ -120,6 +121,15 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         return model
 
     compile_blocks = False  # set by the trainer from trainer.compile
+
+    @staticmethod
+    def _compile(units: List[nn.Module]) -> None:
+        """torch.compile each unit in place before it is sharded (its parameter names stay the same)."""
+        try:
+            for unit in units:
+                unit.compile()
+        except Exception as err:  # an nn.Module without .compile (torch < 2.2) or a backend that is missing
+            log.warning("trainer.compile is ignored for fsdp: compiling its blocks failed on this torch (%s)", err)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model

@@ -60,18 +60,20 @@ PathLike = Union[str, "os.PathLike[str]"]
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
 EXIT_BAD_INPUT = rundir.EXIT_REFUSED  # the CLI's exit code for bad input: nothing ran
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
-ENDED = frozenset({
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "REVOKED",
-})
+ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+    }
+)
 UNKNOWN_GRACE_S = 60.0  # a Slurm job neither squeue nor sacct knows for this long is gone
 START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
 

@@ -57,8 +57,6 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[st
     return lines
 
 
-
-
 def read_header_fingerprint(path: Path) -> Optional[Dict[str, Any]]:
     """The fingerprint of a checkpoint file (its header line) or directory (its manifest.json), without torch
     and without a checksum check; None if unreadable."""

@@ -103,15 +103,21 @@ def remove_stale_temporaries(folder: Path) -> List[Path]:
     for path in sorted(folder.iterdir()):
         if not _TEMPORARY.match(path.name):
             continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        remove_path(path)
         removed.append(path)
     return removed
+
+
+def remove_path(path: Path) -> None:
+    """A file, or a directory with everything in it (a link is removed, not followed); gone already is fine."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def is_run_dir(path: Path) -> bool:

@@ -34,7 +34,9 @@ class StrategyKind:
     gpus_per_task_from_stages: bool  # each task owns S GPUs (hybrid)
     staged: bool = False  # the model is cut into stages (split_points, balance, chunks, ...)
     single_gpu: bool = False  # always exactly one GPU
-    sharded: bool = False  # parameters sharded over ranks (torch.distributed.checkpoint checkpoints, any world on resume)
+    sharded: bool = (
+        False  # parameters sharded over ranks (torch.distributed.checkpoint checkpoints, any world on resume)
+    )
     multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
 
 

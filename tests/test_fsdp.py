@@ -8,7 +8,6 @@ they are compared with ddp at the same number of ranks, not with one process.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -30,7 +29,6 @@ from tests.conftest import (
     run_cli,
     start_background,
     wait_for,
-    wait_for_job_end,
 )
 
 FIVE = [*TINY, "trainer.max_steps=5", "trainer.eval=false"]

@@ -62,12 +62,14 @@ def slurm_endings(job_ids: List[str]) -> List[Dict[str, Any]]:
     for line in out.stdout.splitlines():
         fields = line.split("|")
         if len(fields) == 4 and fields[2].isdigit() and fields[3].isdigit():
-            runs.append({
-                "job_id": fields[0],
-                "state": fields[1].split()[0] if fields[1] else "",
-                "start": int(fields[2]),
-                "end": int(fields[3]),
-            })
+            runs.append(
+                {
+                    "job_id": fields[0],
+                    "state": fields[1].split()[0] if fields[1] else "",
+                    "start": int(fields[2]),
+                    "end": int(fields[3]),
+                }
+            )
     return runs
 
 

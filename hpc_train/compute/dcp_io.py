@@ -45,7 +45,6 @@ import logging
 import os
 import pickle
 import re
-import shutil
 import stat
 import warnings
 from pathlib import Path
@@ -60,7 +59,12 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from hpc_train import rundir
 from hpc_train.compute import faults
-from hpc_train.compute.checkpoint import CheckpointError, CheckpointRefused, DiskFull, disk_full_error  # noqa: F401
+from hpc_train.compute.checkpoint import (
+    CheckpointError,
+    CheckpointRefused,
+    DiskFull,
+    disk_full_error,
+)  # noqa: F401 (DiskFull: raised here)
 
 log = logging.getLogger("hpc_train")
 
@@ -381,14 +385,7 @@ def newest_complete(folder: Path) -> Optional[Path]:
     return None
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+_remove = rundir.remove_path
 
 
 def checkpoint_bytes(path: Path) -> int:

@@ -139,15 +139,20 @@ class Checkpointer:
             path, payload = target, read_checkpoint(target)
         self._agree(payload)
         if payload is not None:
-            changed = differences(payload["fingerprint"], self.fingerprint)
-            if changed:
-                raise CheckpointError(
-                    f"checkpoint {path} comes from an incompatible run:\n  "
-                    + "\n  ".join(changed)
-                    + "\nFix: run with the checkpoint's settings, or start over with resume=never or a fresh"
-                    " hydra.run.dir."
-                )
+            self._check_fingerprint(path, payload)
         return path, payload
+
+    may_change = ""  # what a checkpoint of this kind lets change, for the refusal's fix
+
+    def _check_fingerprint(self, path: Path, payload: Dict[str, Any]) -> None:
+        changed = differences(payload["fingerprint"], self.fingerprint)
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {path} comes from an incompatible run:\n  "
+                + "\n  ".join(changed)
+                + f"\nFix: run with the checkpoint's settings{self.may_change}, or start over with resume=never or a"
+                " fresh hydra.run.dir."
+            )
 
     def _remove_stale_temporaries(self) -> None:
         """Rank 0 deletes what a killed write left (before any rank can start a new one)."""

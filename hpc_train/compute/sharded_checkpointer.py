@@ -26,7 +26,6 @@ from hpc_train import rundir
 from hpc_train.compute import dcp_io, distributed
 from hpc_train.compute.checkpoint import CheckpointError, capture_rng, restore_rng, to_cpu
 from hpc_train.compute.resume import Checkpointer
-from hpc_train.fingerprint import differences
 
 log = logging.getLogger("hpc_train")
 
@@ -35,6 +34,9 @@ class ShardedCheckpointer(Checkpointer):
     """Checkpointer whose model and optimizer are saved by every rank, as torch.distributed.checkpoint shards."""
 
     resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when it differs from this one
+    may_change = (
+        " (an fsdp checkpoint lets only resources.nodes, resources.gpus_per_node and strategy.replicate change)"
+    )
 
     def _model_and_optimizer(self) -> Dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -101,15 +103,7 @@ class ShardedCheckpointer(Checkpointer):
                 raise CheckpointError(f"resume={self.resume}: no complete checkpoint in {target}")
         self._agree(loop)
         if loop is not None:
-            changed = differences(loop["fingerprint"], self.fingerprint)
-            if changed:
-                raise CheckpointError(
-                    f"checkpoint {path} comes from an incompatible run:\n  "
-                    + "\n  ".join(changed)
-                    + "\nFix: run with the checkpoint's settings (an fsdp checkpoint may change only resources.nodes,"
-                    " resources.gpus_per_node and strategy.replicate), or start over with resume=never or a fresh"
-                    " hydra.run.dir."
-                )
+            self._check_fingerprint(path, loop)
             loop["path"] = str(path)
         return path, loop
 

@@ -27,7 +27,15 @@ from hpc_train.compute import attempts, distributed, faults
 from hpc_train.compute.checkpoint import save_atomic
 from hpc_train.compute.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.batch import to_device
-from hpc_train.compute.data import eval_loader, has_length, is_stateful, is_stream, set_data_shard, stream_loader, train_loader
+from hpc_train.compute.data import (
+    eval_loader,
+    has_length,
+    is_stateful,
+    is_stream,
+    set_data_shard,
+    stream_loader,
+    train_loader,
+)
 from hpc_train.compute.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
@@ -224,7 +232,9 @@ class Trainer:
             else None
         )
         self.steps_per_epoch = self._count_steps_per_epoch()
-        self.total_steps = total_steps(self.tcfg, self.steps_per_epoch) if self.steps_per_epoch else self._stream_steps()
+        self.total_steps = (
+            total_steps(self.tcfg, self.steps_per_epoch) if self.steps_per_epoch else self._stream_steps()
+        )
         self._skip_on_resume = 0  # batches of a stream without state to re-read and drop after a resume
         # A stream with state_dict() read through torchdata's StatefulDataLoader: its position is checkpointed per rank.
         self.exact_stream_resume = self.stream and hasattr(self.train_loader, "load_state_dict")
@@ -301,9 +311,11 @@ class Trainer:
                 "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"
                 " batches already trained on (exact for a stream that yields the same items in the same order)",
                 type(self.data.train).__name__,
-                "read without torchdata (pip install torchdata for an exact restart from its state_dict())"
-                if is_stateful(self.data.train)
-                else "without state_dict()/load_state_dict()",
+                (
+                    "read without torchdata (pip install torchdata for an exact restart from its state_dict())"
+                    if is_stateful(self.data.train)
+                    else "without state_dict()/load_state_dict()"
+                ),
                 self.state.epoch,
                 self._skip_on_resume,
             )
@@ -356,29 +368,33 @@ class Trainer:
         state = self.state
         state.last_loss = self.strategy.global_loss(loss)  # a collective on some strategies: every rank calls it
         state.last_metrics = self.strategy.global_metrics(metrics)
-        self.metrics.write({
-            "kind": "train",
-            "step": state.global_step,
-            "epoch": state.epoch,
-            "loss": state.last_loss,
-            **state.last_metrics,
-            "lr": self.scheduler.get_last_lr()[0],
-            "time": time.time(),
-        })
+        self.metrics.write(
+            {
+                "kind": "train",
+                "step": state.global_step,
+                "epoch": state.epoch,
+                "loss": state.last_loss,
+                **state.last_metrics,
+                "lr": self.scheduler.get_last_lr()[0],
+                "time": time.time(),
+            }
+        )
 
     def _evaluate_and_log(self) -> None:
         state = self.state
         state.last_eval = self.evaluate()
         accuracy, loss = state.last_eval["accuracy"], state.last_eval["loss"]
-        self.metrics.write({
-            "kind": "eval",
-            "step": state.global_step,
-            "epoch": state.epoch,
-            "accuracy": accuracy,
-            "loss": loss,
-            **{name: state.last_eval[name] for name in self.strategy.metric_names},
-            "time": time.time(),
-        })
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": state.global_step,
+                "epoch": state.epoch,
+                "accuracy": accuracy,
+                "loss": loss,
+                **{name: state.last_eval[name] for name in self.strategy.metric_names},
+                "time": time.time(),
+            }
+        )
         log.info(
             "epoch %d step %d: eval %seval loss %.4f",
             state.epoch,
@@ -439,11 +455,7 @@ class Trainer:
             self.cfg.strategy.name,
             self.data_name,
             self.total_steps,
-            (
-                "an epoch ends with the stream"
-                if self.steps_per_epoch is None
-                else f"{self.steps_per_epoch} per epoch"
-            ),
+            ("an epoch ends with the stream" if self.steps_per_epoch is None else f"{self.steps_per_epoch} per epoch"),
             self.tcfg.batch_size,
             self.strategy.data_parallel_size,
             "rank" if self.strategy.data_parallel_size == 1 else "ranks",

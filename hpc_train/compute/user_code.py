@@ -89,8 +89,10 @@ def build_datasets(data_cfg: DictConfig) -> Datasets:
         instantiate_node(collate_node, "data.collate_fn", "collate function") if collate_node is not None else None
     )
     for key, dataset in (("data.train", train), ("data.val", val)):
-        if dataset is not None and not is_stream(dataset) and not (
-            hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+        if (
+            dataset is not None
+            and not is_stream(dataset)
+            and not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
         ):
             raise Refusal(
                 f"`{key}`: {type(dataset).__name__} is neither a map-style dataset (__getitem__ and __len__) nor a"

@@ -276,7 +276,9 @@ RULES: Tuple[Rule, ...] = (
     ),
     R(
         "objective",
-        lambda value: None if is_objective_name(value) else f"must be a numeric key of summary.json, got {_show(value)}",
+        lambda value: (
+            None if is_objective_name(value) else f"must be a numeric key of summary.json, got {_show(value)}"
+        ),
         "eval_loss",
         fix=(
             f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy), or train_<name> /"

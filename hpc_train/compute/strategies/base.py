@@ -133,6 +133,7 @@ class Strategy:
 
     # -- checkpoints ------------------------------------------------------------------
     sharded_checkpoints = False  # True: torch.distributed.checkpoint directories (fsdp) instead of one file
+
     @property
     def checkpoint_key(self) -> str:
         """Which part of the model this rank's parameters are, in a checkpoint's shards."""

@@ -163,3 +163,14 @@ def test_a_metric_objective_needs_a_user_step(tmp_path):
     assert proc.returncode == 2 and "`objective`" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
     proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.user_steps.cross_entropy")])
     assert_ok(proc)
+
+
+def test_data_shard_outside_a_job_is_the_whole_stream():
+    """A streamed dataset built in a notebook or a unit test reads everything; `import hpc_train` stays torch-free."""
+    import hpc_train
+
+    assert hpc_train.data_shard() == (0, 1)
+    from tests.conftest import run_python
+
+    proc = run_python("import sys, hpc_train; print('torch' in sys.modules)")
+    assert proc.stdout.strip() == "False", proc.stdout + proc.stderr

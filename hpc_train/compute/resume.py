@@ -84,9 +84,7 @@ class Checkpointer:
         if self.last_saved_step == global_step:
             return None
         started = time.perf_counter()
-        part: Dict[str, Any] = {"rng": capture_rng()}
-        if self.per_rank:
-            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
+        part = self._rank_part()
         if self.owns_shard:
             part["shard"] = (
                 self.shard_key,
@@ -119,6 +117,13 @@ class Checkpointer:
         distributed.control_barrier()
         self.last_saved_step = global_step
         return path
+
+    def _rank_part(self) -> Dict[str, Any]:
+        """What every rank contributes to a checkpoint: its RNG states and its per-rank holders' state."""
+        part: Dict[str, Any] = {"rng": capture_rng()}
+        if self.per_rank:
+            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
+        return part
 
     # -- loading ------------------------------------------------------------------------
     def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:

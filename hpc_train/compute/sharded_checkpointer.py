@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from hpc_train import rundir
 from hpc_train.compute import dcp_io, distributed
-from hpc_train.compute.checkpoint import CheckpointError, capture_rng, restore_rng, to_cpu
+from hpc_train.compute.checkpoint import CheckpointError, restore_rng
 from hpc_train.compute.resume import Checkpointer
 
 log = logging.getLogger("hpc_train")
@@ -49,10 +49,7 @@ class ShardedCheckpointer(Checkpointer):
         if self.last_saved_step == global_step:
             return None
         started = time.perf_counter()
-        part: Dict[str, Any] = {"rng": capture_rng()}
-        if self.per_rank:
-            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
-        parts = distributed.gather_to_main(part)
+        parts = distributed.gather_to_main(self._rank_part())
         loop: Dict[str, Any] = {}
         if parts is not None:  # rank 0
             scaler = self.sharded.get("scaler")

@@ -74,6 +74,7 @@ class Checkpointer:
         self.every, self.keep, self.resume = every, max(1, keep), str(resume)
         self.folder = rundir.checkpoint_dir(run_dir)
         self.last_saved_step: Optional[int] = None
+        self.resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when another one
 
     # -- saving -------------------------------------------------------------------------
     def due(self, global_step: int) -> bool:

@@ -33,7 +33,6 @@ log = logging.getLogger("hpc_train")
 class ShardedCheckpointer(Checkpointer):
     """Checkpointer whose model and optimizer are saved by every rank, as torch.distributed.checkpoint shards."""
 
-    resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when it differs from this one
     may_change = (
         " (an fsdp checkpoint lets only resources.nodes, resources.gpus_per_node and strategy.replicate change)"
     )

@@ -305,7 +305,7 @@ class Trainer:
         log.info(
             "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
         )
-        if self.stream and (not self.exact_stream_resume or getattr(self.checkpointer, "resharded_from", None)):
+        if self.stream and (not self.exact_stream_resume or self.checkpointer.resharded_from):
             self._skip_on_resume = self.state.step_in_epoch
             log.warning(
                 "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"

@@ -157,20 +157,17 @@ def check_fit(model: nn.Module, step: Callable, loss_fn: Callable, data: Dataset
     """
     from hpc_train.compute.step import check_step, is_builtin
 
+    items = first_items(data.train, 2)
+    if not items:
+        raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
     if not is_builtin(step):
-        items = first_items(data.train, 2)
-        if not items:
-            raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
         return check_step(step, model, (data.collate_fn or default_collate)(items))
-    check_pairs(model, loss_fn, data)
+    check_pairs(model, loss_fn, data, items)
     return []
 
 
-def check_pairs(model: nn.Module, loss_fn: Callable, data: Datasets) -> None:
+def check_pairs(model: nn.Module, loss_fn: Callable, data: Datasets, train_items: List[Any]) -> None:
     """The built-in step: (input, target) items, the model takes the inputs, the loss compares output and target."""
-    train_items = first_items(data.train, 2)
-    if not train_items:
-        raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
     _pair(train_items[0], "data.train")
     val_items = first_items(data.val, 1) if data.val is not None else []
     if val_items:

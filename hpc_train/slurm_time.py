@@ -37,3 +37,16 @@ def slurm_minutes(text: object) -> Optional[int]:
     """Whole minutes (rounded up) of a Slurm duration; None when it is no limit."""
     seconds = slurm_seconds(text)
     return None if seconds is None else -(-seconds // 60)
+
+
+def limit_minutes(value: object) -> int:
+    """A job's time limit (whole minutes, or a Slurm duration) -> positive whole minutes, rounded up.
+
+    ValueError when it is not a duration or not positive (no limit is not a limit a job may ask for).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a Slurm time")
+    minutes = value if isinstance(value, int) else slurm_minutes(value)
+    if minutes is None or minutes <= 0:
+        raise ValueError(f"{value!r} is not a positive time limit")
+    return minutes

@@ -185,9 +185,9 @@ def cli_outcome(overrides: List[str], run_dir: Path) -> Tuple[str, Optional[str]
     try:
         check_objective(cfg)
         plan = make_plan(cfg, run_dir)
-        spec = build_job_spec(cfg, plan)
+        spec = build_job_spec(plan)
         if cfg.launcher.name == "slurm":
-            slurm.prepare(cfg, plan, spec)
+            slurm.prepare(plan, spec)
     except ConfigError as err:
         return "refused", err.key, err.message
     except Exception as err:
@@ -289,7 +289,7 @@ def test_every_shipped_option_validates(targets, run_dir):
             cfg = compose(config_name="config", overrides=["dry_run=true", *context])
             plan = make_plan(cfg, run_dir)
             if cfg.launcher.name == "slurm":
-                slurm.slurm_parameters(cfg, plan)
+                slurm.slurm_parameters(plan)
 
 
 @pytest.mark.parametrize("override", ["model=5", "model=null", "trainer=[1]"])

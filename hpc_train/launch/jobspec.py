@@ -9,45 +9,35 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
-from hpc_train.launch.validate import (
-    check_resume_compatible,
-    code_dirs,
-    data_parallel_size,
-    normalize_precision,
-    resolved_stages,
-)
+from hpc_train.launch.validate import check_resume_compatible, code_dirs, normalize_precision
 
 
-def build_job_spec(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.pop("hydra", None)  # Hydra's own node does not fully resolve in sweep configs, and ranks do not need it
-    spec = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(spec, dict)
+def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The job spec of a validated plan; `choices` (the config-group options) are read from Hydra when not given."""
+    spec = plan.config.plain()
     spec["trainer"]["precision"] = normalize_precision(spec["trainer"]["precision"])
-    stages = resolved_stages(cfg, plan.layout)
-    if stages is not None:
-        spec["strategy"]["stages"] = stages
+    if plan.parallel.stages is not None:
+        spec["strategy"]["stages"] = plan.parallel.stages
     layout = asdict(plan.layout)
     layout["world_size"] = plan.layout.world_size
-    layout["data_parallel_size"] = data_parallel_size(cfg, plan.layout)
+    layout["data_parallel_size"] = plan.parallel.data_parallel_size
     spec["job"] = {
         "run_dir": str(plan.run_dir.resolve()),
         "layout": layout,
-        "choices": _choices(),
+        "choices": dict(choices) if choices is not None else hydra_choices(),
         "code_dirs": code_dirs(),
     }
     check_resume_compatible(spec, plan.run_dir)
     return spec
 
 
-def _choices() -> Dict[str, str]:
+def hydra_choices() -> Dict[str, str]:
     """The config-group options this job was composed from (model=resnet18, ...): how runs name their model and data."""
     from hydra.core.hydra_config import HydraConfig
 

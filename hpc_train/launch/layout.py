@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from hpc_train.launch.errors import ConfigError
-from hpc_train.strategy_table import KINDS, NAMES
+from hpc_train.strategy_table import KINDS, NAMES, StrategyKind
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,13 @@ class JobLayout:
         return f", HSDP: {replicas} replicas x {shards} shards"
 
 
+def known_kind(strategy: str) -> StrategyKind:
+    """The table row of a strategy identity; ConfigError for a name the table does not have."""
+    if strategy not in KINDS:
+        raise ConfigError("strategy", f"unknown strategy {strategy!r}.", f"choose one of {', '.join(NAMES)}.")
+    return KINDS[strategy]
+
+
 def compute_layout(
     strategy: str,
     nodes: int,
@@ -71,9 +78,7 @@ def compute_layout(
     mesh: Optional[Tuple[int, int]] = None,
 ) -> JobLayout:
     """The layout of a strategy identity (hpc_train.strategy_table); ConfigError naming the key to change."""
-    if strategy not in KINDS:
-        raise ConfigError("strategy", f"unknown strategy {strategy!r}.", f"choose one of {', '.join(NAMES)}.")
-    shape = KINDS[strategy]
+    shape = known_kind(strategy)
     if not isinstance(nodes, int) or nodes < 1:
         raise ConfigError(
             "resources.nodes", f"must be a positive integer, got {nodes!r}.", "set resources.nodes=1 or more."

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError, JobFailed
@@ -52,10 +52,10 @@ def sweeper_wants_objective(hydra_cfg: Any) -> bool:
     return str(getattr(mode, "name", mode)) == "MULTIRUN" and sweeper_target(hydra_cfg) != OWN_SWEEPER
 
 
-def check_objective(cfg: DictConfig, hydra_cfg: Optional[Any] = None) -> None:
+def check_objective(cfg: Any, hydra_cfg: Optional[Any] = None) -> None:
     """`objective` names a numeric summary key; a dry run cannot feed a sweeper that optimises."""
     key = cfg.get("objective")
-    user_step = OmegaConf.select(cfg, "trainer.step", default=None) is not None
+    user_step = (cfg.get("trainer") or {}).get("step") is not None
     if key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
         more = "" if user_step else " (train_<metric> and eval_<metric> name the metrics of a trainer.step)"
         raise ConfigError(

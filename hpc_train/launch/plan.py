@@ -7,22 +7,31 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Union
 
 from omegaconf import DictConfig
 
+from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.layout import JobLayout, compute_layout
-from hpc_train.launch.schema import check_keys
-from hpc_train.launch.validate import check_mesh, validate
-from hpc_train.strategy_table import KINDS, split_settings, strategy_id
+from hpc_train.launch.layout import JobLayout
+from hpc_train.launch.parallelism import Parallelism, resolve_parallelism
+from hpc_train.launch.schema import checked_view
+from hpc_train.launch.validate import validate
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    layout: JobLayout
+    """A validated job: its resolved config, its parallel dimensions (layout included) and its run dir."""
+
+    config: ConfigView
+    parallel: Parallelism
     run_dir: Path
+
+    @property
+    def layout(self) -> JobLayout:
+        return self.parallel.layout
 
 
 def count_local_gpus() -> int:
@@ -39,7 +48,7 @@ def count_local_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def resolve_gpus_per_node(cfg: DictConfig) -> int:
+def resolve_gpus_per_node(cfg: ConfigView) -> int:
     """resources.gpus_per_node, else the cluster profile's, else (local only) what this machine has."""
     for key, value in (
         ("resources.gpus_per_node", cfg.resources.gpus_per_node),
@@ -58,32 +67,30 @@ def resolve_gpus_per_node(cfg: DictConfig) -> int:
     )
 
 
-def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
-    """Resolve the layout and validate everything; raises ConfigError before anything starts.
+def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
+    """Resolve the config, the parallel dimensions and validate everything; raises ConfigError before anything starts.
 
-    Every key's type and range is checked first (``check_keys``), so the layout and the checks
-    after it only ever see values of the right kind.
+    Every key's type and range is checked first (``schema.checked_view``, which also resolves
+    the config once), so the layout and the checks after it only see values of the right kind.
+    A sweep passes a view it resolved itself (already checked the same way).
     """
-    check_keys(cfg)
-    if cfg.launcher.name == "local" and cfg.resources.nodes != 1:
+    view = cfg if isinstance(cfg, ConfigView) else checked_view(cfg)
+    local = view.launcher.name == "local"
+    if local and view.resources.nodes != 1:
         raise ConfigError(
             "resources.nodes",
-            f"launcher=local runs on this machine only, but resources.nodes={cfg.resources.nodes}.",
+            f"launcher=local runs on this machine only, but resources.nodes={view.resources.nodes}.",
             "use launcher=slurm for several nodes, or set resources.nodes=1.",
         )
-    strategy = cfg.strategy
-    kind = strategy_id(strategy)
-    gpus_per_node = resolve_gpus_per_node(cfg)
-    sharded = KINDS.get(kind) is not None and KINDS[kind].sharded
-    layout = compute_layout(
-        strategy=kind,
-        nodes=cfg.resources.nodes,
-        gpus_per_node=gpus_per_node,
-        cpus_per_gpu=int(cfg.cluster.get("cpus_per_gpu") or 1),
-        stages=split_settings(strategy).stages if KINDS.get(kind) and KINDS[kind].staged else None,
-        mesh=check_mesh(strategy, cfg.resources.nodes, gpus_per_node) if sharded else None,
+    parallel = resolve_parallelism(
+        view.strategy,
+        nodes=view.resources.nodes,
+        gpus_per_node=resolve_gpus_per_node(view),
+        cpus_per_gpu=int(view.cluster.get("cpus_per_gpu") or 1),
+        local=local,
     )
-    if cfg.launcher.name == "local":
+    layout = parallel.layout
+    if local:
         gpus = count_local_gpus()
         if gpus and layout.tasks_per_node > gpus:
             raise ConfigError(
@@ -92,5 +99,5 @@ def make_plan(cfg: DictConfig, run_dir: Path) -> RunPlan:
                 " NCCL cannot share one GPU between ranks.",
                 f"set resources.gpus_per_node={gpus}, or run CPU workers with CUDA_VISIBLE_DEVICES= hpc-train ...",
             )
-    validate(cfg, layout, run_dir)
-    return RunPlan(layout=layout, run_dir=run_dir)
+    validate(view, parallel, run_dir)
+    return RunPlan(view, parallel, run_dir)

@@ -18,7 +18,7 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     wait=True follows a Slurm job to its end whatever launcher.wait says (a sweeper reads its result).
     """
     plan = make_plan(cfg, run_dir)
-    spec = build_job_spec(cfg, plan)
+    spec = build_job_spec(plan)
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))
     if cfg.dry_run:
@@ -38,7 +38,7 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
 def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     from hpc_train.launch import slurm
 
-    job = slurm.prepare(cfg, plan, spec)
+    job = slurm.prepare(plan, spec)
     if cfg.dry_run:
         print(slurm.render_sbatch(plan.run_dir / rundir.SLURM_LOGS, job.params))
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")

@@ -83,7 +83,7 @@ def prepare(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = N
     """Validate, check the allocation and write job_config.yaml; returns the exit code."""
     env = os.environ if env is None else env
     plan = make_plan(cfg, run_dir)
-    spec = build_job_spec(cfg, plan)
+    spec = build_job_spec(plan)
     warnings = check_allocation(plan.layout, env)
     for warning in warnings:
         print(f"hpc-train: warning: {warning}", file=sys.stderr)

@@ -34,8 +34,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
+from hpc_train.launch.config_view import MISSING_TEXT, ConfigView
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS, is_objective_name
+from hpc_train.slurm_time import limit_minutes
 from hpc_train.strategy_table import NAMES as STRATEGY_NAMES
 
 Problem = Optional[str]  # None: the value is fine; else what is wrong, as a sentence fragment
@@ -132,13 +134,11 @@ def text(
 
 def slurm_time(value: Any) -> Problem:
     """Minutes or a Slurm time string, parsed by the same function that renders --time."""
-    from hpc_train.launch.slurm import time_minutes  # imported here: slurm.py imports plan.py, which imports this
-
     if isinstance(value, bool) or not (isinstance(value, (int, str))):
         return f"must be minutes or a Slurm time such as 01:30:00, got {_show(value)}"
     try:
-        minutes = time_minutes(value)
-    except ConfigError:
+        minutes = limit_minutes(value)
+    except ValueError:
         return (
             "must be a positive number of minutes or a Slurm time (MM, MM:SS, HH:MM:SS, D-HH:MM:SS), got"
             f" {_show(value)}"
@@ -647,7 +647,6 @@ TARGET_NODES = ("model", "data.train", "data.val")
 # The checks read a plain, resolved copy of the config (one OmegaConf pass, a few ms); only when
 # something does not resolve do they read the DictConfig itself, key by key, to name it.
 _MISSING = object()  # `???`
-MISSING_TEXT = "???"
 
 
 def _first_line(err: BaseException) -> str:
@@ -810,16 +809,30 @@ def resolved(cfg: DictConfig) -> Optional[dict]:
         return None
 
 
-def check_keys(cfg: DictConfig) -> None:
-    """Type and range of every key, before the layout is computed or anything runs; raises ConfigError.
+def check_plain(plain: dict) -> None:
+    """Type and range of every key of a resolved config (plain data), in the table's order."""
+    check_profile_type(plain)
+    check_table(plain)
+    check_target_args(plain)
 
-    The table is checked in its order (so the key a bad value comes from is named first), then
-    every other value must resolve.
+
+def checked_view(cfg: DictConfig) -> ConfigView:
+    """The config resolved once and checked key by key (raises ConfigError): what the rest of the login side reads.
+
+    The table is checked in its order (so the key a bad value comes from is named first); a
+    value that does not resolve is named by ``check_resolvable``.
     """
     plain = resolved(cfg)
-    view: Any = cfg if plain is None else plain
-    check_profile_type(view)
-    check_table(view)
-    check_target_args(view)
     if plain is None:
+        check_profile_type(cfg)
+        check_table(cfg)
+        check_target_args(cfg)
         check_resolvable(cfg)
+        raise ConfigError("config", "a value does not resolve.", "run with HYDRA_FULL_ERROR=1 to see which.")
+    check_plain(plain)
+    return ConfigView(plain)
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Type and range of every key, before the layout is computed or anything runs; raises ConfigError."""
+    checked_view(cfg)

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from omegaconf import DictConfig, OmegaConf
+from hpc_train.launch.config_view import ConfigView, plain
 
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
 from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
-from hpc_train.slurm_time import slurm_minutes
+from hpc_train.slurm_time import limit_minutes
 
 _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
 
@@ -32,25 +32,21 @@ _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
 def time_minutes(value: Any, key: str = "resources.time") -> int:
     """A time limit (minutes, or a Slurm duration such as HH:MM:SS or D-HH:MM:SS) -> whole minutes, rounded up."""
     try:
-        minutes = value if isinstance(value, int) and not isinstance(value, bool) else slurm_minutes(value)
+        return limit_minutes(value)
     except ValueError:
-        minutes = None
         raise ConfigError(
-            key, f"{value!r} is not a Slurm time.", f"use minutes or HH:MM:SS, e.g. {key}=02:00:00."
+            key,
+            f"{value!r} is not a positive Slurm time.",
+            f"use minutes or HH:MM:SS, e.g. {key}=02:00:00.",
         ) from None
-    if minutes is None or minutes <= 0:
-        raise ConfigError(
-            key, f"the time limit must be positive, got {value!r}.", f"set {key}=01:00:00 (or a number of minutes)."
-        )
-    return minutes
 
 
-def time_key(cfg: DictConfig) -> str:
+def time_key(cfg: ConfigView) -> str:
     """The key the job's time limit comes from (resources.time overrides the profile's)."""
     return "resources.time" if cfg.resources.time is not None else "cluster.time"
 
 
-def _account(cluster: DictConfig) -> Optional[str]:
+def _account(cluster: ConfigView) -> Optional[str]:
     if cluster.get("account"):
         return str(cluster.account)
     env_name = cluster.get("account_env")
@@ -66,7 +62,7 @@ def _account(cluster: DictConfig) -> Optional[str]:
     return value + str(cluster.get("account_suffix") or "")
 
 
-def _qos(cluster: DictConfig, minutes: int) -> Optional[str]:
+def _qos(cluster: ConfigView, minutes: int) -> Optional[str]:
     if cluster.get("qos"):
         return str(cluster.qos)
     table = cluster.get("qos_by_time") or []
@@ -83,7 +79,7 @@ def _qos(cluster: DictConfig, minutes: int) -> Optional[str]:
     return None
 
 
-def check_safe_text(cfg: DictConfig) -> None:
+def check_safe_text(cfg: ConfigView) -> None:
     """Setup lines are shell, one command each; job names are flags: refuse anything that would run as extra shell."""
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", str(cfg.job_name)):
         raise ConfigError(
@@ -109,8 +105,9 @@ def check_safe_text(cfg: DictConfig) -> None:
             )
 
 
-def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
+def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     """submitit SlurmExecutor parameters for this job (everything but the log folder)."""
+    cfg = plan.config
     cluster, layout = cfg.cluster, plan.layout
     check_safe_text(cfg)
     minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, time_key(cfg))
@@ -149,7 +146,7 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
         "mem": f"{int(cluster.mem_gb)}GB" if cluster.get("mem_gb") else None,
     }
     params.update({k: str(v) for k, v in optional.items() if v})
-    extra = OmegaConf.to_container(cluster.get("extra") or OmegaConf.create({}), resolve=True)
+    extra = plain(cluster.get("extra") or {})
     if cluster.get("hint"):
         extra = {"hint": str(cluster.hint), **extra}
     # Requeueable whatever the site default (JobRequeue=0 would refuse `scontrol requeue`).
@@ -163,7 +160,7 @@ def slurm_parameters(cfg: DictConfig, plan: RunPlan) -> Dict[str, Any]:
 SIGNALS = ("USR1", "USR2")
 
 
-def requeue_signal(cfg: DictConfig) -> str:
+def requeue_signal(cfg: ConfigView) -> str:
     name = str(cfg.launcher.get("signal") or "USR2").upper().removeprefix("SIG")
     if name not in SIGNALS:
         raise ConfigError(
@@ -239,20 +236,19 @@ def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
 
 @dataclass
 class PreparedJob:
-    cfg: DictConfig
     plan: RunPlan
     spec: Dict[str, Any]
     params: Dict[str, Any]
     label: str  # the overrides that make this job, for tables
 
 
-def prepare(cfg: DictConfig, plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
-    params = slurm_parameters(cfg, plan)
-    if not cfg.dry_run:
+def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
+    params = slurm_parameters(plan)
+    if not plan.config.dry_run:
         check_slurm_commands()
     check_partition(params)
-    capacity.check_capacity(params, time_key(cfg))
-    return PreparedJob(cfg, plan, spec, params, label)
+    capacity.check_capacity(params, time_key(plan.config))
+    return PreparedJob(plan, spec, params, label)
 
 
 def _group_key(params: Dict[str, Any]) -> str:
@@ -375,7 +371,7 @@ def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) ->
     for members in groups.values():
         first = members[0]
         folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / rundir.SLURM_LOGS
-        executor = make_executor(folder, first.params, int(first.cfg.trainer.max_requeues))
+        executor = make_executor(folder, first.params, int(first.plan.config.trainer.max_requeues))
         with _clean_on_refusal(folder, sorted({str(h.job_id).split("_")[0] for _, h in submitted})):
             if len(members) == 1:
                 handles = [executor.submit(TrainingJob(first.spec))]

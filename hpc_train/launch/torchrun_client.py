@@ -143,7 +143,7 @@ def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:
             print(f"hpc-train (dry run, under torchrun): {plan.layout.describe()}")
             print(f"  run dir: {run_dir}")
         return 0
-    spec = build_job_spec(cfg, plan)
+    spec = build_job_spec(plan)
     if is_main:
         write_job_spec(spec, run_dir)
         print(f"hpc-train: {plan.layout.describe()} (under torchrun, run id {env.get(MARKER)})")

@@ -1,0 +1,127 @@
+"""A job's parallel dimensions, resolved and validated once (as torchtitan's ``ParallelDims``).
+
+``strategy.*`` (stages, split points, micro-batches, balance, schedule, replicas) and the
+resources (nodes, GPUs per node) decide together how the job is laid out and how the model and
+the batch are cut. :func:`resolve_parallelism` reads them once, checks that they agree, and
+returns one frozen :class:`Parallelism`; the layout, the cross-key checks (``validate.py``), the
+sbatch parameters and the job spec all read that object instead of the raw config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
+from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings, strategy_id
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    layout: JobLayout
+    split: Optional[SplitSettings]  # the strategies that cut the model; None for the others
+    stages: Optional[int]  # stages each pipeline runs: declared, else one per GPU of a task (of a node: pipelining)
+    data_parallel_size: int  # ranks that split each global batch (a pipelining engine's stages share one shard)
+
+    @property
+    def kind(self) -> StrategyKind:
+        return KINDS[self.layout.strategy]
+
+    @property
+    def chunks(self) -> int:
+        """Micro-batches each data-parallel rank cuts its batch into (1 without a split strategy)."""
+        return (self.split.chunks or 1) if self.split is not None else 1
+
+
+def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, local: bool) -> Parallelism:
+    """The strategy's settings, its layout and the sizes derived from them; ConfigError naming the key to change.
+
+    ``local``: stages may share a device on purpose on this machine (a laptop, a CPU); on a
+    cluster the GPUs are asked for, and fewer GPUs than stages would time-share one.
+    """
+    kind_id = strategy_id(strategy)
+    kind = known_kind(kind_id)
+    split = split_settings(strategy) if kind.staged else None
+    if split is not None:
+        _check_split_points(strategy, split)
+    layout = compute_layout(
+        strategy=kind_id,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_gpu=cpus_per_gpu,
+        stages=split.stages if split is not None else None,
+        mesh=_checked_mesh(strategy, nodes, gpus_per_node) if kind.sharded else None,
+    )
+    if split is None:
+        return Parallelism(layout, None, None, layout.world_size)
+    stages = split.stages or (layout.gpus_per_node if kind_id == "pipelining" else layout.gpus_per_task)
+    if kind_id == "pipelining":
+        if layout.world_size % stages:
+            raise ConfigError(
+                "strategy.stages",
+                f"{layout.world_size} ranks cannot form pipelines of {stages} stages.",
+                f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).",
+            )
+        if split.schedule == "1f1b" and (split.chunks or 1) < stages:
+            raise ConfigError(
+                "strategy.chunks",
+                f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).",
+                f"set strategy.chunks={stages} or more, or strategy.schedule=gpipe.",
+            )
+    elif not local and stages > layout.gpus_per_task:
+        raise ConfigError(
+            "strategy.stages",
+            f"{stages} stages on {layout.gpus_per_task} GPUs per task would put two stages on one GPU.",
+            f"set resources.gpus_per_node={stages}, or strategy.stages={layout.gpus_per_task} (null: one stage per"
+            " GPU).",
+        )
+    # How many layers a model has is known only once it is built: the job checks that (and the
+    # split points' names) at its start, before any training.
+    if not isinstance(split.balance, str) and len(split.balance) != stages:
+        raise ConfigError(
+            "strategy.balance",
+            f"{split.balance} must list {stages} positive layer counts, one per stage.",
+            f"give {stages} positive numbers (layers per stage), or use strategy.balance=params.",
+        )
+    data_parallel = max(1, layout.world_size // stages) if kind_id == "pipelining" else layout.world_size
+    return Parallelism(layout, split, stages, data_parallel)
+
+
+def _check_split_points(strategy: Any, split: SplitSettings) -> None:
+    """split_points fix the stages; a strategy.stages or strategy.balance that says otherwise is refused."""
+    points = split.split_points
+    if not points:
+        return
+    if len(set(points)) != len(points):
+        raise ConfigError(
+            "strategy.split_points", f"{points} names a module twice.", "name each module where a stage begins once."
+        )
+    stages = strategy.get("stages")
+    if stages is not None and stages != len(points) + 1:
+        raise ConfigError(
+            "strategy.stages",
+            f"is {stages}, but strategy.split_points={points} makes {len(points) + 1} stages.",
+            f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.",
+        )
+    if split.balance != "params":
+        raise ConfigError(
+            "strategy.balance",
+            f"is {split.balance!r}, but strategy.split_points already fixes where the stages begin.",
+            "drop strategy.balance (params, the default, is ignored with split points), or drop strategy.split_points.",
+        )
+
+
+def _checked_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, int]:
+    """fsdp's (replicas, shards): strategy.replicate must split the W ranks into equal replicas."""
+    world = nodes * tasks_per_node
+    replicas, shards = fsdp_mesh(strategy, nodes, tasks_per_node)
+    if replicas < 1 or world % replicas:
+        raise ConfigError(
+            "strategy.replicate",
+            f"{strategy.get('replicate', 1)} replicas do not divide the {world} ranks ({nodes} node"
+            f"{'s' if nodes != 1 else ''} x {tasks_per_node} GPUs).",
+            f"use strategy.replicate=nodes (HSDP: shard inside each node), 1 (shard over all ranks), or a divisor of"
+            f" {world}.",
+        )
+    return replicas, shards

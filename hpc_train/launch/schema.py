@@ -328,6 +328,13 @@ RULES: Tuple[Rule, ...] = (
         fix="set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.",
     ),
     R("launcher.master_port", whole(1, 65535), 29500, null="a free port"),
+    R(
+        "launcher.array_parallelism",
+        whole(1, INT64_MAX),
+        64,
+        null="the cluster profile's cluster.array_parallelism, else no throttle",
+    ),
+    R("cluster.array_parallelism", whole(1, INT64_MAX), 64, null="no throttle"),
     # cluster profile (the per-GPU-type table of jean_zay-like profiles first: the keys below interpolate it)
     R("cluster.types.*.partition", SLURM_WORDS, "gpu_p13"),
     R(

@@ -14,9 +14,11 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc_train.launch.config_view import ConfigView, plain
 
@@ -154,6 +156,9 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     if signal_name != "USR2":
         extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
     params["additional_parameters"] = extra
+    throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
+    if throttle:
+        params["array_parallelism"] = int(throttle)  # submitit: --array=0-N%P when jobs go in as an array
     return params
 
 
@@ -305,7 +310,7 @@ _REFUSALS = (
 )
 
 
-def refusal_error(slurm_says: str, queued: Sequence[str] = ()) -> ConfigError:
+def refusal_error(slurm_says: str, cancelled: Sequence[str] = ()) -> ConfigError:
     """One ConfigError for a failed sbatch: Slurm's own words, the key they point at, and the fix."""
     words = (
         " ".join(
@@ -326,57 +331,99 @@ def refusal_error(slurm_says: str, queued: Sequence[str] = ()) -> ConfigError:
             key, fix = known_key, known_fix
             break
     note = (
-        f" Already queued by this command: {', '.join(queued)} (scancel them if the sweep must go in whole)."
-        if queued
+        f" The jobs this command had already queued ({', '.join(cancelled)}) were cancelled: nothing of it is left."
+        if cancelled
         else ""
     )
     return ConfigError(key, f"Slurm refused the job: {words}.{note}", fix)
 
 
-@contextlib.contextmanager
-def _clean_on_refusal(folder: Path, queued: Sequence[str]) -> Iterator[None]:
-    """Turn a failing sbatch into one ConfigError and remove what submitit left for that job (pickles, scripts).
+class _Submission:
+    """What one submit_jobs call queued and wrote, to take back whole when sbatch refuses part-way.
 
-    submitit writes the pickled job and the script into ``folder`` before it calls sbatch and
-    prints sbatch's stderr itself; both would outlive a refusal and mislead a later look or resume.
+    submitit writes the pickled jobs and the script into the log folder before it calls sbatch
+    and prints sbatch's stderr itself; both would outlive a refusal and mislead a later look or
+    resume. A sweep cut into several arrays may be refused at its third: the arrays already
+    queued are cancelled (scancel) so the sweep goes in whole or not at all.
     """
-    from submitit.core.utils import FailedJobError
 
-    existed = folder.exists()
-    before = set(folder.iterdir()) if existed else set()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    except (FailedJobError, OSError) as err:
-        for path in (set(folder.iterdir()) if folder.exists() else set()) - before:
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-        if not existed and folder.exists() and not any(folder.iterdir()):
-            folder.rmdir()
-        raise refusal_error(str(err), queued) from None
+    def __init__(self) -> None:
+        self.queued: List[str] = []  # Slurm job ids (array ids) in submission order
+        self._before: Dict[Path, Optional[set]] = {}  # folder -> its entries before this call (None: absent)
+
+    def watch(self, folder: Path) -> None:
+        if folder not in self._before:
+            self._before[folder] = set(folder.iterdir()) if folder.exists() else None
+
+    def take_back(self) -> None:
+        if self.queued:
+            subprocess.run(["scancel", *self.queued], capture_output=True, check=False, timeout=60)
+        for folder, before in self._before.items():
+            for path in (set(folder.iterdir()) if folder.exists() else set()) - (before or set()):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+            if before is None and folder.exists() and not any(folder.iterdir()):
+                folder.rmdir()
 
 
-def submit_jobs(jobs: Sequence[PreparedJob], log_root: Optional[Path] = None) -> List[Tuple[PreparedJob, Any]]:
-    """Submit jobs; those sharing identical sbatch parameters go in as one job array.
+def _chunks(members: List[PreparedJob], size: int) -> Iterator[List[PreparedJob]]:
+    for start in range(0, len(members), size):
+        yield members[start : start + size]
+
+
+def submit_jobs(
+    jobs: Sequence[PreparedJob], log_root: Optional[Path] = None, task: Optional[Callable[[Dict[str, Any]], Any]] = None
+) -> List[Tuple[PreparedJob, Any]]:
+    """Submit jobs; those sharing identical sbatch parameters go in as job arrays of at most MaxArraySize - 1 tasks.
 
     A single job logs into ``<run dir>/slurm``; an array logs into ``<log_root>/slurm``
     (the sweep dir), while every rank still writes ``logs/rank<r>.log`` in its own run dir.
-    A refused sbatch raises ConfigError (see ``refusal_error``) and leaves no submitit files.
+    ``launcher.array_parallelism`` (or the profile's) throttles every array (``--array=0-N%P``);
+    without it all of an array's tasks may run at once. A refused sbatch raises ConfigError (see
+    ``refusal_error``) after cancelling what this call had queued and removing submitit's files.
+    ``task`` makes what each Slurm task runs from a job spec (default: ``TrainingJob``).
     """
-    from hpc_train.compute.job import TrainingJob
+    from submitit.core.utils import FailedJobError
 
+    from hpc_train.compute.job import TrainingJob
+    from hpc_train.launch.sweep_limits import array_chunk
+
+    make_task = task or TrainingJob
     groups: Dict[str, List[PreparedJob]] = {}
     for job in jobs:
         groups.setdefault(_group_key(job.params), []).append(job)
+    chunk = array_chunk() if any(len(members) > 1 for members in groups.values()) else 1
+    arrays = [part for members in groups.values() for part in _chunks(members, chunk)]
+    submission = _Submission()
     submitted: List[Tuple[PreparedJob, Any]] = []
-    for members in groups.values():
-        first = members[0]
-        folder = (log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir) / rundir.SLURM_LOGS
-        executor = make_executor(folder, first.params, int(first.plan.config.trainer.max_requeues))
-        with _clean_on_refusal(folder, sorted({str(h.job_id).split("_")[0] for _, h in submitted})):
-            if len(members) == 1:
-                handles = [executor.submit(TrainingJob(first.spec))]
-            else:
-                with executor.batch():
-                    handles = [executor.submit(TrainingJob(job.spec)) for job in members]
-        submitted.extend(zip(members, handles))
+    try:
+        for number, members in enumerate(arrays, 1):
+            first = members[0]
+            folder = (
+                log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir
+            ) / rundir.SLURM_LOGS
+            submission.watch(folder)
+            params = dict(first.params)
+            params.setdefault("array_parallelism", len(members))  # submitit would throttle to 256 otherwise
+            executor = make_executor(folder, params, int(first.plan.config.trainer.max_requeues))
+            with contextlib.redirect_stderr(io.StringIO()):
+                if len(members) == 1:
+                    handles = [executor.submit(make_task(first.spec))]
+                else:
+                    with executor.batch():
+                        handles = [executor.submit(make_task(job.spec)) for job in members]
+            submission.queued.append(str(handles[0].job_id).split("_")[0])
+            submitted.extend(zip(members, handles))
+            if len(arrays) > 1 and len(members) > 1:
+                print(
+                    f"hpc-train: queued array {submission.queued[-1]} ({number} of {len(arrays)}, {len(members):,}"
+                    " jobs)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    except (FailedJobError, OSError) as err:
+        submission.take_back()
+        raise refusal_error(str(err), submission.queued) from None
+    except BaseException:
+        submission.take_back()  # interrupted part-way (Ctrl-C): the sweep goes in whole or not at all
+        raise
     return submitted

@@ -21,7 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hpc_train import rundir
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
@@ -91,10 +91,11 @@ class SweepLauncher(Launcher):
         """
         from hpc_train.launch import slurm
         from hpc_train.launch.errors import ConfigError, JobFailed
-        from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+        from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
         from hpc_train.launch.objective import read_objective, sweeper_wants_objective
         from hpc_train.launch.plan import make_plan
         from hpc_train.launch.run import follow
+        from hpc_train.launch.sweep_limits import check_sweep_fits
 
         assert self.config is not None
         optimising = sweeper_wants_objective(self.config.hydra)
@@ -117,6 +118,12 @@ class SweepLauncher(Launcher):
                     err.fix,
                 ) from None
             laid_out.tick()
+        if prepared:
+            check_sweep_fits(
+                len(prepared),
+                {job.params.get("account") for _, job in prepared},
+                prepared[0][1].params.get("array_parallelism"),
+            )
         if batch[0][2].view.dry_run:
             for _, job in prepared:
                 print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
@@ -130,7 +137,7 @@ class SweepLauncher(Launcher):
             write_job_spec(job.spec, job.plan.run_dir)
             hydra_dir = job.plan.run_dir / ".hydra"
             hydra_dir.mkdir(parents=True, exist_ok=True)
-            (hydra_dir / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(batch[i][1]))))
+            write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
         handles = {id(job): handle for job, handle in submitted}
         rows = [
             (str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())

@@ -15,19 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
-import subprocess
 import sys
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from hpc_train import rundir
+from hpc_train.job_states import slurm_states
 
 PNG_NAME = "report.png"
+PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one
 LAYOUT_LEGEND = "layout = nodes x tasks per node x GPUs per task"
 INSTALL_HINT = "pip install 'hpc-train[report]'  (or: pip install matplotlib)"
 
@@ -50,13 +50,14 @@ class JobReport:
     eval_accuracy: Optional[float] = None
     attempts: Optional[int] = None
     slurm_job_id: Optional[str] = None
+    slurm_state: Optional[str] = None  # what Slurm says of the job (sacct/squeue), when it was a Slurm job
     loss_curve: List[Tuple[int, float]] = field(default_factory=list)
 
 
 # -- reading one run dir ---------------------------------------------------------------------
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError):
         return None
 
@@ -162,75 +163,15 @@ def collect(path: Path) -> Tuple[str, List[JobReport]]:
     return "sweep", jobs
 
 
-# -- Slurm states ----------------------------------------------------------------------------
-def _expand_array(job_id: str) -> List[str]:
-    """``123_[0-2,5]`` -> 123_0, 123_1, 123_2, 123_5 (sacct/squeue print pending arrays that way)."""
-    match = re.fullmatch(r"(\d+)_\[([\d,\-%]+)\]", job_id)
-    if not match:
-        return [job_id]
-    base, spec = match.group(1), match.group(2).split("%")[0]
-    ids = []
-    for part in spec.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi) + 1))
-        elif part:
-            ids.append(f"{base}_{part}")
-    return ids
-
-
-def _parse_states(text: str, sep: str) -> Dict[str, str]:
-    states: Dict[str, str] = {}
-    for line in text.splitlines():
-        if sep not in line:
-            continue
-        job_id, state = line.split(sep, 1)
-        state = state.split()[0] if state.split() else ""
-        for one in _expand_array(job_id.strip()):
-            states.setdefault(one, state)
-    return states
-
-
-def slurm_states(job_ids: Iterable[str]) -> Dict[str, str]:
-    """The current state of each job id: squeue first (live), then sacct (ended jobs). Missing: unknown."""
-    wanted = sorted({j for j in job_ids if j})
-    found: Dict[str, str] = {}
-    if not wanted:
-        return found
-    if shutil.which("squeue"):
-        try:
-            out = subprocess.run(
-                ["squeue", "-h", "-r", "-o", "%i|%T"], capture_output=True, text=True, timeout=30, check=False
-            )
-            if out.returncode == 0:
-                live = _parse_states(out.stdout, "|")
-                found.update({j: live[j] for j in wanted if j in live})
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    rest = [j for j in wanted if j not in found]
-    if rest and shutil.which("sacct"):
-        try:
-            out = subprocess.run(
-                ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(rest)],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            if out.returncode == 0:
-                ended = _parse_states(out.stdout, "|")
-                found.update({j: ended[j] for j in rest if j in ended})
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return found
-
-
 def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
-    """Jobs without a summary take their Slurm state (PENDING, RUNNING, FAILED, TIMEOUT, ...)."""
-    waiting = [job for job in jobs if job.status != "COMPLETED" and job.slurm_job_id]
-    states = slurm_states(job.slurm_job_id for job in waiting)
-    for job in waiting:
+    """Every Slurm job gets Slurm's state; those without a summary show it as their status (PENDING, FAILED, ...)."""
+    with_ids = [job for job in jobs if job.slurm_job_id]
+    states = slurm_states(job.slurm_job_id for job in with_ids)
+    for job in with_ids:
         state = states.get(str(job.slurm_job_id))
+        job.slurm_state = state
+        if job.status == "COMPLETED":
+            continue
         if state is None:
             job.status = "FAILED" if _failed_locally(Path(job.run_dir)) else "NOT IN QUEUE"
         elif state == "COMPLETED":
@@ -240,6 +181,15 @@ def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
 
 
 # -- the table -------------------------------------------------------------------------------
+def state_counts(jobs: Sequence[JobReport]) -> str:
+    """How many jobs are in each state, e.g. '2,998 COMPLETED, 1 FAILED' (Slurm's state where it has one)."""
+    counts: Dict[str, int] = {}
+    for job in jobs:
+        state = job.slurm_state or job.status
+        counts[state] = counts.get(state, 0) + 1
+    return ", ".join(f"{n:,} {state}" for state, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def split_overrides(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
     """(overrides every job shares, each job's own): a sweep's table shows only what differs."""
     if len(jobs) < 2:
@@ -459,7 +409,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--json", action="store_true", help="print the rows as JSON (exact numbers) instead of the table"
     )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="follow a sweep live (counts by state, running jobs' step/loss/images/s, failures, ETA) until it ends",
+    )
+    parser.add_argument("--every", type=float, default=None, help="--watch: seconds between refreshes (default 5)")
     args = parser.parse_args(argv)
+    if args.watch:
+        from hpc_train.watch import REFRESH_S, watch
+
+        if not args.path.is_dir():
+            print(f"hpc-train-report: {args.path} is not a folder: give a sweep dir (multirun/DATE/TIME).", file=sys.stderr)
+            return 2
+        return watch(args.path, args.every or REFRESH_S)
 
     try:
         kind, jobs = collect(args.path)
@@ -480,7 +443,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"({LAYOUT_LEGEND}; images/s after the warm-up steps, evaluation excluded; train loss of the last logged"
             " step)"
         )
+        print(f"states: {state_counts(jobs)}")
     if args.no_png:
+        return 0
+    if len(jobs) > PNG_MAX_JOBS:
+        print(
+            f"hpc-train-report: no plot: {len(jobs):,} jobs are more bars than a chart can show (at most"
+            f" {PNG_MAX_JOBS}); use --json for the numbers.",
+            file=sys.stderr,
+        )
         return 0
     png = args.png or (args.path / PNG_NAME)
     try:

@@ -1,0 +1,270 @@
+"""`hpc-train-report SWEEP_DIR --watch`: a sweep's live state, redrawn every few seconds until every job has ended.
+
+Each refresh reads, for all jobs at once, Slurm's states (``job_states.slurm_job_states``: one
+sacct call per batch of arrays) or, for a local sweep, what its run dirs hold; then, for the
+running jobs only, the last lines of ``metrics.jsonl`` (step, loss, images/s between the last
+two logged steps), and for the failed ones the failing rank's one-line error and where its log
+is. The ETA is the finished jobs' mean duration times the jobs left, divided by how many run
+at once. Plain text (redrawn in place on a terminal), no torch, no new dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Dict, List, Optional, Tuple
+
+import yaml
+
+from hpc_train import rundir
+from hpc_train.job_states import ENDED, rank_error, slurm_job_states
+
+REFRESH_S = 5.0
+FAILED_SHOWN = 10  # failed jobs listed with their error (the count covers all of them)
+RUNNING_SHOWN = 20
+TAIL_BYTES = 8192  # the end of metrics.jsonl read to find the last two training steps
+
+
+@dataclass
+class WatchedJob:
+    name: str  # job number in the sweep
+    run_dir: Path
+    slurm_id: Optional[str] = None
+    state: str = "PENDING"
+    elapsed_s: Optional[float] = None
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    images_per_sec: Optional[float] = None
+    error: Optional[str] = None
+    log: Optional[Path] = None
+
+
+@dataclass
+class Snapshot:
+    jobs: List[WatchedJob]
+    counts: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.jobs) and all(job.state in ENDED for job in self.jobs)
+
+    @property
+    def failed(self) -> List[WatchedJob]:
+        return [job for job in self.jobs if job.state in ENDED and job.state != "COMPLETED"]
+
+
+# -- which jobs the sweep has ----------------------------------------------------------------------
+def _table(sweep_dir: Path) -> List[Tuple[str, str]]:
+    """(slurm id, job number) of every row of jobs.tsv (a Slurm sweep)."""
+    try:
+        lines = (sweep_dir / rundir.JOB_TABLE).read_text().splitlines()
+    except OSError:
+        return []
+    rows = [line.split("\t") for line in lines if line and not line.startswith("job_id\t")]
+    return [(cells[0], cells[1]) for cells in rows if len(cells) >= 2]
+
+
+def _local_jobs(sweep_dir: Path) -> int:
+    """How many jobs a local sweep has: Hydra's expansion of the overrides it saved in multirun.yaml."""
+    try:
+        saved = yaml.safe_load((sweep_dir / "multirun.yaml").read_text())
+        overrides = [str(o) for o in saved["hydra"]["overrides"]["task"]]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return 0
+    from hpc_train.cli_child import expand
+
+    try:
+        return len(expand(overrides))
+    except Exception:  # noqa: BLE001 - an optimising sweeper's search space: count what exists
+        return 0
+
+
+def _started(run_dir: Path) -> bool:
+    return (run_dir / ".hydra").exists() or (run_dir / rundir.JOB_CONFIG).exists()
+
+
+# -- what each job is doing ----------------------------------------------------------------------
+def _last_train_steps(run_dir: Path) -> List[dict]:
+    """The last two ``"kind": "train"`` records of metrics.jsonl (read from its end)."""
+    path = run_dir / rundir.METRICS
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - TAIL_BYTES))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("kind") == "train":
+            found.append(record)
+            if len(found) == 2:
+                break
+    return list(reversed(found))
+
+
+_BATCH: Dict[Path, Optional[int]] = {}
+
+
+def _global_batch(run_dir: Path) -> Optional[int]:
+    if run_dir not in _BATCH:
+        try:
+            spec = yaml.load((run_dir / rundir.JOB_CONFIG).read_text(), Loader=getattr(yaml, "CSafeLoader", None))
+            _BATCH[run_dir] = int(spec["trainer"]["batch_size"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+            return None
+    return _BATCH[run_dir]
+
+
+def _progress(job: WatchedJob) -> None:
+    steps = _last_train_steps(job.run_dir)
+    if not steps:
+        return
+    job.step, job.loss = steps[-1].get("step"), steps[-1].get("loss")
+    if len(steps) == 2:
+        first, last = steps
+        batch = _global_batch(job.run_dir)
+        span = float(last.get("time", 0)) - float(first.get("time", 0))
+        if batch and span > 0:
+            job.images_per_sec = (int(last["step"]) - int(first["step"])) * batch / span
+
+
+def _failure(job: WatchedJob, sweep_dir: Path) -> None:
+    rank, error = rank_error(job.run_dir, 0.0)
+    if error:
+        job.error, job.log = error, rundir.rank_log(job.run_dir, rank or 0)
+        return
+    logs = sorted((sweep_dir / rundir.SLURM_LOGS).glob(f"{job.slurm_id}_*log.err")) if job.slurm_id else []
+    logs = logs or sorted((job.run_dir / rundir.SLURM_LOGS).glob("*_log.err"))
+    job.log = logs[0] if logs else job.run_dir / rundir.LOGS
+    for path in logs[:1]:
+        try:
+            lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            continue
+        job.error = next((line for line in lines if "Error" in line or "error" in line), lines[-1] if lines else None)
+
+
+def _local_elapsed(run_dir: Path) -> Optional[float]:
+    try:
+        return (run_dir / rundir.SUMMARY).stat().st_mtime - (run_dir / ".hydra").stat().st_mtime
+    except OSError:
+        return None
+
+
+def snapshot(sweep_dir: Path) -> Snapshot:
+    """Every job of the sweep with its state; progress for running jobs, the cause for failed ones."""
+    rows = _table(sweep_dir)
+    if rows:
+        states = slurm_job_states(job_id for job_id, _ in rows)
+        jobs = []
+        for job_id, name in rows:
+            job = WatchedJob(name, sweep_dir / name, job_id)
+            found = states.get(job_id)
+            if found is not None:
+                job.state, job.elapsed_s = found.state, found.elapsed_s
+            elif (job.run_dir / rundir.SUMMARY).exists():
+                job.state = "COMPLETED"
+            jobs.append(job)
+    else:
+        total = _local_jobs(sweep_dir)
+        started = sorted(int(p.name) for p in sweep_dir.iterdir() if p.name.isdigit() and _started(p))
+        total = max(total, (started[-1] + 1) if started else 0)
+        newest = started[-1] if started else -1
+        jobs = []
+        for number in range(total):
+            job = WatchedJob(str(number), sweep_dir / str(number))
+            if (job.run_dir / rundir.SUMMARY).exists():
+                job.state, job.elapsed_s = "COMPLETED", _local_elapsed(job.run_dir)
+            elif number in started and (number < newest or rank_error(job.run_dir, 0.0)[1]):
+                job.state = "FAILED"  # a later job started (local sweeps run one at a time), or a rank failed
+            elif number in started:
+                job.state = "RUNNING"
+            jobs.append(job)
+    for job in jobs:
+        if job.state == "RUNNING":
+            _progress(job)
+        elif job.state in ENDED and job.state != "COMPLETED":
+            _failure(job, sweep_dir)
+    counts: Dict[str, int] = {}
+    for job in jobs:
+        counts[job.state] = counts.get(job.state, 0) + 1
+    return Snapshot(jobs, counts)
+
+
+# -- showing it ------------------------------------------------------------------------------------
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def eta(snap: Snapshot) -> Optional[float]:
+    """Seconds until the last job ends: mean duration of the finished jobs x waves of jobs left."""
+    durations = [j.elapsed_s for j in snap.jobs if j.state in ENDED and j.elapsed_s]
+    left = [j for j in snap.jobs if j.state not in ENDED]
+    if not durations or not left:
+        return None if left else 0.0
+    running = sum(1 for j in left if j.state == "RUNNING")
+    mean = sum(durations) / len(durations)
+    return math.ceil(len(left) / max(1, running)) * mean
+
+
+def render(sweep_dir: Path, snap: Snapshot) -> str:
+    total = len(snap.jobs)
+    order = ["COMPLETED", "RUNNING", "PENDING"]
+    names = order + sorted(s for s in snap.counts if s not in order)
+    counts = ", ".join(f"{snap.counts[s]:,} {s}" for s in names if snap.counts.get(s))
+    left = eta(snap)
+    lines = [
+        f"hpc-train-report --watch {sweep_dir}  ({time.strftime('%H:%M:%S')})",
+        f"{total:,} job{'s' if total != 1 else ''}: {counts or 'none yet'}"
+        + (f"; ETA {_duration(left)}" if left else ""),
+    ]
+    running = [j for j in snap.jobs if j.state == "RUNNING"]
+    if running:
+        lines.append("running:   job  slurm id      step      loss   images/s")
+        for job in running[:RUNNING_SHOWN]:
+            lines.append(
+                f"{'':11s}{job.name:>4s}  {job.slurm_id or '-':12s}"
+                f"{job.step if job.step is not None else '-':>6}"
+                f"{f'{job.loss:.4f}' if isinstance(job.loss, (int, float)) else '-':>10s}"
+                f"{f'{job.images_per_sec:.1f}' if job.images_per_sec else '-':>11s}"
+            )
+        if len(running) > RUNNING_SHOWN:
+            lines.append(f"{'':11s}... and {len(running) - RUNNING_SHOWN:,} more running")
+    failed = snap.failed
+    if failed:
+        lines.append(f"failed ({len(failed):,}):")
+        for job in failed[:FAILED_SHOWN]:
+            lines.append(f"  #{job.name} {job.slurm_id or ''} {job.state}: {job.error or '(no error recorded)'}")
+            lines.append(f"      log: {job.log}")
+        if len(failed) > FAILED_SHOWN:
+            lines.append(f"  ... and {len(failed) - FAILED_SHOWN:,} more (hpc-train-report {sweep_dir} lists them)")
+    return "\n".join(lines)
+
+
+def watch(sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout) -> int:
+    """Redraw until every job has ended; 0 when all completed, 1 when some did not (Ctrl-C stops watching only)."""
+    redraw = out.isatty()
+    try:
+        while True:
+            snap = snapshot(sweep_dir)
+            text = render(sweep_dir, snap)
+            out.write(("\033[H\033[J" if redraw else "") + text + "\n" + ("" if redraw else "\n"))
+            out.flush()
+            if snap.done:
+                return 1 if snap.failed else 0
+            time.sleep(every)
+    except KeyboardInterrupt:
+        out.write("hpc-train-report: stopped watching (the jobs go on)\n")
+        return 130

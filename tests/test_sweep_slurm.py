@@ -1,0 +1,171 @@
+"""Big sweeps within Slurm's limits, and watching a sweep, on the real Slurm test cluster.
+
+The test cluster runs Slurm's defaults MaxArraySize=1001 and MaxJobCount=10000. Jobs that only
+need to be queued (not run) are submitted held (``+cluster.extra.hold=true`` is sbatch --hold)
+and cancelled at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, TINY, assert_ok, run_cli, scontrol_job
+
+pytestmark = pytest.mark.slurm
+
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=10", "model=toy_mlp", *TINY]
+HELD = [*SLURM, "+cluster.extra.hold=true"]
+
+
+def table_ids(sweep_dir: Path):
+    return [line.split("\t")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
+
+
+def cancel(job_ids) -> None:
+    arrays = sorted({j.split("_")[0] for j in job_ids})
+    if arrays:
+        subprocess.run(["scancel", *arrays], check=False)
+
+
+def queued(user: str = "root") -> int:
+    out = subprocess.run(["squeue", "-h", "-r", "-u", user, "-o", "%i"], capture_output=True, text=True, check=True)
+    return len(out.stdout.split())
+
+
+def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cluster, tmp_path):
+    """1,100 jobs with MaxArraySize=1001: arrays of 1,000 and 100 tasks, each throttled to 16, every job in jobs.tsv."""
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", *HELD, "seed=range(0,1100)", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"])
+    ids = table_ids(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
+    try:
+        assert_ok(proc)
+        assert "composed 1,000 of 1,100 jobs" in proc.stderr and "validated and laid out 1,100 of 1,100" in proc.stderr
+        arrays = sorted({i.split("_")[0] for i in ids}, key=int)
+        assert len(ids) == 1100 == len(set(ids)) and len(arrays) == 2
+        tasks = {a: sorted(int(i.split("_")[1]) for i in ids if i.startswith(a + "_")) for a in arrays}
+        assert tasks[arrays[0]] == list(range(1000)) and tasks[arrays[1]] == list(range(100))
+        # Slurm's own view: the task ranges and the throttle it really got
+        assert scontrol_job(arrays[0])["ArrayTaskId"] == "0-999%16"
+        assert scontrol_job(arrays[1])["ArrayTaskId"] == "0-99%16"
+        assert scontrol_job(arrays[0])["ArrayTaskThrottle"] == "16"
+        # the report counts the states of all 1,100 jobs
+        report = subprocess.run(
+            [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+        )
+        assert report.returncode == 0, report.stderr
+        assert "states: 1,100 PENDING" in report.stdout
+    finally:
+        cancel(ids)
+
+
+def test_a_refusal_part_way_cancels_the_arrays_already_queued(slurm_cluster, tmp_path):
+    """Two sbatch groups; Slurm refuses the second: the first array is cancelled and nothing of the sweep is left."""
+    sweep_dir = tmp_path / "sweep"
+    before = queued()
+    proc = run_cli(["-m", *HELD, "seed=0,1", "+cluster.extra.mail-type=END,NOT_A_TYPE", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = proc.stderr
+    assert "invalid configuration for `cluster.extra`" in message and "were cancelled" in message
+    cancelled = re.search(r"had already queued \((\d+)\)", message).group(1)
+    assert scontrol_job(cancelled)["JobState"] == "CANCELLED"
+    assert queued() == before
+    assert not (sweep_dir / "jobs.tsv").exists() and not (sweep_dir / "0").exists()
+    assert not (sweep_dir / "slurm").exists() or not any((sweep_dir / "slurm").iterdir())
+
+
+@pytest.fixture
+def max_submit_jobs():
+    """MaxSubmitJobs on root's association with account hpctest (root's other association is untouched)."""
+
+    def limit(value: int) -> None:
+        subprocess.run(
+            ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", f"maxsubmitjobs={value}"],
+            check=True,
+            capture_output=True,
+        )
+
+    yield limit
+    limit(-1)
+
+
+def test_a_sweep_over_max_submit_jobs_is_refused_before_anything_is_queued(slurm_cluster, tmp_path, max_submit_jobs):
+    max_submit_jobs(5)
+    sweep_dir = tmp_path / "sweep"
+    before = queued()
+    proc = run_cli(["-m", *HELD, "cluster.account=hpctest", "seed=range(0,8)", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "invalid configuration for `sweep`" in proc.stderr
+    assert "queues 8 jobs" in proc.stderr and "MaxSubmitJobs of 5" in proc.stderr and "account hpctest" in proc.stderr
+    assert "in parts of at most" in proc.stderr
+    assert queued() == before and not (sweep_dir / "jobs.tsv").exists()
+    # within the limit it goes in
+    proc = run_cli(["-m", *HELD, "cluster.account=hpctest", "seed=range(0,4)", f"hydra.sweep.dir={tmp_path / 'ok'}"])
+    try:
+        assert_ok(proc)
+    finally:
+        cancel(table_ids(tmp_path / "ok"))
+
+
+def watch(sweep_dir: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--watch", "--every", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+# Job 2 of 3 trains 6 steps and its rank 0 fails after 5 (HPC_TRAIN_FAIL_AT); the others stop at 4.
+FAILING = ["trainer.max_steps=4,6,4", "trainer.log_every=1", "trainer.eval=false"]
+FAIL_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.7"}
+
+
+def _check_watch_output(proc: subprocess.CompletedProcess, failed_job: str) -> None:
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr  # some job failed
+    final = out.strip().split("hpc-train-report --watch")[-1]
+    assert "3 jobs: 2 COMPLETED, 1 FAILED" in final
+    assert f"#{failed_job} " in final and "InjectedFailure" in final and "rank0.log" in final
+    # while they ran: a running job's step and loss, and an ETA once one had finished
+    assert re.search(r"running:.*\n\s+\d+\s+\S+\s+\d+\s+\d+\.\d{4}", out), out
+    assert "ETA" in out
+
+
+def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    env = dict(os.environ, **FAIL_ENV)
+    proc = run_cli(["-m", *SLURM, "strategy=single", *FAILING, f"hydra.sweep.dir={sweep_dir}"], env=env)
+    assert_ok(proc)
+    _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
+    report = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+    )
+    assert "states: 2 COMPLETED, 1 FAILED" in report.stdout
+
+
+def test_watch_follows_a_local_sweep(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **FAIL_ENV)
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "hpc_train.cli", "-m", *TINY, "strategy=single", *FAILING, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (sweep_dir / "multirun.yaml").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
+    finally:
+        sweep.kill()
+        sweep.wait()

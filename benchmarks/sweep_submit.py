@@ -1,14 +1,19 @@
-"""Wall time to submit a Hydra sweep of N Slurm jobs with per-job layouts (local test cluster).
+"""Login-node cost of a Hydra sweep of N Slurm jobs with per-job layouts: compose, validate, lay out (and submit).
 
-Submits `strategy=single,ddp x resources.gpus_per_node=1,2 x seed=0..N/4-1` (three distinct
-layouts, so three job arrays), times the `hpc-train -m` command from start to exit, then
-cancels the jobs. Needs the test cluster: `bash scripts/slurm_test_cluster.sh start`.
+The sweep is `strategy=single,ddp x resources.gpus_per_node=1,2 x seed=0..N/4-1` (four
+layouts). `--dry-run` times `hpc-train -m ... dry_run=true` (everything but sbatch: what a
+login node pays before the first job is queued) and reads the command's peak memory; without
+it the jobs are really submitted to the local test cluster (held, then cancelled; start it with
+`bash scripts/slurm_test_cluster.sh start`). Each case runs `--repeats` times; the table gives
+the median, the spread and the peak RSS. The reference row is one `hpc-train dry_run=true` job:
+Python, Hydra and hpc-train starting, which every sweep pays once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -16,37 +21,69 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List, Tuple
 
 HERE = Path(__file__).resolve().parent
+COMMON = [
+    "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "model=toy_mlp", "data=synthetic",
+    "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
+]
 
 
-def submit(jobs: int, sweep_dir: Path) -> float:
-    cmd = [
-        sys.executable, "-m", "hpc_train.cli", "-m", "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5",
-        "model=toy_mlp", "data=synthetic", "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
-        "strategy=single,ddp", "resources.gpus_per_node=1,2", f"seed=range(0,{jobs // 4})", f"hydra.sweep.dir={sweep_dir}",
-    ]
+def _timed(cmd: List[str]) -> Tuple[float, float]:
+    """(wall seconds, peak RSS MB) of one command, read from its own rusage (os.wait4)."""
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = proc.stderr.read() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
-    ids = {line.split("\t")[0].split("_")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]}
-    subprocess.run(["scancel", *ids], check=False)
-    return elapsed
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def sweep(jobs: int, sweep_dir: Path, dry_run: bool) -> Tuple[float, float]:
+    cmd = [sys.executable, "-m", "hpc_train.cli", "-m", *COMMON, "strategy=single,ddp", "resources.gpus_per_node=1,2",
+           f"seed=range(0,{jobs // 4})", f"hydra.sweep.dir={sweep_dir}"]
+    cmd += ["dry_run=true"] if dry_run else ["+cluster.extra.hold=true"]
+    elapsed, rss = _timed(cmd)
+    if not dry_run:
+        ids = {line.split("\t")[0].split("_")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]}
+        subprocess.run(["scancel", *ids], check=False)
+    return elapsed, rss
+
+
+def reference(run_dir: Path) -> Tuple[float, float]:
+    return _timed([sys.executable, "-m", "hpc_train.cli", *COMMON, "dry_run=true", f"hydra.run.dir={run_dir}"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jobs", type=int, nargs="+", default=[10000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="stop before sbatch (no cluster needed)")
     args = parser.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        times = [submit(args.jobs, Path(tmp) / f"sweep{i}") for i in range(args.repeats)]
-    median = statistics.median(times)
-    print(f"{'jobs':>5s} {'median s':>9s} {'min-max s':>11s} {'ms/job':>7s}")
-    print(f"{args.jobs:5d} {median:9.2f} {min(times):5.2f}-{max(times):<5.2f} {1000 * median / args.jobs:7.1f}")
+        runs = [reference(Path(tmp) / f"ref{i}") for i in range(args.repeats)]
+        rows.append(("1 (reference: one dry-run job)", runs))
+        for jobs in args.jobs:
+            runs = [sweep(jobs, Path(tmp) / f"sweep{jobs}-{i}", args.dry_run) for i in range(args.repeats)]
+            rows.append((f"{jobs:,} ({'dry run' if args.dry_run else 'submitted, held'})", runs))
+    print(f"{'jobs':32s} {'median s':>9s} {'min-max s':>13s} {'ms/job':>7s} {'peak MB':>8s}")
+    results = []
+    for label, runs in rows:
+        times = [t for t, _ in runs]
+        median = statistics.median(times)
+        count = int(label.split()[0].replace(",", ""))
+        print(f"{label:32s} {median:9.2f} {min(times):6.2f}-{max(times):<6.2f} {1000 * median / count:7.2f}"
+              f" {max(r for _, r in runs):8.0f}")
+        results.append({"case": label, "times_s": times, "median_s": median, "peak_rss_mb": max(r for _, r in runs)})
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / "sweep_submit.json").write_text(json.dumps({"benchmark": "sweep_submit", "date": time.strftime("%Y-%m-%d"), "machine": platform.node(), "jobs": args.jobs, "times_s": times, "median_s": median}, indent=2))
+    (out / "sweep_submit.json").write_text(json.dumps({
+        "benchmark": "sweep_submit", "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
+        "cpus": os.cpu_count(), "dry_run": args.dry_run, "results": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def queued(user: str = "root") -> int:
 
 
 def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cluster, tmp_path):
-    """1,100 jobs with MaxArraySize=1001: arrays of 1,000 and 100 tasks, each throttled to 16, every job in jobs.tsv."""
+    """1,100 jobs with MaxArraySize=1001: arrays of 1,000 and 100 tasks, throttled to 16, every job in jobs.tsv."""
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(["-m", *HELD, "seed=range(0,1100)", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"])
     ids = table_ids(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
@@ -55,6 +55,8 @@ def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cl
         assert scontrol_job(arrays[0])["ArrayTaskId"] == "0-999%16"
         assert scontrol_job(arrays[1])["ArrayTaskId"] == "0-99%16"
         assert scontrol_job(arrays[0])["ArrayTaskThrottle"] == "16"
+        # throttled arrays run one after the other: the sweep as a whole runs at most 16 jobs at once
+        assert scontrol_job(arrays[1])["Dependency"].startswith(f"afterany:{arrays[0]}")
         # the report counts the states of all 1,100 jobs
         report = subprocess.run(
             [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO

@@ -377,8 +377,9 @@ def submit_jobs(
 
     A single job logs into ``<run dir>/slurm``; an array logs into ``<log_root>/slurm``
     (the sweep dir), while every rank still writes ``logs/rank<r>.log`` in its own run dir.
-    ``launcher.array_parallelism`` (or the profile's) throttles every array (``--array=0-N%P``);
-    without it all of an array's tasks may run at once. A refused sbatch raises ConfigError (see
+    ``launcher.array_parallelism`` (or the profile's) throttles every array (``--array=0-N%P``)
+    and chains the throttled arrays (``--dependency=afterany:<previous array>``), so the sweep
+    as a whole runs at most P jobs at once; without it all of an array's tasks may run at once. A refused sbatch raises ConfigError (see
     ``refusal_error``) after cancelling what this call had queued and removing submitit's files.
     ``task`` makes what each Slurm task runs from a job spec (default: ``TrainingJob``).
     """
@@ -395,6 +396,7 @@ def submit_jobs(
     arrays = [part for members in groups.values() for part in _chunks(members, chunk)]
     submission = _Submission()
     submitted: List[Tuple[PreparedJob, Any]] = []
+    previous_throttled: Optional[str] = None
     try:
         for number, members in enumerate(arrays, 1):
             first = members[0]
@@ -403,7 +405,15 @@ def submit_jobs(
             ) / rundir.SLURM_LOGS
             submission.watch(folder)
             params = dict(first.params)
+            throttled = "array_parallelism" in params
             params.setdefault("array_parallelism", len(members))  # submitit would throttle to 256 otherwise
+            if throttled and len(members) > 1 and previous_throttled:
+                # One throttled array after the other: the whole sweep runs at most P jobs at once.
+                extra = dict(params.get("additional_parameters") or {})
+                extra["dependency"] = ",".join(
+                    filter(None, [str(extra.get("dependency") or ""), f"afterany:{previous_throttled}"])
+                )
+                params["additional_parameters"] = extra
             executor = make_executor(folder, params, int(first.plan.config.trainer.max_requeues))
             with contextlib.redirect_stderr(io.StringIO()):
                 if len(members) == 1:
@@ -412,6 +422,8 @@ def submit_jobs(
                     with executor.batch():
                         handles = [executor.submit(make_task(job.spec)) for job in members]
             submission.queued.append(str(handles[0].job_id).split("_")[0])
+            if throttled and len(members) > 1:
+                previous_throttled = submission.queued[-1]
             submitted.extend(zip(members, handles))
             if len(arrays) > 1 and len(members) > 1:
                 print(

@@ -93,29 +93,61 @@ def partition(weights: Sequence[float], stages: int) -> List[int]:
     return counts[::-1]
 
 
-def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int = 3) -> List[float]:
-    """Forward + backward time of each layer on an example batch (median of a few runs, CPU or one device).
+def _synchronize(value: Any) -> None:
+    """Wait for a device's queued kernels, so that a timer stops when the work is done (no-op on CPU)."""
+    if isinstance(value, torch.Tensor) and value.is_cuda:
+        torch.cuda.synchronize(value.device)
+
+
+def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, rounds: int = 5, warmup: int = 1) -> List[float]:
+    """Forward + backward time of each layer on an example batch, in steady state (median over rounds).
 
     Backward counts because a stage's step is its forward and its backward, and their ratio varies
     along a network (on CPU a late ResNet block's backward costs 2-3x its forward, an early one's
-    about 1x): forward time alone leaves the last stage with most of the step. Each layer is timed
-    on a copy, so the model's batch-norm statistics and gradients are untouched.
+    about 1x): forward time alone leaves the last stage with most of the step.
+
+    Each round runs every layer forward in order, then backward in reverse order with the gradient
+    the next layer passed back, as a stage computes; each layer takes a detached copy of the previous
+    output, so that its own forward and backward are timed. The first `warmup` rounds are not timed:
+    a layer's first calls in a process pay one-off costs (oneDNN primitive creation, the allocator's
+    first page faults), and timed first they fell on the first layers only: ResNet-18's stem measured
+    ~1.4x its steady time and cut the first stage too short. Rounds, not back-to-back repeats of one
+    layer, so that a burst of other load slows one round of every layer rather than every run of one.
+    Each layer is timed on a copy, so the model's batch-norm statistics and gradients are untouched.
     """
-    times, x = [], example
-    for index, layer in enumerate(layers):
-        probe, runs = copy.deepcopy(layer), []
-        for _ in range(repeats):
+    probes = copy.deepcopy(list(layers))
+    runs: List[List[float]] = [[] for _ in probes]
+    for round_index in range(warmup + max(1, rounds)):
+        elapsed, inputs, outputs, x = [], [], [], example
+        for index, probe in enumerate(probes):
             leaf = x.detach().requires_grad_(index > 0 and x.is_floating_point())
+            copied = leaf.clone()  # a non-leaf copy: layers such as ResNet's ReLU work in place
+            _synchronize(copied)
             start = time.perf_counter()
-            y = probe(leaf.clone())  # a non-leaf copy: layers such as ResNet's ReLU work in place
+            y = probe(copied)
+            _synchronize(y)
+            elapsed.append(time.perf_counter() - start)
+            inputs.append(leaf)
+            outputs.append(y)
+            x = y
+        grad = None
+        for index in range(len(probes) - 1, -1, -1):
+            y = outputs[index]
             if isinstance(y, torch.Tensor) and y.requires_grad:
-                y.backward(torch.ones_like(y))
-            if isinstance(y, torch.Tensor) and y.is_cuda:
-                torch.cuda.synchronize(y.device)
-            runs.append(time.perf_counter() - start)
-        times.append(sorted(runs)[len(runs) // 2] + 1e-9)
-        x = y.detach()
-    return times
+                if grad is None or grad.shape != y.shape:
+                    grad = torch.ones_like(y)
+                _synchronize(grad)
+                start = time.perf_counter()
+                y.backward(grad)
+                _synchronize(y)
+                elapsed[index] += time.perf_counter() - start
+            grad = inputs[index].grad
+        for probe in probes:
+            probe.zero_grad(set_to_none=True)  # as between steps: backward allocates fresh gradients
+        if round_index >= warmup:
+            for index, seconds in enumerate(elapsed):
+                runs[index].append(seconds)
+    return [sorted(r)[len(r) // 2] + 1e-9 for r in runs]
 
 
 def micro_batch_size(batch: int, chunks: int) -> int:
@@ -419,26 +451,38 @@ def _first_tensor(value: Any) -> Optional[torch.Tensor]:
     return None
 
 
-def block_time(block: nn.Module, args: tuple, kwargs: dict, repeats: int = 3) -> float:
-    """Forward + backward time of one block on its real input (median of a few runs, on a copy, as layer_times)."""
-    probe, runs = copy.deepcopy(block), []
-    for _ in range(repeats):
-        head = args[:1]
-        if head and isinstance(head[0], torch.Tensor):  # the hidden state: a fresh, non-leaf copy per run
-            head = (head[0].detach().requires_grad_(head[0].is_floating_point()).clone(),)
-        start = time.perf_counter()
-        y = _first_tensor(probe(*head, *args[1:], **kwargs))
-        if y is not None and y.requires_grad:
-            y.backward(torch.ones_like(y))
-        if y is not None and y.is_cuda:
-            torch.cuda.synchronize(y.device)
-        runs.append(time.perf_counter() - start)
-    return sorted(runs)[len(runs) // 2] + 1e-9
+def _block_run(probe: nn.Module, args: tuple, kwargs: dict) -> float:
+    """One forward + backward of a block on its real input, the hidden state a fresh non-leaf copy."""
+    head = args[:1]
+    if head and isinstance(head[0], torch.Tensor):
+        head = (head[0].detach().requires_grad_(head[0].is_floating_point()).clone(),)
+        _synchronize(head[0])
+    start = time.perf_counter()
+    y = _first_tensor(probe(*head, *args[1:], **kwargs))
+    if y is not None and y.requires_grad:
+        y.backward(torch.ones_like(y))
+    _synchronize(y)
+    return time.perf_counter() - start
 
 
-def block_times(model: nn.Module, found: BlockList, example: torch.Tensor) -> List[float]:
-    """Forward + backward time of each block (what a pipeline stage spends per micro-batch)."""
-    return [block_time(block, *inputs) for block, inputs in zip(found.blocks, block_inputs(model, found, example))]
+def block_times(
+    model: nn.Module, found: BlockList, example: torch.Tensor, rounds: int = 5, warmup: int = 1
+) -> List[float]:
+    """Forward + backward time of each block (what a pipeline stage spends per micro-batch), in steady state.
+
+    As in :func:`layer_times`: on copies, untimed warm-up rounds first (the first calls of a process are
+    slow and would weigh the first block), then rounds over all blocks, median per block.
+    """
+    inputs = block_inputs(model, found, example)
+    probes = copy.deepcopy(list(found.blocks))
+    runs: List[List[float]] = [[] for _ in probes]
+    for round_index in range(warmup + max(1, rounds)):
+        for index, (probe, (args, kwargs)) in enumerate(zip(probes, inputs)):
+            seconds = _block_run(probe, args, kwargs)
+            probe.zero_grad(set_to_none=True)
+            if round_index >= warmup:
+                runs[index].append(seconds)
+    return [sorted(r)[len(r) // 2] + 1e-9 for r in runs]
 
 
 def split_block_list(

@@ -2,7 +2,8 @@
 
 The sweep is `strategy=single,ddp x resources.gpus_per_node=1,2 x seed=0..N/4-1` (four
 layouts). `--dry-run` times `hpc-train -m ... dry_run=true` (everything but sbatch: what a
-login node pays before the first job is queued) and reads the command's peak memory; without
+login node pays before the first job is queued; Slurm's commands are taken off PATH so the
+figure is hpc-train's own) and reads the command's peak memory; without
 it the jobs are really submitted to the local test cluster (held, then cancelled; start it with
 `bash scripts/slurm_test_cluster.sh start`). Each case runs `--repeats` times; the table gives
 the median, the spread and the peak RSS. The reference row is one `hpc-train dry_run=true` job:
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 COMMON = [
@@ -30,10 +31,17 @@ COMMON = [
 ]
 
 
-def _timed(cmd: List[str]) -> Tuple[float, float]:
+def _without_slurm() -> dict:
+    """This environment minus Slurm's commands: a dry run then measures hpc-train alone (no squeue/sacctmgr answers,
+    no MaxJobCount of a test cluster that already holds jobs)."""
+    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "sbatch").exists()]
+    return dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), *keep]))
+
+
+def _timed(cmd: List[str], env: Optional[dict] = None) -> Tuple[float, float]:
     """(wall seconds, peak RSS MB) of one command, read from its own rusage (os.wait4)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     err = proc.stderr.read() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
@@ -46,7 +54,7 @@ def sweep(jobs: int, sweep_dir: Path, dry_run: bool) -> Tuple[float, float]:
     cmd = [sys.executable, "-m", "hpc_train.cli", "-m", *COMMON, "strategy=single,ddp", "resources.gpus_per_node=1,2",
            f"seed=range(0,{jobs // 4})", f"hydra.sweep.dir={sweep_dir}"]
     cmd += ["dry_run=true"] if dry_run else ["+cluster.extra.hold=true"]
-    elapsed, rss = _timed(cmd)
+    elapsed, rss = _timed(cmd, _without_slurm() if dry_run else None)
     if not dry_run:
         ids = {line.split("\t")[0].split("_")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]}
         subprocess.run(["scancel", *ids], check=False)
@@ -54,7 +62,9 @@ def sweep(jobs: int, sweep_dir: Path, dry_run: bool) -> Tuple[float, float]:
 
 
 def reference(run_dir: Path) -> Tuple[float, float]:
-    return _timed([sys.executable, "-m", "hpc_train.cli", *COMMON, "dry_run=true", f"hydra.run.dir={run_dir}"])
+    return _timed(
+        [sys.executable, "-m", "hpc_train.cli", *COMMON, "dry_run=true", f"hydra.run.dir={run_dir}"], _without_slurm()
+    )
 
 
 def main() -> None:

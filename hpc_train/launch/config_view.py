@@ -12,13 +12,25 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Iterator, List
+from typing import Any, Iterator
 
 MISSING_TEXT = "???"  # OmegaConf's mandatory value, left as text in a resolved container
 
 
+def copy_plain(value: Any) -> Any:
+    """A deep copy of plain data (dicts, lists, values): several times faster than copy.deepcopy."""
+    kind = type(value)
+    if kind is dict:
+        return {key: copy_plain(item) for key, item in value.items()}
+    if kind is list:
+        return [copy_plain(item) for item in value]
+    return value if kind in (str, int, float, bool, type(None)) else copy.deepcopy(value)
+
+
 def wrap(value: Any) -> Any:
     """Mappings become views, lists lists of wrapped items; plain values stay as they are."""
+    if type(value) is dict:
+        return ConfigView(value)
     if isinstance(value, Mapping) and not isinstance(value, ConfigView):
         return ConfigView(value)
     if isinstance(value, list):
@@ -68,19 +80,17 @@ class ConfigView(Mapping):
             node = node[part]
         return wrap(node)
 
+    def raw(self) -> Any:
+        """The data itself, not a copy (read it, never change it): for walks over a whole big config."""
+        return self._data
+
     def plain(self) -> Any:
         """A deep copy of the data: dicts, lists and values only."""
-        return copy.deepcopy(self._data)
+        return copy_plain(self._data)
 
 
 def plain(value: Any) -> Any:
     """Plain Python data from a view, a list of views, or a value (a deep copy)."""
     if isinstance(value, ConfigView):
         return value.plain()
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return copy.deepcopy(value)
-
-
-def keys_of(value: Any) -> List[str]:
-    return [str(k) for k in value] if isinstance(value, Mapping) else []
+    return copy_plain(value)

@@ -675,8 +675,15 @@ def _unresolvable(key: str, err: BaseException) -> ConfigError:
     )
 
 
+def _is_map(node: Any) -> bool:
+    return type(node) is dict or isinstance(node, Mapping)  # plain dicts first: ABC checks are slow in a big sweep
+
+
 def _child(node: Any, name: Any, key: str) -> Any:
     """node[name], resolved; _MISSING for `???`; an interpolation that cannot be resolved is refused naming `key`."""
+    if type(node) is dict:
+        value = node[name]
+        return _MISSING if value == MISSING_TEXT and isinstance(value, str) else value
     if isinstance(node, (DictConfig, ListConfig)):
         if OmegaConf.is_missing(node, name):
             return _MISSING
@@ -689,6 +696,8 @@ def _child(node: Any, name: Any, key: str) -> Any:
 
 
 def _has(node: Any, name: str) -> bool:
+    if type(node) is dict:
+        return name in node
     return isinstance(node, Mapping) and name in node.keys()
 
 
@@ -697,7 +706,7 @@ def lookup(cfg: Any, pattern: str) -> Iterator[Tuple[str, Any]]:
 
     def walk(node: Any, parts: Sequence[str], prefix: str) -> Iterator[Tuple[str, Any]]:
         head, rest = parts[0], parts[1:]
-        names = [str(k) for k in node.keys()] if head == "*" and isinstance(node, Mapping) else [head]
+        names = [str(k) for k in node.keys()] if head == "*" and _is_map(node) else [head]
         for name in names:
             if not _has(node, name):
                 continue
@@ -705,7 +714,7 @@ def lookup(cfg: Any, pattern: str) -> Iterator[Tuple[str, Any]]:
             value = _child(node, name, key)
             if not rest:
                 yield key, value
-            elif isinstance(value, Mapping):
+            elif _is_map(value):
                 yield from walk(value, rest, key)
 
     return walk(cfg, pattern.split("."), "")
@@ -821,6 +830,31 @@ def check_plain(plain: dict) -> None:
     check_profile_type(plain)
     check_table(plain)
     check_target_args(plain)
+
+
+def _overlaps(pattern: str, changed: Sequence[Tuple[str, ...]]) -> bool:
+    """A rule's dotted pattern (`*` any child) and a changed key overlap: one is the other or inside it."""
+    parts = pattern.split(".")
+    return any(all(p == "*" or p == q for p, q in zip(parts, path)) for path in changed)
+
+
+def check_changed(plain: dict, changed: Sequence[Sequence[Any]]) -> None:
+    """check_plain for a config equal to an already checked one except at the `changed` key paths.
+
+    A sweep's jobs differ from their shared composition in a few values: only the rules (and
+    shipped _target_ arguments) that can see those keys are checked again, in the table's order.
+    """
+    paths = [tuple(str(part) for part in path) for path in changed]
+    if not paths:
+        return
+    if any(path[0] == "cluster" for path in paths):
+        check_profile_type(plain)
+    for rule in RULES:
+        if _overlaps(rule.key, paths):
+            for key, value in lookup(plain, rule.key):
+                _apply(key, value, rule)
+    if any(_overlaps(node_key, paths) for node_key in TARGET_NODES):
+        check_target_args(plain)
 
 
 def checked_view(cfg: DictConfig) -> ConfigView:

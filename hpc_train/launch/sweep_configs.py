@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from hydra._internal.config_loader_impl import get_overrides_dirname
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
-from hpc_train.launch.config_view import ConfigView
+from hpc_train.launch.config_view import ConfigView, copy_plain
 from hpc_train.launch.jobspec import hydra_choices
-from hpc_train.launch.schema import check_plain, checked_view, resolved
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.schema import check_changed, check_plain, checked_view, resolved
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,9 @@ class _Template:
     choices: Dict[str, str]  # model=..., data=...: the job spec's `choices`
     plain: Optional[dict]  # its resolved values (None: something does not resolve)
     interpolations: List[Tuple[Tuple[Any, ...], str]]  # (path, text as written) of every interpolated value
+    checked: bool  # `plain` passed every rule of the schema: a job re-checks only the keys it changed
+    numbered: bool  # the run dir is <sweep dir>/<job number> and no value reads Hydra's node: no per-job Hydra state
+    sweep_dir: Path
 
 
 @dataclass
@@ -57,6 +62,8 @@ class SweepConfigs:
         self._groups = set(loader.list_groups(""))
         self._templates: Dict[Tuple[str, ...], _Template] = {}
         self._parsed: Dict[str, Any] = {}  # override text -> Hydra's parse of it (the same texts recur in every job)
+        self._structural: Dict[str, bool] = {}  # override text -> does it change the composition
+        self._hydra_config = HydraConfig.instance()
 
     def _split(self, overrides: Sequence[str]) -> Tuple[List[Any], List[str], List[Any]]:
         """(all overrides parsed, those that change the composition, plain value overrides)."""
@@ -64,19 +71,23 @@ class SweepConfigs:
         if missing:
             self._parsed.update(zip(missing, self._parser.parse_overrides(missing)))
         parsed = [self._parsed[o] for o in overrides]
-
-        def structural(o: Any) -> bool:
-            return (
-                o.is_add()
-                or o.is_delete()
-                or o.is_force_add()
-                or o.package is not None
-                or o.key_or_group.split(".")[0] in self._groups
-                or o.key_or_group.startswith("hydra")
-                or o.is_sweep_override()
-            )
-
-        return parsed, [o.input_line for o in parsed if structural(o)], [o for o in parsed if not structural(o)]
+        for text, o in zip(overrides, parsed):
+            if text not in self._structural:
+                self._structural[text] = (
+                    o.is_add()
+                    or o.is_delete()
+                    or o.is_force_add()
+                    or o.package is not None
+                    or o.key_or_group.split(".")[0] in self._groups
+                    or o.key_or_group.startswith("hydra")
+                    or o.is_sweep_override()
+                )
+        kinds = [self._structural[text] for text in overrides]
+        return (
+            parsed,
+            [o.input_line for o, structural in zip(parsed, kinds) if structural],
+            [o for o, structural in zip(parsed, kinds) if not structural],
+        )
 
     def full(self, overrides: Sequence[str], idx: int) -> DictConfig:
         """The job's whole config (a DictConfig of its own): for jobs Hydra runs itself (local ones)."""
@@ -101,22 +112,26 @@ class SweepConfigs:
         parsed, base, values = self._split(overrides)
         template = self._template(tuple(base))
         saved = self._set(template, values, idx)
-        if saved is not None:
+        if saved is None:  # a value Hydra must look at itself: compose this job in full
+            config = self.full(overrides, idx)
+            self._hydra_config.set_config(config)
+            return JobConfig(checked_view(config), _run_dir(config), hydra_choices())
+        if not template.numbered:
             for node in (template.config.hydra, template.hydra_config.hydra):
                 with read_write(node):
                     _identify(node, overrides, parsed, idx)
-        if saved is None:  # a value Hydra must look at itself: compose this job in full
-            config = self.full(overrides, idx)
-            HydraConfig.instance().set_config(config)
-            return JobConfig(checked_view(config), _run_dir(config), hydra_choices())
         try:
-            plain = _updated(template, [o.key_or_group for o in values])
+            plain, changed = _updated(template, [o.key_or_group for o in values])
             if plain is None:
                 plain = resolved(template.config)
             if plain is None:
                 checked_view(template.config)  # names the value that does not resolve
-            check_plain(plain)
-            return JobConfig(ConfigView(plain), _run_dir(template.config, idx), template.choices)
+            if template.checked and changed is not None:
+                check_changed(plain, changed)
+            else:
+                check_plain(plain)
+            run_dir = template.sweep_dir / str(idx) if template.numbered else _run_dir(template.config)
+            return JobConfig(ConfigView(plain), run_dir, template.choices)
         finally:
             self._restore(template, saved)
 
@@ -124,13 +139,26 @@ class SweepConfigs:
         template = self._templates.get(base)
         if template is None:
             config = self._loader.load_sweep_config(self._config, list(base))
-            HydraConfig.instance().set_config(config)
+            self._hydra_config.set_config(config)
+            plain = resolved(config)
+            interpolations = list(_interpolations(config))
+            sweep = config.hydra.sweep
+            numbered = sweep._get_node("subdir")._value() == "${hydra.job.num}" and not any(
+                "hydra" in text for _, text in interpolations
+            )
             template = _Template(
-                config, HydraConfig.instance().cfg, hydra_choices(), resolved(config), list(_interpolations(config))
+                config,
+                self._hydra_config.cfg,
+                hydra_choices(),
+                plain,
+                interpolations,
+                checked=plain is not None and _passes(plain),
+                numbered=numbered,
+                sweep_dir=Path(str(sweep.dir)),
             )
             self._templates[base] = template
-        if HydraConfig.instance().cfg is not template.hydra_config:
-            HydraConfig.instance().cfg = template.hydra_config
+        if self._hydra_config.cfg is not template.hydra_config:
+            self._hydra_config.cfg = template.hydra_config
         return template
 
     def _set(self, template: _Template, values: List[Any], idx: int) -> Optional[List[Tuple[str, Any]]]:
@@ -169,9 +197,7 @@ def _raw(config: DictConfig, key: str) -> Any:
 
 
 def _identify(hydra: Any, overrides: Sequence[str], parsed: List[Any], idx: int) -> None:
-    """What Hydra sets per job on its node: number, id, task overrides and the override dir name."""
-    from hydra._internal.config_loader_impl import get_overrides_dirname
-
+    """What Hydra sets per job on its node: number, id and the override dir name."""
     hydra.job.id = idx
     hydra.job.num = idx
     dirname = hydra.job.config.override_dirname
@@ -183,11 +209,17 @@ def _identify(hydra: Any, overrides: Sequence[str], parsed: List[Any], idx: int)
     )
 
 
-def _run_dir(config: DictConfig, idx: Optional[int] = None) -> Path:
-    """hydra.sweep.dir / hydra.sweep.subdir (the job number, Hydra's default subdir, without resolving it)."""
-    subdir = config.hydra.sweep._get_node("subdir")._value()
-    name = str(idx) if idx is not None and subdir == "${hydra.job.num}" else str(config.hydra.sweep.subdir)
-    return Path(str(config.hydra.sweep.dir)) / name
+def _run_dir(config: DictConfig) -> Path:
+    return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+
+
+def _passes(plain: dict) -> bool:
+    """The composition passes every rule (else each job is checked in full: its values may be what fixes it)."""
+    try:
+        check_plain(plain)
+    except ConfigError:
+        return False
+    return True
 
 
 def _interpolations(config: DictConfig) -> Iterator[Tuple[Tuple[Any, ...], str]]:
@@ -207,9 +239,10 @@ def _interpolations(config: DictConfig) -> Iterator[Tuple[Tuple[Any, ...], str]]
     yield from walk(config, ())
 
 
-def _updated(template: _Template, changed: List[str]) -> Optional[dict]:
+def _updated(template: _Template, changed: List[str]) -> Tuple[Optional[dict], Optional[List[Tuple[Any, ...]]]]:
     """The template's resolved values with the job's changed keys, and every interpolation that may read them, resolved
-    again; None when that cannot be done this way (the caller resolves the whole config).
+    again, and the paths of those keys; (None, None) when that cannot be done this way (the caller resolves the whole
+    config).
 
     An interpolation is read again when its text names any part of a changed key (`${trainer}`
     for trainer.lr, `${.lr}`, `${oc.select:trainer.lr}`) or Hydra's node (job numbers), and so
@@ -217,7 +250,7 @@ def _updated(template: _Template, changed: List[str]) -> Optional[dict]:
     name what they read.
     """
     if template.plain is None:
-        return None
+        return None, None
     words = {part for key in changed for part in key.split(".")} | {"hydra"}
     dirty: List[Tuple[Any, ...]] = [tuple(key.split(".")) for key in changed]
     pending = list(template.interpolations)
@@ -231,14 +264,14 @@ def _updated(template: _Template, changed: List[str]) -> Optional[dict]:
                 dirty.append(path)
                 words.update(str(part) for part in path)
                 grew = True
-    plain = copy.deepcopy(template.plain)
+    plain = copy_plain(template.plain)
     try:
         for path in dirty:
             _put(plain, path, _value_at(template.config, path))
     except Exception as err:  # noqa: BLE001 - anything odd: resolve the whole config instead
         log.debug("resolving %s in full: %r", changed, err)
-        return None
-    return plain
+        return None, None
+    return plain, dirty
 
 
 def _value_at(config: DictConfig, path: Tuple[Any, ...]) -> Any:

@@ -161,14 +161,14 @@ def code_dirs() -> List[str]:
 def _targets(node: object, path: str) -> List[Tuple[str, str]]:
     """(key, dotted path) of every _target_ in the config."""
     found: List[Tuple[str, str]] = []
-    if isinstance(node, Mapping):
+    if type(node) is dict or isinstance(node, Mapping):
         for key, child in node.items():
             if key == "_target_":
                 if isinstance(child, str):
                     found.append((path or "_target_", child))
             else:
                 found.extend(_targets(child, f"{path}.{key}" if path else str(key)))
-    elif isinstance(node, list):
+    elif type(node) is list:
         for index, child in enumerate(node):
             found.extend(_targets(child, f"{path}[{index}]"))
     return found
@@ -186,7 +186,7 @@ def _findable(top: str, search: Tuple[str, ...]) -> bool:
 def check_targets(cfg: ConfigView) -> None:
     """Every _target_'s top-level package is findable (find_spec imports nothing: no torch here)."""
     search = tuple(code_dirs() + sys.path)
-    for key, target in _targets(cfg, ""):
+    for key, target in _targets(cfg.raw(), ""):
         top = target.split(".")[0]
         if not _findable(top, search):
             raise ConfigError(

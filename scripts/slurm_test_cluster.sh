@@ -6,18 +6,39 @@
 #
 # USAGE
 #   scripts/slurm_test_cluster.sh start    # install pkgs if missing, start all
+#   scripts/slurm_test_cluster.sh start --nodes 16   # the same with 16 nodes
+#                                          # (see NODES below; plain `start`
+#                                          # goes back to the default 2)
 #   scripts/slurm_test_cluster.sh stop     # stop daemons, remove netns/bridge
 #   scripts/slurm_test_cluster.sh restart  # stop + start
 #   scripts/slurm_test_cluster.sh status   # exit 0 iff up and all nodes usable
 #   scripts/slurm_test_cluster.sh env      # print `export ...` lines (for eval)
 #   scripts/slurm_test_cluster.sh smoke    # end-to-end check of a running
-#                                          # cluster: 2-node sbatch+srun, GPUs,
-#                                          # TCP between nodes, scontrol, sacct
+#                                          # cluster: sbatch+srun on all nodes,
+#                                          # GPUs, TCP between nodes, sacct
 #   scripts/slurm_test_cluster.sh purge    # stop + delete the state directory
 #                                          # (config, DB, job history)
 #
 #   eval "$(scripts/slurm_test_cluster.sh env)"
 #   sbatch -N2 --ntasks-per-node=2 --gres=gpu:4 --wrap 'srun hostname'
+#
+# NODES (`--nodes N` of start/restart, else $HPC_TRAIN_SLURM_NODES, else 2;
+# status/env/smoke read the size of the cluster that was last started from
+# its slurm.conf; stop stops whatever is running)
+#   N = 1..9   (default 2): hpcnode1 .. hpcnode<N>         e.g. hpcnode[1-2]
+#   N = 10..32 (e.g. 16): two name prefixes and two numeric ranges, so that
+#              host lists compress non-trivially: the first ceil(N/2) nodes
+#              are zero-padded hpcnode01 .. hpcnodeNN, the others gpu-a1 ..
+#              gpu-aM; for 16: hpcnode[01-08] and gpu-a[1-8] (Slurm sorts a
+#              job's NodeList by name: gpu-a[1-8],hpcnode[01-08]). Besides
+#              debug/gpu_p2/short (all nodes) there is one partition per
+#              prefix: `hpc` = hpcnode[01-..] and `gpu_a` = gpu-a[1-..].
+#   Node i (1-based, in that order) has IP 10.77.0.(10+i), a network
+#   namespace named like the node and a veth pair hpcveth<i>/hpcveth<i>p
+#   (names within Linux's 15-character interface-name limit). A `start`
+#   with another N than the running cluster's restarts it (job ids and
+#   history are kept; jobs still pending for nodes or partitions that no
+#   longer exist are lost).
 #
 # WHAT `start` DOES / CREATES
 #   * Installs (only when missing; checked with dpkg, so re-runs are fast):
@@ -39,8 +60,8 @@
 #     restart and purge are serialised: parallel `start`s are safe).
 #   * Network: a bridge `hpcbr0` with 10.77.0.1/24 on the host (the
 #     controller address) and, per compute node i, a network namespace
-#     `hpcnode<i>` with a veth pair (host side `hpcveth<i>`, ns side `eth0`)
-#     and address 10.77.0.(10+i). No default route, no NAT, no forwarding:
+#     named like the node (`hpcnode<i>`) with a veth pair (host side
+#     `hpcveth<i>`, ns side `eth0`) and address 10.77.0.(10+i). No default route, no NAT, no forwarding:
 #     the namespaces can only reach 10.77.0.0/24.
 #   * /etc/hosts: a marked block (# BEGIN/END hpc-train-slurm) mapping
 #     hpcctl -> 10.77.0.1 and hpcnode<i> -> 10.77.0.(10+i). Updated in place
@@ -54,13 +75,13 @@
 #     node's own private IP - torch.distributed/MASTER_ADDR style rendezvous
 #     between nodes works over real TCP. The file system is shared, so the
 #     project's venv is visible to jobs (jobs run as the submitting user).
-#   * Cluster "hpctrain": nodes hpcnode[1-2], each CPUs=16 (more than the
+#   * Cluster "hpctrain": nodes hpcnode[1-2] (see NODES), each CPUs=16 (more than the
 #     machine has: SlurmdParameters=config_overrides; 16 = the generic
 #     profile's 4 GPUs x cpus_per_gpu 4, so a plain `hpc-train launcher=slurm`
 #     fits a node), RealMemory=8000,
 #     Gres=gpu:4. Partitions: debug (Default=YES) and gpu_p2, both with all
 #     nodes and MaxTime=INFINITE, and short (all nodes, MaxTime=30 minutes,
-#     for time-limit refusals). select/cons_tres + CR_Core (memory is not a
+#     for time-limit refusals); with 10+ nodes also hpc and gpu_a (NODES). select/cons_tres + CR_Core (memory is not a
 #     consumable, --mem <= RealMemory is accepted). proctrack/linuxproc +
 #     task/none (no cgroups needed), jobacct_gather/none, PreemptMode=OFF,
 #     JobRequeue=1, KillWait=5, MinJobAge=300, fast scheduler loop.
@@ -107,7 +128,7 @@
 #
 # ENVIRONMENT VARIABLES (all optional)
 #   HPC_TRAIN_SLURM_DIR            state dir           [/tmp/hpc-train-slurm]
-#   HPC_TRAIN_SLURM_NODES          number of nodes (1-9)                [2]
+#   HPC_TRAIN_SLURM_NODES          number of nodes (1-32; --nodes wins) [2]
 #   HPC_TRAIN_SLURM_NET            /24 prefix of the private net  [10.77.0]
 #   HPC_TRAIN_SLURM_CPUS           CPUs declared per node              [16]
 #   HPC_TRAIN_SLURM_MEM_MB         RealMemory per node (MB)          [8000]
@@ -125,12 +146,13 @@
 # that can reach the cluster), iproute2 (`ip netns`), util-linux (`nsenter`,
 # `unshare`, `runuser`, `setsid`), a mounted /sys/fs/cgroup, python3 (only
 # for `smoke`), apt (only if the packages are missing). Tested with Debian 12
-# (Slurm 22.05, MariaDB 10.11) in a container without systemd.
+# (Slurm 22.05, MariaDB 10.11) in a container without systemd, with 2 and
+# 16 nodes.
 # =============================================================================
 set -euo pipefail
 
 STATE_DIR="${HPC_TRAIN_SLURM_DIR:-/tmp/hpc-train-slurm}"
-NUM_NODES="${HPC_TRAIN_SLURM_NODES:-2}"
+NUM_NODES="${HPC_TRAIN_SLURM_NODES:-2}"  # start: --nodes wins; others: the running size
 NET="${HPC_TRAIN_SLURM_NET:-10.77.0}"
 NODE_CPUS="${HPC_TRAIN_SLURM_CPUS:-16}"
 NODE_MEM="${HPC_TRAIN_SLURM_MEM_MB:-8000}"
@@ -147,6 +169,9 @@ CRED_EXPIRE="${HPC_TRAIN_SLURM_CRED_EXPIRE:-20}"
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 BRIDGE=hpcbr0
 NODE_PREFIX=hpcnode
+NODE_PREFIX2=gpu-a  # second name prefix, for clusters of 10+ nodes
+# every node name (= netns name) any size of this cluster may have used
+NODE_RE="^(${NODE_PREFIX}|${NODE_PREFIX2})[0-9]+$"
 CTL_ALIAS=hpcctl
 CTL_IP="${NET}.1"
 ACCOUNT=hpctest
@@ -174,12 +199,32 @@ log() { printf '[slurm-test-cluster] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 vlog() { [ -z "${HPC_TRAIN_SLURM_VERBOSE:-}" ] || log "$@"; }
 
-node_name() { echo "${NODE_PREFIX}$1"; }
+# node i (1-based) of NUM_NODES: see NODES in the header
+first_group() { if [ "$NUM_NODES" -le 9 ]; then echo "$NUM_NODES"; else echo $(((NUM_NODES + 1) / 2)); fi; }
+node_name() {
+  if [ "$NUM_NODES" -le 9 ]; then echo "${NODE_PREFIX}$1"
+  elif [ "$1" -le "$(first_group)" ]; then printf '%s%02d\n' "$NODE_PREFIX" "$1"
+  else echo "${NODE_PREFIX2}$(($1 - $(first_group)))"; fi
+}
 node_ip() { echo "${NET}.$((10 + $1))"; }
-node_list() { if [ "$NUM_NODES" -eq 1 ]; then echo "${NODE_PREFIX}1"; else echo "${NODE_PREFIX}[1-${NUM_NODES}]"; fi; }
+# range PREFIX FIRST LAST [WIDTH] -> PREFIX[FIRST-LAST] (numbers zero-padded to WIDTH)
+range() {
+  local a b; a="$(printf "%0${4:-1}d" "$2")"; b="$(printf "%0${4:-1}d" "$3")"
+  if [ "$2" -eq "$3" ]; then echo "$1$a"; else echo "$1[$a-$b]"; fi
+}
+# group_list 1|2: the nodes of the first (hpcnode...) or second (gpu-a...) prefix
+group_list() {
+  local a; a="$(first_group)"
+  if [ "$NUM_NODES" -le 9 ]; then range "$NODE_PREFIX" 1 "$NUM_NODES"
+  elif [ "$1" = 1 ]; then range "$NODE_PREFIX" 1 "$a" 2
+  else range "$NODE_PREFIX2" 1 $((NUM_NODES - a)); fi
+}
+node_list() { if [ "$NUM_NODES" -le 9 ]; then group_list 1; else echo "$(group_list 1),$(group_list 2)"; fi; }
+# size of the cluster last started (from its slurm.conf); empty if none
+configured_nodes() { [ -r "$SLURM_CONF_FILE" ] && grep -c '^NodeName=' "$SLURM_CONF_FILE" || true; }
 
 validate() {
-  [[ "$NUM_NODES" =~ ^[1-9]$ ]] || die "HPC_TRAIN_SLURM_NODES must be 1..9"
+  { [[ "$NUM_NODES" =~ ^[1-9][0-9]?$ ]] && [ "$NUM_NODES" -le 32 ]; } || die "the number of nodes must be 1..32 (got '$NUM_NODES')"
   [[ "$NET" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "HPC_TRAIN_SLURM_NET must look like 10.77.0"
   case "$STATE_DIR" in /*) ;; *) die "HPC_TRAIN_SLURM_DIR must be an absolute path";; esac
   [ "$STATE_DIR" != / ] || die "refusing STATE_DIR=/"
@@ -286,10 +331,12 @@ setup_network() {
 
 teardown_network() {
   local ns i
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "$NODE_RE" || true); do
     ip netns del "$ns" 2>/dev/null || true
   done
-  for i in 1 2 3 4 5 6 7 8 9; do ip link del "hpcveth$i" 2>/dev/null || true; done
+  for i in $(ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | grep -E '^hpcveth[0-9]+$' || true); do
+    ip link del "$i" 2>/dev/null || true
+  done
   ip link del "$BRIDGE" 2>/dev/null || true
 }
 
@@ -405,6 +452,10 @@ PartitionName=debug Nodes=$(node_list) Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu_p2 Nodes=$(node_list) Default=NO MaxTime=INFINITE State=UP
 PartitionName=short Nodes=$(node_list) Default=NO MaxTime=30 State=UP
 EOF
+  if [ "$NUM_NODES" -ge 10 ]; then
+    echo "PartitionName=hpc Nodes=$(group_list 1) Default=NO MaxTime=INFINITE State=UP" >>"$SLURM_CONF_FILE.tmp"
+    echo "PartitionName=gpu_a Nodes=$(group_list 2) Default=NO MaxTime=INFINITE State=UP" >>"$SLURM_CONF_FILE.tmp"
+  fi
   mv -f "$SLURM_CONF_FILE.tmp" "$SLURM_CONF_FILE"; chmod 644 "$SLURM_CONF_FILE"
 
   {
@@ -669,7 +720,7 @@ cmd_stop() {
   #    job processes get only 3 s before SIGKILL)
   ctld="$(pidfile_pid "$RUN/slurmctld.pid")"
   pid_alive "$ctld" && kill -TERM "$ctld" 2>/dev/null
-  for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${NODE_PREFIX}[0-9]+$" || true); do
+  for n in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "$NODE_RE" || true); do
     mapfile -t -O "${#pids[@]}" pids < <(ip netns pids "$n" 2>/dev/null || true)
   done
   for f in "$RUN"/slurmd-*.pid; do [ -f "$f" ] && pids+=("$(pidfile_pid "$f")"); done
@@ -694,13 +745,16 @@ cmd_stop() {
 cmd_start() {
   need_root
   validate
-  local t0=$SECONDS
+  local t0=$SECONDS running
   if healthy; then
     if stamp_matches; then
       log "already running and healthy (SLURM_CONF=$SLURM_CONF_FILE)"
       return 0
     fi
     log "running, but script or settings changed: restarting"
+  elif running="$(configured_nodes)" && [ -n "$running" ] && [ "$running" != "$NUM_NODES" ] &&
+    pidfile_alive "$RUN/slurmctld.pid"; then
+    log "running with $running nodes: restarting with $NUM_NODES"
   fi
   install_packages
   # half-started or stale: clean everything of this instance first
@@ -734,8 +788,9 @@ cmd_status() {
   echo "status: down"; return 1
 }
 
-# End-to-end check of a running cluster (about 5-10 s): a 2-node batch job
-# with srun, GPUs and a TCP connection between two nodes, then scontrol/sacct.
+# End-to-end check of a running cluster (about 5-10 s with 2 nodes): a batch
+# job on all nodes with srun, GPUs and a TCP connection from every node to the
+# first, then scontrol/sacct.
 cmd_smoke() {
   [ "$NUM_NODES" -ge 2 ] || die "smoke needs >= 2 nodes"
   healthy || die "cluster not healthy; run: $0 start"
@@ -743,12 +798,13 @@ cmd_smoke() {
   dir="$(mktemp -d /tmp/hpc-train-slurm-smoke.XXXXXX)"; chmod 755 "$dir"
   cat >"$dir/tcp.py" <<'PYEOF'
 import os, socket, subprocess, time
-rank = int(os.environ["SLURM_PROCID"])
+rank, ntasks = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 first = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()[0].decode()
 if rank == 0:
-    srv = socket.create_server(("0.0.0.0", 29517)); srv.settimeout(30)
-    conn, addr = srv.accept()
-    print(f"TCP rank0@{socket.gethostname()} got '{conn.recv(100).decode()}' from {addr[0]}", flush=True)
+    srv = socket.create_server(("0.0.0.0", 29517)); srv.settimeout(60)
+    for _ in range(ntasks - 1):
+        conn, addr = srv.accept()
+        print(f"TCP rank0@{socket.gethostname()} got '{conn.recv(100).decode()}' from {addr[0]}", flush=True)
 else:
     for _ in range(120):
         try:
@@ -757,10 +813,10 @@ else:
             time.sleep(0.25)
     conn.sendall(f"hello from rank{rank}@{socket.gethostname()}".encode())
 PYEOF
-  job="$(sbatch --parsable -N2 --ntasks-per-node=1 --gres=gpu:"$NODE_GPUS" -A "$ACCOUNT" -p gpu_p2 \
+  job="$(sbatch --parsable -N"$NUM_NODES" --ntasks-per-node=1 --gres=gpu:"$NODE_GPUS" -A "$ACCOUNT" -p gpu_p2 \
     -t 5 -o "$dir/out" --wrap "srun bash -c 'echo TASK \$SLURM_PROCID host=\$(hostname) ip=\$(hostname -I) gpus=\$CUDA_VISIBLE_DEVICES'; srun python3 $dir/tcp.py")" ||
     die "sbatch failed"
-  for i in $(seq 1 120); do
+  for i in $(seq 1 240); do
     st="$(squeue -h -j "$job" -o %T 2>/dev/null || true)"; [ -z "$st" ] && break; sleep 0.5
   done
   out="$(cat "$dir/out" 2>/dev/null || true)"; echo "$out"
@@ -768,12 +824,14 @@ PYEOF
   for i in $(seq 1 20); do  # accounting is asynchronous: poll briefly
     st="$(sacct -n -X -P -j "$job" -o State 2>/dev/null || true)"; [ "$st" = COMPLETED ] && break; sleep 0.5
   done
-  sacct -j "$job" -o JobID,JobName,Partition,Account,AllocTRES%45,State,NodeList
+  sacct -j "$job" -o JobID,JobName,Partition,Account,AllocTRES%45,State,NodeList%30
   rm -rf "$dir"
   [ "$st" = COMPLETED ] || die "smoke job $job: sacct state '$st'"
-  [ "$(grep -c '^TASK' <<<"$out")" -eq 2 ] || die "expected 2 tasks"
-  [ "$(grep '^TASK' <<<"$out" | awk '{print $3}' | sort -u | wc -l)" -eq 2 ] || die "tasks did not run on 2 nodes"
-  grep -q '^TCP .* got .hello from rank1' <<<"$out" || die "no TCP connection between nodes"
+  [ "$(grep -c '^TASK' <<<"$out")" -eq "$NUM_NODES" ] || die "expected $NUM_NODES tasks"
+  [ "$(grep '^TASK' <<<"$out" | awk '{print $3}' | sort -u | wc -l)" -eq "$NUM_NODES" ] ||
+    die "tasks did not run on $NUM_NODES nodes"
+  [ "$(grep -c '^TCP .* got .hello from rank' <<<"$out")" -eq $((NUM_NODES - 1)) ] ||
+    die "no TCP connection from every node to the first"
   echo "smoke: OK (job $job)"
 }
 
@@ -791,7 +849,22 @@ take_lock() {
   flock -w 600 9 || die "timed out waiting for lock ${STATE_DIR%/}.lock"
 }
 
-case "${1:-}" in
+COMMAND="${1:-}"; [ "$#" -gt 0 ] && shift
+NODES_ARG=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --nodes) [ "$#" -ge 2 ] || die "--nodes needs a number"; NODES_ARG="$2"; shift 2 ;;
+    --nodes=*) NODES_ARG="${1#--nodes=}"; shift ;;
+    *) die "unknown option '$1' (usage: $0 start|restart [--nodes N])" ;;
+  esac
+done
+case "$COMMAND" in
+  start|restart) [ -z "$NODES_ARG" ] || NUM_NODES="$NODES_ARG" ;;
+  *) [ -z "$NODES_ARG" ] || die "--nodes is an option of start and restart"
+     NUM_NODES="$(configured_nodes)"; NUM_NODES="${NUM_NODES:-${HPC_TRAIN_SLURM_NODES:-2}}" ;;
+esac
+
+case "$COMMAND" in
   start) take_lock; cmd_start ;;
   stop) take_lock; cmd_stop ;;
   restart) take_lock; cmd_stop; cmd_start ;;
@@ -799,5 +872,5 @@ case "${1:-}" in
   env) cmd_env ;;
   smoke) cmd_smoke ;;
   purge) take_lock; cmd_stop; rm -rf --one-file-system "$STATE_DIR"; log "removed $STATE_DIR" ;;
-  *) echo "usage: $0 {start|stop|restart|status|env|smoke|purge}" >&2; exit 2 ;;
+  *) echo "usage: $0 {start [--nodes N]|stop|restart [--nodes N]|status|env|smoke|purge}" >&2; exit 2 ;;
 esac

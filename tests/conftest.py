@@ -117,19 +117,26 @@ def cli():
 
 
 # -- the real Slurm test cluster -------------------------------------------------------------
+import fcntl
 import re
 import shutil
 
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm_test_cluster.sh"
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """Start (or reuse) the local Slurm cluster: munge + slurmdbd + slurmctld + 2 slurmd nodes.
+# The 16-node cluster of `start --nodes 16` (see the script's header, NODES): two name prefixes, so
+# host lists compress to two ranges; partitions debug, gpu_p2, short (all nodes), hpc and gpu_a.
+SCALE_NODES = 16
+SCALE_NODELIST = "gpu-a[1-8],hpcnode[01-08]"  # as Slurm writes it (sorted by name)
+SCALE_PARTITIONS = {"hpc": "hpcnode[01-08]", "gpu_a": "gpu-a[1-8]"}
+
+
+def start_slurm_cluster(*options: str) -> None:
+    """`slurm_test_cluster.sh start [OPTIONS]` (a no-op when it already runs so), then point SLURM_CONF at it.
 
     In CI a cluster that does not come up fails the tests; elsewhere (no root, say) they skip.
     """
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start", *options], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         message = f"the Slurm test cluster did not start:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         if os.environ.get("CI") == "true" or os.geteuid() == 0:
@@ -139,8 +146,81 @@ def slurm_cluster():
     for key, value in re.findall(r"^export (\w+)=(\S+)$", env, flags=re.M):
         os.environ[key] = value.strip("'\"")  # every sbatch/scontrol the tests run (and the CLI) talks to this cluster
     assert shutil.which("sbatch") and shutil.which("scontrol")
+
+
+_session_lock = None  # the open lock file while this session holds the cluster
+
+
+def hold_cluster(exclusive: bool) -> None:
+    """Hold the test cluster for the rest of this pytest session: shared by the sessions that use the
+    2-node cluster, exclusive for one that resizes it (`start --nodes 16` ends every running job).
+
+    A second pytest session on the same machine waits for the other (at most 8 minutes, then fails).
+    """
+    global _session_lock
+    if _session_lock is None:
+        state_dir = os.environ.get("HPC_TRAIN_SLURM_DIR", "/tmp/hpc-train-slurm").rstrip("/")
+        _session_lock = open(f"{state_dir}.sessions.lock", "a+")
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    deadline = time.monotonic() + 480
+    while True:
+        try:
+            fcntl.flock(_session_lock, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"another pytest session held the Slurm test cluster for 8 minutes: {_session_lock.name}")
+            time.sleep(2)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Start (or reuse) the local Slurm cluster: munge + slurmdbd + slurmctld + 2 slurmd nodes."""
+    hold_cluster(exclusive=False)
+    start_slurm_cluster()
     yield
     # Leave the cluster running for the next session; scripts/slurm_test_cluster.sh stop ends it.
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_16():
+    """The local Slurm cluster restarted with 16 nodes, hpcnode[01-08] and gpu-a[1-8] (SCALE_* above).
+
+    Any test that uses it is a `scale` test (marked so at collection, deselected unless `-m` names
+    scale) and runs after every other test of the session; at the end of the session the default
+    2-node cluster is started again, so the next run finds what `slurm_cluster` expects. Other
+    pytest sessions on this machine that use the cluster wait meanwhile (hold_cluster).
+    """
+    hold_cluster(exclusive=True)
+    start_slurm_cluster("--nodes", str(SCALE_NODES))
+    try:
+        yield
+    finally:
+        start_slurm_cluster()
+        hold_cluster(exclusive=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """`scale` tests (16-node cluster): deselected unless `-m` or a file named on the command line
+    picks them; when selected, they run last.
+
+    Deselected rather than skipped, so the default run reports no skips for them. Running last
+    keeps the 2-node tests of a mixed run (`-m "slurm or scale"`) on the 2-node cluster.
+    """
+    for item in items:
+        if "slurm_cluster_16" in getattr(item, "fixturenames", ()) and item.get_closest_marker("scale") is None:
+            item.add_marker(pytest.mark.scale)
+    scale = [item for item in items if item.get_closest_marker("scale") is not None]
+    if not scale:
+        return
+    if "scale" not in (config.getoption("markexpr") or ""):
+        named = {(config.invocation_params.dir / arg.split("::")[0]).resolve() for arg in config.args}
+        dropped = [item for item in scale if item.path.resolve() not in named]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        scale = [item for item in scale if item not in dropped]
+    items[:] = [item for item in items if item.get_closest_marker("scale") is None] + scale
 
 
 def scontrol_job(job_id: str) -> Dict[str, str]:

@@ -20,6 +20,14 @@ LAUNCH_MODULES = [
     "hpc_train.launch.slurm",
     "hpc_train.launch.capacity",
     "hpc_train.launch.sweep",
+    "hpc_train.launch.sweep_configs",
+    "hpc_train.launch.sweep_limits",
+    "hpc_train.launch.parallelism",
+    "hpc_train.launch.config_view",
+    "hpc_train.cli_child",
+    "hpc_train.job_states",
+    "hpc_train.report",
+    "hpc_train.watch",
     "hpc_train.rank_errors",
     "hpc_train.compute.job",  # pickled by the login node for submitit
     "submitit",
@@ -101,3 +109,34 @@ def test_capacity_check_is_skipped_without_slurm(tmp_path):
     proc = run_without_slurm(["launcher=slurm", "resources.gpus_per_node=64", "cluster.cpus_per_gpu=64", "trainer.batch_size=64", "dry_run=true"], tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "#SBATCH --gres=gpu:64" in proc.stdout and "#SBATCH --cpus-per-task=64" in proc.stdout
+
+
+def _imports_of(path, modules):
+    """The hpc_train modules a file imports, at the top or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpc_train"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or ({node.module} & modules)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & modules
+    return found
+
+
+def test_the_login_side_imports_in_one_direction():
+    """No import circle among the login-side modules (hpc_train/*.py and hpc_train/launch/): plan -> schema,
+    slurm -> plan, never back; each module can be read knowing only the ones below it."""
+    files = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts): path
+        for path in [*(REPO / "hpc_train").glob("*.py"), *(REPO / "hpc_train" / "launch").glob("*.py")]
+        if path.name != "__init__.py"
+    }
+    graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}
+
+    def reaches(start, goal, seen=()):
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph[start])
+
+    circles = sorted(name for name in graph if reaches(name, name))
+    assert not circles, f"modules in an import circle: {circles}"

@@ -91,7 +91,7 @@ def main() -> None:
         results.append({"case": label, "times_s": times, "median_s": median, "peak_rss_mb": max(r for _, r in runs)})
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / "sweep_submit.json").write_text(json.dumps({
+    (out / ("sweep_submit_dry_run.json" if args.dry_run else "sweep_submit.json")).write_text(json.dumps({
         "benchmark": "sweep_submit", "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
         "cpus": os.cpu_count(), "dry_run": args.dry_run, "results": results}, indent=2))
 

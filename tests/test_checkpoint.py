@@ -22,6 +22,7 @@ from tests.conftest import (
     assert_bit_identical,
     assert_ok,
     checkpoint_steps,
+    kill9_after_checkpoints,
     kill_group,
     read_summary,
     run_cli,
@@ -355,3 +356,17 @@ def test_rng_states_survive_a_weights_only_round_trip():
     restore_rng(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
     again = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.randint(1 << 30), torch.rand(3))
     assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])
+
+
+def test_ddp_over_four_ranks_resumes_bit_identical(tmp_path):
+    """With more than two ranks the all-reduce's order of additions depends on DDP's bucket layout, which DDP
+    changes after the first backward of every process: a resumed attempt must take its steps on the same layout as
+    the uninterrupted run (hpc_train/compute/strategies/ddp.py, settle)."""
+    args = [*RESUME, "strategy=ddp", "resources.gpus_per_node=4", "trainer.batch_size=64"]
+    reference = tmp_path / "reference"
+    assert_ok(run_cli(args, reference))
+    run_dir = tmp_path / "run"
+    killed_at = kill9_after_checkpoints(args, run_dir, count=2)
+    assert_ok(run_cli(args, run_dir))
+    assert read_summary(run_dir)["resumed_from_step"] == killed_at
+    assert_bit_identical(reference, run_dir)

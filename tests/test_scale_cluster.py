@@ -328,12 +328,5 @@ def test_node_failure_requeues_onto_the_remaining_nodes_and_resumes(node_failure
         assert torch.allclose(resumed[name], reference[name], rtol=0, atol=1e-6), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with more than 2 data-parallel ranks a resumed ddp run is not bit-identical: DDP rebuilds its "
-    "gradient buckets after the first step of each attempt, so the resumed attempt's first all-reduce sums in "
-    "another order (2 ranks: a + b == b + a; strategy.find_unused_parameters=true, which skips the rebuild, "
-    "resumes bit-identical)",
-)
 def test_node_failure_resume_is_bit_identical(node_failure_run, local_reference_15):
     assert_bit_identical(local_reference_15, node_failure_run["run_dir"])

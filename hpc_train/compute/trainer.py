@@ -157,10 +157,14 @@ class Trainer:
         )
         self.model.train()
         settle_garbage_collector()
+        settled = False
         while state.global_step < self.total_steps:
             ran_out = True  # the epoch's batches ran out (a stream without a length ends its epoch so)
             for batch in self._epoch_batches():
                 faults.maybe_fail(self.ranks.rank, state.global_step)
+                if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
+                    self.strategy.settle(self.model, self._to_device(batch))
+                    settled = True
                 loss, metrics = self.train_step(batch)
                 state.global_step += 1
                 state.step_in_epoch += 1

@@ -66,6 +66,9 @@ class Strategy:
         return 0
 
     # -- compute ----------------------------------------------------------------------
+    def settle(self, model: nn.Module, batch: Any) -> None:
+        """Called with the first batch of every attempt (fresh or resumed), before its first step; default: nothing."""
+
     def forward_backward(
         self, model: nn.Module, batch: Any, scaler: Optional["torch.amp.GradScaler"]
     ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:

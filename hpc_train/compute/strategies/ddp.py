@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -21,6 +23,31 @@ class ReplicatedAcrossRanks:
     @property
     def data_parallel_rank(self) -> int:
         return self.ranks.rank
+
+    def settle(self, model: nn.Module, batch: Any) -> None:
+        """Let DDP lay out its gradient buckets before the first real step of every attempt.
+
+        DDP re-orders its buckets after the first backward of a process (in the order the
+        gradients became ready). A resumed attempt would take its first step on the first layout
+        where an uninterrupted run took that step on the re-ordered one; with more than two
+        ranks the all-reduce then adds in another order and the resumed run drifts from the
+        uninterrupted one in the last bits. One forward and backward of this batch in eval mode
+        (no dropout draw, no batch-norm statistics update), its gradients dropped, makes every
+        attempt's steps run on the re-ordered buckets. Two ranks add a + b either way: skipped.
+        """
+        if (
+            not isinstance(model, DistributedDataParallel)
+            or self.ranks.world_size <= 2
+            or model.find_unused_parameters  # DDP does not re-order then
+        ):
+            return
+        training = model.training
+        model.eval()
+        try:
+            self.forward_backward(model, batch, None)
+        finally:
+            model.train(training)
+            model.zero_grad(set_to_none=True)
 
 
 class DDPStrategy(ReplicatedAcrossRanks, Strategy):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 if TYPE_CHECKING:
     import torch
@@ -43,16 +43,6 @@ def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 30
     if run_dir is not None:
         command.append(f"hydra.run.dir={run_dir}")
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
-
-
-def run_cli_many(jobs: Dict[str, Tuple[List[str], Path]], parallel: int = 2, timeout: float = 600) -> Dict[str, subprocess.CompletedProcess]:
-    """Several independent `hpc-train` runs, `parallel` at a time: on 2 cores a run's serial start-up (Python,
-    Hydra, importing torch) leaves the other core idle, so two at once finish sooner. Results are the same runs'."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {name: pool.submit(run_cli, args, run_dir, timeout) for name, (args, run_dir) in jobs.items()}
-        return {name: future.result() for name, future in futures.items()}
 
 
 def final_weights(run_dir: Path) -> Dict[str, "torch.Tensor"]:

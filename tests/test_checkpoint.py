@@ -26,7 +26,6 @@ from tests.conftest import (
     kill_group,
     read_summary,
     run_cli,
-    run_cli_many,
     start_background,
     wait_for,
 )
@@ -39,9 +38,11 @@ LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpu
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The reference runs, one per layout, computed once."""
-    runs = {name: tmp_path_factory.mktemp(f"reference-{name}") for name in LAYOUTS}
-    for proc in run_cli_many({name: ([*RESUME, *layout], runs[name]) for name, layout in LAYOUTS.items()}).values():
-        assert_ok(proc)
+    runs = {}
+    for name, layout in LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(f"reference-{name}")
+        assert_ok(run_cli([*RESUME, *layout], run_dir))
+        runs[name] = run_dir
     return runs
 
 

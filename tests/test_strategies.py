@@ -8,7 +8,7 @@ import torchvision
 
 from hpc_train.compute.refusal import Refusal
 from hpc_train.compute.stages import agree_on_counts, build_staged, flatten_layers, layer_times, partition, split_model
-from tests.conftest import TINY, assert_ok, read_summary, run_cli, run_cli_many
+from tests.conftest import TINY, assert_ok, read_summary, run_cli
 from tests.tied_net import TiedNet
 
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
@@ -59,8 +59,8 @@ VARIANTS = {
 def losses(tmp_path_factory):
     base = tmp_path_factory.mktemp("strategies")
     found = {}
-    done = run_cli_many({name: ([*COMMON, *overrides], base / name) for name, overrides in VARIANTS.items()})
-    for name, proc in done.items():
+    for name, overrides in VARIANTS.items():
+        proc = run_cli([*COMMON, *overrides], base / name)
         assert_ok(proc)
         summary = read_summary(base / name)
         assert summary["global_step"] == 20

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, read_summary, run_cli, run_cli_many
+from tests.conftest import TINY, assert_ok, read_summary, run_cli
 
 STEPS = 20
 BATCH = 32
@@ -22,10 +22,12 @@ def _digests(run_dir, world):
 def single_and_ddp(tmp_path_factory):
     base = tmp_path_factory.mktemp("equiv")
     common = [*TINY, f"trainer.batch_size={BATCH}", f"trainer.max_steps={STEPS}", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
-    layouts = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpus_per_node=2"]}
-    for proc in run_cli_many({name: ([*common, *extra], base / name) for name, extra in layouts.items()}).values():
+    runs = {}
+    for name, extra in (("single", ["strategy=single"]), ("ddp", ["strategy=ddp", "resources.gpus_per_node=2"])):
+        proc = run_cli([*common, *extra], base / name)
         assert_ok(proc)
-    return {name: base / name for name in layouts}
+        runs[name] = base / name
+    return runs
 
 
 def test_ddp_matches_single_process_loss(single_and_ddp):

@@ -4,8 +4,9 @@
   (after STEP steps are done), to check that a failing rank ends the whole job quickly.
 * ``HPC_TRAIN_SLOW_CHECKPOINT=SECONDS``: checkpoint writes pause half-way for that long,
   so a test can kill a run in the middle of a write.
-* ``HPC_TRAIN_STEP_SLEEP=SECONDS``: sleep after every optimizer step, so a test can act
-  between two checkpoints of a tiny model.
+* ``HPC_TRAIN_STEP_SLEEP=SECONDS``: sleep after every optimizer step of an attempt that started
+  from scratch, so a test can act between two checkpoints of a tiny model; an attempt that
+  resumed runs at full speed (the tests interrupt first attempts only, and wait for the rest).
 
 Environment variables reach every rank, locally and through sbatch's ``--export=ALL``.
 """
@@ -42,7 +43,7 @@ def slow_checkpoint_write() -> None:
         time.sleep(delay)
 
 
-def step_sleep() -> None:
-    delay = _float("HPC_TRAIN_STEP_SLEEP")
+def step_sleep(resumed: bool = False) -> None:
+    delay = 0.0 if resumed else _float("HPC_TRAIN_STEP_SLEEP")
     if delay > 0:
         time.sleep(delay)

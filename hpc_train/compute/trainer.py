@@ -41,7 +41,6 @@ from hpc_train.compute.loggers import metrics_writer
 from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
-from hpc_train.compute.sharded_checkpointer import ShardedCheckpointer
 from hpc_train.compute.runlog import Progress, truncate_metrics
 from hpc_train.compute.strategies import Strategy
 from hpc_train.compute.refusal import Refusal
@@ -124,7 +123,10 @@ class Trainer:
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = strategy.make_grad_scaler()
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
-        checkpointer = ShardedCheckpointer if strategy.sharded_checkpoints else Checkpointer
+        if strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
+            from hpc_train.compute.sharded_checkpointer import ShardedCheckpointer as checkpointer
+        else:
+            checkpointer = Checkpointer
         self.checkpointer = checkpointer(
             run_dir,
             ranks,
@@ -410,7 +412,7 @@ class Trainer:
     def _after_step(self) -> None:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
-        faults.step_sleep()
+        faults.step_sleep(resumed=self.resumed_from_step is not None)
         if self.checkpointer.due(step):
             self.checkpointer.save(step, "every %d steps" % self.checkpointer.every)
         if self.stop_flag is None:

@@ -41,6 +41,21 @@ def test_launch_side_does_not_import_torch():
 
 
 
+def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
+    """Each rank process pays its imports at every start: torchvision (ResNets, digits) and
+    torch.distributed.checkpoint (sharded checkpoints) cost about 1 s together, so the compute
+    side imports them only when a job needs them."""
+    code = (
+        "import sys\nimport hpc_train.compute.worker, hpc_train.compute.trainer, hpc_train.compute.strategies\n"
+        "from hpc_train.compute.stages import flatten_layers\nimport torch\n"
+        "assert len(flatten_layers(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))) == 2\n"
+        "heavy = [m for m in ('torchvision', 'torch.distributed.checkpoint') if m in sys.modules]\nassert not heavy, heavy\n"
+        "import torchvision\nassert len(flatten_layers(torchvision.models.resnet18())) == 15\nprint('OK')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_api_compose_does_not_import_torch():
     code = "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert 'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
     proc = run_python(code)

@@ -122,7 +122,7 @@
 #     srun; harmless.  slurmd/slurmctld log pmix "can not load PMIx library"
 #     errors (libpmix is a Recommends, not installed); MpiDefault=none.
 #   * Requeued jobs (scontrol requeue, submitit preemption/timeout) restart
-#     after ~cred_expire (20 s) - Slurm's BeginTime delay.
+#     after ~cred_expire (10 s) - Slurm's BeginTime delay.
 #   * GPUs are placeholders: CUDA_VISIBLE_DEVICES/SLURM_JOB_GPUS are set,
 #     but there is no CUDA device; nothing enforces CPU/memory/GPU limits.
 #
@@ -137,7 +137,8 @@
 #   HPC_TRAIN_SLURM_START_TIMEOUT  seconds to wait for idle nodes      [90]
 #   HPC_TRAIN_SLURM_LINK_ETC       1/0: manage /etc/slurm/slurm.conf link [1]
 #   HPC_TRAIN_SLURM_CRED_EXPIRE    AuthInfo cred_expire (s); a requeued
-#                                  job waits this long before it restarts [20]
+#                                  job waits this long before it restarts;
+#                                  a step must launch within it (min 5) [10]
 #   HPC_TRAIN_SLURM_VERBOSE        non-empty: log the duration of each step
 #   HPC_TRAIN_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT
 #                                  ports [6817 / 6818 / 6819 / 3399]
@@ -164,7 +165,7 @@ CTLD_PORT="${HPC_TRAIN_SLURM_CTLD_PORT:-6817}"
 SLURMD_PORT="${HPC_TRAIN_SLURM_SLURMD_PORT:-6818}"
 DBD_PORT="${HPC_TRAIN_SLURM_DBD_PORT:-6819}"
 DB_PORT="${HPC_TRAIN_SLURM_DB_PORT:-3399}"
-CRED_EXPIRE="${HPC_TRAIN_SLURM_CRED_EXPIRE:-20}"
+CRED_EXPIRE="${HPC_TRAIN_SLURM_CRED_EXPIRE:-10}"
 
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 BRIDGE=hpcbr0

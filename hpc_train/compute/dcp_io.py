@@ -62,9 +62,9 @@ from hpc_train.compute import faults
 from hpc_train.compute.checkpoint import (
     CheckpointError,
     CheckpointRefused,
-    DiskFull,
+    DiskFull,  # noqa: F401 (re-exported: callers of dcp_io catch it from here)
     disk_full_error,
-)  # noqa: F401 (DiskFull: raised here)
+)
 
 log = logging.getLogger("hpc_train")
 

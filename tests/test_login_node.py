@@ -40,7 +40,6 @@ def test_launch_side_does_not_import_torch():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-
 def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
     """Each rank process pays its imports at every start: torchvision (ResNets, digits) and
     torch.distributed.checkpoint (sharded checkpoints) cost about 1 s together, so the compute

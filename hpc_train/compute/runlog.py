@@ -76,6 +76,9 @@ class MetricsWriter:
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    def close(self) -> None:
+        """Called once when training ends (after summary.json is written); trackers finish their run here."""
+
 
 def truncate_metrics(run_dir: Path, last_step: int, keep_eval_at_last: bool) -> None:
     """Drop metrics.jsonl lines the resumed run will write again: lines past `last_step` (an attempt

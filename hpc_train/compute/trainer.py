@@ -501,6 +501,7 @@ class Trainer:
             save_atomic(weights, self.run_dir / weights_name)
         if self.is_main:
             rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
+        self.metrics.close()
         return summary
 
 

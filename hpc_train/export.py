@@ -1,4 +1,4 @@
-"""``hpc-train-export RUN_DIR [--step N] OUT.pt``: the full weights of a sharded (fsdp) checkpoint as one file.
+"""``hpc-train-export RUN_DIR [--step N] [--ema] OUT.pt``: the full weights of a sharded (fsdp) checkpoint as one file.
 
 ``strategy=fsdp`` checkpoints are DCP directories, one shard file per rank, that only DCP can
 read. This command, on one process without GPUs or a process group, assembles the full model
@@ -6,6 +6,10 @@ state dict of the newest complete checkpoint (or of step N) and writes it with `
 ``torch.load(OUT.pt, weights_only=True)`` then gives ``{param name: tensor}`` for
 ``model.load_state_dict``. Nothing in the checkpoint is unpickled beyond tensors, plain values
 and DCP's allow-listed metadata classes (hpc_train.compute.dcp_io).
+
+``--ema`` writes the weight average of ``trainer.ema_decay`` instead, from an fsdp checkpoint
+dir or from the single-file checkpoints (``step_<N>.ckpt``) of the other strategies; its keys
+are the model's parameter names (buffers are not averaged: take them from the model).
 
 Errors are one line on stderr and exit code 2 (``hpc_train.rundir.EXIT_REFUSED``).
 """
@@ -89,15 +93,44 @@ def _save_atomic(obj: object, out: Path) -> None:
         os.close(fd)
 
 
-def export(run_dir: Path, out: Path, step: Optional[int] = None) -> Path:
-    """Write the full model weights of `run_dir`'s newest complete checkpoint (or `step`) to `out`; returns `out`."""
+def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:
+    """Write the full model weights (or, with `ema`, the weight average) of `run_dir`'s newest complete checkpoint
+    (or `step`) to `out`; returns `out`."""
     from hpc_train.compute import dcp_io
 
-    path = find_checkpoint(Path(run_dir), step)
-    state = dcp_io.consolidate(path)
+    if ema and _single_file_checkpoints(Path(run_dir)):
+        state = _ema_of_checkpoint_file(Path(run_dir), step)
+    else:
+        path = find_checkpoint(Path(run_dir), step)
+        state = dcp_io.consolidate(path, "ema." if ema else "model.")
     out = Path(out)
     _save_atomic(state, out)
     return out
+
+
+def _single_file_checkpoints(run_dir: Path) -> bool:
+    folder = rundir.checkpoint_dir(run_dir)
+    return folder.is_dir() and any(p.suffix == ".ckpt" for p in rundir.list_checkpoints(folder))
+
+
+def _ema_of_checkpoint_file(run_dir: Path, step: Optional[int]) -> dict:
+    """The weight average saved in a step_<N>.ckpt (the newest valid one, or step `step`)."""
+    from hpc_train.compute.checkpoint import newest_valid, read_checkpoint
+
+    folder = rundir.checkpoint_dir(run_dir)
+    if step is None:
+        path, payload = newest_valid(folder)
+        if payload is None:
+            raise ExportError(f"{folder} has no valid checkpoint")
+    else:
+        path = rundir.checkpoint_path(run_dir, step)
+        if not path.is_file():
+            raise ExportError(f"{folder} has no checkpoint of step {step}")
+        payload = read_checkpoint(path)
+    averages = [shard["ema"] for shard in payload["shards"].values() if "ema" in shard]
+    if not averages:
+        raise ExportError(f"checkpoint {path} holds no weight average: the run had trainer.ema_decay=null")
+    return {name: tensor for average in averages for name, tensor in average.items()}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("out", type=Path, metavar="OUT.pt", help="where to write the state dict")
     parser.add_argument("--step", type=int, default=None, help="export this step (default: the newest complete one)")
+    parser.add_argument(
+        "--ema", action="store_true", help="export the weight average of trainer.ema_decay instead of the weights"
+    )
     return parser
 
 
@@ -121,7 +157,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from hpc_train.compute.checkpoint import CheckpointError
 
     try:
-        out = export(args.run_dir, args.out, args.step)
+        out = export(args.run_dir, args.out, args.step, ema=args.ema)
     except (ExportError, CheckpointError, OSError) as err:
         print(f"hpc-train-export: {' '.join(str(err).split())}", file=sys.stderr)
         return rundir.EXIT_REFUSED

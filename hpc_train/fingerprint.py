@@ -1,7 +1,7 @@
 """What a checkpoint must share with the run that resumes from it, readable without torch.
 
-Model, strategy, data, global batch, optimizer, seed and world size shape the weights, the
-optimizer state and the order of the samples; epochs, max_steps, logging, the time limit and
+Model, strategy, data, global batch, optimizer (and its parameter groups), a weight average,
+seed and world size shape the weights, the optimizer state and the order of the samples; epochs, max_steps, logging, the time limit and
 the launcher may change between attempts. The fingerprint is stored in the checkpoint's
 header line, so the login node can refuse an incompatible resume before queueing anything.
 """
@@ -39,7 +39,14 @@ def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False)
     for section in SECTIONS:
         walk(section, spec[section])
     flat["trainer.batch_size"] = int(spec["trainer"]["batch_size"])
-    flat["trainer.optimizer"] = str(spec["trainer"]["optimizer"])
+    trainer = spec["trainer"]
+    walk("trainer.optimizer", trainer["optimizer"])  # a name, or the keys of a _target_ node
+    # Only when set, so checkpoints written before these keys existed still match: the optimizer's
+    # state is laid out per parameter group, and a weight average must be in the checkpoint to resume it.
+    if trainer.get("param_groups") not in (None, "single"):
+        walk("trainer.param_groups", trainer["param_groups"])
+    if trainer.get("ema_decay") is not None:
+        flat["trainer.ema_decay"] = float(trainer["ema_decay"])
     flat["seed"] = int(spec["seed"])
     flat["world_size"] = int(world_size)
     for key in RESHARDABLE if sharded else ():

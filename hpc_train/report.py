@@ -1,7 +1,7 @@
 """`hpc-train-report PATH`: a table (and a PNG) of one run dir or of a whole multirun sweep dir.
 
 For every job it reads what the job left behind: ``summary.json`` (strategy, world size,
-images/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss curve),
+samples/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss curve),
 ``job_config.yaml`` (the layout), ``.hydra/overrides.yaml`` or the sweep's ``jobs.tsv`` (the
 overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``squeue``,
 then ``sacct``). The PNG holds a bar chart of throughput per job, coloured by strategy, and
@@ -45,7 +45,7 @@ class JobReport:
     layout: Optional[str] = None  # "nodes x tasks/node x GPUs/task"
     world_size: Optional[int] = None
     status: str = "UNKNOWN"
-    images_per_sec: Optional[float] = None
+    samples_per_sec: Optional[float] = None
     train_loss: Optional[float] = None
     eval_accuracy: Optional[float] = None
     attempts: Optional[int] = None
@@ -114,7 +114,7 @@ def read_job(
         job.status = "COMPLETED"
         job.strategy = job.strategy or summary.get("strategy")
         job.world_size = summary.get("world_size", job.world_size)
-        job.images_per_sec = summary.get("images_per_sec")
+        job.samples_per_sec = summary.get("samples_per_sec", summary.get("images_per_sec"))  # images_per_sec: summaries written before the rename
         job.train_loss = summary.get("train_loss")
         job.eval_accuracy = summary.get("eval_accuracy")
         job.attempts = summary.get("attempts") or _attempts_started(run_dir) or 1
@@ -213,7 +213,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
         "layout",
         "world",
         "status",
-        "images/s",
+        "samples/s",
         "train loss",
         "eval acc",
         "attempts",
@@ -230,7 +230,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
             job.layout or "-",
             _fmt(job.world_size, "d"),
             job.status,
-            _fmt(job.images_per_sec, ".1f"),
+            _fmt(job.samples_per_sec, ".1f"),
             _fmt(job.train_loss, ".4f"),
             _fmt(job.eval_accuracy, ".4f"),
             _fmt(job.attempts, "d"),
@@ -243,7 +243,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
 
 def format_table(header: List[str], rows: List[List[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {"world", "images/s", "train loss", "eval acc", "attempts"}
+    numeric = {"world", "samples/s", "train loss", "eval acc", "attempts"}
     lines = []
     for row in [header, *rows]:
         cells = [cell.rjust(w) if name in numeric else cell.ljust(w) for cell, w, name in zip(row, widths, header)]
@@ -274,14 +274,14 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
     bars_ax, loss_ax = fig.subplots(1, 2, width_ratios=[max(1.0, 0.5 * len(jobs)), 1.6])
 
     labels = [_short_label(job, mine) for job, mine in zip(jobs, own)]
-    values = [job.images_per_sec if job.images_per_sec is not None else 0.0 for job in jobs]
+    values = [job.samples_per_sec if job.samples_per_sec is not None else 0.0 for job in jobs]
     positions = list(range(len(jobs)))
     bars = bars_ax.bar(
         positions, values, color=[colour[job.strategy or "unknown"] for job in jobs], edgecolor="black", linewidth=0.6
     )
     top = max(values) if any(values) else 1.0
     for bar, job in zip(bars, jobs):
-        text = f"{job.images_per_sec:.0f}" if job.images_per_sec is not None else job.status.lower()
+        text = f"{job.samples_per_sec:.0f}" if job.samples_per_sec is not None else job.status.lower()
         bars_ax.annotate(
             text,
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -303,7 +303,7 @@ def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
             transform=bars_ax.transAxes,
         )
     bars_ax.set_xticks(positions, labels, fontsize=8)
-    bars_ax.set_ylabel("throughput (images/s, higher is better)")
+    bars_ax.set_ylabel("throughput (samples/s, higher is better)")
     # The strategy legend sits between the title and the bars, never over a bar or its value.
     columns = min(4, len(strategies))
     legend_rows = -(-len(strategies) // columns)
@@ -412,7 +412,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--watch",
         action="store_true",
-        help="follow a sweep live (counts by state, running jobs' step/loss/images/s, failures, ETA) until it ends",
+        help="follow a sweep live (counts by state, running jobs' step/loss/samples/s, failures, ETA) until it ends",
     )
     parser.add_argument("--every", type=float, default=None, help="--watch: seconds between refreshes (default 5)")
     args = parser.parse_args(argv)
@@ -440,7 +440,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"overrides shared by every job: {' '.join(common)}")
         print(format_table(*table_rows(jobs)))
         print(
-            f"({LAYOUT_LEGEND}; images/s after the warm-up steps, evaluation excluded; train loss of the last logged"
+            f"({LAYOUT_LEGEND}; samples/s after the warm-up steps, evaluation excluded; train loss of the last logged"
             " step)"
         )
         print(f"states: {state_counts(jobs)}")

@@ -2,7 +2,7 @@
 
 Each refresh reads, for all jobs at once, Slurm's states (``job_states.slurm_job_states``: one
 sacct call per batch of arrays) or, for a local sweep, what its run dirs hold; then, for the
-running jobs only, the last lines of ``metrics.jsonl`` (step, loss, images/s between the last
+running jobs only, the last lines of ``metrics.jsonl`` (step, loss, samples/s between the last
 two logged steps), and for the failed ones the failing rank's one-line error and where its log
 is. The ETA is the finished jobs' mean duration times the jobs left, divided by how many run
 at once. Plain text (redrawn in place on a terminal), no torch, no new dependency.
@@ -39,7 +39,7 @@ class WatchedJob:
     elapsed_s: Optional[float] = None
     step: Optional[int] = None
     loss: Optional[float] = None
-    images_per_sec: Optional[float] = None
+    samples_per_sec: Optional[float] = None
     error: Optional[str] = None
     log: Optional[Path] = None
 
@@ -135,7 +135,7 @@ def _progress(job: WatchedJob) -> None:
         batch = _global_batch(job.run_dir)
         span = float(last.get("time", 0)) - float(first.get("time", 0))
         if batch and span > 0:
-            job.images_per_sec = (int(last["step"]) - int(first["step"])) * batch / span
+            job.samples_per_sec = (int(last["step"]) - int(first["step"])) * batch / span
 
 
 def _failure(job: WatchedJob, sweep_dir: Path) -> None:
@@ -232,13 +232,13 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
     ]
     running = [j for j in snap.jobs if j.state == "RUNNING"]
     if running:
-        lines.append("running:   job  slurm id      step      loss   images/s")
+        lines.append("running:   job  slurm id      step      loss   samples/s")
         for job in running[:RUNNING_SHOWN]:
             lines.append(
                 f"{'':11s}{job.name:>4s}  {job.slurm_id or '-':12s}"
                 f"{job.step if job.step is not None else '-':>6}"
                 f"{f'{job.loss:.4f}' if isinstance(job.loss, (int, float)) else '-':>10s}"
-                f"{f'{job.images_per_sec:.1f}' if job.images_per_sec else '-':>11s}"
+                f"{f'{job.samples_per_sec:.1f}' if job.samples_per_sec else '-':>11s}"
             )
         if len(running) > RUNNING_SHOWN:
             lines.append(f"{'':11s}... and {len(running) - RUNNING_SHOWN:,} more running")

@@ -8,7 +8,7 @@ and to know its size; what the leaves mean is the training step's business
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 
@@ -50,6 +50,21 @@ def batch_size(batch: Any) -> int:
     """The first dimension of the first tensor leaf (1 for a batch without one)."""
     first = first_tensor(batch)
     return int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+
+
+def split_batch(batch: Any, pieces: int) -> List[Any]:
+    """`batch` cut along its first dimension into `pieces` batches of the same structure (sizes differ by at most
+    one, as ``torch.tensor_split`` cuts); leaves that are not tensors of the batch's size are repeated in each."""
+    size = batch_size(batch)
+    pieces = max(1, min(pieces, size))
+
+    def piece(index: int) -> Any:
+        return map_tensors(
+            batch,
+            lambda t: torch.tensor_split(t, pieces)[index] if t.dim() > 0 and t.shape[0] == size else t,
+        )
+
+    return [piece(index) for index in range(pieces)]
 
 
 def to_device(batch: Any, device: torch.device, channels_last: bool = False) -> Any:

@@ -713,24 +713,27 @@ def model_entries(metadata: Metadata, prefix: str = "model.") -> Dict[str, Tenso
     }
 
 
-def consolidate(path: Path) -> Dict[str, torch.Tensor]:
+def consolidate(path: Path, prefix: str = "model.") -> Dict[str, torch.Tensor]:
     """The full (unsharded) model weights of a checkpoint dir, on one process without a process group.
 
     Keys drop the ``model.`` prefix: the result loads into the unwrapped model with
-    ``load_state_dict``. Optimizer entries are not read.
+    ``load_state_dict``. Optimizer entries are not read. ``prefix="ema."``: the weight average
+    of ``trainer.ema_decay`` instead (its parameters; the model's buffers are not averaged).
     """
     path = Path(path)
     verify(path, deep=True)
     metadata = read_metadata(path)
-    entries = model_entries(metadata)
+    entries = model_entries(metadata, prefix)
     if not entries:
+        if prefix == "ema.":
+            raise CheckpointError(f"checkpoint {path} holds no weight average: the run had trainer.ema_decay=null")
         raise CheckpointError(
             f"checkpoint {path} has no model.* tensors: not a checkpoint of hpc-train's fsdp strategy"
         )
     _check_sizes(path, metadata, entries)
     state = {key: torch.empty(tuple(e.size), dtype=e.properties.dtype) for key, e in entries.items()}
     _dcp_load(state, path, no_dist=True)
-    return {key[len("model.") :]: tensor for key, tensor in state.items()}
+    return {key[len(prefix) :]: tensor for key, tensor in state.items()}
 
 
 def _check_sizes(path: Path, metadata: Metadata, entries: Dict[str, TensorStorageMetadata]) -> None:

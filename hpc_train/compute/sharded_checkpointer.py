@@ -41,7 +41,10 @@ class ShardedCheckpointer(Checkpointer):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_state, optim_state = get_state_dict(self.sharded["model"], self.sharded["optimizer"])
-        return {"model": model_state, "optim": optim_state}
+        state = {"model": model_state, "optim": optim_state}
+        if "ema" in self.sharded:  # trainer.ema_decay: the weight average, sharded like the parameters
+            state["ema"] = self.sharded["ema"].state_dict()
+        return state
 
     # -- saving -------------------------------------------------------------------------
     def save(self, global_step: int, why: str) -> Optional[Path]:
@@ -136,6 +139,8 @@ class ShardedCheckpointer(Checkpointer):
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
+        if "ema" in self.sharded:
+            self.sharded["ema"].load_state_dict(state["ema"])  # loaded in place; checks every name is there
         scaler = self.sharded.get("scaler")
         if scaler is not None and payload.get("scaler"):
             scaler.load_state_dict(payload["scaler"])

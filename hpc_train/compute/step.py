@@ -23,7 +23,10 @@ from hpc_train.compute.batch import describe
 from hpc_train.compute.refusal import Refusal
 
 # Keys of the metrics.jsonl records and of summary.json a metric of the user's step may not take.
-RESERVED_METRICS = ("kind", "step", "epoch", "lr", "time", "accuracy", "samples")
+RESERVED_METRICS = (
+    "kind", "step", "epoch", "lr", "time", "accuracy", "samples", "grad_norm", "samples_per_sec", "tokens_per_sec",
+)
+RESERVED_PREFIXES = ("lr_group",)  # each parameter group's LR after the first
 
 
 class SupervisedStep:
@@ -146,7 +149,7 @@ def check_step(step: Callable, model: nn.Module, batch: Any) -> List[str]:
             _, metrics = split_result(result)
     finally:
         model.train(was_training)
-    clash = sorted(set(metrics) & set(RESERVED_METRICS))
+    clash = sorted(name for name in metrics if name in RESERVED_METRICS or name.startswith(RESERVED_PREFIXES))
     if clash:
         raise Refusal(
             f"`trainer.step`: its metric name(s) {', '.join(clash)} are taken by hpc-train's own records. Fix: rename"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import logging
 import random
 import time
@@ -37,12 +38,14 @@ from hpc_train.compute.data import (
     train_loader,
 )
 from hpc_train.compute.interrupts import NONE, StopFlag, TrainingInterrupted
+from hpc_train.compute.ema import WeightAverage
 from hpc_train.compute.loggers import metrics_writer
-from hpc_train.compute.optim import make_optimizer, make_schedule, total_steps
+from hpc_train.compute.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.resume import Checkpointer
 from hpc_train.compute.runlog import Progress, truncate_metrics
 from hpc_train.compute.strategies import Strategy
+from hpc_train.compute.strategies.base import TOKENS
 from hpc_train.compute.refusal import Refusal
 from hpc_train.compute.step import build_step
 from hpc_train.compute.user_code import build_datasets, build_loss, build_model, check_fit, collate
@@ -72,21 +75,26 @@ class TrainState:
 
 
 class Throughput:
-    """Images per second over the steps after the warm-up, evaluation excluded."""
+    """Samples (and a user step's tokens) per second over the optimizer steps after the warm-up, evaluation
+    excluded. A step's samples are the global batch (``trainer.batch_size``), whatever the accumulation."""
 
     def __init__(
         self, first_step: int, total: int, warmup_steps: int, global_batch: int, sync: Callable[[], None]
     ) -> None:
         self.warmup = first_step + min(warmup_steps, max(0, total - first_step - 1))
         self.global_batch, self.sync = global_batch, sync
-        self.images, self.seconds, self.started = 0, 0.0, None
+        self.samples, self.seconds, self.started = 0, 0.0, None
+        self.tokens: Optional[torch.Tensor] = None  # this rank's tokens over the timed steps (a user step's count)
 
-    def step_done(self, step: int) -> None:
+    def step_done(self, step: int, tokens: Optional[torch.Tensor] = None) -> None:
         if step == self.warmup:
             self.sync()
             self.started = time.perf_counter()
         elif step > self.warmup:
-            self.images += self.global_batch
+            self.samples += self.global_batch
+            if tokens is not None:
+                tokens = tokens.detach().double()
+                self.tokens = tokens if self.tokens is None else self.tokens + tokens
             if self.started is None:
                 self.started = time.perf_counter()
 
@@ -100,8 +108,18 @@ class Throughput:
             self.started = time.perf_counter()
 
     @property
-    def images_per_sec(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else 0.0
+    def elapsed(self) -> float:
+        """Timed seconds so far, the running stretch included."""
+        return self.seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
+
+    @property
+    def samples_per_sec(self) -> float:
+        elapsed = self.elapsed
+        return self.samples / elapsed if elapsed > 0 else 0.0
+
+    def tokens_per_sec(self, global_tokens: float) -> float:
+        elapsed = self.elapsed
+        return global_tokens / elapsed if elapsed > 0 else 0.0
 
 
 class Trainer:
@@ -119,9 +137,13 @@ class Trainer:
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
         self._build_data()
         self._build_model()
-        self.optimizer = make_optimizer(self.tcfg, self.model.parameters())
+        self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = strategy.make_grad_scaler()
+        self.grad_clip: Optional[float] = self.tcfg.get("grad_clip")  # null: gradients are not clipped
+        self.accum_steps = int(self.tcfg.get("grad_accum_steps") or 1)  # micro-batches per optimizer step
+        ema_decay = self.tcfg.get("ema_decay")
+        self.ema = WeightAverage(strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
         if strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
             from hpc_train.compute.sharded_checkpointer import ShardedCheckpointer as checkpointer
@@ -131,7 +153,12 @@ class Trainer:
             run_dir,
             ranks,
             fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, strategy.sharded_checkpoints),
-            sharded={"model": strategy.unwrap(self.wrapped), "optimizer": self.optimizer, "scaler": self.scaler},
+            sharded={
+                "model": strategy.unwrap(self.wrapped),
+                "optimizer": self.optimizer,
+                "scaler": self.scaler,
+                "ema": self.ema,
+            },
             shared={"scheduler": self.scheduler, "state": self.state},
             per_rank={"data": self.train_loader} if self.exact_stream_resume else {},
             shard_key=strategy.checkpoint_key,
@@ -154,7 +181,7 @@ class Trainer:
             return rundir.read_summary(self.run_dir) or {}
         self._announce()
         progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
-        meter = Throughput(
+        meter = self.meter = Throughput(
             state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync
         )
         self.model.train()
@@ -167,40 +194,51 @@ class Trainer:
                 if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
                     self.strategy.settle(self.model, self._to_device(batch))
                     settled = True
-                loss, metrics = self.train_step(batch)
+                final = state.global_step + 1 >= self.total_steps
+                logged = final or (state.global_step + 1) % int(tcfg.log_every) == 0
+                loss, metrics, grad_norm = self.train_step(batch, logged)
                 state.global_step += 1
                 state.step_in_epoch += 1
-                meter.step_done(state.global_step)
-                final = state.global_step >= self.total_steps
-                if final or state.global_step % int(tcfg.log_every) == 0:
-                    self._log_train(loss, metrics)
+                meter.step_done(state.global_step, metrics.get(TOKENS))
+                if logged:
+                    self._log_train(loss, metrics, grad_norm)
                 progress.update(state.global_step, state.last_loss)
+                if self._evaluation_due(final):  # every trainer.eval_every steps, before that step's checkpoint
+                    self._evaluate_between_steps()
                 if final:
                     ran_out = False
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
             epoch_done = self._epoch_done(ran_out)
-            self._sync()
-            meter.pause()
-            if tcfg.eval and self.eval_loader is not None and (epoch_done or state.global_step >= self.total_steps):
-                self._evaluate_and_log()
+            if self._evaluation_due_at_epoch_end(epoch_done):
+                self._evaluate_between_steps()
             if epoch_done:
                 state.epoch, state.step_in_epoch = state.epoch + 1, 0
-            meter.resume(state.global_step)
         progress.close()
+        self._sync()
+        meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
         self.checkpointer.save(state.global_step, "end of training")
         return self._finish(meter)
 
-    def train_step(self, batch: Any) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
+        """One optimizer step over `batch` (cut into trainer.grad_accum_steps micro-batches); the loss, the step's
+        metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.strategy.forward_backward(self.model, self._to_device(batch), self.scaler)
+        loss, metrics = self.strategy.accumulate(self.model, self._to_device(batch), self.scaler, self.accum_steps)
+        grad_norm = None
+        if self.grad_clip is not None or logged:
+            if self.scaler is not None:  # the norm and the clip threshold are about the true gradients
+                self.scaler.unscale_(self.optimizer)
+            grad_norm = self.strategy.grad_norm(self.model, self.grad_clip)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         self.scheduler.step()
-        return loss, metrics
+        if self.ema is not None:
+            self.ema.update()
+        return loss, metrics, grad_norm
 
     @torch.no_grad()
     def evaluate(self) -> Dict[str, Optional[float]]:
@@ -209,7 +247,8 @@ class Trainer:
         self.model.eval()
         names = self.strategy.metric_names
         totals = torch.zeros(4 + len(names), dtype=torch.float64)  # correct, samples, loss, classified, *metrics
-        for batch in self.eval_loader:
+        limit = self.tcfg.get("eval_batches")  # the same first N batches every time: a fixed subset
+        for batch in itertools.islice(self.eval_loader, None if limit is None else int(limit)):
             totals += self.strategy.eval_counts(self.model, self._to_device(batch))
         self.model.train()
         totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
@@ -328,8 +367,10 @@ class Trainer:
         if self.is_main:  # drop lines the lost attempt logged past the checkpoint
             # An epoch that was complete at the checkpoint is evaluated again after the resume (a stream without a
             # length cannot tell whether it was: it re-evaluates in that case too).
+            # With trainer.eval_every, an evaluation at the checkpoint's step ran before the checkpoint: kept.
             mid_epoch = self.steps_per_epoch is not None and self.state.step_in_epoch < self.steps_per_epoch
-            truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=mid_epoch)
+            keep_eval = mid_epoch or self.tcfg.get("eval_every") is not None
+            truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
     def _epoch_batches(self) -> Iterator[Any]:
@@ -370,26 +411,66 @@ class Trainer:
     def _to_device(self, batch: Any) -> Any:
         return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
 
-    def _log_train(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor]) -> None:
+    def _log_train(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor], grad_norm: Any) -> None:
         state = self.state
         state.last_loss = self.strategy.global_loss(loss)  # a collective on some strategies: every rank calls it
         state.last_metrics = self.strategy.global_metrics(metrics)
-        self.metrics.write(
-            {
-                "kind": "train",
-                "step": state.global_step,
-                "epoch": state.epoch,
-                "loss": state.last_loss,
-                **state.last_metrics,
-                "lr": self.scheduler.get_last_lr()[0],
-                "time": time.time(),
-            }
-        )
+        record: Dict[str, Any] = {
+            "kind": "train",
+            "step": state.global_step,
+            "epoch": state.epoch,
+            "loss": state.last_loss,
+            **state.last_metrics,
+            **group_lrs(self.optimizer),
+        }
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        if self.meter.samples:
+            record["samples_per_sec"] = self.meter.samples_per_sec
+        if TOKENS in self.strategy.metric_names:
+            record["tokens_per_sec"] = self.meter.tokens_per_sec(self._global_tokens())
+        record["time"] = time.time()
+        self.metrics.write(record)
+
+    def _global_tokens(self) -> float:
+        """Tokens of the timed steps over every rank (a collective: every rank calls it)."""
+        local = self.meter.tokens if self.meter.tokens is not None else torch.zeros((), dtype=torch.float64)
+        device = distributed.collective_device(self.strategy.input_device)
+        return float(distributed.all_reduce_sum(local.reshape(1).to(device)).item())
+
+    # -- evaluation -------------------------------------------------------------------------
+    def _evaluation_due(self, final: bool) -> bool:
+        """trainer.eval_every=N: after every N-th optimizer step and after the last one."""
+        every = self.tcfg.get("eval_every")
+        if every is None or not self.tcfg.eval or self.eval_loader is None:
+            return False
+        return final or (self.state.global_step % int(every) == 0)
+
+    def _evaluation_due_at_epoch_end(self, epoch_done: bool) -> bool:
+        """trainer.eval_every=null: after every epoch, and after the last step when it ends mid-epoch."""
+        if self.tcfg.get("eval_every") is not None or not self.tcfg.eval or self.eval_loader is None:
+            return False
+        return epoch_done or self.state.global_step >= self.total_steps
+
+    def _evaluate_between_steps(self) -> None:
+        """Evaluate and log, outside the throughput measurement."""
+        self._sync()
+        self.meter.pause()
+        self._evaluate_and_log()
+        self.meter.resume(self.state.global_step)
 
     def _evaluate_and_log(self) -> None:
         state = self.state
-        state.last_eval = self.evaluate()
-        accuracy, loss = state.last_eval["accuracy"], state.last_eval["loss"]
+        results = self.evaluate()
+        if self.ema is not None:  # the averaged weights on the same batches
+            with self.ema.swapped_in():
+                averaged = self.evaluate()
+            results.update({f"{name}_ema": value for name, value in averaged.items() if name != "samples"})
+        state.last_eval = results
+        accuracy, loss = results["accuracy"], results["loss"]
+        names = [*self.strategy.metric_names, *(["loss_ema", "accuracy_ema"] if self.ema is not None else [])]
+        if self.ema is not None:
+            names += [f"{name}_ema" for name in self.strategy.metric_names]
         self.metrics.write(
             {
                 "kind": "eval",
@@ -397,16 +478,18 @@ class Trainer:
                 "epoch": state.epoch,
                 "accuracy": accuracy,
                 "loss": loss,
-                **{name: state.last_eval[name] for name in self.strategy.metric_names},
+                "samples": results["samples"],
+                **{name: results[name] for name in names},
                 "time": time.time(),
             }
         )
         log.info(
-            "epoch %d step %d: eval %seval loss %.4f",
+            "epoch %d step %d: eval %seval loss %.4f%s",
             state.epoch,
             state.global_step,
             "" if accuracy is None else f"accuracy {accuracy:.4f}, ",
             loss,
+            "" if self.ema is None else f" (weight average: {results['loss_ema']:.4f})",
         )
 
     def _after_step(self) -> None:
@@ -468,6 +551,14 @@ class Trainer:
             self.per_rank_batch,
         )
 
+    def _ema_summary(self) -> Dict[str, Any]:
+        """eval_loss_ema, eval_accuracy_ema (and eval_<metric>_ema) of the last evaluation, with trainer.ema_decay."""
+        if self.ema is None:
+            return {}
+        last = self.state.last_eval or {}
+        names = ["loss", "accuracy", *self.strategy.metric_names]
+        return {f"eval_{name}_ema": last.get(f"{name}_ema") for name in names}
+
     def _finish(self, meter: Throughput) -> Dict[str, Any]:
         """Final weights (every parameter owner), parameter digest (every rank) and summary.json (rank 0)."""
         state, last_eval = self.state, self.state.last_eval
@@ -487,8 +578,15 @@ class Trainer:
             "eval_loss": None if last_eval is None else last_eval["loss"],
             **{f"train_{name}": value for name, value in state.last_metrics.items()},
             **{f"eval_{name}": (last_eval or {}).get(name) for name in self.strategy.metric_names},
-            "images_per_sec": meter.images_per_sec,
-            "timed_steps": meter.images // int(self.tcfg.batch_size),
+            **self._ema_summary(),
+            "samples_per_sec": meter.samples_per_sec,
+            "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
+            **(
+                {"tokens_per_sec": meter.tokens_per_sec(self._global_tokens())}
+                if TOKENS in self.strategy.metric_names
+                else {}
+            ),
+            "timed_steps": meter.samples // int(self.tcfg.batch_size),
             "resumed_from_step": self.resumed_from_step,
             "attempts": self.attempt,
             "torch_version": torch.__version__,

@@ -26,7 +26,11 @@ NUMERIC_SUMMARY_KEYS = (
     "eval_loss",
     "eval_accuracy",
     "train_loss",
-    "images_per_sec",
+    "samples_per_sec",
+    "images_per_sec",  # the old name of samples_per_sec
+    "tokens_per_sec",
+    "eval_loss_ema",
+    "eval_accuracy_ema",
     "global_step",
     "epochs_completed",
     "timed_steps",

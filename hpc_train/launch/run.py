@@ -78,7 +78,7 @@ def report_summary(run_dir: Path, code: int) -> None:
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         print(
             f"hpc-train: done: {data['global_step']} steps, train_loss {data['train_loss']:.4f}, "
-            f"eval_accuracy {acc_text}, {data['images_per_sec']:.1f} images/s"
+            f"eval_accuracy {acc_text}, {data['samples_per_sec']:.1f} samples/s"
         )
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")

@@ -159,6 +159,20 @@ def target_node(value: Any) -> Problem:
     return None
 
 
+def name_or_target(*choices: str) -> Checker:
+    """One of the built-in names, or a ``_target_`` node naming the user's own class or function."""
+    names = one_of(*choices)
+
+    def check(value: Any) -> Problem:
+        if isinstance(value, Mapping):
+            return target_node(value)
+        if names(value) is None:
+            return None
+        return f"must be one of {', '.join(choices)} or a _target_ node, got {_show(value)}"
+
+    return check
+
+
 def list_of(item: Checker, what: str, allow_empty: bool = True) -> Checker:
     def check(value: Any) -> Problem:
         if not _is_list(value):
@@ -501,16 +515,40 @@ RULES: Tuple[Rule, ...] = (
         required=True,
         fix="set trainer.max_steps=1 or more, or null to train for trainer.epochs.",
     ),
-    R("trainer.optimizer", one_of("sgd", "adamw"), "sgd", required=True, fix="use one of: sgd, adamw."),
+    R(
+        "trainer.optimizer",
+        name_or_target("sgd", "adamw"),
+        "sgd",
+        required=True,
+        fix=(
+            "use trainer.optimizer=sgd or adamw, or a partial optimizer class, e.g."
+            " trainer.optimizer={_target_: torch.optim.AdamW, _partial_: true, betas: [0.9, 0.95]}."
+        ),
+    ),
+    R(
+        "trainer.param_groups",
+        name_or_target("single", "no_decay_1d"),
+        "no_decay_1d",
+        fix=(
+            "use trainer.param_groups=single (every parameter decayed), no_decay_1d (no weight decay on biases, norm"
+            " weights and other 1-D parameters), or {_target_: my_package.groups, _partial_: true}, a function"
+            " groups(model) -> list of dicts."
+        ),
+    ),
     R("trainer.lr", number(0, low_open=True), 0.05, required=True),
+    R("trainer.min_lr", number(0), 0.0, fix="set e.g. trainer.min_lr=1e-4 (the floor of the cosine schedule; 0: none)."),
     R("trainer.momentum", number(0, 1), 0.9, required=True),
     R("trainer.weight_decay", number(0), 0.0005, required=True),
     R(
         "trainer.lr_schedule",
-        one_of("constant", "cosine", "step"),
+        name_or_target("constant", "cosine", "step"),
         "cosine",
         required=True,
-        fix="use one of: constant, cosine, step.",
+        fix=(
+            "use one of: constant, cosine, step, or a partial torch.optim.lr_scheduler class, e.g."
+            " trainer.lr_schedule={_target_: torch.optim.lr_scheduler.OneCycleLR, _partial_: true, max_lr: 0.1,"
+            " total_steps: 1000}."
+        ),
     ),
     R("trainer.lr_warmup_steps", whole(0), 0, required=True),
     R("trainer.lr_step_every", whole(1), 1000, required=True),
@@ -551,7 +589,41 @@ RULES: Tuple[Rule, ...] = (
         fix="use trainer.activation_checkpointing=none or trainer.activation_checkpointing=blocks.",
     ),
     R("trainer.compile", flag, "false", required=True),
+    R(
+        "trainer.grad_clip",
+        number(0, low_open=True),
+        1.0,
+        null="gradients are not clipped",
+        fix="set e.g. trainer.grad_clip=1.0 (the largest total L2 norm of the gradients), or null (no clipping).",
+    ),
+    R(
+        "trainer.grad_accum_steps",
+        whole(1, 1_000_000),
+        4,
+        fix="set trainer.grad_accum_steps=1 (no accumulation) or more (micro-batches per optimizer step).",
+    ),
     R("trainer.eval", flag, "true", required=True),
+    R(
+        "trainer.eval_every",
+        whole(1),
+        500,
+        null="evaluate after every epoch",
+        fix="set e.g. trainer.eval_every=500 (optimizer steps between evaluations), or null (after every epoch).",
+    ),
+    R(
+        "trainer.eval_batches",
+        whole(1),
+        20,
+        null="the whole validation split",
+        fix="set e.g. trainer.eval_batches=20 (the first batches of the validation split), or null (all of it).",
+    ),
+    R(
+        "trainer.ema_decay",
+        number(0, 1, low_open=True, high_open=True),
+        0.999,
+        null="no weight average",
+        fix="set e.g. trainer.ema_decay=0.999 (between 0 and 1, both excluded), or null (no weight average).",
+    ),
     R("trainer.log_every", whole(1), 10, required=True),
     R("trainer.throughput_warmup_steps", whole(0), 5, required=True),
     R("trainer.progress", flag, "true", required=True),

@@ -35,7 +35,7 @@ def normalize_precision(value: object) -> str:
 
 
 def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
-    """What the types alone do not say: training stops, and the global batch splits evenly."""
+    """What the types alone do not say: training stops, the global batch splits evenly, the recipe's keys agree."""
     trainer = cfg.trainer
     if trainer.epochs is None and trainer.max_steps is None:
         raise ConfigError(
@@ -43,16 +43,68 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
             "both trainer.epochs and trainer.max_steps are null, so training would never stop.",
             "set trainer.epochs=5 or trainer.max_steps=1000.",
         )
+    _check_batch_split(trainer, parallel)
+    _check_schedule(trainer)
+    if trainer.get("ema_decay") is not None and parallel.kind.staged:
+        raise ConfigError(
+            "trainer.ema_decay",
+            f"{parallel.kind.spelling} cuts the model into stages; the weight average is kept for a whole model.",
+            "use it with strategy=single, dp, ddp or fsdp, or set trainer.ema_decay=null.",
+        )
+
+
+def _check_batch_split(trainer: ConfigView, parallel: Parallelism) -> None:
+    """The global batch splits over the data-parallel ranks, then into trainer.grad_accum_steps micro-batches (then
+    into strategy.chunks pipeline micro-batches)."""
     batch = trainer.batch_size
+    accum = int(trainer.get("grad_accum_steps") or 1)
     replicas, chunks = parallel.data_parallel_size, parallel.chunks
-    divisor = replicas * chunks
+    if accum > 1 and parallel.layout.strategy == "pipelining":
+        raise ConfigError(
+            "trainer.grad_accum_steps",
+            f"the pipelining engine already cuts each batch into strategy.chunks={chunks} micro-batches and steps"
+            " the optimizer once per schedule; it does not accumulate over several schedules.",
+            f"set trainer.grad_accum_steps=1 and raise strategy.chunks instead (e.g. strategy.chunks={chunks * accum}),"
+            " or use strategy.engine=native, where accumulation composes with the micro-batches.",
+        )
+    divisor = replicas * chunks * accum
     if batch % divisor != 0:
-        what = f"world size {replicas}" if chunks == 1 else f"data-parallel size {replicas} x strategy.chunks={chunks}"
+        parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
+        if accum > 1:
+            parts.append(f"trainer.grad_accum_steps={accum}")
+        if chunks > 1:
+            parts.append(f"strategy.chunks={chunks}")
         suggestion = max(divisor, (batch // divisor) * divisor)
         raise ConfigError(
             "trainer.batch_size",
-            f"the global batch {batch} does not split evenly over the {what} ({parallel.layout.describe()}).",
-            f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}.",
+            f"the global batch {batch} does not split evenly over the {' x '.join(parts)}"
+            f" ({parallel.layout.describe()}).",
+            f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}"
+            + (", or change trainer.grad_accum_steps." if accum > 1 else "."),
+        )
+
+
+def _check_schedule(trainer: ConfigView) -> None:
+    schedule = trainer.lr_schedule
+    if isinstance(schedule, Mapping):
+        if int(trainer.lr_warmup_steps) > 0:
+            raise ConfigError(
+                "trainer.lr_warmup_steps",
+                f"trainer.lr_schedule is your own scheduler ({schedule.get('_target_')}), which sets its own warm-up;"
+                " trainer.lr_warmup_steps applies to the built-in schedules only.",
+                "set trainer.lr_warmup_steps=0 and give the warm-up to your scheduler (e.g. OneCycleLR's pct_start),"
+                " or use a built-in trainer.lr_schedule.",
+            )
+        return
+    min_lr = trainer.get("min_lr") or 0.0
+    optimizer_lr = trainer.optimizer.get("lr") if isinstance(trainer.optimizer, Mapping) else None
+    lr = optimizer_lr if optimizer_lr is not None else trainer.lr
+    if schedule == "cosine" and min_lr > lr:
+        raise ConfigError(
+            "trainer.min_lr",
+            f"trainer.min_lr={min_lr} is above the learning rate {lr} (trainer.lr), so the cosine schedule would"
+            " rise instead of decay.",
+            f"set trainer.min_lr below trainer.lr (nanoGPT and timm use about lr / 10, e.g. trainer.min_lr={lr / 10:g}).",
         )
 
 

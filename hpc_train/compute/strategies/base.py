@@ -13,17 +13,22 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import contextlib
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from hpc_train import rundir
 from hpc_train.compute import distributed
-from hpc_train.compute.batch import batch_size
+from hpc_train.compute.batch import batch_size, split_batch
+from hpc_train.compute.gradients import clip_to_norm, total_norm
 from hpc_train.compute.precision import autocast, grad_scaler
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.compute.step import SupervisedStep, is_builtin, split_result
+
+
+TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 
 
 class Strategy:
@@ -70,13 +75,61 @@ class Strategy:
         """Called with the first batch of every attempt (fresh or resumed), before its first step; default: nothing."""
 
     def forward_backward(
-        self, model: nn.Module, batch: Any, scaler: Optional["torch.amp.GradScaler"]
+        self, model: nn.Module, batch: Any, scaler: Optional["torch.amp.GradScaler"], loss_weight: float = 1.0
     ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-        """One forward and backward pass of the training step; this rank's loss and metrics (detached)."""
+        """One forward and backward pass of the training step; this rank's loss and metrics (detached).
+
+        The gradients are those of ``loss_weight * loss``: a micro-batch's share of its batch.
+        """
         with autocast(self.precision, self.input_device):
             loss, metrics = split_result(self.step(model, batch), self.reduce_replicas)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        weighted = loss if loss_weight == 1.0 else loss * loss_weight
+        (scaler.scale(weighted) if scaler is not None else weighted).backward()
         return loss.detach(), {name: value.detach() for name, value in metrics.items()}
+
+    def accumulate(
+        self, model: nn.Module, batch: Any, scaler: Optional["torch.amp.GradScaler"], micro_batches: int
+    ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Forward and backward over `batch` cut into `micro_batches` (``trainer.grad_accum_steps``).
+
+        Each micro-batch's loss is weighted by its share of the batch, so the summed gradients
+        are those of the whole batch's mean loss; gradients are synchronised across ranks only
+        on the last one (:meth:`no_sync`). Returns the batch's loss and metrics (share-weighted
+        means; a ``tokens`` count is summed).
+        """
+        if micro_batches == 1:
+            return self.forward_backward(model, batch, scaler)
+        pieces = split_batch(batch, micro_batches)
+        total = sum(batch_size(piece) for piece in pieces)
+        loss_sum: Optional[torch.Tensor] = None
+        metric_sums: Dict[str, torch.Tensor] = {}
+        for index, piece in enumerate(pieces):
+            weight = batch_size(piece) / total
+            last = index == len(pieces) - 1
+            with contextlib.nullcontext() if last else self.no_sync(model):
+                loss, metrics = self.forward_backward(model, piece, scaler, weight)
+            loss_sum = loss * weight if loss_sum is None else loss_sum + loss * weight
+            for name, value in metrics.items():
+                share = value if name == TOKENS else value * weight
+                metric_sums[name] = share if name not in metric_sums else metric_sums[name] + share
+        return loss_sum, metric_sums
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """Gradients accumulate locally inside the block (no all-reduce); default: nothing to skip."""
+        return contextlib.nullcontext()
+
+    def grad_norm(self, model: nn.Module, max_norm: Optional[float] = None) -> torch.Tensor:
+        """The total L2 norm of all of the model's gradients (over every rank's part of the model), before
+        clipping; with `max_norm`, the gradients are then scaled so that their total norm is at most that."""
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = self.global_norm(total_norm([p.grad for p in params], self.input_device))
+        if max_norm is not None:
+            clip_to_norm(params, float(max_norm), norm)
+        return norm
+
+    def global_norm(self, local_norm: torch.Tensor) -> torch.Tensor:
+        """The norm over the whole model from this rank's part's norm: replicas hold it all (default)."""
+        return local_norm
 
     def reduce_replicas(self, value: Any) -> Any:
         """One value from what the wrapped model returned (nn.DataParallel returns one per GPU)."""

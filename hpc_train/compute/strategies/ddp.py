@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, ContextManager
 
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -23,6 +24,11 @@ class ReplicatedAcrossRanks:
     @property
     def data_parallel_rank(self) -> int:
         return self.ranks.rank
+
+    def no_sync(self, model: nn.Module) -> ContextManager:
+        """DDP's own no_sync: gradients accumulate locally, the all-reduce waits for the last micro-batch."""
+        model = getattr(model, "_orig_mod", model)  # under torch.compile
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
     def settle(self, model: nn.Module, batch: Any) -> None:
         """Let DDP lay out its gradient buckets before the first real step of every attempt.

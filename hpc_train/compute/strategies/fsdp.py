@@ -15,9 +15,10 @@ any other number of ranks can load (hpc_train.compute.dcp_io).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn as nn
@@ -133,6 +134,24 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """FSDP2 skips the reduce-scatter of gradients inside the block (they accumulate unsharded)."""
+        model = getattr(model, "_orig_mod", model)
+        sync = getattr(model, "set_requires_gradient_sync", None)
+        if sync is None:  # not sharded (one process)
+            yield
+            return
+        sync(False)
+        try:
+            yield
+        finally:
+            sync(True)
+
+    def global_norm(self, local_norm: torch.Tensor) -> torch.Tensor:
+        """The norm over sharded DTensor gradients is a DTensor with pending partial sums: made whole."""
+        return local_norm.full_tensor() if hasattr(local_norm, "full_tensor") else local_norm
 
     def make_grad_scaler(self) -> Optional[Any]:
         """fp16 loss scaling over sharded gradients: torch's ShardedGradScaler agrees on inf/NaN across ranks."""

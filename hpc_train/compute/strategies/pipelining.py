@@ -158,6 +158,13 @@ class PipeliningStrategy(Strategy):
             return torch.stack([l.detach().float() for l in losses]).mean(), {}
         return torch.zeros((), device=self.input_device), {}
 
+    def global_norm(self, local_norm: torch.Tensor) -> torch.Tensor:
+        """Each stage holds its own parameters: the model's norm is the root of the stages' summed squares
+        (over this replica's pipeline; the replicas' averaged gradients are equal)."""
+        squared = (local_norm.float() ** 2).reshape(1).to(distributed.collective_device(self.input_device))
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=self.pp_group)
+        return squared.sqrt().reshape(()).to(local_norm.device)
+
     def global_loss(self, loss: torch.Tensor) -> float:
         # Only last stages hold a loss; the others contribute 0 to the sum over the world.
         total = distributed.all_reduce_sum(loss.float().reshape(1).to(distributed.collective_device(self.input_device)))

@@ -637,13 +637,43 @@ RULES: Tuple[Rule, ...] = (
     ),
     R("trainer.keep_checkpoints", whole(1), 2, required=True),
     R("trainer.max_requeues", whole(0), 3, required=True, fix="set e.g. trainer.max_requeues=3 (0: never requeue)."),
-    # logger (logger.name: validate.check_logger, which also looks for the tensorboard package)
+    # logger (logger.name and logger.trackers: validate.check_logger, which also looks for the packages)
     R(
         "logger.log_dir",
         PATH_TEXT,
         "tensorboard",
         fix="set logger.log_dir=tensorboard (relative to the run dir) or an absolute path.",
     ),
+    R(
+        "logger.project",
+        text(r"[^/\\#?%:]+", "a W&B project name (no '/', '\\', '#', '?', '%' or ':')", 128),
+        "my-project",
+        null="W&B's default project",
+    ),
+    R("logger.entity", text(r"[^/\\#?%:]+", "a W&B user or team name", 128), "my-team", null="your default entity"),
+    R("logger.run_name", text(max_len=128), "resnet-baseline", null="the run dir's last two parts"),
+    R(
+        "logger.tags",
+        list_of(text(max_len=64), "tags of 1 to 64 characters"),
+        "[baseline,resnet]",
+        null="no tags",
+        fix="set e.g. logger.tags=[baseline,resnet] (W&B tags: at most 64 characters each).",
+    ),
+    R(
+        "logger.mode",
+        one_of("online", "offline", "disabled"),
+        "offline",
+        null="$WANDB_MODE, else offline on Slurm, else online",
+    ),
+    R("logger.dir", PATH_TEXT, "wandb_runs", null="the run dir"),
+    R(
+        "logger.tracking_uri",
+        text(what="an MLflow tracking URI"),
+        "http://mlflow-server:5000",
+        null="an SQLite store in each run dir",
+    ),
+    R("logger.experiment", text(max_len=500), "my-experiment", null="MLflow's Default experiment"),
+    R("logger.log_model", flag, "true"),
     # data: plain keys of the shipped options (and of a user's own node that uses these names), then the nodes
     R(
         "data.root",

@@ -13,12 +13,13 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import List, Tuple
 
-from hpc_train import rundir
+from hpc_train import logger_table, rundir
 from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import check_objective
@@ -26,7 +27,6 @@ from hpc_train.launch.parallelism import Parallelism
 from hpc_train.strategy_table import KINDS
 
 RESUME_WORDS = ("auto", "never")
-LOGGERS = ("jsonl", "tensorboard")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
 
 
@@ -277,18 +277,41 @@ def check_resume(cfg: ConfigView) -> None:
 
 
 def check_logger(cfg: ConfigView) -> None:
-    """logger=tensorboard needs the tensorboard package: say so before anything is queued (without importing it)."""
-    name = cfg.select("logger.name", default="jsonl")  # no logger node (~logger): jsonl
-    if not isinstance(name, str) or name not in LOGGERS:
-        raise ConfigError(
-            "logger", f"unknown logger {name!r}.", f"use one of: {', '.join('logger=' + n for n in LOGGERS)}."
-        )
-    if name == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+    """The loggers exist and their packages are here (looked up without importing them), before anything is queued."""
+    node = cfg.select("logger", default=None)  # no logger node (~logger): jsonl
+    choice = logger_table.chosen(node)
+    if choice.problem is not None:
         raise ConfigError(
             "logger",
-            "logger=tensorboard needs the tensorboard package, which this Python environment does not have.",
-            "pip install 'hpc-train[tensorboard]' (or pip install tensorboard) in the environment the job runs in, or"
-            " use logger=jsonl.",
+            f"{choice.problem}.",
+            f"use one of: {', '.join('logger=' + n for n in logger_table.LOGGERS)}, or several at once:"
+            " logger=[tensorboard,mlflow].",
+        )
+    for name in choice.trackers:
+        tracker = logger_table.TRACKERS[name]
+        if importlib.util.find_spec(tracker.module) is None:
+            raise ConfigError(
+                "logger",
+                f"logger={name} needs the {tracker.module} package, which this Python environment does not have.",
+                f"{tracker.pip} in the environment the job runs in, or use logger=jsonl.",
+            )
+    if "mlflow" in choice.trackers:
+        check_mlflow_uri(cfg.select("logger.tracking_uri", default=None))
+
+
+def check_mlflow_uri(uri: object) -> None:
+    """MLflow 3 refuses its file store (./mlruns) unless MLFLOW_ALLOW_FILE_STORE=true: say so here, not at step 10."""
+    if uri is None or os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() == "true":
+        return
+    text = str(uri)
+    scheme = text.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", text) else ""
+    if scheme in ("", "file"):
+        raise ConfigError(
+            "logger.tracking_uri",
+            f"{text} is an MLflow file store, which MLflow 3 refuses (\"maintenance mode\") unless"
+            " MLFLOW_ALLOW_FILE_STORE=true.",
+            "use logger.tracking_uri=null (an SQLite store in each run dir), sqlite:////abs/path/mlflow.db or an"
+            " http:// tracking server, or export MLFLOW_ALLOW_FILE_STORE=true.",
         )
 
 

@@ -29,13 +29,14 @@ LAUNCH_MODULES = [
     "hpc_train.report",
     "hpc_train.watch",
     "hpc_train.rank_errors",
+    "hpc_train.logger_table",
     "hpc_train.compute.job",  # pickled by the login node for submitit
     "submitit",
 ]
 
 
 def test_launch_side_does_not_import_torch():
-    code = "import sys\n" + "".join(f"import {m}\n" for m in LAUNCH_MODULES) + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
+    code = "import sys\n" + "".join(f"import {m}\n" for m in LAUNCH_MODULES) + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
     proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

@@ -47,6 +47,7 @@ class JobReport:
     status: str = "UNKNOWN"
     samples_per_sec: Optional[float] = None
     train_loss: Optional[float] = None
+    lr: Optional[float] = None  # the first parameter group's LR at the last logged step
     eval_accuracy: Optional[float] = None
     attempts: Optional[int] = None
     slurm_job_id: Optional[str] = None
@@ -62,14 +63,15 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def loss_curve(run_dir: Path) -> List[Tuple[int, float]]:
-    """(step, loss) of every ``"kind": "train"`` line of metrics.jsonl, in step order (last write wins)."""
-    points = {
-        int(r["step"]): float(r["loss"])
-        for r in rundir.read_jsonl(run_dir / rundir.METRICS)
-        if r.get("kind") == "train" and r.get("loss") is not None
-    }
-    return sorted(points.items())
+def train_rows(run_dir: Path) -> List[Dict[str, Any]]:
+    """The ``"kind": "train"`` lines of metrics.jsonl, in step order (the last write of a step wins)."""
+    rows = {int(r["step"]): r for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind") == "train"}
+    return [rows[step] for step in sorted(rows)]
+
+
+def loss_curve(rows: Sequence[Dict[str, Any]]) -> List[Tuple[int, float]]:
+    """(step, loss) of every train line that has a loss."""
+    return [(int(r["step"]), float(r["loss"])) for r in rows if r.get("loss") is not None]
 
 
 def _attempts_started(run_dir: Path) -> Optional[int]:
@@ -122,7 +124,9 @@ def read_job(
         job.attempts = _attempts_started(run_dir)
         if job.slurm_job_id is None:
             job.status = "FAILED" if _failed_locally(run_dir) else "NO SUMMARY"
-    job.loss_curve = loss_curve(run_dir)
+    rows = train_rows(run_dir)
+    job.loss_curve = loss_curve(rows)
+    job.lr = next((float(r["lr"]) for r in reversed(rows) if isinstance(r.get("lr"), (int, float))), None)
     return job
 
 
@@ -215,6 +219,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
         "status",
         "samples/s",
         "train loss",
+        "lr",
         "eval acc",
         "attempts",
     ]
@@ -232,6 +237,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
             job.status,
             _fmt(job.samples_per_sec, ".1f"),
             _fmt(job.train_loss, ".4f"),
+            _fmt(job.lr, ".3g"),
             _fmt(job.eval_accuracy, ".4f"),
             _fmt(job.attempts, "d"),
         ]
@@ -243,7 +249,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
 
 def format_table(header: List[str], rows: List[List[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {"world", "samples/s", "train loss", "eval acc", "attempts"}
+    numeric = {"world", "samples/s", "train loss", "lr", "eval acc", "attempts"}
     lines = []
     for row in [header, *rows]:
         cells = [cell.rjust(w) if name in numeric else cell.ljust(w) for cell, w, name in zip(row, widths, header)]

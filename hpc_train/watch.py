@@ -232,7 +232,7 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
     ]
     running = [j for j in snap.jobs if j.state == "RUNNING"]
     if running:
-        lines.append("running:   job  slurm id      step      loss   samples/s")
+        lines.append("running:   job  slurm id      step      loss  samples/s")
         for job in running[:RUNNING_SHOWN]:
             lines.append(
                 f"{'':11s}{job.name:>4s}  {job.slurm_id or '-':12s}"

@@ -55,6 +55,19 @@ from tests.conftest import TINY, TINY_TRAINER, run_cli
         (["launcher.master_port=99999999999999999999"], "launcher.master_port", "launcher.master_port=29500"),
         (["resources.nodes=abc"], "resources.nodes", "resources.nodes=1"),
         (["trainer.lr=nan"], "trainer.lr", "trainer.lr=0.05"),
+        # training recipes: each key's range, and the keys that must agree
+        (["trainer.optimizer=lion"], "trainer.optimizer", "_target_: torch.optim.AdamW"),
+        (["trainer.param_groups=no_decay"], "trainer.param_groups", "no_decay_1d"),
+        (["trainer.grad_clip=0"], "trainer.grad_clip", "trainer.grad_clip=1.0"),
+        (["trainer.grad_accum_steps=0"], "trainer.grad_accum_steps", "trainer.grad_accum_steps=1"),
+        (["trainer.ema_decay=1"], "trainer.ema_decay", "trainer.ema_decay=0.999"),
+        (["trainer.eval_every=0"], "trainer.eval_every", "trainer.eval_every=500"),
+        (["trainer.eval_batches=-1"], "trainer.eval_batches", "trainer.eval_batches=20"),
+        (["strategy=ddp", "resources.gpus_per_node=2", "trainer.batch_size=36", "trainer.grad_accum_steps=4"], "trainer.batch_size", "trainer.grad_accum_steps"),
+        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps", "strategy.chunks="),
+        (["strategy=pipeline", "trainer.ema_decay=0.9"], "trainer.ema_decay", "trainer.ema_decay=null"),
+        (["trainer.lr_schedule=cosine", "trainer.min_lr=0.5"], "trainer.min_lr", "trainer.min_lr=0.01"),
+        (["trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3}", "trainer.lr_warmup_steps=5"], "trainer.lr_warmup_steps", "trainer.lr_warmup_steps=0"),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):

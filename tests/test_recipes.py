@@ -180,11 +180,13 @@ def test_accumulation_trains_as_one_big_batch(accumulated, name, reference):
     assert got["global_step"] == 10 and got["samples_per_sec"] > 0 and got["images_per_sec"] == got["samples_per_sec"]
 
 
-def test_accumulation_and_ema_resume_bit_identically_after_kill_9(tmp_path):
+def test_a_whole_recipe_resumes_bit_identically_after_kill_9(tmp_path):
+    """Accumulation, clipping, a user optimizer with groups, cosine to min_lr, eval cadence and EMA, on 2 ranks."""
     args = [
         *TINY, *DDP2, "trainer.epochs=null", "trainer.max_steps=24", "trainer.checkpoint_every=4",
         "trainer.batch_size=32", "trainer.grad_accum_steps=2", "trainer.ema_decay=0.9", "trainer.grad_clip=1.0",
-        "trainer.eval_every=8", "trainer.eval_batches=1",
+        "trainer.eval_every=8", "trainer.eval_batches=1", ADAMW_BETAS, "trainer.param_groups=no_decay_1d",
+        "trainer.weight_decay=0.1", "trainer.lr_schedule=cosine", "trainer.min_lr=0.01", "trainer.lr_warmup_steps=3",
     ]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     assert_ok(run_cli(args, straight))

@@ -54,7 +54,7 @@ def check_against_summaries(stdout: str, sweep_dir: Path, strategies: List[str])
         assert row["strategy"] == summary["strategy"] == strategy
         assert row["status"] == "COMPLETED"
         assert int(row["world"]) == summary["world_size"]
-        assert row["images/s"] == f"{summary['images_per_sec']:.1f}"
+        assert row["samples/s"] == f"{summary['samples_per_sec']:.1f}"
         assert row["train loss"] == f"{summary['train_loss']:.4f}"
         assert row["eval acc"] == f"{summary['eval_accuracy']:.4f}"
         assert row["attempts"] == str(summary.get("attempts", 1))
@@ -67,7 +67,7 @@ def check_json(sweep_dir: Path) -> None:
     rows = json.loads(proc.stdout)
     for row in rows:
         summary = read_summary(sweep_dir / row["name"])
-        assert row["images_per_sec"] == summary["images_per_sec"]
+        assert row["samples_per_sec"] == summary["samples_per_sec"]
         assert row["train_loss"] == summary["train_loss"]
         assert row["eval_accuracy"] == summary["eval_accuracy"]
         metrics = [json.loads(line) for line in (sweep_dir / row["name"] / "metrics.jsonl").read_text().splitlines()]
@@ -101,7 +101,7 @@ def test_report_of_one_run_dir(local_sweep, tmp_path):
     [row] = table(proc.stdout)
     summary = read_summary(run_dir)
     assert row["strategy"] == "ddp" and row["layout"] == "1x2x1" and row["world"] == "2"
-    assert row["images/s"] == f"{summary['images_per_sec']:.1f}"
+    assert row["samples/s"] == f"{summary['samples_per_sec']:.1f}"
     assert "strategy=ddp" in row["overrides"] and "trainer.max_steps=12" in row["overrides"]
     png_size(png)
 
@@ -163,7 +163,7 @@ def test_report_shows_the_slurm_state_of_queued_jobs(slurm_cluster, tmp_path):
         rows = table(proc.stdout)
         assert [r["slurm id"] for r in rows] == job_ids
         assert [r["status"] for r in rows] == ["PENDING"] * 3
-        assert all(r["images/s"] == "-" and r["train loss"] == "-" for r in rows)
+        assert all(r["samples/s"] == "-" and r["train loss"] == "-" for r in rows)
         assert [r["strategy"] for r in rows] == ["single", "ddp", "model_parallel"]  # from job_config.yaml, before the job ran
         png_size(sweep_dir / "report.png")
         subprocess.run(["scancel", *bases], check=True)

@@ -112,6 +112,35 @@ def test_a_stream_without_a_length_needs_max_steps(tmp_path):
     assert proc.returncode == 2 and "`trainer.max_steps`" in out and "Fix:" in out and "Traceback" not in out, out
 
 
+def test_nanogpt_trains_with_nanogpts_shakespeare_char_recipe(tmp_path):
+    """trainer=shakespeare_char (the project's conf): AdamW (0.9, 0.99), decay on matrices only, warm-up then cosine
+    to min_lr, clipping at 1.0, evaluation every eval_interval steps on eval_iters batches; shortened here."""
+    import json
+    import math
+
+    from hpc_train.compute.checkpoint import read_checkpoint
+
+    run = tmp_path / "run"
+    short = [
+        "trainer.max_steps=20", "trainer.lr_warmup_steps=4", "trainer.eval_every=10", "trainer.eval_batches=2",
+        "trainer.batch_size=16", "trainer.log_every=5", "trainer.checkpoint_every=10", "trainer.progress=false",
+    ]
+    assert_ok(run_cli(["--config-dir", "conf", "model=gpt", "data=chars", "trainer=shakespeare_char", *DDP, *short], run, cwd=NANOGPT))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    for r in train:  # lr 1e-3, warm-up 4 steps, cosine to 1e-4 over 20 steps
+        step = r["step"]
+        want = 1e-3 * (step + 1) / 4 if step < 4 else 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * min(1, (step - 4) / 16)))
+        assert r["lr"] == pytest.approx(want, abs=1e-9) and r["lr_group1"] == r["lr"]
+        assert r["grad_norm"] > 0
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [10, 20]
+    assert all(r["samples"] == 2 * 16 for r in records if r["kind"] == "eval")  # 2 batches of 8 on each of 2 ranks
+    checkpoint = read_checkpoint(sorted((run / "checkpoints").glob("step_*.ckpt"))[-1])
+    groups = checkpoint["shards"]["model"]["optimizer"]["param_groups"]
+    assert [(tuple(g["betas"]), g["weight_decay"]) for g in groups] == [((0.9, 0.99), 0.1), ((0.9, 0.99), 0.0)]
+    assert read_summary(run)["train_loss"] < 3.3  # below ln(30) = 3.4, the loss of a uniform guess
+
+
 # -- kill -9 and rerun --------------------------------------------------------------------------------
 # 12 steps, a checkpoint every 3 (killed after the second), evaluation on: the resumed run must end
 # with the uninterrupted run's weights, bit for bit. The stream's 2048 windows / 16 = 128 steps an

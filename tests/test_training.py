@@ -56,12 +56,12 @@ def test_only_rank_zero_writes_outputs(single_and_ddp):
 
 def test_summary_fields(single_and_ddp):
     summary = read_summary(single_and_ddp["ddp"])
-    for key in ("strategy", "world_size", "global_step", "train_loss", "eval_accuracy", "images_per_sec", "resumed_from_step"):
+    for key in ("strategy", "world_size", "global_step", "train_loss", "eval_accuracy", "samples_per_sec", "images_per_sec", "resumed_from_step"):
         assert key in summary
     assert summary["strategy"] == "ddp"
     assert summary["eval_accuracy"] is None  # eval was off
     assert summary["resumed_from_step"] is None
-    assert summary["images_per_sec"] > 0
+    assert summary["samples_per_sec"] > 0 and summary["images_per_sec"] == summary["samples_per_sec"]  # the old name, kept
 
 
 def test_main_job_learns_digits(tmp_path):

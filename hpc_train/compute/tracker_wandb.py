@@ -45,6 +45,10 @@ def wandb_mode(configured: Optional[str], launcher: Optional[str]) -> Optional[s
     return None
 
 
+def text_or_none(value: Any) -> Optional[str]:
+    return None if value is None else str(value)  # logger.project=2024 reaches here as an int
+
+
 def new_run_id() -> str:
     """8 random lowercase letters and digits, as W&B's own ids."""
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
@@ -60,9 +64,9 @@ class WandbTracker:
         self.dir = in_run_dir(node.get("dir") or ".", self.run_dir)
         self.mode = wandb_mode(node.get("mode"), OmegaConf.select(cfg, "launcher.name", default=None))
         self.init_args: Dict[str, Any] = {
-            "project": node.get("project"),
-            "entity": node.get("entity"),
-            "name": node.get("run_name") or run_label(self.run_dir),
+            "project": text_or_none(node.get("project")),
+            "entity": text_or_none(node.get("entity")),
+            "name": str(node.get("run_name") or run_label(self.run_dir)),
             "tags": [str(t) for t in (node.get("tags") or [])] or None,
             "config": OmegaConf.to_container(cfg, resolve=True),
         }

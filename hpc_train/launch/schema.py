@@ -646,15 +646,20 @@ RULES: Tuple[Rule, ...] = (
     ),
     R(
         "logger.project",
-        text(r"[^/\\#?%:]+", "a W&B project name (no '/', '\\', '#', '?', '%' or ':')", 128),
+        text(r"[^/\\#?%:]+", "a W&B project name (no '/', '\\', '#', '?', '%' or ':')", 128, ints=True),
         "my-project",
         null="W&B's default project",
     ),
-    R("logger.entity", text(r"[^/\\#?%:]+", "a W&B user or team name", 128), "my-team", null="your default entity"),
-    R("logger.run_name", text(max_len=128), "resnet-baseline", null="the run dir's last two parts"),
+    R(
+        "logger.entity",
+        text(r"[^/\\#?%:]+", "a W&B user or team name", 128, ints=True),
+        "my-team",
+        null="your default entity",
+    ),
+    R("logger.run_name", text(max_len=128, ints=True), "resnet-baseline", null="the run dir's last two parts"),
     R(
         "logger.tags",
-        list_of(text(max_len=64), "tags of 1 to 64 characters"),
+        list_of(text(max_len=64, ints=True), "tags of 1 to 64 characters"),
         "[baseline,resnet]",
         null="no tags",
         fix="set e.g. logger.tags=[baseline,resnet] (W&B tags: at most 64 characters each).",
@@ -672,7 +677,7 @@ RULES: Tuple[Rule, ...] = (
         "http://mlflow-server:5000",
         null="an SQLite store in each run dir",
     ),
-    R("logger.experiment", text(max_len=500), "my-experiment", null="MLflow's Default experiment"),
+    R("logger.experiment", text(max_len=500, ints=True), "my-experiment", null="MLflow's Default experiment"),
     R("logger.log_model", flag, "true"),
     # data: plain keys of the shipped options (and of a user's own node that uses these names), then the nodes
     R(

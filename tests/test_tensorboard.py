@@ -31,7 +31,10 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path):
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in train] == [4, 8, 12] and len(evals) == 1
     found = scalars(run_dir / "tensorboard")
-    assert set(found) == {"train/loss", "train/lr", "eval/accuracy", "eval/loss"}
+    assert set(found) == {
+        "train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec", "eval/accuracy", "eval/loss"
+    }  # every number of a record ("samples", the evaluation's count, is not a scalar to plot)
+    assert [v for _, v in found["train/grad_norm"]] == pytest.approx([r["grad_norm"] for r in train], rel=1e-6)
     assert [s for s, _ in found["train/loss"]] == [4, 8, 12]
     assert [v for _, v in found["train/loss"]] == pytest.approx([r["loss"] for r in train], rel=1e-6)  # stored as float32
     assert [v for _, v in found["train/lr"]] == pytest.approx([r["lr"] for r in train], rel=1e-6)

@@ -11,7 +11,9 @@ The package is split in two halves that never mix:
 The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func:`run`,
 :func:`submit`, :func:`sweep`, :class:`Job`, the errors :class:`ConfigError` and
 :class:`JobFailed`, :func:`staged_model` for in-process timing, and :func:`data_shard` for a
-user's streamed dataset (which share of the stream this training process reads). ``import hpc_train``
+user's streamed dataset (which share of the stream this training process reads), and
+:func:`log_metrics` for a script of your own run by ``hpc-train ... -- train.py`` (rows of the
+run dir's metrics.jsonl). ``import hpc_train``
 imports neither torch nor Hydra; the jobs run in their own processes, as with the CLI.
 The API module is loaded on first use of one of its names (PEP 562), so the ``hpc-train``
 command, which imports submodules of this package, does not pay for it on a login node.
@@ -27,6 +29,7 @@ __all__ = [
     "JobFailed",
     "compose",
     "data_shard",
+    "log_metrics",
     "run",
     "staged_model",
     "submit",
@@ -44,6 +47,10 @@ def __getattr__(name: str) -> Any:
         from hpc_train.compute.data import data_shard
 
         return data_shard
+    if name == "log_metrics":  # for a script of your own (hpc-train ... -- train.py): no torch, no Hydra
+        from hpc_train.metrics_log import log_metrics
+
+        return log_metrics
     if name in __all__:
         from hpc_train import api
 

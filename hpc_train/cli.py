@@ -119,7 +119,9 @@ def main() -> None:
 
     try:
         from hpc_train.launch.torchrun_client import rank_argv
+        from hpc_train.script_command import split_command_line
 
+        sys.argv[1:] = split_command_line(sys.argv[1:])  # `-- train.py ARGS`: the user's script (script.argv)
         sys.argv[1:] = rank_argv(sys.argv[1:])  # under torchrun: one run dir for all ranks (a no-op otherwise)
         _app()
     except Refused as refused:

@@ -87,8 +87,11 @@ def _unsure(how: Optional[str]) -> bool:
     return how is None or how == "crash" or how.startswith("terminated")
 
 
-def begin(run_dir: Path, fresh: bool, resumed_from_step: Any) -> int:
-    """Record the start of an attempt (rank 0); report how earlier ones ended. Returns its number."""
+def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str] = None) -> int:
+    """Record the start of an attempt (rank 0); report how earlier ones ended. Returns its number.
+
+    `key` names the attempt for tasks that count attempts themselves (a script job's, see
+    hpc_train.compute.script_job.attempt_number)."""
     previous = [] if fresh else rundir.read_attempts(run_dir)
     ends: Dict[Any, Dict[str, Any]] = {}
     for r in previous:
@@ -132,6 +135,7 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any) -> int:
             "host": socket.gethostname(),
             "job_id": os.environ.get("SLURM_JOB_ID"),
             "resumed_from_step": resumed_from_step,
+            **({"key": key} if key is not None else {}),
         },
     )
     return number

@@ -57,6 +57,15 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     )
     if ranks.note:
         log.warning("%s", ranks.note)
+    from hpc_train.compute.script_job import ScriptFailed, is_script_job, run_script
+
+    if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
+        try:
+            return run_script(cfg, ranks, run_dir)
+        except ScriptFailed as err:
+            write_error_record(run_dir, ranks.rank, err)
+            log.error("%s", err)
+            raise
     launcher = cfg.get("launcher") or {}
     stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
     trainer = None

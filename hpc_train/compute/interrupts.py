@@ -29,8 +29,9 @@ NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the stronges
 class StopFlag:
     """The flag the handlers set, and the previous handlers (submitit's), kept for chaining."""
 
-    def __init__(self, requeue_signal: int) -> None:
+    def __init__(self, requeue_signal: int, then: str = "checkpointing after the current step") -> None:
         self.requeue_signal = requeue_signal
+        self.then = then  # what happens next, for the line the handler prints
         self.request = NONE
         self.previous: Dict[int, Any] = {}
 
@@ -38,7 +39,7 @@ class StopFlag:
         self.request = max(self.request, TERMINATE if signum == signal.SIGTERM else REQUEUE)
         # Logging from a signal handler can deadlock on the handler's lock: write directly.
         os.write(
-            2, f"hpc-train: received {signal.Signals(signum).name}: checkpointing after the current step\n".encode()
+            2, f"hpc-train: received {signal.Signals(signum).name}: {self.then}\n".encode()
         )
 
     def install(self) -> "StopFlag":
@@ -117,8 +118,8 @@ def requeue_self() -> bool:
 class TrainingInterrupted(Exception):
     """Training stopped at a step boundary after a checkpoint, because a stop signal arrived."""
 
-    def __init__(self, request: int, step: int, reason: str, flag: StopFlag) -> None:
-        super().__init__(f"stopped after step {step} ({reason}); a checkpoint holds the state")
+    def __init__(self, request: int, step: int, reason: str, flag: StopFlag, message: str = "") -> None:
+        super().__init__(message or f"stopped after step {step} ({reason}); a checkpoint holds the state")
         self.request = request
         self.step = step
         self.reason = reason

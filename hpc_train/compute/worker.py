@@ -34,8 +34,13 @@ def run_spec(spec: DictConfig) -> int:
     """Train as this process's rank of the job `spec`; returns the exit code (see the module doc)."""
     from hpc_train.compute.interrupts import REQUEUE, TrainingInterrupted, requeue_self
 
+    from hpc_train.compute.script_job import ScriptFailed
+
     try:
         train(spec)
+    except ScriptFailed as failed:  # the user's script failed: what and where, no traceback of ours
+        print(f"hpc-train: {failed}", file=sys.stderr)
+        return EXIT_FAILED
     except Refusal as refusal:  # one line, no traceback (rank 0's log has already put it on the console)
         if not refusal.on_console:
             print(f"hpc-train: {refusal}", file=sys.stderr)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train import rundir
+from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.launch.plan import RunPlan
 from hpc_train.rank_errors import read_records, root_cause
 
@@ -31,7 +32,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def worker_env(rank: int, world: int, port: int, threads: int) -> Dict[str, str]:
+def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = "") -> Dict[str, str]:
     env = dict(os.environ)
     # A stale Slurm/torchrun environment (e.g. running inside an allocation) must not leak in.
     for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
@@ -46,6 +47,7 @@ def worker_env(rank: int, world: int, port: int, threads: int) -> Dict[str, str]
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    env[LAUNCH_ID_VARIABLE] = launch_id  # names this attempt on every rank (a script job counts its attempts)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return env
 
@@ -73,6 +75,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     procs: List[subprocess.Popen] = []
     files = []
     command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
+    launch_id = f"{os.getpid()}-{time.time_ns()}"
     forwarded = _forward_stop_signals(procs)
     try:
         for rank in range(world):
@@ -84,7 +87,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
             procs.append(
                 subprocess.Popen(
                     command,
-                    env=worker_env(rank, world, port, threads),
+                    env=worker_env(rank, world, port, threads, launch_id),
                     stdout=out,
                     stderr=subprocess.STDOUT if out else None,
                 )

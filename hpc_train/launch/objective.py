@@ -60,7 +60,8 @@ def check_objective(cfg: Any, hydra_cfg: Optional[Any] = None) -> None:
     """`objective` names a numeric summary key; a dry run cannot feed a sweeper that optimises."""
     key = cfg.get("objective")
     user_step = (cfg.get("trainer") or {}).get("step") is not None
-    if key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
+    script_job = (cfg.get("script") or {}).get("argv") is not None  # its summary holds what the script reported
+    if not script_job and key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
         more = "" if user_step else " (train_<metric> and eval_<metric> name the metrics of a trainer.step)"
         raise ConfigError(
             "objective",

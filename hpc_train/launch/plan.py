@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Union
 
@@ -16,7 +16,7 @@ from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.parallelism import Parallelism, resolve_parallelism
 from hpc_train.launch.schema import checked_view
-from hpc_train.launch.validate import validate
+from hpc_train.launch.validate import is_script_job, validate
 
 CPU_WORKERS_WITHOUT_GPU = 2
 
@@ -67,6 +67,16 @@ def resolve_gpus_per_node(cfg: ConfigView) -> int:
     )
 
 
+def torchrun_layout(layout: JobLayout) -> JobLayout:
+    """The layout of a script under torchrun: one task per node holding all its GPUs (and their CPUs)."""
+    return replace(
+        layout,
+        tasks_per_node=1,
+        gpus_per_task=layout.gpus_per_node,
+        cpus_per_task=layout.cpus_per_task * layout.tasks_per_node,
+    )
+
+
 def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
     """Resolve the config, the parallel dimensions and validate everything; raises ConfigError before anything starts.
 
@@ -89,6 +99,8 @@ def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
         cpus_per_gpu=int(view.cluster.get("cpus_per_gpu") or 1),
         local=local,
     )
+    if is_script_job(view) and view.script.get("launcher") == "torchrun":  # one torchrun per node starts its ranks
+        parallel = replace(parallel, layout=torchrun_layout(parallel.layout))
     layout = parallel.layout
     if local:
         gpus = count_local_gpus()

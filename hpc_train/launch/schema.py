@@ -36,7 +36,7 @@ from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseExce
 
 from hpc_train.launch.config_view import MISSING_TEXT, ConfigView
 from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS, is_objective_name
+from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS
 from hpc_train.slurm_time import limit_minutes
 from hpc_train.strategy_table import NAMES as STRATEGY_NAMES
 
@@ -173,6 +173,16 @@ def name_or_target(*choices: str) -> Checker:
     return check
 
 
+def _regex_with_one_group(value: Any) -> Problem:
+    if not isinstance(value, str):
+        return f"must be a regular expression, got {_show(value)}"
+    try:
+        groups = re.compile(value).groups
+    except re.error as err:
+        return f"is not a regular expression ({err}): {_show(value)}"
+    return None if groups == 1 else f"must have exactly one group (...), got {groups} in {_show(value)}"
+
+
 def list_of(item: Checker, what: str, allow_empty: bool = True) -> Checker:
     def check(value: Any) -> Problem:
         if not _is_list(value):
@@ -291,8 +301,10 @@ RULES: Tuple[Rule, ...] = (
     R(
         "objective",
         lambda value: (
-            None if is_objective_name(value) else f"must be a numeric key of summary.json, got {_show(value)}"
-        ),
+            None
+            if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value)
+            else f"must be a numeric key of summary.json, got {_show(value)}"
+        ),  # which keys a job reports: objective.check_objective (a script job reports its own)
         "eval_loss",
         fix=(
             f"use one of: {', '.join(NUMERIC_SUMMARY_KEYS)} (e.g. objective=eval_accuracy), or train_<name> /"
@@ -637,6 +649,50 @@ RULES: Tuple[Rule, ...] = (
     ),
     R("trainer.keep_checkpoints", whole(1), 2, required=True),
     R("trainer.max_requeues", whole(0), 3, required=True, fix="set e.g. trainer.max_requeues=3 (0: never requeue)."),
+    # script (your own training script: hpc-train ... -- train.py ARGS; validate.check_script checks the file)
+    R(
+        "script.argv",
+        list_of(text(what="an argument", min_len=0), "arguments", allow_empty=False),
+        "[train.py,--batch_size=32]",
+        null="hpc_train's own trainer",
+        fix="give the script's command after `--`: hpc-train ... -- train.py ARGS (or -- -m package.module ARGS).",
+    ),
+    R("script.cwd", PATH_TEXT, "/path/to/project", null="the directory hpc-train was started in"),
+    R(
+        "script.launcher",
+        one_of("direct", "torchrun"),
+        "torchrun",
+        fix="use script.launcher=direct (every task runs the script) or script.launcher=torchrun (one per node).",
+    ),
+    R(
+        "script.overrides",
+        lambda value: None if isinstance(value, Mapping) else f"must be a mapping of arguments, got {_show(value)}",
+        "{}",
+        fix="add arguments as +script.overrides.KEY=VALUE (one per key), e.g. +script.overrides.learning_rate=1e-3.",
+    ),
+    R(
+        "script.arg_style",
+        one_of("--{key}={value}", "--{key} {value}", "{key}={value}"),
+        "'--{key}={value}'",
+        fix="use script.arg_style='--{key}={value}', '--{key} {value}' (argparse) or '{key}={value}' (Hydra apps).",
+    ),
+    R("script.resume_args", list_of(text(what="an argument", min_len=0), "arguments"), "[--init_from=resume]"),
+    R("script.resume_if", PATH_TEXT, "out/ckpt.pt", null="always add script.resume_args after the first attempt"),
+    R(
+        "script.signal",
+        one_of("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "USR1", "USR2", "TERM", "INT", normalize=str.upper),
+        "SIGUSR1",
+        null="no signal reaches the script; hpc_train requeues the job itself",
+        fix="use script.signal=SIGUSR1 (Lightning's), SIGUSR2, SIGTERM or SIGINT, or script.signal=null.",
+    ),
+    R("script.signal_grace_s", whole(0, 24 * 3600), 60),
+    R(
+        "script.objective_regex",
+        lambda value: _regex_with_one_group(value),
+        "'val loss ([0-9.]+)'",
+        null="no objective from the script's output",
+        fix="give a regular expression with one group around the number, e.g. script.objective_regex='val loss ([0-9.]+)'.",
+    ),
     # logger (logger.name and logger.trackers: validate.check_logger, which also looks for the packages)
     R(
         "logger.log_dir",

@@ -17,7 +17,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from hpc_train import logger_table, rundir
 from hpc_train.launch.config_view import ConfigView
@@ -328,8 +328,72 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
         )
 
 
+def is_script_job(cfg: ConfigView) -> bool:
+    """A job that runs the user's own script (`hpc-train ... -- train.py ARGS`) instead of hpc_train's trainer."""
+    return cfg.select("script.argv", default=None) is not None
+
+
+def script_cwd(cfg: ConfigView) -> Path:
+    """Where the script runs: script.cwd, else the directory hpc-train was started in (as sbatch does)."""
+    return Path(str(cfg.script.get("cwd") or os.getcwd())).expanduser().absolute()
+
+
+def check_script(cfg: ConfigView, parallel: Parallelism) -> None:
+    """The script exists (or its module imports) here, before anything is queued; its launcher fits the layout."""
+    argv = [str(a) for a in cfg.script.argv]
+    cwd = script_cwd(cfg)
+    if not cwd.is_dir():
+        raise ConfigError("script.cwd", f"{cwd} is not a directory.", "set script.cwd to the script's project folder.")
+    if argv[0] == "-m":
+        if len(argv) < 2 or not argv[1]:
+            raise ConfigError(
+                "script.argv", "`-m` names no module.", "write the module after -m: hpc-train ... -- -m package.module"
+            )
+        problem = _module_problem(argv[1], cwd)
+        if problem:
+            raise ConfigError(
+                "script.argv",
+                f"the module {argv[1]} does not import on this Python ({problem}), so no rank could run it.",
+                f"install it here (pip install -e your project) or run hpc-train from the folder that holds it"
+                f" (script.cwd, now {cwd}).",
+            )
+    else:
+        path = Path(argv[0]).expanduser()
+        path = path if path.is_absolute() else cwd / path
+        if not path.is_file():
+            raise ConfigError(
+                "script.argv",
+                f"the script {argv[0]} does not exist in {cwd} (script.cwd).",
+                "give a Python file that exists, relative to the directory hpc-train is started in (or script.cwd),"
+                " e.g. hpc-train ... -- train.py ARGS, or -- -m package.module ARGS.",
+            )
+    launcher = str(cfg.script.get("launcher") or "direct")
+    if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp"):
+        raise ConfigError(
+            "script.launcher",
+            f"script.launcher=torchrun starts one process per GPU of a node, but strategy={parallel.kind.spelling}"
+            " lays out one task with all of a node's GPUs for a script that uses them itself.",
+            "use strategy=ddp (or fsdp) with script.launcher=torchrun, or script.launcher=direct.",
+        )
+
+
+def _module_problem(name: str, cwd: Path) -> Optional[str]:
+    """Why `name` cannot be imported from `cwd` with this Python (None: it can)."""
+    sys.path.insert(0, str(cwd))
+    try:
+        return None if importlib.util.find_spec(name) is not None else "no such module"
+    except Exception as err:  # a parent package that fails to import
+        return f"{type(err).__name__}: {err}"
+    finally:
+        sys.path.remove(str(cwd))
+
+
 def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
+    if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
+        check_script(cfg, parallel)
+        check_output_dir(run_dir)
+        return
     check_strategy(cfg, parallel)
     check_activation_checkpointing(cfg, parallel)
     check_trainer(cfg, parallel)

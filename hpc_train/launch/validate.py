@@ -371,7 +371,7 @@ def check_script(cfg: ConfigView, parallel: Parallelism) -> None:
     if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp"):
         raise ConfigError(
             "script.launcher",
-            f"script.launcher=torchrun starts one process per GPU of a node, but strategy={parallel.kind.spelling}"
+            f"script.launcher=torchrun starts one process per GPU of a node, but {parallel.kind.spelling}"
             " lays out one task with all of a node's GPUs for a script that uses them itself.",
             "use strategy=ddp (or fsdp) with script.launcher=torchrun, or script.launcher=direct.",
         )

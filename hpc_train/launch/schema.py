@@ -676,7 +676,7 @@ RULES: Tuple[Rule, ...] = (
         "'--{key}={value}'",
         fix="use script.arg_style='--{key}={value}', '--{key} {value}' (argparse) or '{key}={value}' (Hydra apps).",
     ),
-    R("script.resume_args", list_of(text(what="an argument", min_len=0), "arguments"), "[--init_from=resume]"),
+    R("script.resume_args", list_of(text(what="an argument", min_len=0), "arguments"), "\"['--init_from=resume']\""),
     R("script.resume_if", PATH_TEXT, "out/ckpt.pt", null="always add script.resume_args after the first attempt"),
     R(
         "script.signal",

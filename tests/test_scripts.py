@@ -1,0 +1,104 @@
+"""Your own training script (issue 30): `hpc-train [overrides] -- train.py ARGS`, locally and on the Slurm test cluster.
+
+The script is tests/scripts/nanogpt_like/train.py: nanoGPT's shape (configurator-style `--key=value`,
+data opened relative to its working directory, `ckpt.pt` and `--init_from=resume`), unaware of
+hpc_train and Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.conftest import REPO, assert_ok, read_summary, run_cli, scontrol_job
+
+PROJECT = REPO / "tests" / "scripts" / "nanogpt_like"
+OUT = "--out_dir=${hydra:runtime.output_dir}/out"  # each run (each sweep job) its own out dir
+SCRIPT = ["--", "train.py", "--device=cpu", OUT]
+OBJECTIVE = "script.objective_regex='val loss ([0-9.]+)'"
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=single", "resources.gpus_per_node=1"]
+
+
+def hpc_train(args: List[str], run_dir: Path, **kwargs) -> subprocess.CompletedProcess:
+    """hpc-train with the run dir set before `--` (everything after it is the script's)."""
+    split = args.index("--") if "--" in args else len(args)
+    return run_cli([*args[:split], f"hydra.run.dir={run_dir}", *args[split:]], None, cwd=PROJECT, **kwargs)
+
+
+def test_a_nanogpt_shaped_script_runs_in_its_own_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = hpc_train(["strategy=single", OBJECTIVE, *SCRIPT, "--max_iters=12"], run_dir)
+    assert_ok(proc)
+    assert "config: learning_rate=0.01 max_iters=12 init_from='scratch'" in proc.stdout
+    assert (run_dir / "out" / "ckpt.pt").is_file(), "the interpolated --out_dir is the run dir's"
+    summary = read_summary(run_dir)
+    assert summary["script"] == ["train.py", "--device=cpu", f"--out_dir={run_dir}/out", "--max_iters=12"]
+    assert summary["eval_loss"] == float(re.search(r"val loss ([0-9.]+)", proc.stdout).group(1))
+    spec = (run_dir / "job_config.yaml").read_text()
+    assert f"cwd: {PROJECT}" in spec and f"--out_dir={run_dir}/out" in spec
+
+
+def test_sweep_overrides_reach_the_script_typed_as_python_writes_them(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "strategy=single", "+script.overrides.learning_rate=0.001,0.1", "+script.overrides.max_iters=3"]
+    proc = run_cli([*args, f"hydra.sweep.dir={sweep}", *SCRIPT], None, cwd=PROJECT)
+    assert_ok(proc)
+    logs = [(sweep / job / "logs" / "rank0.log").read_text() for job in ("0", "1")]
+    assert "--learning_rate=0.001 --max_iters=3" in logs[0] and "--learning_rate=0.1 --max_iters=3" in logs[1]
+    for job in ("0", "1"):
+        assert (sweep / job / "out" / "ckpt.pt").is_file()
+
+
+@pytest.mark.slurm
+def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m", *SLURM, "launcher.wait=true", OBJECTIVE, "+script.overrides.learning_rate=0.001,0.1",
+        f"hydra.sweep.dir={sweep}", *SCRIPT, "--max_iters=3",
+    ]
+    assert_ok(run_cli(args, None, cwd=PROJECT, timeout=600))
+    rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]
+    assert len(rows) == 2
+    for row in rows:
+        summary = read_summary(sweep / row[1])
+        assert summary["attempts"] == 1 and summary["eval_loss"] > 0
+    outs = [(sweep / "slurm" / f"{row[0]}_0_log.out").read_text() for row in rows]  # the array's task logs
+    assert {re.search(r"config: learning_rate=([0-9.]+) max_iters=3", o).group(1) for o in outs} == {"0.001", "0.1"}
+
+
+@pytest.mark.slurm
+def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        *SLURM, "script.resume_args=['--init_from=resume']", "script.resume_if=${hydra:runtime.output_dir}/out/ckpt.pt",
+        *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
+    ]
+    proc = hpc_train(args, run_dir)
+    assert_ok(proc)
+    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "out" / "ckpt.pt").exists():
+        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "summary.json").exists() and scontrol_job(job).get("JobState") == "COMPLETED"):
+        state = scontrol_job(job).get("JobState")
+        assert state not in ("FAILED", "CANCELLED", "TIMEOUT") and time.monotonic() < deadline, state
+        time.sleep(1)
+    fields = scontrol_job(job)
+    assert fields["Restarts"] == "1"
+    summary = read_summary(run_dir)
+    assert summary["attempts"] == 2 and summary["script"][-1] == "--init_from=resume"
+    out = next((run_dir / "slurm").glob(f"{job}_0_log.out")).read_text()
+    resumed = int(re.search(r"resuming from iter (\d+)", out).group(1))
+    assert 5 <= resumed < 30 and resumed % 5 == 0
+    assert "iter 30: loss" in out
+    starts = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [r["attempt"] for r in starts if r["event"] == "start"] == [1, 2]

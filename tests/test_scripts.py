@@ -102,3 +102,33 @@ def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, 
     assert "iter 30: loss" in out
     starts = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [r["attempt"] for r in starts if r["event"] == "start"] == [1, 2]
+
+
+@pytest.mark.slurm
+def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_cluster, tmp_path):
+    """Slurm's USR2 before the time limit (sent by hand here) reaches every process of the job: the script ignores
+    it (an unhandled USR2 would kill it), hpc_train requeues the job, the next attempt resumes."""
+    run_dir = tmp_path / "run"
+    args = [
+        *SLURM, "launcher.signal_delay_s=30", "script.resume_args=['--init_from=resume']",
+        *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
+    ]
+    proc = hpc_train(args, run_dir)
+    assert_ok(proc)
+    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "out" / "ckpt.pt").exists():
+        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "summary.json").exists() and scontrol_job(job).get("JobState") == "COMPLETED"):
+        state = scontrol_job(job).get("JobState")
+        assert state not in ("FAILED", "CANCELLED", "TIMEOUT") and time.monotonic() < deadline, state
+        time.sleep(1)
+    assert scontrol_job(job)["Restarts"] == "1"
+    records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [(r["attempt"], r["how"]) for r in records if r["event"] == "end"] == [(1, "timeout"), (2, "finish")]
+    out = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
+    assert re.search(r"resuming from iter ([1-9]\d*)", out) and "iter 30: loss" in out
+    assert "received SIGUSR2: stopping the script" in (run_dir / "slurm" / f"{job}_0_log.err").read_text()

@@ -19,6 +19,8 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     """
     plan = make_plan(cfg, run_dir)
     spec = build_job_spec(plan)
+    if cfg.dry_run and spec.get("script", {}).get("argv") is not None:
+        print(f"hpc-train (dry run): {describe_script(spec)}")
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))
     if cfg.dry_run:
@@ -57,6 +59,19 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     if not wait:
         return 0
     return follow(handle, plan.run_dir)
+
+
+def describe_script(spec: Dict[str, Any]) -> str:
+    """What each task of a script job runs, in words (its first attempt; later ones add script.resume_args)."""
+    import shlex
+
+    from hpc_train.script_command import script_args
+
+    script = spec["script"]
+    words = shlex.join(script_args(script, resume=False))
+    if script.get("launcher") == "torchrun":
+        return f"one task per node runs torchrun, {spec['job']['layout']['gpus_per_node']} ranks each: {words} (in {script['cwd']})"
+    return f"every task runs: python {words} (in {script['cwd']})"
 
 
 def follow(handle: Any, run_dir: Path) -> int:

@@ -30,6 +30,8 @@ LAUNCH_MODULES = [
     "hpc_train.watch",
     "hpc_train.rank_errors",
     "hpc_train.logger_table",
+    "hpc_train.script_command",  # a script job's command, rendered by the dry run too
+    "hpc_train.metrics_log",  # hpc_train.log_metrics, for a user's script
     "hpc_train.compute.job",  # pickled by the login node for submitit
     "submitit",
 ]

@@ -132,3 +132,20 @@ def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_clus
     out = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
     assert re.search(r"resuming from iter ([1-9]\d*)", out) and "iter 30: loss" in out
     assert "received SIGUSR2: stopping the script" in (run_dir / "slurm" / f"{job}_0_log.err").read_text()
+
+
+def test_optuna_optimises_what_the_script_prints(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep}", "strategy=single", OBJECTIVE, "+script.overrides.max_iters=4",
+        "+script.overrides.learning_rate=interval(0.001,0.1)", *SCRIPT,
+    ]
+    assert_ok(run_cli(args, None, cwd=PROJECT, timeout=600))
+    losses = [read_summary(path.parent)["eval_loss"] for path in sorted(sweep.glob("*/summary.json"))]
+    assert len(losses) == 2
+    import yaml
+
+    results = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert results["best_value"] == pytest.approx(min(losses), rel=1e-9)
+    assert 0.001 <= results["best_params"]["+script.overrides.learning_rate"] <= 0.1

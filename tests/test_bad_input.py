@@ -68,6 +68,11 @@ from tests.conftest import TINY, TINY_TRAINER, run_cli
         (["strategy=pipeline", "trainer.ema_decay=0.9"], "trainer.ema_decay", "trainer.ema_decay=null"),
         (["trainer.lr_schedule=cosine", "trainer.min_lr=0.5"], "trainer.min_lr", "trainer.min_lr=0.01"),
         (["trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3}", "trainer.lr_warmup_steps=5"], "trainer.lr_warmup_steps", "trainer.lr_warmup_steps=0"),
+        # your own script (`-- train.py ARGS` is script.argv; the `--` spelling: test_bad_script_command_is_refused)
+        (["script.argv=[no_such_train.py]"], "script.argv", "-- train.py ARGS"),
+        (["script.argv=[-m,no_such_module_xyz]"], "script.argv", "pip install -e"),
+        (["script.argv=[]"], "script.argv", "after `--`"),
+        (["strategy=single", "script.launcher=torchrun", "script.argv=[tests/scripts/ddp_allreduce.py]"], "script.launcher", "strategy=ddp"),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):
@@ -121,3 +126,26 @@ def test_empty_imagefolder_root_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "`data.root`" in proc.stderr and "Fix:" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, key, fix",
+    [
+        (["--", "no_such_train.py", "--batch_size=32"], "script.argv", "-- train.py ARGS"),
+        (["--", "-m", "no_such_module_xyz", "--lr=1"], "script.argv", "pip install -e"),
+        (["--", "-m", "no_such_package_xyz.train"], "script.argv", "No module named 'no_such_package_xyz'"),
+        (["--", "-m"], "script.argv", "-- -m package.module"),
+        (["--"], "script.argv", "after `--`"),
+        (["strategy=single", "script.launcher=torchrun", "--", "tests/scripts/ddp_allreduce.py"], "script.launcher", "strategy=ddp"),
+    ],
+)
+def test_bad_script_command_is_refused_before_anything_is_queued(args, key, fix, tmp_path):
+    """`hpc-train [overrides] -- SCRIPT ARGS` as typed: refused on the login node, naming the key, nothing submitted."""
+    run_dir = tmp_path / "run"
+    proc = run_cli(["launcher=slurm", f"hydra.run.dir={run_dir}", *args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = proc.stderr.strip()
+    assert f"`{key}`" in message and "Fix:" in message and fix in message, message
+    assert "\n" not in message and "Traceback" not in proc.stdout + proc.stderr
+    assert "submitted" not in proc.stdout and not (run_dir / "slurm").exists()
+    assert not (run_dir / "job_config.yaml").exists(), "nothing may be queued after a config error"

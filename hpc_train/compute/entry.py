@@ -102,4 +102,22 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         raise
     finally:
         stop_flag.uninstall()
+        trainer = strategy = None  # noqa: F841 (see release_before_teardown)
+        release_before_teardown()
         distributed.teardown()
+
+
+def release_before_teardown() -> None:
+    """Free the training objects before the process group is destroyed, not at interpreter shutdown.
+
+    The trainer froze its objects out of the garbage collector's reach (settle_garbage_collector);
+    a model sharded by FSDP2 holds its device mesh, which holds the process groups, in reference
+    cycles. Left to the interpreter's finalisation, those groups' communication threads are torn
+    down in no particular order after the group was destroyed, which can abort a finished rank
+    ("terminate called without an active exception"). Unfreezing and collecting here releases
+    them while the process is still whole.
+    """
+    import gc
+
+    gc.unfreeze()
+    gc.collect()

@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import rundir
 from hpc_train.compute import attempts
-from hpc_train.compute.interrupts import NONE, REQUEUE, StopFlag, TrainingInterrupted, signal_number
+from hpc_train.compute.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, RUN_DIR_VARIABLE
 from hpc_train.script_command import direct_command, torchrun_command
@@ -223,11 +223,19 @@ def _wait(
             log.info("forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"])
             proc.send_signal(forwarded)
             deadline = time.monotonic() + float(script.get("signal_grace_s") or 0)
-            while proc.poll() is None and time.monotonic() < deadline:
+            while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
                 time.sleep(0.2)
-        _stop(proc, signal.SIGTERM, STOP_GRACE_S)
         reason = flag.reason(request, signal_delay_s)
-        if ranks.is_main:
+        ending = request == REQUEUE and flag.request == TERMINATE
+        if ending:
+            # SIGTERM during the grace: the job is ending already. The script requeued it itself (Lightning's
+            # SIGUSR1 handler runs `scontrol requeue` after its checkpoint), or it was cancelled or preempted:
+            # requeueing it again would fail, or requeue it twice. Slurm's SIGKILL follows: record the attempt first.
+            request = TERMINATE
+        if ranks.is_main and ending:
+            attempts.end(run_dir, attempt, reason, _last_step(run_dir))
+        _stop(proc, signal.SIGTERM, STOP_GRACE_S)
+        if ranks.is_main and not ending:
             attempts.end(run_dir, attempt, reason, _last_step(run_dir))
         step = _last_step(run_dir)
         raise TrainingInterrupted(request, step, reason, flag, f"the script was stopped ({reason})")

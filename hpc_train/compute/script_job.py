@@ -45,6 +45,7 @@ log = logging.getLogger("hpc_train")
 
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the script may take to exit before it is killed
 TAIL_LINES = 20  # lines of the script's stderr kept for the failure message
+POLL_S = 0.05  # how often the task looks for a stop request: ranks forward script.signal within this of each other
 
 
 class ScriptFailed(Exception):
@@ -215,7 +216,7 @@ def _wait(
     """Until the script exits; a stop signal stops it (after script.signal and its grace) and raises."""
     while proc.poll() is None:
         if flag.request == NONE:
-            time.sleep(0.2)
+            time.sleep(POLL_S)
             continue
         request = flag.request
         if request == REQUEUE and script.get("signal"):

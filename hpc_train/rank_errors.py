@@ -9,6 +9,7 @@ exit first (see :func:`root_cause`). Shared by both sides: no torch here.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -50,3 +51,19 @@ def root_cause(
         return silent[0], None
     rank = min(records, key=lambda r: float(records[r]["time"]))
     return rank, records[rank]
+
+
+def death_cause(code: int) -> str:
+    """How a process with this exit status ended, in words, with where to look for a signal's cause."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = f"was killed by {name} (signal {-code})"
+    if -code == signal.SIGKILL:
+        cause += ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
+    elif -code == signal.SIGSEGV:
+        cause += ": a crash in native code (a C/CUDA extension, a driver)"
+    return cause

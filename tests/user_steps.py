@@ -22,3 +22,25 @@ def per_sample_loss(model, batch):
 def no_loss_key(model, batch):
     inputs, labels = batch
     return {"total": F.cross_entropy(model(inputs), labels)}
+
+
+_calls = {"n": 0}
+
+
+def dies_on_rank_1(model, batch):
+    """The built-in computation, but rank 1 dies at its third training step as TEST_DEATH says: KILL (what the
+    out-of-memory killer sends), SEGV, or EXIT (sys.exit(3), no exception)."""
+    import os
+    import signal
+    import sys
+
+    import torch
+
+    if torch.is_grad_enabled():  # not the start-of-job check, which runs under no_grad
+        _calls["n"] += 1
+        if os.environ.get("RANK") == "1" and _calls["n"] == 3:
+            how = os.environ["TEST_DEATH"]
+            if how == "EXIT":
+                sys.exit(3)
+            os.kill(os.getpid(), getattr(signal, f"SIG{how}"))
+    return cross_entropy(model, batch)

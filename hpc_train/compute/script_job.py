@@ -39,6 +39,7 @@ from hpc_train.compute import attempts
 from hpc_train.compute.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.rank_errors import death_cause
 from hpc_train.script_command import direct_command, torchrun_command
 
 log = logging.getLogger("hpc_train")
@@ -244,13 +245,7 @@ def _wait(
 
 def _failure(code: int, ranks: RankInfo, command: List[str], tail: Deque[str]) -> str:
     where = f"rank {ranks.rank} ({socket.gethostname()}, pid {os.getpid()})"
-    if code < 0:
-        name = signal.Signals(-code).name
-        cause = f"was killed by {name} (signal {-code})"
-        if -code == signal.SIGKILL:
-            cause += ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
-    else:
-        cause = f"exited with code {code}"
+    cause = death_cause(code)
     last = next((line for line in reversed(tail) if line.strip()), "")
     head = f"{where}: {' '.join(command[1:3])} {cause}" + (f"; its last line: {last.strip()}" if last else "")
     lines = "\n".join(f"    {line}" for line in tail)

@@ -57,6 +57,9 @@ def run_spec(spec: DictConfig) -> int:
                 return EXIT_OK
         print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit as stop:  # sys.exit() in the user's code: its status must not pass for one of ours
+        print(f"hpc-train: the training code called sys.exit({stop.code!r}) before training finished", file=sys.stderr)
+        return EXIT_FAILED
     except Exception:  # the traceback is already in logs/rank<r>.log and on stderr below
         import traceback
 

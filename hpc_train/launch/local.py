@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 from hpc_train import rundir
 from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.launch.plan import RunPlan
-from hpc_train.rank_errors import read_records, root_cause
+from hpc_train.rank_errors import death_cause, read_records, root_cause
 
 GRACE_S = 10.0
 
@@ -140,9 +140,17 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
                     f"Its traceback: {rundir.rank_log(run_dir, first)}",
                     file=sys.stderr,
                 )
-            else:
+            else:  # died without a word of its own: a signal (the OOM killer, a segfault) or a bare exit status
+                peers = sorted(rank for rank, _ in failed if rank != first)
+                consequence = (
+                    f" (rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} then lost the connection:"
+                    " a consequence, not the cause)"
+                    if peers
+                    else ""
+                )
                 print(
-                    f"hpc-train: rank {first} exited with code {codes[first]}; stopping the other ranks.",
+                    f"hpc-train: rank {first} (pid {procs[first].pid}) {death_cause(codes[first])}{consequence};"
+                    f" stopping the other ranks. Its log: {rundir.rank_log(run_dir, first)}",
                     file=sys.stderr,
                 )
             _stop(procs)

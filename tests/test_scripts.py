@@ -31,6 +31,23 @@ def hpc_train(args: List[str], run_dir: Path, **kwargs) -> subprocess.CompletedP
     return run_cli([*args[:split], f"hydra.run.dir={run_dir}", *args[split:]], None, cwd=PROJECT, **kwargs)
 
 
+def wait_for_checkpoint(job: str, run_dir: Path) -> None:
+    """Until the script has written its first ckpt.pt (then it is worth interrupting)."""
+    deadline = time.monotonic() + 180
+    while not (run_dir / "out" / "ckpt.pt").exists():
+        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
+        time.sleep(0.5)
+
+
+def wait_for_completion(job: str, run_dir: Path) -> None:
+    """Until the (requeued) job is COMPLETED with a summary; a job that failed or was cancelled fails the test."""
+    deadline = time.monotonic() + 300
+    while not ((run_dir / "summary.json").exists() and scontrol_job(job).get("JobState") == "COMPLETED"):
+        state = scontrol_job(job).get("JobState")
+        assert state not in ("FAILED", "CANCELLED", "TIMEOUT") and time.monotonic() < deadline, state
+        time.sleep(1)
+
+
 def test_a_nanogpt_shaped_script_runs_in_its_own_folder(tmp_path):
     run_dir = tmp_path / "run"
     proc = hpc_train(["strategy=single", OBJECTIVE, *SCRIPT, "--max_iters=12"], run_dir)
@@ -82,16 +99,9 @@ def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, 
     proc = hpc_train(args, run_dir)
     assert_ok(proc)
     job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "out" / "ckpt.pt").exists():
-        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
-        time.sleep(0.5)
+    wait_for_checkpoint(job, run_dir)
     subprocess.run(["scontrol", "requeue", job], check=True)
-    deadline = time.monotonic() + 300
-    while not ((run_dir / "summary.json").exists() and scontrol_job(job).get("JobState") == "COMPLETED"):
-        state = scontrol_job(job).get("JobState")
-        assert state not in ("FAILED", "CANCELLED", "TIMEOUT") and time.monotonic() < deadline, state
-        time.sleep(1)
+    wait_for_completion(job, run_dir)
     fields = scontrol_job(job)
     assert fields["Restarts"] == "1"
     summary = read_summary(run_dir)
@@ -116,16 +126,9 @@ def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_clus
     proc = hpc_train(args, run_dir)
     assert_ok(proc)
     job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    deadline = time.monotonic() + 180
-    while not (run_dir / "out" / "ckpt.pt").exists():
-        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
-        time.sleep(0.5)
+    wait_for_checkpoint(job, run_dir)
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    deadline = time.monotonic() + 300
-    while not ((run_dir / "summary.json").exists() and scontrol_job(job).get("JobState") == "COMPLETED"):
-        state = scontrol_job(job).get("JobState")
-        assert state not in ("FAILED", "CANCELLED", "TIMEOUT") and time.monotonic() < deadline, state
-        time.sleep(1)
+    wait_for_completion(job, run_dir)
     assert scontrol_job(job)["Restarts"] == "1"
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [(r["attempt"], r["how"]) for r in records if r["event"] == "end"] == [(1, "timeout"), (2, "finish")]

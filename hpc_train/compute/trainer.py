@@ -496,8 +496,12 @@ class Trainer:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
         faults.step_sleep(resumed=self.resumed_from_step is not None)
+        now = time.perf_counter()
+        step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
         if self.checkpointer.due(step):
             self.checkpointer.save(step, "every %d steps" % self.checkpointer.every)
+            self._check_signal_lead(step_s, time.perf_counter() - now)
+            self._step_ended = time.perf_counter()
         if self.stop_flag is None:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
@@ -507,6 +511,31 @@ class Trainer:
                 request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120)
             )
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
+
+    _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
+    _lead_checked = False
+
+    def _check_signal_lead(self, step_s: Optional[float], checkpoint_s: float) -> None:
+        """At the first periodic checkpoint after a measured step: warn when Slurm's stop signal comes too late to
+        finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
+        the stop waits for the end of the current step)."""
+        launcher = self.cfg.get("launcher") or {}
+        if self._lead_checked or step_s is None or str(launcher.get("name")) not in ("slurm", "sbatch"):
+            return
+        self._lead_checked = True
+        lead = float(launcher.get("signal_delay_s") or 0)
+        needed = step_s + checkpoint_s
+        if self.is_main and lead < needed:
+            log.warning(
+                "launcher.signal_delay_s=%d is shorter than one step plus a checkpoint (measured %.0f s: step %.1f s +"
+                " checkpoint %.1f s): at the time limit the job may be killed before its stop checkpoint. Fix: raise"
+                " launcher.signal_delay_s (e.g. to %d).",
+                lead,
+                needed,
+                step_s,
+                checkpoint_s,
+                int(2 * needed) + 30,
+            )
 
     def _sync(self) -> None:
         if self.strategy.input_device.type == "cuda":

@@ -22,23 +22,51 @@ def load_job_spec(path: Path) -> DictConfig:
 
 
 def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
-    """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary."""
-    import torch
+    """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary.
 
-    from hpc_train.compute import attempts, distributed
-    from hpc_train.compute.interrupts import StopFlag, TrainingInterrupted, signal_number
+    A script job (``script.argv``) runs the user's script instead, without importing torch here:
+    its task only starts and watches the script.
+    """
     from hpc_train.compute.runlog import setup_logging
-    from hpc_train.compute.strategies import build_strategy
-    from hpc_train.compute.trainer import Trainer
-    from hpc_train.compute.user_code import add_code_dirs
+    from hpc_train.compute.script_job import ScriptFailed, is_script_job, run_script
 
     try:
         ranks = detect_ranks()
     except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
         raise Refusal(f"cannot tell this process's rank from its environment: {err}") from None
     run_dir = Path(cfg.job.run_dir)
-    add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
     log = setup_logging(run_dir, ranks.rank)
+    if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
+        log.info(
+            "rank %d/%d (local %d, started by %s) on host %s, rendezvous %s:%d",
+            ranks.rank,
+            ranks.world_size,
+            ranks.local_rank,
+            ranks.origin,
+            socket.gethostname(),
+            ranks.master_addr,
+            ranks.master_port,
+        )
+        try:
+            return run_script(cfg, ranks, run_dir)
+        except ScriptFailed as err:
+            write_error_record(run_dir, ranks.rank, err)
+            log.error("%s", err)
+            raise
+    return _train(cfg, ranks, run_dir, log)
+
+
+def _train(cfg: DictConfig, ranks: Any, run_dir: Path, log: Any) -> Optional[Dict[str, Any]]:
+    """hpc_train's own trainer as this rank."""
+    import torch
+
+    from hpc_train.compute import attempts, distributed
+    from hpc_train.compute.interrupts import StopFlag, TrainingInterrupted, signal_number
+    from hpc_train.compute.strategies import build_strategy
+    from hpc_train.compute.trainer import Trainer
+    from hpc_train.compute.user_code import add_code_dirs
+
+    add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
@@ -57,15 +85,6 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     )
     if ranks.note:
         log.warning("%s", ranks.note)
-    from hpc_train.compute.script_job import ScriptFailed, is_script_job, run_script
-
-    if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
-        try:
-            return run_script(cfg, ranks, run_dir)
-        except ScriptFailed as err:
-            write_error_record(run_dir, ranks.rank, err)
-            log.error("%s", err)
-            raise
     launcher = cfg.get("launcher") or {}
     stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
     trainer = None

@@ -31,6 +31,18 @@ def hpc_train(args: List[str], run_dir: Path, **kwargs) -> subprocess.CompletedP
     return run_cli([*args[:split], f"hydra.run.dir={run_dir}", *args[split:]], None, cwd=PROJECT, **kwargs)
 
 
+def interrupted_after_a_checkpoint(args: List[str], run_dir: Path, command) -> str:
+    """Submit the script job, run `command(job)` (a requeue, a signal) once it wrote a checkpoint, wait for the
+    job to complete; its Slurm id."""
+    proc = hpc_train(args, run_dir)
+    assert_ok(proc)
+    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+    wait_for_checkpoint(job, run_dir)
+    subprocess.run(command(job), check=True)
+    wait_for_completion(job, run_dir)
+    return job
+
+
 def wait_for_checkpoint(job: str, run_dir: Path) -> None:
     """Until the script has written its first ckpt.pt (then it is worth interrupting)."""
     deadline = time.monotonic() + 180
@@ -85,6 +97,7 @@ def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate(slurm_cluster, tmp
     for row in rows:
         summary = read_summary(sweep / row[1])
         assert summary["attempts"] == 1 and summary["eval_loss"] > 0
+        assert (sweep / row[1] / "out" / "ckpt.pt").is_file(), "each job's ${hydra:runtime.output_dir} is its own"
     outs = [(sweep / "slurm" / f"{row[0]}_0_log.out").read_text() for row in rows]  # the array's task logs
     assert {re.search(r"config: learning_rate=([0-9.]+) max_iters=3", o).group(1) for o in outs} == {"0.001", "0.1"}
 
@@ -96,12 +109,7 @@ def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, 
         *SLURM, "script.resume_args=['--init_from=resume']", "script.resume_if=${hydra:runtime.output_dir}/out/ckpt.pt",
         *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
     ]
-    proc = hpc_train(args, run_dir)
-    assert_ok(proc)
-    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    wait_for_checkpoint(job, run_dir)
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    wait_for_completion(job, run_dir)
+    job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scontrol", "requeue", job])
     fields = scontrol_job(job)
     assert fields["Restarts"] == "1"
     summary = read_summary(run_dir)
@@ -123,12 +131,7 @@ def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_clus
         *SLURM, "launcher.signal_delay_s=30", "script.resume_args=['--init_from=resume']",
         *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
     ]
-    proc = hpc_train(args, run_dir)
-    assert_ok(proc)
-    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    wait_for_checkpoint(job, run_dir)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
-    wait_for_completion(job, run_dir)
+    job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scancel", "--signal=USR2", job])
     assert scontrol_job(job)["Restarts"] == "1"
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [(r["attempt"], r["how"]) for r in records if r["event"] == "end"] == [(1, "timeout"), (2, "finish")]

@@ -12,6 +12,7 @@ Hydra would refuse) goes through Hydra's full composition, so Hydra decides and 
 from __future__ import annotations
 
 import copy
+import os
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,9 @@ def _identify(hydra: Any, overrides: Sequence[str], parsed: List[Any], idx: int)
         item_sep=dirname.item_sep,
         kv_sep=dirname.kv_sep,
     )
+    # ${hydra:runtime.output_dir} in a job's values (a script's --out_dir=...) names that job's own run dir, as
+    # Hydra sets it when it runs a job itself.
+    hydra.runtime.output_dir = os.path.abspath(str(Path(str(hydra.sweep.dir)) / str(hydra.sweep.subdir)))
 
 
 def _run_dir(config: DictConfig) -> Path:

@@ -15,6 +15,7 @@ test can signal the job mid-run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -118,6 +119,11 @@ def main() -> None:
     trainer.fit(Regression(args.lr), data, ckpt_path=args.ckpt_path)
     if trainer.is_global_zero:
         print(f"lightning_train: done, global_step {trainer.global_step}, epoch {trainer.current_epoch}")
+    # Free the DDP model before the process group goes (gloo can abort a finished rank at exit otherwise).
+    del trainer
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

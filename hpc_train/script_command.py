@@ -18,6 +18,12 @@ ARG_STYLES = ("--{key}={value}", "--{key} {value}", "{key}={value}")
 SEPARATOR = "--"  # on the hpc-train command line: what follows is the script's command
 
 
+def is_script_job(cfg: Mapping[str, Any]) -> bool:
+    """A job that runs the user's own script (script.argv set) instead of hpc_train's trainer; `cfg` is a config,
+    a config view or a job spec."""
+    return (cfg.get("script") or {}).get("argv") is not None
+
+
 def python_spelling(value: Any) -> str:
     """A config value as Python writes it: True, None, 0.001, [1, 2]; text as it is (abc, not 'abc')."""
     if isinstance(value, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import traceback
@@ -10,7 +11,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.compute.ranks import detect_ranks, world_mismatch
+from hpc_train.compute.ranks import RankInfo, detect_ranks, world_mismatch
 from hpc_train.compute.refusal import Refusal
 from hpc_train.rank_errors import write_error_record
 
@@ -28,7 +29,8 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     its task only starts and watches the script.
     """
     from hpc_train.compute.runlog import setup_logging
-    from hpc_train.compute.script_job import ScriptFailed, is_script_job, run_script
+    from hpc_train.compute.script_job import ScriptFailed, run_script
+    from hpc_train.script_command import is_script_job
 
     try:
         ranks = detect_ranks()
@@ -37,16 +39,7 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     run_dir = Path(cfg.job.run_dir)
     log = setup_logging(run_dir, ranks.rank)
     if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
-        log.info(
-            "rank %d/%d (local %d, started by %s) on host %s, rendezvous %s:%d",
-            ranks.rank,
-            ranks.world_size,
-            ranks.local_rank,
-            ranks.origin,
-            socket.gethostname(),
-            ranks.master_addr,
-            ranks.master_port,
-        )
+        _announce(log, ranks)
         try:
             return run_script(cfg, ranks, run_dir)
         except ScriptFailed as err:
@@ -56,7 +49,24 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     return _train(cfg, ranks, run_dir, log)
 
 
-def _train(cfg: DictConfig, ranks: Any, run_dir: Path, log: Any) -> Optional[Dict[str, Any]]:
+def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
+    """Who this process is, in its log (and rank 0's on the console), and what the rank detection ignored."""
+    log.info(
+        "rank %d/%d (local %d, started by %s) on host %s%s, rendezvous %s:%d",
+        ranks.rank,
+        ranks.world_size,
+        ranks.local_rank,
+        ranks.origin,
+        socket.gethostname(),
+        devices,
+        ranks.master_addr,
+        ranks.master_port,
+    )
+    if ranks.note:
+        log.warning("%s", ranks.note)
+
+
+def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
     """hpc_train's own trainer as this rank."""
     import torch
 
@@ -72,19 +82,7 @@ def _train(cfg: DictConfig, ranks: Any, run_dir: Path, log: Any) -> Optional[Dic
         torch.set_num_threads(int(threads))
     layout = cfg.job.layout
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
-    log.info(
-        "rank %d/%d (local %d, started by %s) on host %s, devices %s, rendezvous %s:%d",
-        ranks.rank,
-        ranks.world_size,
-        ranks.local_rank,
-        ranks.origin,
-        socket.gethostname(),
-        [str(d) for d in devices],
-        ranks.master_addr,
-        ranks.master_port,
-    )
-    if ranks.note:
-        log.warning("%s", ranks.note)
+    _announce(log, ranks, f", devices {[str(d) for d in devices]}")
     launcher = cfg.get("launcher") or {}
     stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
     trainer = None

@@ -53,10 +53,6 @@ class ScriptFailed(Exception):
     """The script exited non-zero or was killed by a signal; the message names the rank and the cause."""
 
 
-def is_script_job(cfg: DictConfig) -> bool:
-    return OmegaConf.select(cfg, "script.argv", default=None) is not None
-
-
 # -- attempts -----------------------------------------------------------------------------------
 def attempt_key() -> str:
     """What names this attempt on every task alike: the Slurm job and its restart count, else the local launch."""
@@ -226,20 +222,17 @@ def _wait(
             proc.send_signal(forwarded)
             deadline = time.monotonic() + float(script.get("signal_grace_s") or 0)
             while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
-                time.sleep(0.2)
+                time.sleep(POLL_S)
         reason = flag.reason(request, signal_delay_s)
-        ending = request == REQUEUE and flag.request == TERMINATE
-        if ending:
+        if request == REQUEUE and flag.request == TERMINATE:
             # SIGTERM during the grace: the job is ending already. The script requeued it itself (Lightning's
             # SIGUSR1 handler runs `scontrol requeue` after its checkpoint), or it was cancelled or preempted:
-            # requeueing it again would fail, or requeue it twice. Slurm's SIGKILL follows: record the attempt first.
+            # requeueing it again would fail, or requeue it twice.
             request = TERMINATE
-        if ranks.is_main and ending:
-            attempts.end(run_dir, attempt, reason, _last_step(run_dir))
-        _stop(proc, signal.SIGTERM, STOP_GRACE_S)
-        if ranks.is_main and not ending:
-            attempts.end(run_dir, attempt, reason, _last_step(run_dir))
         step = _last_step(run_dir)
+        if ranks.is_main:  # before stopping the script: after a SIGTERM, Slurm's SIGKILL may follow at any moment
+            attempts.end(run_dir, attempt, reason, step)
+        _stop(proc, signal.SIGTERM, STOP_GRACE_S)
         raise TrainingInterrupted(request, step, reason, flag, f"the script was stopped ({reason})")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.validate import check_resume_compatible, code_dirs, normalize_precision, script_cwd
+from hpc_train.script_command import is_script_job
 
 
 def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
@@ -31,7 +32,7 @@ def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> D
         "choices": dict(choices) if choices is not None else hydra_choices(),
         "code_dirs": code_dirs(),
     }
-    if spec.get("script", {}).get("argv") is not None:  # the script's folder, fixed where hpc-train was started
+    if is_script_job(spec):  # the script's folder, fixed where hpc-train was started
         spec["script"]["cwd"] = str(script_cwd(plan.config))
     else:
         check_resume_compatible(spec, plan.run_dir)

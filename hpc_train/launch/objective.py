@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.script_command import is_script_job
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
 # Numeric keys of the summary.json rank 0 writes at the end of training (hpc_train/compute/trainer.py).
@@ -60,8 +61,8 @@ def check_objective(cfg: Any, hydra_cfg: Optional[Any] = None) -> None:
     """`objective` names a numeric summary key; a dry run cannot feed a sweeper that optimises."""
     key = cfg.get("objective")
     user_step = (cfg.get("trainer") or {}).get("step") is not None
-    script_job = (cfg.get("script") or {}).get("argv") is not None  # its summary holds what the script reported
-    if not script_job and key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
+    # A script job's summary holds what the script reported, under any name.
+    if not is_script_job(cfg) and key not in NUMERIC_SUMMARY_KEYS and not (user_step and is_objective_name(key)):
         more = "" if user_step else " (train_<metric> and eval_<metric> name the metrics of a trainer.step)"
         raise ConfigError(
             "objective",

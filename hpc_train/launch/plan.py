@@ -16,7 +16,8 @@ from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.parallelism import Parallelism, resolve_parallelism
 from hpc_train.launch.schema import checked_view
-from hpc_train.launch.validate import is_script_job, validate
+from hpc_train.launch.validate import validate
+from hpc_train.script_command import is_script_job
 
 CPU_WORKERS_WITHOUT_GPU = 2
 

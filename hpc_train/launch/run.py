@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from hpc_train import rundir
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import count_local_gpus, make_plan
+from hpc_train.script_command import is_script_job
 
 
 def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
@@ -19,7 +20,7 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     """
     plan = make_plan(cfg, run_dir)
     spec = build_job_spec(plan)
-    if cfg.dry_run and spec.get("script", {}).get("argv") is not None:
+    if cfg.dry_run and is_script_job(spec):
         print(f"hpc-train (dry run): {describe_script(spec)}")
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))

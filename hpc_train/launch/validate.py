@@ -24,6 +24,7 @@ from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import check_objective
 from hpc_train.launch.parallelism import Parallelism
+from hpc_train.script_command import is_script_job
 from hpc_train.strategy_table import KINDS
 
 RESUME_WORDS = ("auto", "never")
@@ -326,11 +327,6 @@ def check_output_dir(run_dir: Path, key: str = "hydra.run.dir") -> None:
             f"the output directory {run_dir} cannot be created ({probe} {reason}).",
             f"pass {key}=/a/writable/path (e.g. on $SCRATCH or $WORK).",
         )
-
-
-def is_script_job(cfg: ConfigView) -> bool:
-    """A job that runs the user's own script (`hpc-train ... -- train.py ARGS`) instead of hpc_train's trainer."""
-    return cfg.select("script.argv", default=None) is not None
 
 
 def script_cwd(cfg: ConfigView) -> Path:

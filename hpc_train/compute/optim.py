@@ -27,10 +27,6 @@ from omegaconf import DictConfig
 
 from hpc_train.compute.refusal import Refusal
 
-BUILTIN_OPTIMIZERS = ("sgd", "adamw")
-BUILTIN_GROUPS = ("single", "no_decay_1d")
-
-
 def is_target(value: Any) -> bool:
     """A ``_target_`` node (the user's own class or function) rather than a built-in name."""
     return isinstance(value, (DictConfig, dict)) and "_target_" in value
@@ -40,9 +36,9 @@ def is_target(value: Any) -> bool:
 def param_groups(tcfg, model: nn.Module) -> List[Dict[str, Any]]:
     """The optimizer's parameter groups, as ``trainer.param_groups`` asks, over ``model``'s parameters."""
     choice = tcfg.get("param_groups", "single") or "single"
-    params = list(model.parameters())
     if is_target(choice):
         return _user_groups(choice, model)
+    params = list(model.parameters())
     if choice == "no_decay_1d":
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]

@@ -112,14 +112,14 @@ class Throughput:
         """Timed seconds so far, the running stretch included."""
         return self.seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
 
+    def rate(self, amount: float) -> float:
+        """`amount` (of the timed steps) per timed second."""
+        elapsed = self.elapsed
+        return amount / elapsed if elapsed > 0 else 0.0
+
     @property
     def samples_per_sec(self) -> float:
-        elapsed = self.elapsed
-        return self.samples / elapsed if elapsed > 0 else 0.0
-
-    def tokens_per_sec(self, global_tokens: float) -> float:
-        elapsed = self.elapsed
-        return global_tokens / elapsed if elapsed > 0 else 0.0
+        return self.rate(self.samples)
 
 
 class Trainer:
@@ -428,7 +428,7 @@ class Trainer:
         if self.meter.samples:
             record["samples_per_sec"] = self.meter.samples_per_sec
         if TOKENS in self.strategy.metric_names:
-            record["tokens_per_sec"] = self.meter.tokens_per_sec(self._global_tokens())
+            record["tokens_per_sec"] = self.meter.rate(self._global_tokens())
         record["time"] = time.time()
         self.metrics.write(record)
 
@@ -468,9 +468,6 @@ class Trainer:
             results.update({f"{name}_ema": value for name, value in averaged.items() if name != "samples"})
         state.last_eval = results
         accuracy, loss = results["accuracy"], results["loss"]
-        names = [*self.strategy.metric_names, *(["loss_ema", "accuracy_ema"] if self.ema is not None else [])]
-        if self.ema is not None:
-            names += [f"{name}_ema" for name in self.strategy.metric_names]
         self.metrics.write(
             {
                 "kind": "eval",
@@ -479,7 +476,7 @@ class Trainer:
                 "accuracy": accuracy,
                 "loss": loss,
                 "samples": results["samples"],
-                **{name: results[name] for name in names},
+                **{name: value for name, value in results.items() if name not in ("accuracy", "loss", "samples")},
                 "time": time.time(),
             }
         )
@@ -611,7 +608,7 @@ class Trainer:
             "samples_per_sec": meter.samples_per_sec,
             "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
             **(
-                {"tokens_per_sec": meter.tokens_per_sec(self._global_tokens())}
+                {"tokens_per_sec": meter.rate(self._global_tokens())}
                 if TOKENS in self.strategy.metric_names
                 else {}
             ),

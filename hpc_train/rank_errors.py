@@ -17,10 +17,15 @@ from typing import Any, Dict, List, Optional, Tuple
 from hpc_train import rundir
 
 
-def write_error_record(run_dir: Path, rank: int, error: BaseException) -> None:
+def write_error_record(run_dir: Path, rank: int, error: BaseException, when: Optional[float] = None) -> None:
     """Record this rank's failure (best effort: a failing rank must not fail again here)."""
     text = f"{type(error).__name__}: {error}".strip()
-    record = {"rank": rank, "time": time.time(), "error": text.splitlines()[0][:500] if text else type(error).__name__}
+    write_record(run_dir, rank, text.splitlines()[0] if text else type(error).__name__, when)
+
+
+def write_record(run_dir: Path, rank: int, text: str, when: Optional[float] = None) -> None:
+    """A failure record in words; `when` is the time of death (default: now)."""
+    record = {"rank": rank, "time": time.time() if when is None else when, "error": text[:500]}
     try:
         rundir.write_json_atomic(rundir.rank_error(run_dir, rank), record)
     except OSError:

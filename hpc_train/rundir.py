@@ -12,6 +12,8 @@ module (no torch here: the login node uses it too)::
       checkpoints/step_<N>/        the same for fsdp: a torch.distributed.checkpoint directory, every rank's shard
       model.pt | model_stage<s>.pt final weights
       logs/rank<r>.log             every rank; rank<r>.error.json (a failing rank), rank<r>.out (local ranks > 0)
+      logs/rank<r>.progress.json   every rank, every heartbeat: step, phase, last advance (hpc_train.hang)
+      logs/hang.json               the hang watchdog's request to every rank, then its verdict
       slurm/                       submitit's scripts and logs
     <sweep dir>/jobs.tsv           the sweep launcher's job table (Slurm sweeps)
 """
@@ -42,6 +44,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # an exception: the traceback is in logs/rank<r>.log
 EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for config errors too)
 EXIT_INTERRUPTED = 3  # stopped by a signal after writing a checkpoint: run the same command to resume
+EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.hang)
 
 RESUME_WORDS = ("auto", "never")
 _CHECKPOINT = re.compile(r"^step_(\d+)(?:\.ckpt)?$")  # a file (step_<N>.ckpt) or a sharded directory (step_<N>/)
@@ -58,6 +61,14 @@ def rank_log(run_dir: Path, rank: int) -> Path:
 
 def rank_error(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / LOGS / f"rank{rank}.error.json"
+
+
+def rank_progress(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.progress.json"
+
+
+def hang_file(run_dir: Path) -> Path:
+    return Path(run_dir) / LOGS / "hang.json"
 
 
 def rank_output(run_dir: Path, rank: int) -> Path:

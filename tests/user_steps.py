@@ -44,3 +44,35 @@ def dies_on_rank_1(model, batch):
                 sys.exit(3)
             os.kill(os.getpid(), getattr(signal, f"SIG{how}"))
     return cross_entropy(model, batch)
+
+
+def _hangs_here(ranks: str) -> bool:
+    """True at the third training step of a rank in `ranks` ("1" or "all"): the hang tests' trigger."""
+    import os
+
+    import torch
+
+    if not torch.is_grad_enabled():  # the start-of-job check runs under no_grad
+        return False
+    _calls["n"] += 1
+    return _calls["n"] == 3 and (ranks == "all" or os.environ.get("RANK", "0") == ranks)
+
+
+def sleeps_forever(seconds: float = 3600.0) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+def sleeps_on_rank_1(model, batch):
+    """The built-in computation, but rank 1 sleeps for an hour in its third step (a hung rank)."""
+    if _hangs_here("1"):
+        sleeps_forever()
+    return cross_entropy(model, batch)
+
+
+def sleeps_on_every_rank(model, batch):
+    """Every rank sleeps for an hour in its third step (a dead file system; no collective is pending)."""
+    if _hangs_here("all"):
+        sleeps_forever()
+    return cross_entropy(model, batch)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hpc_train import rundir
+from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
 
 log = logging.getLogger("hpc_train")
 
@@ -141,6 +142,34 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str]
     return number
 
 
-def end(run_dir: Path, attempt: int, how: str, step: int) -> None:
-    _append(run_dir, {"event": "end", "attempt": attempt, "how": how, "step": step, "time": time.time()})
+def end(run_dir: Path, attempt: int, how: str, step: int, detail: Optional[str] = None) -> None:
+    _append(
+        run_dir,
+        {
+            "event": "end",
+            "attempt": attempt,
+            "how": how,
+            "step": step,
+            "time": time.time(),
+            **({"detail": detail} if detail else {}),
+        },
+    )
     log.info("attempt %d ended: %s (at step %d)", attempt, how, step)
+
+
+def current(run_dir: Path) -> int:
+    """The number of the attempt that started last (0 before any): for code that ends an attempt it did not begin."""
+    starts = [r for r in rundir.read_attempts(run_dir) if r.get("event") == "start"]
+    return int(starts[-1].get("attempt") or 0) if starts else 0
+
+
+def end_current(run_dir: Path, how: str, step: int, detail: Optional[str] = None) -> None:
+    end(run_dir, current(run_dir), how, step, detail)
+
+
+def attempt_key() -> str:
+    """What names this attempt on every task alike: the Slurm job and its restart count, else the local launch."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return f"slurm:{job}:{os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    return f"local:{os.environ.get(LAUNCH_ID_VARIABLE) or os.getppid()}"

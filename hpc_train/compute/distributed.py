@@ -9,7 +9,9 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from hpc_train.compute import heartbeat
 from hpc_train.compute.ranks import RankInfo
+from hpc_train.hang import COLLECTIVE
 
 
 def task_devices(info: RankInfo, gpus_per_task: int) -> List[torch.device]:
@@ -69,7 +71,8 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     if not is_initialized():
         return value
     value = value.clone()
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / dist.get_world_size()
 
 
@@ -77,19 +80,22 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     if not is_initialized():
         return value
     value = value.clone()
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
 
 
 def barrier() -> None:
     if is_initialized():
-        dist.barrier()
+        with heartbeat.phase(COLLECTIVE):
+            dist.barrier()
 
 
 def control_barrier() -> None:
     """A barrier on the CPU control group (no GPU work involved)."""
     if is_initialized():
-        dist.barrier(group=_control_group)
+        with heartbeat.phase(COLLECTIVE):
+            dist.barrier(group=_control_group)
 
 
 def collective_device(device: torch.device) -> torch.device:
@@ -104,7 +110,8 @@ def all_reduce_max_int(value: int) -> int:
     if not is_initialized():
         return value
     tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
     return int(tensor.item())
 
 
@@ -114,5 +121,6 @@ def gather_to_main(obj: object) -> Optional[List[object]]:
         return [obj]
     rank = dist.get_rank()
     out: Optional[List[object]] = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(obj, out, dst=0, group=_control_group)
+    with heartbeat.phase(COLLECTIVE):
+        dist.gather_object(obj, out, dst=0, group=_control_group)
     return out

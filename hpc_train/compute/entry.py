@@ -71,6 +71,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     import torch
 
     from hpc_train.compute import attempts, distributed
+    from hpc_train.compute.heartbeat import Heartbeat
     from hpc_train.compute.interrupts import StopFlag, TrainingInterrupted, signal_number
     from hpc_train.compute.strategies import build_strategy
     from hpc_train.compute.trainer import Trainer
@@ -85,6 +86,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
     launcher = cfg.get("launcher") or {}
     stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
+    beat = Heartbeat(run_dir, ranks, cfg.trainer, stop_flag).start()  # progress, hang watchdog, second stop signal
     trainer = None
 
     def record_end(how: str) -> None:
@@ -118,6 +120,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:
+        beat.close()
         stop_flag.uninstall()
         trainer = strategy = None  # noqa: F841 (see release_before_teardown)
         release_before_teardown()

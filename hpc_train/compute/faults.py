@@ -7,6 +7,9 @@
 * ``HPC_TRAIN_STEP_SLEEP=SECONDS``: sleep after every optimizer step of an attempt that started
   from scratch, so a test can act between two checkpoints of a tiny model; an attempt that
   resumed runs at full speed (the tests interrupt first attempts only, and wait for the rest).
+* ``HPC_TRAIN_STEP_SLEEP_RANK=RANK``: with HPC_TRAIN_STEP_SLEEP, only that rank sleeps (the rank
+  from ``RANK`` or ``SLURM_PROCID``), so the other ranks wait for it inside the next collective:
+  a test can deliver a stop signal while rank 0 is blocked in one.
 
 Environment variables reach every rank, locally and through sbatch's ``--export=ALL``.
 """
@@ -43,7 +46,14 @@ def slow_checkpoint_write() -> None:
         time.sleep(delay)
 
 
+def _own_rank() -> str:
+    return os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+
+
 def step_sleep(resumed: bool = False) -> None:
     delay = 0.0 if resumed else _float("HPC_TRAIN_STEP_SLEEP")
+    only = os.environ.get("HPC_TRAIN_STEP_SLEEP_RANK", "").strip()
+    if only and only != _own_rank():
+        return
     if delay > 0:
         time.sleep(delay)

@@ -7,8 +7,13 @@ after the same step and the checkpoint is consistent. Two signals are handled:
 * the requeue signal (``launcher.signal``, USR2 by default), which Slurm sends
   ``launcher.signal_delay_s`` seconds before the time limit (``#SBATCH --signal``) and which
   ``scancel --signal=USR2`` sends on demand: checkpoint, then requeue the job;
-* SIGTERM, which Slurm sends on preemption, ``scancel`` and at the time limit itself:
-  checkpoint, then exit (Slurm requeues preempted jobs itself where the partition says so).
+* SIGTERM, which Slurm sends on preemption, ``scancel`` and at the time limit itself, and
+  SIGINT (Ctrl-C): checkpoint, then exit (Slurm requeues preempted jobs itself where the
+  partition says so).
+
+A second stop signal, or a step that does not end within the stop grace period, stops the rank
+at once after dumping its stacks: the rank's heartbeat thread does that (hpc_train.compute.heartbeat),
+since a handler that only sets a flag cannot stop a step that never ends.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ class StopFlag:
         self.then = then  # what happens next, for the line the handler prints
         self.request = NONE
         self.previous: Dict[int, Any] = {}
+        self.stop_signals = (self.requeue_signal, signal.SIGTERM, signal.SIGINT)
+        self.announce = True  # False once a heartbeat thread says it (at once, even while the main thread is stuck)
+
+    def request_stop(self, signum: int) -> None:
+        self.request = max(self.request, REQUEUE if signum == self.requeue_signal else TERMINATE)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.request = max(self.request, TERMINATE if signum == signal.SIGTERM else REQUEUE)
-        # Logging from a signal handler can deadlock on the handler's lock: write directly.
-        os.write(
-            2, f"hpc-train: received {signal.Signals(signum).name}: {self.then}\n".encode()
-        )
+        self.request_stop(signum)
+        if self.announce:  # logging from a signal handler can deadlock on the handler's lock: write directly
+            os.write(2, f"hpc-train: received {signal.Signals(signum).name}: {self.then}\n".encode())
 
     def install(self) -> "StopFlag":
-        for signum in (self.requeue_signal, signal.SIGTERM):
+        for signum in self.stop_signals:
             self.previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
@@ -68,7 +76,7 @@ class StopFlag:
     def reason(self, request: int, signal_delay_s: float) -> str:
         """finish/timeout/preemption/terminated wording for the attempt log."""
         if request == TERMINATE:
-            return "terminated (SIGTERM: preemption, scancel or the time limit)"
+            return "terminated (SIGTERM: preemption, scancel or the time limit; or SIGINT)"
         handler = self.submitit_handler()
         if handler is not None:
             return "timeout" if handler.__self__.has_timed_out() else "preemption"

@@ -7,15 +7,52 @@ Sources, in a pinned order (the first that applies wins):
    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
 2. hpc-train's local launcher, recognised by ``HPC_TRAIN_LOCAL_LAUNCHER=1``: the same variables.
 3. An srun step (``SLURM_PROCID`` with ``SLURM_STEP_NUM_TASKS``, which only a step has: a batch
-   script's ``SLURM_NTASKS`` says 4 while one process runs). The world is the step's task count,
-   ``local_world_size`` the task count of this task's own node (``SLURM_NODEID`` indexes
-   ``SLURM_STEP_TASKS_PER_NODE``, e.g. ``3,1`` or ``4(x2),3``), the rendezvous host the first
-   host of ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST`` / ``SLURM_NODELIST``. Bare ``RANK`` /
-   ``WORLD_SIZE`` left exported in a shell are ignored here (they would make every task rank 0).
+   script's ``SLURM_NTASKS`` says 4 while one process runs). See "Slurm steps" below.
 4. submitit's local executor (``SUBMITIT_LOCAL_*``).
 5. Bare ``RANK`` and ``WORLD_SIZE`` without a marker (another launcher): honoured, with a warning
    naming them (:attr:`RankInfo.note`).
 6. Otherwise one plain process.
+
+Slurm steps: the step's real task layout, never the job's
+---------------------------------------------------------
+The job's variables describe the allocation, not the step that started this process: in
+``sbatch --nodes=2 --ntasks=3`` Slurm places 2 tasks on one node and 1 on the other, and an
+``srun -n3`` inside a ``--nodes=2 --ntasks-per-node=2`` allocation runs 3 tasks while
+``SLURM_NTASKS_PER_NODE`` still says 2 (so "tasks per node x nodes" would be 4). So, in one table:
+
+====================  =================================  ==========================================
+what                  read from                          never from
+====================  =================================  ==========================================
+world size            ``SLURM_STEP_NUM_TASKS``           ``SLURM_NTASKS`` (the job's, in a batch
+                                                         script), ``SLURM_NTASKS_PER_NODE`` x nodes
+rank                  ``SLURM_PROCID``                   ``RANK`` left in a shell (ignored, noted)
+local rank            ``SLURM_LOCALID``
+local world size      this node's entry of               ``SLURM_NTASKS_PER_NODE`` (the job's
+                      ``SLURM_STEP_TASKS_PER_NODE``      request, stale inside a smaller step)
+                      (``2,1``, ``4(x2),3``; fallback
+                      ``SLURM_TASKS_PER_NODE``), indexed
+                      by ``SLURM_NODEID`` (numbered
+                      within the step)
+hosts, rendezvous     ``SLURM_STEP_NODELIST`` (fallback
+                      ``SLURM_JOB_NODELIST`` /
+                      ``SLURM_NODELIST``), first host
+====================  =================================  ==========================================
+
+An uneven layout (``2,1``) is read as it is: each rank gets its real local rank and local world
+size, and the rank's log gets a note naming the layout. Variables that contradict each other
+(tasks per node that do not add up to the step's task count, a node id past the list, a local
+id not below its node's task count) raise ValueError, which the worker turns into a refusal
+at start ("cannot tell this process's rank ..."): never a guessed local world size.
+
+Decision for a job spec planned for another world: every job spec fixes its world
+(``resources.nodes`` x tasks per node; no path lets the world follow the allocation), so a step
+whose task count differs is refused by :func:`world_mismatch` before any process group forms,
+naming the plan and the step's real layout, e.g. "this job was planned for 4 rank(s), but this
+srun step runs 3 tasks (2 on hpcnode1, 1 on hpcnode2) ...", and the fix. A step whose task count
+equals the plan runs, however Slurm spread its tasks: a job spec planned for 3 ranks runs with
+world 3 on a 2 + 1 step. The plain sbatch scripts (``sbatch/*.slurm``) refuse a mismatching
+``SLURM_NTASKS`` even earlier, in their batch step (``launcher=sbatch``), before srun starts
+any rank.
 
 Rendezvous port of Slurm and submitit jobs: ``20000 + job id mod 12768``, i.e. 20000-32767.
 That is below Linux's ephemeral range (32768-60999 by default, ``net.ipv4.ip_local_port_range``),
@@ -32,9 +69,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Mapping, Optional
+from collections import Counter
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from hpc_train.hostlist import first_host
+from hpc_train.hostlist import expand_hostlist
 
 PORT_BASE = 20000
 PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
@@ -60,11 +98,18 @@ class RankInfo:
     master_port: int
     source: str  # "torchrun" | "local" | "slurm" | "submitit" | "environment" | "single"
     note: str = ""  # a warning for the rank's log (e.g. variables that were ignored or guessed from)
+    node_tasks: Tuple[int, ...] = ()  # srun steps: the step's task count on each of its nodes, e.g. (2, 1)
+    tasks_layout: str = ""  # srun steps: the same in words, with the hosts ("2 on hpcnode1, 1 on hpcnode2")
 
     @property
     def origin(self) -> str:
         """Who started this process, in words (the `source` for people)."""
         return SOURCE_WORDS.get(self.source, self.source)
+
+    @property
+    def uneven(self) -> bool:
+        """An srun step with different task counts on its nodes (``--ntasks=3`` over 2 nodes: 2 + 1)."""
+        return len(set(self.node_tasks)) > 1
 
     @property
     def is_distributed(self) -> bool:
@@ -118,32 +163,73 @@ def _from_local_launcher(env: Mapping[str, str]) -> Optional[RankInfo]:
     return _torchrun_style(env, "local")
 
 
+def describe_tasks(counts: Sequence[int], hosts: Sequence[str]) -> str:
+    """A step's tasks per node in words: ``2 on hpcnode1, 1 on hpcnode2``; ``4 on each of 64 nodes``.
+
+    `hosts` are the step's nodes in Slurm's order (the order of the counts); without one host per
+    count the nodes are named by their index in the step.
+    """
+    names = list(hosts) if len(hosts) == len(counts) else [f"node {index}" for index in range(len(counts))]
+    if len(counts) > 1 and len(set(counts)) == 1:
+        return f"{counts[0]} on each of {len(counts)} nodes"
+    if len(counts) <= 8:
+        return ", ".join(f"{count} on {name}" for count, name in zip(counts, names))
+    common, times = Counter(counts).most_common(1)[0]
+    others = [f"{count} on {name}" for count, name in zip(counts, names) if count != common]
+    shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    return f"{common} on each of {times} nodes, {shown}"
+
+
 def _from_slurm(env: Mapping[str, str]) -> Optional[RankInfo]:
     if "SLURM_PROCID" not in env or "SLURM_STEP_NUM_TASKS" not in env:
         return None
-    world = int(env["SLURM_STEP_NUM_TASKS"])
-    nodelist = (
-        env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
-    )
-    counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or str(world))
-    node = int(env.get("SLURM_NODEID", "0"))
+    world = int(env["SLURM_STEP_NUM_TASKS"])  # the step's tasks; SLURM_NTASKS may be the job's
+    rank = int(env["SLURM_PROCID"])
+    local_rank = int(env.get("SLURM_LOCALID", "0"))
+    step_nodelist = env.get("SLURM_STEP_NODELIST") or ""
+    nodelist = step_nodelist or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost"
+    hosts = expand_hostlist(nodelist)  # a malformed list raises HostlistError (a ValueError) naming it
+    per_node_name = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    per_node = env.get(per_node_name) or str(world)
+    counts = tasks_per_node(per_node)
+    node = int(env.get("SLURM_NODEID", "0"))  # numbered within the step, like the counts
+    layout = describe_tasks(counts, hosts if step_nodelist else [])  # the job's nodes may not be the step's
+    if sum(counts) != world:
+        raise ValueError(
+            f"{per_node_name}={per_node} adds up to {sum(counts)} task(s), but SLURM_STEP_NUM_TASKS={world}; this"
+            " process's local world size would be a guess"
+        )
+    if not 0 <= node < len(counts):
+        raise ValueError(f"SLURM_NODEID={node}, but {per_node_name}={per_node} lists {len(counts)} node(s)")
+    if not (0 <= rank < world and 0 <= local_rank < counts[node]):
+        raise ValueError(
+            f"SLURM_PROCID={rank} / SLURM_LOCALID={local_rank} do not fit a step of {world} task(s) with"
+            f" {counts[node]} on this node ({per_node_name}={per_node}, SLURM_NODEID={node})"
+        )
     port = int(env["MASTER_PORT"]) if "MASTER_PORT" in env else port_for_job(env.get("SLURM_JOB_ID", "0"))
+    notes = []
     ignored = [key for key in ("RANK", "WORLD_SIZE") if key in env]
-    note = (
-        f"{' and '.join(ignored)} in the environment ignored: this is an srun step, whose SLURM_PROCID and"
-        " SLURM_STEP_NUM_TASKS say the rank"
-        if ignored
-        else ""
-    )
+    if ignored:
+        notes.append(
+            f"{' and '.join(ignored)} in the environment ignored: this is an srun step, whose SLURM_PROCID and"
+            " SLURM_STEP_NUM_TASKS say the rank"
+        )
+    if len(set(counts)) > 1:
+        notes.append(
+            f"this srun step spreads its {world} tasks unevenly ({layout}): local rank {local_rank} of the"
+            f" {counts[node]} task(s) on this node, from SLURM_LOCALID and {per_node_name}"
+        )
     return RankInfo(
-        rank=int(env["SLURM_PROCID"]),
-        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        rank=rank,
+        local_rank=local_rank,
         world_size=world,
-        local_world_size=counts[node] if node < len(counts) else counts[0],
-        master_addr=env.get("MASTER_ADDR") or first_host(nodelist),
+        local_world_size=counts[node],
+        master_addr=env.get("MASTER_ADDR") or hosts[0],
         master_port=port,
         source="slurm",
-        note=note,
+        note="; ".join(notes),
+        node_tasks=tuple(counts),
+        tasks_layout=layout,
     )
 
 
@@ -188,10 +274,16 @@ def world_mismatch(info: RankInfo, planned: int, env: Optional[Mapping[str, str]
     if info.world_size == planned:
         return None
     env = os.environ if env is None else env
-    message = (
-        f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size} (from"
-        f" {info.source})"
-    )
+    if info.source == "slurm":
+        message = (
+            f"this job was planned for {planned} rank(s), but this srun step runs {info.world_size} task(s)"
+            f" ({info.tasks_layout or 'layout unknown'}); this process is rank {info.rank} of {info.world_size}"
+        )
+    else:
+        message = (
+            f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size}"
+            f" (started by {info.origin})"
+        )
     if info.source == "single" and env.get("SLURM_JOB_ID"):
         fix = (
             f"inside a Slurm allocation start the ranks with srun: srun -n {planned} python -m hpc_train.compute.worker"
@@ -199,8 +291,10 @@ def world_mismatch(info: RankInfo, planned: int, env: Optional[Mapping[str, str]
         )
     elif info.source == "slurm":
         fix = (
-            f"start the step with {planned} tasks (srun -n {planned}, or the job's --nodes x --ntasks-per-node), or"
-            f" plan the job for {info.world_size} (resources.nodes / resources.gpus_per_node)."
+            f"run the step with {planned} tasks: srun -n {planned} inside an allocation of {planned} tasks (sbatch"
+            f" --nodes=N --ntasks-per-node=M with N x M = {planned}"
+            + (f"; --ntasks={info.world_size} over several nodes spreads the tasks unevenly" if info.uneven else "")
+            + f"), or plan the job for {info.world_size} rank(s) (resources.nodes x resources.gpus_per_node)."
         )
     elif info.source == "torchrun":
         fix = (

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import rundir
 from hpc_train.compute import attempts
+from hpc_train.compute.attempts import attempt_key
 from hpc_train.compute.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, RUN_DIR_VARIABLE
@@ -54,14 +55,6 @@ class ScriptFailed(Exception):
 
 
 # -- attempts -----------------------------------------------------------------------------------
-def attempt_key() -> str:
-    """What names this attempt on every task alike: the Slurm job and its restart count, else the local launch."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job:
-        return f"slurm:{job}:{os.environ.get('SLURM_RESTART_COUNT', '0')}"
-    return f"local:{os.environ.get(LAUNCH_ID_VARIABLE) or os.getppid()}"
-
-
 def attempt_number(run_dir: Path, key: str) -> int:
     """1 + the attempts of other launches recorded in the run dir: the same on every task, whether or not rank 0
     has recorded this attempt yet."""

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from hpc_train import rundir
-from hpc_train.compute import attempts, distributed, faults
+from hpc_train import hang, rundir
+from hpc_train.compute import attempts, distributed, faults, heartbeat
 from hpc_train.compute.checkpoint import save_atomic
 from hpc_train.compute.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.batch import to_device
@@ -189,7 +189,7 @@ class Trainer:
         settled = False
         while state.global_step < self.total_steps:
             ran_out = True  # the epoch's batches ran out (a stream without a length ends its epoch so)
-            for batch in self._epoch_batches():
+            for batch in self._marked(self._epoch_batches()):
                 faults.maybe_fail(self.ranks.rank, state.global_step)
                 if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
                     self.strategy.settle(self.model, self._to_device(batch))
@@ -217,7 +217,7 @@ class Trainer:
         progress.close()
         self._sync()
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
-        self.checkpointer.save(state.global_step, "end of training")
+        self._save(state.global_step, "end of training")
         return self._finish(meter)
 
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
@@ -225,6 +225,7 @@ class Trainer:
         metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss, metrics = self.strategy.accumulate(self.model, self._to_device(batch), self.scaler, self.accum_steps)
+        heartbeat.mark(hang.OPTIMIZER)
         grad_norm = None
         if self.grad_clip is not None or logged:
             if self.scaler is not None:  # the norm and the clip threshold are about the true gradients
@@ -248,7 +249,8 @@ class Trainer:
         names = self.strategy.metric_names
         totals = torch.zeros(4 + len(names), dtype=torch.float64)  # correct, samples, loss, classified, *metrics
         limit = self.tcfg.get("eval_batches")  # the same first N batches every time: a fixed subset
-        for batch in itertools.islice(self.eval_loader, None if limit is None else int(limit)):
+        for index, batch in enumerate(itertools.islice(self.eval_loader, None if limit is None else int(limit))):
+            heartbeat.mark(hang.EVAL, detail=f"batch {index + 1}")
             totals += self.strategy.eval_counts(self.model, self._to_device(batch))
         self.model.train()
         totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
@@ -496,18 +498,36 @@ class Trainer:
         now = time.perf_counter()
         step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
         if self.checkpointer.due(step):
-            self.checkpointer.save(step, "every %d steps" % self.checkpointer.every)
+            self._save(step, "every %d steps" % self.checkpointer.every)
             self._check_signal_lead(step_s, time.perf_counter() - now)
             self._step_ended = time.perf_counter()
         if self.stop_flag is None:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
-            self.checkpointer.save(step, "stop signal")
+            self._save(step, "stop signal")
             reason = self.stop_flag.reason(
                 request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120)
             )
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
+
+    def _save(self, step: int, why: str) -> None:
+        with heartbeat.phase(hang.CHECKPOINT):
+            self.checkpointer.save(step, why)
+
+    def _marked(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches, with this rank's progress marked: waiting for data, then each step's duration."""
+        batches = iter(batches)
+        started = None
+        while True:
+            if started is not None:
+                heartbeat.step_ended(time.perf_counter() - started)
+            heartbeat.mark(hang.DATA, self.state.global_step + 1)
+            started = time.perf_counter()
+            batch = next(batches, _END)
+            if batch is _END:
+                return
+            yield batch
 
     _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
     _lead_checked = False

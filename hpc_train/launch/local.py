@@ -4,7 +4,12 @@ Each task of the layout becomes one ``python -m hpc_train.compute.worker`` proce
 RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, marked ``HPC_TRAIN_LOCAL_LAUNCHER=1``
 (rank detection trusts those variables only with a marker: see hpc_train.compute.ranks). Rank 0
 keeps the console (progress bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
-stopped so a broken run never hangs.
+stopped so a broken run never hangs; a hung job is ended by the ranks' own watchdog (hpc_train.hang), whose
+message this launcher prints.
+
+Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) sent to the launcher are forwarded to every rank. Ctrl-C
+reaches the ranks twice (from the terminal, which signals the whole process group, and forwarded): a rank
+takes two stop signals less than a second apart as one (hpc_train.compute.heartbeat.REPEAT_WINDOW_S).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train import rundir
+from hpc_train import hang, rundir
 from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.launch.plan import RunPlan
 from hpc_train.rank_errors import death_cause, read_records, root_cause
@@ -93,7 +98,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
                 )
             )
         return _watch(procs, run_dir, started=time.time())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
         _stop(procs, signal.SIGINT)
         return 130
     finally:
@@ -104,15 +109,23 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
             handle.close()
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
-    """SIGTERM/SIGUSR1/SIGUSR2 sent to the launcher reach every rank: they checkpoint at the next step and stop."""
+    """Stop signals sent to the launcher reach every rank: they checkpoint after the current step and stop (a second
+    one stops them at once). A third SIGINT stops the launcher itself (KeyboardInterrupt), killing the ranks."""
+    received: Dict[int, int] = {}
 
     def forward(signum: int, frame: object) -> None:
+        received[signum] = received.get(signum, 0) + 1
+        if signum == signal.SIGINT and received[signum] > 2:
+            raise KeyboardInterrupt
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signum)
 
-    return {signum: signal.signal(signum, forward) for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
 
 
 def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
@@ -123,6 +136,11 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
         if failed:
             rank, code = failed[0]
             if code == rundir.EXIT_REFUSED:  # the rank said why in one line (on the console already)
+                _stop(procs)
+                return code
+            if code == rundir.EXIT_HUNG:  # the watchdog's verdict: print it, the ranks are leaving by themselves
+                verdict = hang.read_request(run_dir, since=started) or {}
+                print(verdict.get("message") or "hpc-train: the job hung (see logs/rank<r>.log)", file=sys.stderr)
                 _stop(procs)
                 return code
             if code == rundir.EXIT_INTERRUPTED:  # the others stop at the same step

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Dict
 
 from omegaconf import DictConfig
 
-from hpc_train import rundir
+from hpc_train import hang, rundir
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import count_local_gpus, make_plan
 from hpc_train.script_command import is_script_job
@@ -77,12 +78,18 @@ def describe_script(spec: Dict[str, Any]) -> str:
 
 def follow(handle: Any, run_dir: Path) -> int:
     """Wait for a submitted job and report how it ended."""
+    submitted = time.time()
     try:
         handle.results()
         code = 0
     except Exception as err:  # submitit re-raises the remote failure; its traceback is in the Slurm log
-        print(f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
-        code = 1
+        verdict = hang.read_request(run_dir, since=submitted)
+        if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
+            print(verdict.get("message", ""))
+            code = rundir.EXIT_HUNG
+        else:
+            print(f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            code = 1
     report_summary(run_dir, code)
     return code
 
@@ -107,6 +114,12 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(
             "hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same"
             f" hydra.run.dir={run_dir}) to continue"
+        )
+    elif code == rundir.EXIT_HUNG:
+        print(
+            f"hpc-train: the job hung and its watchdog stopped it (exit code {code}): the stuck ranks and their stacks"
+            f" are named above and in {run_dir / rundir.LOGS}; re-run the same command to resume from the last"
+            " checkpoint"
         )
     elif code == rundir.EXIT_REFUSED:
         print(

@@ -97,6 +97,18 @@ def number(low: float, high: float = math.inf, low_open: bool = False, high_open
     return check
 
 
+def auto_or(checker: Checker) -> Checker:
+    """The word auto, or what `checker` accepts."""
+
+    def check(value: Any) -> Problem:
+        if value == "auto":
+            return None
+        problem = checker(value)
+        return None if problem is None else f"{problem.replace(', got', ' or auto, got', 1)}"
+
+    return check
+
+
 def flag(value: Any) -> Problem:
     return None if isinstance(value, bool) else f"must be true or false, got {_show(value)}"
 
@@ -639,7 +651,17 @@ RULES: Tuple[Rule, ...] = (
     R("trainer.log_every", whole(1), 10, required=True),
     R("trainer.throughput_warmup_steps", whole(0), 5, required=True),
     R("trainer.progress", flag, "true", required=True),
-    R("trainer.dist_timeout_s", whole(1, 7 * 24 * 3600), 300, required=True),
+    R("trainer.dist_timeout_s", whole(1, 7 * 24 * 3600), 1800, required=True),
+    R(
+        "trainer.hang_timeout_s",
+        auto_or(number(0, 7 * 24 * 3600, low_open=True)),
+        600,
+        null="no hang watchdog",
+        fix="set trainer.hang_timeout_s=auto (max(300 s, 20 median steps)), a number of seconds (e.g. 600),"
+        " or null (no hang watchdog).",
+    ),
+    R("trainer.requeue_on_hang", flag, "false", required=True),
+    R("trainer.stop_grace_s", number(0, 7 * 24 * 3600, low_open=True), 60, required=True),
     R(
         "trainer.checkpoint_every",
         whole(0),

@@ -109,6 +109,21 @@ def _check_schedule(trainer: ConfigView) -> None:
         )
 
 
+def check_timeouts(cfg: ConfigView) -> None:
+    """The hang watchdog must speak before a collective's timeout does (it names the stuck rank; the timeout blames
+    the rank that waited)."""
+    trainer = cfg.trainer
+    hang, dist = trainer.get("hang_timeout_s"), trainer.dist_timeout_s
+    if hang is not None and hang != "auto" and float(dist) <= float(hang):
+        raise ConfigError(
+            "trainer.dist_timeout_s",
+            f"trainer.dist_timeout_s={dist} is not larger than trainer.hang_timeout_s={hang}: a stuck collective would"
+            " time out on the ranks that wait in it, and they would be blamed, before the hang watchdog names the"
+            " rank that is stuck.",
+            f"raise trainer.dist_timeout_s (e.g. to {int(float(hang) * 2) + 60}) or lower trainer.hang_timeout_s.",
+        )
+
+
 def check_activation_checkpointing(cfg: ConfigView, parallel: Parallelism) -> None:
     """Recomputing blocks in the backward pass needs the whole model in one process."""
     mode = str(cfg.trainer.get("activation_checkpointing", "none") or "none")
@@ -391,6 +406,7 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
         check_output_dir(run_dir)
         return
     check_strategy(cfg, parallel)
+    check_timeouts(cfg)
     check_activation_checkpointing(cfg, parallel)
     check_trainer(cfg, parallel)
     check_data(cfg)

@@ -19,8 +19,8 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from hpc_train import rundir
-from hpc_train.compute import distributed
+from hpc_train import hang, rundir
+from hpc_train.compute import distributed, heartbeat
 from hpc_train.compute.batch import batch_size, split_batch
 from hpc_train.compute.gradients import clip_to_norm, total_norm
 from hpc_train.compute.precision import autocast, grad_scaler
@@ -81,8 +81,10 @@ class Strategy:
 
         The gradients are those of ``loss_weight * loss``: a micro-batch's share of its batch.
         """
+        heartbeat.mark(hang.FORWARD)
         with autocast(self.precision, self.input_device):
             loss, metrics = split_result(self.step(model, batch), self.reduce_replicas)
+        heartbeat.mark(hang.BACKWARD)
         weighted = loss if loss_weight == 1.0 else loss * loss_weight
         (scaler.scale(weighted) if scaler is not None else weighted).backward()
         return loss.detach(), {name: value.detach() for name, value in metrics.items()}

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from hpc_train import rundir
-from hpc_train.compute import distributed
+from hpc_train import hang, rundir
+from hpc_train.compute import distributed, heartbeat
 from hpc_train.compute.precision import autocast
 from hpc_train.compute.stages import micro_batch, split_model, stage_inputs
 from hpc_train.compute.strategies.base import Strategy
@@ -138,6 +138,7 @@ class PipeliningStrategy(Strategy):
         return self.loss_fn(outputs.float(), target)
 
     def forward_backward(self, model, batch, scaler):
+        heartbeat.mark(hang.FORWARD_BACKWARD)  # the schedule interleaves both, with sends and receives
         images, labels = batch
         losses: List[torch.Tensor] = []
         with autocast(self.precision, self.input_device):

@@ -2,7 +2,15 @@
 
 import pytest
 
-from hpc_train.compute.ranks import PORT_BASE, PORT_SPAN, detect_ranks, port_for_job, tasks_per_node, world_mismatch
+from hpc_train.compute.ranks import (
+    PORT_BASE,
+    PORT_SPAN,
+    describe_tasks,
+    detect_ranks,
+    port_for_job,
+    tasks_per_node,
+    world_mismatch,
+)
 from hpc_train.launch.local import worker_env
 
 # What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).
@@ -62,9 +70,100 @@ def test_slurm_multi_node_task():
 
 @pytest.mark.parametrize("notation, node, expected", [("3,1", 0, 3), ("3,1", 1, 1), ("4(x2),3", 1, 4), ("4(x2),3", 2, 3), ("2", 0, 2)])
 def test_local_world_size_is_this_nodes_task_count(notation, node, expected):
-    env = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NODEID": str(node), "SLURM_TASKS_PER_NODE": notation, "SLURM_NODELIST": "n[1-3]"}
+    world = str(sum(tasks_per_node(notation)))
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": world, "SLURM_NODEID": str(node), "SLURM_TASKS_PER_NODE": notation, "SLURM_NODELIST": "n[1-3]"}
     assert detect_ranks(env).local_world_size == expected
     assert detect_ranks({**env, "SLURM_STEP_TASKS_PER_NODE": notation, "SLURM_TASKS_PER_NODE": "9(x3)"}).local_world_size == expected
+
+
+# What srun sets in `sbatch --nodes=2 --ntasks=3` (read on the Slurm test cluster): Slurm puts 2 tasks on the first
+# node and 1 on the second; SLURM_NTASKS_PER_NODE is not set.
+UNEVEN_JOB = {"SLURM_JOB_ID": "31", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "hpcnode[1-2]", "SLURM_TASKS_PER_NODE": "2,1"}
+UNEVEN_STEP = {**UNEVEN_JOB, "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "hpcnode[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2,1"}
+
+
+@pytest.mark.parametrize("procid, localid, nodeid, local_world", [("0", "0", "0", 2), ("1", "1", "0", 2), ("2", "0", "1", 1)])
+def test_uneven_step_gives_each_rank_its_real_local_layout(procid, localid, nodeid, local_world):
+    info = detect_ranks({**UNEVEN_STEP, "SLURM_PROCID": procid, "SLURM_LOCALID": localid, "SLURM_NODEID": nodeid})
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (int(procid), int(localid), 3, local_world)
+    assert info.master_addr == "hpcnode1" and info.source == "slurm"
+    assert info.node_tasks == (2, 1) and info.uneven
+    assert info.tasks_layout == "2 on hpcnode1, 1 on hpcnode2"
+    assert "unevenly (2 on hpcnode1, 1 on hpcnode2)" in info.note
+    assert f"local rank {localid} of the {local_world} task(s) on this node" in info.note
+
+
+def test_cyclic_distribution_keeps_slurms_local_ids():
+    # `srun -n3 -m cyclic`: rank 1 on the second node, rank 2 back on the first as its local task 1.
+    info = detect_ranks({**UNEVEN_STEP, "SLURM_PROCID": "2", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"})
+    assert (info.rank, info.local_rank, info.local_world_size) == (2, 1, 2)
+
+
+def test_repeated_tasks_per_node_form_is_even():
+    env = {
+        "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "8",
+        "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "hpcnode[1-2]",
+    }
+    info = detect_ranks(env)
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 4, 2)
+    assert info.node_tasks == (2, 2) and not info.uneven
+    assert info.tasks_layout == "2 on each of 2 nodes" and info.note == ""
+
+
+def test_step_variables_win_over_the_jobs():
+    # `srun -n3` inside `--nodes=2 --ntasks-per-node=2`: the job's variables still say 4 tasks, 2 per node.
+    job = {"SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)",
+           "SLURM_JOB_NODELIST": "hpcnode[1-2]", "SLURM_NODELIST": "hpcnode[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+    step = {"SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NODELIST": "hpcnode[1-2]"}
+    info = detect_ranks({**job, **step, "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
+    assert (info.world_size, info.local_world_size, info.node_tasks) == (3, 1, (2, 1))
+    # A step on a subset of the job's nodes (`srun -N1 -n2 -w hpcnode2`): SLURM_NODEID counts within the step.
+    subset = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "hpcnode2"}
+    info = detect_ranks({**job, **subset, "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"})
+    assert (info.world_size, info.local_world_size, info.master_addr) == (2, 2, "hpcnode2")
+    assert info.tasks_layout == "2 on hpcnode2"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x2)"}, "SLURM_STEP_TASKS_PER_NODE=2(x2) adds up to 4 task(s), but SLURM_STEP_NUM_TASKS=3"),
+        ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2, but SLURM_STEP_TASKS_PER_NODE=2,1 lists 2 node(s)"),
+        ({"SLURM_LOCALID": "1"}, "SLURM_PROCID=2 / SLURM_LOCALID=1 do not fit a step of 3 task(s) with 1 on this node"),
+        ({"SLURM_PROCID": "3"}, "SLURM_PROCID=3"),
+        ({"SLURM_STEP_TASKS_PER_NODE": "2,x"}, "cannot read Slurm's tasks-per-node value '2,x'"),
+    ],
+)
+def test_contradictory_step_variables_are_refused_not_guessed(change, words):
+    env = {**UNEVEN_STEP, "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", **change}
+    with pytest.raises(ValueError) as err:
+        detect_ranks(env)
+    assert words in str(err.value)
+
+
+def test_a_step_with_fewer_tasks_than_planned_is_refused_naming_its_layout():
+    env = {**UNEVEN_STEP, "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
+    problem = world_mismatch(detect_ranks(env), 4, env)
+    assert problem.startswith(
+        "this job was planned for 4 rank(s), but this srun step runs 3 task(s) (2 on hpcnode1, 1 on hpcnode2); this"
+        " process is rank 2 of 3. Fix: "
+    )
+    assert "srun -n 4" in problem and "--ntasks=3 over several nodes spreads the tasks unevenly" in problem
+    assert "plan the job for 3 rank(s)" in problem
+
+
+def test_a_step_with_the_planned_task_count_runs_however_it_is_spread():
+    env = {**UNEVEN_STEP, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    assert world_mismatch(detect_ranks(env), 3, env) is None
+
+
+def test_describe_tasks_stays_short_on_big_steps():
+    hosts = [f"gpu{i:03d}" for i in range(64)]
+    assert describe_tasks([4] * 64, hosts) == "4 on each of 64 nodes"
+    assert describe_tasks([4] * 63 + [3], hosts) == "4 on each of 63 nodes, 3 on gpu063"
+    assert describe_tasks([4] * 58 + [3] * 6, hosts).endswith("3 on gpu061 and 2 more")
+    assert describe_tasks([3], ["hpcnode1"]) == "3 on hpcnode1"
+    assert describe_tasks([2, 1], []) == "2 on node 0, 1 on node 1"  # no step node list to name them
 
 
 def test_tasks_per_node_notation():

@@ -48,7 +48,7 @@ Decision for a job spec planned for another world: every job spec fixes its worl
 (``resources.nodes`` x tasks per node; no path lets the world follow the allocation), so a step
 whose task count differs is refused by :func:`world_mismatch` before any process group forms,
 naming the plan and the step's real layout, e.g. "this job was planned for 4 rank(s), but this
-srun step runs 3 tasks (2 on hpcnode1, 1 on hpcnode2) ...", and the fix. A step whose task count
+srun step runs 3 task(s) (2 on hpcnode1, 1 on hpcnode2); ...", and the fix. A step whose task count
 equals the plan runs, however Slurm spread its tasks: a job spec planned for 3 ranks runs with
 world 3 on a 2 + 1 step. The plain sbatch scripts (``sbatch/*.slurm``) refuse a mismatching
 ``SLURM_NTASKS`` even earlier, in their batch step (``launcher=sbatch``), before srun starts
@@ -282,7 +282,7 @@ def world_mismatch(info: RankInfo, planned: int, env: Optional[Mapping[str, str]
     else:
         message = (
             f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size}"
-            f" (started by {info.origin})"
+            f" ({info.origin if info.source == 'single' else 'started by ' + info.origin})"
         )
     if info.source == "single" and env.get("SLURM_JOB_ID"):
         fix = (

@@ -154,7 +154,7 @@ def parse_stacks(log_text: str, rank: int, stamp_text: str) -> Optional[RankStac
             frames = []
             if worker is None:
                 stacks.threads[int(thread.group(1), 16)] = frames
-            elif worker not in stacks.workers:  # a worker's first thread is its main thread
+            else:  # faulthandler lists the newest thread first: a worker's main thread comes last
                 stacks.workers[worker] = frames
         elif frame and frames is not None:
             frames.append(frame_text(*frame.groups()))

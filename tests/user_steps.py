@@ -55,7 +55,8 @@ def _hangs_here(ranks: str) -> bool:
     if not torch.is_grad_enabled():  # the start-of-job check runs under no_grad
         return False
     _calls["n"] += 1
-    return _calls["n"] == 3 and (ranks == "all" or os.environ.get("RANK", "0") == ranks)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ.get("RANK", "0"))
+    return _calls["n"] == 3 and (ranks == "all" or str(rank) == ranks)
 
 
 def sleeps_forever(seconds: float = 3600.0) -> None:

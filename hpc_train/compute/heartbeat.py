@@ -43,6 +43,7 @@ from typing import Any, Deque, Iterator, List, Optional
 from hpc_train import hang, rundir
 from hpc_train.compute import attempts, watchdog
 from hpc_train.compute.ranks import RankInfo
+from hpc_train.compute.runlog import log_to_file
 
 log = logging.getLogger("hpc_train")
 
@@ -155,7 +156,7 @@ class Heartbeat:
     # -- the thread ------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._closing.is_set():
-            signals = self._wait(self.beat_s)
+            signals = self._wait(self.beat_s if self.stop_first is None else min(self.beat_s, 0.5))
             try:
                 for signum in signals:
                     self._on_stop_signal(signum)
@@ -297,13 +298,17 @@ class Heartbeat:
             " checkpoint"
         )
         os.write(2, f"hpc-train: {message}\n".encode())
-        log.error("%s", message)
+        log_to_file(message)
         if self.ranks.is_main:
             attempts.end_current(self.run_dir, f"stopped at once ({why})", max(0, self.step - 1))
         self._exit(rundir.EXIT_INTERRUPTED)
 
     def _exit(self, code: int) -> None:
-        """Leave at once, from this thread: the main thread is stuck; flush what was said first."""
+        """Leave at once, from this thread: the main thread is stuck; flush what was said first. The rank's own
+        children (data loader workers, which may be stuck too) go with it."""
+        for child in _children(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
         for handler in log.handlers:
             with contextlib.suppress(Exception):
                 handler.flush()

@@ -31,6 +31,16 @@ def setup_logging(run_dir: Path, rank: int) -> logging.Logger:
     return logger
 
 
+def log_to_file(message: str, level: int = logging.ERROR) -> None:
+    """Into this rank's log file only, for what is also said on the console another way (rank 0's console copy
+    would say it twice)."""
+    logger = logging.getLogger("hpc_train")
+    record = logger.makeRecord(logger.name, level, __file__, 0, "%s", (message,), None)
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
 class Progress:
     """A dependency-free progress bar: redraws in place on a terminal, prints sparse lines otherwise."""
 

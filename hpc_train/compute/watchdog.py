@@ -23,11 +23,13 @@ from typing import Callable, Dict, List, Optional
 
 from hpc_train import hang, rundir
 from hpc_train.compute import attempts
+from hpc_train.compute.runlog import log_to_file
 from hpc_train.rank_errors import write_record
 
 log = logging.getLogger("hpc_train")
 
 HANG = "hang"  # how an attempt ended, in attempts.jsonl
+UPDATE_TRIES = 10
 
 
 def act_on_hang(
@@ -45,7 +47,7 @@ def act_on_hang(
     stacks = _collect_stacks(run_dir, sorted(records), stamp)
     verdict = hang.diagnose(records, stacks, now=asked)
     message = hang.describe(verdict, records, stacks, limit, run_dir)
-    _log_to_file(message)
+    log_to_file(message.removeprefix("hpc-train: "))
     if not os.environ.get("HPC_TRAIN_LOCAL_LAUNCHER"):  # the local launcher prints it itself, from hang.json
         print(message, file=sys.stderr, flush=True)
     first = min(verdict.culprits, key=lambda r: records[r].since)
@@ -67,14 +69,6 @@ def act_on_hang(
         requeued=bool(requeued.startswith("requeued")),
     )
     return message
-
-
-def _log_to_file(message: str) -> None:
-    """Into the rank's log only: its console copy (rank 0's) would say it a second time."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (message.removeprefix("hpc-train: "),), None)
-    for handler in log.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
 
 
 def _collect_stacks(run_dir: Path, ranks: List[int], stamp: str) -> Dict[int, Optional[hang.RankStacks]]:
@@ -126,11 +120,16 @@ def _scontrol_requeue(job: str, exclude: List[str]) -> str:
     if not exclude:
         return f"requeued job {job} (every node of the job was stuck, so none is excluded)"
     nodes = ",".join(sorted(set(before) | set(exclude)))
-    update = subprocess.run(
-        ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], capture_output=True, text=True, timeout=60
-    )
-    if update.returncode != 0:
-        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {update.stderr.strip()}"
+    for _ in range(UPDATE_TRIES):  # the requeue lands asynchronously; the update is refused while the job runs
+        update = subprocess.run(
+            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], capture_output=True, text=True, timeout=60
+        )
+        if update.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        said = (update.stderr.strip() or update.stdout.strip() or f"exit status {update.returncode}").splitlines()[0]
+        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {said}"
     return f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
 
 

@@ -144,7 +144,7 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
                 _stop(procs)
                 return code
             if code == rundir.EXIT_INTERRUPTED:  # the others stop at the same step
-                print(f"hpc-train: rank {rank} stopped after a checkpoint (signal).", file=sys.stderr)
+                print(f"hpc-train: rank {rank} stopped (signal).", file=sys.stderr)
                 deadline = time.monotonic() + GRACE_S
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     time.sleep(0.1)

@@ -112,8 +112,8 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")
     elif code == rundir.EXIT_INTERRUPTED:
         print(
-            "hpc-train: stopped by a signal after writing a checkpoint; run the same command again (same"
-            f" hydra.run.dir={run_dir}) to continue"
+            "hpc-train: stopped by a signal (after a checkpoint, unless a second signal stopped it at once); run the same"
+            f" command again (same hydra.run.dir={run_dir}) to continue from the last checkpoint"
         )
     elif code == rundir.EXIT_HUNG:
         print(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import List, Optional
+from pathlib import Path
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from hpc_train import rundir
 from hpc_train.compute import heartbeat
 from hpc_train.compute.ranks import RankInfo
 from hpc_train.hang import COLLECTIVE
@@ -27,12 +29,38 @@ def task_devices(info: RankInfo, gpus_per_task: int) -> List[torch.device]:
     return [torch.device("cuda", (first + i) % count) for i in range(gpus_per_task)]
 
 
-def init_process_group(info: RankInfo, backend: str, timeout_s: float, device: torch.device) -> None:
+def nccl_environment(run_dir: Optional[Path]) -> Dict[str, str]:
+    """What NCCL needs to fail instead of hanging, and to leave a trace of its last collectives when it does.
+
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``: a collective that exceeds ``trainer.dist_timeout_s`` aborts the
+    communicator and ends the process (the launcher then names the rank); the flight recorder
+    (``TORCH_NCCL_TRACE_BUFFER_SIZE``, ``TORCH_FR_BUFFER_SIZE`` in newer torch) keeps the last 2000
+    collectives of every rank and ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` writes them on a timeout to
+    ``logs/nccl_trace_rank_<r>`` in the run dir (read them with ``torch.distributed.flight_recorder``'s
+    ``fr_trace``). Set only where the user has not set them; untested without GPUs.
+    """
+    env = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    if run_dir is not None:
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(run_dir) / rundir.LOGS / "nccl_trace_rank_")
+    return env
+
+
+def init_process_group(
+    info: RankInfo, backend: str, timeout_s: float, device: torch.device, run_dir: Optional[Path] = None
+) -> None:
     """Join the job's process group (no-op for a single process)."""
     if not info.is_distributed:
         return
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        for name, value in nccl_environment(run_dir).items():
+            os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_ADDR", info.master_addr)
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
     if device.type == "cuda":

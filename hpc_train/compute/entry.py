@@ -98,7 +98,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
         distributed.init_process_group(
-            ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0]
+            ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
         )
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
         trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)

@@ -123,6 +123,9 @@ class Heartbeat:
         global _current
         _current = None
         self._closing.set()
+        if self._wakeup is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._pipe[1], b"\0")  # wake the thread from its wait on the pipe
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.mark(hang.DONE)  # the watcher of a rank still at work takes over (see _my_turn)
@@ -167,17 +170,18 @@ class Heartbeat:
                     self._watch()
             except OSError as err:  # a full or unreachable disk must not end the rank from here
                 log.warning("heartbeat: %s", err)
+            except Exception as err:  # never a traceback from this thread: say it once and carry on
+                if not self._closing.is_set():
+                    log.warning("heartbeat: %s: %s", type(err).__name__, err)
 
     def _wait(self, seconds: float) -> List[int]:
         if self._wakeup is None:
             self._closing.wait(seconds)
             return []
-        ready, _, _ = select.select([self._wakeup], [], [], seconds)
-        if not ready:
-            return []
         try:
-            data = os.read(self._wakeup, 64)
-        except BlockingIOError:
+            ready, _, _ = select.select([self._wakeup], [], [], seconds)
+            data = os.read(self._wakeup, 64) if ready else b""
+        except (BlockingIOError, ValueError, OSError):  # nothing to read, or the pipe closed under us at the end
             return []
         return list(data)
 

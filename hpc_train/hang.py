@@ -44,11 +44,11 @@ STACKS_WAIT_S = 10.0  # how long the watcher waits for every rank's stacks
 
 STACKS_BEGIN = "=== hpc-train: stacks of rank {rank} (pid {pid}, host {host}, main thread 0x{main:016x}) {stamp} ==="
 STACKS_END = "=== hpc-train: end of stacks of rank {rank} {stamp} ==="
-WORKER_HEADER = "--- data loader worker (pid {pid}) of rank {rank} ---"
+WORKER_HEADER = "--- child process (pid {pid}) of rank {rank} ---"  # a data loader worker, a script's rank
 _BEGIN = re.compile(r"^=== hpc-train: stacks of rank (\d+) \(pid (\d+), host (\S+), main thread 0x([0-9a-f]+)\) .* ===$")
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-_WORKER = re.compile(r"^--- data loader worker \(pid (\d+)\) of rank \d+ ---$")
+_WORKER = re.compile(r"^--- child process \(pid (\d+)\) of rank \d+ ---$")
 
 
 def timeout_s(setting: Any, median_step_s: Optional[float], dist_timeout_s: Optional[float]) -> Optional[float]:
@@ -222,7 +222,7 @@ def describe(
             lines.append(f"      {frame}")
         for pid, worker_frames in rank_stacks.workers.items():
             if worker_frames:
-                lines.append(f"    its data loader worker (pid {pid}):")
+                lines.append(f"    its child process (pid {pid}):")
                 lines.extend(f"      {frame}" for frame in worker_frames[:frames])
     if verdict.waiting:
         where = sorted({records[r].where() for r in verdict.waiting})

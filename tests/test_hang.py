@@ -92,7 +92,7 @@ def test_a_dataset_that_hangs_on_rank_1_is_named_with_the_reading_frame(workers,
     assert "; rank 1 stuck:" in message and "is stuck in data at step" in message
     assert 'hang_data.py", line' in message and "in __getitem__" in message  # the worker's frame, or the rank's own
     if workers:
-        assert "its data loader worker (pid " in message
+        assert "its child process (pid " in message
     assert "rank 0 is waiting for it" in message
     # no data loader worker outlives its rank (they sleep for an hour)
     time.sleep(1)
@@ -220,3 +220,19 @@ def test_the_auto_timeout_is_five_minutes_or_twenty_steps_below_the_process_grou
     assert hang.timeout_s("auto", 30.0, 1800) == 600
     assert hang.timeout_s("auto", 120.0, 1800) == pytest.approx(1620)  # capped at 0.9 x dist_timeout_s
     assert hang.timeout_s(45, 120.0, 1800) == 45 and hang.timeout_s(None, 1.0, 1800) is None
+
+
+def test_a_script_jobs_hung_rank_is_named_from_its_py_spy_stack(tmp_path):
+    """Your own script: progress is its output (and hpc_train.log_metrics rows); stacks come from py-spy."""
+    run_dir = tmp_path / "run"
+    script = ["tests/scripts/ddp_allreduce.py", "--steps", "10", "--hang-rank", "1", "--hang-step", "3"]
+    started = time.monotonic()
+    proc = run_cli(["strategy=ddp", "resources.gpus_per_node=2", *WATCHED, f"hydra.run.dir={run_dir}", "--", *script])
+    assert proc.returncode == rundir.EXIT_HUNG, proc.stderr
+    assert time.monotonic() - started < LIMIT_S + 30
+    message = hang_message(proc)
+    assert "; rank 1 stuck:" in message and "is stuck in running (its last line: step 2: loss" in message
+    assert 'ddp_allreduce.py", line' in message and "in sleep_for_an_hour" in message
+    assert "rank 0 is waiting for it (running): not the cause." in message  # py-spy: inside torch.distributed
+    left = subprocess.run(["pgrep", "-f", "ddp_allreduce.py --steps 10 --hang-rank"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""

@@ -59,8 +59,11 @@ def beat_seconds(timeout: Optional[float]) -> float:
 
 
 class Heartbeat:
-    def __init__(self, run_dir: Path, ranks: RankInfo, trainer_cfg: Any, stop_flag: Any = None) -> None:
+    def __init__(
+        self, run_dir: Path, ranks: RankInfo, trainer_cfg: Any, stop_flag: Any = None, probe: Optional[Any] = None
+    ) -> None:
         self.run_dir, self.ranks, self.stop_flag = Path(run_dir), ranks, stop_flag
+        self.probe = probe  # called every beat before publishing (a script job looks for new metrics rows)
         self.timeout_setting = trainer_cfg.get("hang_timeout_s", hang.AUTO)
         self.dist_timeout_s = float(trainer_cfg.get("dist_timeout_s") or 0) or None
         self.requeue_on_hang = bool(trainer_cfg.get("requeue_on_hang", False))
@@ -75,6 +78,7 @@ class Heartbeat:
         self.step_times: Deque[float] = deque(maxlen=STEP_WINDOW)
         self.beat_s = beat_seconds(hang.timeout_s(self.timeout_setting, None, self.dist_timeout_s))
         self.watching = ranks.rank == 0 or ranks.rank == ranks.world_size - 1
+        self.script_pid: Optional[int] = None  # a script job's script: its stacks come from py-spy (see dump_stacks)
         self.answered: Optional[float] = None  # the request time whose stacks were dumped
         self.acted = False
         self.stop_first: Optional[float] = None  # time.time() of the first stop signal
@@ -164,6 +168,8 @@ class Heartbeat:
                 for signum in signals:
                     self._on_stop_signal(signum)
                 self._check_grace()
+                if self.probe is not None:
+                    self.probe()
                 self._publish()
                 self._answer_request()
                 if self.watching:
@@ -191,7 +197,7 @@ class Heartbeat:
             hang.RankProgress(
                 rank=self.ranks.rank,
                 host=self.host,
-                pid=os.getpid(),
+                pid=self.script_pid or os.getpid(),
                 main_thread=self.main_thread,
                 attempt=self.attempt,
                 step=self.step,
@@ -211,6 +217,15 @@ class Heartbeat:
         if out is None:
             return
         rank = self.ranks.rank
+        if self.script_pid is not None:  # the user's script: read from outside
+            from hpc_train.compute import pyspy
+
+            pid = self.script_pid
+            head = hang.STACKS_BEGIN.format(rank=rank, pid=pid, host=self.host, main=pid, stamp=stamp)
+            body = pyspy.dump(pid, rank)
+            out.write("\n".join(["", head, *body, hang.STACKS_END.format(rank=rank, stamp=stamp), ""]))
+            out.flush()
+            return
         out.write(
             "\n" + hang.STACKS_BEGIN.format(rank=rank, pid=os.getpid(), host=self.host, main=self.main_thread, stamp=stamp)
             + "\n"
@@ -362,3 +377,9 @@ def phase(name: str) -> Iterator[None]:
 def step_ended(seconds: float) -> None:
     if _current is not None:
         _current.step_ended(seconds)
+
+
+def warmed_up() -> None:
+    """Past the start (a script's first output): the first-step allowance is over."""
+    if _current is not None:
+        _current.warm = True

@@ -34,8 +34,8 @@ from typing import IO, Any, Deque, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train import rundir
-from hpc_train.compute import attempts
+from hpc_train import hang, rundir
+from hpc_train.compute import attempts, heartbeat
 from hpc_train.compute.attempts import attempt_key
 from hpc_train.compute.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
 from hpc_train.compute.ranks import RankInfo
@@ -110,6 +110,7 @@ class _Tee(threading.Thread):
     def __init__(self, source: IO[bytes], sink: IO[str], pattern: Optional[re.Pattern]) -> None:
         super().__init__(daemon=True)
         self.source, self.sink, self.pattern = source, sink, pattern
+        self.lines = 0
         self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.found: Optional[str] = None
 
@@ -119,6 +120,9 @@ class _Tee(threading.Thread):
             self.sink.write(line)
             self.sink.flush()
             self.tail.append(line.rstrip("\n"))
+            self.lines += 1
+            heartbeat.mark(hang.RUNNING, detail=f"its last line: {line.strip()[:80]}")  # output is progress
+            heartbeat.warmed_up()
             if self.pattern is not None:
                 match = self.pattern.search(line)
                 if match:
@@ -166,6 +170,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
     env = script_env(ranks, run_dir, attempt, torchrun, threads)
     requeue_signal = signal_number(str((cfg.get("launcher") or {}).get("signal") or "USR2"))
     flag = StopFlag(requeue_signal, then="stopping the script").install()
+    beat = heartbeat.Heartbeat(run_dir, ranks, cfg.trainer, flag, probe=_metrics_probe(run_dir)).start()
     log.info(
         "rank %d (attempt %d%s): %s (in %s)",
         ranks.rank,
@@ -179,6 +184,8 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         proc = subprocess.Popen(
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore(requeue_signal)
         )
+        beat.script_pid = proc.pid
+        beat.mark(hang.RUNNING)
         out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
         out.start()
         err.start()
@@ -186,6 +193,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         out.join(timeout=5)
         err.join(timeout=5)
     finally:
+        beat.close()
         flag.uninstall()
     if proc.returncode != 0:
         raise ScriptFailed(_failure(proc.returncode, ranks, command, err.tail))
@@ -227,6 +235,24 @@ def _wait(
             attempts.end(run_dir, attempt, reason, step)
         _stop(proc, signal.SIGTERM, STOP_GRACE_S)
         raise TrainingInterrupted(request, step, reason, flag, f"the script was stopped ({reason})")
+
+
+def _metrics_probe(run_dir: Path) -> Any:
+    """For the heartbeat, every beat: a grown metrics.jsonl (hpc_train.log_metrics) is progress, at its last step."""
+    size = {"last": -1}
+
+    def probe() -> None:
+        try:
+            now = (run_dir / rundir.METRICS).stat().st_size
+        except OSError:
+            return
+        if now != size["last"]:
+            if size["last"] >= 0:
+                heartbeat.mark(hang.RUNNING, _last_step(run_dir), detail="it logged metrics")
+                heartbeat.warmed_up()
+            size["last"] = now
+
+    return probe
 
 
 def _failure(code: int, ranks: RankInfo, command: List[str], tail: Deque[str]) -> str:

@@ -28,10 +28,16 @@ VARIABLES = (
 )  # fmt: skip
 
 
+def sleep_for_an_hour() -> None:
+    time.sleep(3600)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--hang-rank", type=int, default=None, help="this rank sleeps for an hour at --hang-step")
+    parser.add_argument("--hang-step", type=int, default=2)
     args = parser.parse_args()
     dist.init_process_group("gloo")  # env:// : MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -43,12 +49,18 @@ def main() -> None:
     model = DistributedDataParallel(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1000 + rank)  # each rank its own batch: gradients averaged by DDP
-    for _ in range(args.steps):
+    for step in range(1, args.steps + 1):
         x = torch.randn(8, 4, generator=data)
         loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.hang_rank is not None:  # the hang tests: log the loss over every rank, as scripts do
+            if rank == args.hang_rank and step == args.hang_step:
+                sleep_for_an_hour()
+            logged = loss.detach().clone()
+            dist.all_reduce(logged)
+            print(f"step {step}: loss {logged.item() / world:.4f}", flush=True)
     weights = [float(v) for p in model.module.parameters() for v in p.detach().flatten()]
 
     out = Path(args.out or os.environ["HPC_TRAIN_RUN_DIR"])

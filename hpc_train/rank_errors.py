@@ -9,17 +9,48 @@ exit first (see :func:`root_cause`). Shared by both sides: no torch here.
 
 from __future__ import annotations
 
+import functools
 import signal
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 from hpc_train import rundir
 
 
+DIED_AT = "_hpc_train_died_at"  # the attribute an exception carries from where it was first seen
+
+
+def note_time_of_death(error: BaseException) -> None:
+    """Stamp `error` with the time it left the training step, once: its record is timed by it, not by the moment
+    the record is written after unwinding (closing data loader workers, loggers) that may take seconds."""
+    if getattr(error, DIED_AT, None) is None:
+        try:
+            setattr(error, DIED_AT, time.time())
+        except AttributeError:  # an exception type without a __dict__
+            pass
+
+
+def notes_time_of_death(function: F) -> F:
+    """Decorator: exceptions leaving `function` carry their time of death (see :func:`note_time_of_death`)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            note_time_of_death(error)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
 def write_error_record(run_dir: Path, rank: int, error: BaseException, when: Optional[float] = None) -> None:
-    """Record this rank's failure (best effort: a failing rank must not fail again here)."""
+    """Record this rank's failure, timed at its death (best effort: a failing rank must not fail again here)."""
     text = f"{type(error).__name__}: {error}".strip()
+    when = getattr(error, DIED_AT, None) if when is None else when
     write_record(run_dir, rank, text.splitlines()[0] if text else type(error).__name__, when)
 
 
@@ -49,7 +80,8 @@ def root_cause(
 
     A rank that died without a record (SIGKILL, the OOM killer, a segfault) comes first: peers
     that fail *because* of it raise an exception and leave a record. Otherwise the earliest
-    record names the rank whose exception started it all.
+    record names the rank whose exception started it all: records are timed at the death (the
+    exception leaving the training step, a hung rank's last advance), not when they were written.
     """
     silent = [rank for rank, _ in failed if rank not in records]
     if silent:

@@ -236,3 +236,19 @@ def test_a_script_jobs_hung_rank_is_named_from_its_py_spy_stack(tmp_path):
     assert "rank 0 is waiting for it (running): not the cause." in message  # py-spy: inside torch.distributed
     left = subprocess.run(["pgrep", "-f", "ddp_allreduce.py --steps 10 --hang-rank"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_the_rank_that_died_first_is_blamed_by_its_time_of_death_not_its_report(tmp_path):
+    from hpc_train.rank_errors import note_time_of_death, read_records, root_cause, write_error_record
+
+    culprit = ValueError("the real cause")
+    note_time_of_death(culprit)  # it left the step first ...
+    time.sleep(0.05)
+    peer = RuntimeError("Connection closed by peer")
+    write_error_record(tmp_path, 0, peer)  # ... but its peer's record is written first
+    time.sleep(0.05)
+    write_error_record(tmp_path, 1, culprit)
+    records = read_records(tmp_path, 2, since=0.0)
+    assert records[1]["time"] < records[0]["time"]
+    assert root_cause([(0, 1), (1, 1)], records) == (1, records[1])
+    assert root_cause([(0, 1), (1, -9)], {0: records[0]})[0] == 1  # a silent death (SIGKILL) first

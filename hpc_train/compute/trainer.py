@@ -50,6 +50,7 @@ from hpc_train.compute.refusal import Refusal
 from hpc_train.compute.step import build_step
 from hpc_train.compute.user_code import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.fingerprint import fingerprint
+from hpc_train.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")
 _END = object()  # a stream's iterator ran out
@@ -220,6 +221,7 @@ class Trainer:
         self._save(state.global_step, "end of training")
         return self._finish(meter)
 
+    @notes_time_of_death
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
         """One optimizer step over `batch` (cut into trainer.grad_accum_steps micro-batches); the loss, the step's
         metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
@@ -491,6 +493,7 @@ class Trainer:
             "" if self.ema is None else f" (weight average: {results['loss_ema']:.4f})",
         )
 
+    @notes_time_of_death
     def _after_step(self) -> None:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
@@ -524,7 +527,11 @@ class Trainer:
                 heartbeat.step_ended(time.perf_counter() - started)
             heartbeat.mark(hang.DATA, self.state.global_step + 1)
             started = time.perf_counter()
-            batch = next(batches, _END)
+            try:
+                batch = next(batches, _END)
+            except BaseException as error:  # the dataset's own exception, before the iterator's workers are closed
+                note_time_of_death(error)
+                raise
             if batch is _END:
                 return
             yield batch

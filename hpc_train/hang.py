@@ -8,7 +8,7 @@ loader workers too), then names the culprits with :func:`diagnose` and ends the 
 :data:`hpc_train.rundir.EXIT_HUNG`.
 
 Who is to blame. A rank that waits in a collective (the phase ``collective``, or a stack whose
-innermost frame is in ``torch/distributed``) waits for the others. Of the other ranks, those
+innermost frame is in ``torch/distributed``), or that has finished, waits for the others. Of the other ranks, those
 *behind* the furthest one (an earlier step, or an earlier phase of the same step: data, then
 forward, then backward, then the optimizer) have not reached the point the furthest one waits
 at: they are the culprits, and the furthest ones are named as waiting for them. When every
@@ -178,7 +178,7 @@ class Verdict:
 def diagnose(records: Dict[int, RankProgress], stacks: Dict[int, Optional[RankStacks]], now: float) -> Verdict:
     """Which ranks hang (the culprits) and which only wait for them (see the module doc)."""
     ranks = sorted(records)
-    waiting = {r for r in ranks if records[r].phase == COLLECTIVE or in_collective(stacks.get(r))}
+    waiting = {r for r in ranks if records[r].phase in (COLLECTIVE, DONE) or in_collective(stacks.get(r))}
     rest = [r for r in ranks if r not in waiting]
     if not rest:  # every rank waits in a collective: they disagree on which one (or a peer left it)
         culprits = ranks

@@ -252,3 +252,9 @@ def test_the_rank_that_died_first_is_blamed_by_its_time_of_death_not_its_report(
     assert records[1]["time"] < records[0]["time"]
     assert root_cause([(0, 1), (1, 1)], records) == (1, records[1])
     assert root_cause([(0, 1), (1, -9)], {0: records[0]})[0] == 1  # a silent death (SIGKILL) first
+
+
+def test_a_rank_that_finished_is_not_blamed_for_a_peer_stuck_after_it():
+    records = {0: record(0, 6, hang.DONE), 1: record(1, 6, hang.CHECKPOINT)}
+    verdict = hang.diagnose(records, {}, now=200.0)
+    assert verdict.culprits == [1] and verdict.waiting == [0]

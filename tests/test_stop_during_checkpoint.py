@@ -190,12 +190,6 @@ def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_
     assert train_steps(run_dir) == train_steps(reference(layout))  # each step once, as if never stopped
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the stop grace (trainer.stop_grace_s, heartbeat._check_grace) exempts the phase 'checkpoint' but"
-    " not the checkpoint's own barrier, where rank 1 waits (phase 'collective') while rank 0 writes: a write longer"
-    " than the grace stops rank 1 at once mid-checkpoint (on Slurm srun then kills rank 0 mid-write: no requeue)",
-)
 def test_a_checkpoint_write_longer_than_the_stop_grace_is_not_cut_short(tmp_path):
     """The stop grace ends a step that hangs after a stop signal; a checkpoint being written is not a hang."""
     args = [*ARGS, *LAYOUTS["ddp"], "trainer.stop_grace_s=2"]

@@ -16,7 +16,9 @@ Python-level handler cannot run. The thread:
   after the current step, stops this rank at once, after dumping its stacks, on a second one
   (1 s or more later: Ctrl-C reaches the launcher and every rank at the same moment, and the
   launcher forwards it) or when the rank has not advanced for the stop grace period
-  (``trainer.stop_grace_s``, at least 3 median steps). The exit code is EXIT_INTERRUPTED.
+  (``trainer.stop_grace_s``, at least 3 median steps). The exit code is EXIT_INTERRUPTED. A
+  checkpoint being written is never cut short by the grace, and a second signal during it waits
+  for its end (a third one does not).
 
 Dumping uses ``faulthandler``, registered at start on SIGURG for this process (and, inherited
 through fork, its data loader workers): SIGURG is ignored by default, so a process that did not
@@ -74,6 +76,7 @@ class Heartbeat:
         self.main_thread = threading.main_thread().ident or 0
         # Where the rank is: written by the training loop, read by the thread.
         self.step, self.phase_name, self.detail, self.since = 0, hang.SETUP, "", self.started
+        self.nesting: List[str] = []  # the phases entered with phase() and not left yet (outermost first)
         self.warm = False  # finished a step in this attempt (setup and the first step get longer)
         self.step_times: Deque[float] = deque(maxlen=STEP_WINDOW)
         self.beat_s = beat_seconds(hang.timeout_s(self.timeout_setting, None, self.dist_timeout_s))
@@ -82,6 +85,7 @@ class Heartbeat:
         self.answered: Optional[float] = None  # the request time whose stacks were dumped
         self.acted = False
         self.stop_first: Optional[float] = None  # time.time() of the first stop signal
+        self.stops = 0  # stop signals received (a repeat within REPEAT_WINDOW_S counts once)
         self._log_file = None
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
@@ -97,11 +101,18 @@ class Heartbeat:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         previous = self.phase_name, self.detail
+        self.nesting.append(name)
         self.mark(name)
         try:
             yield
         finally:
+            self.nesting.pop()
             self.mark(*previous[:1], detail=previous[1])
+
+    @property
+    def checkpointing(self) -> bool:
+        """Inside a checkpoint (its own barriers included: a rank waits there while rank 0 writes)."""
+        return self.phase_name == hang.CHECKPOINT or hang.CHECKPOINT in self.nesting
 
     def step_ended(self, seconds: float) -> None:
         self.step_times.append(seconds)
@@ -286,6 +297,9 @@ class Heartbeat:
             return
         name = signal.Signals(signum).name
         now = time.time()
+        if self.stop_first is not None and now - self.stop_first < REPEAT_WINDOW_S:
+            return  # the same request, delivered twice
+        self.stops += 1
         if self.stop_first is None:
             self.stop_first = now
             self.stop_flag.request_stop(signum)
@@ -294,14 +308,20 @@ class Heartbeat:
                 f"hpc-train: received {name}: {self.stop_flag.then} (a second {name}, or no progress within"
                 f" {self.grace_s():.0f} s, stops at once)\n".encode(),
             )
-        elif now - self.stop_first >= REPEAT_WINDOW_S:
+        elif self.checkpointing and self.stops == 2:  # the checkpoint that saves the work is being written
+            os.write(
+                2,
+                f"hpc-train: received {name} again while writing a checkpoint: stopping right after it (a third"
+                f" {name} stops at once)\n".encode(),
+            )
+        else:
             self._stop_now(f"received {name} again")
 
     def grace_s(self) -> float:
         return max(self.stop_grace_s, 3 * (self.median_step_s or 0.0))
 
     def _check_grace(self) -> None:
-        if self.stop_first is None or self.phase_name == hang.CHECKPOINT:
+        if self.stop_first is None or self.checkpointing:  # a checkpoint being written is not a hang
             return
         last = max(self.stop_first, self.since)
         if time.time() - last > self.grace_s():

@@ -241,10 +241,20 @@ def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
 
 @dataclass
 class PreparedJob:
-    plan: RunPlan
-    spec: Dict[str, Any]
+    """One job ready for sbatch: its submitit parameters and what its tasks run.
+
+    hpc-train's own jobs carry their plan and job spec (the tasks run ``TrainingJob(spec)``);
+    a Hydra app's jobs (hpc_train.launch.app_launcher) carry no plan and their own ``payload``.
+    """
+
+    plan: Optional[RunPlan]
+    spec: Optional[Dict[str, Any]]
     params: Dict[str, Any]
     label: str  # the overrides that make this job, for tables
+    log_dir: Path  # where submitit's files go when the job is submitted alone (its run dir)
+    max_requeues: int  # submitit's max_num_timeout
+    payload: Any = None  # the callable its tasks run; None: made from spec by submit_jobs' `task`
+    folder: Optional[Path] = None  # submitit's folder as the user gave it (a Hydra app's submitit_folder, %j and all)
 
 
 def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
@@ -253,7 +263,7 @@ def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob
         check_slurm_commands()
     check_partition(params)
     capacity.check_capacity(params, time_key(plan.config))
-    return PreparedJob(plan, spec, params, label)
+    return PreparedJob(plan, spec, params, label, plan.run_dir, int(plan.config.trainer.max_requeues))
 
 
 def _group_key(params: Dict[str, Any]) -> str:
@@ -365,6 +375,10 @@ class _Submission:
                 folder.rmdir()
 
 
+def _payload(job: PreparedJob, make_task: Callable[[Dict[str, Any]], Any]) -> Any:
+    return job.payload if job.payload is not None else make_task(job.spec)  # type: ignore[arg-type]
+
+
 def _chunks(members: List[PreparedJob], size: int) -> Iterator[List[PreparedJob]]:
     for start in range(0, len(members), size):
         yield members[start : start + size]
@@ -400,9 +414,9 @@ def submit_jobs(
     try:
         for number, members in enumerate(arrays, 1):
             first = members[0]
-            folder = (
-                log_root if (log_root is not None and len(members) > 1) else first.plan.run_dir
-            ) / rundir.SLURM_LOGS
+            folder = first.folder or (
+                (log_root if (log_root is not None and len(members) > 1) else first.log_dir) / rundir.SLURM_LOGS
+            )
             submission.watch(folder)
             params = dict(first.params)
             throttled = "array_parallelism" in params
@@ -414,13 +428,13 @@ def submit_jobs(
                     filter(None, [str(extra.get("dependency") or ""), f"afterany:{previous_throttled}"])
                 )
                 params["additional_parameters"] = extra
-            executor = make_executor(folder, params, int(first.plan.config.trainer.max_requeues))
+            executor = make_executor(folder, params, first.max_requeues)
             with contextlib.redirect_stderr(io.StringIO()):
                 if len(members) == 1:
-                    handles = [executor.submit(make_task(first.spec))]
+                    handles = [executor.submit(_payload(first, make_task))]
                 else:
                     with executor.batch():
-                        handles = [executor.submit(make_task(job.spec)) for job in members]
+                        handles = [executor.submit(_payload(job, make_task)) for job in members]
             submission.queued.append(str(handles[0].job_id).split("_")[0])
             if throttled and len(members) > 1:
                 previous_throttled = submission.queued[-1]

@@ -143,7 +143,7 @@ class SweepLauncher(Launcher):
             (str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
             for _, job in prepared
         ]
-        _print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        print_table(rows, sweep_dir / rundir.JOB_TABLE)
         wait = bool(batch[0][2].view.launcher.wait)
         objective = str(batch[0][2].view.objective)
         if optimising or wait:
@@ -199,7 +199,7 @@ def _job_return(overrides: Sequence[str], run_dir: Path, value: Any) -> JobRetur
     return ret
 
 
-def _print_table(rows: List[tuple], path: Path) -> None:
+def print_table(rows: List[tuple], path: Path) -> None:
     """Print this batch's jobs and append them to the sweep's job table (a sweeper may send several batches)."""
     header = ("job_id", "job", "overrides", "layout")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

@@ -1,8 +1,13 @@
-"""Registers hpc-train's sweep launcher as `hydra/launcher=hpc_train`.
+"""Registers hpc_train's launchers with Hydra.
 
-Hydra only instantiates launchers that live under the `hydra_plugins` package, so this is a
-thin shim over `hpc_train.launch.sweep.SweepLauncher`. `hpc_train.cli` imports it explicitly,
-which also works for editable installs (where Hydra's own plugin scan cannot see it).
+* `hydra/launcher=hpc_train`: hpc-train's own sweeps (`hpc_train.launch.sweep.SweepLauncher`);
+* `hydra/launcher=hpc_train_slurm` and `hpc_train_local`: any Hydra app's sweeps, a drop-in for
+  hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.app_launcher`).
+
+Hydra only instantiates launchers that live under the `hydra_plugins` package, so these are
+thin shims. Hydra's plugin scan finds this package in a normal install and in an editable one
+made with `--config-settings editable_mode=compat` (the README's and scripts/test.sh's);
+`hpc_train.cli` also registers the classes by hand (`register`).
 """
 
 from dataclasses import dataclass
@@ -10,11 +15,26 @@ from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from hpc_train.launch.app_launcher import AppLauncher, AppLauncherConf, AppLocalLauncherConf
 from hpc_train.launch.sweep import SweepLauncher
 
 
 class HpcTrainLauncher(SweepLauncher):
     pass
+
+
+class AppSlurmLauncher(AppLauncher):
+    local = False
+
+
+class AppLocalLauncher(AppLauncher):
+    local = True
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="hpc_train_slurm", node=AppLauncherConf, provider="hpc_train")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="hpc_train_local", node=AppLocalLauncherConf, provider="hpc_train"
+)
 
 
 @dataclass
@@ -70,3 +90,5 @@ def register() -> None:
     HpcTrainSweeper = _make_sweeper_class()
     plugins.class_name_to_class[f"{__name__}.HpcTrainSweeper"] = HpcTrainSweeper
     plugins.class_name_to_class.setdefault(f"{__name__}.HpcTrainLauncher", HpcTrainLauncher)
+    plugins.class_name_to_class.setdefault(f"{__name__}.AppSlurmLauncher", AppSlurmLauncher)
+    plugins.class_name_to_class.setdefault(f"{__name__}.AppLocalLauncher", AppLocalLauncher)

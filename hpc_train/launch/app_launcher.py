@@ -1,0 +1,261 @@
+"""Any Hydra app's sweep on Slurm (or locally): ``hydra/launcher=hpc_train_slurm`` / ``hpc_train_local``.
+
+A drop-in for hydra-submitit-launcher: the same keys with the same meaning (:class:`AppLauncherConf`),
+the app's task function run in each job as Hydra's own ``run_job`` runs it (the job's composed
+config, ``hydra.job.*``, the working dir, ``.hydra/`` files, custom resolvers and other singleton
+state carried to the job), its return value handed back to the sweeper. What it adds:
+
+* **per-job resources**: each job's ``hydra.launcher`` node is read from that job's own composed
+  config, so ``hydra.launcher.gpus_per_node=${model.gpus}`` gives every job its own ``--gres``;
+  jobs with equal parameters go into one array, cut under MaxArraySize and throttled by
+  ``array_parallelism``, through the same code as hpc-train's own sweeps
+  (:func:`hpc_train.launch.slurm.submit_jobs`), with the same job table (``jobs.tsv``);
+* **failed means failed**: a job whose task function raised exits non-zero (``sacct`` says
+  FAILED, not COMPLETED), and the launcher counts it as failed; the exception is still handed
+  back to the sweeper as Hydra's launchers do.
+
+Hydra itself refuses to *sweep* a ``hydra.*`` key (``hydra.launcher.gpus_per_node=1,2``: "Sweeping
+over Hydra's configuration is not supported"); set the key from the job's own config instead
+(``hydra.launcher.gpus_per_node=${gpus} +gpus=1,2``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hpc_train import rundir
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+RETURN_FILE = "{job_id}_hydra_return.pkl"  # beside submitit's own files: a failed job's JobReturn
+
+
+@dataclass
+class AppLauncherConf:
+    """hydra-submitit-launcher's keys (same names, defaults and meaning) and hpc_train's ``wait``."""
+
+    _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    timeout_min: int = 60
+    cpus_per_task: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    tasks_per_node: int = 1
+    mem_gb: Optional[int] = None
+    nodes: int = 1
+    name: str = "${hydra.job.name}"
+    stderr_to_stdout: bool = False
+    partition: Optional[str] = None
+    qos: Optional[str] = None
+    comment: Optional[str] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    gres: Optional[str] = None
+    cpus_per_gpu: Optional[int] = None
+    gpus_per_task: Optional[int] = None
+    mem_per_gpu: Optional[str] = None
+    mem_per_cpu: Optional[str] = None
+    account: Optional[str] = None
+    signal_delay_s: int = 120
+    max_num_timeout: int = 0
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    array_parallelism: int = 256
+    setup: Optional[List[str]] = None
+    srun_args: Optional[List[str]] = None
+    wait: bool = True
+
+
+@dataclass
+class AppLocalLauncherConf:
+    """The keys hydra-submitit-launcher's local launcher takes."""
+
+    _target_: str = "hydra_plugins.hpc_train_launcher.AppLocalLauncher"
+    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
+    timeout_min: int = 60
+    cpus_per_task: Optional[int] = None
+    gpus_per_node: Optional[int] = None
+    tasks_per_node: int = 1
+    mem_gb: Optional[int] = None
+    nodes: int = 1
+    name: str = "${hydra.job.name}"
+    stderr_to_stdout: bool = False
+
+
+# launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
+_SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
+_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait"}
+_LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
+
+
+def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:
+    """submitit SlurmExecutor parameters for one job's ``hydra.launcher`` node (unset keys left to Slurm)."""
+    params: Dict[str, Any] = {}
+    for key, value in launcher.items():
+        if key in _NOT_SBATCH or value is None or value == {} or value == []:
+            continue
+        if key == "mem_gb":
+            params["mem"] = f"{int(value)}GB"
+        else:
+            params[_SLURM_NAMES.get(key, key)] = value
+    return params
+
+
+class AppTask:
+    """What each job runs: the app's task function on the job's own composed config (pickled by submitit)."""
+
+    def __init__(
+        self,
+        hydra_context: HydraContext,
+        task_function: TaskFunction,
+        config: DictConfig,
+        overrides: List[str],
+        job_num: int,
+        singleton_state: Dict[Any, Any],
+    ) -> None:
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
+        self.overrides, self.job_num, self.singleton_state = overrides, job_num, singleton_state
+
+    def __call__(self) -> JobReturn:
+        import submitit
+
+        Singleton.set_state(self.singleton_state)
+        setup_globals()
+        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
+        environment = submitit.JobEnvironment()
+        with open_dict(sweep_config.hydra.job) as job:
+            job.id = environment.job_id
+            job.num = self.job_num
+        ret = run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+        if ret.status == JobStatus.FAILED:  # keep the JobReturn for the sweeper, then fail the job itself
+            import cloudpickle
+
+            path = Path(environment.paths.folder) / RETURN_FILE.format(job_id=environment.job_id)
+            path.write_bytes(cloudpickle.dumps(ret))
+            raise ret._return_value
+        return ret
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's preemption/timeout hook: run the same job again (within max_num_timeout)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
+
+
+class AppLauncher(Launcher):
+    """Shared by the Slurm and the local variant; ``local`` picks submitit's local executor."""
+
+    local = False
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params  # the primary config's launcher node (each job reads its own, see launch)
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        state = Singleton.get_state()
+        jobs = []
+        for i, overrides in enumerate(job_overrides):
+            num = initial_job_idx + i
+            job_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            launcher = OmegaConf.to_container(job_config.hydra.launcher, resolve=True)
+            assert isinstance(launcher, dict)
+            task = AppTask(self.hydra_context, self.task_function, self.config, list(overrides), num, state)
+            jobs.append((num, list(overrides), launcher, task))
+            log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
+        handles = self._submit_local(jobs) if self.local else self._submit_slurm(jobs, sweep_dir)
+        if not bool(jobs[0][2].get("wait", True)):
+            print(f"hpc-train: sweep dir {sweep_dir}; follow it with: hpc-train-report {sweep_dir} --watch")
+        returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
+        failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
+        print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
+        return returns
+
+    def _submit_local(self, jobs: List[Any]) -> List[Any]:
+        """submitit's local executor, one per set of resources (each job a process of its own)."""
+        import submitit
+
+        groups: Dict[str, List[int]] = {}
+        for index, (_, _, launcher, _) in enumerate(jobs):
+            params = {key: launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
+            groups.setdefault(repr(sorted(params.items())), []).append(index)
+        handles: List[Any] = [None] * len(jobs)
+        for members in groups.values():
+            launcher = jobs[members[0]][2]
+            executor = submitit.LocalExecutor(folder=str(launcher["submitit_folder"]))
+            executor.update_parameters(
+                **{key: launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None and key != "mem_gb"}
+            )
+            with executor.batch():
+                submitted = [executor.submit(jobs[index][3]) for index in members]
+            for index, handle in zip(members, submitted):
+                handles[index] = handle
+        return handles
+
+    def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
+        """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
+        from hpc_train.launch import slurm
+        from hpc_train.launch.sweep import print_table
+
+        slurm.check_slurm_commands()
+        prepared = []
+        for num, overrides, launcher, task in jobs:
+            params = slurm_parameters(launcher)
+            label = " ".join(filter_overrides(overrides))
+            prepared.append(
+                slurm.PreparedJob(
+                    None, None, params, label, sweep_dir, int(launcher.get("max_num_timeout") or 0), payload=task,
+                    folder=Path(str(launcher["submitit_folder"])),
+                )
+            )
+        submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
+        handles = {id(job): handle for job, handle in submitted}
+        rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
+        print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        return [handles[id(job)] for job in prepared]
+
+
+def _describe(params: Dict[str, Any]) -> str:
+    parts = [f"{params.get('nodes', 1)} node(s) x {params.get('ntasks_per_node', 1)} task(s)"]
+    for key in ("gres", "gpus_per_node", "cpus_per_task", "partition"):
+        if params.get(key) is not None:
+            parts.append(f"{key} {params[key]}")
+    return ", ".join(parts)
+
+
+def _result(handle: Any, overrides: List[str]) -> JobReturn:
+    """The job's JobReturn; a failed job's (its exception inside) from the file it left, else one made here."""
+    try:
+        return handle.results()[0]
+    except Exception as err:  # the job failed: its task function raised, or it was killed or timed out
+        path = Path(handle.paths.folder) / RETURN_FILE.format(job_id=handle.job_id)
+        if path.exists():
+            import cloudpickle
+
+            return cloudpickle.loads(path.read_bytes())
+        ret = JobReturn()
+        ret.overrides = overrides
+        ret.status = JobStatus.FAILED
+        ret._return_value = err
+        return ret

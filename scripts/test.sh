@@ -4,7 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-# editable_mode=compat: the checkout on sys.path, so Hydra's plugin scan finds hydra_plugins/ (setuptools' default
-# editable finder hides it from the scan)
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]" --config-settings editable_mode=compat
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
 exec .venv/bin/python -m pytest "$@"

@@ -7,12 +7,19 @@ hydra-submitit-launcher runs them the same way with ``submitit_local``. Here wit
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hydra.test_utils.launcher_common_tests import (
     BatchedSweeperTestSuite,
     IntegrationTestSuite,
     LauncherTestSuite,
 )
+
+from hydra_plugins.hpc_train_launcher import register
+from tests.conftest import REPO
+
+register()  # the in-process suites: the classes, whatever Hydra's scan found
 
 # As in Hydra's own CI: every warning is an error, except Hydra's notice that it will stop changing directory.
 pytestmark = [
@@ -31,6 +38,13 @@ class TestLocalLauncher(LauncherTestSuite):
 @pytest.mark.parametrize("launcher_name, overrides", [(LOCAL[0], [*LOCAL[1], "hydra.sweeper.max_batch_size=2"])])
 class TestLocalLauncherBatched(BatchedSweeperTestSuite):
     pass
+
+
+@pytest.fixture(autouse=True)
+def plugin_on_the_path(monkeypatch):
+    """The apps the integration suite starts find hydra_plugins/ through Hydra's scan: in the editable install the
+    tests run from, only with the checkout on PYTHONPATH (see hydra_plugins/hpc_train_launcher)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize(

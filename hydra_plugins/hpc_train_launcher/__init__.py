@@ -5,9 +5,10 @@
   hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.app_launcher`).
 
 Hydra only instantiates launchers that live under the `hydra_plugins` package, so these are
-thin shims. Hydra's plugin scan finds this package in a normal install and in an editable one
-made with `--config-settings editable_mode=compat` (the README's and scripts/test.sh's);
-`hpc_train.cli` also registers the classes by hand (`register`).
+thin shims. Hydra's plugin scan finds this package in a normal install. In an editable install
+(`pip install -e .`) setuptools serves it through an import hook that the scan cannot list:
+`hpc_train.cli` registers the classes by hand (`register`), and a Hydra app of your own finds
+them with the checkout on `PYTHONPATH` (the hook still serves `hpc_train.conf`).
 """
 
 from dataclasses import dataclass

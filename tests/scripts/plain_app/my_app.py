@@ -1,0 +1,22 @@
+"""A Hydra app that knows nothing of hpc_train (issue 32's tests): it reports the GPUs Slurm gave it, or fails."""
+
+import json
+import os
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base=None, config_path=".", config_name="config")
+def main(cfg: DictConfig) -> int:
+    if cfg.fail:
+        raise RuntimeError(f"my_app was asked to fail (gpus={cfg.gpus})")
+    seen = {key: os.environ.get(key) for key in ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")}
+    with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:
+        json.dump(seen, handle)
+    return int(cfg.gpus)
+
+
+if __name__ == "__main__":
+    main()

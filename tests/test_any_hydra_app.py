@@ -1,0 +1,61 @@
+"""A plain Hydra app of the user's (tests/scripts/plain_app, no hpc_train in it) swept on the Slurm test cluster
+with hydra/launcher=hpc_train_slurm (issue 32): each job its own resources, a failing job FAILED."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slurm
+
+APP = REPO / "tests" / "scripts" / "plain_app"
+SLURM = ["hydra/launcher=hpc_train_slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=5"]
+
+
+def sweep(args, sweep_dir: Path) -> subprocess.CompletedProcess:
+    """`python my_app.py -m ARGS` as its user runs it (the checkout on PYTHONPATH: see hydra_plugins/hpc_train_launcher)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, "my_app.py", "-m", *args, f"hydra.sweep.dir={sweep_dir}"]
+    return subprocess.run(command, cwd=APP, env=env, capture_output=True, text=True, timeout=300)
+
+
+def job_table(sweep_dir: Path):
+    lines = (sweep_dir / "jobs.tsv").read_text().splitlines()
+    return [dict(zip(lines[0].split("\t"), line.split("\t"))) for line in lines[1:]]
+
+
+def sacct(job_id: str) -> dict:
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AllocTRES"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    state, tres = out.splitlines()[0].split("|")
+    return {"state": state, "tres": tres}
+
+
+def test_each_job_gets_its_own_gpus_from_its_own_config(slurm_cluster, tmp_path):
+    proc = sweep([*SLURM, "hydra.launcher.gpus_per_node=${gpus}", "gpus=1,2"], tmp_path / "sweep")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 job(s): 2 completed, 0 failed" in proc.stderr
+    rows = job_table(tmp_path / "sweep")
+    assert [row["overrides"] for row in rows] == ["gpus=1", "gpus=2"]
+    for row, gpus in zip(rows, (1, 2)):
+        accounted = sacct(row["job_id"])
+        assert accounted["state"] == "COMPLETED" and f"gres/gpu={gpus}" in accounted["tres"], accounted
+        seen = json.loads((tmp_path / "sweep" / row["job"] / "seen.json").read_text())
+        assert seen["SLURM_JOB_ID"] == row["job_id"] and seen["SLURM_GPUS_ON_NODE"] == str(gpus)
+
+
+def test_a_job_that_raises_is_failed_in_sacct_and_counted_failed(slurm_cluster, tmp_path):
+    proc = sweep([*SLURM, "fail=false,true"], tmp_path / "sweep")
+    assert proc.returncode != 0  # Hydra's sweeper re-raises the failed job's exception
+    assert "my_app was asked to fail (gpus=1)" in proc.stderr
+    assert "2 job(s): 1 completed, 1 failed" in proc.stderr
+    states = {row["overrides"]: sacct(row["job_id"])["state"] for row in job_table(tmp_path / "sweep")}
+    assert states == {"fail=False": "COMPLETED", "fail=True": "FAILED"}  # as Hydra's sweeper spells them

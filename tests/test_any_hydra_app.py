@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,19 @@ def job_table(sweep_dir: Path):
 
 
 def sacct(job_id: str) -> dict:
-    out = subprocess.run(
-        ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AllocTRES"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    state, tres = out.splitlines()[0].split("|")
-    return {"state": state, "tres": tres}
+    """The job's final state and resources, once slurmdbd has them (accounting lags the job's end by a moment)."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run(
+            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AllocTRES"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        if out:
+            state, tres = out.splitlines()[0].split("|")
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") or time.monotonic() > deadline:
+                return {"state": state, "tres": tres}
+        elif time.monotonic() > deadline:
+            raise AssertionError(f"sacct does not know job {job_id}")
+        time.sleep(0.5)
 
 
 def test_each_job_gets_its_own_gpus_from_its_own_config(slurm_cluster, tmp_path):

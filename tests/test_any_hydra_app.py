@@ -68,3 +68,17 @@ def test_a_job_that_raises_is_failed_in_sacct_and_counted_failed(slurm_cluster, 
     assert "2 job(s): 1 completed, 1 failed" in proc.stderr
     states = {row["overrides"]: sacct(row["job_id"])["state"] for row in job_table(tmp_path / "sweep")}
     assert states == {"fail=False": "COMPLETED", "fail=True": "FAILED"}  # as Hydra's sweeper spells them
+
+
+def test_wait_false_queues_and_returns_and_a_sweeper_that_needs_results_is_refused(slurm_cluster, tmp_path):
+    started = time.monotonic()
+    proc = sweep([*SLURM, "hydra.launcher.wait=false", "gpus=1,2"], tmp_path / "sweep")
+    assert proc.returncode == 0, proc.stderr
+    assert f"2 job(s) queued; sweep dir {tmp_path / 'sweep'}; follow them with: hpc-train-report" in proc.stdout
+    assert time.monotonic() - started < 30
+    rows = job_table(tmp_path / "sweep")
+    assert all(sacct(row["job_id"])["state"] == "COMPLETED" for row in rows)  # they ran after the launcher left
+    refused = sweep([*SLURM, "hydra.launcher.wait=false", "hydra/sweeper=optuna", "gpus=1,2"], tmp_path / "optuna")
+    assert refused.returncode == 2
+    assert "invalid configuration for `hydra.launcher.wait`" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "optuna" / "jobs.tsv").exists()  # nothing was queued

@@ -184,9 +184,13 @@ class AppLauncher(Launcher):
             task = AppTask(self.hydra_context, self.task_function, self.config, list(overrides), num, state)
             jobs.append((num, list(overrides), launcher, task))
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
+        wait = bool(jobs[0][2].get("wait", True))
+        if not wait:
+            _check_no_wait(self.config.hydra)
         handles = self._submit_local(jobs) if self.local else self._submit_slurm(jobs, sweep_dir)
-        if not bool(jobs[0][2].get("wait", True)):
-            print(f"hpc-train: sweep dir {sweep_dir}; follow it with: hpc-train-report {sweep_dir} --watch")
+        if not wait:  # submit and come back: the jobs' ids stand for their results
+            print(f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch")
+            return [_queued(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
         returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
@@ -242,6 +246,43 @@ def _describe(params: Dict[str, Any]) -> str:
         if params.get(key) is not None:
             parts.append(f"{key} {params[key]}")
     return ", ".join(parts)
+
+
+RESULTLESS_SWEEPERS = (
+    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    "hydra_plugins.hpc_train_launcher.HpcTrainSweeper",
+)  # sweepers that read no job's result: the only ones hydra.launcher.wait=false can serve
+
+
+def _check_no_wait(hydra_cfg: DictConfig) -> None:
+    from hpc_train.launch.errors import ConfigError
+    from hpc_train.launch.objective import sweeper_target
+
+    sweeper = sweeper_target(hydra_cfg)
+    if sweeper not in RESULTLESS_SWEEPERS:  # one message and exit code 2, as hpc-train's own refusals
+        _refuse(ConfigError(
+            "hydra.launcher.wait",
+            f"wait=false queues the jobs and returns before they end, but the sweeper {sweeper} reads each job's"
+            " result to choose the next ones.",
+            "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with wait=false.",
+        ))
+
+
+def _refuse(error: Exception) -> None:
+    """Bad input in an app's sweep: its one message and exit code 2 before anything is queued (no traceback)."""
+    from hpc_train.rundir import EXIT_REFUSED
+
+    print(error, file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_REFUSED)
+
+
+def _queued(handle: Any, overrides: List[str]) -> JobReturn:
+    """A job that was queued, not waited for: COMPLETED as far as the sweep is concerned, its job id as the value."""
+    ret = JobReturn()
+    ret.overrides = overrides
+    ret.status = JobStatus.COMPLETED
+    ret._return_value = str(handle.job_id)
+    return ret
 
 
 def _result(handle: Any, overrides: List[str]) -> JobReturn:

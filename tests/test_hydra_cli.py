@@ -155,7 +155,7 @@ def test_hydra_searchpath_adds_a_config_dir(tmp_path):
 
 
 # -- hydra/launcher choices ----------------------------------------------------------------------
-@pytest.mark.parametrize("launcher", ["submitit_slurm", "submitit_local"])
+@pytest.mark.parametrize("launcher", ["submitit_slurm", "submitit_local", "hpc_train_slurm", "hpc_train_local"])
 def test_submitit_launchers_are_refused_in_one_line(launcher, tmp_path):
     proc = run_cli(["-m", f"hydra/launcher={launcher}", *TINY, "strategy=single,ddp", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -18,6 +18,9 @@ from hpc_train.launch.objective import check_objective
 REFUSED_LAUNCHERS = {
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "submitit_slurm",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "submitit_local",
+    # hpc_train's own launchers for other Hydra apps (hpc_train.launch.app_launcher): the same trap
+    "hydra_plugins.hpc_train_launcher.AppSlurmLauncher": "hpc_train_slurm",
+    "hydra_plugins.hpc_train_launcher.AppLocalLauncher": "hpc_train_local",
 }
 
 

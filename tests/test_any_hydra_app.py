@@ -82,3 +82,14 @@ def test_wait_false_queues_and_returns_and_a_sweeper_that_needs_results_is_refus
     assert refused.returncode == 2
     assert "invalid configuration for `hydra.launcher.wait`" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "optuna" / "jobs.tsv").exists()  # nothing was queued
+
+
+def test_a_job_no_node_can_hold_stops_the_sweep_before_anything_is_queued(slurm_cluster, tmp_path):
+    proc = sweep([*SLURM, "hydra.launcher.gpus_per_node=${gpus}", "gpus=1,64"], tmp_path / "sweep")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        "invalid configuration for `hydra.launcher.gpus_per_node`: sweep job #1 (gpus=64): the job asks for 64 GPUs"
+        " per node, but the nodes of partition debug (the default) have at most 4. Nothing was queued."
+        " Fix: set hydra.launcher.gpus_per_node=4 or fewer."
+    ) in proc.stderr
+    assert not (tmp_path / "sweep" / "jobs.tsv").exists()

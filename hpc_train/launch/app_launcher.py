@@ -219,21 +219,32 @@ class AppLauncher(Launcher):
 
     def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
-        from hpc_train.launch import slurm
+        from hpc_train.launch import capacity, slurm
+        from hpc_train.launch.errors import ConfigError
         from hpc_train.launch.sweep import print_table
+        from hpc_train.launch.sweep_limits import check_sweep_fits
 
         slurm.check_slurm_commands()
         prepared = []
         for num, overrides, launcher, task in jobs:
             params = slurm_parameters(launcher)
             label = " ".join(filter_overrides(overrides))
+            try:  # before anything is queued: one job that no node can hold stops the sweep
+                slurm.check_partition(params, capacity.APP_KEYS.partition)
+                capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
+            except ConfigError as err:
+                _refuse(ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix))
             prepared.append(
                 slurm.PreparedJob(
                     None, None, params, label, sweep_dir, int(launcher.get("max_num_timeout") or 0), payload=task,
                     folder=Path(str(launcher["submitit_folder"])),
                 )
             )
-        submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
+        try:
+            check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
+            submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
+        except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
+            _refuse(err)
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
         print_table(rows, sweep_dir / rundir.JOB_TABLE)

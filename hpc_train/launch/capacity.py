@@ -95,6 +95,28 @@ def partitions() -> Optional[Dict[str, Partition]]:
     return parse_sinfo(out.stdout) or None
 
 
+@dataclass(frozen=True)
+class Keys:
+    """The config keys a refusal names: hpc-train's own (the default), or a Hydra app's ``hydra.launcher.*``."""
+
+    nodes: str = "resources.nodes"
+    gpus: str = "resources.gpus_per_node"
+    cpus: str = "cluster.cpus_per_gpu"  # the key that sets CPUs per task
+    cpus_per_gpu: bool = True  # hpc-train asks for CPUs per GPU; a Hydra app, CPUs per task
+    mem: str = "cluster.mem_gb"
+    partition: str = "cluster.partition"
+
+
+APP_KEYS = Keys(
+    "hydra.launcher.nodes",
+    "hydra.launcher.gpus_per_node",
+    "hydra.launcher.cpus_per_task",
+    False,
+    "hydra.launcher.mem_gb",
+    "hydra.launcher.partition",
+)
+
+
 def _requested_gpus(params: Dict[str, Any]) -> int:
     if params.get("gpus_per_node") is not None:
         return int(params["gpus_per_node"])
@@ -109,7 +131,9 @@ def _requested_mem_mb(params: Dict[str, Any]) -> Optional[int]:
     return int(match.group(1)) * {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}[match.group(2).upper()]
 
 
-def check_capacity(params: Dict[str, Any], time_key: str, found: Optional[Dict[str, Partition]] = None) -> None:
+def check_capacity(
+    params: Dict[str, Any], time_key: str, found: Optional[Dict[str, Partition]] = None, keys: Keys = Keys()
+) -> None:
     """Raise ConfigError when no ``nodes`` nodes of the partition can hold this request, or its time is over MaxTime.
 
     ``params`` are the submitit sbatch parameters (``slurm.slurm_parameters``); ``time_key`` is the
@@ -122,20 +146,22 @@ def check_capacity(params: Dict[str, Any], time_key: str, found: Optional[Dict[s
     part = found.get(str(name)) if name else next((p for p in found.values() if p.default), None)
     if part is None or not part.nodes:
         return  # an unknown partition is check_partition's to refuse
-    problem = _problem(params, part, time_key)
+    problem = _problem(params, part, time_key, keys)
     if problem is None:
         return
     key, what, fix = problem
     where = f"partition {part.name}" + ("" if name else " (the default)")
-    fits = sorted(p.name for p in found.values() if p is not part and p.nodes and _problem(params, p, time_key) is None)
-    other = f", or cluster.partition={' or '.join(fits)}, where it fits" if fits else ""
+    fits = sorted(
+        p.name for p in found.values() if p is not part and p.nodes and _problem(params, p, time_key, keys) is None
+    )
+    other = f", or {keys.partition}={' or '.join(fits)}, where it fits" if fits else ""
     raise ConfigError(key, what.format(where=where), f"{fix}{other}.")
 
 
-def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional[Tuple[str, str, str]]:
+def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys) -> Optional[Tuple[str, str, str]]:
     """(key, problem with a {where} slot, fix) for the first thing the partition's nodes cannot give, or None."""
-    nodes, gpus = int(params["nodes"]), _requested_gpus(params)
-    tasks, cpus_per_task = int(params["ntasks_per_node"]), int(params["cpus_per_task"])
+    nodes, gpus = int(params.get("nodes") or 1), _requested_gpus(params)
+    tasks, cpus_per_task = int(params.get("ntasks_per_node") or 1), int(params.get("cpus_per_task") or 1)
     cpus = tasks * cpus_per_task
     extra = params.get("additional_parameters") or {}
     by_core = str(extra.get("hint", "")) == "nomultithread" or str(extra.get("threads-per-core", "")) == "1"
@@ -147,29 +173,30 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional
     mem_mb = _requested_mem_mb(params)
     if nodes > len(part.nodes):
         return (
-            "resources.nodes",
+            keys.nodes,
             f"the job asks for {nodes} nodes, but {{where}} has {len(part.nodes)}.",
-            f"set resources.nodes={len(part.nodes)} or fewer",
+            f"set {keys.nodes}={len(part.nodes)} or fewer",
         )
     most_gpus = max(n.gpus for n in part.nodes)
     if gpus > most_gpus:
-        fix = f"set resources.gpus_per_node={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
+        fix = f"set {keys.gpus}={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
         return (
-            "resources.gpus_per_node",
+            keys.gpus,
             f"the job asks for {gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.",
             fix,
         )
     most_cpus = max(cpus_of(n) for n in part.nodes)
     if cpus > most_cpus:
         per_gpu = most_cpus // gpus if gpus else 0
-        fix = (
-            f"set cluster.cpus_per_gpu={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)"
-            if per_gpu
-            else "ask for fewer GPUs per node (resources.gpus_per_node)"
-        )
+        if not keys.cpus_per_gpu:
+            fix = f"set {keys.cpus}={max(1, most_cpus // tasks)} or fewer ({most_cpus} {unit} / {tasks} task(s) per node)"
+        elif per_gpu:
+            fix = f"set {keys.cpus}={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)"
+        else:
+            fix = f"ask for fewer GPUs per node ({keys.gpus})"
         hint = " with --hint=nomultithread" if by_core else ""
         return (
-            "cluster.cpus_per_gpu",
+            keys.cpus,
             (
                 f"the job asks for {tasks} task(s) x {cpus_per_task} CPUs = {cpus} {unit} per node{hint}, but the nodes"
                 f" of {{where}} have at most {most_cpus}."
@@ -179,20 +206,18 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str) -> Optional
     most_mem = max(n.mem_mb for n in part.nodes)
     if mem_mb is not None and mem_mb > most_mem:
         return (
-            "cluster.mem_gb",
+            keys.mem,
             f"the job asks for {params['mem']} per node, but the nodes of {{where}} have at most {most_mem} MB.",
-            f"set cluster.mem_gb={most_mem // 1024} or less, or cluster.mem_gb=null for the partition's default",
+            f"set {keys.mem}={most_mem // 1024} or less, or {keys.mem}=null for the partition's default",
         )
     fitting = sum(
         1 for n in part.nodes if n.gpus >= gpus and cpus_of(n) >= cpus and (mem_mb is None or n.mem_mb >= mem_mb)
     )
     if fitting < nodes:
         each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
-        fix = (
-            f"set resources.nodes={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
-        )
+        fix = f"set {keys.nodes}={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
         return (
-            "resources.nodes",
+            keys.nodes,
             f"the job asks for {nodes} nodes with {each} each, but only {fitting} node(s) of {{where}} have that much.",
             fix,
         )

@@ -184,8 +184,8 @@ def requeue_signal(cfg: ConfigView) -> str:
     return name
 
 
-def check_partition(params: Dict[str, Any]) -> None:
-    """When sinfo answers, refuse a partition the cluster does not have."""
+def check_partition(params: Dict[str, Any], key: str = "cluster.partition") -> None:
+    """When sinfo answers, refuse a partition the cluster does not have (`key` names where it was set)."""
     partition = params.get("partition")
     found = capacity.partitions() if partition else None
     if not found:
@@ -194,9 +194,9 @@ def check_partition(params: Dict[str, Any]) -> None:
     missing = [name for name in str(partition).split(",") if name not in found]
     if missing:
         raise ConfigError(
-            "cluster.partition",
+            key,
             f"this cluster has no partition {missing[0]!r} (sinfo lists: {', '.join(known)}).",
-            f"pass cluster.partition=<one of {', '.join(known)}>.",
+            f"pass {key}=<one of {', '.join(known)}>.",
         )
 
 

@@ -93,3 +93,16 @@ def test_a_job_no_node_can_hold_stops_the_sweep_before_anything_is_queued(slurm_
         " Fix: set hydra.launcher.gpus_per_node=4 or fewer."
     ) in proc.stderr
     assert not (tmp_path / "sweep" / "jobs.tsv").exists()
+
+
+@pytest.mark.parametrize("launcher", ["submitit_slurm", "hpc_train_slurm"])
+def test_the_submitit_launchers_example_app_runs_by_changing_one_word(launcher, slurm_cluster, tmp_path):
+    """The same app and config under hydra-submitit-launcher and under hpc_train: only hydra/launcher differs."""
+    example = REPO / "tests" / "scripts" / "submitit_example"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, "my_app.py", "-m", f"hydra/launcher={launcher}", "task=1,2,3", f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(command, cwd=example, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads((tmp_path / str(n) / "job.json").read_text()) for n in range(3)]
+    assert [r["task"] for r in records] == [1, 2, 3]
+    assert all(sacct(r["job_id"])["state"] == "COMPLETED" for r in records)  # each in a real Slurm job

@@ -421,7 +421,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="follow a sweep live (counts by state, running jobs' step/loss/samples/s, failures, ETA) until it ends",
     )
     parser.add_argument("--every", type=float, default=None, help="--watch: seconds between refreshes (default 5)")
+    parser.add_argument(
+        "--rerun-failed",
+        action="store_true",
+        help="resubmit the jobs of a Slurm sweep whose newest attempt failed or was cancelled, as they were submitted",
+    )
     args = parser.parse_args(argv)
+    if args.rerun_failed:
+        from hpc_train.launch.rerun import rerun_failed
+
+        count, refusal = rerun_failed(args.path)
+        if refusal:
+            print(f"hpc-train-report: {refusal}", file=sys.stderr)
+            return 2
+        print(f"hpc-train-report: {count} job(s) resubmitted" + ("" if count else ": none failed"))
+        return 0
     if args.watch:
         from hpc_train.watch import REFRESH_S, watch
 

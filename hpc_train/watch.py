@@ -66,7 +66,8 @@ def _table(sweep_dir: Path) -> List[Tuple[str, str]]:
     except OSError:
         return []
     rows = [line.split("\t") for line in lines if line and not line.startswith("job_id\t")]
-    return [(cells[0], cells[1]) for cells in rows if len(cells) >= 2]
+    newest = {cells[1]: cells[0] for cells in rows if len(cells) >= 2}  # a rerun's row replaces the failed one
+    return [(job_id, number) for number, job_id in newest.items()]
 
 
 def _local_jobs(sweep_dir: Path) -> int:

@@ -106,3 +106,30 @@ def test_the_submitit_launchers_example_app_runs_by_changing_one_word(launcher, 
     records = [json.loads((tmp_path / str(n) / "job.json").read_text()) for n in range(3)]
     assert [r["task"] for r in records] == [1, 2, 3]
     assert all(sacct(r["job_id"])["state"] == "COMPLETED" for r in records)  # each in a real Slurm job
+
+
+def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cluster, tmp_path):
+    needed = tmp_path / "ready"
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep([*SLURM, f"needs=null,{needed}"], sweep_dir)
+    assert proc.returncode != 0 and "1 completed, 1 failed" in proc.stderr
+    first = job_table(sweep_dir)
+    needed.write_text("now it is there")
+    rerun = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--rerun-failed"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert "hpc-train-report: 1 job(s) resubmitted" in rerun.stdout
+    rows = job_table(sweep_dir)
+    assert rows[:2] == first and len(rows) == 3  # the new attempt is recorded as a new row of the same job
+    again = rows[2]
+    assert again["job"] == "1" and again["overrides"] == first[1]["overrides"] and again["job_id"] != first[1]["job_id"]
+    assert sacct(again["job_id"])["state"] == "COMPLETED"
+    seen = json.loads((sweep_dir / "1" / "seen.json").read_text())  # in the job's own dir
+    assert seen["SLURM_JOB_ID"] == again["job_id"]
+    none_left = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--rerun-failed"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert "0 job(s) resubmitted: none failed" in none_left.stdout

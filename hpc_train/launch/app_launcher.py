@@ -219,7 +219,7 @@ class AppLauncher(Launcher):
 
     def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
-        from hpc_train.launch import capacity, slurm
+        from hpc_train.launch import capacity, rerun, slurm
         from hpc_train.launch.errors import ConfigError
         from hpc_train.launch.sweep import print_table
         from hpc_train.launch.sweep_limits import check_sweep_fits
@@ -248,6 +248,8 @@ class AppLauncher(Launcher):
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
         print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
+        rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]
 
 

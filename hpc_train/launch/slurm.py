@@ -255,6 +255,7 @@ class PreparedJob:
     max_requeues: int  # submitit's max_num_timeout
     payload: Any = None  # the callable its tasks run; None: made from spec by submit_jobs' `task`
     folder: Optional[Path] = None  # submitit's folder as the user gave it (a Hydra app's submitit_folder, %j and all)
+    submitted_to: Optional[Path] = None  # the folder submit_jobs gave submitit (for a rerun: hpc_train.launch.rerun)
 
 
 def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
@@ -435,6 +436,8 @@ def submit_jobs(
                 else:
                     with executor.batch():
                         handles = [executor.submit(_payload(job, make_task)) for job in members]
+            for job in members:
+                job.submitted_to = folder
             submission.queued.append(str(handles[0].job_id).split("_")[0])
             if throttled and len(members) > 1:
                 previous_throttled = submission.queued[-1]
@@ -453,3 +456,17 @@ def submit_jobs(
         submission.take_back()  # interrupted part-way (Ctrl-C): the sweep goes in whole or not at all
         raise
     return submitted
+
+
+def submission_records(submitted: List[Tuple[PreparedJob, Any]], numbers: List[str]) -> List[Dict[str, Any]]:
+    """What a rerun needs of each submitted job (hpc_train.launch.rerun.record), `numbers` its job numbers."""
+    return [
+        {
+            "job_id": str(handle.job_id),
+            "job": number,
+            "folder": str(job.submitted_to),
+            "params": job.params,
+            "max_requeues": job.max_requeues,
+        }
+        for (job, handle), number in zip(submitted, numbers)
+    ]

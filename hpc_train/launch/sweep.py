@@ -89,7 +89,7 @@ class SweepLauncher(Launcher):
         a trial whose sampled values fail validation, or whose job fails, comes back FAILED and
         the sweeper decides (hydra.sweeper.max_failure_rate).
         """
-        from hpc_train.launch import slurm
+        from hpc_train.launch import rerun, slurm
         from hpc_train.launch.errors import ConfigError, JobFailed
         from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
         from hpc_train.launch.objective import read_objective, sweeper_wants_objective
@@ -144,6 +144,8 @@ class SweepLauncher(Launcher):
             for _, job in prepared
         ]
         print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
+        rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         wait = bool(batch[0][2].view.launcher.wait)
         objective = str(batch[0][2].view.objective)
         if optimising or wait:

@@ -1,0 +1,90 @@
+"""Rerun only what failed: ``hpc-train-report SWEEP_DIR --rerun-failed`` (issue 32).
+
+At submission every Slurm job of a sweep (hpc-train's own or a Hydra app's) leaves one line in
+``<sweep dir>/.hpc_train/submissions.jsonl``: its Slurm id, job number, submitit folder, sbatch
+parameters and requeue budget. submitit keeps what the job runs (``<id>_submitted.pkl``, read
+back through ``Job.submission()``). A rerun finds the jobs whose newest attempt ended FAILED,
+CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY or was otherwise not COMPLETED, submits exactly
+what each ran, with its parameters, again (same job number, same job dir: an hpc-train job
+resumes from its checkpoint), and appends the new attempt to ``jobs.tsv`` (a second row for the
+same job number: every reader takes the newest row of a job). No torch here: a login node runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from hpc_train import rundir
+
+SUBMISSIONS = Path(".hpc_train") / "submissions.jsonl"
+
+
+def record(sweep_dir: Path, entries: List[Dict[str, Any]]) -> None:
+    """Append one line per submitted job: {job_id, job, folder, params, max_requeues}."""
+    path = Path(sweep_dir) / SUBMISSIONS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        for entry in entries:
+            handle.write(json.dumps(entry, default=str) + "\n")
+
+
+def _submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
+    path = Path(sweep_dir) / SUBMISSIONS
+    if not path.exists():
+        return {}
+    return {str(entry["job_id"]): entry for entry in rundir.read_jsonl(path)}
+
+
+def newest_rows(sweep_dir: Path) -> Dict[str, Tuple[str, str, str]]:
+    """job number -> (Slurm id, overrides, layout) of its newest row in jobs.tsv."""
+    rows: Dict[str, Tuple[str, str, str]] = {}
+    path = Path(sweep_dir) / rundir.JOB_TABLE
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines()[1:]:
+        cells = line.split("\t")
+        if len(cells) >= 4:
+            rows[cells[1]] = (cells[0], cells[2], cells[3])
+    return rows
+
+
+def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
+    """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
+    from hpc_train.job_states import ENDED, slurm_job_states
+    from hpc_train.launch.slurm import make_executor
+    from hpc_train.launch.sweep import print_table
+
+    rows = newest_rows(sweep_dir)
+    if not rows:
+        return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
+    submissions = _submissions(sweep_dir)
+    states = slurm_job_states(job_id for job_id, _, _ in rows.values())
+    failed = {
+        number: row
+        for number, row in rows.items()
+        if row[0] in states and states[row[0]].state in ENDED and states[row[0]].state != "COMPLETED"
+    }
+    missing = [row[0] for row in failed.values() if row[0] not in submissions]
+    if missing:
+        return 0, (
+            f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
+            " submitted by an hpc-train older than --rerun-failed; rerun those jobs with their overrides by hand"
+        )
+    import submitit
+
+    new_rows, entries = [], []
+    for number, (job_id, overrides, layout) in sorted(failed.items(), key=lambda item: int(item[0])):
+        entry = submissions[job_id]
+        folder = Path(entry["folder"])
+        delayed = submitit.SlurmJob(folder=folder, job_id=job_id).submission()
+        executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))
+        handle = executor.submit(delayed.function, *delayed.args, **delayed.kwargs)
+        print(f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id}, resubmitted as {handle.job_id}")
+        new_rows.append((str(handle.job_id), number, overrides, layout))
+        entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": job_id})
+    if new_rows:
+        record(sweep_dir, entries)
+        print_table(new_rows, Path(sweep_dir) / rundir.JOB_TABLE)
+    return len(new_rows), None

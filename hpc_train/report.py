@@ -25,6 +25,7 @@ import yaml
 
 from hpc_train import rundir
 from hpc_train.job_states import slurm_states
+from hpc_train.sweep_status import never_running
 
 PNG_NAME = "report.png"
 PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one
@@ -447,8 +448,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         kind, jobs = collect(args.path)
     except ReportError as err:
-        print(f"hpc-train-report: {err}", file=sys.stderr)
-        return 2
+        why = never_running(args.path) if args.path.is_dir() else None  # refused before any job folder was made
+        print(f"hpc-train-report: {why or err}", file=sys.stderr)
+        return 1 if why else 2
     apply_slurm_states(jobs)
     if args.json:
         print(json.dumps([asdict(job) for job in jobs], indent=2))
@@ -464,15 +466,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             " step)"
         )
         print(f"states: {state_counts(jobs)}")
+    why = never_running(args.path) if kind == "sweep" else None
+    status = 1 if why else 0  # a sweep that will never run is not a success, whatever its table shows
+    if why:
+        print(f"hpc-train-report: {why}", file=sys.stderr)
     if args.no_png:
-        return 0
+        return status
     if len(jobs) > PNG_MAX_JOBS:
         print(
             f"hpc-train-report: no plot: {len(jobs):,} jobs are more bars than a chart can show (at most"
             f" {PNG_MAX_JOBS}); use --json for the numbers.",
             file=sys.stderr,
         )
-        return 0
+        return status
     png = args.png or (args.path / PNG_NAME)
     try:
         write_png(jobs, str(args.path), png)
@@ -483,9 +489,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}",
             file=sys.stderr,
         )
-        return 0
+        return status
     print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import yaml
 
 from hpc_train import rundir
 from hpc_train.job_states import ENDED, rank_error, slurm_job_states
+from hpc_train.sweep_status import never_running
 
 REFRESH_S = 5.0
 FAILED_SHOWN = 10  # failed jobs listed with their error (the count covers all of them)
@@ -261,8 +262,13 @@ def watch(sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout) 
         while True:
             snap = snapshot(sweep_dir)
             text = render(sweep_dir, snap)
+            why = None if snap.done else never_running(sweep_dir)
+            if why:
+                text += f"\nhpc-train-report: {why}"
             out.write(("\033[H\033[J" if redraw else "") + text + "\n" + ("" if redraw else "\n"))
             out.flush()
+            if why:
+                return 1
             if snap.done:
                 return 1 if snap.failed else 0
             time.sleep(every)

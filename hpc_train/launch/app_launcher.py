@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from hpc_train import rundir
+from hpc_train import rundir, sweep_status
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -174,6 +174,17 @@ class AppLauncher(Launcher):
         setup_globals()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_status.mark_running(sweep_dir)
+        self.sweep_dir = sweep_dir
+        try:
+            returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
+        except SystemExit:  # _refuse said why and marked the sweep refused
+            raise
+        sweep_status.mark_done(sweep_dir)
+        return returns
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         state = Singleton.get_state()
         jobs = []
         for i, overrides in enumerate(job_overrides):
@@ -186,7 +197,7 @@ class AppLauncher(Launcher):
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
         wait = bool(jobs[0][2].get("wait", True))
         if not wait:
-            _check_no_wait(self.config.hydra)
+            _check_no_wait(self.config.hydra, sweep_dir)
         handles = self._submit_local(jobs) if self.local else self._submit_slurm(jobs, sweep_dir)
         if not wait:  # submit and come back: the jobs' ids stand for their results
             print(f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch")
@@ -233,7 +244,7 @@ class AppLauncher(Launcher):
                 slurm.check_partition(params, capacity.APP_KEYS.partition)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:
-                _refuse(ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix))
+                _refuse(sweep_dir, ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix))
             prepared.append(
                 slurm.PreparedJob(
                     None, None, params, label, sweep_dir, int(launcher.get("max_num_timeout") or 0), payload=task,
@@ -244,7 +255,7 @@ class AppLauncher(Launcher):
             check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
-            _refuse(err)
+            _refuse(sweep_dir, err)
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
         print_table(rows, sweep_dir / rundir.JOB_TABLE)
@@ -267,13 +278,13 @@ RESULTLESS_SWEEPERS = (
 )  # sweepers that read no job's result: the only ones hydra.launcher.wait=false can serve
 
 
-def _check_no_wait(hydra_cfg: DictConfig) -> None:
+def _check_no_wait(hydra_cfg: DictConfig, sweep_dir: Path) -> None:
     from hpc_train.launch.errors import ConfigError
     from hpc_train.launch.objective import sweeper_target
 
     sweeper = sweeper_target(hydra_cfg)
     if sweeper not in RESULTLESS_SWEEPERS:  # one message and exit code 2, as hpc-train's own refusals
-        _refuse(ConfigError(
+        _refuse(sweep_dir, ConfigError(
             "hydra.launcher.wait",
             f"wait=false queues the jobs and returns before they end, but the sweeper {sweeper} reads each job's"
             " result to choose the next ones.",
@@ -281,10 +292,11 @@ def _check_no_wait(hydra_cfg: DictConfig) -> None:
         ))
 
 
-def _refuse(error: Exception) -> None:
+def _refuse(sweep_dir: Path, error: Exception) -> None:
     """Bad input in an app's sweep: its one message and exit code 2 before anything is queued (no traceback)."""
     from hpc_train.rundir import EXIT_REFUSED
 
+    sweep_status.mark_refused(sweep_dir, str(error))
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_REFUSED)
 

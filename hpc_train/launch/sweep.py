@@ -23,7 +23,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hpc_train import rundir
+from hpc_train import rundir, sweep_status
+from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,18 @@ class SweepLauncher(Launcher):
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_status.mark_running(sweep_dir)
+        try:
+            returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
+        except ConfigError as err:  # refused as a whole: say so to hpc-train-report --watch too
+            sweep_status.mark_refused(sweep_dir, err.message)
+            raise
+        sweep_status.mark_done(sweep_dir)
+        return returns
+
+    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> Sequence[JobReturn]:
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        assert self._configs is not None
         progress = Progress(len(job_overrides), "composed")
         jobs: List[JobConfig] = []
         for i, overrides in enumerate(job_overrides):

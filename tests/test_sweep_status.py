@@ -1,0 +1,53 @@
+"""hpc-train-report (and --watch) know a sweep that will never run (issue 32): refused as a whole, or a local sweep
+whose launching process was killed; they say so and exit non-zero instead of showing PENDING for ever."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import REPO, TINY, run_cli, wait_for
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "hpc_train.report", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def test_a_refused_sweep_is_reported_refused_and_the_watch_ends(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", *TINY, "trainer.lr=0.01,0.1,abc", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 2
+    watched = report(str(sweep_dir), "--watch", "--every", "0.2")
+    assert watched.returncode == 1
+    assert "this sweep was refused before anything ran: hpc-train: invalid configuration for `trainer.lr`" in watched.stdout
+    plain = report(str(sweep_dir), "--no-png")
+    assert plain.returncode == 1 and "this sweep was refused before anything ran" in plain.stderr
+
+
+def test_a_local_sweep_whose_launcher_was_killed_is_reported_abandoned(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    command = [sys.executable, "-m", "hpc_train.cli", "-m", *TINY, "trainer.epochs=50", "seed=1,2,3", f"hydra.sweep.dir={sweep_dir}"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").exists(), 120, "the first job to train")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    started = time.monotonic()
+    watched = report(str(sweep_dir), "--watch", "--every", "0.2")
+    assert watched.returncode == 1 and time.monotonic() - started < 30
+    assert f"the process that launched this sweep (pid {proc.pid}" in watched.stdout and "is gone" in watched.stdout
+
+
+def test_a_finished_sweep_is_not_taken_for_abandoned(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = run_cli(["-m", *TINY, "trainer.max_steps=2", "trainer.epochs=null", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"])
+    assert proc.returncode == 0, proc.stderr
+    watched = report(str(sweep_dir), "--watch", "--every", "0.2")
+    assert watched.returncode == 0 and "gone" not in watched.stdout and "refused" not in watched.stdout

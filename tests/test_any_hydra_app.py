@@ -133,3 +133,23 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
+
+
+def test_a_cluster_profile_of_the_users_supplies_the_defaults(slurm_cluster, tmp_path):
+    """hydra.launcher.cluster: hpc_train's profiles (here one of the user's, built on the shipped `slurm` one)."""
+    profile = tmp_path / "my_conf" / "cluster" / "testsite.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text(
+        "defaults:\n  - slurm\n  - _self_\n\nname: testsite\npartition: gpu_p2\ncpus_per_gpu: 1\n"
+        "setup:\n  - export FROM_PROFILE=yes\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep(
+        ["hydra/launcher=hpc_train_slurm", "hydra.launcher.timeout_min=5", f"hydra.launcher.cluster={profile}",
+         "hydra.launcher.gpus_per_node=2"],
+        sweep_dir,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((sweep_dir / "0" / "seen.json").read_text())
+    assert seen["SLURM_JOB_PARTITION"] == "gpu_p2" and seen["FROM_PROFILE"] == "yes"
+    assert seen["SLURM_CPUS_PER_TASK"] == "2" and seen["SLURM_GPUS_ON_NODE"] == "2"  # cpus_per_gpu x GPUs

@@ -21,6 +21,7 @@ over Hydra's configuration is not supported"); set the key from the job's own co
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class AppLauncherConf:
     array_parallelism: int = 256
     setup: Optional[List[str]] = None
     srun_args: Optional[List[str]] = None
+    cluster: Optional[str] = None
     wait: bool = True
 
 
@@ -91,8 +93,68 @@ class AppLocalLauncherConf:
 
 # launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
 _SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
-_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait"}
+_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster"}
 _LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
+
+
+@functools.lru_cache(maxsize=None)
+def cluster_profile(name: str) -> Dict[str, Any]:
+    """hpc_train's cluster profile `name` (shipped, e.g. jean_zay), or a profile file of the user's
+    (``path/to/my_conf/cluster/mysite.yaml``), composed by hpc-train itself (``hpc-train --cfg job --resolve``):
+    its defaults list and interpolations work as they do for hpc-train's own jobs."""
+    import subprocess
+
+    import yaml
+
+    from hpc_train.launch.errors import ConfigError
+
+    command = [sys.executable, "-m", "hpc_train.cli", "--cfg", "job", "--resolve"]
+    path = Path(name).expanduser()
+    if path.suffix in (".yaml", ".yml"):  # my_conf/cluster/mysite.yaml: the config dir is two levels up
+        command += ["--config-dir", str(path.resolve().parent.parent), f"cluster={path.stem}"]
+    else:
+        command.append(f"cluster={name}")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise ConfigError(
+            "hydra.launcher.cluster",
+            f"hpc_train could not compose the cluster profile {name!r}: {said[-1] if said else done.returncode}.",
+            "name a shipped profile (jean_zay, slurm, ...) or the path of your own cluster/<name>.yaml.",
+        )
+    return dict(yaml.safe_load(done.stdout)["cluster"])
+
+
+def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
+    """The launcher keys with what ``cluster`` supplies filled in where they are unset: partition, account (also
+    from ``account_env``), QoS (also by time), constraint, memory, setup lines, CPUs (``cpus_per_gpu`` x GPUs per
+    task), ``--hint`` and the profile's extra sbatch options."""
+    from hpc_train.launch.config_view import ConfigView
+    from hpc_train.launch.slurm import _account, _qos
+
+    if not launcher.get("cluster"):
+        return launcher
+    profile = ConfigView(cluster_profile(str(launcher["cluster"])))
+    out = dict(launcher)
+
+    def fill(key: str, value: Any) -> None:
+        if out.get(key) in (None, [], {}) and value not in (None, [], {}):
+            out[key] = value
+
+    fill("partition", profile.get("partition"))
+    fill("account", _account(profile))
+    fill("qos", _qos(profile, int(out.get("timeout_min") or 60)))
+    fill("constraint", profile.get("constraint"))
+    fill("mem_gb", profile.get("mem_gb"))
+    fill("setup", list(profile.get("setup") or []))
+    gpus, tasks = out.get("gpus_per_node"), int(out.get("tasks_per_node") or 1)
+    if out.get("cpus_per_task") is None and out.get("cpus_per_gpu") is None and gpus and profile.get("cpus_per_gpu"):
+        out["cpus_per_task"] = max(1, int(profile.cpus_per_gpu) * int(gpus) // tasks)
+    extra = {**dict(profile.get("extra") or {}), **dict(out.get("additional_parameters") or {})}
+    if profile.get("hint"):
+        extra.setdefault("hint", str(profile.hint))
+    out["additional_parameters"] = extra
+    return out
 
 
 def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:
@@ -238,9 +300,9 @@ class AppLauncher(Launcher):
         slurm.check_slurm_commands()
         prepared = []
         for num, overrides, launcher, task in jobs:
-            params = slurm_parameters(launcher)
             label = " ".join(filter_overrides(overrides))
             try:  # before anything is queued: one job that no node can hold stops the sweep
+                params = slurm_parameters(apply_profile(launcher))
                 slurm.check_partition(params, capacity.APP_KEYS.partition)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:

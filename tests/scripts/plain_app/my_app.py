@@ -14,7 +14,8 @@ def main(cfg: DictConfig) -> int:
         raise RuntimeError(f"my_app was asked to fail (gpus={cfg.gpus})")
     if cfg.needs is not None and not os.path.exists(cfg.needs):  # fails until the file is there (a rerun's test)
         raise FileNotFoundError(f"my_app needs {cfg.needs}")
-    seen = {key: os.environ.get(key) for key in ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES")}
+    names = ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "SLURM_JOB_PARTITION", "SLURM_CPUS_PER_TASK", "FROM_PROFILE")
+    seen = {key: os.environ.get(key) for key in names}
     with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:
         json.dump(seen, handle)
     return int(cfg.gpus)

@@ -153,3 +153,23 @@ def test_a_cluster_profile_of_the_users_supplies_the_defaults(slurm_cluster, tmp
     seen = json.loads((sweep_dir / "0" / "seen.json").read_text())
     assert seen["SLURM_JOB_PARTITION"] == "gpu_p2" and seen["FROM_PROFILE"] == "yes"
     assert seen["SLURM_CPUS_PER_TASK"] == "2" and seen["SLURM_GPUS_ON_NODE"] == "2"  # cpus_per_gpu x GPUs
+
+
+def test_a_1100_job_sweep_is_cut_into_arrays_under_max_array_size(slurm_cluster, tmp_path):
+    """Queued held (nothing runs) and cancelled: what is checked is how the jobs went in."""
+    from hpc_train.launch.sweep_limits import array_chunk
+
+    sweep_dir = tmp_path / "sweep"
+    args = [*SLURM, "hydra.launcher.wait=false", "+hydra.launcher.additional_parameters={hold:true}", "gpus=range(1,1101)"]
+    proc = sweep(args, sweep_dir)
+    rows = job_table(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
+    arrays = sorted({row["job_id"].split("_")[0] for row in rows})
+    try:
+        assert proc.returncode == 0, proc.stderr
+        chunk = array_chunk()  # MaxArraySize - 1 of the test cluster's slurm.conf (1000)
+        assert len(rows) == 1100 and chunk < 1100
+        sizes = sorted(sum(1 for row in rows if row["job_id"].startswith(f"{array}_")) for array in arrays)
+        assert sizes == sorted([chunk, 1100 - chunk]), sizes
+        assert [row["overrides"] for row in rows] == [f"gpus={n}" for n in range(1, 1101)]
+    finally:
+        subprocess.run(["scancel", *arrays], check=False)

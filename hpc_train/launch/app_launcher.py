@@ -170,34 +170,49 @@ def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:
     return params
 
 
+class SharedPart:
+    """What every job of a launch shares (Hydra's context, the task function, the primary config, the singletons),
+    pickled once into the sweep dir: submitit pickles each job on its own, and a 1,100-job sweep would otherwise
+    write all of it 1,100 times (~70 kB a job)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def write(cls, path: Path, **parts: Any) -> "SharedPart":
+        import cloudpickle
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rundir.write_bytes_atomic(cloudpickle.dumps(parts), path)
+        return cls(path)
+
+    def read(self) -> Dict[str, Any]:
+        import pickle
+
+        return pickle.loads(self.path.read_bytes())
+
+
 class AppTask:
     """What each job runs: the app's task function on the job's own composed config (pickled by submitit)."""
 
-    def __init__(
-        self,
-        hydra_context: HydraContext,
-        task_function: TaskFunction,
-        config: DictConfig,
-        overrides: List[str],
-        job_num: int,
-        singleton_state: Dict[Any, Any],
-    ) -> None:
-        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
-        self.overrides, self.job_num, self.singleton_state = overrides, job_num, singleton_state
+    def __init__(self, shared: SharedPart, overrides: List[str], job_num: int) -> None:
+        self.shared, self.overrides, self.job_num = shared, overrides, job_num
 
     def __call__(self) -> JobReturn:
         import submitit
 
-        Singleton.set_state(self.singleton_state)
+        parts = self.shared.read()
+        hydra_context, task_function = parts["hydra_context"], parts["task_function"]
+        Singleton.set_state(parts["singleton_state"])
         setup_globals()
-        sweep_config = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
+        sweep_config = hydra_context.config_loader.load_sweep_config(parts["config"], self.overrides)
         environment = submitit.JobEnvironment()
         with open_dict(sweep_config.hydra.job) as job:
             job.id = environment.job_id
             job.num = self.job_num
         ret = run_job(
-            hydra_context=self.hydra_context,
-            task_function=self.task_function,
+            hydra_context=hydra_context,
+            task_function=task_function,
             config=sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
@@ -247,14 +262,23 @@ class AppLauncher(Launcher):
 
     def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        state = Singleton.get_state()
+        shared = SharedPart.write(
+            sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl",
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=self.config,
+            singleton_state=Singleton.get_state(),
+        )
         jobs = []
+        same = None if _interpolated(self.config.hydra.launcher) else _plain(self.config.hydra.launcher)
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
-            job_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            launcher = OmegaConf.to_container(job_config.hydra.launcher, resolve=True)
-            assert isinstance(launcher, dict)
-            task = AppTask(self.hydra_context, self.task_function, self.config, list(overrides), num, state)
+            if same is None:  # the node refers to the job's own config: compose the job to read it
+                job_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+                launcher = _plain(job_config.hydra.launcher)
+            else:  # the same for every job (Hydra refuses to sweep hydra.* keys): read once
+                launcher = same
+            task = AppTask(shared, list(overrides), num)
             jobs.append((num, list(overrides), launcher, task))
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
         wait = bool(jobs[0][2].get("wait", True))
@@ -324,6 +348,23 @@ class AppLauncher(Launcher):
         numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
         rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]
+
+
+SAME_FOR_EVERY_JOB = {"hydra.sweep.dir", "hydra.job.name"}  # what the default keys interpolate
+
+
+def _interpolated(node: Any) -> bool:
+    """Whether the node interpolates anything that may differ from job to job (anything but SAME_FOR_EVERY_JOB)."""
+    import re
+
+    container = OmegaConf.to_container(node, resolve=False)
+    return any(ref.strip() not in SAME_FOR_EVERY_JOB for ref in re.findall(r"\$\{([^}]*)\}", repr(container)))
+
+
+def _plain(node: Any) -> Dict[str, Any]:
+    launcher = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(launcher, dict)
+    return launcher
 
 
 def _describe(params: Dict[str, Any]) -> str:

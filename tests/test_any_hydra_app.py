@@ -173,3 +173,12 @@ def test_a_1100_job_sweep_is_cut_into_arrays_under_max_array_size(slurm_cluster,
         assert [row["overrides"] for row in rows] == [f"gpus={n}" for n in range(1, 1101)]
     finally:
         subprocess.run(["scancel", *arrays], check=False)
+
+
+def test_slurms_own_refusal_names_the_apps_launcher_key(slurm_cluster, tmp_path):
+    proc = sweep([*SLURM, "hydra.launcher.constraint=no_such_feature", "gpus=1,2"], tmp_path / "sweep")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "invalid configuration for `hydra.launcher.constraint`: Slurm refused the job:" in proc.stderr
+    assert "Invalid feature specification" in proc.stderr
+    assert "Fix: pass hydra.launcher.constraint=" in proc.stderr and "cluster." not in proc.stderr
+    assert not (tmp_path / "sweep" / "jobs.tsv").exists()

@@ -326,10 +326,11 @@ class AppLauncher(Launcher):
         for num, overrides, launcher, task in jobs:
             label = " ".join(filter_overrides(overrides))
             try:  # before anything is queued: one job that no node can hold stops the sweep
-                params = slurm_parameters(apply_profile(launcher))
+                params = slurm_parameters(apply_profile(launcher))  # a profile's refusal names hpc-train's keys: reworded
                 slurm.check_partition(params, capacity.APP_KEYS.partition)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:
+                err = _in_app_keys(err)
                 _refuse(sweep_dir, ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix))
             prepared.append(
                 slurm.PreparedJob(
@@ -341,7 +342,7 @@ class AppLauncher(Launcher):
             check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
-            _refuse(sweep_dir, err)
+            _refuse(sweep_dir, _in_app_keys(err))
         handles = {id(job): handle for job, handle in submitted}
         rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
         print_table(rows, sweep_dir / rundir.JOB_TABLE)
@@ -393,6 +394,36 @@ def _check_no_wait(hydra_cfg: DictConfig, sweep_dir: Path) -> None:
             " result to choose the next ones.",
             "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with wait=false.",
         ))
+
+
+# hpc-train's keys, as shared refusals (sbatch's words, a cluster profile's) name them -> a Hydra app's launcher keys
+APP_KEYS = {
+    "cluster.partition": "hydra.launcher.partition",
+    "cluster.account": "hydra.launcher.account",
+    "cluster.qos": "hydra.launcher.qos",
+    "cluster.constraint": "hydra.launcher.constraint",
+    "cluster.mem_gb": "hydra.launcher.mem_gb",
+    "cluster.cpus_per_gpu": "hydra.launcher.cpus_per_task",
+    "cluster.extra": "hydra.launcher.additional_parameters",
+    "cluster.gpu_flag": "hydra.launcher.gres",
+    "resources.gpus_per_node": "hydra.launcher.gpus_per_node",
+    "resources.time": "hydra.launcher.timeout_min",
+    "resources": "hydra.launcher",
+}
+
+
+def _in_app_keys(error: Any) -> Any:
+    """The same refusal, naming the app's hydra.launcher.* keys instead of hpc-train's."""
+    import re
+
+    from hpc_train.launch.errors import ConfigError
+
+    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(APP_KEYS, key=len, reverse=True)) + r")\b(?!\.\w|_)")
+
+    def reword(text: str) -> str:
+        return pattern.sub(lambda match: APP_KEYS[match.group(1)], text)
+
+    return ConfigError(APP_KEYS.get(error.key, error.key), reword(error.problem), reword(error.fix))
 
 
 def _refuse(sweep_dir: Path, error: Exception) -> None:

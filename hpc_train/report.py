@@ -445,6 +445,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         return watch(args.path, args.every or REFRESH_S)
 
+    from hpc_train import app_report
+
+    if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
+        found = app_report.rows(args.path)
+        print(json.dumps(found, indent=2) if args.json else app_report.render(args.path, found))
+        return 0 if all(r["state"] == "COMPLETED" for r in found) else 1
     try:
         kind, jobs = collect(args.path)
     except ReportError as err:

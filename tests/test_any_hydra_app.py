@@ -182,3 +182,19 @@ def test_slurms_own_refusal_names_the_apps_launcher_key(slurm_cluster, tmp_path)
     assert "Invalid feature specification" in proc.stderr
     assert "Fix: pass hydra.launcher.constraint=" in proc.stderr and "cluster." not in proc.stderr
     assert not (tmp_path / "sweep" / "jobs.tsv").exists()
+
+
+def test_the_report_of_an_app_sweep_shows_each_jobs_state_and_return_value(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    proc = sweep([*SLURM, "hydra.launcher.wait=false", "gpus=1,2,3", "fail=false"], sweep_dir)
+    assert proc.returncode == 0, proc.stderr
+    for row in job_table(sweep_dir):
+        sacct(row["job_id"])  # ended
+    shown = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--json"], capture_output=True, text=True, cwd=REPO
+    )
+    assert shown.returncode == 0, shown.stderr
+    found = json.loads(shown.stdout)
+    assert [(r["overrides"], r["state"], r["result"]) for r in found] == [
+        (f"gpus={n} fail=False", "COMPLETED", str(n)) for n in (1, 2, 3)
+    ]

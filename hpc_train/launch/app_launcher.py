@@ -41,10 +41,10 @@ RETURN_FILE = "{job_id}_hydra_return.pkl"  # beside submitit's own files: a fail
 
 
 @dataclass
-class AppLauncherConf:
-    """hydra-submitit-launcher's keys (same names, defaults and meaning) and hpc_train's ``wait``."""
+class AppLocalLauncherConf:
+    """The keys hydra-submitit-launcher's local launcher takes (same names, defaults and meaning)."""
 
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
+    _target_: str = "hydra_plugins.hpc_train_launcher.AppLocalLauncher"
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
     timeout_min: int = 60
     cpus_per_task: Optional[int] = None
@@ -54,6 +54,13 @@ class AppLauncherConf:
     nodes: int = 1
     name: str = "${hydra.job.name}"
     stderr_to_stdout: bool = False
+
+
+@dataclass
+class AppLauncherConf(AppLocalLauncherConf):
+    """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster`` and ``wait``."""
+
+    _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
     partition: Optional[str] = None
     qos: Optional[str] = None
     comment: Optional[str] = None
@@ -73,22 +80,6 @@ class AppLauncherConf:
     srun_args: Optional[List[str]] = None
     cluster: Optional[str] = None
     wait: bool = True
-
-
-@dataclass
-class AppLocalLauncherConf:
-    """The keys hydra-submitit-launcher's local launcher takes."""
-
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppLocalLauncher"
-    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
-    timeout_min: int = 60
-    cpus_per_task: Optional[int] = None
-    gpus_per_node: Optional[int] = None
-    tasks_per_node: int = 1
-    mem_gb: Optional[int] = None
-    nodes: int = 1
-    name: str = "${hydra.job.name}"
-    stderr_to_stdout: bool = False
 
 
 # launcher key -> submitit SlurmExecutor parameter (the rest keep their names)

@@ -19,7 +19,7 @@ from hpc_train import compose
 from hpc_train.launch import slurm
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.plan import make_plan
-from hpc_train.launch.sweep import print_table
+from hpc_train.launch.job_table import print_table
 from tests.conftest import REPO, TINY
 from tests.sweep_probe import Probe
 

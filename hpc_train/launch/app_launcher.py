@@ -309,7 +309,7 @@ class AppLauncher(Launcher):
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
         from hpc_train.launch import capacity, rerun, slurm
         from hpc_train.launch.errors import ConfigError
-        from hpc_train.launch.sweep import print_table
+        from hpc_train.launch.job_table import print_table
         from hpc_train.launch.sweep_limits import check_sweep_fits
 
         slurm.check_slurm_commands()

@@ -54,7 +54,7 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
     from hpc_train.job_states import ENDED, slurm_job_states
     from hpc_train.launch.slurm import make_executor
-    from hpc_train.launch.sweep import print_table
+    from hpc_train.launch.job_table import print_table
 
     rows = newest_rows(sweep_dir)
     if not rows:

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from hpc_train import rundir, sweep_status
 from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.job_table import print_table
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
 
 log = logging.getLogger(__name__)
@@ -212,17 +213,3 @@ def _job_return(overrides: Sequence[str], run_dir: Path, value: Any) -> JobRetur
     ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
     ret.return_value = value
     return ret
-
-
-def print_table(rows: List[tuple], path: Path) -> None:
-    """Print this batch's jobs and append them to the sweep's job table (a sweeper may send several batches)."""
-    header = ("job_id", "job", "overrides", "layout")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in [header, *rows]]
-    print("\n".join(lines))
-    new_table = not path.exists()
-    with path.open("a") as table:
-        table.write(
-            "".join("\t".join(str(v) for v in row) + "\n" for row in ([header] if new_table else []) + list(rows))
-        )
-    print(f"hpc-train: job table {'saved to' if new_table else 'extended in'} {path}")

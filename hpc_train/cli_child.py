@@ -44,12 +44,13 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.errors import SearchPathException
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
-    from hydra.version import setbase
+    from hydra.version import VersionBase, setbase
 
     import hydra_plugins.hpc_train_launcher as plugin
     from hpc_train.conf import CONFIG_DIR
 
     plugin.register()
+    base = VersionBase.instance().getbase()  # a process-wide singleton: the caller's Hydra app keeps its own
     setbase("1.3")
     search_path = create_config_search_path(CONFIG_DIR)
     if config_dir is not None:
@@ -63,6 +64,7 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
         yield
     finally:
         restore_gh_from_backup(backup)
+        VersionBase.instance().version_base = base  # hydra.version has no public way back to "unspecified"
 
 
 def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["DictConfig", Dict[str, str]]:

@@ -114,6 +114,7 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     proc = sweep([*SLURM, f"needs=null,{needed}"], sweep_dir)
     assert proc.returncode != 0 and "1 completed, 1 failed" in proc.stderr
     first = job_table(sweep_dir)
+    assert sacct(first[1]["job_id"])["state"] == "FAILED"  # accounting has it (it lags the job's end)
     needed.write_text("now it is there")
     rerun = subprocess.run(
         [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--rerun-failed"],

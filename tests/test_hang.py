@@ -100,10 +100,13 @@ def start(args, run_dir: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_until_stuck(run_dir: Path) -> None:
-    """Both ranks are in their third step (where the step sleeps)."""
+def wait_until_stuck(run_dir: Path, proc: subprocess.Popen) -> None:
+    """Both ranks are in their third step (where the step sleeps); a launcher that died first fails at once, with
+    its stderr, instead of a 90-s timeout."""
 
     def stuck() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the launcher exited {proc.returncode} before the hang:\n{proc.stderr.read()}")
         records = [rundir.read_json(rundir.rank_progress(run_dir, r)) or {} for r in (0, 1)]
         return all(r.get("step") == 3 and r.get("phase") == hang.FORWARD for r in records)
 
@@ -113,7 +116,7 @@ def wait_until_stuck(run_dir: Path) -> None:
 def test_a_second_sigterm_stops_a_hung_step_at_once_with_every_ranks_stack(tmp_path):
     run_dir = tmp_path / "run"
     proc = start([*TINY, *DDP, "trainer.hang_timeout_s=null", step("sleeps_on_every_rank")], run_dir)
-    wait_until_stuck(run_dir)
+    wait_until_stuck(run_dir, proc)
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.5)  # a repeat within 1 s is the same request (Ctrl-C reaches every rank twice)
     proc.send_signal(signal.SIGTERM)
@@ -131,7 +134,7 @@ def test_a_second_sigterm_stops_a_hung_step_at_once_with_every_ranks_stack(tmp_p
 def test_a_step_that_does_not_end_within_the_grace_period_is_stopped_after_one_sigterm(tmp_path):
     run_dir = tmp_path / "run"
     proc = start([*TINY, *DDP, "trainer.hang_timeout_s=null", "trainer.stop_grace_s=3", step("sleeps_on_every_rank")], run_dir)
-    wait_until_stuck(run_dir)
+    wait_until_stuck(run_dir, proc)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     out, err = proc.communicate(timeout=60)

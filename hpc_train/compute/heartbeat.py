@@ -90,7 +90,6 @@ class Heartbeat:
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
         self._wakeup: Optional[int] = None
-        self._previous_wakeup: Optional[int] = None
 
     # -- the loop's side (cheap) ---------------------------------------------------------------
     def mark(self, phase: str, step: Optional[int] = None, detail: str = "") -> None:
@@ -148,7 +147,7 @@ class Heartbeat:
             self._publish()
         faulthandler.unregister(DUMP_SIGNAL)
         if self._wakeup is not None and threading.current_thread() is threading.main_thread():
-            signal.set_wakeup_fd(self._previous_wakeup if self._previous_wakeup is not None else -1)
+            signal.set_wakeup_fd(-1)  # installed only where none was set (see _install_wakeup)
             for fd in self._pipe:
                 os.close(fd)
             self._wakeup = None

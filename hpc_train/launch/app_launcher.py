@@ -243,11 +243,7 @@ class AppLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_status.mark_running(sweep_dir)
-        self.sweep_dir = sweep_dir
-        try:
-            returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
-        except SystemExit:  # _refuse said why and marked the sweep refused
-            raise
+        returns = self._launch(job_overrides, initial_job_idx, sweep_dir)  # a refusal exits in _refuse, marked refused
         sweep_status.mark_done(sweep_dir)
         return returns
 

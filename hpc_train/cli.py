@@ -36,8 +36,7 @@ from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
 from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def _app(cfg: DictConfig) -> Optional[float]:
+def _task(cfg: DictConfig) -> Optional[float]:
     """Hydra's task function: run or submit one job; returns its objective when a sweeper optimises.
 
     In a sweep, bad input and failed jobs are raised, so Hydra marks that job FAILED and the
@@ -123,7 +122,9 @@ def main() -> None:
 
         sys.argv[1:] = split_command_line(sys.argv[1:])  # `-- train.py ARGS`: the user's script (script.argv)
         sys.argv[1:] = rank_argv(sys.argv[1:])  # under torchrun: one run dir for all ranks (a no-op otherwise)
-        _app()
+        # Decorated here, not at import: hydra.main sets Hydra's process-wide version base when it
+        # decorates, and a process that only imports this module (a user's Hydra app, a test) keeps its own.
+        hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(_task)()
     except Refused as refused:
         _fail(refused.error, user_wants_traceback)
     except Exception as err:

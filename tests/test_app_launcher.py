@@ -15,6 +15,7 @@ from hydra.test_utils.launcher_common_tests import (
     IntegrationTestSuite,
     LauncherTestSuite,
 )
+from hydra.version import VersionBase
 
 from hydra_plugins.hpc_train_launcher import register
 from tests.conftest import REPO
@@ -38,6 +39,14 @@ class TestLocalLauncher(LauncherTestSuite):
 @pytest.mark.parametrize("launcher_name, overrides", [(LOCAL[0], [*LOCAL[1], "hydra.sweeper.max_batch_size=2"])])
 class TestLocalLauncherBatched(BatchedSweeperTestSuite):
     pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_hydra_version_base(hydra_restore_singletons):
+    """Hydra's suites assume a fresh process's version base (unset: jobs change directory). Hydra's
+    initialize_config_dir sets it for good in the process that calls it (test_config's tests do), so each suite
+    test gets a fresh one, and Hydra's singletons are put back after it."""
+    VersionBase.set_instance(VersionBase())
 
 
 @pytest.fixture(autouse=True)

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from hpc_train.cli import CONFIG_DIR
+from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch import slurm
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.hydra_errors import translate

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc_train.cli import CONFIG_DIR
+from hpc_train.conf import CONFIG_DIR
 from tests.conftest import TINY, assert_ok, run_cli, scontrol_job, wait_for_job_end
 
 pytestmark = pytest.mark.slurm

@@ -87,6 +87,19 @@ def test_the_python_api_leaves_the_callers_garbage_collector_alone():
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_importing_the_command_or_composing_leaves_hydras_version_base_to_the_caller():
+    """Hydra's version base is one per process and decides whether a Hydra app's jobs change directory: a
+    process that imports hpc_train.cli or composes through the API (a user's Hydra app, a notebook) keeps its own."""
+    code = (
+        "from hydra.version import VersionBase, _UNSPECIFIED_\nimport hpc_train.cli\n"
+        "assert VersionBase.instance().getbase() is _UNSPECIFIED_, ('import', VersionBase.instance().getbase())\n"
+        "import hpc_train\nhpc_train.compose(['launcher=slurm'])\n"
+        "assert VersionBase.instance().getbase() is _UNSPECIFIED_, ('compose', VersionBase.instance().getbase())\nprint('OK')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("launcher", ["local", "slurm"])
 def test_dry_run_does_not_import_torch(launcher, tmp_path):
     code = (

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, machine_info, paired_ratios, row, stats, write_result  # noqa: E402
+from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, import_root, machine_info, paired_ratios, row, stats, write_result  # noqa: E402
 
 TARGET = 1.1  # fsdp state <= TARGET x ddp state / W
 FULL = {"dim": 768, "vocab": 8192, "layers": 8, "batch": 8, "seq": 64, "pairs": 3, "warmup": 2, "steps": 4, "mem_repeats": 2, "mem_warmup": 1, "mem_steps": 2, "mmap_runs": 1}
@@ -228,7 +228,7 @@ def free_port() -> int:
 def launch(case: str, world: int, params: dict, warmup: int, steps: int, tmp: Path, tag: str, extra_env: dict = None, timeout: float = 900.0) -> dict:
     """One run: `world` fresh rank processes; the per-rank records and the per-run summary."""
     port = free_port()
-    env = cpu_env(1) | (extra_env or {}) | {"PYTHONPATH": os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)}
+    env = cpu_env(1) | (extra_env or {}) | {"PYTHONPATH": os.pathsep.join(x for x in (str(import_root(REPO)), os.environ.get("PYTHONPATH", "")) if x)}
     outs = [tmp / f"{tag}-rank{r}.json" for r in range(world)]
     model_args = [f"--{k}={params[k]}" for k in (*MODEL_KEYS, "batch", "seq")]
 

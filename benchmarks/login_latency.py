@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, REPO, fmt_stats, git_commit, hpc_train_cmd, machine_info, row, stats, write_result  # noqa: E402
+from common import HERE, PYTHON, REPO, fmt_stats, git_commit, hpc_train_cmd, import_root, machine_info, row, stats, write_result  # noqa: E402
 
 FULL = {"repeats": 7, "sweep_repeats": 5}
 QUICK = {"repeats": 3, "sweep_repeats": 3}
@@ -122,7 +122,7 @@ def submit(cmd, name: str, jobs: int, env: Dict[str, str], cwd: Path, wait_exit:
 
 def in_tree(env: Dict[str, str], tree: str) -> Dict[str, str]:
     """The environment that runs another checkout's hpc_train (see --baseline-tree)."""
-    return {**env, "PYTHONPATH": tree}
+    return {**env, "PYTHONPATH": str(import_root(Path(tree)))}
 
 
 def measure_sweep(repeats: int, env: Dict[str, str], baseline_tree: str = "") -> dict:
@@ -176,7 +176,7 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
     with tempfile.TemporaryDirectory(prefix="bench-dry-") as tmp:
         dry = ["launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"]
         cases = {"dry_run": (hpc_train_cmd(dry), env, None), "import_torch": ([PYTHON, "-c", "import torch"], env, None)}
-        if baseline_tree:  # the same dry run from another checkout, in its directory (its conf/)
+        if baseline_tree:  # the same dry run from another checkout, in its directory
             cases["baseline"] = (hpc_train_cmd(dry), in_tree(env, baseline_tree), baseline_tree)
         for command, case_env, cwd in cases.values():  # warm the page cache once
             wall(command, case_env, cwd)
@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root)")
     parser.add_argument("--baseline-tree", default="", help="also time another checkout's hpc-train, interleaved (e.g. `git worktree add "
-                        "/tmp/before <commit>`; link its hpc_train/conf to ../conf if the package finds conf/ beside itself)")
+                        "/tmp/before <commit>`)")
     args = parser.parse_args()
     result = run(args.quick, args.repeats, args.start_cluster, args.baseline_tree)
     d = result["dry_run"]

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, git_commit, hpc_train_cmd, load, machine_info, paired_ratios, probe_record, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, git_commit, hpc_train_cmd, import_root, load, machine_info, paired_ratios, probe_record, read_json, row, run_checked, stats, write_result  # noqa: E402
 
 TARGET = 0.98
 FULL = {"repeats": 10, "steps": 30, "warmup": 5}
@@ -56,7 +56,7 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
             """Environment and probe dir of one run: the step probe first on PYTHONPATH (then `tree`)."""
             probe_dir = Path(tmp) / f"probe-{name}"
             probe_dir.mkdir()
-            path = os.pathsep.join(x for x in (str(STEPPROBE), tree) if x)
+            path = os.pathsep.join(x for x in (str(STEPPROBE), tree and str(import_root(Path(tree)))) if x)
             return env | {"PYTHONPATH": path, "HPC_BENCH_STEPPROBE_DIR": str(probe_dir)}, probe_dir
 
         def hpc_train(i: int, tree: str) -> tuple:

@@ -4,7 +4,6 @@ with hydra/launcher=hpc_train_slurm (issue 32): each job its own resources, a fa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,10 +20,9 @@ SLURM = ["hydra/launcher=hpc_train_slurm", "hydra.launcher.cpus_per_task=1", "hy
 
 
 def sweep(args, sweep_dir: Path) -> subprocess.CompletedProcess:
-    """`python my_app.py -m ARGS` as its user runs it (the checkout on PYTHONPATH: see hydra_plugins/hpc_train_launcher)."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    """`python my_app.py -m ARGS` as its user runs it: Hydra's plugin scan finds the launcher in the install."""
     command = [sys.executable, "my_app.py", "-m", *args, f"hydra.sweep.dir={sweep_dir}"]
-    return subprocess.run(command, cwd=APP, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=APP, capture_output=True, text=True, timeout=300)
 
 
 def job_table(sweep_dir: Path):
@@ -99,9 +97,8 @@ def test_a_job_no_node_can_hold_stops_the_sweep_before_anything_is_queued(slurm_
 def test_the_submitit_launchers_example_app_runs_by_changing_one_word(launcher, slurm_cluster, tmp_path):
     """The same app and config under hydra-submitit-launcher and under hpc_train: only hydra/launcher differs."""
     example = REPO / "tests" / "scripts" / "submitit_example"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     command = [sys.executable, "my_app.py", "-m", f"hydra/launcher={launcher}", "task=1,2,3", f"hydra.sweep.dir={tmp_path}"]
-    proc = subprocess.run(command, cwd=example, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(command, cwd=example, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads((tmp_path / str(n) / "job.json").read_text()) for n in range(3)]
     assert [r["task"] for r in records] == [1, 2, 3]

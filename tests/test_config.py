@@ -1,4 +1,4 @@
-"""Every config in conf/ composes, and unknown options/keys fail with a clear message."""
+"""Every config in the shipped config dir (src/hpc_train/conf/) composes, and unknown options/keys fail with a clear message."""
 
 from pathlib import Path
 
@@ -16,8 +16,8 @@ OPTIONS = [(group, f.stem) for group in GROUPS for f in sorted((Path(CONFIG_DIR)
 REQUIRED_VALUES = {"data=imagefolder": ["data.root=/data/imagenet", "data.num_classes=1000"]}
 
 
-def test_config_dir_is_the_repo_conf():
-    assert Path(CONFIG_DIR) == REPO / "conf"
+def test_config_dir_is_the_shipped_conf():
+    assert Path(CONFIG_DIR) == REPO / "src" / "hpc_train" / "conf"
     assert {"strategy", "model", "data", "launcher", "cluster", "trainer", "resources"} <= set(GROUPS)
 
 

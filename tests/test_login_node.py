@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, SRC, run_python
 
 LAUNCH_MODULES = [
     "hpc_train",  # the public Python API, loaded from the package root on first use
@@ -159,8 +159,8 @@ def test_the_login_side_imports_in_one_direction():
     """No import circle among the login-side modules (hpc_train/*.py and hpc_train/launch/): plan -> schema,
     slurm -> plan, never back; each module can be read knowing only the ones below it."""
     files = {
-        ".".join(path.relative_to(REPO).with_suffix("").parts): path
-        for path in [*(REPO / "hpc_train").glob("*.py"), *(REPO / "hpc_train" / "launch").glob("*.py")]
+        ".".join(path.relative_to(SRC).with_suffix("").parts): path
+        for path in [*(SRC / "hpc_train").glob("*.py"), *(SRC / "hpc_train" / "launch").glob("*.py")]
         if path.name != "__init__.py"
     }
     graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}

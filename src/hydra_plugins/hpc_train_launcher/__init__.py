@@ -5,10 +5,8 @@
   hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.app_launcher`).
 
 Hydra only instantiates launchers that live under the `hydra_plugins` package, so these are
-thin shims. Hydra's plugin scan finds this package in a normal install. In an editable install
-(`pip install -e .`) setuptools serves it through an import hook that the scan cannot list:
-`hpc_train.cli` registers the classes by hand (`register`), and a Hydra app of your own finds
-them with the checkout on `PYTHONPATH` (the hook still serves `hpc_train.conf`).
+thin shims. Hydra's plugin scan finds this package in a normal install and in an editable one
+(the src layout makes `pip install -e .` a plain .pth entry, which the scan can list).
 """
 
 from dataclasses import dataclass
@@ -78,11 +76,10 @@ HpcTrainSweeper: Optional[type] = None  # built by register()
 
 
 def register() -> None:
-    """Make sure Hydra knows the launcher class (called by hpc_train.cli before Hydra starts).
+    """Add hpc-train's sweeper to Hydra's plugins (called by hpc_train.cli before Hydra starts).
 
-    Hydra only instantiates plugin classes its scan of `hydra_plugins` found; that scan misses
-    packages served by setuptools' editable finder (`pip install -e .`), so add the class by
-    hand. Harmless when the scan did find it.
+    The sweeper class is built after Hydra's plugin scan (see _make_sweeper_class), so the scan
+    cannot list it: it is added to the scan's table by hand.
     """
     from hydra.core.plugins import Plugins
 
@@ -90,6 +87,3 @@ def register() -> None:
     global HpcTrainSweeper
     HpcTrainSweeper = _make_sweeper_class()
     plugins.class_name_to_class[f"{__name__}.HpcTrainSweeper"] = HpcTrainSweeper
-    plugins.class_name_to_class.setdefault(f"{__name__}.HpcTrainLauncher", HpcTrainLauncher)
-    plugins.class_name_to_class.setdefault(f"{__name__}.AppSlurmLauncher", AppSlurmLauncher)
-    plugins.class_name_to_class.setdefault(f"{__name__}.AppLocalLauncher", AppLocalLauncher)

@@ -133,6 +133,34 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
 
 
+def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_cluster, tmp_path):
+    """As with the submitit launcher: the signal Slurm sends before the time limit (submitit's USR2, sent here
+    with scancel as submitit's own _interrupt sends it, not waiting for the limit) makes the job requeue itself
+    while hydra.launcher.max_num_timeout allows; the requeued attempt runs in the same job dir and the sweep
+    ends with its result."""
+    sweep_dir = tmp_path / "sweep"
+    command = [sys.executable, "my_app.py", "-m", *SLURM, "hydra.launcher.max_num_timeout=1", "sleep_s=300", "gpus=2", f"hydra.sweep.dir={sweep_dir}"]
+    launcher = subprocess.Popen(command, cwd=APP, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        attempts = sweep_dir / "0" / "attempts.txt"
+        deadline = time.monotonic() + 120
+        while not (attempts.exists() and attempts.read_text().strip()):
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.5)
+        job_id = attempts.read_text().split()[0]
+        subprocess.run(["scancel", job_id, "--signal", "USR2"], check=True)
+        out, err = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err
+    assert "1 job(s): 1 completed, 0 failed" in err
+    assert attempts.read_text().split("\n")[:2] == [f"{job_id} 0", f"{job_id} 1"]  # requeued: same job, restart 1
+    assert sacct(job_id)["state"] == "COMPLETED"
+    assert json.loads((sweep_dir / "0" / "seen.json").read_text())["SLURM_JOB_ID"] == job_id
+
+
 def test_a_cluster_profile_of_the_users_supplies_the_defaults(slurm_cluster, tmp_path):
     """hydra.launcher.cluster: hpc_train's profiles (here one of the user's, built on the shipped `slurm` one)."""
     profile = tmp_path / "my_conf" / "cluster" / "testsite.yaml"

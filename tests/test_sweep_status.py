@@ -3,6 +3,7 @@ whose launching process was killed; they say so and exit non-zero instead of sho
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -51,3 +52,35 @@ def test_a_finished_sweep_is_not_taken_for_abandoned(tmp_path):
     assert proc.returncode == 0, proc.stderr
     watched = report(str(sweep_dir), "--watch", "--every", "0.2")
     assert watched.returncode == 0 and "gone" not in watched.stdout and "refused" not in watched.stdout
+
+
+def test_a_local_app_sweep_is_reported_job_by_job_and_a_killed_job_is_failed(tmp_path):
+    """hydra/launcher=hpc_train_local: jobs.tsv holds each job's process id; the report reads the states from the
+    jobs' result files (a job whose process is gone without one is FAILED), --watch ends, --rerun-failed is refused."""
+    sweep_dir = tmp_path / "sweep"
+    app = REPO / "tests" / "scripts" / "plain_app"
+    command = [sys.executable, "my_app.py", "-m", "hydra/launcher=hpc_train_local", "fail=false,true", "sleep_s=0,300",
+               f"hydra.sweep.dir={sweep_dir}"]
+    launcher = subprocess.Popen(command, cwd=app, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (sweep_dir / "1" / "attempts.txt").exists(), 60, "the sleeping job to start")
+        running = report(str(sweep_dir), "--json")
+        rows = {r["overrides"]: r for r in json.loads(running.stdout)}
+        assert rows["fail=False sleep_s=300"]["state"] == "RUNNING", rows
+        os.kill(int(rows["fail=False sleep_s=300"]["job_id"]), signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0 and "4 job(s): 1 completed, 3 failed" in err, err
+    done = report(str(sweep_dir))
+    assert done.returncode == 1
+    lines = {" ".join(line.split()[2:4]): line.split() for line in done.stdout.splitlines()[3:7]}
+    assert lines["fail=False sleep_s=0"][4:] == ["COMPLETED", "1"]
+    assert lines["fail=True sleep_s=0"][4:7] == ["FAILED", "error:", "RuntimeError:"]
+    assert lines["fail=False sleep_s=300"][4:] == ["FAILED", "ended", "without", "a", "result", "(killed?)"]
+    assert "states: 1 COMPLETED, 3 FAILED" in done.stdout
+    watched = report(str(sweep_dir), "--watch", "--every", "0.2")
+    assert watched.returncode == 1 and "4 jobs: 1 COMPLETED, 3 FAILED" in watched.stdout
+    rerun = report(str(sweep_dir), "--rerun-failed")
+    assert rerun.returncode == 2 and "is a local sweep (hydra/launcher=hpc_train_local)" in rerun.stderr

@@ -3,7 +3,9 @@
 An app's jobs have no summary.json or metrics of hpc-train's; what they give back is their task
 function's return value, which submitit keeps in ``<folder>/<job id>_result.pkl`` (the folder
 is in ``.hpc_train/submissions.jsonl``). With ``hydra.launcher.wait=false`` this is where the
-results of a sweep are read once it has run. No torch here.
+results of a sweep are read once it has run. A Slurm job's state is Slurm's; a local job's
+(``hpc_train_local``, its id a process id) is its result file's: COMPLETED or FAILED once written,
+RUNNING while its process lives, FAILED when the process is gone without one (killed). No torch here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train.launch.rerun import SUBMISSIONS, newest_rows
 
@@ -22,50 +24,79 @@ def is_app_sweep(sweep_dir: Path) -> bool:
     return any((Path(sweep_dir) / SUBMISSIONS).parent.glob(APP_TASK_GLOB))
 
 
-def _result(folder: Path, job_id: str) -> Optional[str]:
-    """The job's return value (or its error's last line), in words; None before it has ended."""
+def _entries(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
+    """job id -> its submission record (.hpc_train/submissions.jsonl)."""
+    path = Path(sweep_dir) / SUBMISSIONS
+    return {str(entry["job_id"]): entry for entry in map(json.loads, path.read_text().splitlines() if path.exists() else [])}
+
+
+def is_local_app_sweep(sweep_dir: Path) -> bool:
+    """A Hydra app's sweep run by hpc_train_local (its jobs are processes of this host, not Slurm jobs)."""
+    return is_app_sweep(sweep_dir) and any(entry.get("local") for entry in _entries(sweep_dir).values())
+
+
+def _result(folder: Path, job_id: str) -> Tuple[Optional[str], Optional[str]]:
+    """(COMPLETED or FAILED as the job's result file says, None before it has ended; its return value or its
+    error's last line, in words)."""
     from submitit.core.utils import JobPaths
 
     path = JobPaths(folder, job_id=job_id).result_pickle  # submitit's own naming (%j and array ids resolved)
     try:
         outcome, value = pickle.loads(path.read_bytes())
     except FileNotFoundError:
-        return None
+        return None, None
     except Exception as err:  # noqa: BLE001 - a value of a class this process cannot import
-        return f"(unreadable: {type(err).__name__})"
+        return None, f"(unreadable: {type(err).__name__})"
     if outcome != "success":
         lines = [line for line in str(value).splitlines() if line.strip()]
-        return f"error: {lines[-1].strip() if lines else value}"
+        return "FAILED", f"error: {lines[-1].strip() if lines else value}"
     ret = getattr(value, "_return_value", value)  # a JobReturn, as the launcher's task returns
-    return repr(ret)[:80]
+    return "COMPLETED", repr(ret)[:80]
+
+
+def _local_state(ended: Optional[str], pid: str) -> Tuple[str, Optional[str]]:
+    """A local job's state (see the module's docstring), and a note when its process died without a result."""
+    from hpc_train.sweep_status import alive
+
+    if ended is not None:
+        return ended, None
+    if alive(pid):
+        return "RUNNING", None
+    return "FAILED", "ended without a result (killed?)"
 
 
 def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
+    """One row per job (its newest attempt): number, job id, overrides, layout, state, result, stderr log."""
+    from submitit.core.utils import JobPaths
+
     from hpc_train.job_states import slurm_job_states
 
     table = newest_rows(sweep_dir)
-    folders = {}
-    path = Path(sweep_dir) / SUBMISSIONS
-    for line in path.read_text().splitlines() if path.exists() else []:
-        entry = json.loads(line)
-        folders[str(entry["job_id"])] = Path(entry["folder"])
-    states = slurm_job_states(job_id for job_id, _, _ in table.values())
+    entries = _entries(sweep_dir)
+    local = {job_id for job_id, entry in entries.items() if entry.get("local")}
+    states = slurm_job_states(job_id for job_id, _, _ in table.values() if job_id not in local)
     out = []
     for number, (job_id, overrides, layout) in sorted(table.items(), key=lambda item: int(item[0])):
-        state = states.get(job_id)
-        folder = folders.get(job_id)
-        result = _result(folder, job_id) if folder else None
+        entry = entries.get(job_id)
+        ended, result = _result(Path(entry["folder"]), job_id) if entry else (None, None)
+        if job_id in local:
+            state, note = _local_state(ended, job_id)
+            result = result or note
+        else:
+            slurm = states.get(job_id)
+            state = slurm.state if slurm else "UNKNOWN"
+        log = str(JobPaths(Path(entry["folder"]), job_id=job_id).stderr) if entry else None
         out.append(
-            {"job": number, "slurm_id": job_id, "overrides": overrides, "layout": layout,
-             "state": state.state if state else "UNKNOWN", "result": result}
+            {"job": number, "job_id": job_id, "overrides": overrides, "layout": layout, "state": state, "result": result,
+             "log": log}
         )
     return out
 
 
 def render(sweep_dir: Path, found: List[Dict[str, Any]]) -> str:
-    header = ("job", "slurm id", "overrides", "state", "result")
+    header = ("job", "job id", "overrides", "state", "result")
     cells = [header] + [
-        (r["job"], r["slurm_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-")
+        (r["job"], r["job_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-")
         for r in found
     ]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]

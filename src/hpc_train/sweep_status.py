@@ -47,7 +47,7 @@ def never_running(sweep_dir: Path) -> Optional[str]:
         return None
     if status.get("state") == REFUSED:
         return f"this sweep was refused before anything ran: {status.get('message', '')}".rstrip(": ")
-    if status.get("state") == RUNNING and status.get("host") == socket.gethostname() and not _alive(status.get("pid")):
+    if status.get("state") == RUNNING and status.get("host") == socket.gethostname() and not alive(status.get("pid")):
         return (
             f"the process that launched this sweep (pid {status.get('pid')} on {status.get('host')}) is gone without"
             " finishing it: its jobs that did not run will not run (run the sweep again; finished jobs are kept)"
@@ -55,7 +55,8 @@ def never_running(sweep_dir: Path) -> Optional[str]:
     return None
 
 
-def _alive(pid: object) -> bool:
+def alive(pid: object) -> bool:
+    """Whether process `pid` of this host lives."""
     try:
         os.kill(int(pid), 0)  # type: ignore[arg-type]
     except (ProcessLookupError, ValueError, TypeError):

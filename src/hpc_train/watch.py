@@ -21,7 +21,7 @@ from typing import IO, Dict, List, Optional, Tuple
 
 import yaml
 
-from hpc_train import rundir
+from hpc_train import app_report, rundir
 from hpc_train.job_states import ENDED, rank_error, slurm_job_states
 from hpc_train.sweep_status import never_running
 
@@ -166,7 +166,13 @@ def _local_elapsed(run_dir: Path) -> Optional[float]:
 def snapshot(sweep_dir: Path) -> Snapshot:
     """Every job of the sweep with its state; progress for running jobs, the cause for failed ones."""
     rows = _table(sweep_dir)
-    if rows:
+    if app_report.is_local_app_sweep(sweep_dir):  # processes of this host: the result files say
+        jobs = [
+            WatchedJob(r["job"], sweep_dir / r["job"], r["job_id"], r["state"],
+                       error=r["result"] if r["state"] == "FAILED" else None, log=r["log"] and Path(r["log"]))
+            for r in app_report.rows(sweep_dir)
+        ]
+    elif rows:
         states = slurm_job_states(job_id for job_id, _ in rows)
         jobs = []
         for job_id, name in rows:
@@ -195,7 +201,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     for job in jobs:
         if job.state == "RUNNING":
             _progress(job)
-        elif job.state in ENDED and job.state != "COMPLETED":
+        elif job.state in ENDED and job.state != "COMPLETED" and job.log is None:
             _failure(job, sweep_dir)
     counts: Dict[str, int] = {}
     for job in jobs:

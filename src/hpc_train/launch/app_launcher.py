@@ -271,7 +271,7 @@ class AppLauncher(Launcher):
         wait = bool(jobs[0][2].get("wait", True))
         if not wait:
             _check_no_wait(self.config.hydra, sweep_dir)
-        handles = self._submit_local(jobs) if self.local else self._submit_slurm(jobs, sweep_dir)
+        handles = self._submit_local(jobs, sweep_dir) if self.local else self._submit_slurm(jobs, sweep_dir)
         if not wait:  # submit and come back: the jobs' ids stand for their results
             print(f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch")
             return [_queued(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
@@ -280,9 +280,13 @@ class AppLauncher(Launcher):
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
 
-    def _submit_local(self, jobs: List[Any]) -> List[Any]:
-        """submitit's local executor, one per set of resources (each job a process of its own)."""
+    def _submit_local(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
+        """submitit's local executor, one per set of resources (each job a process of its own); the job table
+        and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
         import submitit
+
+        from hpc_train.launch import rerun
+        from hpc_train.launch.job_table import print_table
 
         groups: Dict[str, List[int]] = {}
         for index, (_, _, launcher, _) in enumerate(jobs):
@@ -299,6 +303,13 @@ class AppLauncher(Launcher):
                 submitted = [executor.submit(jobs[index][3]) for index in members]
             for index, handle in zip(members, submitted):
                 handles[index] = handle
+        rows, entries = [], []
+        for (num, overrides, launcher, _), handle in zip(jobs, handles):
+            params = {_SLURM_NAMES.get(key, key): launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
+            rows.append((str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)))
+            entries.append({"job_id": str(handle.job_id), "job": str(num), "folder": str(launcher["submitit_folder"]), "local": True})
+        print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        rerun.record(sweep_dir, entries)
         return handles
 
     def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:

@@ -60,6 +60,8 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     if not rows:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
     submissions = _submissions(sweep_dir)
+    if any(entry.get("local") for entry in submissions.values()):
+        return 0, f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again"
     states = slurm_job_states(job_id for job_id, _, _ in rows.values())
     failed = {
         number: row

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,6 +15,11 @@ def main(cfg: DictConfig) -> int:
         raise RuntimeError(f"my_app was asked to fail (gpus={cfg.gpus})")
     if cfg.needs is not None and not os.path.exists(cfg.needs):  # fails until the file is there (a rerun's test)
         raise FileNotFoundError(f"my_app needs {cfg.needs}")
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    with open(os.path.join(HydraConfig.get().runtime.output_dir, "attempts.txt"), "a") as handle:
+        handle.write(f"{os.environ.get('SLURM_JOB_ID')} {restarts}\n")
+    if cfg.sleep_s and restarts == 0:  # a long first attempt, for a preemption to interrupt
+        time.sleep(cfg.sleep_s)
     names = ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "SLURM_JOB_PARTITION", "SLURM_CPUS_PER_TASK", "FROM_PROFILE")
     seen = {key: os.environ.get(key) for key in names}
     with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:

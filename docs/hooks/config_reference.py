@@ -1,0 +1,195 @@
+"""MkDocs hook: the configuration reference, generated from the shipped YAML at build time.
+
+It reads every file of src/hpc_train/conf/ (config.yaml and <group>/<option>.yaml) with a small
+line parser, so the YAML's own comments become the docs:
+
+* the comment block at the top of a file describes the option;
+* ``key: value   # comment`` documents ``key``; a comment-only line indented to the same column
+  as the comment above it continues that comment;
+* a block of comment-only lines between keys documents the key that follows it.
+
+Nested mappings give dotted keys (``data.train._target_``); a block list (``setup:`` followed by
+``- item`` lines) is shown as one flow list. The page docs/reference/config.md holds the marker
+``<!-- config-reference -->``, which this hook replaces.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+MARKER = "<!-- config-reference -->"
+CONF = Path(__file__).resolve().parents[2] / "src" / "hpc_train" / "conf"
+
+KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*'):(?:\s+(?P<rest>.*)|\s*)$")
+ITEM = re.compile(r"^(?P<indent> *)- (?P<rest>.*)$")
+
+
+def split_comment(text: str) -> tuple[str, str, int]:
+    """(value, comment, column of '#' in text or -1): a '#' outside quotes after a space."""
+    quote = None
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#" and (i == 0 or text[i - 1] in " \t"):
+            return text[:i].rstrip(), text[i + 1 :].strip(), i
+    return text.rstrip(), "", -1
+
+
+def parse(path: Path) -> tuple[str, list[dict]]:
+    """(the file's header comment, its keys in order: path, value, doc)."""
+    header: list[str] = []
+    entries: list[dict] = []
+    stack: list[tuple[int, str]] = []  # (indent, key) of the open mappings
+    pending: list[str] = []  # comment lines waiting for the next key
+    last = None  # the entry the previous line belonged to
+    last_col = -1  # column of its inline comment
+    block_indent = None  # inside a block scalar (key: |) deeper than this indent
+    seen_key = False
+    for raw in path.read_text().splitlines():
+        if block_indent is not None:
+            if not raw.strip() or len(raw) - len(raw.lstrip(" ")) > block_indent:
+                continue
+            block_indent = None
+        stripped = raw.strip()
+        if not stripped:
+            last_col = -1
+            continue
+        if stripped.startswith("#"):
+            col = raw.index("#")
+            text = stripped[1:]
+            if not seen_key:
+                header.append(text)
+            elif last is not None and col > 0 and col == last_col:
+                last["doc"].append(text.strip())
+            else:
+                pending.append(text.strip())
+                last_col = -1
+            continue
+        item = ITEM.match(raw)
+        if item and last is not None and last["list"] is not None:
+            value, comment, _ = split_comment(item.group("rest"))
+            last["list"].append((value, comment))
+            continue
+        m = KEY.match(raw)
+        if not m:
+            continue
+        seen_key = True
+        indent = len(m.group("indent"))
+        key = m.group("key").strip("\"'")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        value, comment, col = split_comment(m.group("rest") or "")
+        full = ".".join([k for _, k in stack] + [key])
+        entry = {"path": full, "value": value, "doc": pending + ([comment] if comment else []), "list": None}
+        pending = []
+        if value in ("|", ">", "|-", ">-"):
+            entry["value"] = "(a block of text)"
+            block_indent = indent
+        elif value == "":
+            entry["list"] = []  # a block list or a nested mapping follows
+            stack.append((indent, key))
+        entries.append(entry)
+        last = entry
+        last_col = len(raw) - len(m.group("rest") or "") + col if col >= 0 else -1
+    # A key with neither a value nor list items is a mapping: its children carry the values.
+    shown = []
+    for e in entries:
+        if e["list"]:
+            e["value"] = "[" + ", ".join(v for v, _ in e["list"]) + "]"
+        elif e["list"] is not None:
+            if not e["doc"]:
+                continue
+            e["value"] = ""
+        shown.append(e)
+    return " ".join(h.strip() if not h.startswith("   ") else f"`{h.strip()}`" for h in header), shown
+
+
+def text(s: str) -> str:
+    """Comment text as Markdown table-cell text: code spans kept, the rest escaped."""
+    parts = s.split("`")
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # inside backticks
+            out.append("`" + part.replace("|", "\\|") + "`")
+        else:
+            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            part = re.sub(r"([\\*_\[\]|])", r"\\\1", part)
+            out.append(part)
+    if len(parts) % 2 == 0:  # an unmatched backtick: keep it literal
+        out[-1] = out[-1].replace("`", "\\`", 1)
+    return "".join(out)
+
+
+def code(value: str) -> str:
+    if not value:
+        return ""
+    value = value.replace("|", "\\|")
+    return f"`` {value} ``" if "`" in value else f"`{value}`"
+
+
+def table(prefix: str, entries: list[dict]) -> list[str]:
+    rows = ["| key | default | what it is |", "|---|---|---|"]
+    for e in entries:
+        rows.append(f"| `{prefix}{e['path']}` | {code(e['value'])} | {text(' '.join(e['doc']))} |")
+    return rows
+
+
+def reference() -> str:
+    head, entries = parse(CONF / "config.yaml")
+    defaults = next(e for e in entries if e["path"] == "defaults")
+    groups = []
+    lines = [
+        "## Groups and their defaults",
+        "",
+        "The defaults list of `config.yaml`: one option of each group is picked unless you name another "
+        "(`hpc-train strategy=fsdp`).",
+        "",
+        "| group | default option | options | what it is |",
+        "|---|---|---|---|",
+    ]
+    for value, comment in defaults["list"]:
+        m = re.match(r"^(override )?([\w/]+):\s*(.*)$", value)
+        if not m or m.group(1):
+            continue
+        group, default = m.group(2), m.group(3)
+        options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+        groups.append(group)
+        lines.append(
+            f"| [`{group}`](#{group}) | {code(default)} | {', '.join(f'`{o}`' for o in options)} | {text(comment)} |"
+        )
+    lines += ["", "## Top-level keys", "", text(head), ""]
+    top = [e for e in entries if e["path"] != "defaults" and not e["path"].startswith("hydra")]
+    hydra = [e for e in entries if e["path"].startswith("hydra")]
+    lines += table("", top) + ["", "Hydra's own keys as `config.yaml` sets them:", ""] + table("", hydra)
+    for group in groups:
+        lines += ["", f"## {group}", ""]
+        for path in sorted((CONF / group).glob("*.yaml")):
+            head, entries = parse(path)
+            lines += [f"### {group}={path.stem}", "", f"`src/hpc_train/conf/{group}/{path.name}`", ""]
+            if head:
+                lines += [text(head), ""]
+            inherited = next((e for e in entries if e["path"] == "defaults"), None)
+            if inherited:
+                parents = [v for v, _ in inherited["list"] if v != "_self_"]
+                lines += [f"Starts from {', '.join(f'`{group}={p}`' for p in parents)}; the keys below replace or add to its keys.", ""]
+            keys = [e for e in entries if e["path"] != "defaults"]
+            if keys:
+                lines += table(f"{group}.", keys)
+            else:
+                lines.append("No keys of its own.")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs hook signature)
+    if MARKER in markdown:
+        return markdown.replace(MARKER, reference())
+    return markdown
+
+
+if __name__ == "__main__":  # print the generated Markdown
+    print(reference())

@@ -138,10 +138,10 @@ def worker(args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
     import torch.distributed.fsdp  # noqa: F401  imported by every case before the baseline, so the code is not counted as model memory
-    from hpc_train.compute import distributed
-    from hpc_train.compute.ranks import RankInfo
-    from hpc_train.compute.strategies.ddp import DDPStrategy
-    from hpc_train.compute.strategies.fsdp import FSDPStrategy, shard_units
+    from hpc_train.compute.runtime import distributed
+    from hpc_train.compute.runtime.ranks import RankInfo
+    from hpc_train.compute.parallel.ddp import DDPStrategy
+    from hpc_train.compute.parallel.fsdp import FSDPStrategy, shard_units
 
     world, rank = args.world, args.rank
     info = RankInfo(rank, rank, world, world, "127.0.0.1", args.port, "local")

@@ -64,7 +64,7 @@ def _model_and_batch(args: argparse.Namespace):
     import torch
     import torchvision
 
-    from hpc_train.compute.stages import flatten_layers
+    from hpc_train.compute.parallel.stages import flatten_layers
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def _model_and_batch(args: argparse.Namespace):
 
 def _choice_worker(args: argparse.Namespace) -> dict:
     """The split balance=time chooses, measured first thing in this fresh process."""
-    from hpc_train.compute.stages import layer_times, partition
+    from hpc_train.compute.parallel.stages import layer_times, partition
 
     _, layers, x = _model_and_batch(args)
     start = time.perf_counter()

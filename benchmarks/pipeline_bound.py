@@ -134,8 +134,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import torchvision
 
-    from hpc_train.compute.data import train_loader
-    from hpc_train.compute.stages import split_model, stage_inputs
+    from hpc_train.compute.data.loaders import train_loader
+    from hpc_train.compute.parallel.stages import split_model, stage_inputs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

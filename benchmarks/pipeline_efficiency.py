@@ -46,7 +46,7 @@ def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
     """
     code = (
         "import json, torch, torchvision\n"
-        "from hpc_train.compute.stages import flatten_layers, stage_counts\n"
+        "from hpc_train.compute.parallel.stages import flatten_layers, stage_counts\n"
         "torch.set_num_threads(1)\n"
         f"m = getattr(torchvision.models, {model!r})(weights=None, num_classes=10)\n"
         f"x = torch.randn({batch}, 3, {image_size}, {image_size})\n"

@@ -45,7 +45,7 @@ def mark_cost_ns() -> float:
     """One Heartbeat.mark() (attribute writes and a clock read), in nanoseconds, best of 5."""
     from types import SimpleNamespace
 
-    from hpc_train.compute.heartbeat import Heartbeat
+    from hpc_train.compute.runtime.heartbeat import Heartbeat
 
     ranks = SimpleNamespace(rank=0, world_size=1)
     beat = Heartbeat(Path(tempfile.mkdtemp()), ranks, {"hang_timeout_s": None})  # not started: mark() is the same code

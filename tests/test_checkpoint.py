@@ -87,7 +87,7 @@ def test_kill9_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted, t
     assert torn, "the kill should have left the half-written temporary file"
     assert checkpoint_steps(run_dir) == [3], "a torn write must never appear under a checkpoint name"
 
-    from hpc_train.compute.checkpoint import read_checkpoint
+    from hpc_train.compute.checkpointing.files import read_checkpoint
 
     assert read_checkpoint(folder / "step_000000003.ckpt")["state"]["global_step"] == 3
 
@@ -295,7 +295,7 @@ def one_epoch(tmp_path_factory) -> Path:
 
 
 def test_a_forged_checkpoint_runs_nothing_and_is_refused_in_one_message(one_epoch, tmp_path):
-    from hpc_train.compute.checkpoint import CheckpointRefused, newest_valid, read_checkpoint
+    from hpc_train.compute.checkpointing.files import CheckpointRefused, newest_valid, read_checkpoint
 
     real = one_epoch / "checkpoints" / "step_000000008.ckpt"
     marker = tmp_path / "pwned"
@@ -345,7 +345,7 @@ def test_rng_states_survive_a_weights_only_round_trip():
 
     import numpy as np
 
-    from hpc_train.compute.checkpoint import capture_rng, restore_rng
+    from hpc_train.compute.checkpointing.files import capture_rng, restore_rng
 
     random.seed(5)
     np.random.seed(6)
@@ -363,7 +363,7 @@ def test_rng_states_survive_a_weights_only_round_trip():
 def test_ddp_over_four_ranks_resumes_bit_identical(tmp_path):
     """With more than two ranks the all-reduce's order of additions depends on DDP's bucket layout, which DDP
     changes after the first backward of every process: a resumed attempt must take its steps on the same layout as
-    the uninterrupted run (hpc_train/compute/strategies/ddp.py, settle)."""
+    the uninterrupted run (hpc_train/compute/parallel/ddp.py, settle)."""
     args = [*RESUME, "strategy=ddp", "resources.gpus_per_node=4", "trainer.batch_size=64"]
     reference = tmp_path / "reference"
     assert_ok(run_cli(args, reference))

@@ -1,4 +1,4 @@
-"""Sharded (DCP) checkpoints of hpc_train.compute.dcp_io and the hpc-train-export command.
+"""Sharded (DCP) checkpoints of hpc_train.compute.checkpointing.dcp and the hpc-train-export command.
 
 Real processes on the CPU (gloo), an FSDP2 model (``fully_shard``) and AdamW: atomic saves with
 rotation, loads at the same and at other world sizes (resharding), consolidation on one process,
@@ -29,9 +29,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from hpc_train import rundir
-from hpc_train.compute import dcp_io
-from hpc_train.compute.checkpoint import CheckpointError, capture_rng
-from hpc_train.compute.dcp_io import DiskFull, IncompleteCheckpoint, SafeFileSystemReader, UnsafeCheckpoint
+from hpc_train.compute.checkpointing import dcp as dcp_io
+from hpc_train.compute.checkpointing.files import CheckpointError, capture_rng
+from hpc_train.compute.checkpointing.dcp import DiskFull, IncompleteCheckpoint, SafeFileSystemReader, UnsafeCheckpoint
 
 REPO = Path(__file__).resolve().parents[1]
 STEP1, STEP2 = "step_000000001", "step_000000002"
@@ -431,7 +431,7 @@ import os, signal, sys
 from pathlib import Path
 import torch
 from hpc_train import rundir
-from hpc_train.compute import dcp_io
+from hpc_train.compute.checkpointing import dcp as dcp_io
 
 folder, where = Path(sys.argv[1]), sys.argv[2]
 def save(step):

@@ -32,7 +32,7 @@ LAUNCH_MODULES = [
     "hpc_train.logger_table",
     "hpc_train.script_command",  # a script job's command, rendered by the dry run too
     "hpc_train.metrics_log",  # hpc_train.log_metrics, for a user's script
-    "hpc_train.compute.job",  # pickled by the login node for submitit
+    "hpc_train.compute.runtime.job",  # pickled by the login node for submitit
     "submitit",
 ]
 
@@ -48,8 +48,8 @@ def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
     torch.distributed.checkpoint (sharded checkpoints) cost about 1 s together, so the compute
     side imports them only when a job needs them."""
     code = (
-        "import sys\nimport hpc_train.compute.worker, hpc_train.compute.trainer, hpc_train.compute.strategies\n"
-        "from hpc_train.compute.stages import flatten_layers\nimport torch\n"
+        "import sys\nimport hpc_train.compute.worker, hpc_train.compute.training.trainer, hpc_train.compute.parallel\n"
+        "from hpc_train.compute.parallel.stages import flatten_layers\nimport torch\n"
         "assert len(flatten_layers(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))) == 2\n"
         "heavy = [m for m in ('torchvision', 'torch.distributed.checkpoint') if m in sys.modules]\nassert not heavy, heavy\n"
         "import torchvision\nassert len(flatten_layers(torchvision.models.resnet18())) == 15\nprint('OK')\n"

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hpc_train.compute import stages
-from hpc_train.compute.stages import block_times, build_staged, find_block_list, layer_times, stage_counts
+from hpc_train.compute.parallel import stages
+from hpc_train.compute.parallel.stages import block_times, build_staged, find_block_list, layer_times, stage_counts
 
 
 class Clock:

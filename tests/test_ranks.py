@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_train.compute.ranks import (
+from hpc_train.compute.runtime.ranks import (
     PORT_BASE,
     PORT_SPAN,
     describe_tasks,

@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpc_train.compute.checkpoint import read_checkpoint
+from hpc_train.compute.checkpointing.files import read_checkpoint
 from hpc_train.compute.datasets import synthetic
 from hpc_train.compute.models import toy_mlp
-from hpc_train.compute.trainer import seed_everything
+from hpc_train.compute.training.trainer import seed_everything
 from tests.conftest import (
     REPO,
     TINY,

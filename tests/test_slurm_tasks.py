@@ -2,7 +2,7 @@
 
 `sbatch --nodes=2 --ntasks=3` makes Slurm run 2 tasks on one node and 1 on the other; `srun -n3`
 inside a `--nodes=2 --ntasks-per-node=2` allocation does the same while SLURM_NTASKS_PER_NODE
-still says 2. hpc_train reads the step's real layout (hpc_train/compute/ranks.py): a job spec
+still says 2. hpc_train reads the step's real layout (hpc_train/compute/runtime/ranks.py): a job spec
 planned for 4 ranks is refused at start naming the plan and the step's layout, one planned for
 3 ranks runs with world 3 and each rank's real local rank and local world size. The repository's
 own sbatch scripts refuse such an allocation already in their batch step.
@@ -80,7 +80,7 @@ def test_a_three_task_step_of_a_four_rank_job_is_refused_naming_its_layout(jobs,
     assert found, output
     counts, hosts = sorted([int(found.group(1)), int(found.group(3))]), {found.group(2), found.group(4)}
     assert counts == [1, 2] and len(hosts) == 2, found.group(0)
-    assert "Refusal" not in output and "compute/entry.py" not in output  # one message, no traceback of the refusal
+    assert "Refusal" not in output and "compute/runtime/entry.py" not in output  # one message, no traceback of the refusal
     # The refusing ranks wrote it to their own logs too; none reached training.
     logs = [p.read_text() for p in sorted((run_dir / "logs").glob("rank*.log"))]
     assert any(REFUSAL.search(log) for log in logs), logs

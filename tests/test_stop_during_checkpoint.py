@@ -7,7 +7,7 @@ one complete checkpoint of that step and no temporary left behind; the same comm
 Slurm, the requeued job) resumes from it, and the final weights are bit-identical to those of
 the same run never interrupted.
 
-The write is slowed by the fault hook HPC_TRAIN_SLOW_CHECKPOINT (hpc_train/compute/faults.py:
+The write is slowed by the fault hook HPC_TRAIN_SLOW_CHECKPOINT (hpc_train/compute/runtime/faults.py:
 the write pauses half-way, its temporary file ``.step_<N>...tmp...`` in <run dir>/checkpoints),
 and the signal is sent once that temporary exists. Rank 0 waiting in a collective: only rank 1
 sleeps after each step (HPC_TRAIN_STEP_SLEEP with HPC_TRAIN_STEP_SLEEP_RANK=1), so rank 0 waits
@@ -85,13 +85,13 @@ def checkpoint_of(run_dir: Path, step: int, layout: str) -> dict:
     """The complete checkpoint of `step`, verified (checksums), as (its step, why it was written)."""
     folder = run_dir / "checkpoints"
     if layout == "fsdp":
-        from hpc_train.compute import dcp_io
+        from hpc_train.compute.checkpointing import dcp as dcp_io
 
         path = dcp_io.step_dir(folder, step)
         dcp_io.verify(path, deep=True)  # every file the manifest names, with its sha256
         loop = dcp_io.read_loop(path)
         return {"step": loop["state"]["global_step"], "why": loop["why"]}
-    from hpc_train.compute.checkpoint import read_checkpoint
+    from hpc_train.compute.checkpointing.files import read_checkpoint
 
     payload = read_checkpoint(folder / f"step_{step:09d}.ckpt")  # raises on a torn or corrupt file
     return {"step": payload["state"]["global_step"], "why": payload["why"]}

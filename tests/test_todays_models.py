@@ -118,7 +118,7 @@ def test_nanogpt_trains_with_nanogpts_shakespeare_char_recipe(tmp_path):
     import json
     import math
 
-    from hpc_train.compute.checkpoint import read_checkpoint
+    from hpc_train.compute.checkpointing.files import read_checkpoint
 
     run = tmp_path / "run"
     short = [

@@ -261,7 +261,7 @@ def test_several_loggers_compose_into_one_node():
 
 
 def test_wandb_is_offline_on_slurm_unless_told_otherwise(monkeypatch):
-    from hpc_train.compute.tracker_wandb import wandb_mode
+    from hpc_train.compute.training.tracker_wandb import wandb_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

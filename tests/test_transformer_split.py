@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
-from hpc_train.compute.refusal import Refusal
-from hpc_train.compute.stages import split_model
+from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.parallel.stages import split_model
 
 
 def _vit() -> nn.Module:

@@ -1,6 +1,6 @@
 """trainer.step: the user's own training step, batches of any structure, and the checks around them.
 
-The step contract (hpc_train/compute/step.py): step(model, batch) returns a scalar loss or a mapping
+The step contract (hpc_train/compute/training/step.py): step(model, batch) returns a scalar loss or a mapping
 with 'loss' and other scalar metrics. A user step doing what the built-in step does must give
 bit-identical weights; its metrics are averaged over the global batch and reported beside the loss.
 """
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hpc_train.compute.batch import batch_size, describe, to_device
-from hpc_train.compute.refusal import Refusal
-from hpc_train.compute.step import split_result
+from hpc_train.compute.data.batch import batch_size, describe, to_device
+from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.training.step import split_result
 from hpc_train.steps import model_loss
 from tests.conftest import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
 

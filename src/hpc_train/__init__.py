@@ -39,12 +39,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep  # noqa: F401
-    from hpc_train.compute.data import data_shard  # noqa: F401
+    from hpc_train.compute.data.loaders import data_shard  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
     if name == "data_shard":  # for the user's streamed dataset, inside a training process (imports torch)
-        from hpc_train.compute.data import data_shard
+        from hpc_train.compute.data.loaders import data_shard
 
         return data_shard
     if name == "log_metrics":  # for a script of your own (hpc-train ... -- train.py): no torch, no Hydra

@@ -5,7 +5,7 @@ read. This command, on one process without GPUs or a process group, assembles th
 state dict of the newest complete checkpoint (or of step N) and writes it with ``torch.save``:
 ``torch.load(OUT.pt, weights_only=True)`` then gives ``{param name: tensor}`` for
 ``model.load_state_dict``. Nothing in the checkpoint is unpickled beyond tensors, plain values
-and DCP's allow-listed metadata classes (hpc_train.compute.dcp_io).
+and DCP's allow-listed metadata classes (hpc_train.compute.checkpointing.dcp).
 
 ``--ema`` writes the weight average of ``trainer.ema_decay`` instead, from an fsdp checkpoint
 dir or from the single-file checkpoints (``step_<N>.ckpt``) of the other strategies; its keys
@@ -44,7 +44,7 @@ def _checkpoints_folder(run_dir: Path) -> Path:
 
 def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
     """The checkpoint dir to export: step `step`, or the newest complete one."""
-    from hpc_train.compute import dcp_io
+    from hpc_train.compute.checkpointing import dcp as dcp_io
 
     if step is None and (Path(run_dir) / dcp_io.MANIFEST).is_file():
         return Path(run_dir)  # a checkpoint dir itself
@@ -96,7 +96,7 @@ def _save_atomic(obj: object, out: Path) -> None:
 def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:
     """Write the full model weights (or, with `ema`, the weight average) of `run_dir`'s newest complete checkpoint
     (or `step`) to `out`; returns `out`."""
-    from hpc_train.compute import dcp_io
+    from hpc_train.compute.checkpointing import dcp as dcp_io
 
     if ema and _single_file_checkpoints(Path(run_dir)):
         state = _ema_of_checkpoint_file(Path(run_dir), step)
@@ -115,7 +115,7 @@ def _single_file_checkpoints(run_dir: Path) -> bool:
 
 def _ema_of_checkpoint_file(run_dir: Path, step: Optional[int]) -> dict:
     """The weight average saved in a step_<N>.ckpt (the newest valid one, or step `step`)."""
-    from hpc_train.compute.checkpoint import newest_valid, read_checkpoint
+    from hpc_train.compute.checkpointing.files import newest_valid, read_checkpoint
 
     folder = rundir.checkpoint_dir(run_dir)
     if step is None:
@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    from hpc_train.compute.checkpoint import CheckpointError
+    from hpc_train.compute.checkpointing.files import CheckpointError
 
     try:
         out = export(args.run_dir, args.out, args.step, ema=args.ema)

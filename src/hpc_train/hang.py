@@ -1,7 +1,7 @@
 """Hung ranks: the progress every rank publishes, which ranks to blame, and the message that says so.
 
 Every rank of a job publishes where it is (``logs/rank<r>.progress.json``: step, phase, the
-time it last advanced, a heartbeat) from a thread of its own (hpc_train.compute.heartbeat).
+time it last advanced, a heartbeat) from a thread of its own (hpc_train.compute.runtime.heartbeat).
 When no rank has advanced for ``trainer.hang_timeout_s``, the watching rank asks every rank to
 dump the Python stacks of all its threads into its log (``faulthandler``; the rank's data
 loader workers too), then names the culprits with :func:`diagnose` and ends the job with

@@ -7,7 +7,7 @@ and ``trackers: {<itself>: true}`` (a mapping, so the merge keeps every option's
 ``metrics.jsonl`` is always written; ``jsonl`` is no tracker (``trackers: {}``).
 
 The launch side (hpc_train.launch.validate) checks the choice and looks for the packages without
-importing them; the compute side (hpc_train.compute.loggers) builds one tracker per name.
+importing them; the compute side (hpc_train.compute.training.loggers) builds one tracker per name.
 """
 
 from __future__ import annotations

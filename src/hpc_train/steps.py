@@ -1,7 +1,7 @@
 """Training steps shipped with hpc-train, to name in ``trainer.step`` (a ``_target_`` with ``_partial_: true``).
 
 A step is a function ``step(model, batch)`` returning the loss (a scalar tensor) or a dict
-with ``loss`` and other scalar metrics; see hpc_train.compute.step for the contract.
+with ``loss`` and other scalar metrics; see hpc_train.compute.training.step for the contract.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def model_loss(model: Any, batch: Any) -> Any:
     Calls ``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple or list, ``model(batch)``
     otherwise, and returns the output's ``.loss`` attribute or ``["loss"]`` item.
     """
-    from hpc_train.compute.batch import describe
-    from hpc_train.compute.refusal import Refusal
+    from hpc_train.compute.data.batch import describe
+    from hpc_train.compute.runtime.refusal import Refusal
 
     if isinstance(batch, Mapping):
         output = model(**batch)

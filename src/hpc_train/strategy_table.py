@@ -3,7 +3,7 @@
 Users pick a strategy with ``strategy=<name>`` (and, for the distributed pipeline,
 ``strategy.engine=pipelining``); :func:`strategy_id` turns that into one identity, which the
 launch side lays out (hpc_train.launch.layout) and validates, and the compute side builds
-(hpc_train.compute.strategies). G = GPUs per node, N = nodes, S = stages:
+(hpc_train.compute.parallel). G = GPUs per node, N = nodes, S = stages:
 
 ============== ========================================= ===== ============== ===================
 identity       what users type                           nodes tasks per node GPUs per task

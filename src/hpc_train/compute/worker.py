@@ -17,8 +17,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from hpc_train.compute.entry import load_job_spec, train
-from hpc_train.compute.refusal import Refusal
+from hpc_train.compute.runtime.entry import load_job_spec, train
+from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 
@@ -32,9 +32,9 @@ def main(argv=None) -> int:
 
 def run_spec(spec: DictConfig) -> int:
     """Train as this process's rank of the job `spec`; returns the exit code (see the module doc)."""
-    from hpc_train.compute.interrupts import REQUEUE, TrainingInterrupted, requeue_self
+    from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted, requeue_self
 
-    from hpc_train.compute.script_job import ScriptFailed
+    from hpc_train.compute.runtime.script_job import ScriptFailed
 
     try:
         train(spec)
@@ -47,8 +47,8 @@ def run_spec(spec: DictConfig) -> int:
         return EXIT_REFUSED
     except TrainingInterrupted as stop:
         if stop.request == REQUEUE and os.environ.get("SLURM_JOB_ID"):
-            from hpc_train.compute.ranks import detect_ranks
-            from hpc_train.compute.requeue import requeue_allowed, wait_to_be_requeued
+            from hpc_train.compute.runtime.ranks import detect_ranks
+            from hpc_train.compute.runtime.requeue import requeue_allowed, wait_to_be_requeued
 
             if not detect_ranks().is_main:
                 wait_to_be_requeued()

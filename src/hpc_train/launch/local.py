@@ -2,14 +2,14 @@
 
 Each task of the layout becomes one ``python -m hpc_train.compute.worker`` process with
 RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, marked ``HPC_TRAIN_LOCAL_LAUNCHER=1``
-(rank detection trusts those variables only with a marker: see hpc_train.compute.ranks). Rank 0
+(rank detection trusts those variables only with a marker: see hpc_train.compute.runtime.ranks). Rank 0
 keeps the console (progress bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
 stopped so a broken run never hangs; a hung job is ended by the ranks' own watchdog (hpc_train.hang), whose
 message this launcher prints.
 
 Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) sent to the launcher are forwarded to every rank. Ctrl-C
 reaches the ranks twice (from the terminal, which signals the whole process group, and forwarded): a rank
-takes two stop signals less than a second apart as one (hpc_train.compute.heartbeat.REPEAT_WINDOW_S).
+takes two stop signals less than a second apart as one (hpc_train.compute.runtime.heartbeat.REPEAT_WINDOW_S).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from hpc_train.launch.errors import ConfigError, JobFailed
 from hpc_train.script_command import is_script_job
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
-# Numeric keys of the summary.json rank 0 writes at the end of training (hpc_train/compute/trainer.py).
+# Numeric keys of the summary.json rank 0 writes at the end of training (hpc_train/compute/training/trainer.py).
 NUMERIC_SUMMARY_KEYS = (
     "eval_loss",
     "eval_accuracy",
@@ -38,7 +38,7 @@ NUMERIC_SUMMARY_KEYS = (
 )
 
 
-# A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/step.py).
+# A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/training/step.py).
 STEP_METRIC = re.compile(r"(train|eval)_[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -96,7 +96,7 @@ def follow(handle: Any, run_dir: Path) -> int:
 
 def report_summary(run_dir: Path, code: int) -> None:
     data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
-    if data is not None and "script" in data:  # a script job's summary (hpc_train.compute.script_job)
+    if data is not None and "script" in data:  # a script job's summary (hpc_train.compute.runtime.script_job)
         print(f"hpc-train: done: {' '.join(map(str, data['script']))} finished (attempt {data.get('attempts')})")
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")

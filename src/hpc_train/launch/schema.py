@@ -17,7 +17,7 @@ Rules:
   extra options) must be plain ASCII without spaces or control characters.
 * The arguments of the shipped ``_target_`` s (torchvision ResNets, ``toy_mlp``, the digits,
   synthetic and image-folder datasets) are checked here too; the arguments of a user's own
-  ``_target_`` are checked when the job starts (``hpc_train/compute/user_code.py``).
+  ``_target_`` are checked when the job starts (``hpc_train/compute/user/building.py``).
 
 Cross-key rules (the batch splits over the ranks, stages fit the GPUs, ...) stay in
 ``validate.py``.

@@ -400,7 +400,7 @@ def submit_jobs(
     """
     from submitit.core.utils import FailedJobError
 
-    from hpc_train.compute.job import TrainingJob
+    from hpc_train.compute.runtime.job import TrainingJob
     from hpc_train.launch.sweep_limits import array_chunk
 
     make_task = task or TrainingJob

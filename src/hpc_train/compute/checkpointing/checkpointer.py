@@ -1,0 +1,198 @@
+"""Save a training run's full state and put it back: what makes a resumed run exact.
+
+The trainer hands the checkpointer the objects that hold state, each with ``state_dict`` and
+``load_state_dict``: *sharded* ones (model, optimizer, GradScaler), whose content differs
+between parameter owners (the first replica of every pipeline stage), and *shared* ones
+(LR schedule, loop position), equal on every rank and saved by rank 0, and *per-rank* ones (a
+stream's read position), saved for every rank. Every rank adds its RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
+(hpc_train.compute.checkpointing.files); on resume every rank reads the same file, checks the
+fingerprint, and loads its own part.
+
+Resume modes (the top-level ``resume`` key; targets resolved by hpc_train.rundir):
+  * ``auto``: the newest checkpoint of the run dir that verifies (a torn or corrupt newest one
+    is skipped with a warning); none: start from scratch.
+  * ``never``: start from scratch; existing checkpoints are moved aside to
+    ``checkpoints.replaced-<time>/`` (never deleted).
+  * a path: that checkpoint file, or the newest valid one of a run dir / checkpoints folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Protocol, Tuple
+
+from hpc_train import rundir
+from hpc_train.compute.runtime import distributed
+from hpc_train.compute.checkpointing.files import (
+    FORMAT,
+    CheckpointError,
+    capture_rng,
+    newest_valid,
+    read_checkpoint,
+    restore_rng,
+    to_cpu,
+    write_checkpoint,
+)
+from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.fingerprint import differences
+
+log = logging.getLogger("hpc_train")
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> Any: ...
+
+
+class Checkpointer:
+    """Writes and finds checkpoints of the state holders it is given (every method is called on every rank)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        ranks: RankInfo,
+        fingerprint: Dict[str, Any],
+        sharded: Mapping[str, Stateful],
+        shared: Mapping[str, Stateful],
+        per_rank: Optional[Mapping[str, Stateful]] = None,
+        shard_key: str = "model",
+        owns_shard: bool = True,
+        every: int = 0,
+        keep: int = 1,
+        resume: str = "auto",
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.ranks = ranks
+        self.fingerprint = fingerprint
+        self.sharded = {k: v for k, v in sharded.items() if v is not None}
+        self.shared = dict(shared)
+        self.per_rank = dict(per_rank or {})  # each rank's own (a stream's read position), saved for every rank
+        self.shard_key, self.owns_shard = shard_key, owns_shard
+        self.every, self.keep, self.resume = every, max(1, keep), str(resume)
+        self.folder = rundir.checkpoint_dir(run_dir)
+        self.last_saved_step: Optional[int] = None
+        self.resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when another one
+
+    # -- saving -------------------------------------------------------------------------
+    def due(self, global_step: int) -> bool:
+        return self.every > 0 and global_step % self.every == 0
+
+    def save(self, global_step: int, why: str) -> Optional[Path]:
+        """Write a checkpoint of the current state (a collective: every rank calls it)."""
+        if self.last_saved_step == global_step:
+            return None
+        started = time.perf_counter()
+        part = self._rank_part()
+        if self.owns_shard:
+            part["shard"] = (
+                self.shard_key,
+                {name: to_cpu(holder.state_dict()) for name, holder in self.sharded.items()},
+            )
+        parts = distributed.gather_to_main(part)
+        path = rundir.checkpoint_path(self.run_dir, global_step)
+        if parts is not None:  # rank 0
+            payload = {
+                "format": FORMAT,
+                "fingerprint": self.fingerprint,
+                **{name: holder.state_dict() for name, holder in self.shared.items()},
+                "rng": [p["rng"] for p in parts],
+                "per_rank": [p.get("own", {}) for p in parts],
+                "shards": dict(p["shard"] for p in parts if "shard" in p),
+                "world_size": self.ranks.world_size,
+                "written": time.time(),
+                "why": why,
+            }
+            write_checkpoint(payload, path, self.keep)
+            log.info(
+                "checkpoint %s written (%s, step %d, %.2f s)",
+                path.name,
+                why,
+                global_step,
+                time.perf_counter() - started,
+            )
+        # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit
+        # would kill rank 0 mid-write) before the file is complete.
+        distributed.control_barrier()
+        self.last_saved_step = global_step
+        return path
+
+    def _rank_part(self) -> Dict[str, Any]:
+        """What every rank contributes to a checkpoint: its RNG states and its per-rank holders' state."""
+        part: Dict[str, Any] = {"rng": capture_rng()}
+        if self.per_rank:
+            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
+        return part
+
+    # -- loading ------------------------------------------------------------------------
+    def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
+        """The checkpoint this run resumes from, per the ``resume`` key."""
+        self._remove_stale_temporaries()
+        target = rundir.resume_target(self.resume, self.run_dir)
+        if target is None:  # resume=never
+            if self.ranks.is_main and rundir.list_checkpoints(self.folder):
+                aside = self.folder.with_name(f"{self.folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+                self.folder.rename(aside)
+                log.warning("resume=never: the existing checkpoints were moved to %s", aside)
+            return None, None
+        if target.is_dir() or self.resume == "auto":
+            path, payload = newest_valid(target)
+            if path is None and self.resume != "auto":
+                raise CheckpointError(f"resume={self.resume}: no valid checkpoint in {target}")
+        else:
+            path, payload = target, read_checkpoint(target)
+        self._agree(payload)
+        if payload is not None:
+            self._check_fingerprint(path, payload)
+        return path, payload
+
+    may_change = ""  # what a checkpoint of this kind lets change, for the refusal's fix
+
+    def _check_fingerprint(self, path: Path, payload: Dict[str, Any]) -> None:
+        changed = differences(payload["fingerprint"], self.fingerprint)
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {path} comes from an incompatible run:\n  "
+                + "\n  ".join(changed)
+                + f"\nFix: run with the checkpoint's settings{self.may_change}, or start over with resume=never or a"
+                " fresh hydra.run.dir."
+            )
+
+    def _remove_stale_temporaries(self) -> None:
+        """Rank 0 deletes what a killed write left (before any rank can start a new one)."""
+        if self.ranks.is_main:
+            for stale in rundir.remove_stale_temporaries(self.folder):
+                log.info("removed %s, left by a checkpoint write that was interrupted", stale.name)
+        distributed.control_barrier()
+
+    def _agree(self, payload: Optional[Dict[str, Any]]) -> None:
+        """Every rank must have picked the same checkpoint (a shared file system can lag)."""
+        step = -1 if payload is None else int(payload["state"]["global_step"])
+        highest = distributed.all_reduce_max_int(step)
+        lowest = -distributed.all_reduce_max_int(-step)
+        if highest != lowest:
+            raise CheckpointError(
+                f"ranks found different checkpoints to resume from (steps {lowest} to {highest}): is the run dir on a"
+                " shared file system?"
+            )
+
+    def restore(self, payload: Dict[str, Any]) -> None:
+        """Load every state holder's part of `payload`, and this rank's RNG states."""
+        if self.shard_key not in payload["shards"]:
+            raise CheckpointError(
+                f"the checkpoint has no parameters for {self.shard_key} (it has {sorted(payload['shards'])})"
+            )
+        shard = payload["shards"][self.shard_key]
+        for name, holder in self.sharded.items():
+            if name in shard:
+                holder.load_state_dict(shard[name])
+        for name, holder in self.shared.items():
+            holder.load_state_dict(payload[name])
+        own = (payload.get("per_rank") or [{}] * self.ranks.world_size)[self.ranks.rank]
+        for name, holder in self.per_rank.items():
+            if name in own:
+                holder.load_state_dict(own[name])
+        restore_rng(payload["rng"][self.ranks.rank])
+        self.last_saved_step = int(payload["state"]["global_step"])

@@ -1,0 +1,168 @@
+"""The checkpointer of sharded strategies (fsdp): torch.distributed.checkpoint directories, resumable at any world.
+
+Same contract as :class:`hpc_train.compute.checkpointing.checkpointer.Checkpointer` (the trainer cannot tell them
+apart), but the model and optimizer state never meet in one process: each rank saves its own
+shards of ``get_state_dict(model, optimizer)`` into ``checkpoints/step_<N>/`` and loads what
+its (possibly different) shards need, so a run checkpointed at W ranks resumes at W' ranks
+(DCP reshards). Rank 0 adds the loop state (schedule, position, GradScaler, every rank's RNG
+and stream position, fingerprint) as ``loop.pt``; the directory and its safety rules are
+hpc_train.compute.checkpointing.dcp's.
+
+Resuming at another world size: parameters, optimizer state and the position in the data
+(the global batch is fixed, so the sampler's next block of samples is the same) carry over
+exactly; per-rank RNG streams are restored for the ranks that existed before (others keep
+their fresh seeds), and a stream's per-rank read position gives way to re-reading and
+skipping (hpc_train.compute.training.trainer).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from hpc_train import rundir
+from hpc_train.compute.checkpointing import dcp as dcp_io
+from hpc_train.compute.runtime import distributed
+from hpc_train.compute.checkpointing.files import CheckpointError, restore_rng
+from hpc_train.compute.checkpointing.checkpointer import Checkpointer
+
+log = logging.getLogger("hpc_train")
+
+
+class ShardedCheckpointer(Checkpointer):
+    """Checkpointer whose model and optimizer are saved by every rank, as torch.distributed.checkpoint shards."""
+
+    may_change = (
+        " (an fsdp checkpoint lets only resources.nodes, resources.gpus_per_node and strategy.replicate change)"
+    )
+
+    def _model_and_optimizer(self) -> Dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.sharded["model"], self.sharded["optimizer"])
+        state = {"model": model_state, "optim": optim_state}
+        if "ema" in self.sharded:  # trainer.ema_decay: the weight average, sharded like the parameters
+            state["ema"] = self.sharded["ema"].state_dict()
+        return state
+
+    # -- saving -------------------------------------------------------------------------
+    def save(self, global_step: int, why: str) -> Optional[Path]:
+        if self.last_saved_step == global_step:
+            return None
+        started = time.perf_counter()
+        parts = distributed.gather_to_main(self._rank_part())
+        loop: Dict[str, Any] = {}
+        if parts is not None:  # rank 0
+            scaler = self.sharded.get("scaler")
+            loop = {
+                "format": dcp_io.MANIFEST_FORMAT,
+                "fingerprint": self.fingerprint,
+                **{name: holder.state_dict() for name, holder in self.shared.items()},
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": [p["rng"] for p in parts],
+                "per_rank": [p.get("own", {}) for p in parts],
+                "world_size": self.ranks.world_size,
+                "written": time.time(),
+                "why": why,
+            }
+        path = dcp_io.save_dcp(
+            self._model_and_optimizer(),
+            self.folder,
+            global_step,
+            loop,
+            self.keep,
+            is_main=self.ranks.is_main,
+            barrier=distributed.control_barrier,
+            agree=lambda failed: distributed.all_reduce_max_int(int(failed)) > 0,
+        )
+        if self.ranks.is_main:
+            log.info(
+                "checkpoint %s/ written (%s, step %d, %d ranks' shards, %.2f s)",
+                path.name,
+                why,
+                global_step,
+                self.ranks.world_size,
+                time.perf_counter() - started,
+            )
+        self.last_saved_step = global_step
+        return path
+
+    # -- loading ------------------------------------------------------------------------
+    def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
+        target = rundir.resume_target(self.resume, self.run_dir)
+        if target is None:  # resume=never
+            return super().find()
+        self._remove_stale_temporaries()
+        if rundir.is_checkpoint(target):
+            path, loop = target, self._read(target)
+        else:
+            path, loop = self._newest_readable(target)
+            if path is None and self.resume != "auto":
+                raise CheckpointError(f"resume={self.resume}: no complete checkpoint in {target}")
+        self._agree(loop)
+        if loop is not None:
+            self._check_fingerprint(path, loop)
+            loop["path"] = str(path)
+        return path, loop
+
+    def _read(self, path: Path) -> Dict[str, Any]:
+        if path.suffix == ".ckpt":
+            raise CheckpointError(
+                f"{path} is a checkpoint file of a strategy that does not shard; strategy=fsdp resumes from its own"
+                " checkpoint directories (step_<N>/)"
+            )
+        return dcp_io.read_loop(path)
+
+    def _newest_readable(self, folder: Path) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
+        """The newest complete checkpoint dir; torn ones are skipped with a warning, forged ones refused."""
+        for path in rundir.list_checkpoints(folder):
+            if path.suffix == ".ckpt":
+                continue
+            try:
+                return path, self._read(path)
+            except dcp_io.UnsafeCheckpoint:
+                raise
+            except CheckpointError as err:
+                log.warning("skipping checkpoint: %s; falling back to the previous one", err)
+        return None, None
+
+    def restore(self, payload: Dict[str, Any]) -> None:
+        path = Path(payload["path"])
+        state = self._model_and_optimizer()
+        dcp_io.load_dcp(state, path, deep=False)  # the loop file's check already read the manifest
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self.sharded["model"],
+            self.sharded["optimizer"],
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        if "ema" in self.sharded:
+            self.sharded["ema"].load_state_dict(state["ema"])  # loaded in place; checks every name is there
+        scaler = self.sharded.get("scaler")
+        if scaler is not None and payload.get("scaler"):
+            scaler.load_state_dict(payload["scaler"])
+        for name, holder in self.shared.items():
+            holder.load_state_dict(payload[name])
+        saved_world, rank = int(payload["world_size"]), self.ranks.rank
+        if saved_world != self.ranks.world_size:
+            self.resharded_from = saved_world
+            if self.ranks.is_main:
+                log.warning(
+                    "resharding: checkpoint %s was written by %d ranks and is resumed by %d (parameters, optimizer"
+                    " state and the data position carry over; per-rank random streams restart for new ranks)",
+                    path.name,
+                    saved_world,
+                    self.ranks.world_size,
+                )
+        elif self.per_rank:
+            own = payload["per_rank"][rank]
+            for name, holder in self.per_rank.items():
+                if name in own:
+                    holder.load_state_dict(own[name])
+        if rank < len(payload["rng"]):
+            restore_rng(payload["rng"][rank])
+        self.last_saved_step = int(payload["state"]["global_step"])

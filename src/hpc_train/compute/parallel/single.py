@@ -1,0 +1,7 @@
+"""`single`: one process, one device."""
+
+from hpc_train.compute.parallel.base import Strategy
+
+
+class SingleStrategy(Strategy):
+    name = "single"

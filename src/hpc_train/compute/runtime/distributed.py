@@ -1,0 +1,154 @@
+"""Process-group setup and teardown, device binding, and the few collectives the trainer needs."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from hpc_train import rundir
+from hpc_train.compute.runtime import heartbeat
+from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.hang import COLLECTIVE
+
+
+def task_devices(info: RankInfo, gpus_per_task: int) -> List[torch.device]:
+    """The devices this task owns: GPUs ``local_rank*gpus_per_task ...`` or the CPU.
+
+    With fewer visible GPUs than asked for (a laptop with one GPU), the devices wrap around,
+    so every stage still gets a device; without CUDA every stage sits on the CPU.
+    """
+    if not torch.cuda.is_available():
+        return [torch.device("cpu")] * gpus_per_task
+    count = torch.cuda.device_count()
+    first = info.local_rank * gpus_per_task
+    return [torch.device("cuda", (first + i) % count) for i in range(gpus_per_task)]
+
+
+def nccl_environment(run_dir: Optional[Path]) -> Dict[str, str]:
+    """What NCCL needs to fail instead of hanging, and to leave a trace of its last collectives when it does.
+
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``: a collective that exceeds ``trainer.dist_timeout_s`` aborts the
+    communicator and ends the process (the launcher then names the rank); the flight recorder
+    (``TORCH_NCCL_TRACE_BUFFER_SIZE``, ``TORCH_FR_BUFFER_SIZE`` in newer torch) keeps the last 2000
+    collectives of every rank and ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` writes them on a timeout to
+    ``logs/nccl_trace_rank_<r>`` in the run dir (read them with ``torch.distributed.flight_recorder``'s
+    ``fr_trace``). Set only where the user has not set them; untested without GPUs.
+    """
+    env = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    }
+    if run_dir is not None:
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(Path(run_dir) / rundir.LOGS / "nccl_trace_rank_")
+    return env
+
+
+def init_process_group(
+    info: RankInfo, backend: str, timeout_s: float, device: torch.device, run_dir: Optional[Path] = None
+) -> None:
+    """Join the job's process group (no-op for a single process)."""
+    if not info.is_distributed:
+        return
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        for name, value in nccl_environment(run_dir).items():
+            os.environ.setdefault(name, value)
+    os.environ.setdefault("MASTER_ADDR", info.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    global _control_group
+    # Small CPU-side messages (stop requests, RNG states for checkpoints) go over gloo even when
+    # the gradients go over NCCL: no GPU synchronisation, no CUDA tensors to pickle.
+    _control_group = (
+        dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s)) if backend == "nccl" else None
+    )
+
+
+_control_group = None
+
+
+def teardown() -> None:
+    global _control_group
+    _control_group = None
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """Mean over all ranks (identity without a process group)."""
+    if not is_initialized():
+        return value
+    value = value.clone()
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / dist.get_world_size()
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    if not is_initialized():
+        return value
+    value = value.clone()
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def barrier() -> None:
+    if is_initialized():
+        with heartbeat.phase(COLLECTIVE):
+            dist.barrier()
+
+
+def control_barrier() -> None:
+    """A barrier on the CPU control group (no GPU work involved)."""
+    if is_initialized():
+        with heartbeat.phase(COLLECTIVE):
+            dist.barrier(group=_control_group)
+
+
+def collective_device(device: torch.device) -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo reduces CPU tensors."""
+    if is_initialized() and dist.get_backend() == "nccl":
+        return device
+    return torch.device("cpu")
+
+
+def all_reduce_max_int(value: int) -> int:
+    """Maximum of a small integer over all ranks, on the CPU control group."""
+    if not is_initialized():
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64)
+    with heartbeat.phase(COLLECTIVE):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
+    return int(tensor.item())
+
+
+def gather_to_main(obj: object) -> Optional[List[object]]:
+    """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere)."""
+    if not is_initialized():
+        return [obj]
+    rank = dist.get_rank()
+    out: Optional[List[object]] = [None] * dist.get_world_size() if rank == 0 else None
+    with heartbeat.phase(COLLECTIVE):
+        dist.gather_object(obj, out, dst=0, group=_control_group)
+    return out

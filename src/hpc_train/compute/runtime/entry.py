@@ -1,0 +1,143 @@
+"""The training entry point every launcher calls in every rank: local workers, Slurm tasks, sbatch scripts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import traceback
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismatch
+from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.rank_errors import write_error_record
+
+
+def load_job_spec(path: Path) -> DictConfig:
+    cfg = OmegaConf.load(path)
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
+def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
+    """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary.
+
+    A script job (``script.argv``) runs the user's script instead, without importing torch here:
+    its task only starts and watches the script.
+    """
+    from hpc_train.compute.runtime.runlog import setup_logging
+    from hpc_train.compute.runtime.script_job import ScriptFailed, run_script
+    from hpc_train.script_command import is_script_job
+
+    try:
+        ranks = detect_ranks()
+    except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
+        raise Refusal(f"cannot tell this process's rank from its environment: {err}") from None
+    run_dir = Path(cfg.job.run_dir)
+    log = setup_logging(run_dir, ranks.rank)
+    if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
+        _announce(log, ranks)
+        try:
+            return run_script(cfg, ranks, run_dir)
+        except ScriptFailed as err:
+            write_error_record(run_dir, ranks.rank, err)
+            log.error("%s", err)
+            raise
+    return _train(cfg, ranks, run_dir, log)
+
+
+def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
+    """Who this process is, in its log (and rank 0's on the console), and what the rank detection ignored."""
+    log.info(
+        "rank %d/%d (local %d, started by %s) on host %s%s, rendezvous %s:%d",
+        ranks.rank,
+        ranks.world_size,
+        ranks.local_rank,
+        ranks.origin,
+        socket.gethostname(),
+        devices,
+        ranks.master_addr,
+        ranks.master_port,
+    )
+    if ranks.note:
+        log.warning("%s", ranks.note)
+
+
+def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
+    """hpc_train's own trainer as this rank."""
+    import torch
+
+    from hpc_train.compute.runtime import attempts, distributed
+    from hpc_train.compute.runtime.heartbeat import Heartbeat
+    from hpc_train.compute.runtime.interrupts import StopFlag, TrainingInterrupted, signal_number
+    from hpc_train.compute.parallel import build_strategy
+    from hpc_train.compute.training.trainer import Trainer
+    from hpc_train.compute.user.building import add_code_dirs
+
+    add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
+    threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    layout = cfg.job.layout
+    devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
+    _announce(log, ranks, f", devices {[str(d) for d in devices]}")
+    launcher = cfg.get("launcher") or {}
+    stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
+    beat = Heartbeat(run_dir, ranks, cfg.trainer, stop_flag).start()  # progress, hang watchdog, second stop signal
+    trainer = None
+
+    def record_end(how: str) -> None:
+        if trainer is not None and ranks.is_main:
+            attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
+
+    try:
+        problem = world_mismatch(ranks, int(layout.world_size))
+        if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
+            raise Refusal(problem)
+        distributed.init_process_group(
+            ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
+        )
+        strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
+        trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)
+        summary = trainer.fit()
+        record_end("finish")
+        distributed.barrier()
+        return summary
+    except TrainingInterrupted as stop:
+        log.warning("rank %d: %s", ranks.rank, stop)
+        record_end(stop.reason)
+        raise
+    except BaseException as err:
+        write_error_record(run_dir, ranks.rank, err)  # first, before peers see broken connections
+        if isinstance(err, Refusal):
+            log.error("%s", err)
+            err.on_console = ranks.is_main
+        else:
+            log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
+        record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
+        raise
+    finally:
+        beat.close()
+        stop_flag.uninstall()
+        trainer = strategy = None  # noqa: F841 (see release_before_teardown)
+        release_before_teardown()
+        distributed.teardown()
+
+
+def release_before_teardown() -> None:
+    """Free the training objects before the process group is destroyed, not at interpreter shutdown.
+
+    The trainer froze its objects out of the garbage collector's reach (settle_garbage_collector);
+    a model sharded by FSDP2 holds its device mesh, which holds the process groups, in reference
+    cycles. Left to the interpreter's finalisation, those groups' communication threads are torn
+    down in no particular order after the group was destroyed, which can abort a finished rank
+    ("terminate called without an active exception"). Unfreezing and collecting here releases
+    them while the process is still whole.
+    """
+    import gc
+
+    gc.unfreeze()
+    gc.collect()

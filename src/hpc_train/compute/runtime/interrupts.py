@@ -1,0 +1,134 @@
+"""Stop requests: turn Slurm's signals into a checkpoint at the next step boundary.
+
+A signal handler only sets a flag; the training loop polls it between optimizer steps, and
+in a multi-rank job all ranks agree (one tiny all-reduce per step) so that every rank stops
+after the same step and the checkpoint is consistent. Two signals are handled:
+
+* the requeue signal (``launcher.signal``, USR2 by default), which Slurm sends
+  ``launcher.signal_delay_s`` seconds before the time limit (``#SBATCH --signal``) and which
+  ``scancel --signal=USR2`` sends on demand: checkpoint, then requeue the job;
+* SIGTERM, which Slurm sends on preemption, ``scancel`` and at the time limit itself, and
+  SIGINT (Ctrl-C): checkpoint, then exit (Slurm requeues preempted jobs itself where the
+  partition says so).
+
+A second stop signal, or a step that does not end within the stop grace period, stops the rank
+at once after dumping its stacks: the rank's heartbeat thread does that (hpc_train.compute.runtime.heartbeat),
+since a handler that only sets a flag cannot stop a step that never ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+from typing import Any, Callable, Dict, Optional
+
+from hpc_train.slurm_time import slurm_seconds
+
+log = logging.getLogger("hpc_train")
+
+NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
+
+
+class StopFlag:
+    """The flag the handlers set, and the previous handlers (submitit's), kept for chaining."""
+
+    def __init__(self, requeue_signal: int, then: str = "checkpointing after the current step") -> None:
+        self.requeue_signal = requeue_signal
+        self.then = then  # what happens next, for the line the handler prints
+        self.request = NONE
+        self.previous: Dict[int, Any] = {}
+        self.stop_signals = (self.requeue_signal, signal.SIGTERM, signal.SIGINT)
+        self.announce = True  # False once a heartbeat thread says it (at once, even while the main thread is stuck)
+
+    def request_stop(self, signum: int) -> None:
+        self.request = max(self.request, REQUEUE if signum == self.requeue_signal else TERMINATE)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.request_stop(signum)
+        if self.announce:  # logging from a signal handler can deadlock on the handler's lock: write directly
+            os.write(2, f"hpc-train: received {signal.Signals(signum).name}: {self.then}\n".encode())
+
+    def install(self) -> "StopFlag":
+        for signum in self.stop_signals:
+            self.previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, handler in self.previous.items():  # kept in self.previous: the requeue path still needs them
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def submitit_handler(self) -> Optional[Callable]:
+        """submitit's checkpoint-and-requeue handler, when this process runs under submitit."""
+        handler = self.previous.get(self.requeue_signal)
+        owner = getattr(handler, "__self__", None)
+        if owner is not None and hasattr(owner, "has_timed_out"):
+            return handler
+        return None
+
+    def agreed(self) -> int:
+        """The strongest request of any rank (a collective in multi-rank jobs: every rank calls it)."""
+        from hpc_train.compute.runtime import distributed
+
+        return distributed.all_reduce_max_int(self.request)
+
+    def reason(self, request: int, signal_delay_s: float) -> str:
+        """finish/timeout/preemption/terminated wording for the attempt log."""
+        if request == TERMINATE:
+            return "terminated (SIGTERM: preemption, scancel or the time limit; or SIGINT)"
+        handler = self.submitit_handler()
+        if handler is not None:
+            return "timeout" if handler.__self__.has_timed_out() else "preemption"
+        left = slurm_time_left_s()
+        if left is None:
+            return f"stop signal ({signal.Signals(self.requeue_signal).name})"
+        return "timeout" if left <= 2 * signal_delay_s + 60 else "preemption"
+
+
+def signal_number(name: str) -> int:
+    return int(getattr(signal, "SIG" + str(name).upper().removeprefix("SIG")))
+
+
+def slurm_time_left_s() -> Optional[float]:
+    """Seconds left before this Slurm job's time limit, from squeue (None outside Slurm)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=15
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        return slurm_seconds(out)
+    except ValueError:
+        return None
+
+
+def requeue_self() -> bool:
+    """``scontrol requeue $SLURM_JOB_ID`` (plain sbatch jobs; submitit jobs requeue through submitit)."""
+    job = (
+        os.environ.get("SLURM_ARRAY_JOB_ID")
+        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+        or os.environ.get("SLURM_JOB_ID")
+    )
+    if not job:
+        return False
+    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        log.error("scontrol requeue %s failed: %s", job, proc.stderr.strip())
+        return False
+    return True
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped at a step boundary after a checkpoint, because a stop signal arrived."""
+
+    def __init__(self, request: int, step: int, reason: str, flag: StopFlag, message: str = "") -> None:
+        super().__init__(message or f"stopped after step {step} ({reason}); a checkpoint holds the state")
+        self.request = request
+        self.step = step
+        self.reason = reason
+        self.flag = flag

@@ -1,0 +1,57 @@
+"""The callable submitit pickles and runs in every Slurm task.
+
+Kept free of top-level torch imports: the login node pickles it without importing torch.
+It implements submitit's checkpoint protocol: on the requeue signal, training checkpoints at
+the next step boundary, then rank 0 lets submitit call :meth:`TrainingJob.checkpoint`, which
+returns the same job (it resumes from the run dir's newest checkpoint), and requeue it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+log = logging.getLogger("hpc_train")
+
+
+class TrainingJob:
+    """One training job: ``TrainingJob(spec)()`` trains as this task's rank and returns rank 0's summary."""
+
+    def __init__(self, spec: Dict[str, Any]) -> None:
+        self.spec = spec
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec["job"]["run_dir"])
+
+    def __call__(self) -> Optional[Dict[str, Any]]:
+        from omegaconf import OmegaConf
+
+        from hpc_train.compute.runtime.entry import train
+        from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
+        from hpc_train.compute.runtime.ranks import detect_ranks
+        from hpc_train.compute.runtime.requeue import wait_to_be_requeued
+
+        try:
+            return train(OmegaConf.create(self.spec))
+        except TrainingInterrupted as stop:
+            handler = stop.flag.submitit_handler()
+            if stop.request == REQUEUE and handler is not None:
+                if detect_ranks().is_main:
+                    # submitit: checkpoint() below, dump the new submission, scontrol requeue, exit.
+                    # It raises UncompletedJobError instead when it will not requeue.
+                    handler(stop.flag.requeue_signal, None)
+                else:
+                    wait_to_be_requeued()
+            raise
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[Any]:
+        """submitit's hook: what to run after the requeue (None: do not requeue)."""
+        import submitit
+
+        from hpc_train.compute.runtime.requeue import requeue_allowed
+
+        if not requeue_allowed(self.run_dir, int(self.spec["trainer"].get("max_requeues", 3))):
+            return None
+        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec))

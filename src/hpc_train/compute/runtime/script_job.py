@@ -1,0 +1,290 @@
+"""One task of a script job (``hpc-train ... -- train.py ARGS``): the user's script run as this rank, and watched.
+
+The task computes the rank's environment from the launcher's (Slurm's ``SLURM_PROCID`` /
+``SLURM_LOCALID`` / ``SLURM_NODEID`` in the step itself, the local launcher's variables), so no
+value is expanded once for the whole job in a batch shell, then runs the script as a child
+process with torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK`` = ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), ``OMP_NUM_THREADS`` = the task's
+CPUs, ``HPC_TRAIN_RUN_DIR`` and ``HPC_TRAIN_ATTEMPT``; ``CUDA_VISIBLE_DEVICES`` is left as Slurm
+binds it. With ``script.launcher=torchrun`` the node's one task runs torchrun instead, which
+starts the node's ranks and sets their variables itself.
+
+Signals: the script ignores the requeue signal (an unhandled SIGUSR1/USR2 would kill it); this
+task takes it, forwards ``script.signal`` if set and gives the script ``script.signal_grace_s``,
+then stops the script and raises :class:`TrainingInterrupted`, so the job is requeued exactly as
+hpc_train's own jobs are (submitit's handler on rank 0, within ``trainer.max_requeues``). SIGTERM
+(preemption, ``scancel``, ``scontrol requeue``) is forwarded at once. Every attempt after the
+first appends ``script.resume_args`` (only if ``script.resume_if`` exists, when it is set).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any, Deque, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpc_train import hang, rundir
+from hpc_train.compute.runtime import attempts, heartbeat
+from hpc_train.compute.runtime.attempts import attempt_key
+from hpc_train.compute.runtime.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
+from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.rank_errors import death_cause
+from hpc_train.script_command import direct_command, torchrun_command
+
+log = logging.getLogger("hpc_train")
+
+STOP_GRACE_S = 10.0  # after SIGTERM, how long the script may take to exit before it is killed
+TAIL_LINES = 20  # lines of the script's stderr kept for the failure message
+POLL_S = 0.05  # how often the task looks for a stop request: ranks forward script.signal within this of each other
+
+
+class ScriptFailed(Exception):
+    """The script exited non-zero or was killed by a signal; the message names the rank and the cause."""
+
+
+# -- attempts -----------------------------------------------------------------------------------
+def attempt_number(run_dir: Path, key: str) -> int:
+    """1 + the attempts of other launches recorded in the run dir: the same on every task, whether or not rank 0
+    has recorded this attempt yet."""
+    return 1 + sum(1 for r in rundir.read_attempts(run_dir) if r.get("event") == "start" and r.get("key") != key)
+
+
+def resumes(script: Dict[str, Any], attempt: int, cwd: Path) -> bool:
+    if attempt <= 1 or not script.get("resume_args"):
+        return False
+    marker = script.get("resume_if")
+    return marker is None or (cwd / Path(str(marker)).expanduser()).exists()
+
+
+# -- the environment ----------------------------------------------------------------------------
+def node_rank(ranks: RankInfo) -> int:
+    if "SLURM_NODEID" in os.environ:
+        return int(os.environ["SLURM_NODEID"])
+    return ranks.rank // max(1, ranks.local_world_size)
+
+
+def script_env(ranks: RankInfo, run_dir: Path, attempt: int, torchrun: bool, threads: int) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.pop("HPC_TRAIN_LOCAL_LAUNCHER", None)
+    env.update({RUN_DIR_VARIABLE: str(run_dir), ATTEMPT_VARIABLE: str(attempt), "OMP_NUM_THREADS": str(threads)})
+    if torchrun:  # torchrun sets every rank's variables itself
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
+            env.pop(key, None)
+        return env
+    node = node_rank(ranks)
+    env.update(
+        RANK=str(ranks.rank),
+        LOCAL_RANK=str(ranks.local_rank),
+        WORLD_SIZE=str(ranks.world_size),
+        LOCAL_WORLD_SIZE=str(ranks.local_world_size),
+        GROUP_RANK=str(node),
+        NODE_RANK=str(node),
+        MASTER_ADDR=ranks.master_addr,
+        MASTER_PORT=str(ranks.master_port),
+    )
+    return env
+
+
+def task_threads(layout: DictConfig, per_process: int) -> int:
+    """CPUs of this task (Slurm's, else the layout's), shared by the processes it starts."""
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or layout.cpus_per_task)
+    return max(1, cpus // max(1, per_process))
+
+
+# -- running and watching -----------------------------------------------------------------------
+class _Tee(threading.Thread):
+    """Copies a pipe of the script to our own stream line by line, keeping the last lines and the last objective."""
+
+    def __init__(self, source: IO[bytes], sink: IO[str], pattern: Optional[re.Pattern]) -> None:
+        super().__init__(daemon=True)
+        self.source, self.sink, self.pattern = source, sink, pattern
+        self.lines = 0
+        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.found: Optional[str] = None
+
+    def run(self) -> None:
+        for raw in iter(self.source.readline, b""):
+            line = raw.decode(errors="replace")
+            self.sink.write(line)
+            self.sink.flush()
+            self.tail.append(line.rstrip("\n"))
+            self.lines += 1
+            heartbeat.mark(hang.RUNNING, detail=f"its last line: {line.strip()[:80]}")  # output is progress
+            heartbeat.warmed_up()
+            if self.pattern is not None:
+                match = self.pattern.search(line)
+                if match:
+                    self.found = match.group(1)
+
+
+def _ignore(signum: int) -> Any:
+    def preexec() -> None:  # in the child, before exec: the disposition survives exec
+        signal.signal(signum, signal.SIG_IGN)
+
+    return preexec
+
+
+def _stop(proc: subprocess.Popen, signum: int, grace: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict[str, Any]]:
+    """Run the job's script as this rank until it ends; rank 0 returns (and writes) the summary."""
+    script = OmegaConf.to_container(cfg.script, resolve=True)
+    assert isinstance(script, dict)
+    layout = cfg.job.layout
+    cwd = Path(str(script["cwd"]))
+    torchrun = script.get("launcher") == "torchrun"
+    key = attempt_key()
+    attempt = attempt_number(run_dir, key)
+    if ranks.is_main:
+        attempts.begin(run_dir, fresh=False, resumed_from_step=None, key=key)
+    resume = resumes(script, attempt, cwd)
+    if torchrun:
+        endpoint = f"{ranks.master_addr}:{ranks.master_port}"
+        run_id = os.environ.get("SLURM_JOB_ID") or os.environ.get(LAUNCH_ID_VARIABLE) or str(os.getppid())
+        per_node = int(layout.gpus_per_node)
+        command = torchrun_command(script, sys.executable, resume, int(layout.nodes), per_node, endpoint, run_id)
+        threads = task_threads(layout, per_node)
+    else:
+        command = direct_command(script, sys.executable, resume)
+        threads = task_threads(layout, 1)
+    env = script_env(ranks, run_dir, attempt, torchrun, threads)
+    requeue_signal = signal_number(str((cfg.get("launcher") or {}).get("signal") or "USR2"))
+    flag = StopFlag(requeue_signal, then="stopping the script").install()
+    beat = heartbeat.Heartbeat(run_dir, ranks, cfg.trainer, flag, probe=_metrics_probe(run_dir)).start()
+    log.info(
+        "rank %d (attempt %d%s): %s (in %s)",
+        ranks.rank,
+        attempt,
+        ", resuming" if resume else "",
+        " ".join(command),
+        cwd,
+    )
+    pattern = re.compile(str(script["objective_regex"])) if script.get("objective_regex") else None
+    try:
+        proc = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore(requeue_signal)
+        )
+        beat.script_pid = proc.pid
+        beat.mark(hang.RUNNING)
+        out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
+        out.start()
+        err.start()
+        _wait(proc, flag, script, ranks, attempt, run_dir, float(cfg.launcher.get("signal_delay_s") or 120))
+        out.join(timeout=5)
+        err.join(timeout=5)
+    finally:
+        beat.close()
+        flag.uninstall()
+    if proc.returncode != 0:
+        raise ScriptFailed(_failure(proc.returncode, ranks, command, err.tail))
+    if not ranks.is_main:
+        return None
+    return _finish(cfg, run_dir, attempt, command, out.found or err.found)
+
+
+def _wait(
+    proc: subprocess.Popen,
+    flag: StopFlag,
+    script: Dict[str, Any],
+    ranks: RankInfo,
+    attempt: int,
+    run_dir: Path,
+    signal_delay_s: float,
+) -> None:
+    """Until the script exits; a stop signal stops it (after script.signal and its grace) and raises."""
+    while proc.poll() is None:
+        if flag.request == NONE:
+            time.sleep(POLL_S)
+            continue
+        request = flag.request
+        if request == REQUEUE and script.get("signal"):
+            forwarded = signal_number(str(script["signal"]))
+            log.info("forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"])
+            proc.send_signal(forwarded)
+            deadline = time.monotonic() + float(script.get("signal_grace_s") or 0)
+            while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
+                time.sleep(POLL_S)
+        reason = flag.reason(request, signal_delay_s)
+        if request == REQUEUE and flag.request == TERMINATE:
+            # SIGTERM during the grace: the job is ending already. The script requeued it itself (Lightning's
+            # SIGUSR1 handler runs `scontrol requeue` after its checkpoint), or it was cancelled or preempted:
+            # requeueing it again would fail, or requeue it twice.
+            request = TERMINATE
+        step = _last_step(run_dir)
+        if ranks.is_main:  # before stopping the script: after a SIGTERM, Slurm's SIGKILL may follow at any moment
+            attempts.end(run_dir, attempt, reason, step)
+        _stop(proc, signal.SIGTERM, STOP_GRACE_S)
+        raise TrainingInterrupted(request, step, reason, flag, f"the script was stopped ({reason})")
+
+
+def _metrics_probe(run_dir: Path) -> Any:
+    """For the heartbeat, every beat: a grown metrics.jsonl (hpc_train.log_metrics) is progress, at its last step."""
+    size = {"last": -1}
+
+    def probe() -> None:
+        try:
+            now = (run_dir / rundir.METRICS).stat().st_size
+        except OSError:
+            return
+        if now != size["last"]:
+            if size["last"] >= 0:
+                heartbeat.mark(hang.RUNNING, _last_step(run_dir), detail="it logged metrics")
+                heartbeat.warmed_up()
+            size["last"] = now
+
+    return probe
+
+
+def _failure(code: int, ranks: RankInfo, command: List[str], tail: Deque[str]) -> str:
+    where = f"rank {ranks.rank} ({socket.gethostname()}, pid {os.getpid()})"
+    cause = death_cause(code)
+    last = next((line for line in reversed(tail) if line.strip()), "")
+    head = f"{where}: {' '.join(command[1:3])} {cause}" + (f"; its last line: {last.strip()}" if last else "")
+    lines = "\n".join(f"    {line}" for line in tail)
+    return head + (f"\nthe last lines of its stderr:\n{lines}" if lines else "")
+
+
+def _last_step(run_dir: Path) -> int:
+    rows = [r for r in rundir.read_jsonl(run_dir / rundir.METRICS) if isinstance(r.get("step"), int)]
+    return int(rows[-1]["step"]) if rows else 0
+
+
+def _finish(cfg: DictConfig, run_dir: Path, attempt: int, command: List[str], objective: Optional[str]) -> Dict[str, Any]:
+    """summary.json of a script job: the command, the attempts, the last metrics row's numbers, the objective."""
+    rows = [r for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind", "train") == "train"]
+    last = rows[-1] if rows else {}
+    summary: Dict[str, Any] = {
+        "script": command[1:],
+        "world_size": int(cfg.job.layout.world_size),
+        "global_step": last.get("step"),
+        "attempts": attempt,
+        **{f"train_{k}": v for k, v in last.items() if k not in ("kind", "step", "time") and isinstance(v, (int, float))},
+    }
+    if objective is not None:
+        try:
+            summary[str(cfg.objective)] = float(objective)
+        except ValueError:
+            log.warning("script.objective_regex matched %r, which is not a number", objective)
+    attempts.end(run_dir, attempt, "finish", int(last.get("step") or 0))
+    rundir.write_json_atomic(run_dir / rundir.SUMMARY, summary)
+    return summary

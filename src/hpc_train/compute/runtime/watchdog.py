@@ -1,0 +1,145 @@
+"""What the watching rank does once no rank has advanced for the hang timeout (hpc_train.compute.runtime.heartbeat).
+
+1. asks every rank for its stacks (``logs/hang.json``) and waits for them (hpc_train.hang.STACKS_WAIT_S);
+2. names the culprits and the ranks that only wait for them (hpc_train.hang.diagnose), in one
+   message: on the job's output, in the rank's log, in ``attempts.jsonl`` (``how: hang``) and as
+   the culprit's failure record (``logs/rank<r>.error.json``, timed at its last advance, so
+   hpc-train-report and the launcher blame it and not a peer that timed out later);
+3. with ``trainer.requeue_on_hang=true`` on Slurm, requeues the job once (not after an attempt
+   that itself ended in a hang), excluding the culprits' nodes (``scontrol update
+   ExcNodeList``) unless they are all of the job's nodes;
+4. tells every rank to exit with EXIT_HUNG.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from hpc_train import hang, rundir
+from hpc_train.compute.runtime import attempts
+from hpc_train.compute.runtime.runlog import log_to_file
+from hpc_train.rank_errors import write_record
+
+log = logging.getLogger("hpc_train")
+
+HANG = "hang"  # how an attempt ended, in attempts.jsonl
+UPDATE_TRIES = 10
+
+
+def act_on_hang(
+    run_dir: Path,
+    records: Dict[int, hang.RankProgress],
+    limit: float,
+    requeue_on_hang: bool,
+    by: int,
+    dump_own: Callable[[str], None],
+) -> str:
+    """Collect the stacks, blame, record, maybe requeue, and tell every rank to stop; returns the message."""
+    asked = hang.request(run_dir, hang.DUMPING, by=by)
+    stamp = hang.stamp(asked)
+    dump_own(stamp)
+    stacks = _collect_stacks(run_dir, sorted(records), stamp)
+    verdict = hang.diagnose(records, stacks, now=asked)
+    message = hang.describe(verdict, records, stacks, limit, run_dir)
+    log_to_file(message.removeprefix("hpc-train: "))
+    if not os.environ.get("HPC_TRAIN_LOCAL_LAUNCHER"):  # the local launcher prints it itself, from hang.json
+        print(message, file=sys.stderr, flush=True)
+    first = min(verdict.culprits, key=lambda r: records[r].since)
+    culprit = records[first]
+    write_record(
+        run_dir, first, f"hung in {culprit.where()} (no progress for {verdict.stalled_s:.0f} s)", when=culprit.since
+    )
+    attempts.end_current(run_dir, HANG, max(0, culprit.step - 1), detail=message)
+    requeued = ""
+    if requeue_on_hang:
+        requeued = _requeue(run_dir, sorted({records[r].host for r in verdict.culprits}), sorted({r.host for r in records.values()}))
+    hang.request(
+        run_dir,
+        hang.STOPPING,
+        by=by,
+        message=message + (f"\n  {requeued}" if requeued else ""),
+        culprits=verdict.culprits,
+        waiting=verdict.waiting,
+        requeued=bool(requeued.startswith("requeued")),
+    )
+    return message
+
+
+def _collect_stacks(run_dir: Path, ranks: List[int], stamp: str) -> Dict[int, Optional[hang.RankStacks]]:
+    """Every rank's dump of this request, as it arrives, until all are there or the wait is over."""
+    stacks: Dict[int, Optional[hang.RankStacks]] = {rank: None for rank in ranks}
+    deadline = time.monotonic() + hang.STACKS_WAIT_S
+    while True:
+        for rank in [r for r, s in stacks.items() if s is None]:
+            try:
+                text = rundir.rank_log(run_dir, rank).read_text(errors="replace")
+            except OSError:
+                continue
+            stacks[rank] = hang.parse_stacks(text, rank, stamp)
+        if all(s is not None for s in stacks.values()) or time.monotonic() > deadline:
+            return stacks
+        time.sleep(0.2)
+
+
+def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> str:
+    """Requeue this Slurm job once, away from the culprits' nodes; what was done, in words (logged too)."""
+    job = _job_id()
+    if job is None:
+        text = "not requeued: trainer.requeue_on_hang applies to Slurm jobs (this is a local run)"
+    elif any(r.get("how") == HANG for r in rundir.read_attempts(run_dir)[:-1] if r.get("event") == "end"):
+        text = "not requeued: an earlier attempt of this run ended in a hang already (trainer.requeue_on_hang requeues once)"
+    else:
+        text = _scontrol_requeue(job, culprit_hosts if set(culprit_hosts) != set(job_hosts) else [])
+    log.warning("%s", text)
+    return text
+
+
+def _job_id() -> Optional[str]:
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array:
+        return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def _scontrol_requeue(job: str, exclude: List[str]) -> str:
+    """``scontrol requeue``, then (while Slurm holds the requeued job back) add `exclude` to its ExcNodeList.
+
+    A running job's ExcNodeList cannot be changed; a requeued one waits at least Slurm's
+    credential lifetime before it may start again, which leaves the update time to land.
+    """
+    before = _excluded(job)
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return f"not requeued: scontrol requeue {job} failed: {done.stderr.strip()}"
+    if not exclude:
+        return f"requeued job {job} (every node of the job was stuck, so none is excluded)"
+    nodes = ",".join(sorted(set(before) | set(exclude)))
+    for _ in range(UPDATE_TRIES):  # the requeue lands asynchronously; the update is refused while the job runs
+        update = subprocess.run(
+            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], capture_output=True, text=True, timeout=60
+        )
+        if update.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        said = (update.stderr.strip() or update.stdout.strip() or f"exit status {update.returncode}").splitlines()[0]
+        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {said}"
+    return f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
+
+
+def _excluded(job: str) -> List[str]:
+    """The job's ExcNodeList today, as node names (Slurm's compressed form expanded)."""
+    from hpc_train.hostlist import expand_hostlist
+
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60).stdout
+    for field in shown.split():
+        if field.startswith("ExcNodeList="):
+            value = field.split("=", 1)[1]
+            return [] if value in ("", "(null)") else expand_hostlist(value)
+    return []

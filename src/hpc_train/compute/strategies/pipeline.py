@@ -1,8 +1,0 @@
-"""`pipeline` (single process): model-parallel stages fed with `strategy.chunks` micro-batches, fill-drain."""
-
-from hpc_train.compute.strategies.model_parallel import ModelParallelStrategy
-
-
-class PipelineStrategy(ModelParallelStrategy):
-    name = "pipeline"
-    default_chunks = 4

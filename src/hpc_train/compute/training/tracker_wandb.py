@@ -1,0 +1,120 @@
+"""logger=wandb: rank 0's records in a Weights & Biases run, offline by default on Slurm.
+
+Compute nodes of most national clusters have no internet, so on Slurm (``launcher=slurm`` or
+``sbatch``, or any run inside a Slurm job) the run is written offline unless ``logger.mode`` or
+``$WANDB_MODE`` says otherwise; at the end rank 0 logs the ``wandb sync`` command that uploads it
+from a machine with internet (the login node). Each attempt of a requeued or rerun job writes its
+own ``offline-run-<time>-<id>`` folder under the same run id (kept in ``<run dir>/wandb_run.json``,
+passed with ``resume="allow"``); ``wandb sync`` uploads them in order of start time, and W&B keeps
+the first value logged at a step (it drops rows at steps a run already has: a resumed attempt
+repeats, bit-identically, the steps the lost one logged past its checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import string
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import OmegaConf
+
+from hpc_train.compute.training.loggers import in_run_dir, read_run_file, resumed_attempt, run_label, scalars, write_run_file
+
+RUN_FILE = "wandb_run.json"
+SLURM_LAUNCHERS = ("slurm", "sbatch")
+# W&B writes its .wandb file every 15 s by default: a kill -9 (node failure, OOM) would lose up to 15 s of
+# rows, and those between the last write and the checkpoint the job resumes from would never come back.
+# Every 2 s instead, unless $WANDB__TRANSACTION_LOG_FLUSH_INTERVAL says otherwise (a private setting of wandb
+# 0.31: left alone by a wandb that has no such setting).
+FLUSH_SETTING, FLUSH_S = "x_transaction_log_flush_interval", 2.0
+
+log = logging.getLogger("hpc_train")
+
+
+def wandb_mode(configured: Optional[str], launcher: Optional[str]) -> Optional[str]:
+    """logger.mode if set, else $WANDB_MODE (None: wandb reads it), else offline on Slurm, else W&B's default."""
+    if configured:
+        return str(configured)
+    if os.environ.get("WANDB_MODE"):
+        return None
+    if launcher in SLURM_LAUNCHERS or os.environ.get("SLURM_JOB_ID"):
+        return "offline"
+    return None
+
+
+def text_or_none(value: Any) -> Optional[str]:
+    return None if value is None else str(value)  # logger.project=2024 reaches here as an int
+
+
+def new_run_id() -> str:
+    """8 random lowercase letters and digits, as W&B's own ids."""
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+class WandbTracker:
+    def __init__(self, cfg, run_dir: Path) -> None:
+        import wandb  # here, before training starts (about 0.3 s), rather than at the first logged step
+
+        node = cfg.logger
+        self._wandb = wandb
+        self.run_dir = Path(run_dir)
+        self.dir = in_run_dir(node.get("dir") or ".", self.run_dir)
+        self.mode = wandb_mode(node.get("mode"), OmegaConf.select(cfg, "launcher.name", default=None))
+        self.init_args: Dict[str, Any] = {
+            "project": text_or_none(node.get("project")),
+            "entity": text_or_none(node.get("entity")),
+            "name": str(node.get("run_name") or run_label(self.run_dir)),
+            "tags": [str(t) for t in (node.get("tags") or [])] or None,
+            "config": OmegaConf.to_container(cfg, resolve=True),
+        }
+        self._run: Optional[Any] = None
+
+    def _start(self) -> None:
+        path = self.run_dir / RUN_FILE
+        kept = read_run_file(path) if resumed_attempt(self.run_dir) else None
+        run_id = str(kept["id"]) if kept and kept.get("id") else new_run_id()
+        write_run_file(path, {"id": run_id, "project": self.init_args["project"], "dir": str(self.dir)})
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._run = self._wandb.init(
+                id=run_id, resume="allow", dir=str(self.dir), mode=self.mode, settings=self._settings(), **self.init_args
+            )
+        except self._wandb.errors.UsageError as err:  # no API key, most often: online mode needs `wandb login`
+            raise RuntimeError(
+                f"logger=wandb could not start its run ({err}): run `wandb login` in this environment, or log offline"
+                " with logger.mode=offline and upload later with `wandb sync`"
+            ) from err
+        mode = self._run.settings.mode
+        log.info("W&B run %s %s (%s mode) in %s", run_id, "continued" if kept else "started", mode, self.dir)
+
+    def _settings(self) -> Optional[Any]:
+        settings = self._wandb.Settings
+        if FLUSH_SETTING not in getattr(settings, "model_fields", {}):
+            return None
+        if "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL" in os.environ:
+            return None
+        return settings(**{FLUSH_SETTING: FLUSH_S})
+
+    def write(self, record: Dict[str, Any]) -> None:
+        if self._run is None:
+            self._start()
+        kind = record["kind"]
+        self._run.log({f"{kind}/{key}": value for key, value in scalars(record)}, step=int(record["step"]))
+
+    def close(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        offline = run.settings.mode in ("offline", "dryrun")
+        folders = Path(run.settings.sync_dir).parent / f"offline-run-*-{run.id}" if offline else None
+        run.finish()
+        if offline:
+            log.info(
+                "W&B run %s was written offline; upload it from a machine with internet (the login node):"
+                " wandb sync %s",
+                run.id,
+                folders,
+            )

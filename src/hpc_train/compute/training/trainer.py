@@ -1,0 +1,683 @@
+"""The training loop every strategy and launcher shares.
+
+`trainer.batch_size` is the global batch of one optimizer step: each of the W data-parallel
+ranks gets batch_size / W samples. Rank 0 alone writes metrics.jsonl, summary.json and the
+checkpoints, every `trainer.checkpoint_every` steps, when a stop signal arrives
+(hpc_train.compute.runtime.interrupts) and at the end. :meth:`Trainer.fit` is the loop; everything
+it calls is a named helper below it.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import itertools
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from hpc_train import hang, rundir
+from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
+from hpc_train.compute.checkpointing.files import save_atomic
+from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
+from hpc_train.compute.data.batch import to_device
+from hpc_train.compute.data.loaders import (
+    eval_loader,
+    has_length,
+    is_stateful,
+    is_stream,
+    set_data_shard,
+    stream_loader,
+    train_loader,
+)
+from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
+from hpc_train.compute.training.ema import WeightAverage
+from hpc_train.compute.training.loggers import metrics_writer
+from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
+from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.compute.checkpointing.checkpointer import Checkpointer
+from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
+from hpc_train.compute.parallel import Strategy
+from hpc_train.compute.parallel.base import TOKENS
+from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.training.step import build_step
+from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
+from hpc_train.fingerprint import fingerprint
+from hpc_train.rank_errors import note_time_of_death, notes_time_of_death
+
+log = logging.getLogger("hpc_train")
+_END = object()  # a stream's iterator ran out
+
+
+@dataclass
+class TrainState:
+    """Where the loop is; checkpointed (as ``state``) and restored like any other state holder."""
+
+    epoch: int = 0  # epoch in progress
+    step_in_epoch: int = 0  # optimizer steps already taken in that epoch
+    global_step: int = 0
+    last_loss: Optional[float] = None
+    last_metrics: Dict[str, float] = field(default_factory=dict)  # the user step's other metrics, last logged
+    last_eval: Optional[Dict[str, Any]] = field(default=None)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+class Throughput:
+    """Samples (and a user step's tokens) per second over the optimizer steps after the warm-up, evaluation
+    excluded. A step's samples are the global batch (``trainer.batch_size``), whatever the accumulation."""
+
+    def __init__(
+        self, first_step: int, total: int, warmup_steps: int, global_batch: int, sync: Callable[[], None]
+    ) -> None:
+        self.warmup = first_step + min(warmup_steps, max(0, total - first_step - 1))
+        self.global_batch, self.sync = global_batch, sync
+        self.samples, self.seconds, self.started = 0, 0.0, None
+        self.tokens: Optional[torch.Tensor] = None  # this rank's tokens over the timed steps (a user step's count)
+
+    def step_done(self, step: int, tokens: Optional[torch.Tensor] = None) -> None:
+        if step == self.warmup:
+            self.sync()
+            self.started = time.perf_counter()
+        elif step > self.warmup:
+            self.samples += self.global_batch
+            if tokens is not None:
+                tokens = tokens.detach().double()
+                self.tokens = tokens if self.tokens is None else self.tokens + tokens
+            if self.started is None:
+                self.started = time.perf_counter()
+
+    def pause(self) -> None:
+        if self.started is not None:
+            self.seconds += time.perf_counter() - self.started
+            self.started = None
+
+    def resume(self, step: int) -> None:
+        if step > self.warmup:
+            self.started = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        """Timed seconds so far, the running stretch included."""
+        return self.seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
+
+    def rate(self, amount: float) -> float:
+        """`amount` (of the timed steps) per timed second."""
+        elapsed = self.elapsed
+        return amount / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.rate(self.samples)
+
+
+class Trainer:
+    def __init__(
+        self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None
+    ) -> None:
+        self.cfg, self.tcfg = cfg, cfg.trainer
+        self.ranks, self.strategy, self.run_dir, self.stop_flag = ranks, strategy, run_dir, stop_flag
+        self.is_main = ranks.is_main
+        self.metrics = metrics_writer(
+            cfg, run_dir, enabled=self.is_main
+        )  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
+        self.state = TrainState()
+        self.resumed_from_step: Optional[int] = None
+        seed_everything(int(cfg.seed))  # identical initial weights on every rank
+        self._build_data()
+        self._build_model()
+        self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, strategy.unwrap(self.wrapped)))
+        self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
+        self.scaler = strategy.make_grad_scaler()
+        self.grad_clip: Optional[float] = self.tcfg.get("grad_clip")  # null: gradients are not clipped
+        self.accum_steps = int(self.tcfg.get("grad_accum_steps") or 1)  # micro-batches per optimizer step
+        ema_decay = self.tcfg.get("ema_decay")
+        self.ema = WeightAverage(strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
+        seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
+        if strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
+            from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
+        else:
+            checkpointer = Checkpointer
+        self.checkpointer = checkpointer(
+            run_dir,
+            ranks,
+            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, strategy.sharded_checkpoints),
+            sharded={
+                "model": strategy.unwrap(self.wrapped),
+                "optimizer": self.optimizer,
+                "scaler": self.scaler,
+                "ema": self.ema,
+            },
+            shared={"scheduler": self.scheduler, "state": self.state},
+            per_rank={"data": self.train_loader} if self.exact_stream_resume else {},
+            shard_key=strategy.checkpoint_key,
+            owns_shard=strategy.owns_checkpoint_shard,
+            every=int(self.tcfg.get("checkpoint_every") or 0),
+            keep=int(self.tcfg.get("keep_checkpoints") or 1),
+            resume=str(cfg.resume),
+        )
+        self._resume()
+        self.attempt = (
+            attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step)
+            if self.is_main
+            else 0
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(self) -> Dict[str, Any]:
+        state, tcfg = self.state, self.tcfg
+        if self._already_complete():
+            return rundir.read_summary(self.run_dir) or {}
+        self._announce()
+        progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
+        meter = self.meter = Throughput(
+            state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync
+        )
+        self.model.train()
+        settle_garbage_collector()
+        settled = False
+        while state.global_step < self.total_steps:
+            ran_out = True  # the epoch's batches ran out (a stream without a length ends its epoch so)
+            for batch in self._marked(self._epoch_batches()):
+                faults.maybe_fail(self.ranks.rank, state.global_step)
+                if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
+                    self.strategy.settle(self.model, self._to_device(batch))
+                    settled = True
+                final = state.global_step + 1 >= self.total_steps
+                logged = final or (state.global_step + 1) % int(tcfg.log_every) == 0
+                loss, metrics, grad_norm = self.train_step(batch, logged)
+                state.global_step += 1
+                state.step_in_epoch += 1
+                meter.step_done(state.global_step, metrics.get(TOKENS))
+                if logged:
+                    self._log_train(loss, metrics, grad_norm)
+                progress.update(state.global_step, state.last_loss)
+                if self._evaluation_due(final):  # every trainer.eval_every steps, before that step's checkpoint
+                    self._evaluate_between_steps()
+                if final:
+                    ran_out = False
+                    break
+                self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
+            epoch_done = self._epoch_done(ran_out)
+            if self._evaluation_due_at_epoch_end(epoch_done):
+                self._evaluate_between_steps()
+            if epoch_done:
+                state.epoch, state.step_in_epoch = state.epoch + 1, 0
+        progress.close()
+        self._sync()
+        meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
+        self._save(state.global_step, "end of training")
+        return self._finish(meter)
+
+    @notes_time_of_death
+    def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
+        """One optimizer step over `batch` (cut into trainer.grad_accum_steps micro-batches); the loss, the step's
+        metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self.strategy.accumulate(self.model, self._to_device(batch), self.scaler, self.accum_steps)
+        heartbeat.mark(hang.OPTIMIZER)
+        grad_norm = None
+        if self.grad_clip is not None or logged:
+            if self.scaler is not None:  # the norm and the clip threshold are about the true gradients
+                self.scaler.unscale_(self.optimizer)
+            grad_norm = self.strategy.grad_norm(self.model, self.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update()
+        return loss, metrics, grad_norm
+
+    @torch.no_grad()
+    def evaluate(self) -> Dict[str, Optional[float]]:
+        """The step's loss and metrics over data.val, weighted by batch size; accuracy for the built-in step's
+        class logits against integer labels."""
+        self.model.eval()
+        names = self.strategy.metric_names
+        totals = torch.zeros(4 + len(names), dtype=torch.float64)  # correct, samples, loss, classified, *metrics
+        limit = self.tcfg.get("eval_batches")  # the same first N batches every time: a fixed subset
+        for index, batch in enumerate(itertools.islice(self.eval_loader, None if limit is None else int(limit))):
+            heartbeat.mark(hang.EVAL, detail=f"batch {index + 1}")
+            totals += self.strategy.eval_counts(self.model, self._to_device(batch))
+        self.model.train()
+        totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
+        count = max(1.0, totals[1].item())
+        accuracy = totals[0].item() / count if totals[3].item() == totals[1].item() > 0 else None
+        metrics = {name: totals[4 + i].item() / count for i, name in enumerate(names)}
+        return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item()), **metrics}
+
+    # -- set-up -----------------------------------------------------------------------------
+    def _build_data(self) -> None:
+        dp_size, dp_rank = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
+        set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
+        data = self.data = build_datasets(self.cfg.data)
+        self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
+        self.stream = is_stream(data.train)
+        seed = int(self.cfg.seed)
+        if self.stream:
+            self.train_loader = stream_loader(data.train, self.cfg.data, self.per_rank_batch, seed, data.collate_fn)
+        else:
+            self.train_loader = train_loader(
+                data.train, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=seed, collate_fn=data.collate_fn
+            )
+        self.eval_loader = (
+            eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
+            if data.val is not None
+            else None
+        )
+        self.steps_per_epoch = self._count_steps_per_epoch()
+        self.total_steps = (
+            total_steps(self.tcfg, self.steps_per_epoch) if self.steps_per_epoch else self._stream_steps()
+        )
+        self._skip_on_resume = 0  # batches of a stream without state to re-read and drop after a resume
+        # A stream with state_dict() read through torchdata's StatefulDataLoader: its position is checkpointed per rank.
+        self.exact_stream_resume = self.stream and hasattr(self.train_loader, "load_state_dict")
+
+    def _count_steps_per_epoch(self) -> Optional[int]:
+        """Optimizer steps per epoch; None for a stream without a length (its epoch ends when it runs out)."""
+        data = self.data.train
+        if self.stream and not has_length(data):
+            return None
+        steps = len(self.train_loader)
+        if self.stream:  # each rank's share has its own length: every rank stops at the shortest
+            steps = -distributed.all_reduce_max_int(-steps)
+        if steps == 0:
+            size = f"{len(data)} samples" + (" on some rank" if self.stream else "")
+            raise ValueError(
+                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({size}): lower"
+                " trainer.batch_size."
+            )
+        return steps
+
+    def _stream_steps(self) -> int:
+        """A stream without a length trains trainer.max_steps steps, re-read from its start whenever it runs out."""
+        name = type(self.data.train).__name__
+        if self.tcfg.max_steps is None:
+            raise Refusal(
+                f"`trainer.max_steps`: data.train ({name}) is a stream without a length, so trainer.epochs cannot be"
+                " turned into a number of steps. Fix: set trainer.max_steps=N (the stream is read again from its start"
+                " whenever it runs out), or give the dataset a __len__."
+            )
+        if self.tcfg.epochs is not None:
+            log.info(
+                "data.train (%s) has no length: training for trainer.max_steps=%d steps (trainer.epochs=%s does not"
+                " apply; the stream starts over when it runs out)",
+                name,
+                self.tcfg.max_steps,
+                self.tcfg.epochs,
+            )
+        return int(self.tcfg.max_steps)
+
+    def _build_model(self) -> None:
+        model = build_model(self.cfg)
+        self.loss_fn = self.strategy.loss_fn = build_loss(self.cfg)
+        self.strategy.step = build_step(self.cfg, self.loss_fn)
+        # One tiny batch through the step: a dataset the model cannot take is refused before any training step.
+        self.strategy.metric_names = check_fit(model, self.strategy.step, self.loss_fn, self.data)
+        if self.tcfg.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        if str(self.tcfg.get("activation_checkpointing", "none")) == "blocks":
+            log.info("activation checkpointing: %s", checkpoint_blocks(model))
+        self.strategy.compile_blocks = bool(self.tcfg.compile)
+        example = None
+        if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
+            example = collate(self.data, self.per_rank_batch)[0]
+        self.model = self.wrapped = self.strategy.wrap(model, example)
+        if self.tcfg.compile and self.strategy.supports_compile:
+            self.model = torch.compile(self.model)
+        elif self.tcfg.compile:
+            log.warning(
+                "trainer.compile is ignored for %s: its schedule runs the stage module itself", self.cfg.strategy.name
+            )
+
+    def _resume(self) -> None:
+        path, payload = self.checkpointer.find()
+        if payload is None:
+            return
+        self.checkpointer.restore(payload)  # weights, optimizer, schedule, position, this rank's RNG
+        self.resumed_from_step = self.state.global_step
+        log.info(
+            "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
+        )
+        if self.stream and (not self.exact_stream_resume or self.checkpointer.resharded_from):
+            self._skip_on_resume = self.state.step_in_epoch
+            log.warning(
+                "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"
+                " batches already trained on (exact for a stream that yields the same items in the same order)",
+                type(self.data.train).__name__,
+                (
+                    "read without torchdata (pip install torchdata for an exact restart from its state_dict())"
+                    if is_stateful(self.data.train)
+                    else "without state_dict()/load_state_dict()"
+                ),
+                self.state.epoch,
+                self._skip_on_resume,
+            )
+        if self.is_main:  # drop lines the lost attempt logged past the checkpoint
+            # An epoch that was complete at the checkpoint is evaluated again after the resume (a stream without a
+            # length cannot tell whether it was: it re-evaluates in that case too).
+            # With trainer.eval_every, an evaluation at the checkpoint's step ran before the checkpoint: kept.
+            mid_epoch = self.steps_per_epoch is not None and self.state.step_in_epoch < self.steps_per_epoch
+            keep_eval = mid_epoch or self.tcfg.get("eval_every") is not None
+            truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
+
+    # -- inside the loop --------------------------------------------------------------------
+    def _epoch_batches(self) -> Iterator[Any]:
+        """This epoch's batches from the exact position the loop is at (mid-epoch after a resume)."""
+        if not self.stream:
+            sampler = self.train_loader.sampler
+            sampler.set_epoch(self.state.epoch)
+            sampler.skip_batches(self.state.step_in_epoch, self.per_rank_batch)
+            return iter(self.train_loader)
+        if callable(getattr(self.data.train, "set_epoch", None)):
+            self.data.train.set_epoch(self.state.epoch)
+        batches = iter(self.train_loader)  # a restored StatefulDataLoader continues where it stopped
+        for _ in range(self._skip_on_resume):  # a stream without state: re-read what the lost attempt consumed
+            next(batches, None)
+        self._skip_on_resume = 0
+        return self._while_every_rank_has_one(batches)
+
+    def _while_every_rank_has_one(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """A stream's batches while every rank still has one (and the epoch's length is not reached): a rank whose
+        share runs out first ends the epoch everywhere, instead of leaving the others waiting in a collective."""
+        while self.steps_per_epoch is None or self.state.step_in_epoch < self.steps_per_epoch:
+            batch = next(batches, _END)
+            if distributed.all_reduce_max_int(int(batch is _END)):  # one collective a step, all ranks alike
+                return
+            yield batch
+
+    def _epoch_done(self, ran_out: bool) -> bool:
+        if self.steps_per_epoch is not None:
+            return self.state.step_in_epoch >= self.steps_per_epoch or (self.stream and ran_out)
+        if ran_out and self.state.step_in_epoch == 0:
+            raise Refusal(
+                f"`data.train`: the stream ({type(self.data.train).__name__}) yielded no batch of"
+                f" {self.per_rank_batch} items in epoch {self.state.epoch} on some rank. Fix: check its sharding"
+                " (hpc_train.data_shard()) and that each rank's share holds at least one batch."
+            )
+        return ran_out
+
+    def _to_device(self, batch: Any) -> Any:
+        return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
+
+    def _log_train(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor], grad_norm: Any) -> None:
+        state = self.state
+        state.last_loss = self.strategy.global_loss(loss)  # a collective on some strategies: every rank calls it
+        state.last_metrics = self.strategy.global_metrics(metrics)
+        record: Dict[str, Any] = {
+            "kind": "train",
+            "step": state.global_step,
+            "epoch": state.epoch,
+            "loss": state.last_loss,
+            **state.last_metrics,
+            **group_lrs(self.optimizer),
+        }
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        if self.meter.samples:
+            record["samples_per_sec"] = self.meter.samples_per_sec
+        if TOKENS in self.strategy.metric_names:
+            record["tokens_per_sec"] = self.meter.rate(self._global_tokens())
+        record["time"] = time.time()
+        self.metrics.write(record)
+
+    def _global_tokens(self) -> float:
+        """Tokens of the timed steps over every rank (a collective: every rank calls it)."""
+        local = self.meter.tokens if self.meter.tokens is not None else torch.zeros((), dtype=torch.float64)
+        device = distributed.collective_device(self.strategy.input_device)
+        return float(distributed.all_reduce_sum(local.reshape(1).to(device)).item())
+
+    # -- evaluation -------------------------------------------------------------------------
+    def _evaluation_due(self, final: bool) -> bool:
+        """trainer.eval_every=N: after every N-th optimizer step and after the last one."""
+        every = self.tcfg.get("eval_every")
+        if every is None or not self.tcfg.eval or self.eval_loader is None:
+            return False
+        return final or (self.state.global_step % int(every) == 0)
+
+    def _evaluation_due_at_epoch_end(self, epoch_done: bool) -> bool:
+        """trainer.eval_every=null: after every epoch, and after the last step when it ends mid-epoch."""
+        if self.tcfg.get("eval_every") is not None or not self.tcfg.eval or self.eval_loader is None:
+            return False
+        return epoch_done or self.state.global_step >= self.total_steps
+
+    def _evaluate_between_steps(self) -> None:
+        """Evaluate and log, outside the throughput measurement."""
+        self._sync()
+        self.meter.pause()
+        self._evaluate_and_log()
+        self.meter.resume(self.state.global_step)
+
+    def _evaluate_and_log(self) -> None:
+        state = self.state
+        results = self.evaluate()
+        if self.ema is not None:  # the averaged weights on the same batches
+            with self.ema.swapped_in():
+                averaged = self.evaluate()
+            results.update({f"{name}_ema": value for name, value in averaged.items() if name != "samples"})
+        state.last_eval = results
+        accuracy, loss = results["accuracy"], results["loss"]
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": state.global_step,
+                "epoch": state.epoch,
+                "accuracy": accuracy,
+                "loss": loss,
+                "samples": results["samples"],
+                **{name: value for name, value in results.items() if name not in ("accuracy", "loss", "samples")},
+                "time": time.time(),
+            }
+        )
+        log.info(
+            "epoch %d step %d: eval %seval loss %.4f%s",
+            state.epoch,
+            state.global_step,
+            "" if accuracy is None else f"accuracy {accuracy:.4f}, ",
+            loss,
+            "" if self.ema is None else f" (weight average: {results['loss_ema']:.4f})",
+        )
+
+    @notes_time_of_death
+    def _after_step(self) -> None:
+        """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
+        step = self.state.global_step
+        faults.step_sleep(resumed=self.resumed_from_step is not None)
+        now = time.perf_counter()
+        step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
+        if self.checkpointer.due(step):
+            self._save(step, "every %d steps" % self.checkpointer.every)
+            self._check_signal_lead(step_s, time.perf_counter() - now)
+            self._step_ended = time.perf_counter()
+        if self.stop_flag is None:
+            return
+        request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
+        if request != NONE:
+            self._save(step, "stop signal")
+            reason = self.stop_flag.reason(
+                request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120)
+            )
+            raise TrainingInterrupted(request, step, reason, self.stop_flag)
+
+    def _save(self, step: int, why: str) -> None:
+        with heartbeat.phase(hang.CHECKPOINT):
+            self.checkpointer.save(step, why)
+
+    def _marked(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The batches, with this rank's progress marked: waiting for data, then each step's duration."""
+        batches = iter(batches)
+        started = None
+        while True:
+            if started is not None:
+                heartbeat.step_ended(time.perf_counter() - started)
+            heartbeat.mark(hang.DATA, self.state.global_step + 1)
+            started = time.perf_counter()
+            try:
+                batch = next(batches, _END)
+            except BaseException as error:  # the dataset's own exception, before the iterator's workers are closed
+                note_time_of_death(error)
+                raise
+            if batch is _END:
+                return
+            yield batch
+
+    _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
+    _lead_checked = False
+
+    def _check_signal_lead(self, step_s: Optional[float], checkpoint_s: float) -> None:
+        """At the first periodic checkpoint after a measured step: warn when Slurm's stop signal comes too late to
+        finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
+        the stop waits for the end of the current step)."""
+        launcher = self.cfg.get("launcher") or {}
+        if self._lead_checked or step_s is None or str(launcher.get("name")) not in ("slurm", "sbatch"):
+            return
+        self._lead_checked = True
+        lead = float(launcher.get("signal_delay_s") or 0)
+        needed = step_s + checkpoint_s
+        if self.is_main and lead < needed:
+            log.warning(
+                "launcher.signal_delay_s=%d is shorter than one step plus a checkpoint (measured %.0f s: step %.1f s +"
+                " checkpoint %.1f s): at the time limit the job may be killed before its stop checkpoint. Fix: raise"
+                " launcher.signal_delay_s (e.g. to %d).",
+                lead,
+                needed,
+                step_s,
+                checkpoint_s,
+                int(2 * needed) + 30,
+            )
+
+    def _sync(self) -> None:
+        if self.strategy.input_device.type == "cuda":
+            torch.cuda.synchronize(self.strategy.input_device)
+
+    # -- before and after -------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        """The model's config choice (model=resnet18), else its _target_."""
+        return str(self.cfg.job.get("choices", {}).get("model") or self.cfg.model.get("_target_", "model"))
+
+    @property
+    def data_name(self) -> str:
+        return str(self.cfg.job.get("choices", {}).get("data") or self.cfg.data.train.get("_target_", "data"))
+
+    def _already_complete(self) -> bool:
+        done = (
+            self.resumed_from_step is not None
+            and self.state.global_step >= self.total_steps
+            and (self.run_dir / rundir.SUMMARY).exists()
+        )
+        if done:
+            log.info(
+                "this run is already complete (step %d of %d); %s is left as it is",
+                self.state.global_step,
+                self.total_steps,
+                rundir.SUMMARY,
+            )
+        return done
+
+    def _announce(self) -> None:
+        log.info(
+            "training %s (%s) on %s, %d steps (%s), global batch %d = %d %s x %d",
+            self.model_name,
+            self.cfg.strategy.name,
+            self.data_name,
+            self.total_steps,
+            ("an epoch ends with the stream" if self.steps_per_epoch is None else f"{self.steps_per_epoch} per epoch"),
+            self.tcfg.batch_size,
+            self.strategy.data_parallel_size,
+            "rank" if self.strategy.data_parallel_size == 1 else "ranks",
+            self.per_rank_batch,
+        )
+
+    def _ema_summary(self) -> Dict[str, Any]:
+        """eval_loss_ema, eval_accuracy_ema (and eval_<metric>_ema) of the last evaluation, with trainer.ema_decay."""
+        if self.ema is None:
+            return {}
+        last = self.state.last_eval or {}
+        names = ["loss", "accuracy", *self.strategy.metric_names]
+        return {f"eval_{name}_ema": last.get(f"{name}_ema") for name in names}
+
+    def _finish(self, meter: Throughput) -> Dict[str, Any]:
+        """Final weights (every parameter owner), parameter digest (every rank) and summary.json (rank 0)."""
+        state, last_eval = self.state, self.state.last_eval
+        summary = {
+            "strategy": self.cfg.strategy.name,
+            "model": self.model_name,
+            "data": self.data_name,
+            "world_size": self.ranks.world_size,
+            "data_parallel_size": self.strategy.data_parallel_size,
+            "global_batch": int(self.tcfg.batch_size),
+            "precision": self.tcfg.precision,
+            "device": str(self.strategy.input_device.type),
+            "global_step": state.global_step,
+            "epochs_completed": state.epoch,
+            "train_loss": state.last_loss,
+            "eval_accuracy": None if last_eval is None else last_eval["accuracy"],
+            "eval_loss": None if last_eval is None else last_eval["loss"],
+            **{f"train_{name}": value for name, value in state.last_metrics.items()},
+            **{f"eval_{name}": (last_eval or {}).get(name) for name in self.strategy.metric_names},
+            **self._ema_summary(),
+            "samples_per_sec": meter.samples_per_sec,
+            "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
+            **(
+                {"tokens_per_sec": meter.rate(self._global_tokens())}
+                if TOKENS in self.strategy.metric_names
+                else {}
+            ),
+            "timed_steps": meter.samples // int(self.tcfg.batch_size),
+            "resumed_from_step": self.resumed_from_step,
+            "attempts": self.attempt,
+            "torch_version": torch.__version__,
+        }
+        weights = self.strategy.final_state_dict(self.wrapped)  # a collective for fsdp (gathered on rank 0)
+        if weights:
+            log.info("final parameter digest %s", parameter_digest(weights))
+        weights_name = self.strategy.weights_file()
+        if weights_name:
+            save_atomic(weights, self.run_dir / weights_name)
+        if self.is_main:
+            rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
+        self.metrics.close()
+        return summary
+
+
+def parameter_digest(weights: Dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every parameter and buffer of a state dict, in order: equal digests mean bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in weights.items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def settle_garbage_collector() -> None:
+    """Collect once, then freeze everything set up so far (torch, model, data, config).
+
+    Setup leaves hundreds of thousands of long-lived Python objects; without this, Python's
+    full (generation 2) collection fires once they pile up, in the middle of training, and
+    walks all of them (about 0.1 s per pass on a 2-core VM, 1-2 % of a short CPU run). Frozen
+    objects are skipped by every later collection; garbage made during training is still freed.
+    """
+    gc.collect()
+    gc.freeze()

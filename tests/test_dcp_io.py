@@ -19,7 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 import torch
@@ -100,9 +100,33 @@ def _agree(failed: bool) -> bool:
     return bool(flag.item())
 
 
+def _gather(obj: Any) -> Optional[List[Any]]:
+    found = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, found, dst=0)
+    return found
+
+
+def _alone(obj: Any) -> List[Any]:
+    """`gather` of a single process."""
+    return [obj]
+
+
 def _save(state: Dict[str, Any], folder: Path, step: int, keep: int = 1, **extra: Any) -> Path:
     loop = {"state": {"global_step": step}, "rng": [capture_rng()], "fingerprint": {"model": "tiny"}, **extra}
-    return dcp_io.save_dcp(state, folder, step, loop, keep, dist.get_rank() == 0, dist.barrier, _agree)
+    return dcp_io.save_dcp(state, folder, step, loop, keep, dist.get_rank() == 0, dist.barrier, _agree, _gather)
+
+
+def _record_hashing() -> List[str]:
+    """From now on, the names of the files this process hashes (appended to the list returned)."""
+    hashed: List[str] = []
+    original = dcp_io._sha256
+
+    def recording(path: Path) -> str:
+        hashed.append(Path(path).name)
+        return original(path)
+
+    dcp_io._sha256 = recording
+    return hashed
 
 
 def _assert_same(found: Dict[str, Any], ref: Dict[str, Any]) -> None:
@@ -136,10 +160,13 @@ def save_worker(rank: int, world: int, port: int, run_dir: str) -> None:
     state = _state(model, optim)
     full = _full(model, optim)
     assert dcp_io.tensor_bytes(state["model"]) == sum(t.numel() * 4 for t in full["model"].values())  # global sizes
+    hashed = _record_hashing()
     path = _save(state, folder, 2)
+    at_save, hashed[:] = list(hashed), []
     if rank == 0:
         torch.save(full, Path(run_dir) / "reference.pt")
     _assert_same(_load_into_fresh(mesh, path), full)
+    (Path(run_dir) / f"hashed.{rank}.json").write_text(json.dumps({"save": at_save, "load": hashed}))
     _done()
 
 
@@ -148,6 +175,21 @@ def load_worker(rank: int, world: int, port: int, run_dir: str) -> None:
     mesh = _init(rank, world, port)
     found = _load_into_fresh(mesh, Path(run_dir) / "checkpoints" / STEP2)
     _assert_same(found, torch.load(Path(run_dir) / "reference.pt", weights_only=True))
+    _done()
+
+
+def corrupt_load_worker(rank: int, world: int, port: int, paths: List[str], report: str) -> None:
+    """Load each damaged checkpoint (deep verification spread over the ranks); note the error and what was hashed."""
+    _init(rank, world, port)
+    found = []
+    for path in paths:
+        hashed = _record_hashing()
+        try:
+            dcp_io.load_dcp({}, Path(path))  # the verification fails before anything is loaded
+            found.append({"error": None, "hashed": hashed})
+        except CheckpointError as err:
+            found.append({"error": type(err).__name__, "message": str(err), "hashed": hashed})
+    Path(report).with_suffix(f".{rank}.json").write_text(json.dumps(found))
     _done()
 
 
@@ -255,6 +297,23 @@ def test_keep_1_leaves_only_the_newest_complete_dir(run_dir: Path) -> None:
     loop = dcp_io.read_loop(path)
     assert loop["state"]["global_step"] == 2 and isinstance(loop["rng"][0]["torch"], torch.Tensor)
     assert dcp_io.checkpoint_bytes(path) == sum(p.stat().st_size for p in path.iterdir())
+
+
+def test_each_rank_hashes_only_the_files_it_wrote(run_dir: Path) -> None:
+    hashed = [json.loads((run_dir / f"hashed.{rank}.json").read_text())["save"] for rank in (0, 1)]
+    assert sorted(hashed[0]) == [".metadata", "__0_0.distcp", "loop.pt"]  # never rank 1's shards
+    assert hashed[1] == ["__1_0.distcp"]
+    path = run_dir / "checkpoints" / STEP2
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    assert list(files) == [".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt"]  # every file, sorted as before
+    for name, entry in files.items():
+        assert entry == {"size": (path / name).stat().st_size, "sha256": dcp_io._sha256(path / name)}, name
+
+
+def test_deep_verification_at_load_hashes_each_file_on_one_rank(run_dir: Path) -> None:
+    hashed = [json.loads((run_dir / f"hashed.{rank}.json").read_text())["load"] for rank in (0, 1)]
+    assert sorted(hashed[0] + hashed[1]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt"]
+    assert hashed[0] and hashed[1]
 
 
 def test_dcp_flattens_the_state_as_model_and_optim_keys(run_dir: Path, reference: Dict[str, Any]) -> None:
@@ -408,6 +467,29 @@ def test_truncated_or_altered_shard_is_refused(copy: Path, run_dir: Path) -> Non
     assert issubclass(IncompleteCheckpoint, CheckpointError) and issubclass(UnsafeCheckpoint, CheckpointError)
 
 
+def test_spread_deep_verification_fails_on_every_rank_with_one_message(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    source = run_dir / "checkpoints" / STEP2
+    flipped = Path(shutil.copytree(source, tmp_path / "flipped" / STEP2))
+    data = (flipped / "__1_0.distcp").read_bytes()
+    (flipped / "__1_0.distcp").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    two = Path(shutil.copytree(source, tmp_path / "two" / STEP2))  # the earlier failure wins, as on one process
+    (two / ".metadata").write_bytes(bytes([(two / ".metadata").read_bytes()[0] ^ 1]) + (two / ".metadata").read_bytes()[1:])
+    (two / "loop.pt").write_bytes((two / "loop.pt").read_bytes()[:-1])
+    report = tmp_path / "report"
+    _spawn(corrupt_load_worker, 2, [str(flipped), str(two)], str(report))
+    found = [json.loads(report.with_suffix(f".{rank}.json").read_text()) for rank in (0, 1)]
+    for case, path, expected in ((0, flipped, "sha256 of __1_0.distcp"), (1, two, r"sha256 of \.metadata")):
+        with pytest.raises(IncompleteCheckpoint, match=expected) as alone:
+            dcp_io.verify(path, deep=True)  # one process, every file: the message of today
+        for rank in (0, 1):
+            assert found[rank][case]["error"] == "IncompleteCheckpoint"
+            assert found[rank][case]["message"] == str(alone.value), f"rank {rank}"
+    shard_hashed_on = [rank for rank in (0, 1) if "__1_0.distcp" in found[rank][0]["hashed"]]
+    assert len(shard_hashed_on) == 1  # one rank found the flipped bit, the other learned of it
+
+
 def test_remove_stale_temporaries(tmp_path: Path, run_dir: Path) -> None:
     folder = tmp_path / "checkpoints"
     shutil.copytree(run_dir / "checkpoints" / STEP2, folder / STEP2)
@@ -436,7 +518,7 @@ from hpc_train.compute.checkpointing import dcp as dcp_io
 folder, where = Path(sys.argv[1]), sys.argv[2]
 def save(step):
     state = {"model": {"w": torch.full((64,), float(step))}}
-    return dcp_io.save_dcp(state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed)
+    return dcp_io.save_dcp(state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed, lambda obj: [obj])
 save(1)
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -466,7 +548,7 @@ def test_saving_the_same_step_again_replaces_it(
     folder = tmp_path / "checkpoints"
     for value in (1.0, 2.0):
         state = {"model": {"w": torch.full((8,), value)}}
-        path = dcp_io.save_dcp(state, folder, 5, {"v": value}, 2, True, lambda: None, lambda failed: failed)
+        path = dcp_io.save_dcp(state, folder, 5, {"v": value}, 2, True, lambda: None, lambda failed: failed, _alone)
     assert [p.name for p in folder.iterdir()] == ["step_000000005"]
     assert torch.equal(dcp_io.consolidate(path)["w"], torch.full((8,), 2.0))
     assert dcp_io.read_loop(path) == {"v": 2.0}

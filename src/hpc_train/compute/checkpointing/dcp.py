@@ -28,6 +28,11 @@ So nothing read from a checkpoint can run code:
   from that result (tensors and plain values), never the file's bytes.
 * ``loop.pt`` is loaded with ``torch.load(weights_only=True)``; ``manifest.json`` is JSON.
 
+Hashing is spread over the ranks: at a save each rank hashes only the files it wrote (DCP's
+``write_data`` names them) and rank 0 gathers those small entries for the manifest; a deep
+verification at load hashes each file on one rank and the ranks agree on the first failure.
+So no rank reads the whole checkpoint back (~84 GB for a 7B model with AdamW).
+
 Trusted: torch's own ``weights_only`` unpickler, the allow-listed DCP classes (dataclasses
 and an enum whose construction runs no user-chosen code), and the file system under the
 checkpoint dir (a checkpoint is not protected against someone swapping files while it loads).
@@ -47,10 +52,12 @@ import pickle
 import re
 import stat
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
@@ -322,28 +329,110 @@ def _check_file(folder: Path, name: str, entry: Dict[str, Any], deep: bool) -> N
         )
 
 
-def verify(path: Path, deep: bool = False) -> Dict[str, Any]:
+@dataclass(frozen=True)
+class Peers:
+    """The ranks that verify a checkpoint together: each hashes a share of its files, all learn of any failure.
+
+    `all_gather(obj)` returns every rank's picklable `obj` in rank order, on every rank.
+    """
+
+    rank: int
+    world: int
+    all_gather: Callable[[Any], List[Any]]
+
+
+def _process_group_peers() -> Optional[Peers]:
+    """The default process group's ranks (the group ``dcp.load`` uses); None for a single process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    world = dist.get_world_size()
+
+    def all_gather(obj: Any) -> List[Any]:
+        found: List[Any] = [None] * world
+        dist.all_gather_object(found, obj)
+        return found
+
+    return Peers(dist.get_rank(), world, all_gather)
+
+
+def _hashing_ranks(files: Dict[str, Any], world: int) -> Dict[str, int]:
+    """Which rank hashes which file: biggest first, each to the rank with the fewest bytes so far.
+
+    Computed from the manifest alone, so every rank gets the same answer without talking.
+    """
+    load = [0] * world
+    owner: Dict[str, int] = {}
+    for name in sorted(files, key=lambda n: (-files[n]["size"], n)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[name] = rank
+        load[rank] += files[name]["size"]
+    return owner
+
+
+def _read_complete_manifest(folder: Path) -> Dict[str, Any]:
+    if not folder.is_dir():
+        raise IncompleteCheckpoint(f"{folder} is not a checkpoint dir")
+    manifest = read_manifest(folder)
+    for required in (METADATA, LOOP):
+        if required not in manifest["files"]:
+            raise IncompleteCheckpoint(f"{folder} is not a complete checkpoint: its manifest lacks {required}")
+    return manifest
+
+
+def _check_covered(folder: Path, files: Dict[str, Any]) -> None:
+    """The .metadata (read with the allow-list) may only read files the manifest covers."""
+    missing = [name for name in _referenced_files(read_metadata(folder)) if name not in files]
+    if missing:
+        raise _refused(folder, f"its .metadata reads files its manifest does not cover ({', '.join(missing)})")
+
+
+# (position in the order of the checks, the error): the earliest position is the error a single process raises
+_Failure = Tuple[int, Exception]
+
+
+def _first_failure(folder: Path, deep: bool, peers: Optional[Peers]) -> Tuple[Optional[Dict[str, Any]], Optional[_Failure]]:
+    """Every check in a fixed order, hashing only this rank's share; the manifest, or the first failure."""
+    try:
+        manifest = _read_complete_manifest(folder)
+    except Exception as err:
+        return None, (0, err)
+    files = manifest["files"]
+    owner = _hashing_ranks(files, peers.world) if peers is not None else None
+    for position, (name, entry) in enumerate(files.items(), start=1):
+        mine = owner is None or owner[name] == peers.rank  # type: ignore[union-attr]
+        try:
+            _check_file(folder, name, entry, deep and mine)
+        except Exception as err:
+            return None, (position, err)
+    if deep:
+        try:
+            _check_covered(folder, files)
+        except Exception as err:
+            return None, (len(files) + 1, err)
+    return manifest, None
+
+
+def _earliest(failures: Iterable[Optional[_Failure]]) -> Optional[_Failure]:
+    found = [failure for failure in failures if failure is not None]
+    return min(found, key=lambda failure: failure[0]) if found else None
+
+
+def verify(path: Path, deep: bool = False, peers: Optional[Peers] = None) -> Dict[str, Any]:
     """Check a checkpoint dir against its manifest; returns the manifest or raises a CheckpointError.
 
     Shallow: the files exist with their sizes. `deep`: also their sha256, and the .metadata
     (read with the allow-list, so a forged one raises :class:`UnsafeCheckpoint`) names only
-    files the manifest covers. Nothing is ever unpickled beyond that.
+    files the manifest covers. Nothing is ever unpickled beyond that. With `peers` (a
+    collective) each rank hashes only its share and every rank raises the same error: the
+    one a single process checking everything would raise.
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise IncompleteCheckpoint(f"{folder} is not a checkpoint dir")
-    manifest = read_manifest(folder)
-    files = manifest["files"]
-    for required in (METADATA, LOOP):
-        if required not in files:
-            raise IncompleteCheckpoint(f"{folder} is not a complete checkpoint: its manifest lacks {required}")
-    for name, entry in files.items():
-        _check_file(folder, name, entry, deep)
-    if deep:
-        missing = [name for name in _referenced_files(read_metadata(folder)) if name not in files]
-        if missing:
-            raise _refused(folder, f"its .metadata reads files its manifest does not cover ({', '.join(missing)})")
-    return manifest
+    spread = deep and peers is not None and peers.world > 1
+    manifest, failure = _first_failure(Path(path), deep, peers if spread else None)
+    if spread:
+        failure = _earliest(peers.all_gather(failure))  # type: ignore[union-attr]
+    if failure is not None:
+        raise failure[1]
+    return manifest  # type: ignore[return-value]
 
 
 def is_complete(path: Path) -> bool:
@@ -413,16 +502,21 @@ def tensor_bytes(obj: Any) -> int:
 
 # -- saving ------------------------------------------------------------------------------------
 class _Writer(FileSystemWriter):
-    """FileSystemWriter that remembers a full disk on this rank: DCP hands other ranks only a
-    pickled copy of the error (and torch.save turns ENOSPC into a RuntimeError whose context
-    is the OSError), so this is the only place the errno is still known."""
+    """FileSystemWriter that remembers which files this rank wrote (so it hashes those alone) and a
+    full disk on this rank: DCP hands other ranks only a pickled copy of the error (and torch.save
+    turns ENOSPC into a RuntimeError whose context is the OSError), so this is the only place the
+    errno is still known."""
 
-    disk_full = False
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.disk_full = False
+        self.written: List[str] = []  # names relative to the checkpoint dir, from DCP's WriteResults
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         try:
             future = super().write_data(plan, planner)
             future.wait()
+            self.written = sorted({result.storage_data.relative_path for result in future.value()})
             return future
         except BaseException as err:
             self.disk_full = self.disk_full or _is_disk_full(err)
@@ -474,12 +568,35 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def _write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
-    """``manifest.json``: every file of the dir with its size and sha256; the last file written."""
-    files = {}
-    for file in sorted(Path(folder).iterdir()):
-        if file.name != MANIFEST and file.is_file():
-            files[file.name] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+Entries = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "sha256": hex digest}, as in the manifest
+
+
+def _file_entries(folder: Path, names: Iterable[str]) -> Entries:
+    """Size and sha256 of the files `names` of `folder` (the files this rank wrote)."""
+    entries = {}
+    for name in sorted(names):
+        file = Path(folder) / name
+        entries[name] = {"size": file.stat().st_size, "sha256": _sha256(file)}
+    return entries
+
+
+def _merged(parts: Optional[List[Optional[Entries]]]) -> Optional[Entries]:
+    """Every rank's entries in one table; None when a rank has none (it failed, and says so)."""
+    if parts is None or any(part is None for part in parts):
+        return None
+    return {name: entry for part in parts for name, entry in part.items()}  # type: ignore[union-attr]
+
+
+def _write_manifest(folder: Path, step: int, extra: Dict[str, Any], hashed: Optional[Entries] = None) -> None:
+    """``manifest.json``: every file of the dir with its size and sha256; the last file written.
+
+    `hashed`: the entries the ranks made of their own files; the files left (.metadata, loop.pt:
+    rank 0's alone) are hashed here. Without it (one process wrote everything) all are.
+    """
+    done = dict(hashed or {})
+    left = [f.name for f in Path(folder).iterdir() if f.name != MANIFEST and f.name not in done and f.is_file()]
+    done.update(_file_entries(folder, left))
+    files = {name: done[name] for name in sorted(done)}
     manifest: Dict[str, Any] = {"format": MANIFEST_FORMAT, "step": step, "files": files}
     try:  # the config fingerprint, readable on the login node without torch (as in today's files)
         manifest["fingerprint"] = json.loads(json.dumps(extra.get("fingerprint")))
@@ -488,11 +605,12 @@ def _write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
     _write_file(Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
-def _write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any]) -> None:
+def _write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: Optional[Entries] = None) -> None:
+    """loop.pt, then the manifest (`hashed`: the shard entries the ranks gathered), then the dir synced."""
     buffer = io.BytesIO()
     torch.save(extra, buffer)
     _write_file(tmp / LOOP, buffer.getvalue())
-    _write_manifest(tmp, step, extra)
+    _write_manifest(tmp, step, extra, hashed)
     _fsync(tmp)
 
 
@@ -612,13 +730,16 @@ def save_dcp(
     is_main: bool,
     barrier: Callable[[], None],
     agree: Callable[[bool], bool],
+    gather: Callable[[Any], Optional[List[Any]]],
 ) -> Path:
     """Write `state` as ``<folder>/step_<N:09d>/`` (a collective: every rank calls it the same way).
 
     `state`: what ``dcp.save`` takes (``{"model": msd, "optim": osd}`` of ``get_state_dict``).
     `extra`: rank 0's ``loop.pt`` (tensors and plain values only). `barrier` waits for every rank;
     `agree(failed)` is an all-reduce that is True on every rank if any rank passed True (so
-    a rank that fails alone never leaves the others waiting). The dir appears by one rename
+    a rank that fails alone never leaves the others waiting); `gather(obj)` returns every
+    rank's picklable `obj` in rank order on rank 0 (None elsewhere): each rank hashes the
+    files it wrote and rank 0 gathers those entries for the manifest. The dir appears by one rename
     once every file and the manifest are on disk: a kill at any moment leaves the previous
     complete checkpoint the newest one. A full disk raises :class:`DiskFull` on every rank
     after rank 0 removed this save's temporary dir.
@@ -641,13 +762,19 @@ def save_dcp(
     if agree(error is not None):
         raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
     writer = _Writer(str(tmp))
+    own: Optional[Entries] = None
     try:
         dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
         faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits a save half-done
-        if is_main:
-            _write_rank0_files(tmp, step, extra)
+        own = _file_entries(tmp, writer.written)
     except (Exception, CheckpointException) as err:
         error, disk_full = err, writer.disk_full or _is_disk_full(err)
+    everyone = gather(own)  # also on a rank that failed (it sends None): no rank waits for ever
+    if is_main and error is None and (hashed := _merged(everyone)) is not None:
+        try:
+            _write_rank0_files(tmp, step, extra, hashed)
+        except Exception as err:
+            error, disk_full = err, _is_disk_full(err)
     if agree(error is not None):
         raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
     if is_main:
@@ -679,15 +806,16 @@ def _dcp_load(state: Dict[str, Any], path: Path, no_dist: bool) -> None:
         )
 
 
-def load_dcp(state: Dict[str, Any], path: Path, deep: bool = True) -> None:
+def load_dcp(state: Dict[str, Any], path: Path, deep: bool = True, peers: Optional[Peers] = None) -> None:
     """Verify the checkpoint dir `path`, then load it into `state` in place (a collective).
 
     `state` is what :func:`save_dcp` was given, freshly built (any sharding, any world size:
-    DCP reshards). `deep=False` skips the sha256 of every file (each rank reads the whole
-    checkpoint for it), keeping the size checks; safety does not depend on it.
+    DCP reshards). `deep` also checks the sha256 of every file, each rank hashing a share
+    (`peers`: by default the default process group's ranks); `deep=False` keeps only the size
+    checks (no rank reads the checkpoint for them); safety does not depend on it.
     """
     path = Path(path)
-    verify(path, deep=deep)
+    verify(path, deep=deep, peers=(peers or _process_group_peers()) if deep else None)
     if not deep:
         read_metadata(path)  # a forged .metadata is refused here, with its own message (deep verify did it)
     _dcp_load(state, path, no_dist=False)

@@ -76,6 +76,7 @@ class ShardedCheckpointer(Checkpointer):
             is_main=self.ranks.is_main,
             barrier=distributed.control_barrier,
             agree=lambda failed: distributed.all_reduce_max_int(int(failed)) > 0,
+            gather=distributed.gather_to_main,  # each rank's hashes of its own shard files, for the manifest
         )
         if self.ranks.is_main:
             log.info(

@@ -477,15 +477,24 @@ def test_spread_deep_verification_fails_on_every_rank_with_one_message(
     two = Path(shutil.copytree(source, tmp_path / "two" / STEP2))  # the earlier failure wins, as on one process
     (two / ".metadata").write_bytes(bytes([(two / ".metadata").read_bytes()[0] ^ 1]) + (two / ".metadata").read_bytes()[1:])
     (two / "loop.pt").write_bytes((two / "loop.pt").read_bytes()[:-1])
+    forged, marker = Path(shutil.copytree(source, tmp_path / "forged" / STEP2)), tmp_path / "ran"
+    (forged / ".metadata").write_bytes(pickle.dumps(_RunsCommand(marker)))
+    dcp_io._write_manifest(forged, 2, {})  # the forger rewrites the manifest too
     report = tmp_path / "report"
-    _spawn(corrupt_load_worker, 2, [str(flipped), str(two)], str(report))
+    _spawn(corrupt_load_worker, 2, [str(flipped), str(two), str(forged)], str(report))
     found = [json.loads(report.with_suffix(f".{rank}.json").read_text()) for rank in (0, 1)]
-    for case, path, expected in ((0, flipped, "sha256 of __1_0.distcp"), (1, two, r"sha256 of \.metadata")):
-        with pytest.raises(IncompleteCheckpoint, match=expected) as alone:
+    expectations = [
+        (flipped, IncompleteCheckpoint, "sha256 of __1_0.distcp"),
+        (two, IncompleteCheckpoint, r"sha256 of \.metadata"),
+        (forged, UnsafeCheckpoint, r"posix\.system"),
+    ]
+    for case, (path, error, expected) in enumerate(expectations):
+        with pytest.raises(error, match=expected) as alone:
             dcp_io.verify(path, deep=True)  # one process, every file: the message of today
         for rank in (0, 1):
-            assert found[rank][case]["error"] == "IncompleteCheckpoint"
+            assert found[rank][case]["error"] == error.__name__, f"rank {rank}"
             assert found[rank][case]["message"] == str(alone.value), f"rank {rank}"
+    assert not marker.exists()
     shard_hashed_on = [rank for rank in (0, 1) if "__1_0.distcp" in found[rank][0]["hashed"]]
     assert len(shard_hashed_on) == 1  # one rank found the flipped bit, the other learned of it
 

@@ -19,7 +19,7 @@ from hpc_train import compose
 from hpc_train.launch import slurm
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.plan import make_plan
-from hpc_train.launch.job_table import print_table
+from hpc_train import job_table
 from tests.conftest import REPO, TINY
 from tests.sweep_probe import Probe
 
@@ -48,9 +48,9 @@ def test_a_3000_job_sweep_goes_in_as_three_throttled_arrays_and_all_complete(slu
         jobs.append(slurm.prepare(plan, build_job_spec(plan, {}), f"seed={n}"))
     submitted = slurm.submit_jobs(jobs, log_root=sweep_dir, task=Probe)
     ids = [str(handle.job_id) for _, handle in submitted]
-    print_table(
-        [(i, job.plan.run_dir.name, job.label, job.plan.layout.describe()) for i, (job, _) in zip(ids, submitted)],
-        sweep_dir / "jobs.tsv",
+    job_table.print_and_append(
+        sweep_dir,
+        [job_table.JobRow(i, job.plan.run_dir.name, job.label, job.plan.layout.describe()) for i, (job, _) in zip(ids, submitted)],
     )
     arrays = sorted({i.split("_")[0] for i in ids}, key=int)
     try:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train import cli_child as child
 from hpc_train import job_states as states
-from hpc_train import rundir
+from hpc_train import job_table, rundir
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.job_states import ENDED
 from hpc_train.launch.errors import ConfigError, JobFailed
@@ -323,20 +323,20 @@ def sweep(
         o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.split("=", 1)[1] != "hpc_train" for o in overrides
     )
     if launcher == "slurm":
-        known = child.table_rows(target)
+        known = job_table.read(target)
         code, _, err = child.foreground(command, output, echo=False)
         if code == EXIT_BAD_INPUT:
             raise child.bad_input(err)
-        rows = child.table_rows(target)[len(known) :]
+        rows = job_table.read(target)[len(known) :]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        shared = states.SharedStates(row["job_id"] for row in rows)
+        shared = states.SharedStates(row.job_id for row in rows)
         return [
             Job(
-                row["job_id"],
-                target / row["job"],
+                row.job_id,
+                target / row.job,
                 "slurm",
-                child.overrides_of(target / row["job"], row["overrides"].split()),
+                child.overrides_of(target / row.job, row.overrides.split()),
                 output=output,
                 started=started,
                 shared_states=shared,

@@ -15,7 +15,9 @@ import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_train.launch.rerun import SUBMISSIONS, newest_rows
+from hpc_train import job_table
+from hpc_train.launch.rerun import SUBMISSIONS
+from hpc_train.text_table import format_table
 
 APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
 
@@ -71,7 +73,7 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
 
     from hpc_train.job_states import slurm_job_states
 
-    table = newest_rows(sweep_dir)
+    table = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
     entries = _entries(sweep_dir)
     local = {job_id for job_id, entry in entries.items() if entry.get("local")}
     states = slurm_job_states(job_id for job_id, _, _ in table.values() if job_id not in local)
@@ -95,16 +97,9 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
 
 def render(sweep_dir: Path, found: List[Dict[str, Any]]) -> str:
     header = ("job", "job id", "overrides", "state", "result")
-    cells = [header] + [
-        (r["job"], r["job_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-")
-        for r in found
-    ]
-    widths = [max(len(str(row[i])) for row in cells) for i in range(len(header))]
+    cells = [(r["job"], r["job_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-") for r in found]
     lines = [f"hpc-train-report: {sweep_dir} (a Hydra app's sweep of {len(found)} job{'s' if len(found) != 1 else ''})"]
-    for index, row in enumerate(cells):
-        lines.append("  ".join(str(value).ljust(width) for value, width in zip(row, widths)).rstrip())
-        if index == 0:
-            lines.append("  ".join("-" * width for width in widths))
+    lines.append(format_table(header, cells))
     counts: Dict[str, int] = {}
     for r in found:
         counts[r["state"]] = counts.get(r["state"], 0) + 1

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from hpc_train import rundir
 from hpc_train.job_states import rank_error
 from hpc_train.launch.errors import ConfigError
 
@@ -287,13 +286,4 @@ def launcher_of(job: List[str], default: str) -> str:
             return value
     return default
 
-
-def table_rows(sweep_dir: Path) -> List[Dict[str, str]]:
-    """The rows of the sweep's jobs.tsv (job_id, job, overrides, layout), header lines skipped."""
-    try:
-        lines = (sweep_dir / rundir.JOB_TABLE).read_text().splitlines()
-    except OSError:
-        return []
-    header = ["job_id", "job", "overrides", "layout"]
-    return [dict(zip(header, line.split("\t"))) for line in lines if line and not line.startswith("job_id\t")]
 

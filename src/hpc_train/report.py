@@ -23,9 +23,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hpc_train import rundir
+from hpc_train import job_table, rundir
 from hpc_train.job_states import slurm_states
 from hpc_train.sweep_status import never_running
+from hpc_train.text_table import format_table
 
 PNG_NAME = "report.png"
 PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one
@@ -132,20 +133,6 @@ def read_job(
 
 
 # -- a sweep dir -----------------------------------------------------------------------------
-def _job_table(sweep_dir: Path) -> Dict[str, Tuple[str, List[str]]]:
-    """job number -> (Slurm job id, overrides) from jobs.tsv."""
-    rows: Dict[str, Tuple[str, List[str]]] = {}
-    path = sweep_dir / rundir.JOB_TABLE
-    if not path.exists():
-        return rows
-    lines = path.read_text().splitlines()
-    for line in lines[1:]:
-        cells = line.split("\t")
-        if len(cells) >= 3:
-            rows[cells[1]] = (cells[0], cells[2].split())
-    return rows
-
-
 def collect(path: Path) -> Tuple[str, List[JobReport]]:
     """('run' | 'sweep', jobs) for a run dir or a multirun sweep dir."""
     if not path.is_dir():
@@ -154,7 +141,7 @@ def collect(path: Path) -> Tuple[str, List[JobReport]]:
         )
     if rundir.is_run_dir(path) and not (path / rundir.JOB_TABLE).exists():
         return "run", [read_job(path, path.name)]
-    table = _job_table(path)
+    table = {number: (row.job_id, row.overrides.split()) for number, row in job_table.newest(path).items()}
     names = set(table) | {p.name for p in path.iterdir() if p.is_dir() and p.name.isdigit() and rundir.is_run_dir(p)}
     if not names:
         raise ReportError(
@@ -248,15 +235,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
     return header, rows
 
 
-def format_table(header: List[str], rows: List[List[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {"world", "samples/s", "train loss", "lr", "eval acc", "attempts"}
-    lines = []
-    for row in [header, *rows]:
-        cells = [cell.rjust(w) if name in numeric else cell.ljust(w) for cell, w, name in zip(row, widths, header)]
-        lines.append("  ".join(cells).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+NUMERIC_COLUMNS = {"world", "samples/s", "train loss", "lr", "eval acc", "attempts"}  # right-aligned
 
 
 # -- the PNG ---------------------------------------------------------------------------------
@@ -466,7 +445,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hpc-train-report: {args.path} ({what})")
         if common:
             print(f"overrides shared by every job: {' '.join(common)}")
-        print(format_table(*table_rows(jobs)))
+        print(format_table(*table_rows(jobs), right=NUMERIC_COLUMNS))
         print(
             f"({LAYOUT_LEGEND}; samples/s after the warm-up steps, evaluation excluded; train loss of the last logged"
             " step)"

@@ -17,11 +17,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Dict, List, Optional, Tuple
+from typing import IO, Dict, List, Optional
 
 import yaml
 
-from hpc_train import app_report, rundir
+from hpc_train import app_report, job_table, rundir
 from hpc_train.job_states import ENDED, rank_error, slurm_job_states
 from hpc_train.sweep_status import never_running
 
@@ -60,17 +60,6 @@ class Snapshot:
 
 
 # -- which jobs the sweep has ----------------------------------------------------------------------
-def _table(sweep_dir: Path) -> List[Tuple[str, str]]:
-    """(slurm id, job number) of every row of jobs.tsv (a Slurm sweep)."""
-    try:
-        lines = (sweep_dir / rundir.JOB_TABLE).read_text().splitlines()
-    except OSError:
-        return []
-    rows = [line.split("\t") for line in lines if line and not line.startswith("job_id\t")]
-    newest = {cells[1]: cells[0] for cells in rows if len(cells) >= 2}  # a rerun's row replaces the failed one
-    return [(job_id, number) for number, job_id in newest.items()]
-
-
 def _local_jobs(sweep_dir: Path) -> int:
     """How many jobs a local sweep has: Hydra's expansion of the overrides it saved in multirun.yaml."""
     try:
@@ -165,7 +154,7 @@ def _local_elapsed(run_dir: Path) -> Optional[float]:
 
 def snapshot(sweep_dir: Path) -> Snapshot:
     """Every job of the sweep with its state; progress for running jobs, the cause for failed ones."""
-    rows = _table(sweep_dir)
+    rows = [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
     if app_report.is_local_app_sweep(sweep_dir):  # processes of this host: the result files say
         jobs = [
             WatchedJob(r["job"], sweep_dir / r["job"], r["job_id"], r["state"],

@@ -285,8 +285,8 @@ class AppLauncher(Launcher):
         and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
         import submitit
 
+        from hpc_train import job_table
         from hpc_train.launch import rerun
-        from hpc_train.launch.job_table import print_table
 
         groups: Dict[str, List[int]] = {}
         for index, (_, _, launcher, _) in enumerate(jobs):
@@ -306,9 +306,9 @@ class AppLauncher(Launcher):
         rows, entries = [], []
         for (num, overrides, launcher, _), handle in zip(jobs, handles):
             params = {_SLURM_NAMES.get(key, key): launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
-            rows.append((str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)))
+            rows.append(job_table.JobRow(str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)))
             entries.append({"job_id": str(handle.job_id), "job": str(num), "folder": str(launcher["submitit_folder"]), "local": True})
-        print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        job_table.print_and_append(sweep_dir, rows)
         rerun.record(sweep_dir, entries)
         return handles
 
@@ -316,7 +316,7 @@ class AppLauncher(Launcher):
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
         from hpc_train.launch import capacity, rerun, slurm
         from hpc_train.launch.errors import ConfigError
-        from hpc_train.launch.job_table import print_table
+        from hpc_train import job_table
         from hpc_train.launch.sweep_limits import check_sweep_fits
 
         slurm.check_slurm_commands()
@@ -342,8 +342,8 @@ class AppLauncher(Launcher):
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
             _refuse(sweep_dir, _in_app_keys(err))
         handles = {id(job): handle for job, handle in submitted}
-        rows = [(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
-        print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        rows = [job_table.JobRow(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
+        job_table.print_and_append(sweep_dir, rows)
         numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
         rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_train import rundir
+from hpc_train import job_table, rundir
 
 SUBMISSIONS = Path(".hpc_train") / "submissions.jsonl"
 
@@ -37,26 +37,12 @@ def _submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
     return {str(entry["job_id"]): entry for entry in rundir.read_jsonl(path)}
 
 
-def newest_rows(sweep_dir: Path) -> Dict[str, Tuple[str, str, str]]:
-    """job number -> (Slurm id, overrides, layout) of its newest row in jobs.tsv."""
-    rows: Dict[str, Tuple[str, str, str]] = {}
-    path = Path(sweep_dir) / rundir.JOB_TABLE
-    if not path.exists():
-        return rows
-    for line in path.read_text().splitlines()[1:]:
-        cells = line.split("\t")
-        if len(cells) >= 4:
-            rows[cells[1]] = (cells[0], cells[2], cells[3])
-    return rows
-
-
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
     from hpc_train.job_states import ENDED, slurm_job_states
     from hpc_train.launch.slurm import make_executor
-    from hpc_train.launch.job_table import print_table
 
-    rows = newest_rows(sweep_dir)
+    rows = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
     if not rows:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
     submissions = _submissions(sweep_dir)
@@ -84,9 +70,9 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
         executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))
         handle = executor.submit(delayed.function, *delayed.args, **delayed.kwargs)
         print(f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id}, resubmitted as {handle.job_id}")
-        new_rows.append((str(handle.job_id), number, overrides, layout))
+        new_rows.append(job_table.JobRow(str(handle.job_id), number, overrides, layout))
         entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": job_id})
     if new_rows:
         record(sweep_dir, entries)
-        print_table(new_rows, Path(sweep_dir) / rundir.JOB_TABLE)
+        job_table.print_and_append(sweep_dir, new_rows)
     return len(new_rows), None

@@ -23,9 +23,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hpc_train import rundir, sweep_status
+from hpc_train import job_table, sweep_status
 from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.job_table import print_table
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
 
 log = logging.getLogger(__name__)
@@ -154,10 +153,10 @@ class SweepLauncher(Launcher):
             write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
         handles = {id(job): handle for job, handle in submitted}
         rows = [
-            (str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
+            job_table.JobRow(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
             for _, job in prepared
         ]
-        print_table(rows, sweep_dir / rundir.JOB_TABLE)
+        job_table.print_and_append(sweep_dir, rows)
         numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
         rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         wait = bool(batch[0][2].view.launcher.wait)

@@ -37,7 +37,6 @@ once every job is queued, their ids read from ``<sweep dir>/jobs.tsv``.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ from hpc_train import job_table, rundir
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.job_states import ENDED
 from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.launch.rerun import newest_submission
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -250,8 +250,8 @@ def run(
     if code == 0 and (bool(cfg.dry_run) or launcher == "sbatch"):
         return {"dry_run": bool(cfg.dry_run), "run_dir": str(target), "output": out}
     rank, error = states.rank_error(target, started)
-    slurm_id = re.search(r"submitted Slurm job ([0-9_]+)", out)
-    what = f"Slurm job {slurm_id.group(1)}" if slurm_id else "the job"
+    submitted = newest_submission(target) if launcher == "slurm" else None
+    what = f"Slurm job {submitted['job_id']}" if submitted else "the job"
     cause = (
         f": rank {rank} failed first ({error})"
         if error
@@ -282,10 +282,10 @@ def submit(
         code, out, err = child.foreground(command + ["launcher.wait=false"], output, echo=False)
         if code == EXIT_BAD_INPUT:
             raise child.bad_input(err)
-        match = re.search(r"submitted Slurm job ([0-9_]+)", out)
-        if code != 0 or match is None:
+        submitted = newest_submission(target)
+        if code != 0 or submitted is None:
             raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {output}", exit_code=code or 1)
-        return Job(match.group(1), target, "slurm", overrides, output=output, started=started)
+        return Job(str(submitted["job_id"]), target, "slurm", overrides, output=output, started=started)
     process = child.background(command, output)
     child.wait_for_start(process, [target / rundir.JOB_CONFIG], started)
     if process.poll() == EXIT_BAD_INPUT:

@@ -30,6 +30,13 @@ def record(sweep_dir: Path, entries: List[Dict[str, Any]]) -> None:
             handle.write(json.dumps(entry, default=str) + "\n")
 
 
+def newest_submission(folder: Path) -> Optional[Dict[str, Any]]:
+    """The newest submission record of a sweep dir or of a single run's dir (None when nothing was submitted)."""
+    path = Path(folder) / SUBMISSIONS
+    entries = rundir.read_jsonl(path) if path.exists() else []
+    return entries[-1] if entries else None
+
+
 def _submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
     path = Path(sweep_dir) / SUBMISSIONS
     if not path.exists():

@@ -40,7 +40,7 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
 
 
 def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
-    from hpc_train.launch import slurm
+    from hpc_train.launch import rerun, slurm
 
     job = slurm.prepare(plan, spec)
     if cfg.dry_run:
@@ -52,6 +52,7 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     # Slurm tasks get the spec pickled by submitit; job_config.yaml is the readable record.
     [(_, handle)] = slurm.submit_jobs([job])
     write_job_spec(spec, plan.run_dir)
+    rerun.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads back
     folder = plan.run_dir / rundir.SLURM_LOGS
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from hpc_train.job_states import rank_error
+from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,11 +39,8 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
     What ``hydra.initialize_config_dir`` does, plus the search-path entry Hydra adds for
     ``--config-dir`` (same provider, same place). Hydra's global state is restored on exit.
     """
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.errors import SearchPathException
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from hydra.version import VersionBase, setbase
 
     import hydra_plugins.hpc_train_launcher as plugin
@@ -51,18 +49,18 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
     plugin.register()
     base = VersionBase.instance().getbase()  # a process-wide singleton: the caller's Hydra app keeps its own
     setbase("1.3")
-    search_path = create_config_search_path(CONFIG_DIR)
+    search_path = hydra_internals.config_search_path(CONFIG_DIR)
     if config_dir is not None:
         path = os.path.abspath(os.fspath(config_dir))
         if not os.path.isdir(path):
             raise SearchPathException(f"Additional config directory '{path}' not found")
         search_path.prepend(provider="command-line", path=f"file://{path}", anchor=SearchPathQuery(provider="schema"))
-    backup = get_gh_backup()
-    Hydra.create_main_hydra2(task_name="hpc-train", config_search_path=search_path)
+    backup = hydra_internals.global_hydra_backup()
+    hydra_internals.create_main_hydra("hpc-train", search_path)
     try:
         yield
     finally:
-        restore_gh_from_backup(backup)
+        hydra_internals.restore_global_hydra(backup)
         VersionBase.instance().version_base = base  # hydra.version has no public way back to "unspecified"
 
 
@@ -254,7 +252,6 @@ def written_since(path: Path, since: float) -> bool:
 
 def expand(overrides: List[str]) -> List[List[str]]:
     """Each job's overrides, in the order Hydra numbers the jobs (its basic sweeper's expansion)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -263,7 +260,7 @@ def expand(overrides: List[str]) -> List[List[str]]:
             o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed
         ):  # interval(), ...: for an optimising sweeper
             parsed = [o for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
-        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch] or [[]]
+        return [job for batch in hydra_internals.basic_sweeper_class().split_arguments(parsed, None) for job in batch] or [[]]
     except Exception as err:
         raise as_config_error(err) from None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from hpc_train import rundir, sweep_status
+from hpc_train.launch import hydra_internals
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
@@ -375,7 +376,7 @@ def _describe(params: Dict[str, Any]) -> str:
 
 
 RESULTLESS_SWEEPERS = (
-    "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    hydra_internals.BASIC_SWEEPER,
     "hydra_plugins.hpc_train_launcher.HpcTrainSweeper",
 )  # sweepers that read no job's result: the only ones hydra.launcher.wait=false can serve
 

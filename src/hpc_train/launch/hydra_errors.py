@@ -14,6 +14,7 @@ import difflib
 import re
 from typing import Iterable, Optional, Sequence, Tuple
 
+from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
 
 
@@ -53,7 +54,7 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
         return _composition(err)
     if isinstance(err, OmegaConfBaseException):
         return from_omegaconf(err)
-    if isinstance(err, ValueError) and _innermost_frame(err) == ("hydra._internal.utils", "_run_hydra"):
+    if isinstance(err, ValueError) and _innermost_frame(err) == hydra_internals.FLAG_CHECK_FRAME:
         return _flag_misuse(err, argv)
     if isinstance(err, (ValueError, TypeError)) and _raised_by_hydra(err):
         return _bad_group_value(argv)
@@ -254,9 +255,7 @@ def _raised_by_hydra(err: BaseException) -> bool:
 def _flag_misuse(err: BaseException, argv: Sequence[str]) -> ConfigError:
     """Hydra's own check of its flags (--resolve without --cfg; two of --cfg, --info, -m, ...), which a plain
     Hydra app reports with a traceback. The key: the flags given, as Hydra's own argument parser reads argv."""
-    from hydra._internal.utils import get_args_parser
-
-    args, _ = get_args_parser().parse_known_args(list(argv))
+    args, _ = hydra_internals.args_parser().parse_known_args(list(argv))
     given = [
         flag
         for flag, on in (

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hydra._internal.config_loader_impl import get_overrides_dirname
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
+from hpc_train.launch import hydra_internals
 from hpc_train.launch.config_view import ConfigView, copy_plain
 from hpc_train.launch.jobspec import hydra_choices
 from hpc_train.launch.errors import ConfigError
@@ -202,7 +202,7 @@ def _identify(hydra: Any, overrides: Sequence[str], parsed: List[Any], idx: int)
     hydra.job.id = idx
     hydra.job.num = idx
     dirname = hydra.job.config.override_dirname
-    hydra.job.override_dirname = get_overrides_dirname(
+    hydra.job.override_dirname = hydra_internals.overrides_dirname(
         overrides=[o for o in parsed if not o.key_or_group.startswith("hydra")],
         exclude_keys=list(dirname.exclude_keys),
         item_sep=dirname.item_sep,

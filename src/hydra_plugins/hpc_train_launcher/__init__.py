@@ -52,7 +52,9 @@ def _make_sweeper_class() -> type:
     sharing compositions between jobs, and reports bad overrides in Hydra's own words.
     Built after Hydra's plugin scan, which re-executes the module defining BasicSweeper.
     """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hpc_train.launch.hydra_internals import basic_sweeper_class
+
+    BasicSweeper = basic_sweeper_class()
 
     def validate_batch_is_legal(self: Any, batch: Any) -> None:
         return None

@@ -1,0 +1,29 @@
+"""The Hydra internals hpc_train relies on (hpc_train.launch.hydra_internals) exist in the installed Hydra, and the
+installed Hydra is in the range pyproject.toml declares: an upgrade that moves one fails here, naming it."""
+
+import importlib
+from importlib.metadata import requires, version
+
+import pytest
+from packaging.requirements import Requirement
+
+from hpc_train.launch import hydra_internals
+
+
+@pytest.mark.parametrize("module, attribute", hydra_internals.INTERNALS, ids=[".".join(i) for i in hydra_internals.INTERNALS])
+def test_each_internal_exists_in_the_installed_hydra(module, attribute):
+    try:
+        found = importlib.import_module(module)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as err:
+        pytest.fail(
+            f"hydra-core {version('hydra-core')} has no {module}.{attribute} ({err}): hpc_train relies on it"
+            " (hpc_train/launch/hydra_internals.py); adapt that module to this Hydra or pin hydra-core to the tested range"
+        )
+    assert callable(found)
+
+
+def test_the_installed_hydra_is_in_the_declared_range():
+    (declared,) = [Requirement(r) for r in requires("hpc-train") if Requirement(r).name == "hydra-core"]
+    assert str(declared.specifier) and declared.specifier.contains(version("hydra-core")), (declared, version("hydra-core"))

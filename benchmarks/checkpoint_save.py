@@ -35,10 +35,10 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON, REPO, cpu_env, fmt_stats, import_root, machine_info, stats, write_result  # noqa: E402
+from common import PYTHON, REPO, cpu_env, fmt_stats, import_root, machine_info, stats, wait_ranks, write_result  # noqa: E402
 from fsdp_memory import build_model, free_port  # noqa: E402  the model of the FSDP memory benchmark
 
 FULL = {"dim": 768, "vocab": 8192, "layers": 8, "worlds": [2, 4], "repeats": 5}
@@ -240,28 +240,10 @@ def launch(world: int, params: Dict[str, Any], tmp: Path, timeout: float = 900.0
         )
         for r in range(world)
     ]
-    failed = _wait_all(procs, timeout)
+    failed = wait_ranks(procs, timeout)
     if failed:
         raise RuntimeError(f"W={world} failed:\n" + "\n".join(failed))
     return [json.loads(p.read_text()) for p in outs]
-
-
-def _wait_all(procs: List[subprocess.Popen], timeout: float) -> List[str]:
-    """Wait for every rank; a failed one is reported and the others killed (they would wait in a collective)."""
-    deadline = time.monotonic() + timeout
-    failed = []
-    for r, proc in enumerate(procs):
-        try:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        if proc.returncode != 0:
-            failed.append(f"--- rank {r} (exit {proc.returncode}) ---\n{out[-3000:]}")
-            for other in procs:
-                if other.poll() is None:
-                    other.kill()
-    return failed
 
 
 def summarise(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -231,3 +231,21 @@ def clean_run(fn, max_foreign: float = FOREIGN_MAX, attempts: int = CLEAN_ATTEMP
             log(f"  other processes used {foreign:.2f} cores during this run: discarded, repeating (try {attempt + 2} of {attempts})")
         wait_for_quiet()
     return value, {"foreign_cores": tries, "clean": False}
+
+
+def wait_ranks(procs: List[subprocess.Popen], timeout: float) -> List[str]:
+    """Wait for every rank; a failed one is reported and the others killed (they would wait in a collective)."""
+    deadline = time.monotonic() + timeout
+    failed = []
+    for r, proc in enumerate(procs):
+        try:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        if proc.returncode != 0:
+            failed.append(f"--- rank {r} (exit {proc.returncode}) ---\n{out[-3000:]}")
+            for other in procs:
+                if other.poll() is None:
+                    other.kill()
+    return failed

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, import_root, machine_info, paired_ratios, row, stats, write_result  # noqa: E402
+from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, import_root, wait_ranks, machine_info, paired_ratios, row, stats, write_result  # noqa: E402
 
 TARGET = 1.1  # fsdp state <= TARGET x ddp state / W
 FULL = {"dim": 768, "vocab": 8192, "layers": 8, "batch": 8, "seq": 64, "pairs": 3, "warmup": 2, "steps": 4, "mem_repeats": 2, "mem_warmup": 1, "mem_steps": 2, "mmap_runs": 1}
@@ -241,19 +241,7 @@ def launch(case: str, world: int, params: dict, warmup: int, steps: int, tmp: Pa
             )
             for r in range(world)
         ]
-        deadline = time.monotonic() + timeout
-        failed = []
-        for r, proc in enumerate(procs):
-            try:
-                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-            if proc.returncode != 0:
-                failed.append(f"--- rank {r} (exit {proc.returncode}) ---\n{out[-3000:]}")
-                for other in procs:  # a dead rank leaves the others waiting in a collective
-                    if other.poll() is None:
-                        other.kill()
+        failed = wait_ranks(procs, timeout)
         if failed:
             raise RuntimeError(f"{case} W={world} failed:\n" + "\n".join(failed))
 

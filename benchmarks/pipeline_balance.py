@@ -2,7 +2,7 @@
 
 Each run, in fresh processes (1 intra-op thread each, run one after the other, never two at once):
 
-1. **choice**: hpc-train's `balance=time` split (`stages.stage_counts`, forward + backward time of
+1. **choice**: hpc-train's `balance=time` split (`partitioning.stage_counts`, forward + backward time of
    each layer at the micro-batch size), measured as the first work of a fresh process, exactly as
    `pipeline_efficiency.py` and a job's start measure it (with `--legacy`, also the timing hpc-train
    used before issue #24, section 4, in its own fresh process);
@@ -39,7 +39,7 @@ TARGET = 1.10
 
 
 def legacy_layer_times(layers, example, repeats: int = 3) -> List[float]:
-    """hpc-train's layer timing before the fix (stages.layer_times at 2bd7e1d), kept to show the difference.
+    """hpc-train's layer timing before the fix (partitioning.layer_times, then stages.layer_times, at 2bd7e1d), kept to show the difference.
 
     Each layer alone, `repeats` back-to-back runs (the first ones included), median.
     """
@@ -64,7 +64,7 @@ def _model_and_batch(args: argparse.Namespace):
     import torch
     import torchvision
 
-    from hpc_train.compute.parallel.stages import flatten_layers
+    from hpc_train.compute.parallel.partitioning import flatten_layers
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def _model_and_batch(args: argparse.Namespace):
 
 def _choice_worker(args: argparse.Namespace) -> dict:
     """The split balance=time chooses, measured first thing in this fresh process."""
-    from hpc_train.compute.parallel.stages import layer_times, partition
+    from hpc_train.compute.parallel.partitioning import layer_times, partition
 
     _, layers, x = _model_and_batch(args)
     start = time.perf_counter()

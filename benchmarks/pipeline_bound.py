@@ -1,7 +1,7 @@
 """The bound a 2-stage pipeline can reach on this machine, from measured parts.
 
 Two processes (gloo, this machine, 1 intra-op thread each, exactly like the pipelining engine's
-two ranks) build the model, cut it with hpc-train's own splitter (`stages.split_model`, the same
+two ranks) build the model, cut it with hpc-train's own splitter (`staged_model.split_model`, the same
 split as the engine runs) and measure, for every number of micro-batches M:
 
 * each stage's forward and backward time per micro-batch (batch / M samples; the last stage's
@@ -135,7 +135,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torchvision
 
     from hpc_train.compute.data.loaders import train_loader
-    from hpc_train.compute.parallel.stages import split_model, stage_inputs
+    from hpc_train.compute.parallel.staged_model import split_model
+    from hpc_train.compute.parallel.tracing import stage_inputs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

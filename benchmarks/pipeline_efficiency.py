@@ -38,7 +38,7 @@ QUICK = {"repeats": 2, "steps": 6, "warmup": 2, "probe_iters": 3, "schedules": (
 
 
 def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
-    """hpc-train's own balance=time split (stages.stage_counts: forward + backward time of each layer
+    """hpc-train's own balance=time split (partitioning.stage_counts: forward + backward time of each layer
     on a batch of `batch` images), measured once in a fresh 1-thread process.
 
     Every run then gets the same explicit split: with balance=time each run (and each rank of a
@@ -46,7 +46,7 @@ def time_balanced_split(model: str, image_size: int, batch: int) -> List[int]:
     """
     code = (
         "import json, torch, torchvision\n"
-        "from hpc_train.compute.parallel.stages import flatten_layers, stage_counts\n"
+        "from hpc_train.compute.parallel.partitioning import flatten_layers, stage_counts\n"
         "torch.set_num_threads(1)\n"
         f"m = getattr(torchvision.models, {model!r})(weights=None, num_classes=10)\n"
         f"x = torch.randn({batch}, 3, {image_size}, {image_size})\n"

@@ -49,7 +49,7 @@ def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
     side imports them only when a job needs them."""
     code = (
         "import sys\nimport hpc_train.compute.worker, hpc_train.compute.training.trainer, hpc_train.compute.parallel\n"
-        "from hpc_train.compute.parallel.stages import flatten_layers\nimport torch\n"
+        "from hpc_train.compute.parallel.partitioning import flatten_layers\nimport torch\n"
         "assert len(flatten_layers(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))) == 2\n"
         "heavy = [m for m in ('torchvision', 'torch.distributed.checkpoint') if m in sys.modules]\nassert not heavy, heavy\n"
         "import torchvision\nassert len(flatten_layers(torchvision.models.resnet18())) == 15\nprint('OK')\n"

@@ -1,6 +1,6 @@
 """balance=time weighs each layer by its steady forward + backward time on the micro-batch (issue #24, section 4).
 
-Layers here cost time on a fake clock (stages.time is replaced), so the assertions are exact and independent of
+Layers here cost time on a fake clock (partitioning.time is replaced), so the assertions are exact and independent of
 the machine's speed and load. Before the fix a layer's first calls in a process were timed (median of 3
 back-to-back runs, the first two slow for ResNet-18's stem) and weighed the first stage, which was cut too short.
 """
@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from hpc_train.compute.parallel import stages
-from hpc_train.compute.parallel.stages import block_times, build_staged, find_block_list, layer_times, stage_counts
+from hpc_train.compute.parallel import partitioning
+from hpc_train.compute.parallel.partitioning import block_times, find_block_list, layer_times, stage_counts
+from hpc_train.compute.parallel.staged_model import build_staged
 
 
 class Clock:
@@ -35,7 +36,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(stages, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(partitioning, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     return clock
 
 

@@ -7,7 +7,8 @@ import torch
 import torchvision
 
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.compute.parallel.stages import agree_on_counts, build_staged, flatten_layers, layer_times, partition, split_model
+from hpc_train.compute.parallel.partitioning import agree_on_counts, flatten_layers, layer_times, partition
+from hpc_train.compute.parallel.staged_model import build_staged, split_model
 from tests.conftest import TINY, assert_ok, read_summary, run_cli
 from tests.tied_net import TiedNet
 

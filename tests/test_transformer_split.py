@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import torchvision
 
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.compute.parallel.stages import split_model
+from hpc_train.compute.parallel.staged_model import split_model
 
 
 def _vit() -> nn.Module:

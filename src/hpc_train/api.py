@@ -394,7 +394,7 @@ def staged_model(
     """
     import torch
 
-    from hpc_train.compute.parallel.stages import build_staged
+    from hpc_train.compute.parallel.staged_model import build_staged
 
     points = [str(p) for p in split_points or []]
     if points and stages is not None and stages != len(points) + 1:

@@ -4,7 +4,7 @@ Laid out like ddp (one rank per device, the global batch split over all W ranks)
 rank holds 1/W of every parameter, gradient and optimizer state: a block's parameters are
 all-gathered just before it runs and its gradients reduce-scattered after its backward pass.
 The units sharded one by one are the blocks of the model's repeated block list (a
-transformer's layers; hpc_train.compute.parallel.stages.find_block_list), else `strategy.wrap`'s
+transformer's layers; hpc_train.compute.parallel.partitioning.find_block_list), else `strategy.wrap`'s
 modules, else every direct child holding parameters; the root takes what is left.
 
 HSDP (`strategy.replicate=nodes`, or R replicas): a 2-D device mesh ("replicate", "shard"):
@@ -36,7 +36,7 @@ _PARAM_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.Module]:
     """The modules sharded one by one (each all-gathered on its own): named ones, else the blocks of the
     model's repeated block list, else every direct child that holds parameters."""
-    from hpc_train.compute.parallel.stages import find_block_list
+    from hpc_train.compute.parallel.partitioning import find_block_list
 
     if names:
         known = dict(model.named_modules())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from hpc_train.compute.parallel.stages import build_staged
+from hpc_train.compute.parallel.staged_model import build_staged
 from hpc_train.compute.parallel.base import Strategy
 from hpc_train.strategy_table import SplitSettings, split_settings
 

@@ -19,7 +19,9 @@ import torch.nn as nn
 from hpc_train import hang, rundir
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.training.precision import autocast
-from hpc_train.compute.parallel.stages import micro_batch, split_model, stage_inputs
+from hpc_train.compute.parallel.partitioning import micro_batch
+from hpc_train.compute.parallel.staged_model import split_model
+from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.parallel.base import Strategy
 from hpc_train.strategy_table import split_settings
 

@@ -39,7 +39,7 @@ TARGET = 1.10
 
 
 def legacy_layer_times(layers, example, repeats: int = 3) -> List[float]:
-    """hpc-train's layer timing before the fix (partitioning.layer_times, then stages.layer_times, at 2bd7e1d), kept to show the difference.
+    """hpc-train's layer timing before the fix (stages.layer_times at 2bd7e1d, now parallel/partitioning.py), kept to show the difference.
 
     Each layer alone, `repeats` back-to-back runs (the first ones included), median.
     """

@@ -170,3 +170,20 @@ def test_the_login_side_imports_in_one_direction():
 
     circles = sorted(name for name in graph if reaches(name, name))
     assert not circles, f"modules in an import circle: {circles}"
+
+
+def test_no_module_of_hpc_train_imports_another_in_a_circle():
+    """The whole package, compute side included, function-level imports included: no two modules need each other
+    (a function-level import is for an optional or heavy dependency, never to hide a circle)."""
+    files = {
+        ".".join(path.relative_to(SRC).with_suffix("").parts): path
+        for path in (SRC / "hpc_train").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}
+
+    def reaches(start, goal, seen=()):
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph[start])
+
+    circles = sorted(name for name in graph if reaches(name, name))
+    assert not circles, f"modules in an import circle: {circles}"

@@ -1,4 +1,4 @@
-"""Loaders and samplers over the user's datasets (built from the config, see user_code).
+"""Loaders and samplers over the user's datasets (built from the config, see compute/user/building.py).
 
 Sharding: the training set goes through ``DistributedSampler(drop_last=True)``. Its
 permutation depends only on the seed and the epoch, and rank r takes every W-th element,

@@ -75,7 +75,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     from hpc_train.compute.runtime.interrupts import StopFlag, TrainingInterrupted, signal_number
     from hpc_train.compute.parallel import build_strategy
     from hpc_train.compute.training.trainer import Trainer
-    from hpc_train.compute.user.building import add_code_dirs
+    from hpc_train.compute.user.instantiate import add_code_dirs
 
     add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")

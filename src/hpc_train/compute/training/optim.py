@@ -47,7 +47,7 @@ def param_groups(tcfg, model: nn.Module) -> List[Dict[str, Any]]:
 
 
 def _user_groups(node: Any, model: nn.Module) -> List[Dict[str, Any]]:
-    from hpc_train.compute.user.building import instantiate_node
+    from hpc_train.compute.user.instantiate import instantiate_node
 
     groups_fn = instantiate_node(node, "trainer.param_groups", "function groups(model) -> list of dicts")
     if not node.get("_partial_") and not callable(groups_fn):
@@ -83,7 +83,7 @@ def make_optimizer(tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimi
 
 
 def _user_optimizer(node: Any, tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
-    from hpc_train.compute.user.building import instantiate_node
+    from hpc_train.compute.user.instantiate import instantiate_node
 
     build = instantiate_node(node, "trainer.optimizer", "optimizer (e.g. torch.optim.AdamW with _partial_: true)")
     defaults = {key: float(tcfg[key]) for key in ("lr", "weight_decay") if key not in node}
@@ -133,7 +133,7 @@ def make_schedule(tcfg, optimizer: torch.optim.Optimizer, total_steps: int) -> A
 
 
 def _user_schedule(node: Any, optimizer: torch.optim.Optimizer) -> Any:
-    from hpc_train.compute.user.building import instantiate_node
+    from hpc_train.compute.user.instantiate import instantiate_node
 
     build = instantiate_node(node, "trainer.lr_schedule", "LR scheduler (e.g. torch.optim.lr_scheduler.OneCycleLR)")
     try:

@@ -45,7 +45,7 @@ class SupervisedStep:
 
 def build_step(cfg, loss_fn: Callable) -> Callable:
     """The step trainer.step names (a partial function of the user's package), else the built-in one."""
-    from hpc_train.compute.user.building import instantiate_node
+    from hpc_train.compute.user.instantiate import instantiate_node
 
     node = cfg.trainer.get("step")
     if node is None:

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from omegaconf import OmegaConf
 
-from hpc_train.compute.training.loggers import read_run_file, resumed_attempt, run_label, scalars, write_run_file
+from hpc_train.compute.training.tracker_common import read_run_file, resumed_attempt, run_label, scalars, write_run_file
 
 RUN_FILE = "mlflow_run.json"
 STORE = "mlflow.db"  # the default store's file in the run dir

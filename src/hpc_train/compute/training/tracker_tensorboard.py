@@ -6,7 +6,7 @@ import atexit
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from hpc_train.compute.training.loggers import scalars
+from hpc_train.compute.training.tracker_common import scalars
 
 
 class TensorBoardTracker:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
-from hpc_train.compute.training.loggers import in_run_dir, read_run_file, resumed_attempt, run_label, scalars, write_run_file
+from hpc_train.compute.training.tracker_common import in_run_dir, read_run_file, resumed_attempt, run_label, scalars, write_run_file
 
 RUN_FILE = "wandb_run.json"
 SLURM_LAUNCHERS = ("slurm", "sbatch")

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import copy
 import itertools
-import re
-import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -24,6 +22,8 @@ from torch.utils.data import Dataset, default_collate
 from hpc_train.compute.data.batch import describe
 from hpc_train.compute.data.loaders import is_stream
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.training.step import check_step, is_builtin
+from hpc_train.compute.user.instantiate import instantiate_node
 
 DATA_LOADER_KEYS = ("num_workers", "pin_memory", "collate_fn")  # data.* keys the loaders read, never the datasets
 
@@ -33,41 +33,6 @@ class Datasets:
     train: Dataset
     val: Optional[Dataset]
     collate_fn: Optional[Callable] = None
-
-
-def add_code_dirs(dirs: Sequence[str]) -> None:
-    """Make the submitting directory and PYTHONPATH of the login side importable in this rank."""
-    for path in reversed([str(d) for d in dirs if d]):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-
-
-def _reason(err: BaseException) -> str:
-    """Hydra's instantiate error in one line, without its advice about HYDRA_FULL_ERROR."""
-    text = str(err.__cause__ or err) if not str(err).startswith("Error in call to target") else str(err)
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("full_key:")]
-    line = " ".join(lines)
-    return re.sub(r",? ?set env var HYDRA_FULL_ERROR=1 to see chained exception\.?", "", line).strip()
-
-
-def instantiate_node(node: Any, key: str, what: str) -> Any:
-    """``instantiate(node)``; a Refusal naming `key` when the target cannot be imported or called."""
-    from hydra.utils import instantiate
-
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
-    if not target:
-        raise Refusal(
-            f"`{key}` has no _target_: it must name the {what} to build. Fix: set {key}._target_=my_package.MyClass (a"
-            " class or factory importable on the compute nodes)."
-        )
-    try:
-        return instantiate(node)
-    except Exception as err:  # InstantiationException wraps import errors and the callee's TypeError/ValueError
-        raise Refusal(
-            f"`{key}`: cannot build {target} ({_reason(err)}). Fix: check {key}._target_ and that every other key of"
-            f" {key} is an argument of {target}; the module must be importable where the job runs (its folder is the"
-            " submitting directory or on PYTHONPATH)."
-        ) from None
 
 
 def build_model(cfg: DictConfig) -> nn.Module:
@@ -155,7 +120,6 @@ def check_fit(model: nn.Module, step: Callable, loss_fn: Callable, data: Dataset
     step that fails is refused here, naming the key, instead of failing inside the first step of
     every rank.
     """
-    from hpc_train.compute.training.step import check_step, is_builtin
 
     items = first_items(data.train, 2)
     if not items:

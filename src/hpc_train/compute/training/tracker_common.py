@@ -1,0 +1,50 @@
+"""What the metric trackers (TensorBoard, W&B, MLflow) share: the numbers of a record, where their files go, a run's
+label, whether this attempt resumed a run (then a tracker continues the run whose id it kept in the run dir)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from hpc_train import rundir
+
+# The record kinds sent to trackers: every number of the record (the loss, lr, accuracy and the metrics of a
+# user's trainer.step) as a scalar named after its kind and key, except these bookkeeping keys.
+KINDS = ("train", "eval")
+NOT_SCALARS = ("kind", "step", "epoch", "time", "samples")
+
+
+def scalars(record: Dict[str, Any]) -> Iterator[Tuple[str, float]]:
+    """(key, value) for every number of a record but the bookkeeping keys (booleans are no numbers here)."""
+    for key, value in record.items():
+        if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield key, float(value)
+
+
+def in_run_dir(path: Any, run_dir: Path) -> Path:
+    """A logger path: relative to the run dir, or absolute; `~` expanded."""
+    folder = Path(str(path)).expanduser()
+    return folder if folder.is_absolute() else run_dir / folder
+
+
+def run_label(run_dir: Path) -> str:
+    """A tracker run's default name: the run dir's last two parts (2026-11-22/20-31-14, or 21-05-00/3 in a sweep)."""
+    run_dir = Path(run_dir).absolute()
+    return f"{run_dir.parent.name}/{run_dir.name}"
+
+
+def resumed_attempt(run_dir: Path) -> bool:
+    """Whether this attempt continues a run from a checkpoint (read from attempts.jsonl, which the trainer writes
+    before the first record): a tracker then continues its run instead of starting a new one."""
+    starts = [r for r in rundir.read_attempts(run_dir) if r.get("event") == "start"]
+    return bool(starts) and starts[-1].get("resumed_from_step") is not None
+
+
+def read_run_file(path: Path) -> Optional[Dict[str, Any]]:
+    """A tracker's run file (`wandb_run.json`, `mlflow_run.json`), None when missing or unreadable."""
+    data = rundir.read_json(Path(path))
+    return data if isinstance(data, dict) else None
+
+
+def write_run_file(path: Path, data: Dict[str, Any]) -> None:
+    rundir.write_json_atomic(path, data)

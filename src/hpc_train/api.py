@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train import cli_child as child
 from hpc_train import job_states as states
-from hpc_train import job_table, rundir
+from hpc_train import job_table, rundir, slurm_cli
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.job_states import ENDED
 from hpc_train.launch.errors import ConfigError, JobFailed
@@ -150,7 +150,7 @@ class Job:
         The jobs of a local sweep share one process: cancelling one stops the sweep.
         """
         if self.launcher == "slurm":
-            subprocess.run(["scancel", self.job_id], check=False, capture_output=True)
+            slurm_cli.run(["scancel", self.job_id])
         elif self._process is not None and self._process.poll() is None:
             self._process.terminate()
 

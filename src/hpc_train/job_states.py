@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from hpc_train import rundir
+from hpc_train import slurm_cli
 
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
 ENDED = frozenset(
@@ -109,16 +108,6 @@ class SlurmState:
     elapsed_s: Optional[int] = None  # sacct's Elapsed (run time so far, or in all once ended)
 
 
-def _query(command: List[str]) -> Optional[str]:
-    if shutil.which(command[0]) is None:
-        return None
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
 def _batches(items: List[str], size: int = IDS_PER_CALL) -> Iterable[List[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -135,9 +124,7 @@ def slurm_job_states(job_ids: Iterable[str]) -> Dict[str, SlurmState]:
     found: Dict[str, SlurmState] = {}
     bases = sorted({j.split("_")[0] for j in wanted})
     for batch in _batches(bases):
-        text = _query(["sacct", "-n", "-X", "-P", "-o", "JobID,State,ElapsedRaw", "-j", ",".join(batch)])
-        for line in (text or "").splitlines():
-            fields = line.strip().split("|")
+        for fields in slurm_cli.sacct_runs(batch, "JobID,State,ElapsedRaw"):
             if len(fields) < 2 or not fields[1].split():
                 continue
             elapsed = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
@@ -145,7 +132,7 @@ def slurm_job_states(job_ids: Iterable[str]) -> Dict[str, SlurmState]:
                 found.setdefault(one, SlurmState(fields[1].split()[0], elapsed))
     rest = sorted({j.split("_")[0] for j in wanted if j not in found})
     for batch in _batches(rest):
-        text = _query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(batch)])
+        text = slurm_cli.query(["squeue", "-h", "-r", "-o", "%i|%T", "-j", ",".join(batch)])
         for job_id, state in _parse_states(text or "", "|").items():
             found.setdefault(job_id, SlurmState(state))
     return {j: found[j] for j in wanted if j in found}

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from hpc_train import slurm_cli
 from hpc_train.launch.errors import ConfigError
 from hpc_train.slurm_time import slurm_minutes
 
@@ -82,17 +81,8 @@ def _limit_minutes(text: str) -> Optional[int]:
 @functools.lru_cache(maxsize=1)
 def partitions() -> Optional[Dict[str, Partition]]:
     """What this cluster's ``sinfo`` says, once per process (a sweep asks once); None when it does not answer."""
-    if shutil.which("sinfo") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", _FORMAT], capture_output=True, text=True, timeout=15, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return parse_sinfo(out.stdout) or None
+    text = slurm_cli.query(["sinfo", "-h", "-N", "-o", _FORMAT], timeout=15)
+    return None if text is None else parse_sinfo(text) or None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from hpc_train.launch.config_view import ConfigView, plain
 
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
-from hpc_train import rundir
+from hpc_train import rundir, slurm_cli
 from hpc_train.launch.plan import RunPlan
 from hpc_train.slurm_time import limit_minutes
 
@@ -368,7 +367,7 @@ class _Submission:
 
     def take_back(self) -> None:
         if self.queued:
-            subprocess.run(["scancel", *self.queued], capture_output=True, check=False, timeout=60)
+            slurm_cli.run(["scancel", *self.queued])
         for folder, before in self._before.items():
             for path in (set(folder.iterdir()) if folder.exists() else set()) - (before or set()):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)

@@ -19,32 +19,21 @@ from __future__ import annotations
 import functools
 import getpass
 import os
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
+from hpc_train import slurm_cli
 from hpc_train.launch.errors import ConfigError
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, used when scontrol does not answer
 SWEEP_KEY = "sweep"  # the key a refusal names: the sweep as a whole, not one job's setting
 
 
-def _run(command: List[str]) -> Optional[str]:
-    if shutil.which(command[0]) is None:
-        return None
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout if out.returncode == 0 else None
-
-
 @functools.lru_cache(maxsize=1)
 def controller_config() -> Dict[str, str]:
     """``scontrol show config`` as {name: value}, once per process; {} when it does not answer."""
-    text = _run(["scontrol", "show", "config"]) or ""
+    text = slurm_cli.query(["scontrol", "show", "config"], timeout=30) or ""
     found: Dict[str, str] = {}
     for line in text.splitlines():
         name, sep, value = line.partition("=")
@@ -80,8 +69,9 @@ def user() -> str:
 
 def associations(name: str) -> List[Association]:
     """The user's associations with their job-count limits (``sacctmgr``); [] without accounting."""
-    text = _run(
-        ["sacctmgr", "-n", "-P", "show", "assoc", f"user={name}", "format=account,partition,maxsubmitjobs,maxjobs"]
+    text = slurm_cli.query(
+        ["sacctmgr", "-n", "-P", "show", "assoc", f"user={name}", "format=account,partition,maxsubmitjobs,maxjobs"],
+        timeout=30,
     )
     rows = []
     for line in (text or "").splitlines():
@@ -94,7 +84,7 @@ def associations(name: str) -> List[Association]:
 def queued_jobs(name: Optional[str] = None) -> Optional[int]:
     """Jobs in the controller (of user `name`), each array task counted; None when squeue does not answer."""
     command = ["squeue", "-h", "-r", "-o", "%i"] + (["-u", name] if name else [])
-    text = _run(command)
+    text = slurm_cli.query(command, timeout=30)
     return None if text is None else len([line for line in text.splitlines() if line.strip()])
 
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hpc_train import rundir
+from hpc_train import rundir, slurm_cli
 from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
 
 log = logging.getLogger("hpc_train")
@@ -50,18 +48,8 @@ SLURM_ENDINGS = {
 
 def slurm_endings(job_ids: List[str]) -> List[Dict[str, Any]]:
     """Every run of these Slurm jobs, requeued ones included (``sacct -D``): job id, state, start and end (epoch s)."""
-    if not job_ids or shutil.which("sacct") is None:
-        return []
-    command = ["sacct", "-n", "-X", "-D", "-P", "-j", ",".join(job_ids), "-o", "JobIDRaw,State,Start,End"]
-    try:
-        out = subprocess.run(
-            command, capture_output=True, text=True, timeout=20, env=dict(os.environ, SLURM_TIME_FORMAT="%s")
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
     runs = []
-    for line in out.stdout.splitlines():
-        fields = line.split("|")
+    for fields in slurm_cli.sacct_runs(job_ids, "JobIDRaw,State,Start,End", timeout=20, every_run=True):
         if len(fields) == 4 and fields[2].isdigit() and fields[3].isdigit():
             runs.append(
                 {

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 from typing import Any, Callable, Dict, Optional
 
+from hpc_train import slurm_cli
 from hpc_train.slurm_time import slurm_seconds
 
 log = logging.getLogger("hpc_train")
@@ -96,13 +96,7 @@ def slurm_time_left_s() -> Optional[float]:
     if not job:
         return None
     try:
-        out = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=15
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    try:
-        return slurm_seconds(out)
+        return slurm_seconds((slurm_cli.query(["squeue", "-h", "-j", job, "-o", "%L"], timeout=15) or "").strip())
     except ValueError:
         return None
 
@@ -116,7 +110,7 @@ def requeue_self() -> bool:
     )
     if not job:
         return False
-    proc = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    proc = slurm_cli.run(["scontrol", "requeue", job])
     if proc.returncode != 0:
         log.error("scontrol requeue %s failed: %s", job, proc.stderr.strip())
         return False

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from hpc_train import hang, rundir
+from hpc_train import hang, rundir, slurm_cli
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.rank_errors import write_record
@@ -114,22 +113,19 @@ def _scontrol_requeue(job: str, exclude: List[str]) -> str:
     credential lifetime before it may start again, which leaves the update time to land.
     """
     before = _excluded(job)
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    done = slurm_cli.run(["scontrol", "requeue", job])
     if done.returncode != 0:
         return f"not requeued: scontrol requeue {job} failed: {done.stderr.strip()}"
     if not exclude:
         return f"requeued job {job} (every node of the job was stuck, so none is excluded)"
     nodes = ",".join(sorted(set(before) | set(exclude)))
     for _ in range(UPDATE_TRIES):  # the requeue lands asynchronously; the update is refused while the job runs
-        update = subprocess.run(
-            ["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], capture_output=True, text=True, timeout=60
-        )
+        update = slurm_cli.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"])
         if update.returncode == 0:
             break
         time.sleep(0.5)
     else:
-        said = (update.stderr.strip() or update.stdout.strip() or f"exit status {update.returncode}").splitlines()[0]
-        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {said}"
+        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {slurm_cli.said(update)}"
     return f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
 
 
@@ -137,9 +133,5 @@ def _excluded(job: str) -> List[str]:
     """The job's ExcNodeList today, as node names (Slurm's compressed form expanded)."""
     from hpc_train.hostlist import expand_hostlist
 
-    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60).stdout
-    for field in shown.split():
-        if field.startswith("ExcNodeList="):
-            value = field.split("=", 1)[1]
-            return [] if value in ("", "(null)") else expand_hostlist(value)
-    return []
+    value = slurm_cli.show_job(job).get("ExcNodeList", "")
+    return [] if value in ("", "(null)") else expand_hostlist(value)

@@ -1,0 +1,27 @@
+"""hpc_train.slurm_cli: how every Slurm command is run (a missing command, a failure and a hang are answers, not
+exceptions). The Slurm commands themselves are exercised on the test cluster by the Slurm tests (job states,
+attempts, requeue on hang, capacity and sweep limits)."""
+
+import time
+
+from hpc_train import slurm_cli
+
+
+def test_a_missing_command_is_a_failed_process_and_no_answer():
+    done = slurm_cli.run(["hpc-train-no-such-command", "x"])
+    assert (done.returncode, slurm_cli.said(done)) == (127, "hpc-train-no-such-command: command not found")
+    assert slurm_cli.query(["hpc-train-no-such-command"]) is None
+
+
+def test_a_command_that_hangs_is_stopped_at_its_timeout():
+    started = time.monotonic()
+    done = slurm_cli.run(["sleep", "30"], timeout=0.5)
+    assert done.returncode == 124 and slurm_cli.said(done) == "sleep did not answer within 0.5 s"
+    assert time.monotonic() - started < 10
+
+
+def test_a_failure_says_its_first_line_of_stderr_and_query_gives_output_only_on_success():
+    done = slurm_cli.run(["sh", "-c", "echo first >&2; echo second >&2; exit 3"])
+    assert (done.returncode, slurm_cli.said(done)) == (3, "first")
+    assert slurm_cli.query(["sh", "-c", "echo out; exit 1"]) is None
+    assert slurm_cli.query(["sh", "-c", "echo 'JobId=7 ExcNodeList=(null)'"]) == "JobId=7 ExcNodeList=(null)\n"

@@ -17,7 +17,6 @@ Errors are one line on stderr and exit code 2 (``hpc_train.rundir.EXIT_REFUSED``
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -75,22 +74,7 @@ def _save_atomic(obj: object, out: Path) -> None:
     """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt."""
     import torch
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    rundir.write_atomic(out, lambda handle: torch.save(obj, handle))
 
 
 def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 JOB_CONFIG = "job_config.yaml"
 SUMMARY = "summary.json"
@@ -136,34 +136,66 @@ def is_run_dir(path: Path) -> bool:
 
 
 # -- atomic writes ------------------------------------------------------------------------------
-def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
-    """Temporary file + flush + fsync + rename (+ fsync of the folder): never a torn file under `path`.
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder, best effort (a rename survives a power cut only once its folder is synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
-    `halfway` runs between the two halves of the write (a test hook that widens the window in
-    which a kill can hit mid-write).
-    """
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """`write` into a temporary file beside `path`, flush, fsync, rename, fsync the folder: never a torn file under
+    `path`; the temporary file is removed when `write` fails. The one atomic writer of hpc_train."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as handle:
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
+    """`data` under `path`, atomically (write_atomic). `halfway` runs between the two halves of the write (a test
+    hook that widens the window in which a kill can hit mid-write)."""
+
+    def write(handle: BinaryIO) -> None:
         half = len(data) // 2
         handle.write(data[:half])
         if halfway is not None:
             halfway()
         handle.write(data[half:])
+
+    write_atomic(path, write)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """`data` written in place, flushed and fsynced: for the files of a temporary folder that is renamed whole."""
+    with open(path, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    try:
-        folder = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)  # the rename itself survives a power cut
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
+
+
+def append_line_durable(path: Path, line: str) -> None:
+    """One line appended and fsynced (a record that must survive the process being killed right after)."""
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_text_atomic(path: Path, text: str) -> None:

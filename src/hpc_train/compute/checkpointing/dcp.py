@@ -547,27 +547,6 @@ def _is_disk_full(err: Optional[BaseException]) -> bool:
     return False
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or a directory (a rename survives a power cut only once its folder is synced)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
 Entries = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "sha256": hex digest}, as in the manifest
 
 
@@ -602,16 +581,16 @@ def _write_manifest(folder: Path, step: int, extra: Dict[str, Any], hashed: Opti
         manifest["fingerprint"] = json.loads(json.dumps(extra.get("fingerprint")))
     except (TypeError, ValueError):
         pass
-    _write_file(Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode())
+    rundir.write_durable(Path(folder) / MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
 def _write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: Optional[Entries] = None) -> None:
     """loop.pt, then the manifest (`hashed`: the shard entries the ranks gathered), then the dir synced."""
     buffer = io.BytesIO()
     torch.save(extra, buffer)
-    _write_file(tmp / LOOP, buffer.getvalue())
+    rundir.write_durable(tmp / LOOP, buffer.getvalue())
     _write_manifest(tmp, step, extra, hashed)
-    _fsync(tmp)
+    rundir.fsync_path(tmp)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -643,11 +622,11 @@ def _install(tmp: Path, final: Path) -> None:
             os.rename(final, aside)
             os.rename(tmp, final)
             tmp = aside
-        _fsync(final.parent)
+        rundir.fsync_path(final.parent)
         _remove(tmp)  # now the old checkpoint
     else:
         os.rename(tmp, final)
-    _fsync(final.parent)
+    rundir.fsync_path(final.parent)
 
 
 def _prune(folder: Path, keep: int) -> None:

@@ -28,10 +28,7 @@ log = logging.getLogger("hpc_train")
 
 
 def _append(run_dir: Path, record: Dict[str, Any]) -> None:
-    with open(Path(run_dir) / rundir.ATTEMPTS, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    rundir.append_line_durable(Path(run_dir) / rundir.ATTEMPTS, json.dumps(record))
 
 
 KILLED = "killed without a word (SIGKILL, node failure or out of memory)"

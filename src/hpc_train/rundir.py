@@ -79,9 +79,20 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
 
+def step_name(global_step: int) -> str:
+    """``step_<N>`` (9 digits): a sharded checkpoint's directory; a file checkpoint adds ``.ckpt``."""
+    return f"step_{global_step:09d}"
+
+
 def checkpoint_path(run_dir: Path, global_step: int, sharded: bool = False) -> Path:
     """checkpoints/step_<N>.ckpt, or the directory checkpoints/step_<N>/ of a sharded (fsdp) checkpoint."""
-    return checkpoint_dir(run_dir) / (f"step_{global_step:09d}" if sharded else f"step_{global_step:09d}.ckpt")
+    return checkpoint_dir(run_dir) / (step_name(global_step) if sharded else f"{step_name(global_step)}.ckpt")
+
+
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step of a checkpoint file or directory named by step_name (with or without .ckpt); None for any other."""
+    found = _CHECKPOINT.match(Path(path).name)
+    return int(found.group(1)) if found else None
 
 
 def is_checkpoint(path: Path) -> bool:

@@ -69,6 +69,7 @@ from hpc_train.compute.runtime import faults
 from hpc_train.compute.checkpointing.files import (
     CheckpointError,
     CheckpointRefused,
+    DISK_FULL_ERRNOS,
     DiskFull,  # noqa: F401 (re-exported: callers of dcp_io catch it from here)
     disk_full_error,
 )
@@ -79,10 +80,8 @@ METADATA = ".metadata"
 LOOP = "loop.pt"
 MANIFEST = rundir.SHARDED_MANIFEST
 MANIFEST_FORMAT = 1
-_STEP_DIR = re.compile(r"^step_(\d{9})$")
 # Temporaries of both formats: ".step_000000010.dcp.tmp" (this module, also "-replaced"/"-pruned")
 # and ".step_000000010.ckpt.tmp<pid>" (rundir.write_bytes_atomic for today's single-file checkpoints).
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # (module, name) of every global a DCP .metadata pickle needs (inspected with pickletools on
 # checkpoints of an FSDP2 model + AdamW at 2 ranks and of a plain model, torch 2.14). torch dtypes
@@ -446,12 +445,12 @@ def is_complete(path: Path) -> bool:
 
 # -- listing and clean-up --------------------------------------------------------------------
 def step_dir(folder: Path, step: int) -> Path:
-    return Path(folder) / f"step_{step:09d}"
+    return Path(folder) / rundir.step_name(step)
 
 
 def _temporary(folder: Path, step: int, why: str = "") -> Path:
     """Same name on every rank (derived from the step), so all ranks write into one dir."""
-    return Path(folder) / f".step_{step:09d}.dcp.tmp{why}"
+    return Path(folder) / f".{rundir.step_name(step)}.dcp.tmp{why}"
 
 
 def list_dcp_checkpoints(folder: Path) -> List[Path]:
@@ -459,7 +458,7 @@ def list_dcp_checkpoints(folder: Path) -> List[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    found = [(step, p) for p in folder.iterdir() if p.is_dir() and (step := rundir.checkpoint_step(p)) is not None]
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -539,7 +538,7 @@ def _is_disk_full(err: Optional[BaseException]) -> bool:
         if exc is None or id(exc) in seen:
             continue
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
             return True
         todo += [exc.__cause__, exc.__context__]
         if isinstance(exc, CheckpointException):
@@ -617,7 +616,7 @@ def _install(tmp: Path, final: Path) -> None:
     """
     if final.exists():
         if not _exchange(tmp, final):
-            aside = _temporary(final.parent, int(final.name[5:]), "-replaced")
+            aside = _temporary(final.parent, rundir.checkpoint_step(final), "-replaced")
             _remove(aside)
             os.rename(final, aside)
             os.rename(tmp, final)
@@ -633,7 +632,7 @@ def _prune(folder: Path, keep: int) -> None:
     """Delete complete checkpoint dirs beyond the newest `keep` (renamed to a temporary first)."""
     complete = [p for p in list_dcp_checkpoints(folder) if is_complete(p)]
     for old in complete[max(1, keep) :]:
-        doomed = _temporary(folder, int(old.name[5:]), "-pruned")
+        doomed = _temporary(folder, rundir.checkpoint_step(old), "-pruned")
         try:
             _remove(doomed)
             os.rename(old, doomed)

@@ -26,11 +26,11 @@ import torch.nn as nn
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.parallel.base import Strategy
 from hpc_train.compute.parallel.ddp import ReplicatedAcrossRanks
+from hpc_train.compute.training.precision import DTYPES
 from hpc_train.strategy_table import fsdp_mesh
 
 log = logging.getLogger("hpc_train")
 
-_PARAM_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
 
 
 def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.Module]:
@@ -57,11 +57,11 @@ def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.
 
 def mixed_precision_policy(precision: str) -> Optional[Any]:
     """bf16/fp16 parameters for compute, gradients reduced in fp32 (FSDP2's MixedPrecisionPolicy)."""
-    if precision not in _PARAM_DTYPES:
+    if precision not in DTYPES:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=_PARAM_DTYPES[precision], reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
 class FSDPStrategy(ReplicatedAcrossRanks, Strategy):

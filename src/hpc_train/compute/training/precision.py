@@ -7,13 +7,13 @@ from typing import ContextManager, Optional
 
 import torch
 
-_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}  # trainer.precision -> the low-precision dtype
 
 
 def autocast(precision: str, device: torch.device) -> ContextManager:
     if precision == "32":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
 def grad_scaler(precision: str, device: torch.device) -> Optional["torch.amp.GradScaler"]:

@@ -155,35 +155,26 @@ def _imports_of(path, modules):
     return found
 
 
-def test_the_login_side_imports_in_one_direction():
-    """No import circle among the login-side modules (hpc_train/*.py and hpc_train/launch/): plan -> schema,
-    slurm -> plan, never back; each module can be read knowing only the ones below it."""
-    files = {
-        ".".join(path.relative_to(SRC).with_suffix("").parts): path
-        for path in [*(SRC / "hpc_train").glob("*.py"), *(SRC / "hpc_train" / "launch").glob("*.py")]
-        if path.name != "__init__.py"
-    }
+def _modules_in_circles(paths):
+    """The modules among `paths` that import themselves through the others (at the top or inside a function)."""
+    files = {".".join(path.relative_to(SRC).with_suffix("").parts): path for path in paths if path.name != "__init__.py"}
     graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}
 
     def reaches(start, goal, seen=()):
         return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph[start])
 
-    circles = sorted(name for name in graph if reaches(name, name))
+    return sorted(name for name in graph if reaches(name, name))
+
+
+def test_the_login_side_imports_in_one_direction():
+    """No import circle among the login-side modules (hpc_train/*.py and hpc_train/launch/): plan -> schema,
+    slurm -> plan, never back; each module can be read knowing only the ones below it."""
+    circles = _modules_in_circles([*(SRC / "hpc_train").glob("*.py"), *(SRC / "hpc_train" / "launch").glob("*.py")])
     assert not circles, f"modules in an import circle: {circles}"
 
 
 def test_no_module_of_hpc_train_imports_another_in_a_circle():
     """The whole package, compute side included, function-level imports included: no two modules need each other
     (a function-level import is for an optional or heavy dependency, never to hide a circle)."""
-    files = {
-        ".".join(path.relative_to(SRC).with_suffix("").parts): path
-        for path in (SRC / "hpc_train").rglob("*.py")
-        if path.name != "__init__.py"
-    }
-    graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}
-
-    def reaches(start, goal, seen=()):
-        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in graph[start])
-
-    circles = sorted(name for name in graph if reaches(name, name))
+    circles = _modules_in_circles(list((SRC / "hpc_train").rglob("*.py")))
     assert not circles, f"modules in an import circle: {circles}"

@@ -98,13 +98,11 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     """Mean over all ranks (identity without a process group)."""
     if not is_initialized():
         return value
-    value = value.clone()
-    with heartbeat.phase(COLLECTIVE):
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value / dist.get_world_size()
+    return all_reduce_sum(value) / dist.get_world_size()
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum over all ranks, on a copy (identity without a process group)."""
     if not is_initialized():
         return value
     value = value.clone()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train import job_table
-from hpc_train.launch.rerun import SUBMISSIONS
+from hpc_train.launch.rerun import SUBMISSIONS, submissions
 from hpc_train.text_table import format_table
 
 APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
@@ -26,15 +26,19 @@ def is_app_sweep(sweep_dir: Path) -> bool:
     return any((Path(sweep_dir) / SUBMISSIONS).parent.glob(APP_TASK_GLOB))
 
 
-def _entries(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
-    """job id -> its submission record (.hpc_train/submissions.jsonl)."""
-    path = Path(sweep_dir) / SUBMISSIONS
-    return {str(entry["job_id"]): entry for entry in map(json.loads, path.read_text().splitlines() if path.exists() else [])}
-
-
 def is_local_app_sweep(sweep_dir: Path) -> bool:
-    """A Hydra app's sweep run by hpc_train_local (its jobs are processes of this host, not Slurm jobs)."""
-    return is_app_sweep(sweep_dir) and any(entry.get("local") for entry in _entries(sweep_dir).values())
+    """A Hydra app's sweep run by hpc_train_local (its jobs are processes of this host, not Slurm jobs).
+
+    One launcher submits a sweep's jobs, so its first submission record says (--watch asks at every refresh:
+    the whole file of a 10,000-job Slurm sweep is not read for it)."""
+    if not is_app_sweep(sweep_dir):
+        return False
+    try:
+        with (Path(sweep_dir) / SUBMISSIONS).open() as handle:
+            first = handle.readline()
+    except OSError:
+        return False
+    return bool(first.strip()) and bool(json.loads(first).get("local"))
 
 
 def _result(folder: Path, job_id: str) -> Tuple[Optional[str], Optional[str]]:
@@ -74,7 +78,7 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     from hpc_train.job_states import slurm_job_states
 
     table = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
-    entries = _entries(sweep_dir)
+    entries = submissions(sweep_dir)
     local = {job_id for job_id, entry in entries.items() if entry.get("local")}
     states = slurm_job_states(job_id for job_id, _, _ in table.values() if job_id not in local)
     out = []

@@ -154,8 +154,9 @@ def _local_elapsed(run_dir: Path) -> Optional[float]:
 
 def snapshot(sweep_dir: Path) -> Snapshot:
     """Every job of the sweep with its state; progress for running jobs, the cause for failed ones."""
-    rows = [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
-    if app_report.is_local_app_sweep(sweep_dir):  # processes of this host: the result files say
+    local_app = app_report.is_local_app_sweep(sweep_dir)
+    rows = [] if local_app else [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
+    if local_app:  # processes of this host: the result files say
         jobs = [
             WatchedJob(r["job"], sweep_dir / r["job"], r["job_id"], r["state"],
                        error=r["result"] if r["state"] == "FAILED" else None, log=r["log"] and Path(r["log"]))

@@ -37,7 +37,8 @@ def newest_submission(folder: Path) -> Optional[Dict[str, Any]]:
     return entries[-1] if entries else None
 
 
-def _submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
+def submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
+    """job id -> its submission record (the newest one of a job id, were it recorded twice)."""
     path = Path(sweep_dir) / SUBMISSIONS
     if not path.exists():
         return {}
@@ -52,8 +53,8 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     rows = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
     if not rows:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
-    submissions = _submissions(sweep_dir)
-    if any(entry.get("local") for entry in submissions.values()):
+    recorded = submissions(sweep_dir)
+    if any(entry.get("local") for entry in recorded.values()):
         return 0, f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again"
     states = slurm_job_states(job_id for job_id, _, _ in rows.values())
     failed = {
@@ -61,7 +62,7 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
         for number, row in rows.items()
         if row[0] in states and states[row[0]].state in ENDED and states[row[0]].state != "COMPLETED"
     }
-    missing = [row[0] for row in failed.values() if row[0] not in submissions]
+    missing = [row[0] for row in failed.values() if row[0] not in recorded]
     if missing:
         return 0, (
             f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
@@ -71,7 +72,7 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
 
     new_rows, entries = [], []
     for number, (job_id, overrides, layout) in sorted(failed.items(), key=lambda item: int(item[0])):
-        entry = submissions[job_id]
+        entry = recorded[job_id]
         folder = Path(entry["folder"])
         delayed = submitit.SlurmJob(folder=folder, job_id=job_id).submission()
         executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))

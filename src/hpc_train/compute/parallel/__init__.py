@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Type
+from typing import Callable, Dict, List, Optional, Sequence, Type
 
 import torch
 
@@ -32,11 +32,22 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 
 
 def build_strategy(
-    cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None
+    cfg,
+    ranks: RankInfo,
+    devices: List[torch.device],
+    precision: str,
+    loss_fn: Optional[Callable] = None,
+    step: Optional[Callable] = None,
+    metric_names: Sequence[str] = (),
+    compile_blocks: bool = False,
 ) -> Strategy:
+    """The strategy `cfg` (the strategy node) names, complete: without a step, it runs the built-in step of
+    `loss_fn` (cross-entropy by default); :meth:`Strategy.with_step` gives the same placement another step."""
     identity = strategy_id(cfg)
     if identity == "pipelining":  # imported on demand: torch.distributed.pipelining is heavy
         from hpc_train.compute.parallel.pipelining import PipeliningStrategy
 
-        return PipeliningStrategy(cfg, ranks, devices, precision, loss_fn)
-    return STRATEGIES[identity](cfg, ranks, devices, precision, loss_fn)
+        cls: Type[Strategy] = PipeliningStrategy
+    else:
+        cls = STRATEGIES[identity]
+    return cls(cfg, ranks, devices, precision, loss_fn, step, metric_names, compile_blocks)

@@ -14,7 +14,8 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+import copy
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -35,15 +36,42 @@ class Strategy:
     name = "base"
 
     def __init__(
-        self, cfg, ranks: RankInfo, devices: List[torch.device], precision: str, loss_fn: Optional[Callable] = None
+        self,
+        cfg,
+        ranks: RankInfo,
+        devices: List[torch.device],
+        precision: str,
+        loss_fn: Optional[Callable] = None,
+        step: Optional[Callable] = None,
+        metric_names: Sequence[str] = (),
+        compile_blocks: bool = False,
     ) -> None:
         self.cfg = cfg
         self.ranks = ranks
         self.devices = devices
         self.precision = precision
+        self._take_step(loss_fn, step, metric_names, compile_blocks)
+
+    def _take_step(
+        self, loss_fn: Optional[Callable], step: Optional[Callable], metric_names: Sequence[str], compile_blocks: bool
+    ) -> None:
         self.loss_fn: Callable = loss_fn or nn.CrossEntropyLoss()  # trainer.loss; pipeline schedules call it themselves
-        self.step: Callable = SupervisedStep(self.loss_fn)  # trainer.step (the trainer sets both)
-        self.metric_names: List[str] = []  # the metrics the user's step returns besides its loss
+        self.step: Callable = step or SupervisedStep(self.loss_fn)  # trainer.step (null: the built-in step)
+        self.metric_names: List[str] = list(metric_names)  # the metrics the user's step returns besides its loss
+        self.compile_blocks = bool(compile_blocks)  # trainer.compile, where a strategy compiles blocks itself (fsdp)
+
+    def with_step(
+        self, loss_fn: Callable, step: Callable, metric_names: Sequence[str], compile_blocks: bool
+    ) -> "Strategy":
+        """This strategy (same placement, same process groups) running the trainer's step: a new, complete object.
+
+        The trainer shards its data by :attr:`data_parallel_rank` before the step's metric names are known
+        (they come from one call of the step on a batch of that data), so it builds its datasets with the
+        strategy it was given and trains with the one this returns; neither is changed afterwards.
+        """
+        built = copy.copy(self)
+        built._take_step(loss_fn, step, metric_names, compile_blocks)
+        return built
 
     # -- placement --------------------------------------------------------------------
     needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)

@@ -121,8 +121,6 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         )
         return model
 
-    compile_blocks = False  # set by the trainer from trainer.compile
-
     @staticmethod
     def _compile(units: List[nn.Module]) -> None:
         """torch.compile each unit in place before it is sharded (its parameter names stay the same)."""

@@ -67,8 +67,8 @@ class PipeliningStrategy(Strategy):
     needs_example = True  # each stage infers the shape of the activations it receives
     supports_compile = False  # the schedule calls the stage module directly
 
-    def __init__(self, cfg, ranks, devices, precision, loss_fn=None) -> None:
-        super().__init__(cfg, ranks, devices, precision, loss_fn)
+    def __init__(self, cfg, ranks, devices, precision, loss_fn=None, step=None, metric_names=(), compile_blocks=False):
+        super().__init__(cfg, ranks, devices, precision, loss_fn, step, metric_names, compile_blocks)
         self.num_stages = int(cfg.stages)  # resolved on the launch side (len(split_points) + 1 when given)
         if ranks.world_size % self.num_stages:
             raise ValueError(f"world size {ranks.world_size} is not a multiple of strategy.stages={self.num_stages}")

@@ -128,7 +128,7 @@ class Trainer:
         self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None
     ) -> None:
         self.cfg, self.tcfg = cfg, cfg.trainer
-        self.ranks, self.strategy, self.run_dir, self.stop_flag = ranks, strategy, run_dir, stop_flag
+        self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
         self.is_main = ranks.is_main
         self.metrics = metrics_writer(
             cfg, run_dir, enabled=self.is_main
@@ -136,8 +136,8 @@ class Trainer:
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
-        self._build_data()
-        self._build_model()
+        self._build_data(strategy)  # sharded by the strategy's data-parallel rank
+        self._build_model(strategy)  # self.strategy: the given one's placement, running the user's step
         self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = strategy.make_grad_scaler()
@@ -262,8 +262,8 @@ class Trainer:
         return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item()), **metrics}
 
     # -- set-up -----------------------------------------------------------------------------
-    def _build_data(self) -> None:
-        dp_size, dp_rank = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
+    def _build_data(self, strategy: Strategy) -> None:
+        dp_size, dp_rank = strategy.data_parallel_size, strategy.data_parallel_rank
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         data = self.data = build_datasets(self.cfg.data)
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
@@ -323,17 +323,19 @@ class Trainer:
             )
         return int(self.tcfg.max_steps)
 
-    def _build_model(self) -> None:
+    def _build_model(self, strategy: Strategy) -> None:
+        """The user's model, loss and step; the strategy that runs that step (self.strategy, complete); the model
+        placed and wrapped by it."""
         model = build_model(self.cfg)
-        self.loss_fn = self.strategy.loss_fn = build_loss(self.cfg)
-        self.strategy.step = build_step(self.cfg, self.loss_fn)
+        loss_fn = build_loss(self.cfg)
+        step = build_step(self.cfg, loss_fn)
         # One tiny batch through the step: a dataset the model cannot take is refused before any training step.
-        self.strategy.metric_names = check_fit(model, self.strategy.step, self.loss_fn, self.data)
+        metric_names = check_fit(model, step, loss_fn, self.data)
+        self.strategy = strategy.with_step(loss_fn, step, metric_names, compile_blocks=bool(self.tcfg.compile))
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if str(self.tcfg.get("activation_checkpointing", "none")) == "blocks":
             log.info("activation checkpointing: %s", checkpoint_blocks(model))
-        self.strategy.compile_blocks = bool(self.tcfg.compile)
         example = None
         if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
             example = collate(self.data, self.per_rank_batch)[0]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -169,12 +169,30 @@ class Strategy:
         with autocast(self.precision, self.input_device):
             return model(images)
 
+    def evaluate(self, model: nn.Module, batches: Iterable[Any]) -> Dict[str, Optional[float]]:
+        """The step's loss and metrics over `batches` (this rank's share of data.val, on the input device) and
+        every other rank's: ``{"accuracy", "loss", "samples", *metric_names}`` (every rank calls it: a collective).
+
+        Each batch's :meth:`eval_counts` are summed, then summed over the ranks, then divided by the
+        samples: the loss and each metric are weighted by batch size; accuracy is None unless every
+        batch was the built-in step's class logits against integer labels.
+        """
+        totals = torch.zeros(4 + len(self.metric_names), dtype=torch.float64)  # the layout of eval_counts
+        for batch in batches:
+            totals += self.eval_counts(model, batch)
+        totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.input_device))).cpu()
+        correct, samples, loss, classified = (totals[i].item() for i in range(4))
+        count = max(1.0, samples)
+        accuracy = correct / count if classified == samples > 0 else None
+        metrics = {name: totals[4 + i].item() / count for i, name in enumerate(self.metric_names)}
+        return {"accuracy": accuracy, "loss": loss / count, "samples": int(samples), **metrics}
+
     def eval_counts(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """Sums over one evaluation batch, float64 on the CPU: (correct, samples, loss, classified, *metrics).
 
-        Summed over batches and ranks later, then divided by the samples: the loss (a mean over
-        the batch) and each metric of the user's step are weighted by the batch size; accuracy
-        counts only the built-in step's batches of class logits against integer labels.
+        Summed over batches and ranks by :meth:`evaluate`, then divided by the samples: the loss (a
+        mean over the batch) and each metric of the user's step are weighted by the batch size;
+        accuracy counts only the built-in step's batches of class logits against integer labels.
         """
         if not is_builtin(self.step):
             with autocast(self.precision, self.input_device):

@@ -248,18 +248,16 @@ class Trainer:
         """The step's loss and metrics over data.val, weighted by batch size; accuracy for the built-in step's
         class logits against integer labels."""
         self.model.eval()
-        names = self.strategy.metric_names
-        totals = torch.zeros(4 + len(names), dtype=torch.float64)  # correct, samples, loss, classified, *metrics
+        results = self.strategy.evaluate(self.model, self._eval_batches())
+        self.model.train()
+        return results
+
+    def _eval_batches(self) -> Iterator[Any]:
+        """This rank's evaluation batches on the input device, each one marked as this rank's progress."""
         limit = self.tcfg.get("eval_batches")  # the same first N batches every time: a fixed subset
         for index, batch in enumerate(itertools.islice(self.eval_loader, None if limit is None else int(limit))):
             heartbeat.mark(hang.EVAL, detail=f"batch {index + 1}")
-            totals += self.strategy.eval_counts(self.model, self._to_device(batch))
-        self.model.train()
-        totals = distributed.all_reduce_sum(totals.to(distributed.collective_device(self.strategy.input_device))).cpu()
-        count = max(1.0, totals[1].item())
-        accuracy = totals[0].item() / count if totals[3].item() == totals[1].item() > 0 else None
-        metrics = {name: totals[4 + i].item() / count for i, name in enumerate(names)}
-        return {"accuracy": accuracy, "loss": totals[2].item() / count, "samples": int(totals[1].item()), **metrics}
+            yield self._to_device(batch)
 
     # -- set-up -----------------------------------------------------------------------------
     def _build_data(self, strategy: Strategy) -> None:

@@ -66,6 +66,60 @@ def test_scripts_are_valid_bash():
         assert proc.returncode == 0, (name, proc.stderr)
 
 
+
+# -- the dry run's script is submitit's ---------------------------------------------------------
+# hpc_train renders the dry run's script itself (submitit has no public renderer); submitit still
+# submits. Each case is submitted through submitit for real, against a stand-in `sbatch`, and the
+# script submitit wrote must be the dry run's, byte for byte: a submitit upgrade that changes its
+# script fails here.
+RENDER_CASES = {
+    "generic": ["launcher=slurm", "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2"],
+    "jean_zay": ["launcher=slurm", "cluster=jean_zay", "cluster.gpu_type=a100", "resources.time=30:00:00"],
+    "usr1-gpus-per-node": [
+        "launcher=slurm", "launcher.signal=USR1", "launcher.signal_delay_s=45", "cluster.gpu_flag=gpus-per-node",
+        "cluster.mem_gb=64", "cluster.account=proj", "cluster.qos=short", "cluster.partition='gpu,gpu_big'",
+        "cluster.setup=['module load \"py torch\"','export X=1']", "+cluster.extra={exclusive: true, mail-type: END}",
+        "launcher.array_parallelism=3", "job_name=my.job+1",
+    ],
+}
+
+
+def _slurm_params(overrides: List[str], run_dir: Path) -> Dict:
+    from hydra import compose, initialize_config_dir
+
+    from hpc_train.conf import CONFIG_DIR
+    from hpc_train.launch.plan import make_plan
+    from hpc_train.launch.slurm import slurm_parameters
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["dry_run=true", *TINY, *overrides])
+        return slurm_parameters(make_plan(cfg, run_dir))
+
+
+@pytest.mark.parametrize("case", list(RENDER_CASES))
+def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
+    from hpc_train.launch.slurm import make_executor, render_sbatch
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("sbatch", 'echo "Submitted batch job 4242"'), ("srun", "exit 1")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("IDRPROJ", "proj")
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    params = _slurm_params(RENDER_CASES[case], tmp_path / "run")
+    folder = tmp_path / "run" / "slurm"
+    handle = make_executor(folder, params, 3).submit(print, "never runs")
+    assert handle.job_id == "4242"
+    written = (folder / "4242_submission.sh").read_text()
+    assert render_sbatch(folder, params) == written
+    assert "#SBATCH --requeue" in written.splitlines()
+    if case == "usr1-gpus-per-node":
+        assert "#SBATCH --signal=USR1@45" in written.splitlines() and "export SUBMITIT_PREEMPT_SIGNAL=USR1" in written
+
+
 # -- on the Slurm test cluster -----------------------------------------------------------------
 def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = (), **extra_env: str) -> str:
     """`sbatch [options] sbatch/<script>.slurm ARGS` as a user would, with the CPU test overrides."""

@@ -96,6 +96,7 @@ def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     job_id = _job_id(proc.stdout)
     submitted = (run_dir / "slurm" / f"{job_id}_submission.sh").read_text()
     assert [line for line in submitted.splitlines() if line.startswith("#SBATCH")] == sbatch_lines
+    assert submitted in dry.stdout  # the whole script hpc_train rendered is the one submitit wrote: setup, srun line
     assert scontrol_job(job_id)["Partition"] == "gpu_p2"
     assert "setup-line-ran" in (run_dir / "slurm" / f"{job_id}_0_log.out").read_text()
 

@@ -28,15 +28,8 @@ from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
 from hpc_train.compute.checkpointing.files import save_atomic
 from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.data.batch import to_device
-from hpc_train.compute.data.loaders import (
-    eval_loader,
-    has_length,
-    is_stateful,
-    is_stream,
-    set_data_shard,
-    stream_loader,
-    train_loader,
-)
+from hpc_train.compute.data.epochs import TrainEpochs
+from hpc_train.compute.data.loaders import eval_loader, set_data_shard
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
@@ -46,14 +39,13 @@ from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
 from hpc_train.compute.parallel import Strategy
 from hpc_train.compute.parallel.base import TOKENS
-from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.training.step import build_step
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.fingerprint import fingerprint
 from hpc_train.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")
-_END = object()  # a stream's iterator ran out
+_END = object()  # the batches ran out
 
 
 @dataclass
@@ -161,7 +153,7 @@ class Trainer:
                 "ema": self.ema,
             },
             shared={"scheduler": self.scheduler, "state": self.state},
-            per_rank={"data": self.train_loader} if self.exact_stream_resume else {},
+            per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
             shard_key=strategy.checkpoint_key,
             owns_shard=strategy.owns_checkpoint_shard,
             every=int(self.tcfg.get("checkpoint_every") or 0),
@@ -189,8 +181,8 @@ class Trainer:
         settle_garbage_collector()
         settled = False
         while state.global_step < self.total_steps:
-            ran_out = True  # the epoch's batches ran out (a stream without a length ends its epoch so)
-            for batch in self._marked(self._epoch_batches()):
+            epoch = self.epochs.open(state.epoch, state.step_in_epoch)
+            for batch in self._marked(epoch):
                 faults.maybe_fail(self.ranks.rank, state.global_step)
                 if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
                     self.strategy.settle(self.model, self._to_device(batch))
@@ -207,10 +199,9 @@ class Trainer:
                 if self._evaluation_due(final):  # every trainer.eval_every steps, before that step's checkpoint
                     self._evaluate_between_steps()
                 if final:
-                    ran_out = False
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
-            epoch_done = self._epoch_done(ran_out)
+            epoch_done = epoch.ended(state.step_in_epoch)
             if self._evaluation_due_at_epoch_end(epoch_done):
                 self._evaluate_between_steps()
             if epoch_done:
@@ -265,61 +256,27 @@ class Trainer:
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         data = self.data = build_datasets(self.cfg.data)
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
-        self.stream = is_stream(data.train)
-        seed = int(self.cfg.seed)
-        if self.stream:
-            self.train_loader = stream_loader(data.train, self.cfg.data, self.per_rank_batch, seed, data.collate_fn)
-        else:
-            self.train_loader = train_loader(
-                data.train, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, seed=seed, collate_fn=data.collate_fn
-            )
+        self.epochs = TrainEpochs(
+            data.train,
+            self.cfg.data,
+            self.per_rank_batch,
+            dp_size,
+            dp_rank,
+            int(self.cfg.seed),
+            data.collate_fn,
+            global_batch=self.tcfg.batch_size,
+        )
         self.eval_loader = (
             eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
             if data.val is not None
             else None
         )
-        self.steps_per_epoch = self._count_steps_per_epoch()
+        steps_per_epoch = self.epochs.steps_per_epoch
         self.total_steps = (
-            total_steps(self.tcfg, self.steps_per_epoch) if self.steps_per_epoch else self._stream_steps()
+            total_steps(self.tcfg, steps_per_epoch)
+            if steps_per_epoch
+            else self.epochs.steps_without_length(self.tcfg.max_steps, self.tcfg.epochs)
         )
-        self._skip_on_resume = 0  # batches of a stream without state to re-read and drop after a resume
-        # A stream with state_dict() read through torchdata's StatefulDataLoader: its position is checkpointed per rank.
-        self.exact_stream_resume = self.stream and hasattr(self.train_loader, "load_state_dict")
-
-    def _count_steps_per_epoch(self) -> Optional[int]:
-        """Optimizer steps per epoch; None for a stream without a length (its epoch ends when it runs out)."""
-        data = self.data.train
-        if self.stream and not has_length(data):
-            return None
-        steps = len(self.train_loader)
-        if self.stream:  # each rank's share has its own length: every rank stops at the shortest
-            steps = -distributed.all_reduce_max_int(-steps)
-        if steps == 0:
-            size = f"{len(data)} samples" + (" on some rank" if self.stream else "")
-            raise ValueError(
-                f"trainer.batch_size={self.tcfg.batch_size} is larger than the training set ({size}): lower"
-                " trainer.batch_size."
-            )
-        return steps
-
-    def _stream_steps(self) -> int:
-        """A stream without a length trains trainer.max_steps steps, re-read from its start whenever it runs out."""
-        name = type(self.data.train).__name__
-        if self.tcfg.max_steps is None:
-            raise Refusal(
-                f"`trainer.max_steps`: data.train ({name}) is a stream without a length, so trainer.epochs cannot be"
-                " turned into a number of steps. Fix: set trainer.max_steps=N (the stream is read again from its start"
-                " whenever it runs out), or give the dataset a __len__."
-            )
-        if self.tcfg.epochs is not None:
-            log.info(
-                "data.train (%s) has no length: training for trainer.max_steps=%d steps (trainer.epochs=%s does not"
-                " apply; the stream starts over when it runs out)",
-                name,
-                self.tcfg.max_steps,
-                self.tcfg.epochs,
-            )
-        return int(self.tcfg.max_steps)
 
     def _build_model(self, strategy: Strategy) -> None:
         """The user's model, loss and step; the strategy that runs that step (self.strategy, complete); the model
@@ -354,64 +311,16 @@ class Trainer:
         log.info(
             "resumed from %s: epoch %d, step %d of %d", path, self.state.epoch, self.state.global_step, self.total_steps
         )
-        if self.stream and (not self.exact_stream_resume or self.checkpointer.resharded_from):
-            self._skip_on_resume = self.state.step_in_epoch
-            log.warning(
-                "data.train (%s) is a stream %s: resuming by re-reading epoch %d from its start and skipping the %d"
-                " batches already trained on (exact for a stream that yields the same items in the same order)",
-                type(self.data.train).__name__,
-                (
-                    "read without torchdata (pip install torchdata for an exact restart from its state_dict())"
-                    if is_stateful(self.data.train)
-                    else "without state_dict()/load_state_dict()"
-                ),
-                self.state.epoch,
-                self._skip_on_resume,
-            )
+        self.epochs.resume_at(self.state.epoch, self.state.step_in_epoch, bool(self.checkpointer.resharded_from))
         if self.is_main:  # drop lines the lost attempt logged past the checkpoint
             # An epoch that was complete at the checkpoint is evaluated again after the resume (a stream without a
             # length cannot tell whether it was: it re-evaluates in that case too).
             # With trainer.eval_every, an evaluation at the checkpoint's step ran before the checkpoint: kept.
-            mid_epoch = self.steps_per_epoch is not None and self.state.step_in_epoch < self.steps_per_epoch
+            mid_epoch = self.epochs.inside_epoch(self.state.step_in_epoch)
             keep_eval = mid_epoch or self.tcfg.get("eval_every") is not None
             truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
-    def _epoch_batches(self) -> Iterator[Any]:
-        """This epoch's batches from the exact position the loop is at (mid-epoch after a resume)."""
-        if not self.stream:
-            sampler = self.train_loader.sampler
-            sampler.set_epoch(self.state.epoch)
-            sampler.skip_batches(self.state.step_in_epoch, self.per_rank_batch)
-            return iter(self.train_loader)
-        if callable(getattr(self.data.train, "set_epoch", None)):
-            self.data.train.set_epoch(self.state.epoch)
-        batches = iter(self.train_loader)  # a restored StatefulDataLoader continues where it stopped
-        for _ in range(self._skip_on_resume):  # a stream without state: re-read what the lost attempt consumed
-            next(batches, None)
-        self._skip_on_resume = 0
-        return self._while_every_rank_has_one(batches)
-
-    def _while_every_rank_has_one(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """A stream's batches while every rank still has one (and the epoch's length is not reached): a rank whose
-        share runs out first ends the epoch everywhere, instead of leaving the others waiting in a collective."""
-        while self.steps_per_epoch is None or self.state.step_in_epoch < self.steps_per_epoch:
-            batch = next(batches, _END)
-            if distributed.all_reduce_max_int(int(batch is _END)):  # one collective a step, all ranks alike
-                return
-            yield batch
-
-    def _epoch_done(self, ran_out: bool) -> bool:
-        if self.steps_per_epoch is not None:
-            return self.state.step_in_epoch >= self.steps_per_epoch or (self.stream and ran_out)
-        if ran_out and self.state.step_in_epoch == 0:
-            raise Refusal(
-                f"`data.train`: the stream ({type(self.data.train).__name__}) yielded no batch of"
-                f" {self.per_rank_batch} items in epoch {self.state.epoch} on some rank. Fix: check its sharding"
-                " (hpc_train.data_shard()) and that each rank's share holds at least one batch."
-            )
-        return ran_out
-
     def _to_device(self, batch: Any) -> Any:
         return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
 
@@ -597,7 +506,7 @@ class Trainer:
             self.cfg.strategy.name,
             self.data_name,
             self.total_steps,
-            ("an epoch ends with the stream" if self.steps_per_epoch is None else f"{self.steps_per_epoch} per epoch"),
+            self.epochs.describe(),
             self.tcfg.batch_size,
             self.strategy.data_parallel_size,
             "rank" if self.strategy.data_parallel_size == 1 else "ranks",

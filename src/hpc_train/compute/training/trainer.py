@@ -28,7 +28,7 @@ from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
 from hpc_train.compute.checkpointing.files import save_atomic
 from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.data.batch import to_device
-from hpc_train.compute.data.epochs import TrainEpochs
+from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.training.ema import WeightAverage
@@ -61,6 +61,13 @@ class TrainState:
 
     def state_dict(self) -> Dict[str, Any]:
         return asdict(self)
+
+    def step_taken(self) -> None:
+        self.global_step += 1
+        self.step_in_epoch += 1
+
+    def next_epoch(self) -> None:
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         for name, value in state.items():
@@ -169,6 +176,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
+        """Train from the restored position (or the start) to the last step; the run's summary."""
         state, tcfg = self.state, self.tcfg
         if self._already_complete():
             return rundir.read_summary(self.run_dir) or {}
@@ -179,19 +187,15 @@ class Trainer:
         )
         self.model.train()
         settle_garbage_collector()
-        settled = False
         while state.global_step < self.total_steps:
-            epoch = self.epochs.open(state.epoch, state.step_in_epoch)
-            for batch in self._marked(epoch):
-                faults.maybe_fail(self.ranks.rank, state.global_step)
-                if not settled:  # every attempt's steps run on the same DDP buckets (see DDPStrategy.settle)
-                    self.strategy.settle(self.model, self._to_device(batch))
-                    settled = True
+            epoch = self.epochs.open(state.epoch, state.step_in_epoch)  # from the position: mid-epoch after a resume
+            for batch in self._marked(epoch):  # this rank's progress marked: waiting for data, then the step
+                faults.maybe_fail(self.ranks.rank, state.global_step)  # a failure injected by HPC_TRAIN_FAIL_AT
+                self._settle_once(batch)
                 final = state.global_step + 1 >= self.total_steps
-                logged = final or (state.global_step + 1) % int(tcfg.log_every) == 0
+                logged = self._log_due(final)
                 loss, metrics, grad_norm = self.train_step(batch, logged)
-                state.global_step += 1
-                state.step_in_epoch += 1
+                state.step_taken()
                 meter.step_done(state.global_step, metrics.get(TOKENS))
                 if logged:
                     self._log_train(loss, metrics, grad_norm)
@@ -201,11 +205,7 @@ class Trainer:
                 if final:
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
-            epoch_done = epoch.ended(state.step_in_epoch)
-            if self._evaluation_due_at_epoch_end(epoch_done):
-                self._evaluate_between_steps()
-            if epoch_done:
-                state.epoch, state.step_in_epoch = state.epoch + 1, 0
+            self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended
         progress.close()
         self._sync()
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
@@ -321,6 +321,28 @@ class Trainer:
             truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
+    _settled = False
+
+    def _settle_once(self, batch: Any) -> None:
+        """Before the first step of every attempt: every attempt's steps run on the same DDP buckets (see
+        DDPStrategy.settle)."""
+        if not self._settled:
+            self.strategy.settle(self.model, self._to_device(batch))
+            self._settled = True
+
+    def _log_due(self, final: bool) -> bool:
+        """trainer.log_every=N: after every N-th optimizer step and after the last one."""
+        return final or (self.state.global_step + 1) % int(self.tcfg.log_every) == 0
+
+    def _end_epoch(self, epoch: Epoch) -> None:
+        """After an epoch's batches (all of them, or up to the last step): with trainer.eval_every=null, evaluate;
+        when the epoch ended, the next one starts at its step 0."""
+        ended = epoch.ended(self.state.step_in_epoch)
+        if self._evaluation_due_at_epoch_end(ended):
+            self._evaluate_between_steps()
+        if ended:
+            self.state.next_epoch()
+
     def _to_device(self, batch: Any) -> Any:
         return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
 

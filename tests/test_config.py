@@ -8,6 +8,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from hpc_train.conf import CONFIG_DIR
+from hpc_train.launch import schema
 from tests.conftest import REPO, run_cli
 
 GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
@@ -29,6 +30,7 @@ def test_every_option_composes(group, option):
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert container[group] is not None
     assert cfg.strategy.name and cfg.model._target_ and cfg.data.train._target_
+    schema.check_plain(schema.resolved(cfg))  # every resolved value passes its declaration (launch/schema.py)
 
 
 def test_unknown_group_option_fails_in_compose():

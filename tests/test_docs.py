@@ -101,7 +101,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     reference = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
     # Generated from the YAML: a key, its default and its inline comment.
-    assert "trainer.batch_size" in reference and "GLOBAL batch per optimizer step" in reference
+    assert "trainer.batch_size" in reference and "The global batch per optimizer step" in reference
     assert "cluster.partition" in reference and "strategy.replicate" in reference
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "hpc_train.api" in api and "staged_model" in api

@@ -1,7 +1,11 @@
-"""MkDocs hook: the configuration reference, generated from the shipped YAML at build time.
+"""MkDocs hook: the configuration reference, generated at build time from the key declarations and the shipped YAML.
 
-It reads every file of src/hpc_train/conf/ (config.yaml and <group>/<option>.yaml) with a small
-line parser, so the YAML's own comments become the docs:
+Every key is declared once, in ``hpc_train.launch.schema.RULES`` (type, range, default when left
+out, what null means, a one-line doc; the shipped ``_target_`` s' arguments in ``TARGET_ARGS``):
+the type and description columns come from there. Each option's own values come from its YAML
+file (src/hpc_train/conf/: config.yaml and <group>/<option>.yaml), read with a small line
+parser; the file's header comment describes the option, and a key's YAML comment is shown only
+where no declaration exists (Hydra's own keys):
 
 * the comment block at the top of a file describes the option;
 * ``key: value   # comment`` documents ``key``; a comment-only line indented to the same column
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from hpc_train.launch import schema
 
 MARKER = "<!-- config-reference -->"
 CONF = Path(__file__).resolve().parents[2] / "src" / "hpc_train" / "conf"
@@ -131,10 +137,52 @@ def code(value: str) -> str:
     return f"`` {value} ``" if "`" in value else f"`{value}`"
 
 
+def declaration(key: str, target: str = "") -> tuple[str, str]:
+    """(type, doc) of a dotted key: its rule, the argument of the shipped `target` it belongs to, or nothing."""
+    parts = key.split(".")
+    for rule in schema.RULES:
+        pattern = rule.key.split(".")
+        if len(pattern) == len(parts) and all(p in ("*", q) for p, q in zip(pattern, parts)):
+            return schema.type_text(rule.check), rule.doc
+    args = schema.TARGET_ARGS.get(target, {})
+    if parts[-1] in args:
+        check, _, doc = args[parts[-1]]
+        return schema.type_text(check), doc
+    if parts[-1] == "_target_":
+        return "a dotted Python name", "The class or function this node builds; its other keys are the arguments."
+    return "", ""
+
+
 def table(prefix: str, entries: list[dict]) -> list[str]:
-    rows = ["| key | default | what it is |", "|---|---|---|"]
+    rows = ["| key | value | type | what it is |", "|---|---|---|---|"]
+    targets: dict[str, str] = {}  # node path -> its _target_, for the arguments below it
     for e in entries:
-        rows.append(f"| `{prefix}{e['path']}` | {code(e['value'])} | {text(' '.join(e['doc']))} |")
+        path = f"{prefix}{e['path']}"
+        if path.endswith("._target_") or path == "model._target_":
+            targets[path.rsplit(".", 1)[0]] = e["value"]
+        kind, doc = declaration(path, targets.get(path.rsplit(".", 1)[0], ""))
+        doc = doc or " ".join(e["doc"])
+        rows.append(f"| `{path}` | {code(e['value'])} | {text(kind)} | {text(doc)} |")
+    return rows
+
+
+def every_key() -> list[str]:
+    """One row per declared key: what a config that leaves it out runs with, and what null means."""
+    rows = [
+        "## Every key",
+        "",
+        "Each key as `src/hpc_train/launch/schema.py` declares it. *Left out*: what a job runs with when its",
+        "config has no such key (your own option may leave it out); *required*: it must be there.",
+        "",
+        "| key | type | left out | null | what it is |",
+        "|---|---|---|---|---|",
+    ]
+    for rule in schema.RULES:
+        left_out = "required" if rule.required else (code(repr(rule.default)) if rule.has_default else "")
+        rows.append(
+            f"| `{rule.key}` | {text(schema.type_text(rule.check))} | {left_out} | {text(rule.null or '')} |"
+            f" {text(rule.doc)} |"
+        )
     return rows
 
 
@@ -182,6 +230,7 @@ def reference() -> str:
             else:
                 lines.append("No keys of its own.")
             lines.append("")
+    lines += [""] + every_key()
     return "\n".join(lines) + "\n"
 
 

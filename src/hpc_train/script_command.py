@@ -52,9 +52,9 @@ def is_module(argv: Sequence[str]) -> bool:
 def script_args(script: Mapping[str, Any], resume: bool) -> List[str]:
     """The script (``train.py`` or ``-m package.module``) and its arguments, without the interpreter."""
     argv = [str(a) for a in script["argv"]]
-    args = argv + override_args(script.get("overrides") or {}, str(script.get("arg_style") or ARG_STYLES[0]))
+    args = argv + override_args(script["overrides"], str(script["arg_style"]))
     if resume:
-        args += [str(a) for a in script.get("resume_args") or []]
+        args += [str(a) for a in script["resume_args"]]
     return args
 
 

@@ -52,7 +52,7 @@ def run_spec(spec: DictConfig) -> int:
 
             if not detect_ranks().is_main:
                 wait_to_be_requeued()
-            elif requeue_allowed(Path(spec.job.run_dir), int(spec.trainer.get("max_requeues", 3))) and requeue_self():
+            elif requeue_allowed(Path(spec.job.run_dir), int(spec.trainer.max_requeues)) and requeue_self():
                 print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
                 return EXIT_OK
         print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)

@@ -25,7 +25,7 @@ from hpc_train.launch import hydra_internals
 from hpc_train.launch.config_view import ConfigView, copy_plain
 from hpc_train.launch.jobspec import hydra_choices
 from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.schema import check_changed, check_plain, checked_view, resolved
+from hpc_train.launch.schema import check_changed, check_plain, checked_view, complete, resolved
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class SweepConfigs:
                 check_changed(plain, changed)
             else:
                 check_plain(plain)
+            complete(plain)
             run_dir = template.sweep_dir / str(idx) if template.numbered else _run_dir(template.config)
             return JobConfig(ConfigView(plain), run_dir, template.choices)
         finally:

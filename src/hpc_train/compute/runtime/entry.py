@@ -84,8 +84,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     layout = cfg.job.layout
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
-    launcher = cfg.get("launcher") or {}
-    stop_flag = StopFlag(signal_number(launcher.get("signal", "USR2") or "USR2")).install()
+    stop_flag = StopFlag(signal_number(str(cfg.launcher.signal))).install()
     beat = Heartbeat(run_dir, ranks, cfg.trainer, stop_flag).start()  # progress, hang watchdog, second stop signal
     trainer = None
 
@@ -98,7 +97,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
         distributed.init_process_group(
-            ranks, str(cfg.strategy.get("backend", "auto")), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
+            ranks, str(cfg.strategy.backend), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
         )
         strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
         trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)

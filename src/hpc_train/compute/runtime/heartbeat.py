@@ -66,10 +66,10 @@ class Heartbeat:
     ) -> None:
         self.run_dir, self.ranks, self.stop_flag = Path(run_dir), ranks, stop_flag
         self.probe = probe  # called every beat before publishing (a script job looks for new metrics rows)
-        self.timeout_setting = trainer_cfg.get("hang_timeout_s", hang.AUTO)
-        self.dist_timeout_s = float(trainer_cfg.get("dist_timeout_s") or 0) or None
-        self.requeue_on_hang = bool(trainer_cfg.get("requeue_on_hang", False))
-        self.stop_grace_s = float(trainer_cfg.get("stop_grace_s", 60))
+        self.timeout_setting = trainer_cfg.hang_timeout_s
+        self.dist_timeout_s = float(trainer_cfg.dist_timeout_s)
+        self.requeue_on_hang = bool(trainer_cfg.requeue_on_hang)
+        self.stop_grace_s = float(trainer_cfg.stop_grace_s)
         self.attempt = attempts.attempt_key()
         self.started = time.time()
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name: what --exclude takes

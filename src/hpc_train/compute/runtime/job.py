@@ -52,6 +52,6 @@ class TrainingJob:
 
         from hpc_train.compute.runtime.requeue import requeue_allowed
 
-        if not requeue_allowed(self.run_dir, int(self.spec["trainer"].get("max_requeues", 3))):
+        if not requeue_allowed(self.run_dir, int(self.spec["trainer"]["max_requeues"])):
             return None
         return submitit.helpers.DelayedSubmission(TrainingJob(self.spec))

@@ -62,9 +62,9 @@ def attempt_number(run_dir: Path, key: str) -> int:
 
 
 def resumes(script: Dict[str, Any], attempt: int, cwd: Path) -> bool:
-    if attempt <= 1 or not script.get("resume_args"):
+    if attempt <= 1 or not script["resume_args"]:
         return False
-    marker = script.get("resume_if")
+    marker = script["resume_if"]
     return marker is None or (cwd / Path(str(marker)).expanduser()).exists()
 
 
@@ -168,7 +168,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         command = direct_command(script, sys.executable, resume)
         threads = task_threads(layout, 1)
     env = script_env(ranks, run_dir, attempt, torchrun, threads)
-    requeue_signal = signal_number(str((cfg.get("launcher") or {}).get("signal") or "USR2"))
+    requeue_signal = signal_number(str(cfg.launcher.signal))
     flag = StopFlag(requeue_signal, then="stopping the script").install()
     beat = heartbeat.Heartbeat(run_dir, ranks, cfg.trainer, flag, probe=_metrics_probe(run_dir)).start()
     log.info(
@@ -179,7 +179,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         " ".join(command),
         cwd,
     )
-    pattern = re.compile(str(script["objective_regex"])) if script.get("objective_regex") else None
+    pattern = re.compile(str(script["objective_regex"])) if script["objective_regex"] is not None else None
     try:
         proc = subprocess.Popen(
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore(requeue_signal)
@@ -189,7 +189,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
         out.start()
         err.start()
-        _wait(proc, flag, script, ranks, attempt, run_dir, float(cfg.launcher.get("signal_delay_s") or 120))
+        _wait(proc, flag, script, ranks, attempt, run_dir, float(cfg.launcher.signal_delay_s))
         out.join(timeout=5)
         err.join(timeout=5)
     finally:
@@ -217,11 +217,11 @@ def _wait(
             time.sleep(POLL_S)
             continue
         request = flag.request
-        if request == REQUEUE and script.get("signal"):
+        if request == REQUEUE and script["signal"] is not None:
             forwarded = signal_number(str(script["signal"]))
             log.info("forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"])
             proc.send_signal(forwarded)
-            deadline = time.monotonic() + float(script.get("signal_grace_s") or 0)
+            deadline = time.monotonic() + float(script["signal_grace_s"])
             while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
                 time.sleep(POLL_S)
         reason = flag.reason(request, signal_delay_s)

@@ -35,7 +35,7 @@ def is_target(value: Any) -> bool:
 # -- parameter groups -----------------------------------------------------------------------
 def param_groups(tcfg, model: nn.Module) -> List[Dict[str, Any]]:
     """The optimizer's parameter groups, as ``trainer.param_groups`` asks, over ``model``'s parameters."""
-    choice = tcfg.get("param_groups", "single") or "single"
+    choice = tcfg.param_groups
     if is_target(choice):
         return _user_groups(choice, model)
     params = list(model.parameters())
@@ -108,7 +108,7 @@ def lr_factor(tcfg, total_steps: int, base_lr: float = 1.0) -> Callable[[int], f
     """Multiplier of a group's base LR at a given step: linear warm-up, then constant, cosine (to
     ``trainer.min_lr``) or step. Without a floor the cosine factor is the plain ``0.5 * (1 + cos)``."""
     warmup = int(tcfg.lr_warmup_steps)
-    min_lr = float(tcfg.get("min_lr") or 0.0)
+    min_lr = float(tcfg.min_lr)
 
     def factor(step: int) -> float:
         if step < warmup:

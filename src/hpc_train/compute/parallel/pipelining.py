@@ -77,21 +77,19 @@ class PipeliningStrategy(Strategy):
         self.replicas = ranks.world_size // self.num_stages
         self.settings = split_settings(cfg)
         self.chunks = self.settings.chunks or 4
-        self.pp_group, self.dp_group = self._groups()
+        self.mesh = self.device_mesh()
+        self.pp_group = self.mesh.get_group("stage")  # this replica's pipeline: its S consecutive ranks
+        self.dp_group = self.mesh.get_group("replica")  # this stage's D copies: ranks stage_index, +S, +2S, ...
         self.schedule = None
 
-    def _groups(self):
-        """Every rank creates every group, in the same order (a requirement of new_group)."""
-        pp_group = dp_group = None
-        for replica in range(self.replicas):
-            group = dist.new_group(list(range(replica * self.num_stages, (replica + 1) * self.num_stages)))
-            if replica == self.replica:
-                pp_group = group
-        for stage in range(self.num_stages):
-            group = dist.new_group(list(range(stage, self.ranks.world_size, self.num_stages)))
-            if stage == self.stage_index:
-                dp_group = group
-        return pp_group, dp_group
+    def device_mesh(self):
+        """The D x S mesh ("replica", "stage") over the ranks in order: rank r sits at (r // S, r % S), as
+        stage_index and replica say. Every rank builds it (its groups are created collectively)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(
+            self.input_device.type, (self.replicas, self.num_stages), mesh_dim_names=("replica", "stage")
+        )
 
     @property
     def is_first(self) -> bool:

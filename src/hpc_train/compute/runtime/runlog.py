@@ -42,35 +42,57 @@ def log_to_file(message: str, level: int = logging.ERROR) -> None:
 
 
 class Progress:
-    """A dependency-free progress bar: redraws in place on a terminal, prints sparse lines otherwise."""
+    """Rank 0's progress bar, drawn by tqdm: redrawn in place on a terminal (steps, rate, time left, the loss);
+    elsewhere (a job's log file) one line every `every` steps and at the last one, worded as ever:
+    ``[#####-----] step/total  elapsed s loss x``. `start`: the step a resumed run starts from."""
 
-    def __init__(self, total: int, enabled: bool, every: int = 10) -> None:
+    LINE = "[{bar:30}] {step}/{steps} {elapsed_s:6.1f}s{loss}"  # the log file's line; tqdm draws its bar
+
+    def __init__(self, total: int, enabled: bool, every: int = 10, start: int = 0) -> None:
         self.total = max(1, total)
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
         self.every = max(1, every)
         self.start = time.monotonic()
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.tqdm = tqdm
+            if self.tty:
+                self.bar = tqdm(
+                    total=self.total, initial=min(start, self.total), unit="step", file=sys.stderr, dynamic_ncols=True
+                )
 
     def update(self, step: int, loss: Optional[float] = None) -> None:
-        if not self.enabled or (not self.tty and step % self.every and step != self.total):
+        if not self.enabled:
             return
-        frac = min(1.0, step / self.total)
-        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
-        elapsed = time.monotonic() - self.start
-        loss_text = "" if loss is None else f" loss {loss:.4f}"
-        line = f"[{bar}] {step}/{self.total} {elapsed:6.1f}s{loss_text}"
-        if self.tty:
-            sys.stderr.write("\r" + line)
+        if self.bar is not None:
+            if loss is not None:
+                self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+            self.bar.update(min(step, self.total) - self.bar.n)
             if step >= self.total:
-                sys.stderr.write("\n")
-        else:
-            sys.stderr.write(line + "\n")
+                self.close()
+            return
+        if step % self.every and step != self.total:
+            return
+        line = self.tqdm.format_meter(
+            min(step, self.total),
+            self.total,
+            time.monotonic() - self.start,
+            bar_format=self.LINE,
+            ascii="-#",
+            step=step,
+            steps=self.total,
+            loss="" if loss is None else f" loss {loss:.4f}",
+        )
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 class MetricsWriter:

@@ -181,7 +181,9 @@ class Trainer:
         if self._already_complete():
             return rundir.read_summary(self.run_dir) or {}
         self._announce()
-        progress = Progress(self.total_steps, enabled=self.is_main and bool(tcfg.progress), every=int(tcfg.log_every))
+        progress = Progress(
+            self.total_steps, self.is_main and bool(tcfg.progress), int(tcfg.log_every), start=state.global_step
+        )
         meter = self.meter = Throughput(
             state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync
         )

@@ -1,4 +1,4 @@
-"""Sharded (DCP) checkpoints of hpc_train.compute.checkpointing.dcp and the hpc-train-export command.
+"""Sharded (DCP) checkpoints of hpc_train.compute.checkpointing.dcp_*.py and the hpc-train-export command.
 
 Real processes on the CPU (gloo), an FSDP2 model (``fully_shard``) and AdamW: atomic saves with
 rotation, loads at the same and at other world sizes (resharding), consolidation on one process,
@@ -29,9 +29,20 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from hpc_train import rundir
-from hpc_train.compute.checkpointing import dcp as dcp_io
-from hpc_train.compute.checkpointing.files import CheckpointError, capture_rng
-from hpc_train.compute.checkpointing.dcp import DiskFull, IncompleteCheckpoint, SafeFileSystemReader, UnsafeCheckpoint
+from hpc_train.compute.checkpointing import dcp_dirs, dcp_manifest, dcp_save
+from hpc_train.compute.checkpointing.dcp_consolidate import consolidate, model_entries
+from hpc_train.compute.checkpointing.dcp_dirs import checkpoint_bytes, list_dcp_checkpoints, newest_complete
+from hpc_train.compute.checkpointing.dcp_load import SafeFileSystemReader, load_dcp, read_loop
+from hpc_train.compute.checkpointing.dcp_manifest import is_complete, verify, write_manifest
+from hpc_train.compute.checkpointing.dcp_metadata import read_metadata
+from hpc_train.compute.checkpointing.dcp_save import save_dcp, tensor_bytes
+from hpc_train.compute.checkpointing.files import (
+    CheckpointError,
+    DiskFull,
+    IncompleteCheckpoint,
+    UnsafeCheckpoint,
+    capture_rng,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 STEP1, STEP2 = "step_000000001", "step_000000002"
@@ -113,19 +124,19 @@ def _alone(obj: Any) -> List[Any]:
 
 def _save(state: Dict[str, Any], folder: Path, step: int, keep: int = 1, **extra: Any) -> Path:
     loop = {"state": {"global_step": step}, "rng": [capture_rng()], "fingerprint": {"model": "tiny"}, **extra}
-    return dcp_io.save_dcp(state, folder, step, loop, keep, dist.get_rank() == 0, dist.barrier, _agree, _gather)
+    return save_dcp(state, folder, step, loop, keep, dist.get_rank() == 0, dist.barrier, _agree, _gather)
 
 
 def _record_hashing() -> List[str]:
     """From now on, the names of the files this process hashes (appended to the list returned)."""
     hashed: List[str] = []
-    original = dcp_io._sha256
+    original = dcp_manifest._sha256
 
     def recording(path: Path) -> str:
         hashed.append(Path(path).name)
         return original(path)
 
-    dcp_io._sha256 = recording
+    dcp_manifest._sha256 = recording
     return hashed
 
 
@@ -143,7 +154,7 @@ def _load_into_fresh(mesh: Any, path: Path) -> Dict[str, Any]:
 
     model, optim = _model(mesh, seed=1, lr=0.5)  # other weights and lr: everything must come from the checkpoint
     state = _state(model, optim)
-    dcp_io.load_dcp(state, path)
+    load_dcp(state, path)
     set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return _full(model, optim)
 
@@ -159,7 +170,7 @@ def save_worker(rank: int, world: int, port: int, run_dir: str) -> None:
     _train_step(model, optim, 1)
     state = _state(model, optim)
     full = _full(model, optim)
-    assert dcp_io.tensor_bytes(state["model"]) == sum(t.numel() * 4 for t in full["model"].values())  # global sizes
+    assert tensor_bytes(state["model"]) == sum(t.numel() * 4 for t in full["model"].values())  # global sizes
     hashed = _record_hashing()
     path = _save(state, folder, 2)
     at_save, hashed[:] = list(hashed), []
@@ -185,7 +196,7 @@ def corrupt_load_worker(rank: int, world: int, port: int, paths: List[str], repo
     for path in paths:
         hashed = _record_hashing()
         try:
-            dcp_io.load_dcp({}, Path(path))  # the verification fails before anything is loaded
+            load_dcp({}, Path(path))  # the verification fails before anything is loaded
             found.append({"error": None, "hashed": hashed})
         except CheckpointError as err:
             found.append({"error": type(err).__name__, "message": str(err), "hashed": hashed})
@@ -290,13 +301,13 @@ def test_keep_1_leaves_only_the_newest_complete_dir(run_dir: Path) -> None:
         "loop.pt",
         "manifest.json",
     ]
-    manifest = dcp_io.verify(path, deep=True)
+    manifest = verify(path, deep=True)
     assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt"]
     assert manifest["step"] == 2 and manifest["fingerprint"] == {"model": "tiny"}
-    assert dcp_io.list_dcp_checkpoints(folder) == [path] and dcp_io.newest_complete(folder) == path
-    loop = dcp_io.read_loop(path)
+    assert list_dcp_checkpoints(folder) == [path] and newest_complete(folder) == path
+    loop = read_loop(path)
     assert loop["state"]["global_step"] == 2 and isinstance(loop["rng"][0]["torch"], torch.Tensor)
-    assert dcp_io.checkpoint_bytes(path) == sum(p.stat().st_size for p in path.iterdir())
+    assert checkpoint_bytes(path) == sum(p.stat().st_size for p in path.iterdir())
 
 
 def test_each_rank_hashes_only_the_files_it_wrote(run_dir: Path) -> None:
@@ -307,7 +318,7 @@ def test_each_rank_hashes_only_the_files_it_wrote(run_dir: Path) -> None:
     files = json.loads((path / "manifest.json").read_text())["files"]
     assert list(files) == [".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt"]  # every file, sorted as before
     for name, entry in files.items():
-        assert entry == {"size": (path / name).stat().st_size, "sha256": dcp_io._sha256(path / name)}, name
+        assert entry == {"size": (path / name).stat().st_size, "sha256": dcp_manifest._sha256(path / name)}, name
 
 
 def test_deep_verification_at_load_hashes_each_file_on_one_rank(run_dir: Path) -> None:
@@ -317,10 +328,10 @@ def test_deep_verification_at_load_hashes_each_file_on_one_rank(run_dir: Path) -
 
 
 def test_dcp_flattens_the_state_as_model_and_optim_keys(run_dir: Path, reference: Dict[str, Any]) -> None:
-    keys = set(dcp_io.read_metadata(run_dir / "checkpoints" / STEP2).state_dict_metadata)
+    keys = set(read_metadata(run_dir / "checkpoints" / STEP2).state_dict_metadata)
     assert {f"model.{name}" for name in reference["model"]} <= keys
     assert "optim.state.0.weight.exp_avg" in keys and "optim.param_groups.0.lr" in keys
-    assert set(dcp_io.model_entries(dcp_io.read_metadata(run_dir / "checkpoints" / STEP2))) == {
+    assert set(model_entries(read_metadata(run_dir / "checkpoints" / STEP2))) == {
         f"model.{name}" for name in reference["model"]
     }
 
@@ -332,7 +343,7 @@ def test_loads_at_another_world_size(run_dir: Path, world: int) -> None:
 
 
 def test_consolidate_on_one_process_gives_the_full_weights(run_dir: Path, reference: Dict[str, Any]) -> None:
-    full = dcp_io.consolidate(run_dir / "checkpoints" / STEP2)
+    full = consolidate(run_dir / "checkpoints" / STEP2)
     assert full.keys() == reference["model"].keys()
     for name, tensor in reference["model"].items():
         assert torch.equal(full[name], tensor), name
@@ -379,16 +390,16 @@ def test_forged_metadata_calling_os_system_is_refused_unrun(copy: Path, tmp_path
     marker = tmp_path / "ran"
     (copy / ".metadata").write_bytes(pickle.dumps(_RunsCommand(marker)))
     with pytest.raises(IncompleteCheckpoint, match="truncated or corrupt|sha256"):
-        dcp_io.verify(copy, deep=True)  # the manifest still describes the real .metadata
-    dcp_io._write_manifest(copy, 2, {})  # a forger rewrites the manifest too
+        verify(copy, deep=True)  # the manifest still describes the real .metadata
+    write_manifest(copy, 2, {})  # a forger rewrites the manifest too
     with pytest.raises(UnsafeCheckpoint, match=r"Python global posix\.system") as refused:
         SafeFileSystemReader(copy).read_metadata()
     assert "Nothing in it was run" in str(refused.value)
-    for load in (lambda: dcp_io.verify(copy, deep=True), lambda: dcp_io.consolidate(copy)):
+    for load in (lambda: verify(copy, deep=True), lambda: consolidate(copy)):
         with pytest.raises(UnsafeCheckpoint, match="posix.system"):
             load()
     with pytest.raises(UnsafeCheckpoint, match="posix.system"):
-        dcp_io.load_dcp({"model.0.weight": torch.empty(10, 6)}, copy)
+        load_dcp({"model.0.weight": torch.empty(10, 6)}, copy)
     assert not marker.exists()
 
 
@@ -397,11 +408,11 @@ def test_forged_metadata_with_a_global_outside_the_allow_list_is_refused(copy: P
         metadata = pickle.load(handle)  # our own file: trusted here
     metadata.planner_data = _CallsDcpHelper(copy, tmp_path / "written.pt")
     (copy / ".metadata").write_bytes(pickle.dumps(metadata))
-    dcp_io._write_manifest(copy, 2, {})
+    write_manifest(copy, 2, {})
     with pytest.raises(UnsafeCheckpoint, match=r"torch\.distributed\.checkpoint\.format_utils\.dcp_to_torch_save"):
-        dcp_io.consolidate(copy)
+        consolidate(copy)
     assert not (tmp_path / "written.pt").exists()
-    assert dcp_io.is_complete(copy)  # the cheap check never unpickles: it only compares sizes
+    assert is_complete(copy)  # the cheap check never unpickles: it only compares sizes
 
 
 def test_forged_non_tensor_entry_is_refused_where_plain_dcp_runs_it(tmp_path: Path) -> None:
@@ -411,13 +422,13 @@ def test_forged_non_tensor_entry_is_refused_where_plain_dcp_runs_it(tmp_path: Pa
     dcp.save(
         {"model": {"w": torch.ones(2)}, "evil": _RunsCommand(tmp_path / "ran")}, checkpoint_id=forged, no_dist=True
     )
-    dcp_io._write_rank0_files(forged, 1, {})
+    dcp_save._write_rank0_files(forged, 1, {})
     plain = tmp_path / "plain"
     shutil.copytree(forged, plain)
     (tmp_path / "ran").unlink(missing_ok=True)
 
     with pytest.raises(UnsafeCheckpoint, match="entry evil holds objects other than tensors.*posix.system"):
-        dcp_io.load_dcp({"model.w": torch.zeros(2), "evil": 0}, forged)
+        load_dcp({"model.w": torch.zeros(2), "evil": 0}, forged)
     assert not (tmp_path / "ran").exists()
 
     # The same checkpoint through DCP's own reader runs the command: what the safe reader prevents.
@@ -439,9 +450,9 @@ def test_forged_tensor_entry_is_refused_unrun(tmp_path: Path) -> None:
         handle.write(payload.getvalue())
     metadata.storage_data[index] = type(info)(info.relative_path, offset, len(payload.getvalue()))
     (forged / ".metadata").write_bytes(pickle.dumps(metadata))
-    dcp_io._write_rank0_files(forged, 1, {})
+    dcp_save._write_rank0_files(forged, 1, {})
     with pytest.raises(UnsafeCheckpoint, match="a tensor entry holds other objects.*posix.system"):
-        dcp_io.consolidate(forged)
+        consolidate(forged)
     assert not marker.exists()
 
 
@@ -449,21 +460,21 @@ def test_truncated_or_altered_shard_is_refused(copy: Path, run_dir: Path) -> Non
     shard = copy / "__1_0.distcp"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    assert not dcp_io.is_complete(copy)
+    assert not is_complete(copy)
     with pytest.raises(IncompleteCheckpoint, match=r"truncated or corrupt: __1_0\.distcp has \d+ bytes"):
-        dcp_io.verify(copy)
+        verify(copy)
     with pytest.raises(IncompleteCheckpoint):
-        dcp_io.consolidate(copy)
+        consolidate(copy)
 
     shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
-    assert dcp_io.is_complete(copy)  # sizes match: the cheap check passes
+    assert is_complete(copy)  # sizes match: the cheap check passes
     with pytest.raises(IncompleteCheckpoint, match="sha256 of __1_0.distcp"):
-        dcp_io.load_dcp({}, copy)
+        load_dcp({}, copy)
 
     older = copy.parent / STEP1
     shutil.copytree(run_dir / "checkpoints" / STEP2, older)
     shard.write_bytes(b"")
-    assert dcp_io.newest_complete(copy.parent) == older  # the torn newest one is skipped
+    assert newest_complete(copy.parent) == older  # the torn newest one is skipped
     assert issubclass(IncompleteCheckpoint, CheckpointError) and issubclass(UnsafeCheckpoint, CheckpointError)
 
 
@@ -479,7 +490,7 @@ def test_spread_deep_verification_fails_on_every_rank_with_one_message(
     (two / "loop.pt").write_bytes((two / "loop.pt").read_bytes()[:-1])
     forged, marker = Path(shutil.copytree(source, tmp_path / "forged" / STEP2)), tmp_path / "ran"
     (forged / ".metadata").write_bytes(pickle.dumps(_RunsCommand(marker)))
-    dcp_io._write_manifest(forged, 2, {})  # the forger rewrites the manifest too
+    write_manifest(forged, 2, {})  # the forger rewrites the manifest too
     report = tmp_path / "report"
     _spawn(corrupt_load_worker, 2, [str(flipped), str(two), str(forged)], str(report))
     found = [json.loads(report.with_suffix(f".{rank}.json").read_text()) for rank in (0, 1)]
@@ -490,7 +501,7 @@ def test_spread_deep_verification_fails_on_every_rank_with_one_message(
     ]
     for case, (path, error, expected) in enumerate(expectations):
         with pytest.raises(error, match=expected) as alone:
-            dcp_io.verify(path, deep=True)  # one process, every file: the message of today
+            verify(path, deep=True)  # one process, every file: the message of today
         for rank in (0, 1):
             assert found[rank][case]["error"] == error.__name__, f"rank {rank}"
             assert found[rank][case]["message"] == str(alone.value), f"rank {rank}"
@@ -522,30 +533,30 @@ import os, signal, sys
 from pathlib import Path
 import torch
 from hpc_train import rundir
-from hpc_train.compute.checkpointing import dcp as dcp_io
+from hpc_train.compute.checkpointing import dcp_save
 
 folder, where = Path(sys.argv[1]), sys.argv[2]
 def save(step):
     state = {"model": {"w": torch.full((64,), float(step))}}
-    return dcp_io.save_dcp(state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed, lambda obj: [obj])
+    return dcp_save.save_dcp(state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed, lambda obj: [obj])
 save(1)
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
-setattr(dcp_io, where, die)
+setattr(dcp_save, where, die)
 save(2)
 """
 
 
-@pytest.mark.parametrize("where", ["_write_manifest", "_install"])
+@pytest.mark.parametrize("where", ["write_manifest", "install"])
 def test_kill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path, where: str) -> None:
     folder = tmp_path / "checkpoints"
     code = textwrap.dedent(_KILLED_SAVE)
     done = subprocess.run([sys.executable, "-c", code, str(folder), where], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == -9, done.stderr
-    assert dcp_io.newest_complete(folder) == folder / STEP1
-    assert [p.name for p in dcp_io.list_dcp_checkpoints(folder)] == [STEP1]
+    assert newest_complete(folder) == folder / STEP1
+    assert [p.name for p in list_dcp_checkpoints(folder)] == [STEP1]
     assert [p.name for p in rundir.remove_stale_temporaries(folder)] == [".step_000000002.dcp.tmp"]
-    assert torch.equal(dcp_io.consolidate(folder / STEP1)["w"], torch.full((64,), 1.0))
+    assert torch.equal(consolidate(folder / STEP1)["w"], torch.full((64,), 1.0))
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["rename-exchange", "move-aside"])
@@ -553,14 +564,14 @@ def test_saving_the_same_step_again_replaces_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
 ) -> None:
     if not exchange:  # file systems without renameat2(RENAME_EXCHANGE), NFS say
-        monkeypatch.setattr(dcp_io, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(dcp_dirs, "_exchange", lambda a, b: False)
     folder = tmp_path / "checkpoints"
     for value in (1.0, 2.0):
         state = {"model": {"w": torch.full((8,), value)}}
-        path = dcp_io.save_dcp(state, folder, 5, {"v": value}, 2, True, lambda: None, lambda failed: failed, _alone)
+        path = save_dcp(state, folder, 5, {"v": value}, 2, True, lambda: None, lambda failed: failed, _alone)
     assert [p.name for p in folder.iterdir()] == ["step_000000005"]
-    assert torch.equal(dcp_io.consolidate(path)["w"], torch.full((8,), 2.0))
-    assert dcp_io.read_loop(path) == {"v": 2.0}
+    assert torch.equal(consolidate(path)["w"], torch.full((8,), 2.0))
+    assert read_loop(path) == {"v": 2.0}
 
 
 # -- a full disk -------------------------------------------------------------------------------------
@@ -592,5 +603,5 @@ def test_disk_full_raises_on_every_rank_and_keeps_the_previous_checkpoint(small_
             assert "trainer.keep_checkpoints" in message and "previous checkpoint is kept" in message
         assert "needs about 6" in messages["loop"]  # 640 KiB of zeros in loop.pt
     assert sorted(p.name for p in folder.iterdir()) == [STEP1]  # no temporaries left
-    dcp_io.verify(folder / STEP1, deep=True)
-    assert dcp_io.read_loop(folder / STEP1)["state"]["global_step"] == 1
+    verify(folder / STEP1, deep=True)
+    assert read_loop(folder / STEP1)["state"]["global_step"] == 1

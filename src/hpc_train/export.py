@@ -5,7 +5,7 @@ read. This command, on one process without GPUs or a process group, assembles th
 state dict of the newest complete checkpoint (or of step N) and writes it with ``torch.save``:
 ``torch.load(OUT.pt, weights_only=True)`` then gives ``{param name: tensor}`` for
 ``model.load_state_dict``. Nothing in the checkpoint is unpickled beyond tensors, plain values
-and DCP's allow-listed metadata classes (hpc_train.compute.checkpointing.dcp).
+and DCP's allow-listed metadata classes (hpc_train.compute.checkpointing.dcp_metadata).
 
 ``--ema`` writes the weight average of ``trainer.ema_decay`` instead, from an fsdp checkpoint
 dir or from the single-file checkpoints (``step_<N>.ckpt``) of the other strategies; its keys
@@ -43,12 +43,14 @@ def _checkpoints_folder(run_dir: Path) -> Path:
 
 def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
     """The checkpoint dir to export: step `step`, or the newest complete one."""
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    # these import torch and torch.distributed.checkpoint (seconds): only once the arguments parsed
+    from hpc_train.compute.checkpointing.dcp_dirs import list_dcp_checkpoints, newest_complete, step_dir
+    from hpc_train.compute.checkpointing.dcp_manifest import MANIFEST
 
-    if step is None and (Path(run_dir) / dcp_io.MANIFEST).is_file():
+    if step is None and (Path(run_dir) / MANIFEST).is_file():
         return Path(run_dir)  # a checkpoint dir itself
     folder = _checkpoints_folder(run_dir)
-    found = dcp_io.list_dcp_checkpoints(folder)
+    found = list_dcp_checkpoints(folder)
     if not found:
         weights = Path(run_dir) / rundir.WEIGHTS
         if any(p.is_file() for p in folder.glob("step_*.ckpt")):
@@ -59,12 +61,12 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
             )
         raise ExportError(f"{folder} has no fsdp checkpoint dirs (step_<N>/)")
     if step is not None:
-        path = dcp_io.step_dir(folder, step)
+        path = step_dir(folder, step)
         if path not in found:
-            steps = ", ".join(str(int(p.name[5:])) for p in found)
+            steps = ", ".join(str(rundir.checkpoint_step(p)) for p in found)
             raise ExportError(f"{folder} has no checkpoint of step {step} (it has steps {steps})")
         return path
-    path = dcp_io.newest_complete(folder)
+    path = newest_complete(folder)
     if path is None:
         raise ExportError(f"{folder} has no complete checkpoint (every step_<N>/ there is truncated or corrupt)")
     return path
@@ -72,7 +74,7 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
 
 def _save_atomic(obj: object, out: Path) -> None:
     """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt."""
-    import torch
+    import torch  # heavy: only once the arguments parsed
 
     rundir.write_atomic(out, lambda handle: torch.save(obj, handle))
 
@@ -80,13 +82,13 @@ def _save_atomic(obj: object, out: Path) -> None:
 def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:
     """Write the full model weights (or, with `ema`, the weight average) of `run_dir`'s newest complete checkpoint
     (or `step`) to `out`; returns `out`."""
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train.compute.checkpointing.dcp_consolidate import consolidate  # heavy (torch, DCP): as above
 
     if ema and _single_file_checkpoints(Path(run_dir)):
         state = _ema_of_checkpoint_file(Path(run_dir), step)
     else:
         path = find_checkpoint(Path(run_dir), step)
-        state = dcp_io.consolidate(path, "ema." if ema else "model.")
+        state = consolidate(path, "ema." if ema else "model.")
     out = Path(out)
     _save_atomic(state, out)
     return out
@@ -99,7 +101,7 @@ def _single_file_checkpoints(run_dir: Path) -> bool:
 
 def _ema_of_checkpoint_file(run_dir: Path, step: Optional[int]) -> dict:
     """The weight average saved in a step_<N>.ckpt (the newest valid one, or step `step`)."""
-    from hpc_train.compute.checkpointing.files import newest_valid, read_checkpoint
+    from hpc_train.compute.checkpointing.files import newest_valid, read_checkpoint  # heavy (torch): as above
 
     folder = rundir.checkpoint_dir(run_dir)
     if step is None:
@@ -138,7 +140,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    from hpc_train.compute.checkpointing.files import CheckpointError
+    from hpc_train.compute.checkpointing.files import CheckpointError  # heavy (torch): --help stays instant
 
     try:
         out = export(args.run_dir, args.out, args.step, ema=args.ema)

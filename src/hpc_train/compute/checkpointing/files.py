@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic writes, verified reads, rotation, and the config fingerprint.
+"""Checkpoint files: atomic writes, verified reads, rotation, and the config fingerprint; the errors of both formats.
 
 A checkpoint is ``rundir.checkpoint_path(run_dir, step)``: a header line
 (``HPCTRAIN-CKPT 2 <sha256 of the rest>``), a line with the config fingerprint as JSON (so the
@@ -14,6 +14,10 @@ anything named in the file; everything saved is made of those (RNG states includ
 :func:`capture_rng`). A payload that needs more is refused (:class:`CheckpointRefused`), never
 retried with ``weights_only=False``. Format 1 (before this rule) stored numpy arrays and is
 refused with a message saying it comes from an older hpc-train.
+
+The errors of both formats (single files here, DCP dirs in the dcp_*.py modules) are defined
+here, one place to catch them from: :class:`CheckpointError` and its kinds (refused, unsafe,
+incomplete, disk full).
 
 Payload keys: ``format``, ``fingerprint``, ``state`` (epoch, step_in_epoch, global_step,
 last_loss), ``shards`` (model / optimizer / GradScaler state per parameter owner: ``"model"``
@@ -67,6 +71,35 @@ class DiskFull(CheckpointError, Refusal):
     user has to free space, there is nothing to debug. The run resumes from the previous
     checkpoint when the same command runs again.
     """
+
+
+class UnsafeCheckpoint(CheckpointRefused):
+    """A checkpoint that would run code if loaded the ordinary way; nothing in it was run.
+
+    A :class:`CheckpointRefused` (so a :class:`Refusal`): never skipped in favour of an older
+    checkpoint, the user decides.
+    """
+
+
+class IncompleteCheckpoint(CheckpointError):
+    """A checkpoint dir that is missing files, truncated or corrupt (a kill, a full disk, bit rot).
+
+    Like a torn checkpoint file, it may be skipped in favour of the previous complete one.
+    """
+
+
+def refusal_message(path: Path, what: str) -> str:
+    """The one message for a checkpoint holding `what` hpc-train never writes: nothing in it was run, and the fix."""
+    return (
+        f"refusing to load checkpoint {path}: {what}, which hpc-train never writes; it may have been tampered"
+        " with. Nothing in it was run. Fix: resume from a checkpoint you trust, or start over with resume=never"
+        " or a new hydra.run.dir."
+    )
+
+
+def unsafe_checkpoint(path: Path, what: str) -> UnsafeCheckpoint:
+    """The refusal of a checkpoint (dir) whose `what` would run code if loaded the ordinary way."""
+    return UnsafeCheckpoint(refusal_message(path, what))
 
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -147,9 +180,7 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
         return torch.load(io.BytesIO(body[start:]), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # something other than tensors and plain types: never run it
         raise CheckpointRefused(
-            f"refusing to load checkpoint {path}: it holds objects other than tensors and plain values"
-            f" ({_first_reason(err)}), which hpc-train never writes; it may have been tampered with. Nothing in it was"
-            " run. Fix: resume from a checkpoint you trust, or start over with resume=never or a new hydra.run.dir."
+            refusal_message(path, f"it holds objects other than tensors and plain values ({_first_reason(err)})")
         ) from None
     except Exception as err:  # a valid digest of an unloadable payload: a different torch, say
         raise CheckpointError(f"{path} could not be unpickled: {err}") from err

@@ -5,8 +5,8 @@ apart), but the model and optimizer state never meet in one process: each rank s
 shards of ``get_state_dict(model, optimizer)`` into ``checkpoints/step_<N>/`` and loads what
 its (possibly different) shards need, so a run checkpointed at W ranks resumes at W' ranks
 (DCP reshards). Rank 0 adds the loop state (schedule, position, GradScaler, every rank's RNG
-and stream position, fingerprint) as ``loop.pt``; the directory and its safety rules are
-hpc_train.compute.checkpointing.dcp's.
+and stream position, fingerprint) as ``loop.pt``; the directory is
+hpc_train.compute.checkpointing.dcp_save's, its safety rules dcp_load's.
 
 Resuming at another world size: parameters, optimizer state and the position in the data
 (the global batch is fixed, so the sampler's next block of samples is the same) carry over
@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from hpc_train import rundir
-from hpc_train.compute.checkpointing import dcp as dcp_io
 from hpc_train.compute.runtime import distributed
-from hpc_train.compute.checkpointing.files import CheckpointError, restore_rng
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
+from hpc_train.compute.checkpointing.dcp_load import load_dcp, read_loop
+from hpc_train.compute.checkpointing.dcp_manifest import MANIFEST_FORMAT
+from hpc_train.compute.checkpointing.dcp_save import save_dcp
+from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint, restore_rng
 
 log = logging.getLogger("hpc_train")
 
@@ -57,7 +59,7 @@ class ShardedCheckpointer(Checkpointer):
         if parts is not None:  # rank 0
             scaler = self.sharded.get("scaler")
             loop = {
-                "format": dcp_io.MANIFEST_FORMAT,
+                "format": MANIFEST_FORMAT,
                 "fingerprint": self.fingerprint,
                 **{name: holder.state_dict() for name, holder in self.shared.items()},
                 "scaler": scaler.state_dict() if scaler is not None else None,
@@ -67,7 +69,7 @@ class ShardedCheckpointer(Checkpointer):
                 "written": time.time(),
                 "why": why,
             }
-        path = dcp_io.save_dcp(
+        path = save_dcp(
             self._model_and_optimizer(),
             self.folder,
             global_step,
@@ -114,7 +116,7 @@ class ShardedCheckpointer(Checkpointer):
                 f"{path} is a checkpoint file of a strategy that does not shard; strategy=fsdp resumes from its own"
                 " checkpoint directories (step_<N>/)"
             )
-        return dcp_io.read_loop(path)
+        return read_loop(path)
 
     def _newest_readable(self, folder: Path) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:
         """The newest complete checkpoint dir; torn ones are skipped with a warning, forged ones refused."""
@@ -123,7 +125,7 @@ class ShardedCheckpointer(Checkpointer):
                 continue
             try:
                 return path, self._read(path)
-            except dcp_io.UnsafeCheckpoint:
+            except UnsafeCheckpoint:
                 raise
             except CheckpointError as err:
                 log.warning("skipping checkpoint: %s; falling back to the previous one", err)
@@ -132,7 +134,7 @@ class ShardedCheckpointer(Checkpointer):
     def restore(self, payload: Dict[str, Any]) -> None:
         path = Path(payload["path"])
         state = self._model_and_optimizer()
-        dcp_io.load_dcp(state, path, deep=False)  # the loop file's check already read the manifest
+        load_dcp(state, path, deep=False)  # the loop file's check already read the manifest
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         set_state_dict(

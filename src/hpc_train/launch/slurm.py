@@ -126,19 +126,12 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         "srun_args": ["--kill-on-bad-exit=1"],
     }
     signal_name = requeue_signal(cfg)
-    if signal_name != "USR2":  # submitit's default; other signals need both sides told
+    if signal_name != SUBMITIT_SIGNAL:  # other signals need both sides told
         params["setup"] = [f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
-    flag = str(cluster.get("gpu_flag") or "gres")
-    if flag == "gres":
+    if str(cluster.gpu_flag) == "gres":  # schema.RULES allows gres or gpus-per-node
         params["gres"] = f"gpu:{layout.gpus_per_node}"
-    elif flag == "gpus-per-node":
-        params["gpus_per_node"] = layout.gpus_per_node
     else:
-        raise ConfigError(
-            "cluster.gpu_flag",
-            f"unknown value {flag!r}.",
-            "use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.",
-        )
+        params["gpus_per_node"] = layout.gpus_per_node
     optional = {
         "partition": cluster.get("partition"),
         "account": _account(cluster),
@@ -152,7 +145,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         extra = {"hint": str(cluster.hint), **extra}
     # Requeueable whatever the site default (JobRequeue=0 would refuse `scontrol requeue`).
     extra = {"requeue": True, **extra}
-    if signal_name != "USR2":
+    if signal_name != SUBMITIT_SIGNAL:
         extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
     params["additional_parameters"] = extra
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
@@ -161,26 +154,12 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     return params
 
 
-SIGNALS = ("USR1", "USR2")
+SUBMITIT_SIGNAL = "USR2"  # the signal submitit's own batch script asks Slurm for (#SBATCH --signal=USR2@<delay>)
 
 
 def requeue_signal(cfg: ConfigView) -> str:
-    name = str(cfg.launcher.get("signal") or "USR2").upper().removeprefix("SIG")
-    if name not in SIGNALS:
-        raise ConfigError(
-            "launcher.signal",
-            f"{cfg.launcher.signal!r} cannot be the requeue signal (Slurm's --signal with USR1 or USR2 is what leaves"
-            " the job alive to checkpoint).",
-            "use launcher.signal=USR2 (the default) or launcher.signal=USR1.",
-        )
-    delay = cfg.launcher.get("signal_delay_s")
-    if not (isinstance(delay, int) and not isinstance(delay, bool) and 0 < delay <= 65535):
-        raise ConfigError(
-            "launcher.signal_delay_s",
-            f"must be a positive whole number of seconds (at most 65535), got {delay!r}.",
-            "set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.",
-        )
-    return name
+    """launcher.signal (checked by schema.RULES: USR1 or USR2, with or without SIG) as Slurm spells it."""
+    return str(cfg.launcher.signal).upper().removeprefix("SIG")
 
 
 def check_partition(params: Dict[str, Any], key: str = "cluster.partition") -> None:

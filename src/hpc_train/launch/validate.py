@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from hpc_train import hang as hang_watch
 from hpc_train import logger_table, rundir
 from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
@@ -46,7 +47,7 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
         )
     _check_batch_split(trainer, parallel)
     _check_schedule(trainer)
-    if trainer.get("ema_decay") is not None and parallel.kind.staged:
+    if trainer.ema_decay is not None and parallel.kind.staged:
         raise ConfigError(
             "trainer.ema_decay",
             f"{parallel.kind.spelling} cuts the model into stages; the weight average is kept for a whole model.",
@@ -58,7 +59,7 @@ def _check_batch_split(trainer: ConfigView, parallel: Parallelism) -> None:
     """The global batch splits over the data-parallel ranks, then into trainer.grad_accum_steps micro-batches (then
     into strategy.chunks pipeline micro-batches)."""
     batch = trainer.batch_size
-    accum = int(trainer.get("grad_accum_steps") or 1)
+    accum = int(trainer.grad_accum_steps)
     replicas, chunks = parallel.data_parallel_size, parallel.chunks
     if accum > 1 and parallel.layout.strategy == "pipelining":
         raise ConfigError(
@@ -97,7 +98,7 @@ def _check_schedule(trainer: ConfigView) -> None:
                 " or use a built-in trainer.lr_schedule.",
             )
         return
-    min_lr = trainer.get("min_lr") or 0.0
+    min_lr = trainer.min_lr
     optimizer_lr = trainer.optimizer.get("lr") if isinstance(trainer.optimizer, Mapping) else None
     lr = optimizer_lr if optimizer_lr is not None else trainer.lr
     if schedule == "cosine" and min_lr > lr:
@@ -113,8 +114,8 @@ def check_timeouts(cfg: ConfigView) -> None:
     """The hang watchdog must speak before a collective's timeout does (it names the stuck rank; the timeout blames
     the rank that waited)."""
     trainer = cfg.trainer
-    hang, dist = trainer.get("hang_timeout_s"), trainer.dist_timeout_s
-    if hang is not None and hang != "auto" and float(dist) <= float(hang):
+    hang, dist = trainer.hang_timeout_s, trainer.dist_timeout_s
+    if hang is not None and hang != hang_watch.AUTO and float(dist) <= float(hang):
         raise ConfigError(
             "trainer.dist_timeout_s",
             f"trainer.dist_timeout_s={dist} is not larger than trainer.hang_timeout_s={hang}: a stuck collective would"
@@ -126,7 +127,7 @@ def check_timeouts(cfg: ConfigView) -> None:
 
 def check_activation_checkpointing(cfg: ConfigView, parallel: Parallelism) -> None:
     """Recomputing blocks in the backward pass needs the whole model in one process."""
-    mode = str(cfg.trainer.get("activation_checkpointing", "none") or "none")
+    mode = str(cfg.trainer.activation_checkpointing)
     if mode != "none" and parallel.kind.staged:
         raise ConfigError(
             "trainer.activation_checkpointing",
@@ -141,7 +142,7 @@ def check_strategy(cfg: ConfigView, parallel: Parallelism) -> None:
     ``parallelism.resolve_parallelism``)."""
     if parallel.split is None:
         return
-    if cfg.trainer.get("step") is not None:
+    if cfg.trainer.step is not None:
         raise ConfigError(
             "trainer.step",
             f"{parallel.kind.spelling} cuts the model into stages and computes trainer.loss on the last"
@@ -378,7 +379,7 @@ def check_script(cfg: ConfigView, parallel: Parallelism) -> None:
                 "give a Python file that exists, relative to the directory hpc-train is started in (or script.cwd),"
                 " e.g. hpc-train ... -- train.py ARGS, or -- -m package.module ARGS.",
             )
-    launcher = str(cfg.script.get("launcher") or "direct")
+    launcher = str(cfg.script.launcher)
     if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp"):
         raise ConfigError(
             "script.launcher",

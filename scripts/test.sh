@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
-exec .venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers: the Slurm tests (one group, one worker) wait on the cluster while the other worker
+# runs the CPU tests; each other test file is one group (tests/conftest.py, _xdist_group).
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

@@ -202,6 +202,16 @@ def slurm_cluster_16():
 
 
 @pytest.hookimpl(tryfirst=True)
+def _xdist_group(item) -> str:
+    """scripts/test.sh runs the suite on 2 pytest-xdist workers with --dist loadgroup: every test that uses the
+    Slurm test cluster in one group (one worker, one job at a time on the cluster, as in a serial run; its waits
+    overlap the other worker's CPU work), every other file a group of its own (its module fixtures built once)."""
+    names = getattr(item, "fixturenames", ())
+    if item.get_closest_marker("slurm") or "slurm_cluster" in names or "slurm_cluster_16" in names:
+        return "slurm"
+    return item.path.name
+
+
 def pytest_collection_modifyitems(config, items):
     """`scale` tests (16-node cluster): deselected unless `-m` or a file named on the command line
     picks them; when selected, they run last.
@@ -212,6 +222,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster_16" in getattr(item, "fixturenames", ()) and item.get_closest_marker("scale") is None:
             item.add_marker(pytest.mark.scale)
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     scale = [item for item in items if item.get_closest_marker("scale") is not None]
     if not scale:
         return

@@ -138,3 +138,20 @@ def test_readme_links_exist(page):
         if "://" in target:
             continue
         assert (path.parent / target).exists(), f"{page}: broken link {target}"
+
+
+def test_the_architecture_page_names_every_module_and_package():
+    """`ls src/hpc_train src/hpc_train/*/ src/hpc_train/compute/*/` matches the architecture page."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    root = ROOT / "src" / "hpc_train"
+    folders = [root, *sorted(p for p in root.glob("*/") if (p / "__init__.py").exists())]
+    folders += sorted(p for p in (root / "compute").glob("*/") if (p / "__init__.py").exists())
+    unnamed = [
+        str(path.relative_to(root))
+        for folder in folders
+        for path in sorted(folder.iterdir())
+        if not path.name.startswith("_")
+        and (path.suffix == ".py" or (path / "__init__.py").exists())
+        and f"{path.name}{'/' if path.is_dir() else ''}" not in page
+    ]
+    assert not unnamed, f"docs/architecture.md does not name: {unnamed}"

@@ -44,7 +44,7 @@ ARGS = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every=5", "trainer.keep_c
 EVERY = 5
 LAYOUTS = {
     "ddp": ["strategy=ddp", "resources.gpus_per_node=2"],
-    "fsdp": ["strategy=fsdp", "resources.gpus_per_node=2"],  # sharded checkpoints: every rank writes (dcp_io)
+    "fsdp": ["strategy=fsdp", "resources.gpus_per_node=2"],  # sharded checkpoints: every rank writes (checkpointing/dcp_save.py)
 }
 SLOW_WRITE_S = 3.0  # each checkpoint write pauses this long half-way
 # From the signal to the exit: the write in progress, the rest of the step, the stop, the processes'
@@ -85,11 +85,13 @@ def checkpoint_of(run_dir: Path, step: int, layout: str) -> dict:
     """The complete checkpoint of `step`, verified (checksums), as (its step, why it was written)."""
     folder = run_dir / "checkpoints"
     if layout == "fsdp":
-        from hpc_train.compute.checkpointing import dcp as dcp_io
+        from hpc_train.compute.checkpointing.dcp_dirs import step_dir
+        from hpc_train.compute.checkpointing.dcp_load import read_loop
+        from hpc_train.compute.checkpointing.dcp_manifest import verify
 
-        path = dcp_io.step_dir(folder, step)
-        dcp_io.verify(path, deep=True)  # every file the manifest names, with its sha256
-        loop = dcp_io.read_loop(path)
+        path = step_dir(folder, step)
+        verify(path, deep=True)  # every file the manifest names, with its sha256
+        loop = read_loop(path)
         return {"step": loop["state"]["global_step"], "why": loop["why"]}
     from hpc_train.compute.checkpointing.files import read_checkpoint
 

@@ -10,7 +10,7 @@ modules, else every direct child holding parameters; the root takes what is left
 HSDP (`strategy.replicate=nodes`, or R replicas): a 2-D device mesh ("replicate", "shard"):
 parameters are sharded inside a node, where links are fast, and replicated across nodes,
 whose gradients are all-reduced. Checkpoints are torch.distributed.checkpoint directories that
-any other number of ranks can load (hpc_train.compute.checkpointing.dcp).
+any other number of ranks can load (hpc_train.compute.checkpointing.sharded).
 """
 
 from __future__ import annotations

@@ -20,7 +20,11 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
 
 from hpc_train import rundir
 from hpc_train.compute.runtime import distributed
@@ -33,6 +37,56 @@ from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpo
 log = logging.getLogger("hpc_train")
 
 
+class ShardedState(Stateful):
+    """Each rank's own shards, as DCP saves them: the model's and the optimizer's (``get_state_dict``: any
+    sharding, any world size) and, with ``trainer.ema_decay``, the weight average's (sharded like the parameters).
+
+    ``state_dict()`` is ``{"model": ..., "optim": ...}`` (plus ``"ema"``), the checkpoint's ``model.*``,
+    ``optim.*`` and ``ema.*`` entries; at a load it is also the template DCP fills in place, which
+    ``load_state_dict`` then puts back into the model, optimizer and average.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: Optional[Stateful]) -> None:
+        self.model, self.optimizer, self.ema = model, optimizer, ema
+
+    def state_dict(self) -> Dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state_dict["model"],
+            optim_state_dict=state_dict["optim"],
+        )
+        if self.ema is not None:
+            self.ema.load_state_dict(state_dict["ema"])  # loaded in place; checks every name is there
+
+
+class LoopState(Stateful):
+    """The holders equal on every rank, as rank 0 saves them in ``loop.pt``: each shared one (LR schedule, loop
+    position) under its name, and the GradScaler under ``"scaler"`` (None without one)."""
+
+    def __init__(self, shared: Mapping[str, Stateful], scaler: Optional[Stateful]) -> None:
+        self.shared, self.scaler = dict(shared), scaler
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            **{name: holder.state_dict() for name, holder in self.shared.items()},
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if self.scaler is not None and state_dict.get("scaler"):
+            self.scaler.load_state_dict(state_dict["scaler"])
+        for name, holder in self.shared.items():
+            holder.load_state_dict(state_dict[name])
+
+
 class ShardedCheckpointer(Checkpointer):
     """Checkpointer whose model and optimizer are saved by every rank, as torch.distributed.checkpoint shards."""
 
@@ -40,14 +94,11 @@ class ShardedCheckpointer(Checkpointer):
         " (an fsdp checkpoint lets only resources.nodes, resources.gpus_per_node and strategy.replicate change)"
     )
 
-    def _model_and_optimizer(self) -> Dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+    def _shards(self) -> ShardedState:
+        return ShardedState(self.sharded["model"], self.sharded["optimizer"], self.sharded.get("ema"))
 
-        model_state, optim_state = get_state_dict(self.sharded["model"], self.sharded["optimizer"])
-        state = {"model": model_state, "optim": optim_state}
-        if "ema" in self.sharded:  # trainer.ema_decay: the weight average, sharded like the parameters
-            state["ema"] = self.sharded["ema"].state_dict()
-        return state
+    def _loop_state(self) -> LoopState:
+        return LoopState(self.shared, self.sharded.get("scaler"))
 
     # -- saving -------------------------------------------------------------------------
     def save(self, global_step: int, why: str) -> Optional[Path]:
@@ -57,12 +108,10 @@ class ShardedCheckpointer(Checkpointer):
         parts = distributed.gather_to_main(self._rank_part())
         loop: Dict[str, Any] = {}
         if parts is not None:  # rank 0
-            scaler = self.sharded.get("scaler")
             loop = {
                 "format": MANIFEST_FORMAT,
                 "fingerprint": self.fingerprint,
-                **{name: holder.state_dict() for name, holder in self.shared.items()},
-                "scaler": scaler.state_dict() if scaler is not None else None,
+                **self._loop_state().state_dict(),
                 "rng": [p["rng"] for p in parts],
                 "per_rank": [p.get("own", {}) for p in parts],
                 "world_size": self.ranks.world_size,
@@ -70,7 +119,7 @@ class ShardedCheckpointer(Checkpointer):
                 "why": why,
             }
         path = save_dcp(
-            self._model_and_optimizer(),
+            self._shards().state_dict(),
             self.folder,
             global_step,
             loop,
@@ -133,23 +182,11 @@ class ShardedCheckpointer(Checkpointer):
 
     def restore(self, payload: Dict[str, Any]) -> None:
         path = Path(payload["path"])
-        state = self._model_and_optimizer()
+        shards = self._shards()
+        state = shards.state_dict()
         load_dcp(state, path, deep=False)  # the loop file's check already read the manifest
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        set_state_dict(
-            self.sharded["model"],
-            self.sharded["optimizer"],
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
-        if "ema" in self.sharded:
-            self.sharded["ema"].load_state_dict(state["ema"])  # loaded in place; checks every name is there
-        scaler = self.sharded.get("scaler")
-        if scaler is not None and payload.get("scaler"):
-            scaler.load_state_dict(payload["scaler"])
-        for name, holder in self.shared.items():
-            holder.load_state_dict(payload[name])
+        shards.load_state_dict(state)
+        self._loop_state().load_state_dict(payload)
         saved_world, rank = int(payload["world_size"]), self.ranks.rank
         if saved_world != self.ranks.world_size:
             self.resharded_from = saved_world

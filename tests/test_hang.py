@@ -186,6 +186,74 @@ def test_a_stack_inside_torch_distributed_counts_as_waiting():
     assert verdict.culprits == [1] and verdict.waiting == [0]
 
 
+def test_a_rank_importing_torch_distributed_is_not_waiting_in_a_collective():
+    """A script job starting up on a loaded machine (the stacks py-spy took, shortened): rank 1 runs the module-level
+    code of torch.distributed.tensor (DDP's constructor imports it), rank 0 waits for it in DDP's first collective."""
+    torch_dir = "/venv/lib/python3.11/site-packages/torch"
+    importing = [
+        f'File "{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", line 119, in _register_single_dim_pointwise',
+        f'File "{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", line 580, in <module>',
+        'File "<frozen importlib._bootstrap>", line 241, in _call_with_frames_removed',
+        'File "<frozen importlib._bootstrap_external>", line 940, in _LoaderBasics.exec_module',
+        f'File "{torch_dir}/nn/parallel/distributed.py", line 842, in DistributedDataParallel.__init__',
+        'File "/work/ddp_allreduce.py", line 49, in main',
+    ]
+    waiting = [
+        f'File "{torch_dir}/distributed/utils.py", line 299, in _verify_param_shape_across_processes',
+        f'File "{torch_dir}/nn/parallel/distributed.py", line 1064, in DistributedDataParallel.__init__',
+        'File "/work/ddp_allreduce.py", line 49, in main',
+    ]
+    elsewhere = ['File "/python3.11/dataclasses.py", line 433, in _create_fn', *importing[2:]]  # importing torch._dynamo
+    assert not hang.in_collective(hang.RankStacks(1, {1: importing})) and hang.in_collective(hang.RankStacks(1, {1: waiting}))
+    records = {r: record(r, 0, hang.RUNNING) for r in (0, 1)}
+    stacks = {0: hang.RankStacks(1, {1: waiting}), 1: hang.RankStacks(1, {1: importing})}
+    verdict = hang.diagnose(records, stacks, now=200.0)
+    assert verdict.culprits == [1] and verdict.waiting == [0]
+    # both still starting: neither waits for the other (rank 0 was blamed alone, rank 1 called waiting)
+    stacks = {0: hang.RankStacks(1, {1: elsewhere}), 1: hang.RankStacks(1, {1: importing})}
+    assert hang.diagnose(records, stacks, now=200.0).culprits == [0, 1]
+
+
+READS = "import sys, time\nwhile True:\n    open(sys.executable, 'rb').read(4096)\n    time.sleep(0.05)"
+
+
+def test_a_script_that_reads_before_its_first_line_is_starting_and_one_that_sleeps_is_not(monkeypatch):
+    """Before its first line a script job's progress is what it reads (its imports); its children count too."""
+    from hpc_train.compute.runtime import heartbeat, script_job
+
+    marks, warm = [], [False]
+    monkeypatch.setattr(heartbeat, "mark", lambda *args, **kwargs: marks.append(args))
+    monkeypatch.setattr(heartbeat, "is_warm", lambda: warm[0])
+    code = "import subprocess, sys, time\n{}print('ready', flush=True)\ntime.sleep(60)"
+    sleeps = subprocess.Popen([sys.executable, "-c", code.format("")], stdout=subprocess.PIPE, text=True)
+    spawns = f"subprocess.Popen([sys.executable, '-c', {READS!r}])\n"
+    parent = subprocess.Popen([sys.executable, "-c", code.format(spawns)], stdout=subprocess.PIPE, text=True)
+    try:
+        for proc, advancing in ((sleeps, False), (parent, True)):
+            assert proc.stdout.readline() == "ready\n"
+            time.sleep(0.5)  # the child started (and read its interpreter) by now
+            probe = script_job._StartupReads()
+            probe()  # without a pid: nothing
+            probe.pid = proc.pid
+            probe()  # the first look sees the bytes read so far
+            marks.clear()
+            time.sleep(0.5)
+            probe()
+            assert marks == ([(hang.RUNNING,)] if advancing else [])
+        warm[0] = True  # past the first line, only output and metrics rows are progress
+        marks.clear()
+        time.sleep(0.3)
+        probe()
+        assert marks == []
+    finally:
+        for proc in (sleeps, parent):
+            for pid in script_job._bytes_read(proc.pid):
+                if pid != proc.pid:
+                    os.kill(pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait()
+
+
 def test_a_dump_is_read_back_from_the_log_by_its_stamp():
     stamp = hang.stamp(1234.5)
     text = "\n".join(

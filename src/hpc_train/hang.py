@@ -8,12 +8,13 @@ loader workers too), then names the culprits with :func:`diagnose` and ends the 
 :data:`hpc_train.rundir.EXIT_HUNG`.
 
 Who is to blame. A rank that waits in a collective (the phase ``collective``, or a stack whose
-innermost frame is in ``torch/distributed``), or that has finished, waits for the others. Of the other ranks, those
-*behind* the furthest one (an earlier step, or an earlier phase of the same step: data, then
-forward, then backward, then the optimizer) have not reached the point the furthest one waits
-at: they are the culprits, and the furthest ones are named as waiting for them. When every
-rank is at the same point outside a collective (a dead file system, a deadlock in the user's
-code, a step that sleeps everywhere), every rank is named. Shared by both sides: no torch here.
+innermost frame is in ``torch/distributed``, outside an import), or that has finished, waits for
+the others. Of the other ranks, those *behind* the furthest one (an earlier step, or an earlier
+phase of the same step: data, then forward, then backward, then the optimizer) have not reached
+the point the furthest one waits at: they are the culprits, and the furthest ones are named as
+waiting for them. When every rank is at the same point outside a collective (a dead file
+system, a deadlock in the user's code, a step that sleeps everywhere), every rank is named.
+Shared by both sides: no torch here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ _BEGIN = re.compile(r"^=== hpc-train: stacks of rank (\d+) \(pid (\d+), host (\S
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _WORKER = re.compile(r"^--- child process \(pid (\d+)\) of rank \d+ ---$")
+_IMPORTLIB = 'File "<frozen importlib.'  # importlib's frames (any import), as faulthandler and py-spy name them
 
 
 def timeout_s(setting: Any, median_step_s: Optional[float], dist_timeout_s: Optional[float]) -> Optional[float]:
@@ -162,8 +164,17 @@ def parse_stacks(log_text: str, rank: int, stamp_text: str) -> Optional[RankStac
 
 
 def in_collective(stacks: Optional[RankStacks]) -> bool:
-    """The main thread waits inside torch.distributed (a collective, a store, a rendezvous)."""
-    return bool(stacks and stacks.main and "/torch/distributed/" in stacks.main[0])
+    """The main thread waits inside torch.distributed (a collective, a store, a rendezvous).
+
+    Not while it imports: a script starting up runs torch.distributed's module-level code (DDP's
+    constructor alone imports torch._dynamo and torch.distributed.tensor), which waits for nobody.
+    """
+    return bool(stacks and stacks.main and "/torch/distributed/" in stacks.main[0] and not importing(stacks.main))
+
+
+def importing(frames: Sequence[str]) -> bool:
+    """The thread is inside an import (importlib's frames are on its stack)."""
+    return any(frame.startswith(_IMPORTLIB) for frame in frames)
 
 
 # -- the verdict -------------------------------------------------------------------------------------

@@ -402,3 +402,8 @@ def warmed_up() -> None:
     """Past the start (a script's first output): the first-step allowance is over."""
     if _current is not None:
         _current.warm = True
+
+
+def is_warm() -> bool:
+    """Past the start (see warmed_up); False without a running heartbeat."""
+    return _current is not None and _current.warm

@@ -10,9 +10,10 @@ local port) build the ~50 M-parameter ``TinyLM`` of benchmarks/fsdp_memory.py (i
 ``build_model``), wrap it with hpc_train's ``FSDPStrategy`` (``fully_shard`` per block, then the
 root), take one AdamW step (so the optimizer state exists) and save
 ``get_state_dict(model, optimizer)`` as the fsdp strategy does (``{"model", "optim"}``) with
-``dcp.save_dcp`` and the collectives ``ShardedCheckpointer`` passes it. Per repeat one "before"
+``dcp_save.save_dcp`` and the collectives ``ShardedCheckpointer`` passes it. Per repeat one "before"
 and one "after" save, alternating which goes first. "before" runs the same ``save_dcp`` with
-the old manifest writer (a copy of it below, not in src) and no per-rank hashing.
+the old manifest writer (a copy of it below, not in src, patched in as ``dcp_save._write_rank0_files``)
+and no per-rank hashing (``dcp_save.file_entries`` patched to hash nothing).
 
 Per save and rank: *ready* = seconds from the common start (a barrier) until the rank has done
 its own part (dcp.save, its hashing; rank 0 also its loop.pt and the manifest): rank 0 when it
@@ -20,7 +21,7 @@ enters the agreement after the manifest, another rank when it enters the gather 
 (after that it only waits); *total* = until ``save_dcp`` returns (the stall a training loop sees, the
 same on every rank); *hashed* = bytes this rank read to hash. Figures: median (min-max) over
 the repeats; "slowest other" is the maximum over ranks 1..W-1 of each save. Also timed: a deep
-verification of the checkpoint (``verify(deep=True)``), every rank hashing every file (before)
+verification of the checkpoint (``dcp_manifest.verify(deep=True)``), every rank hashing every file (before)
 against each rank hashing its share (after), slowest rank.
 """
 
@@ -48,20 +49,22 @@ MB = 1e6
 
 
 # -- the old code path (hpc_train before issue 33's change), kept here only --------------------
+# The save is dcp_save.save_dcp; the manifest's names and hashing are dcp_manifest's (split out of dcp.py).
 def old_write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
     """The old ``_write_manifest``: rank 0 reads back and hashes every file of the dir."""
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train import rundir
+    from hpc_train.compute.checkpointing import dcp_manifest
 
     files = {}
     for file in sorted(Path(folder).iterdir()):
-        if file.name != dcp_io.MANIFEST and file.is_file():
-            files[file.name] = {"size": file.stat().st_size, "sha256": dcp_io._sha256(file)}
-    manifest: Dict[str, Any] = {"format": dcp_io.MANIFEST_FORMAT, "step": step, "files": files}
+        if file.name != dcp_manifest.MANIFEST and file.is_file():
+            files[file.name] = {"size": file.stat().st_size, "sha256": dcp_manifest._sha256(file)}
+    manifest: Dict[str, Any] = {"format": dcp_manifest.MANIFEST_FORMAT, "step": step, "files": files}
     try:
         manifest["fingerprint"] = json.loads(json.dumps(extra.get("fingerprint")))
     except (TypeError, ValueError):
         pass
-    dcp_io._write_file(Path(folder) / dcp_io.MANIFEST, json.dumps(manifest, indent=1).encode())
+    rundir.write_durable(Path(folder) / dcp_manifest.MANIFEST, json.dumps(manifest, indent=1).encode())
 
 
 def old_write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: Any = None) -> None:
@@ -69,37 +72,46 @@ def old_write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: A
     import io
 
     import torch
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train import rundir
+    from hpc_train.compute.checkpointing import dcp_manifest
 
     buffer = io.BytesIO()
     torch.save(extra, buffer)
-    dcp_io._write_file(tmp / dcp_io.LOOP, buffer.getvalue())
+    rundir.write_durable(tmp / dcp_manifest.LOOP, buffer.getvalue())
     old_write_manifest(tmp, step, extra)
-    dcp_io._fsync(tmp)
+    rundir.fsync_path(tmp)
 
 
 @contextmanager
 def code_path(mode: str) -> Iterator[None]:
-    """"before": the old rank-0-hashes-all manifest and no per-rank hashing; "after": src as it is."""
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    """"before": the old rank-0-hashes-all manifest and no per-rank hashing; "after": src as it is.
+
+    save_dcp looks both up in dcp_save's namespace (file_entries is imported there from dcp_manifest),
+    so that is where they are replaced.
+    """
+    from hpc_train.compute.checkpointing import dcp_save
 
     if mode == "after":
         yield
         return
-    saved = dcp_io._write_rank0_files, dcp_io._file_entries
-    dcp_io._write_rank0_files, dcp_io._file_entries = old_write_rank0_files, lambda folder, names: {}
+    saved = dcp_save._write_rank0_files, dcp_save.file_entries
+    dcp_save._write_rank0_files, dcp_save.file_entries = old_write_rank0_files, lambda folder, names: {}
     try:
         yield
     finally:
-        dcp_io._write_rank0_files, dcp_io._file_entries = saved
+        dcp_save._write_rank0_files, dcp_save.file_entries = saved
 
 
 @contextmanager
 def hashing_meter(meter: Dict[str, float]) -> Iterator[None]:
-    """Count the bytes and seconds this process spends in the checkpoint module's sha256."""
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    """Count the bytes and seconds this process spends in the checkpoint manifest's sha256.
 
-    original = dcp_io._sha256
+    dcp_manifest._sha256 is called through the module's globals by file_entries (the per-rank
+    hashing and the manifest's own files), check_file (verify) and old_write_manifest above.
+    """
+    from hpc_train.compute.checkpointing import dcp_manifest
+
+    original = dcp_manifest._sha256
 
     def metered(path: Path) -> str:
         start = time.perf_counter()
@@ -108,11 +120,11 @@ def hashing_meter(meter: Dict[str, float]) -> Iterator[None]:
         meter["hashed_bytes"] += os.path.getsize(path)
         return digest
 
-    dcp_io._sha256 = metered
+    dcp_manifest._sha256 = metered
     try:
         yield
     finally:
-        dcp_io._sha256 = original
+        dcp_manifest._sha256 = original
 
 
 # -- the worker (one rank) ---------------------------------------------------------------
@@ -143,7 +155,7 @@ def _one_step(model: Any, vocab: int) -> Any:
 def _timed_save(model: Any, optimizer: Any, folder: Path, step: int, is_main: bool) -> Dict[str, float]:
     """One save as ShardedCheckpointer makes it; ready (entering the last-but-one agreement) and total seconds."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train.compute.checkpointing import dcp_save
     from hpc_train.compute.runtime import distributed
 
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -164,8 +176,8 @@ def _timed_save(model: Any, optimizer: Any, folder: Path, step: int, is_main: bo
     distributed.control_barrier()
     start = time.perf_counter()
     with hashing_meter(meter):
-        dcp_io.save_dcp({"model": model_state, "optim": optim_state}, folder, step, loop, 1, is_main,
-                        distributed.control_barrier, agree, gather)
+        dcp_save.save_dcp({"model": model_state, "optim": optim_state}, folder, step, loop, 1, is_main,
+                          distributed.control_barrier, agree, gather)
     total = time.perf_counter() - start
     # Own part done: rank 0 when it enters the 2nd agreement (its loop.pt and manifest written); another
     # rank when it enters the gather of the hashes (after it, it only waits for rank 0 and the rename).
@@ -174,20 +186,20 @@ def _timed_save(model: Any, optimizer: Any, folder: Path, step: int, is_main: bo
 
 
 def _timed_verify(path: Path, spread: bool) -> Dict[str, float]:
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train.compute.checkpointing import dcp_manifest
     from hpc_train.compute.runtime import distributed
 
     meter = {"hash_s": 0.0, "hashed_bytes": 0.0}
     distributed.control_barrier()
     start = time.perf_counter()
     with hashing_meter(meter):
-        dcp_io.verify(path, deep=True, peers=dcp_io._process_group_peers() if spread else None)
+        dcp_manifest.verify(path, deep=True, peers=dcp_manifest.process_group_peers() if spread else None)
     return {"verify_s": time.perf_counter() - start, **meter}
 
 
 def worker(args: argparse.Namespace) -> None:
     import torch
-    from hpc_train.compute.checkpointing import dcp as dcp_io
+    from hpc_train.compute.checkpointing import dcp_dirs, dcp_manifest
     from hpc_train.compute.runtime import distributed
     from hpc_train.compute.runtime.ranks import RankInfo
 
@@ -206,16 +218,16 @@ def worker(args: argparse.Namespace) -> None:
             step += 1
             with code_path(mode):
                 saves.append({"mode": mode, "repeat": repeat, **_timed_save(model, optimizer, folder, step, is_main)})
-            path = dcp_io.step_dir(folder, step)
+            path = dcp_dirs.step_dir(folder, step)
             for spread in ((False, True) if mode == "after" else ()):
                 verifies.append({"mode": "after" if spread else "before", "repeat": repeat, **_timed_verify(path, spread)})
-    final = dcp_io.step_dir(folder, step)
-    manifest = dcp_io.verify(final, deep=True, peers=dcp_io._process_group_peers())  # the last save is correct
+    final = dcp_dirs.step_dir(folder, step)
+    manifest = dcp_manifest.verify(final, deep=True, peers=dcp_manifest.process_group_peers())  # the last save is correct
     record = {
         "rank": args.rank,
         "world": args.world,
         "model_params": sum(p.numel() for p in model.parameters()),  # DTensors: global numel
-        "checkpoint_bytes": dcp_io.checkpoint_bytes(final),
+        "checkpoint_bytes": dcp_dirs.checkpoint_bytes(final),
         "files": len(manifest["files"]),
         "saves": saves,
         "verifies": verifies,

@@ -55,8 +55,9 @@ class Strategy:
     def _take_step(
         self, loss_fn: Optional[Callable], step: Optional[Callable], metric_names: Sequence[str], compile_blocks: bool
     ) -> None:
-        self.loss_fn: Callable = loss_fn or nn.CrossEntropyLoss()  # trainer.loss; pipeline schedules call it themselves
-        self.step: Callable = step or SupervisedStep(self.loss_fn)  # trainer.step (null: the built-in step)
+        # trainer.loss (pipeline schedules call it themselves) and trainer.step (None: the built-in step)
+        self.loss_fn: Callable = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
+        self.step: Callable = SupervisedStep(self.loss_fn) if step is None else step
         self.metric_names: List[str] = list(metric_names)  # the metrics the user's step returns besides its loss
         self.compile_blocks = bool(compile_blocks)  # trainer.compile, where a strategy compiles blocks itself (fsdp)
 

@@ -137,32 +137,36 @@ class Trainer:
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
         self._build_data(strategy)  # sharded by the strategy's data-parallel rank
         self._build_model(strategy)  # self.strategy: the given one's placement, running the user's step
-        self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, strategy.unwrap(self.wrapped)))
+        self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, self.strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
-        self.scaler = strategy.make_grad_scaler()
+        self.scaler = self.strategy.make_grad_scaler()
         self.grad_clip: Optional[float] = self.tcfg.get("grad_clip")  # null: gradients are not clipped
         self.accum_steps = int(self.tcfg.get("grad_accum_steps") or 1)  # micro-batches per optimizer step
         ema_decay = self.tcfg.get("ema_decay")
-        self.ema = WeightAverage(strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
+        self.ema = (
+            WeightAverage(self.strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
+        )
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
-        if strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
+        if self.strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
             from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
         else:
             checkpointer = Checkpointer
         self.checkpointer = checkpointer(
             run_dir,
             ranks,
-            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, strategy.sharded_checkpoints),
+            fingerprint(
+                OmegaConf.to_container(cfg, resolve=True), ranks.world_size, self.strategy.sharded_checkpoints
+            ),
             sharded={
-                "model": strategy.unwrap(self.wrapped),
+                "model": self.strategy.unwrap(self.wrapped),
                 "optimizer": self.optimizer,
                 "scaler": self.scaler,
                 "ema": self.ema,
             },
             shared={"scheduler": self.scheduler, "state": self.state},
             per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
-            shard_key=strategy.checkpoint_key,
-            owns_shard=strategy.owns_checkpoint_shard,
+            shard_key=self.strategy.checkpoint_key,
+            owns_shard=self.strategy.owns_checkpoint_shard,
             every=int(self.tcfg.get("checkpoint_every") or 0),
             keep=int(self.tcfg.get("keep_checkpoints") or 1),
             resume=str(cfg.resume),

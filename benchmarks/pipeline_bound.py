@@ -134,6 +134,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     import torchvision
 
+    from omegaconf import OmegaConf
+
     from hpc_train.compute.data.loaders import train_loader
     from hpc_train.compute.parallel.staged_model import split_model
     from hpc_train.compute.parallel.tracing import stage_inputs
@@ -249,7 +251,7 @@ def _worker(args: argparse.Namespace) -> None:
         p.grad = torch.randn_like(p)
 
     def outside() -> float:
-        loader = train_loader(dataset, {"num_workers": 0}, args.batch, 1, 0, seed=0)
+        loader = train_loader(dataset, OmegaConf.create({"num_workers": 0, "pin_memory": False}), args.batch, 1, 0, seed=0)
         it, times = iter(loader), []
         for i in range(args.iters + 1):
             t0 = time.perf_counter()

@@ -91,7 +91,7 @@ class SplitSettings:
 
     stages: Optional[int]  # declared stages: len(split_points) + 1, else strategy.stages (None: from the GPUs)
     split_points: List[str]  # module names where a stage begins ([]: cut automatically)
-    chunks: Optional[int]  # micro-batches (None: the strategy's default)
+    chunks: int  # micro-batches per step
     balance: Union[str, List[int]]  # params | time | layer counts
     batchnorm: str  # keep | freeze
     engine: str  # native | pipelining
@@ -105,7 +105,7 @@ def split_settings(strategy: Any) -> SplitSettings:
     return SplitSettings(
         stages=stages,
         split_points=points,
-        chunks=int(strategy.get("chunks")) if strategy.get("chunks") else None,
+        chunks=int(strategy.get("chunks") or 1),  # null (or a strategy without chunks): one micro-batch
         balance=balance if isinstance(balance, str) else [int(c) for c in balance],
         batchnorm=str(strategy.get("batchnorm", "keep")),
         engine=str(strategy.get("engine", "native")),

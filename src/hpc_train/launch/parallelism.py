@@ -31,7 +31,7 @@ class Parallelism:
     @property
     def chunks(self) -> int:
         """Micro-batches each data-parallel rank cuts its batch into (1 without a split strategy)."""
-        return (self.split.chunks or 1) if self.split is not None else 1
+        return self.split.chunks if self.split is not None else 1
 
 
 def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, local: bool) -> Parallelism:
@@ -63,7 +63,7 @@ def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_
                 f"{layout.world_size} ranks cannot form pipelines of {stages} stages.",
                 f"choose strategy.stages dividing {layout.world_size} (nodes x gpus_per_node).",
             )
-        if split.schedule == "1f1b" and (split.chunks or 1) < stages:
+        if split.schedule == "1f1b" and split.chunks < stages:
             raise ConfigError(
                 "strategy.chunks",
                 f"the 1F1B schedule needs at least as many micro-batches as stages ({stages}).",

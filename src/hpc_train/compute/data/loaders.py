@@ -113,7 +113,7 @@ def train_loader(
     collate_fn: Optional[Callable] = None,
 ) -> DataLoader:
     sampler = ResumableSampler(data, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    workers = int(cfg.get("num_workers", 0))
+    workers = int(cfg.num_workers)
     return DataLoader(
         data,
         batch_size=per_rank_batch,
@@ -123,7 +123,7 @@ def train_loader(
         # run's RNG streams (restored from the checkpoint) continue exactly.
         generator=torch.Generator().manual_seed(seed),
         num_workers=workers,
-        pin_memory=bool(cfg.get("pin_memory", False)) and torch.cuda.is_available(),
+        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
         persistent_workers=workers > 0,
         collate_fn=collate_fn,
     )
@@ -133,7 +133,7 @@ def stream_loader(
     data: IterableDataset, cfg, per_rank_batch: int, seed: int, collate_fn: Optional[Callable] = None
 ) -> DataLoader:
     """Batches of a stream the dataset shards itself; stateful streams through torchdata's StatefulDataLoader."""
-    workers = int(cfg.get("num_workers", 0))
+    workers = int(cfg.num_workers)
     cls = (stateful_loader_class() if is_stateful(data) else None) or DataLoader
     warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11 on torch >= 2.12, harmless
     return cls(
@@ -142,7 +142,7 @@ def stream_loader(
         drop_last=True,
         generator=torch.Generator().manual_seed(seed),
         num_workers=workers,
-        pin_memory=bool(cfg.get("pin_memory", False)) and torch.cuda.is_available(),
+        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
         collate_fn=collate_fn,
     )
 
@@ -154,7 +154,7 @@ def eval_loader(
         data,
         batch_size=per_rank_batch,
         sampler=None if is_stream(data) else ShardSampler(data, num_replicas, rank),
-        num_workers=int(cfg.get("num_workers", 0)),
-        pin_memory=bool(cfg.get("pin_memory", False)) and torch.cuda.is_available(),
+        num_workers=int(cfg.num_workers),
+        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
         collate_fn=collate_fn,
     )

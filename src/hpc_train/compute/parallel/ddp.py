@@ -65,5 +65,5 @@ class DDPStrategy(ReplicatedAcrossRanks, Strategy):
             return model
         device_ids = [self.input_device] if self.input_device.type == "cuda" else None
         return DistributedDataParallel(
-            model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False))
+            model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.find_unused_parameters)
         )

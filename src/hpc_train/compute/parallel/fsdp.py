@@ -94,16 +94,16 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
 
         options: Dict[str, Any] = {
             "mesh": self.device_mesh(),
-            "reshard_after_forward": bool(self.cfg.get("reshard_after_forward", True)),
+            "reshard_after_forward": bool(self.cfg.reshard_after_forward),
         }
         policy = mixed_precision_policy(self.precision)
         if policy is not None:
             options["mp_policy"] = policy
-        if self.cfg.get("cpu_offload") and self.input_device.type != "cpu":
+        if self.cfg.cpu_offload and self.input_device.type != "cpu":
             options["offload_policy"] = CPUOffloadPolicy()
-        elif self.cfg.get("cpu_offload"):  # CPU workers: the sharded state is in CPU memory already
+        elif self.cfg.cpu_offload:  # CPU workers: the sharded state is in CPU memory already
             log.info("strategy.cpu_offload: the ranks compute on the CPU, where the sharded state already lives")
-        units = shard_units(model, [str(n) for n in self.cfg.get("wrap") or []])
+        units = shard_units(model, [str(n) for n in self.cfg.wrap or []])
         if self.compile_blocks:
             self._compile(units)
         for unit in units:

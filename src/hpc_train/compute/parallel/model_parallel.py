@@ -11,7 +11,6 @@ from hpc_train.strategy_table import SplitSettings, split_settings
 
 class ModelParallelStrategy(Strategy):
     name = "model_parallel"
-    default_chunks = 1
 
     @property
     def settings(self) -> SplitSettings:
@@ -27,7 +26,7 @@ class ModelParallelStrategy(Strategy):
 
     @property
     def chunks(self) -> int:
-        return self.settings.chunks or self.default_chunks
+        return self.settings.chunks
 
     def wrap(self, model: nn.Module, example=None) -> nn.Module:
         settings = self.settings

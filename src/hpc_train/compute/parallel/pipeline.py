@@ -5,4 +5,3 @@ from hpc_train.compute.parallel.model_parallel import ModelParallelStrategy
 
 class PipelineStrategy(ModelParallelStrategy):
     name = "pipeline"
-    default_chunks = 4

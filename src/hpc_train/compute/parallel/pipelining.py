@@ -76,7 +76,7 @@ class PipeliningStrategy(Strategy):
         self.replica = ranks.rank // self.num_stages
         self.replicas = ranks.world_size // self.num_stages
         self.settings = split_settings(cfg)
-        self.chunks = self.settings.chunks or 4
+        self.chunks = self.settings.chunks
         self.mesh = self.device_mesh()
         self.pp_group = self.mesh.get_group("stage")  # this replica's pipeline: its S consecutive ranks
         self.dp_group = self.mesh.get_group("replica")  # this stage's D copies: ranks stage_index, +S, +2S, ...

@@ -140,9 +140,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, self.strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = self.strategy.make_grad_scaler()
-        self.grad_clip: Optional[float] = self.tcfg.get("grad_clip")  # null: gradients are not clipped
-        self.accum_steps = int(self.tcfg.get("grad_accum_steps") or 1)  # micro-batches per optimizer step
-        ema_decay = self.tcfg.get("ema_decay")
+        self.grad_clip: Optional[float] = self.tcfg.grad_clip  # null: gradients are not clipped
+        self.accum_steps = int(self.tcfg.grad_accum_steps)  # micro-batches per optimizer step
+        ema_decay = self.tcfg.ema_decay
         self.ema = (
             WeightAverage(self.strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
         )
@@ -167,8 +167,8 @@ class Trainer:
             per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
             shard_key=self.strategy.checkpoint_key,
             owns_shard=self.strategy.owns_checkpoint_shard,
-            every=int(self.tcfg.get("checkpoint_every") or 0),
-            keep=int(self.tcfg.get("keep_checkpoints") or 1),
+            every=int(self.tcfg.checkpoint_every),
+            keep=int(self.tcfg.keep_checkpoints),
             resume=str(cfg.resume),
         )
         self._resume()
@@ -251,7 +251,7 @@ class Trainer:
 
     def _eval_batches(self) -> Iterator[Any]:
         """This rank's evaluation batches on the input device, each one marked as this rank's progress."""
-        limit = self.tcfg.get("eval_batches")  # the same first N batches every time: a fixed subset
+        limit = self.tcfg.eval_batches  # the same first N batches every time: a fixed subset
         for index, batch in enumerate(itertools.islice(self.eval_loader, None if limit is None else int(limit))):
             heartbeat.mark(hang.EVAL, detail=f"batch {index + 1}")
             yield self._to_device(batch)
@@ -295,7 +295,7 @@ class Trainer:
         self.strategy = strategy.with_step(loss_fn, step, metric_names, compile_blocks=bool(self.tcfg.compile))
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if str(self.tcfg.get("activation_checkpointing", "none")) == "blocks":
+        if str(self.tcfg.activation_checkpointing) == "blocks":
             log.info("activation checkpointing: %s", checkpoint_blocks(model))
         example = None
         if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
@@ -323,7 +323,7 @@ class Trainer:
             # length cannot tell whether it was: it re-evaluates in that case too).
             # With trainer.eval_every, an evaluation at the checkpoint's step ran before the checkpoint: kept.
             mid_epoch = self.epochs.inside_epoch(self.state.step_in_epoch)
-            keep_eval = mid_epoch or self.tcfg.get("eval_every") is not None
+            keep_eval = mid_epoch or self.tcfg.eval_every is not None
             truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
@@ -382,14 +382,14 @@ class Trainer:
     # -- evaluation -------------------------------------------------------------------------
     def _evaluation_due(self, final: bool) -> bool:
         """trainer.eval_every=N: after every N-th optimizer step and after the last one."""
-        every = self.tcfg.get("eval_every")
+        every = self.tcfg.eval_every
         if every is None or not self.tcfg.eval or self.eval_loader is None:
             return False
         return final or (self.state.global_step % int(every) == 0)
 
     def _evaluation_due_at_epoch_end(self, epoch_done: bool) -> bool:
         """trainer.eval_every=null: after every epoch, and after the last step when it ends mid-epoch."""
-        if self.tcfg.get("eval_every") is not None or not self.tcfg.eval or self.eval_loader is None:
+        if self.tcfg.eval_every is not None or not self.tcfg.eval or self.eval_loader is None:
             return False
         return epoch_done or self.state.global_step >= self.total_steps
 
@@ -447,7 +447,7 @@ class Trainer:
         if request != NONE:
             self._save(step, "stop signal")
             reason = self.stop_flag.reason(
-                request, float(self.cfg.get("launcher", {}).get("signal_delay_s", 120) or 120)
+                request, float(self.cfg.launcher.signal_delay_s)
             )
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
@@ -480,11 +480,11 @@ class Trainer:
         """At the first periodic checkpoint after a measured step: warn when Slurm's stop signal comes too late to
         finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
         the stop waits for the end of the current step)."""
-        launcher = self.cfg.get("launcher") or {}
+        launcher = self.cfg.launcher
         if self._lead_checked or step_s is None or str(launcher.get("name")) not in ("slurm", "sbatch"):
             return
         self._lead_checked = True
-        lead = float(launcher.get("signal_delay_s") or 0)
+        lead = float(launcher.signal_delay_s)
         needed = step_s + checkpoint_s
         if self.is_main and lead < needed:
             log.warning(

@@ -149,6 +149,16 @@ def start_slurm_cluster(*options: str) -> None:
     assert shutil.which("sbatch") and shutil.which("scontrol")
 
 
+def reset_association_limits() -> None:
+    """No MaxSubmitJobs on root's hpctest association: a test sets one for itself and lifts it when it ends, but a
+    session killed inside that test (kill -9, a CI timeout) leaves it on the running cluster for the next session."""
+    subprocess.run(
+        ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", "maxsubmitjobs=-1"],
+        capture_output=True,
+        timeout=60,
+    )
+
+
 _session_lock = None  # the open lock file while this session holds the cluster
 
 
@@ -179,6 +189,7 @@ def slurm_cluster():
     """Start (or reuse) the local Slurm cluster: munge + slurmdbd + slurmctld + 2 slurmd nodes."""
     hold_cluster(exclusive=False)
     start_slurm_cluster()
+    reset_association_limits()
     yield
     # Leave the cluster running for the next session; scripts/slurm_test_cluster.sh stop ends it.
 

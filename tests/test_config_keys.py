@@ -116,7 +116,7 @@ def test_a_config_that_leaves_keys_out_runs_with_the_declared_defaults():
     assert plain["data"]["num_workers"] == 0 and plain["data"]["val"] is None
     assert "script" not in plain, "a section the config does not have is not invented"
     assert schema.complete(plain) == [] and "strategy.chunks" in filled
-    assert {key for key in filled} <= set(schema.DEFAULTS)
+    assert set(filled) <= set(schema.DEFAULTS)
 
 
 def test_a_checkpoint_written_before_a_key_was_filled_in_still_matches():

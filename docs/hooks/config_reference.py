@@ -158,7 +158,7 @@ def table(prefix: str, entries: list[dict]) -> list[str]:
     targets: dict[str, str] = {}  # node path -> its _target_, for the arguments below it
     for e in entries:
         path = f"{prefix}{e['path']}"
-        if path.endswith("._target_") or path == "model._target_":
+        if path.endswith("._target_"):
             targets[path.rsplit(".", 1)[0]] = e["value"]
         kind, doc = declaration(path, targets.get(path.rsplit(".", 1)[0], ""))
         doc = doc or " ".join(e["doc"])

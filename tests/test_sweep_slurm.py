@@ -107,6 +107,13 @@ def test_a_sweep_over_max_submit_jobs_is_refused_before_anything_is_queued(slurm
     assert "queues 8 jobs" in proc.stderr and "MaxSubmitJobs of 5" in proc.stderr and "account hpctest" in proc.stderr
     assert "in parts of at most" in proc.stderr
     assert queued() == before and not (sweep_dir / "jobs.tsv").exists()
+    # a sweep that names no account is charged to root's default account (root), which has no limit: it goes in
+    proc = run_cli(["-m", *HELD, "seed=range(0,8)", f"hydra.sweep.dir={tmp_path / 'default'}"])
+    try:
+        assert_ok(proc)
+        assert len(table_ids(tmp_path / "default")) == 8
+    finally:
+        cancel(table_ids(tmp_path / "default"))
     # within the limit it goes in
     proc = run_cli(["-m", *HELD, "cluster.account=hpctest", "seed=range(0,4)", f"hydra.sweep.dir={tmp_path / 'ok'}"])
     try:

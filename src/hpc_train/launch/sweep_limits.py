@@ -81,6 +81,13 @@ def associations(name: str) -> List[Association]:
     return rows
 
 
+def default_account(name: str) -> Optional[str]:
+    """The account Slurm charges a job of user `name` that names none (``sacctmgr``); None without accounting."""
+    text = slurm_cli.query(["sacctmgr", "-n", "-P", "show", "user", name, "format=defaultaccount"], timeout=30)
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
 def queued_jobs(name: Optional[str] = None) -> Optional[int]:
     """Jobs in the controller (of user `name`), each array task counted; None when squeue does not answer."""
     command = ["squeue", "-h", "-r", "-o", "%i"] + (["-u", name] if name else [])
@@ -111,7 +118,9 @@ def check_sweep_fits(count: int, accounts: Iterable[Optional[str]], throttle: Op
             )
     name = user()
     rows = associations(name)
-    wanted = {a for a in accounts if a}
+    # a job that names no account is charged to the default one: only that association's limits apply to it
+    named = set(accounts)
+    wanted = {a for a in named if a} | ({default_account(name)} - {None} if None in named or "" in named else set())
     mine = [r for r in rows if not wanted or r.account in wanted] or rows
     submit_limits = [r for r in mine if r.max_submit_jobs is not None]
     if submit_limits:

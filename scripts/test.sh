@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
-# Serial. `-n 2 --dist loadgroup` (pytest-xdist; groups in tests/conftest.py) ran the suite in 38 min instead of ~48
-# but failed test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays (MaxSubmitJobs of 5 seen): not yet
-# understood, so not the default.
-exec .venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers: the Slurm tests (one group, one worker, one job at a time on the cluster as in a serial
+# run) wait on the cluster while the other worker runs the CPU tests; each other test file is a group of its own
+# (tests/conftest.py, _xdist_group).
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"

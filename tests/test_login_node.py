@@ -178,3 +178,33 @@ def test_no_module_of_hpc_train_imports_another_in_a_circle():
     (a function-level import is for an optional or heavy dependency, never to hide a circle)."""
     circles = _modules_in_circles(list((SRC / "hpc_train").rglob("*.py")))
     assert not circles, f"modules in an import circle: {circles}"
+
+
+def _unexplained_function_level_imports(path):
+    """`file:line import` for each import inside a function of `path` with no comment saying why: on its own line,
+    or on the line above the group of imports it belongs to."""
+    import ast
+
+    lines = path.read_text().splitlines()
+    found = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            above = node.lineno - 2  # the line above, then up through the imports of the same group
+            while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+                above -= 1
+            said = "#" in lines[node.lineno - 1] or (above >= 0 and lines[above].strip().startswith("#"))
+            if not said:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    return sorted(set(found))
+
+
+def test_every_function_level_import_says_why():
+    """An import inside a function is for a heavy or optional dependency kept off a path that does not need it
+    (torch off the login node, matplotlib until a figure is drawn, mlflow only with that logger): a one-line comment
+    says which. Every other import goes at the top of the module, where a reader looks for it."""
+    unexplained = [hit for path in sorted((SRC / "hpc_train").rglob("*.py")) for hit in _unexplained_function_level_imports(path)]
+    assert not unexplained, "function-level imports without a reason comment:\n" + "\n".join(unexplained)

@@ -193,8 +193,8 @@ def _unexplained_function_level_imports(path):
         for node in ast.walk(fn):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
-            above = node.lineno - 2  # the line above, then up through the imports of the same group
-            while above >= 0 and lines[above].strip().startswith(("import ", "from ")):
+            above = node.lineno - 2  # the line above, then up through the imports (and blank lines) of the same group
+            while above >= 0 and (not lines[above].strip() or lines[above].strip().startswith(("import ", "from "))):
                 above -= 1
             said = "#" in lines[node.lineno - 1] or (above >= 0 and lines[above].strip().startswith("#"))
             if not said:

@@ -6,6 +6,8 @@ Each returns a map-style dataset of ``(image, label)`` pairs; ``conf/data/*.yaml
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
@@ -41,9 +43,7 @@ def synthetic(num_samples: int, image_size: int = 32, num_classes: int = 10, see
 
 def image_folder(root: str, split: str, image_size: int = 224, augment: bool = False) -> Dataset:
     """torchvision's ImageFolder over ``root/split/<class>/*``, ImageNet-style transforms."""
-    from pathlib import Path
-
-    from torchvision import datasets, transforms
+    from torchvision import datasets, transforms  # torchvision costs ~2 s to import: only image folders need it
 
     normalize = transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
     if augment:

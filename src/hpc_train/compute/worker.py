@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from hpc_train.compute.runtime.entry import load_job_spec, train
+from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.runtime.requeue import requeue_after_stop
+from hpc_train.compute.runtime.script_job import ScriptFailed
 from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 
@@ -32,10 +36,6 @@ def main(argv=None) -> int:
 
 def run_spec(spec: DictConfig) -> int:
     """Train as this process's rank of the job `spec`; returns the exit code (see the module doc)."""
-    from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted, requeue_self
-
-    from hpc_train.compute.runtime.script_job import ScriptFailed
-
     try:
         train(spec)
     except ScriptFailed as failed:  # the user's script failed: what and where, no traceback of ours
@@ -47,12 +47,7 @@ def run_spec(spec: DictConfig) -> int:
         return EXIT_REFUSED
     except TrainingInterrupted as stop:
         if stop.request == REQUEUE and os.environ.get("SLURM_JOB_ID"):
-            from hpc_train.compute.runtime.ranks import detect_ranks
-            from hpc_train.compute.runtime.requeue import requeue_allowed, wait_to_be_requeued
-
-            if not detect_ranks().is_main:
-                wait_to_be_requeued()
-            elif requeue_allowed(Path(spec.job.run_dir), int(spec.trainer.max_requeues)) and requeue_self():
+            if requeue_after_stop(stop, Path(spec.job.run_dir), int(spec.trainer.max_requeues)):
                 print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
                 return EXIT_OK
         print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
@@ -61,8 +56,6 @@ def run_spec(spec: DictConfig) -> int:
         print(f"hpc-train: the training code called sys.exit({stop.code!r}) before training finished", file=sys.stderr)
         return EXIT_FAILED
     except Exception:  # the traceback is already in logs/rank<r>.log and on stderr below
-        import traceback
-
         traceback.print_exc()
         return EXIT_FAILED
     return EXIT_OK

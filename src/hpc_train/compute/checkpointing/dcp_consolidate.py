@@ -59,4 +59,6 @@ def _check_sizes(path: Path, metadata: Metadata, entries: Dict[str, TensorStorag
         total += torch.Size(size).numel() * dtype.itemsize
     stored = sum((path / name).stat().st_size for name in referenced_files(metadata))
     if total > stored:
-        raise unsafe_checkpoint(path, f"its .metadata describes {total} bytes of weights in {stored} bytes of data files")
+        raise unsafe_checkpoint(
+            path, f"its .metadata describes {total} bytes of weights in {stored} bytes of data files"
+        )

@@ -178,7 +178,9 @@ def _check_covered(folder: Path, files: Dict[str, Any]) -> None:
 _Failure = Tuple[int, Exception]
 
 
-def _first_failure(folder: Path, deep: bool, peers: Optional[Peers]) -> Tuple[Optional[Dict[str, Any]], Optional[_Failure]]:
+def _first_failure(
+    folder: Path, deep: bool, peers: Optional[Peers]
+) -> Tuple[Optional[Dict[str, Any]], Optional[_Failure]]:
     """Every check in a fixed order, hashing only this rank's share; the manifest, or the first failure."""
     try:
         manifest = _read_complete_manifest(folder)

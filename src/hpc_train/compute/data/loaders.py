@@ -20,6 +20,7 @@ import warnings
 from typing import Any, Callable, Iterator, Optional, Sized, Tuple
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 _SHARD: Optional[Tuple[int, int]] = None  # (rank, size) of this process's data-parallel group, set by the trainer
@@ -33,8 +34,6 @@ def data_shard() -> Tuple[int, int]:
     """
     if _SHARD is not None:
         return _SHARD
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -64,7 +63,7 @@ def is_stateful(data: Any) -> bool:
 def stateful_loader_class() -> Optional[type]:
     """torchdata's StatefulDataLoader, or None where torchdata is not installed."""
     try:
-        from torchdata.stateful_dataloader import StatefulDataLoader
+        from torchdata.stateful_dataloader import StatefulDataLoader  # optional: torchdata
     except ImportError:
         return None
     return StatefulDataLoader

@@ -14,7 +14,6 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,7 +26,7 @@ from hpc_train.compute.training.gradients import clip_to_norm, total_norm
 from hpc_train.compute.training.precision import autocast, grad_scaler
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.training.step import SupervisedStep, is_builtin, split_result
-
+from hpc_train.compute.user.building import is_classification
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 
@@ -50,29 +49,11 @@ class Strategy:
         self.ranks = ranks
         self.devices = devices
         self.precision = precision
-        self._take_step(loss_fn, step, metric_names, compile_blocks)
-
-    def _take_step(
-        self, loss_fn: Optional[Callable], step: Optional[Callable], metric_names: Sequence[str], compile_blocks: bool
-    ) -> None:
         # trainer.loss (pipeline schedules call it themselves) and trainer.step (None: the built-in step)
         self.loss_fn: Callable = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
         self.step: Callable = SupervisedStep(self.loss_fn) if step is None else step
         self.metric_names: List[str] = list(metric_names)  # the metrics the user's step returns besides its loss
         self.compile_blocks = bool(compile_blocks)  # trainer.compile, where a strategy compiles blocks itself (fsdp)
-
-    def with_step(
-        self, loss_fn: Callable, step: Callable, metric_names: Sequence[str], compile_blocks: bool
-    ) -> "Strategy":
-        """This strategy (same placement, same process groups) running the trainer's step: a new, complete object.
-
-        The trainer shards its data by :attr:`data_parallel_rank` before the step's metric names are known
-        (they come from one call of the step on a batch of that data), so it builds its datasets with the
-        strategy it was given and trains with the one this returns; neither is changed afterwards.
-        """
-        built = copy.copy(self)
-        built._take_step(loss_fn, step, metric_names, compile_blocks)
-        return built
 
     # -- placement --------------------------------------------------------------------
     needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
@@ -201,8 +182,6 @@ class Strategy:
             count = batch_size(batch)
             sums = [float(loss) * count, *(float(metrics[name]) * count for name in self.metric_names)]
             return torch.tensor([0, count, sums[0], 0, *sums[1:]], dtype=torch.float64)
-        from hpc_train.compute.user.building import is_classification
-
         images, labels = batch
         outputs = self.predict(model, images).float()
         labels = labels.to(outputs.device)

@@ -22,22 +22,21 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.parallel.base import Strategy
 from hpc_train.compute.parallel.ddp import ReplicatedAcrossRanks
+from hpc_train.compute.parallel.partitioning import find_block_list
 from hpc_train.compute.training.precision import DTYPES
 from hpc_train.strategy_table import fsdp_mesh
 
 log = logging.getLogger("hpc_train")
 
 
-
 def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.Module]:
     """The modules sharded one by one (each all-gathered on its own): named ones, else the blocks of the
     model's repeated block list, else every direct child that holds parameters."""
-    from hpc_train.compute.parallel.partitioning import find_block_list
-
     if names:
         known = dict(model.named_modules())
         for name in names:
@@ -59,7 +58,7 @@ def mixed_precision_policy(precision: str) -> Optional[Any]:
     """bf16/fp16 parameters for compute, gradients reduced in fp32 (FSDP2's MixedPrecisionPolicy)."""
     if precision not in DTYPES:
         return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # ~0.6 s to import: only fsdp runs pay it
 
     return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
@@ -78,8 +77,6 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         return replicas, shards
 
     def device_mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
-
         replicas, shards = self.mesh_shape
         device_type = self.input_device.type
         if replicas == 1:
@@ -90,7 +87,7 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         model = model.to(self.input_device)
         if not self.ranks.is_distributed:
             return model
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard  # ~0.6 s: only fsdp runs pay it
 
         options: Dict[str, Any] = {
             "mesh": self.device_mesh(),
@@ -155,7 +152,7 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         """fp16 loss scaling over sharded gradients: torch's ShardedGradScaler agrees on inf/NaN across ranks."""
         if self.precision != "16":
             return None
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # fsdp's, only with fp16
 
         return ShardedGradScaler(self.input_device.type)
 
@@ -163,6 +160,7 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
         """The whole model's state gathered on rank 0 (empty elsewhere): a collective."""
         if not self.ranks.is_distributed:
             return model.state_dict()
+        # torch.distributed.checkpoint costs ~1 s to import: only at export
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

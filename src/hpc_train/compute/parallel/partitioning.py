@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from hpc_train.compute.parallel.tracing import split_points_refusal
 from hpc_train.compute.runtime.refusal import Refusal
-
 
 
 def is_torchvision_resnet(model: nn.Module) -> bool:
@@ -143,8 +143,6 @@ def agree_on_counts(measure: Callable[[], List[int]]) -> List[int]:
     Timings differ between processes, so ranks that measured their own layer times could cut the
     model at different layers: the pipeline's stages would not fit and DDP replicas would differ.
     """
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return list(measure())
     box: List[Any] = [list(measure()) if dist.get_rank() == 0 else None]

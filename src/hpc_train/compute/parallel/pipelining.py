@@ -15,6 +15,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hpc_train import hang, rundir
 from hpc_train.compute.runtime import distributed, heartbeat
@@ -85,8 +87,6 @@ class PipeliningStrategy(Strategy):
     def device_mesh(self):
         """The D x S mesh ("replica", "stage") over the ranks in order: rank r sits at (r // S, r % S), as
         stage_index and replica say. Every rank builds it (its groups are created collectively)."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         return init_device_mesh(
             self.input_device.type, (self.replicas, self.num_stages), mesh_dim_names=("replica", "stage")
         )
@@ -108,8 +108,6 @@ class PipeliningStrategy(Strategy):
         return self.replica
 
     def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         micro = micro_batch(example, self.chunks)
         stages = split_model(model, self.num_stages, self.settings.balance, self.settings.split_points, micro)
         # What this stage receives for one micro-batch, with the dtype autocast gives it (shape/dtype metadata).

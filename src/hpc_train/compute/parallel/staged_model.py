@@ -29,7 +29,6 @@ statistics in training (``batchnorm=keep``, the default, like the seed); ``freez
 batch-norm layer in eval mode (running statistics, exact equivalence to the unsplit model).
 """
 
-
 import logging
 from typing import Any, Dict, List, Optional, Sequence, Union
 

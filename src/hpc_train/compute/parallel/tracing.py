@@ -8,10 +8,12 @@ import inspect
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
+import torch.fx as fx
 import torch.nn as nn
+from torch.fx.graph import _PyTreeCodeGen  # torch private: how fx rebuilds a structured output (tested per torch)
+from torch.utils import _pytree as pytree
 
 from hpc_train.compute.runtime.refusal import Refusal
-
 
 
 # -- splitting any model at named modules -----------------------------------------------------
@@ -79,7 +81,9 @@ def forward_inputs(model: nn.Module) -> Tuple[str, Dict[str, Any]]:
     if len(required) > 1:
         raise _refuse_inputs(model, required)
     if not named:
-        raise split_points_refusal(f"{type(model).__name__}.forward names no input, but a split model is called with one.")
+        raise split_points_refusal(
+            f"{type(model).__name__}.forward names no input, but a split model is called with one."
+        )
     inp = required[0] if required else named[0].name
     return inp, {p.name: p.default for p in named if p.name != inp}
 
@@ -93,7 +97,9 @@ def _drop_bound_inputs(graph: "torch.fx.Graph", inp: str) -> None:
     for node in [n for n in graph.nodes if n.op == "placeholder" and n.target != inp]:
         bound = not str(node.target).startswith("*")
         if not bound and node.users:
-            raise split_points_refusal(f"{node.target} is used by the forward pass; a split model is called with one tensor.")
+            raise split_points_refusal(
+                f"{node.target} is used by the forward pass; a split model is called with one tensor."
+            )
         guards, todo = set(), list(node.users)
         while todo:  # a bound placeholder's only users are its guards (fx passes the constant itself on)
             user = todo.pop()
@@ -107,8 +113,6 @@ def _drop_bound_inputs(graph: "torch.fx.Graph", inp: str) -> None:
 
 def _trace(model: nn.Module) -> "torch.fx.Graph":
     """The model's forward as an fx graph with one placeholder: its tensor input."""
-    import torch.fx as fx
-
     inp, bound = forward_inputs(model)
     try:  # fx.Tracer, not fx.symbolic_trace: fx cannot compile a forward with tuple defaults and *args
         graph = fx.Tracer().trace(model, concrete_args=bound)
@@ -125,10 +129,6 @@ def _trace(model: nn.Module) -> "torch.fx.Graph":
 
 def _stage_output(graph: "torch.fx.Graph", output_node: "torch.fx.Node", env: Dict[Any, Any]) -> Any:
     """The last stage's output, structured as the model's (fx flattens it when a default was a tuple or dict)."""
-    import torch.fx as fx
-    from torch.fx.graph import _PyTreeCodeGen
-    from torch.utils import _pytree as pytree
-
     value = fx.map_arg(output_node.args[0], lambda n: env[n])
     if isinstance(graph._codegen, _PyTreeCodeGen) and graph._codegen.pytree_info.out_spec is not None:
         return pytree.tree_unflatten(list(value), graph._codegen.pytree_info.out_spec)
@@ -144,8 +144,6 @@ def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
     used in a later one is passed through the stages between, so stage k takes exactly what
     stage k-1 returns. Parameters are shared with `model`, not copied.
     """
-    import torch.fx as fx
-
     graph = _trace(model)
     nodes = list(graph.nodes)
     firsts = _first_nodes(graph, split_points, [n for n, _ in model.named_modules()])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -13,6 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismatch
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.runtime.runlog import setup_logging
+from hpc_train.compute.runtime.script_job import ScriptFailed, run_script
+from hpc_train.script_command import is_script_job
 from hpc_train.rank_errors import write_error_record
 
 
@@ -28,10 +32,6 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     A script job (``script.argv``) runs the user's script instead, without importing torch here:
     its task only starts and watches the script.
     """
-    from hpc_train.compute.runtime.runlog import setup_logging
-    from hpc_train.compute.runtime.script_job import ScriptFailed, run_script
-    from hpc_train.script_command import is_script_job
-
     try:
         ranks = detect_ranks()
     except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
@@ -68,12 +68,12 @@ def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
 
 def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
     """hpc_train's own trainer as this rank."""
+    # torch and the trainer: a script job's task (train() above) starts the user's script without them
     import torch
 
     from hpc_train.compute.runtime import attempts, distributed
     from hpc_train.compute.runtime.heartbeat import Heartbeat
     from hpc_train.compute.runtime.interrupts import StopFlag, TrainingInterrupted, signal_number
-    from hpc_train.compute.parallel import build_strategy
     from hpc_train.compute.training.trainer import Trainer
     from hpc_train.compute.user.instantiate import add_code_dirs
 
@@ -99,8 +99,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         distributed.init_process_group(
             ranks, str(cfg.strategy.backend), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
         )
-        strategy = build_strategy(cfg.strategy, ranks, devices, str(cfg.trainer.precision))
-        trainer = Trainer(cfg, ranks, strategy, run_dir, stop_flag)
+        trainer = Trainer(cfg, ranks, devices, run_dir, stop_flag)
         summary = trainer.fit()
         record_end("finish")
         distributed.barrier()
@@ -121,7 +120,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     finally:
         beat.close()
         stop_flag.uninstall()
-        trainer = strategy = None  # noqa: F841 (see release_before_teardown)
+        trainer = None  # noqa: F841 (see release_before_teardown)
         release_before_teardown()
         distributed.teardown()
 
@@ -136,7 +135,5 @@ def release_before_teardown() -> None:
     ("terminate called without an active exception"). Unfreezing and collecting here releases
     them while the process is still whole.
     """
-    import gc
-
     gc.unfreeze()
     gc.collect()

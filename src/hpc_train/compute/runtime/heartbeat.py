@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Deque, Iterator, List, Optional
 
 from hpc_train import hang, rundir
-from hpc_train.compute.runtime import attempts, watchdog
+from hpc_train.compute.runtime import attempts, pyspy, watchdog
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import log_to_file
 
@@ -228,8 +228,6 @@ class Heartbeat:
             return
         rank = self.ranks.rank
         if self.script_pid is not None:  # the user's script: read from outside
-            from hpc_train.compute.runtime import pyspy
-
             pid = self.script_pid
             head = hang.STACKS_BEGIN.format(rank=rank, pid=pid, host=self.host, main=pid, stamp=stamp)
             body = pyspy.dump(pid, rank)
@@ -237,7 +235,8 @@ class Heartbeat:
             out.flush()
             return
         out.write(
-            "\n" + hang.STACKS_BEGIN.format(rank=rank, pid=os.getpid(), host=self.host, main=self.main_thread, stamp=stamp)
+            "\n"
+            + hang.STACKS_BEGIN.format(rank=rank, pid=os.getpid(), host=self.host, main=self.main_thread, stamp=stamp)
             + "\n"
         )
         out.flush()

@@ -18,15 +18,12 @@ since a handler that only sets a flag cannot stop a step that never ends.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from typing import Any, Callable, Dict, Optional
 
 from hpc_train import slurm_cli
 from hpc_train.slurm_time import slurm_seconds
-
-log = logging.getLogger("hpc_train")
 
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
 
@@ -69,7 +66,7 @@ class StopFlag:
 
     def agreed(self) -> int:
         """The strongest request of any rank (a collective in multi-rank jobs: every rank calls it)."""
-        from hpc_train.compute.runtime import distributed
+        from hpc_train.compute.runtime import distributed  # torch: the login node imports this module via job.py
 
         return distributed.all_reduce_max_int(self.request)
 
@@ -99,22 +96,6 @@ def slurm_time_left_s() -> Optional[float]:
         return slurm_seconds((slurm_cli.query(["squeue", "-h", "-j", job, "-o", "%L"], timeout=15) or "").strip())
     except ValueError:
         return None
-
-
-def requeue_self() -> bool:
-    """``scontrol requeue $SLURM_JOB_ID`` (plain sbatch jobs; submitit jobs requeue through submitit)."""
-    job = (
-        os.environ.get("SLURM_ARRAY_JOB_ID")
-        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
-        or os.environ.get("SLURM_JOB_ID")
-    )
-    if not job:
-        return False
-    proc = slurm_cli.run(["scontrol", "requeue", job])
-    if proc.returncode != 0:
-        log.error("scontrol requeue %s failed: %s", job, proc.stderr.strip())
-        return False
-    return True
 
 
 class TrainingInterrupted(Exception):

@@ -12,6 +12,12 @@ import logging
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import submitit
+from omegaconf import OmegaConf
+
+from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
+from hpc_train.compute.runtime.requeue import requeue_after_stop, requeue_allowed
+
 log = logging.getLogger("hpc_train")
 
 
@@ -26,32 +32,17 @@ class TrainingJob:
         return Path(self.spec["job"]["run_dir"])
 
     def __call__(self) -> Optional[Dict[str, Any]]:
-        from omegaconf import OmegaConf
-
-        from hpc_train.compute.runtime.entry import train
-        from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
-        from hpc_train.compute.runtime.ranks import detect_ranks
-        from hpc_train.compute.runtime.requeue import wait_to_be_requeued
+        from hpc_train.compute.runtime.entry import train  # torch: the login node imports this class to pickle it
 
         try:
             return train(OmegaConf.create(self.spec))
         except TrainingInterrupted as stop:
-            handler = stop.flag.submitit_handler()
-            if stop.request == REQUEUE and handler is not None:
-                if detect_ranks().is_main:
-                    # submitit: checkpoint() below, dump the new submission, scontrol requeue, exit.
-                    # It raises UncompletedJobError instead when it will not requeue.
-                    handler(stop.flag.requeue_signal, None)
-                else:
-                    wait_to_be_requeued()
+            if stop.request == REQUEUE:
+                requeue_after_stop(stop, self.run_dir, int(self.spec["trainer"]["max_requeues"]))
             raise
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[Any]:
         """submitit's hook: what to run after the requeue (None: do not requeue)."""
-        import submitit
-
-        from hpc_train.compute.runtime.requeue import requeue_allowed
-
         if not requeue_allowed(self.run_dir, int(self.spec["trainer"]["max_requeues"])):
             return None
         return submitit.helpers.DelayedSubmission(TrainingJob(self.spec))

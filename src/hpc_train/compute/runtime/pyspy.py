@@ -33,10 +33,13 @@ def dump(pid: int, rank: int) -> List[str]:
     """Lines in faulthandler's layout: the process's threads (its main thread's id is `pid`), then each child's."""
     program = py_spy()
     if program is None:
-        return [f"(no stacks: py-spy is not installed; pip install py-spy)"]
+        return ["(no stacks: py-spy is not installed; pip install py-spy)"]
     try:
         done = subprocess.run(
-            [program, "dump", "--pid", str(pid), "--subprocesses", "--full-filenames"], capture_output=True, text=True, timeout=TIMEOUT_S
+            [program, "dump", "--pid", str(pid), "--subprocesses", "--full-filenames"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         return [f"(no stacks: py-spy dump --pid {pid}: {err})"]

@@ -1,19 +1,23 @@
 """After a stop signal and a checkpoint: requeue the job into the same run dir, or not.
 
-Under submitit, rank 0 hands over to submitit's own handler, which calls
-``TrainingJob.checkpoint()`` and runs ``scontrol requeue``; in a plain sbatch script rank 0
-runs ``scontrol requeue`` itself. Either way ``trainer.max_requeues`` bounds the number of
-requeues (timeouts and preemptions alike) and the other ranks wait to be stopped by Slurm.
-A crash (an exception) is never requeued.
+One path for both ways a job runs on Slurm (:func:`requeue_after_stop`): under submitit, rank 0
+hands over to submitit's own handler, which asks ``TrainingJob.checkpoint()`` (that is,
+:func:`requeue_allowed`) and runs ``scontrol requeue``; in a plain sbatch script rank 0 asks
+:func:`requeue_allowed` and runs ``scontrol requeue`` itself. Either way ``trainer.max_requeues``
+bounds the number of requeues (timeouts and preemptions alike) and the other ranks wait to be
+stopped by Slurm. A crash (an exception) is never requeued.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
-from hpc_train import rundir
+from hpc_train import rundir, slurm_cli
+from hpc_train.compute.runtime.interrupts import TrainingInterrupted
+from hpc_train.compute.runtime.ranks import detect_ranks
 
 log = logging.getLogger("hpc_train")
 
@@ -40,3 +44,38 @@ def wait_to_be_requeued() -> None:
     while time.monotonic() < deadline:
         time.sleep(1.0)
     log.error("rank 0 did not requeue the job within %.0f s; exiting", WAIT_FOR_REQUEUE_S)
+
+
+def requeue_self() -> bool:
+    """``scontrol requeue`` this job (an array task by its own id); False outside Slurm or when it fails."""
+    job = (
+        os.environ.get("SLURM_ARRAY_JOB_ID")
+        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
+        or os.environ.get("SLURM_JOB_ID")
+    )
+    if not job:
+        return False
+    proc = slurm_cli.run(["scontrol", "requeue", job])
+    if proc.returncode != 0:
+        log.error("scontrol requeue %s failed: %s", job, proc.stderr.strip())
+        return False
+    return True
+
+
+def requeue_after_stop(stop: TrainingInterrupted, run_dir: Path, max_requeues: int) -> bool:
+    """After a requeue signal's checkpoint: True when rank 0 has requeued the job itself.
+
+    Under submitit its handler requeues (or not, through ``TrainingJob.checkpoint``) and ends the
+    process; other ranks wait for Slurm to stop them. False: not requeued, the caller exits as
+    interrupted (the checkpoint is kept either way).
+    """
+    if not detect_ranks().is_main:
+        wait_to_be_requeued()
+        return False
+    handler = stop.flag.submitit_handler()
+    if handler is not None:
+        # submitit: checkpoint(), dump the new submission, scontrol requeue, exit; it raises
+        # UncompletedJobError instead when checkpoint() says not to requeue.
+        handler(stop.flag.requeue_signal, None)
+        return False
+    return requeue_allowed(run_dir, max_requeues) and requeue_self()

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from tqdm import tqdm
+
 from hpc_train import rundir
 
 
@@ -56,8 +58,6 @@ class Progress:
         self.start = time.monotonic()
         self.bar = None
         if enabled:
-            from tqdm import tqdm
-
             self.tqdm = tqdm
             if self.tty:
                 self.bar = tqdm(

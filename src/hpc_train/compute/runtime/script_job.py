@@ -184,7 +184,12 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
     pattern = re.compile(str(script["objective_regex"])) if script["objective_regex"] is not None else None
     try:
         proc = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore(requeue_signal)
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_ignore(requeue_signal),
         )
         beat.script_pid = reads.pid = proc.pid
         beat.mark(hang.RUNNING)
@@ -221,7 +226,9 @@ def _wait(
         request = flag.request
         if request == REQUEUE and script["signal"] is not None:
             forwarded = signal_number(str(script["signal"]))
-            log.info("forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"])
+            log.info(
+                "forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"]
+            )
             proc.send_signal(forwarded)
             deadline = time.monotonic() + float(script["signal_grace_s"])
             while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
@@ -328,7 +335,9 @@ def _last_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
-def _finish(cfg: DictConfig, run_dir: Path, attempt: int, command: List[str], objective: Optional[str]) -> Dict[str, Any]:
+def _finish(
+    cfg: DictConfig, run_dir: Path, attempt: int, command: List[str], objective: Optional[str]
+) -> Dict[str, Any]:
     """summary.json of a script job: the command, the attempts, the last metrics row's numbers, the objective."""
     rows = [r for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind", "train") == "train"]
     last = rows[-1] if rows else {}
@@ -337,7 +346,11 @@ def _finish(cfg: DictConfig, run_dir: Path, attempt: int, command: List[str], ob
         "world_size": int(cfg.job.layout.world_size),
         "global_step": last.get("step"),
         "attempts": attempt,
-        **{f"train_{k}": v for k, v in last.items() if k not in ("kind", "step", "time") and isinstance(v, (int, float))},
+        **{
+            f"train_{k}": v
+            for k, v in last.items()
+            if k not in ("kind", "step", "time") and isinstance(v, (int, float))
+        },
     }
     if objective is not None:
         try:

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 from hpc_train import hang, rundir, slurm_cli
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
+from hpc_train.hostlist import expand_hostlist
 from hpc_train.rank_errors import write_record
 
 log = logging.getLogger("hpc_train")
@@ -57,7 +58,9 @@ def act_on_hang(
     attempts.end_current(run_dir, HANG, max(0, culprit.step - 1), detail=message)
     requeued = ""
     if requeue_on_hang:
-        requeued = _requeue(run_dir, sorted({records[r].host for r in verdict.culprits}), sorted({r.host for r in records.values()}))
+        requeued = _requeue(
+            run_dir, sorted({records[r].host for r in verdict.culprits}), sorted({r.host for r in records.values()})
+        )
     hang.request(
         run_dir,
         hang.STOPPING,
@@ -126,12 +129,12 @@ def _scontrol_requeue(job: str, exclude: List[str]) -> str:
         time.sleep(0.5)
     else:
         return f"requeued job {job}, but could not exclude {','.join(exclude)}: {slurm_cli.said(update)}"
-    return f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
+    return (
+        f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
+    )
 
 
 def _excluded(job: str) -> List[str]:
     """The job's ExcNodeList today, as node names (Slurm's compressed form expanded)."""
-    from hpc_train.hostlist import expand_hostlist
-
     value = slurm_cli.show_job(job).get("ExcNodeList", "")
     return [] if value in ("", "(null)") else expand_hostlist(value)

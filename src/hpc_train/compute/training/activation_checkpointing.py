@@ -16,6 +16,8 @@ import functools
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
+from hpc_train.compute.parallel.fsdp import shard_units
+
 
 def _checkpointed(forward, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
@@ -23,8 +25,6 @@ def _checkpointed(forward, *args, **kwargs):
 
 def checkpoint_blocks(model: nn.Module) -> str:
     """Wrap every block's forward in activation checkpointing; what was wrapped, for the log."""
-    from hpc_train.compute.parallel.fsdp import shard_units
-
     blocks = shard_units(model)
     for block in blocks:
         block.forward = functools.partial(_checkpointed, block.forward)

@@ -25,7 +25,6 @@ from hpc_train.compute.runtime.runlog import MetricsWriter
 from hpc_train.compute.training.tracker_common import KINDS, in_run_dir
 
 
-
 def metrics_writer(cfg, run_dir: Path, enabled: bool) -> MetricsWriter:
     """The metrics writer `cfg.logger` asks for (metrics.jsonl only when the config has no logger node)."""
     choice = logger_table.chosen(OmegaConf.select(cfg, "logger", default=None))
@@ -37,15 +36,16 @@ def metrics_writer(cfg, run_dir: Path, enabled: bool) -> MetricsWriter:
 
 
 def make_tracker(name: str, cfg, run_dir: Path) -> Any:
+    # each tracker module imports its optional package (tensorboard, wandb, mlflow): only the chosen one loads
     if name == "tensorboard":
-        from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker
+        from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker  # optional: tensorboard
 
         return TensorBoardTracker(in_run_dir(cfg.logger.get("log_dir") or "tensorboard", run_dir))
     if name == "wandb":
-        from hpc_train.compute.training.tracker_wandb import WandbTracker
+        from hpc_train.compute.training.tracker_wandb import WandbTracker  # optional: wandb
 
         return WandbTracker(cfg, run_dir)
-    from hpc_train.compute.training.tracker_mlflow import MlflowTracker
+    from hpc_train.compute.training.tracker_mlflow import MlflowTracker  # optional: mlflow
 
     return MlflowTracker(cfg, run_dir)
 

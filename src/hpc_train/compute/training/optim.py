@@ -26,6 +26,8 @@ import torch.nn as nn
 from omegaconf import DictConfig
 
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.user.instantiate import instantiate_node
+
 
 def is_target(value: Any) -> bool:
     """A ``_target_`` node (the user's own class or function) rather than a built-in name."""
@@ -47,8 +49,6 @@ def param_groups(tcfg, model: nn.Module) -> List[Dict[str, Any]]:
 
 
 def _user_groups(node: Any, model: nn.Module) -> List[Dict[str, Any]]:
-    from hpc_train.compute.user.instantiate import instantiate_node
-
     groups_fn = instantiate_node(node, "trainer.param_groups", "function groups(model) -> list of dicts")
     if not node.get("_partial_") and not callable(groups_fn):
         raise Refusal(
@@ -62,8 +62,10 @@ def _user_groups(node: Any, model: nn.Module) -> List[Dict[str, Any]]:
             f"`trainer.param_groups`: {node._target_}(model) raised {type(err).__name__}: {err}. Fix: make it take the"
             " model and return a list of dicts, each with 'params' (and any optimizer option per group)."
         ) from None
-    if not isinstance(groups, (list, tuple)) or not groups or not all(
-        isinstance(g, dict) and "params" in g for g in groups
+    if (
+        not isinstance(groups, (list, tuple))
+        or not groups
+        or not all(isinstance(g, dict) and "params" in g for g in groups)
     ):
         raise Refusal(
             f"`trainer.param_groups`: {node._target_}(model) returned {type(groups).__name__}, not a non-empty list"
@@ -83,8 +85,6 @@ def make_optimizer(tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimi
 
 
 def _user_optimizer(node: Any, tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
-    from hpc_train.compute.user.instantiate import instantiate_node
-
     build = instantiate_node(node, "trainer.optimizer", "optimizer (e.g. torch.optim.AdamW with _partial_: true)")
     defaults = {key: float(tcfg[key]) for key in ("lr", "weight_decay") if key not in node}
     try:
@@ -133,8 +133,6 @@ def make_schedule(tcfg, optimizer: torch.optim.Optimizer, total_steps: int) -> A
 
 
 def _user_schedule(node: Any, optimizer: torch.optim.Optimizer) -> Any:
-    from hpc_train.compute.user.instantiate import instantiate_node
-
     build = instantiate_node(node, "trainer.lr_schedule", "LR scheduler (e.g. torch.optim.lr_scheduler.OneCycleLR)")
     try:
         schedule = build(optimizer)

@@ -21,10 +21,20 @@ import torch.nn as nn
 
 from hpc_train.compute.data.batch import describe
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.user.instantiate import instantiate_node
 
 # Keys of the metrics.jsonl records and of summary.json a metric of the user's step may not take.
 RESERVED_METRICS = (
-    "kind", "step", "epoch", "lr", "time", "accuracy", "samples", "grad_norm", "samples_per_sec", "tokens_per_sec",
+    "kind",
+    "step",
+    "epoch",
+    "lr",
+    "time",
+    "accuracy",
+    "samples",
+    "grad_norm",
+    "samples_per_sec",
+    "tokens_per_sec",
 )
 RESERVED_PREFIXES = ("lr_group",)  # each parameter group's LR after the first
 
@@ -45,8 +55,6 @@ class SupervisedStep:
 
 def build_step(cfg, loss_fn: Callable) -> Callable:
     """The step trainer.step names (a partial function of the user's package), else the built-in one."""
-    from hpc_train.compute.user.instantiate import instantiate_node
-
     node = cfg.trainer.get("step")
     if node is None:
         return SupervisedStep(loss_fn)

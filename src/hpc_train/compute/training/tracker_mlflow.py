@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from hpc_train.compute.training.tracker_common import read_run_file, resumed_attempt, run_label, scalars, write_run_file
@@ -54,10 +57,7 @@ def flat_params(config: Any, prefix: str = "") -> Iterator[Tuple[str, str]]:
 
 class MlflowTracker:
     def __init__(self, cfg, run_dir: Path) -> None:
-        # Imported and connected here, before training starts: creating an SQLite store takes a second or two.
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
-
+        # connected here, before training starts: creating an SQLite store takes a second or two
         node = cfg.logger
         self.run_dir = Path(run_dir)
         self.uri = str(node.get("tracking_uri") or default_uri(self.run_dir))
@@ -87,16 +87,12 @@ class MlflowTracker:
         kept = read_run_file(self.run_dir / RUN_FILE)
         if not kept or kept.get("tracking_uri") != self.uri or not kept.get("run_id"):
             return None
-        from mlflow.exceptions import MlflowException
-
         try:
             return self.client.get_run(str(kept["run_id"]))
         except MlflowException:
             return None
 
     def _start(self) -> None:
-        from mlflow.entities import Param
-
         run = self._kept_run()
         if run is not None:
             self.run_id = run.info.run_id
@@ -131,8 +127,6 @@ class MlflowTracker:
 
     # -- the writer's calls ---------------------------------------------------------------------
     def write(self, record: Dict[str, Any]) -> None:
-        from mlflow.entities import Metric
-
         if self.run_id is None:
             self._start()
         step, kind = int(record["step"]), record["kind"]

@@ -6,6 +6,8 @@ import atexit
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from torch.utils.tensorboard import SummaryWriter
+
 from hpc_train.compute.training.tracker_common import scalars
 
 
@@ -19,8 +21,6 @@ class TensorBoardTracker:
     def write(self, record: Dict[str, Any]) -> None:
         step = int(record["step"])
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
             # purge_step: a resumed run hides the events a lost attempt logged past its checkpoint,
             # as metrics.jsonl drops those lines.
             self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)

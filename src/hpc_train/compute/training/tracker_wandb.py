@@ -21,7 +21,14 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
-from hpc_train.compute.training.tracker_common import in_run_dir, read_run_file, resumed_attempt, run_label, scalars, write_run_file
+from hpc_train.compute.training.tracker_common import (
+    in_run_dir,
+    read_run_file,
+    resumed_attempt,
+    run_label,
+    scalars,
+    write_run_file,
+)
 
 RUN_FILE = "wandb_run.json"
 SLURM_LAUNCHERS = ("slurm", "sbatch")
@@ -80,7 +87,12 @@ class WandbTracker:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._run = self._wandb.init(
-                id=run_id, resume="allow", dir=str(self.dir), mode=self.mode, settings=self._settings(), **self.init_args
+                id=run_id,
+                resume="allow",
+                dir=str(self.dir),
+                mode=self.mode,
+                settings=self._settings(),
+                **self.init_args,
             )
         except self._wandb.errors.UsageError as err:  # no API key, most often: online mode needs `wandb login`
             raise RuntimeError(

@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_sch
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
-from hpc_train.compute.parallel import Strategy
+from hpc_train.compute.parallel import build_strategy, rank_data_shard
 from hpc_train.compute.parallel.base import TOKENS
 from hpc_train.compute.training.step import build_step
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
@@ -124,7 +124,12 @@ class Throughput:
 
 class Trainer:
     def __init__(
-        self, cfg, ranks: RankInfo, strategy: Strategy, run_dir: Path, stop_flag: Optional[StopFlag] = None
+        self,
+        cfg,
+        ranks: RankInfo,
+        devices: List[torch.device],
+        run_dir: Path,
+        stop_flag: Optional[StopFlag] = None,
     ) -> None:
         self.cfg, self.tcfg = cfg, cfg.trainer
         self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
@@ -135,8 +140,8 @@ class Trainer:
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
-        self._build_data(strategy)  # sharded by the strategy's data-parallel rank
-        self._build_model(strategy)  # self.strategy: the given one's placement, running the user's step
+        self._build_data(rank_data_shard(cfg.job.layout, ranks))  # this rank's shard, as the job's layout places it
+        self._build_model(devices)  # self.strategy, built complete around the user's step, and the model it wraps
         self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, self.strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = self.strategy.make_grad_scaler()
@@ -147,16 +152,15 @@ class Trainer:
             WeightAverage(self.strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
         )
         seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
-        if self.strategy.sharded_checkpoints:  # torch.distributed.checkpoint costs 0.5 s to import: only when used
+        if self.strategy.sharded_checkpoints:
+            # torch.distributed.checkpoint costs ~1 s to import: only strategies with sharded checkpoints pay it
             from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
         else:
             checkpointer = Checkpointer
         self.checkpointer = checkpointer(
             run_dir,
             ranks,
-            fingerprint(
-                OmegaConf.to_container(cfg, resolve=True), ranks.world_size, self.strategy.sharded_checkpoints
-            ),
+            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, self.strategy.sharded_checkpoints),
             sharded={
                 "model": self.strategy.unwrap(self.wrapped),
                 "optimizer": self.optimizer,
@@ -257,8 +261,9 @@ class Trainer:
             yield self._to_device(batch)
 
     # -- set-up -----------------------------------------------------------------------------
-    def _build_data(self, strategy: Strategy) -> None:
-        dp_size, dp_rank = strategy.data_parallel_size, strategy.data_parallel_rank
+    def _build_data(self, shard: Tuple[int, int]) -> None:
+        self.shard = shard
+        dp_rank, dp_size = shard
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         data = self.data = build_datasets(self.cfg.data)
         self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
@@ -284,7 +289,7 @@ class Trainer:
             else self.epochs.steps_without_length(self.tcfg.max_steps, self.tcfg.epochs)
         )
 
-    def _build_model(self, strategy: Strategy) -> None:
+    def _build_model(self, devices: List[torch.device]) -> None:
         """The user's model, loss and step; the strategy that runs that step (self.strategy, complete); the model
         placed and wrapped by it."""
         model = build_model(self.cfg)
@@ -292,7 +297,17 @@ class Trainer:
         step = build_step(self.cfg, loss_fn)
         # One tiny batch through the step: a dataset the model cannot take is refused before any training step.
         metric_names = check_fit(model, step, loss_fn, self.data)
-        self.strategy = strategy.with_step(loss_fn, step, metric_names, compile_blocks=bool(self.tcfg.compile))
+        self.strategy = build_strategy(
+            self.cfg.strategy,
+            self.ranks,
+            devices,
+            str(self.tcfg.precision),
+            loss_fn,
+            step,
+            metric_names,
+            compile_blocks=bool(self.tcfg.compile),
+            shard=self.shard,
+        )
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if str(self.tcfg.activation_checkpointing) == "blocks":
@@ -446,9 +461,7 @@ class Trainer:
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
             self._save(step, "stop signal")
-            reason = self.stop_flag.reason(
-                request, float(self.cfg.launcher.signal_delay_s)
-            )
+            reason = self.stop_flag.reason(request, float(self.cfg.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
     def _save(self, step: int, why: str) -> None:
@@ -571,11 +584,7 @@ class Trainer:
             **self._ema_summary(),
             "samples_per_sec": meter.samples_per_sec,
             "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
-            **(
-                {"tokens_per_sec": meter.rate(self._global_tokens())}
-                if TOKENS in self.strategy.metric_names
-                else {}
-            ),
+            **({"tokens_per_sec": meter.rate(self._global_tokens())} if TOKENS in self.strategy.metric_names else {}),
             "timed_steps": meter.samples // int(self.tcfg.batch_size),
             "resumed_from_step": self.resumed_from_step,
             "attempts": self.attempt,

@@ -11,6 +11,7 @@ import re
 import sys
 from typing import Any, Sequence
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from hpc_train.compute.runtime.refusal import Refusal
@@ -33,8 +34,6 @@ def _reason(err: BaseException) -> str:
 
 def instantiate_node(node: Any, key: str, what: str) -> Any:
     """``instantiate(node)``; a Refusal naming `key` when the target cannot be imported or called."""
-    from hydra.utils import instantiate
-
     target = node.get("_target_") if isinstance(node, DictConfig) else None
     if not target:
         raise Refusal(

@@ -38,7 +38,7 @@ from hpc_train.compute.checkpointing.files import (
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.fingerprint import differences
 
-if TYPE_CHECKING:  # only named in annotations: importing torch.distributed.checkpoint costs 0.5 s at every start
+if TYPE_CHECKING:  # only named in annotations: importing torch.distributed.checkpoint costs about a second per rank
     from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger("hpc_train")

@@ -50,7 +50,11 @@ _END = object()  # the batches ran out
 
 @dataclass
 class TrainState:
-    """Where the loop is; checkpointed (as ``state``) and restored like any other state holder."""
+    """Where the loop is; checkpointed (as ``state``) and restored like any other state holder.
+
+    A ``torch.distributed.checkpoint.stateful.Stateful`` by its methods: that class is a runtime-checkable
+    Protocol, so DCP and the Checkpointer's annotations accept it without subclassing, and the import (about a
+    second per rank) is left to the runs that write DCP checkpoints."""
 
     epoch: int = 0  # epoch in progress
     step_in_epoch: int = 0  # optimizer steps already taken in that epoch

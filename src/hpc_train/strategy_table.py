@@ -87,27 +87,27 @@ def fsdp_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, int]
 
 @dataclass(frozen=True)
 class SplitSettings:
-    """The settings of the strategies that cut the model, with their defaults written once."""
+    """The settings of the strategies that cut the model, read from a completed strategy node."""
 
     stages: Optional[int]  # declared stages: len(split_points) + 1, else strategy.stages (None: from the GPUs)
     split_points: List[str]  # module names where a stage begins ([]: cut automatically)
     chunks: int  # micro-batches per step
     balance: Union[str, List[int]]  # params | time | layer counts
     batchnorm: str  # keep | freeze
-    engine: str  # native | pipelining
-    schedule: str  # gpipe | 1f1b
+    schedule: Optional[str]  # gpipe | 1f1b (the pipelining engine's; None for the others)
 
 
 def split_settings(strategy: Any) -> SplitSettings:
-    points = [str(p) for p in strategy.get("split_points") or []]
-    balance = strategy.get("balance", "params")
-    stages = len(points) + 1 if points else (int(strategy.get("stages")) if strategy.get("stages") else None)
+    """The node's values as the declarations completed them (launch/schema.py ``complete``): no defaults here."""
+    points = [str(p) for p in strategy["split_points"] or []]
+    balance = strategy["balance"]
+    stages = len(points) + 1 if points else (int(strategy["stages"]) if strategy["stages"] else None)
+    schedule = strategy.get("schedule")  # declared for the pipelining engine only
     return SplitSettings(
         stages=stages,
         split_points=points,
-        chunks=int(strategy.get("chunks") or 1),  # null (or a strategy without chunks): one micro-batch
+        chunks=int(strategy["chunks"] or 1) if "chunks" in strategy else 1,  # null, or model_parallel: one
         balance=balance if isinstance(balance, str) else [int(c) for c in balance],
-        batchnorm=str(strategy.get("batchnorm", "keep")),
-        engine=str(strategy.get("engine", "native")),
-        schedule=str(strategy.get("schedule", "gpipe")).lower(),
+        batchnorm=str(strategy["batchnorm"]),
+        schedule=None if schedule is None else str(schedule).lower(),
     )

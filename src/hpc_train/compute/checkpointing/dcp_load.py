@@ -28,7 +28,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -43,7 +42,12 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from hpc_train.compute.checkpointing.dcp_failures import describe, own_error
 from hpc_train.compute.checkpointing.dcp_manifest import LOOP, Peers, check_file, process_group_peers, verify
 from hpc_train.compute.checkpointing.dcp_metadata import read_metadata
-from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint, unsafe_checkpoint
+from hpc_train.compute.checkpointing.files import (
+    CheckpointError,
+    UnsafeCheckpoint,
+    unsafe_checkpoint,
+    unsafe_load_reason,
+)
 
 
 def _weights_only(data: bytes, path: Path, what: str) -> Any:
@@ -52,19 +56,8 @@ def _weights_only(data: bytes, path: Path, what: str) -> Any:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise unsafe_checkpoint(
-            path, f"{what} holds objects other than tensors and plain values ({_reason(err)})"
+            path, f"{what} holds objects other than tensors and plain values ({unsafe_load_reason(err)})"
         ) from None
-
-
-def _reason(err: Exception) -> str:
-    """The telling line of torch's long weights_only error, e.g. ``... unsupported GLOBAL posix.system ...``."""
-    text = str(err)
-    match = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global| Please|$)", text, flags=re.M)
-    if match:
-        return match.group(1)[:200]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    telling = [line for line in lines if "GLOBAL" in line] or lines or [type(err).__name__]
-    return telling[0][:200]
 
 
 class _SafeBytesPlanner:
@@ -114,7 +107,9 @@ class SafeFileSystemReader(FileSystemReader):
             self.refused = err
             raise
         except pickle.UnpicklingError as err:  # a tensor entry that is not a tensor
-            self.refused = unsafe_checkpoint(Path(self.path), f"a tensor entry holds other objects ({_reason(err)})")
+            self.refused = unsafe_checkpoint(
+                Path(self.path), f"a tensor entry holds other objects ({unsafe_load_reason(err)})"
+            )
             raise self.refused from None
 
 

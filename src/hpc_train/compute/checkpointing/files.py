@@ -180,7 +180,7 @@ def read_checkpoint(path: Path) -> Dict[str, Any]:
         return torch.load(io.BytesIO(body[start:]), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # something other than tensors and plain types: never run it
         raise CheckpointRefused(
-            refusal_message(path, f"it holds objects other than tensors and plain values ({_first_reason(err)})")
+            refusal_message(path, f"it holds objects other than tensors and plain values ({unsafe_load_reason(err)})")
         ) from None
     except Exception as err:  # a valid digest of an unloadable payload: a different torch, say
         raise CheckpointError(f"{path} could not be unpickled: {err}") from err
@@ -203,11 +203,16 @@ def check_format(path: Path, version: bytes) -> None:
     )
 
 
-def _first_reason(err: Exception) -> str:
-    """The telling part of torch's long weights_only error, e.g. ``Unsupported global: GLOBAL builtins.open``."""
+def unsafe_load_reason(err: Exception) -> str:
+    """The telling part of torch's long weights_only error, e.g. ``Unsupported global: GLOBAL builtins.open``
+    (both checkpoint formats refuse with it)."""
     text = str(err)
     match = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global| Please|$)", text, flags=re.M)
-    return (match.group(1) if match else text.strip().splitlines()[0] if text.strip() else type(err).__name__)[:200]
+    if match:
+        return match.group(1)[:200]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    telling = [line for line in lines if "GLOBAL" in line] or lines or [type(err).__name__]
+    return telling[0][:200]
 
 
 def newest_valid(folder: Path) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:

@@ -223,6 +223,7 @@ def _xdist_group(item) -> str:
     return item.path.name
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks set here
 def pytest_collection_modifyitems(config, items):
     """`scale` tests (16-node cluster): deselected unless `-m` or a file named on the command line
     picks them; when selected, they run last.
@@ -244,6 +245,31 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
         scale = [item for item in scale if item not in dropped]
     items[:] = [item for item in items if item.get_closest_marker("scale") is None] + scale
+
+
+def pytest_configure(config):
+    """Refuse a --dist loadgroup run the installed pytest-xdist cannot group: with pytest >= 9.2, xdist <= 3.8 drops
+    the groups silently (pytest-xdist#1386) and the Slurm tests would run on both workers at once."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.getoption("dist", "no") != "loadgroup":
+        return
+    import xdist
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) < Version("3.9"):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} ignores --dist loadgroup's groups"
+            " (pytest-xdist#1386). Fix: install with -c constraints.txt (pytest<9.2), as scripts/test.sh does."
+        )
+
+
+def pytest_collection_finish(session):
+    """A worker of a --dist loadgroup run holds only grouped tests; a test without its group (a newer pytest/xdist
+    pair with the same fault) stops the run instead of letting the Slurm tests share the cluster."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items if "@" not in item.nodeid.rpartition("]")[2].rpartition("::")[2]]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist lost the test groups of {len(lost)} tests, e.g. {lost[0]}")
 
 
 def scontrol_job(job_id: str) -> Dict[str, str]:

@@ -43,16 +43,16 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "data_shard":  # for the user's streamed dataset, inside a training process (imports torch)
-        from hpc_train.compute.data.loaders import data_shard
+    if name == "data_shard":  # for the user's streamed dataset, inside a training process
+        from hpc_train.compute.data.loaders import data_shard  # on first use (PEP 562): it imports torch
 
         return data_shard
     if name == "log_metrics":  # for a script of your own (hpc-train ... -- train.py): no torch, no Hydra
-        from hpc_train.metrics_log import log_metrics
+        from hpc_train.metrics_log import log_metrics  # on first use (PEP 562): `import hpc_train` loads no submodule
 
         return log_metrics
     if name in __all__:
-        from hpc_train import api
+        from hpc_train import api  # on first use (PEP 562): the hpc-train command does not pay for the API module
 
         return getattr(api, name)
     raise AttributeError(f"module 'hpc_train' has no attribute {name!r}")

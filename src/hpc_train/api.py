@@ -241,7 +241,9 @@ def run(
     launcher = str(cfg.launcher.name)
     extra = [f"hydra.run.dir={child.path_value(target)}"] + (["launcher.wait=true"] if launcher == "slurm" else [])
     started = time.time()
-    code, out, err = child.foreground(child.cli_command(overrides, config_dir) + extra, target / OUTPUT_NAME, echo=not quiet)
+    code, out, err = child.foreground(
+        child.cli_command(overrides, config_dir) + extra, target / OUTPUT_NAME, echo=not quiet
+    )
     if code == EXIT_BAD_INPUT:
         raise child.bad_input(err, target, started)
     summary = states.read_summary(target)
@@ -392,8 +394,8 @@ def staged_model(
     ``nn.Module`` with ``.stages``, ``.devices``, ``.output_device``; feed it inputs on
     ``devices[0]``. Imports torch: not for the login node.
     """
+    # torch: only this function needs it (the rest of the API runs on a login node)
     import torch
-
     from hpc_train.compute.parallel.staged_model import build_staged
 
     points = [str(p) for p in split_points or []]

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train import job_table
+from hpc_train.job_states import slurm_job_states
 from hpc_train.launch.rerun import SUBMISSIONS, submissions
+from hpc_train.sweep_status import alive
 from hpc_train.text_table import format_table
 
 APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
@@ -44,7 +46,7 @@ def is_local_app_sweep(sweep_dir: Path) -> bool:
 def _result(folder: Path, job_id: str) -> Tuple[Optional[str], Optional[str]]:
     """(COMPLETED or FAILED as the job's result file says, None before it has ended; its return value or its
     error's last line, in words)."""
-    from submitit.core.utils import JobPaths
+    from submitit.core.utils import JobPaths  # submitit (~50 ms): only a Hydra app's sweep needs it, not every report
 
     path = JobPaths(folder, job_id=job_id).result_pickle  # submitit's own naming (%j and array ids resolved)
     try:
@@ -62,8 +64,6 @@ def _result(folder: Path, job_id: str) -> Tuple[Optional[str], Optional[str]]:
 
 def _local_state(ended: Optional[str], pid: str) -> Tuple[str, Optional[str]]:
     """A local job's state (see the module's docstring), and a note when its process died without a result."""
-    from hpc_train.sweep_status import alive
-
     if ended is not None:
         return ended, None
     if alive(pid):
@@ -73,9 +73,7 @@ def _local_state(ended: Optional[str], pid: str) -> Tuple[str, Optional[str]]:
 
 def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     """One row per job (its newest attempt): number, job id, overrides, layout, state, result, stderr log."""
-    from submitit.core.utils import JobPaths
-
-    from hpc_train.job_states import slurm_job_states
+    from submitit.core.utils import JobPaths  # submitit (~50 ms): only a Hydra app's sweep needs it, not every report
 
     table = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
     entries = submissions(sweep_dir)
@@ -93,15 +91,25 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
             state = slurm.state if slurm else "UNKNOWN"
         log = str(JobPaths(Path(entry["folder"]), job_id=job_id).stderr) if entry else None
         out.append(
-            {"job": number, "job_id": job_id, "overrides": overrides, "layout": layout, "state": state, "result": result,
-             "log": log}
+            {
+                "job": number,
+                "job_id": job_id,
+                "overrides": overrides,
+                "layout": layout,
+                "state": state,
+                "result": result,
+                "log": log,
+            }
         )
     return out
 
 
 def render(sweep_dir: Path, found: List[Dict[str, Any]]) -> str:
     header = ("job", "job id", "overrides", "state", "result")
-    cells = [(r["job"], r["job_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-") for r in found]
+    cells = [
+        (r["job"], r["job_id"], r["overrides"], r["state"], r["result"] if r["result"] is not None else "-")
+        for r in found
+    ]
     lines = [f"hpc-train-report: {sweep_dir} (a Hydra app's sweep of {len(found)} job{'s' if len(found) != 1 else ''})"]
     lines.append(format_table(header, cells))
     counts: Dict[str, int] = {}

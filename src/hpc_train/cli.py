@@ -28,12 +28,21 @@ from typing import NoReturn, Optional  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.errors import CompactHydraException, HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
+from hpc_train.launch import objective, torchrun_client  # noqa: E402
 from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
+from hpc_train.launch.hydra_callbacks import Refused  # noqa: E402
+from hpc_train.launch.hydra_errors import from_omegaconf, translate  # noqa: E402
+from hpc_train.launch.run import run_job  # noqa: E402
+from hpc_train.launch.sbatch import prepare  # noqa: E402
+from hpc_train.launch.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
+from hpc_train.script_command import split_command_line  # noqa: E402
 
 
 def _task(cfg: DictConfig) -> Optional[float]:
@@ -42,11 +51,9 @@ def _task(cfg: DictConfig) -> Optional[float]:
     In a sweep, bad input and failed jobs are raised, so Hydra marks that job FAILED and the
     sweeper decides (Optuna's max_failure_rate); a single run prints the message and exits.
     """
-    from hpc_train.launch.objective import sweeper_wants_objective
-
     hydra_cfg = HydraConfig.get()
     try:
-        return _run_one(cfg, Path(hydra_cfg.runtime.output_dir), sweeper_wants_objective(hydra_cfg))
+        return _run_one(cfg, Path(hydra_cfg.runtime.output_dir), objective.sweeper_wants_objective(hydra_cfg))
     except (ConfigError, JobFailed) as err:
         if str(getattr(hydra_cfg.mode, "name", hydra_cfg.mode)) == "MULTIRUN":
             raise
@@ -54,25 +61,14 @@ def _task(cfg: DictConfig) -> Optional[float]:
 
 
 def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[float]:
-    from omegaconf.errors import OmegaConfBaseException
-
-    from hpc_train.launch import objective
-    from hpc_train.launch.hydra_errors import from_omegaconf
-
     try:
         objective.check_objective(cfg, HydraConfig.get())
-        from hpc_train.launch import torchrun_client
-
         if torchrun_client.active():  # started by torchrun: this process is one rank of torchrun's world
             gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             code = torchrun_client.run_rank(cfg, run_dir)
         elif cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
-            from hpc_train.launch.sbatch import prepare
-
             code = prepare(cfg, run_dir)
         else:
-            from hpc_train.launch.run import run_job
-
             code = run_job(cfg, run_dir, wait=wants_objective)
     except OmegaConfBaseException as err:  # a key our checks read is missing or unresolvable (e.g. ~trainer.lr)
         translated = from_omegaconf(err)
@@ -87,8 +83,6 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
 
 
 def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
-    from hpc_train.launch.hydra_errors import translate
-
     if isinstance(err, JobFailed):
         if not err.reported:
             print(f"hpc-train: {err}", file=sys.stderr)
@@ -97,8 +91,6 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
     if translated is not None:
         print(translated.message, file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    from hydra.errors import CompactHydraException, HydraException
-
     if user_wants_traceback:
         raise err
     if isinstance(err, (CompactHydraException, HydraException)):  # Hydra's own words, as Hydra would print them
@@ -114,12 +106,7 @@ def main() -> None:
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing and exiting: we reword
     hydra_plugins.hpc_train_launcher.register()
-    from hpc_train.launch.hydra_callbacks import Refused
-
     try:
-        from hpc_train.launch.torchrun_client import rank_argv
-        from hpc_train.script_command import split_command_line
-
         sys.argv[1:] = split_command_line(sys.argv[1:])  # `-- train.py ARGS`: the user's script (script.argv)
         sys.argv[1:] = rank_argv(sys.argv[1:])  # under torchrun: one run dir for all ranks (a no-op otherwise)
         # Decorated here, not at import: hydra.main sets Hydra's process-wide version base when it

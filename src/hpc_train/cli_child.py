@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import yaml
+
+from hpc_train.conf import CONFIG_DIR
 from hpc_train.job_states import rank_error
 from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
@@ -39,12 +42,13 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
     What ``hydra.initialize_config_dir`` does, plus the search-path entry Hydra adds for
     ``--config-dir`` (same provider, same place). Hydra's global state is restored on exit.
     """
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without composing
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.errors import SearchPathException
     from hydra.version import VersionBase, setbase
 
+    # hpc_train's Hydra plugin (its launchers, put in Hydra's ConfigStore as it loads): only when composing
     import hydra_plugins.hpc_train_launcher as plugin
-    from hpc_train.conf import CONFIG_DIR
 
     plugin.register()
     base = VersionBase.instance().getbase()  # a process-wide singleton: the caller's Hydra app keeps its own
@@ -66,6 +70,7 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
 
 def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["DictConfig", Dict[str, str]]:
     """(resolved job config, {"run": run dir, "sweep": sweep dir} as Hydra would name them now)."""
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without composing
     from hydra import compose as hydra_compose
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import setup_globals
@@ -91,8 +96,8 @@ def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["Dict
 
 def as_config_error(err: BaseException) -> BaseException:
     """The ConfigError the CLI would print for `err` (see hpc_train.cli._fail), else `err` itself."""
+    # Hydra (~0.2 s), also through hydra_errors: only after composing or expanding has failed
     from hydra.errors import CompactHydraException, HydraException
-
     from hpc_train.launch.hydra_errors import translate
 
     translated = translate(err)
@@ -186,8 +191,12 @@ def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, 
     with output.open("w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         pumps = [
-            threading.Thread(target=pump_output, args=(proc.stdout, [log, sys.stdout] if echo else [log], out), daemon=True),
-            threading.Thread(target=pump_output, args=(proc.stderr, [log, sys.stderr] if echo else [log], err), daemon=True),
+            threading.Thread(
+                target=pump_output, args=(proc.stdout, [log, sys.stdout] if echo else [log], out), daemon=True
+            ),
+            threading.Thread(
+                target=pump_output, args=(proc.stderr, [log, sys.stderr] if echo else [log], err), daemon=True
+            ),
         ]
         for pump in pumps:
             pump.start()
@@ -252,7 +261,7 @@ def written_since(path: Path, since: float) -> bool:
 
 def expand(overrides: List[str]) -> List[List[str]]:
     """Each job's overrides, in the order Hydra numbers the jobs (its basic sweeper's expansion)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # Hydra (~0.2 s): only to expand a sweep
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -260,15 +269,15 @@ def expand(overrides: List[str]) -> List[List[str]]:
             o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed
         ):  # interval(), ...: for an optimising sweeper
             parsed = [o for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
-        return [job for batch in hydra_internals.basic_sweeper_class().split_arguments(parsed, None) for job in batch] or [[]]
+        return [
+            job for batch in hydra_internals.basic_sweeper_class().split_arguments(parsed, None) for job in batch
+        ] or [[]]
     except Exception as err:
         raise as_config_error(err) from None
 
 
 def overrides_of(run_dir: Path, fallback: List[str]) -> List[str]:
     """A sweep job's overrides as Hydra recorded them (.hydra/overrides.yaml), else `fallback`."""
-    import yaml
-
     try:
         listed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     except (OSError, yaml.YAMLError):
@@ -282,5 +291,3 @@ def launcher_of(job: List[str], default: str) -> str:
         if key.lstrip("+") == "launcher":
             return value
     return default
-
-

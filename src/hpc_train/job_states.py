@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from hpc_train import rundir
 from hpc_train import slurm_cli
+from hpc_train.rank_errors import read_records, root_cause
 
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
 ENDED = frozenset(
@@ -39,8 +40,6 @@ ENDED = frozenset(
 
 def rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[str]]:
     """(rank, one-line error) of the rank that failed first, from logs/rank<r>.error.json written after `since`."""
-    from hpc_train.rank_errors import read_records, root_cause
-
     log_dir = run_dir / rundir.LOGS
     ranks = [
         int(m.group(1))

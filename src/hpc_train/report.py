@@ -23,10 +23,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hpc_train import job_table, rundir
+from hpc_train import app_report, job_table, rundir
 from hpc_train.job_states import slurm_states
+from hpc_train.launch.rerun import rerun_failed
 from hpc_train.sweep_status import never_running
 from hpc_train.text_table import format_table
+from hpc_train.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
 PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one
@@ -118,7 +120,8 @@ def read_job(
         job.status = "COMPLETED"
         job.strategy = job.strategy or summary.get("strategy")
         job.world_size = summary.get("world_size", job.world_size)
-        job.samples_per_sec = summary.get("samples_per_sec", summary.get("images_per_sec"))  # images_per_sec: summaries written before the rename
+        # images_per_sec: summaries written before the rename
+        job.samples_per_sec = summary.get("samples_per_sec", summary.get("images_per_sec"))
         job.train_loss = summary.get("train_loss")
         job.eval_accuracy = summary.get("eval_accuracy")
         job.attempts = summary.get("attempts") or _attempts_started(run_dir) or 1
@@ -246,6 +249,7 @@ def _short_label(job: JobReport, own: List[str], width: int = 28) -> str:
 
 
 def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
+    # matplotlib (optional, ~0.7 s): only for the PNG; without it the report still prints its table
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -369,7 +373,7 @@ def _readable_loss_axis(ax, losses: List[float]) -> None:
     Without this, two identical runs whose losses differ by 5e-7 get an axis in offset notation
     ("1e-7+2.3317") stretched over that difference, and look far apart.
     """
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # matplotlib (optional): only for the PNG
 
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
@@ -408,8 +412,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.rerun_failed:
-        from hpc_train.launch.rerun import rerun_failed
-
         count, refusal = rerun_failed(args.path)
         if refusal:
             print(f"hpc-train-report: {refusal}", file=sys.stderr)
@@ -417,14 +419,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"hpc-train-report: {count} job(s) resubmitted" + ("" if count else ": none failed"))
         return 0
     if args.watch:
-        from hpc_train.watch import REFRESH_S, watch
-
         if not args.path.is_dir():
-            print(f"hpc-train-report: {args.path} is not a folder: give a sweep dir (multirun/DATE/TIME).", file=sys.stderr)
+            print(
+                f"hpc-train-report: {args.path} is not a folder: give a sweep dir (multirun/DATE/TIME).",
+                file=sys.stderr,
+            )
             return 2
         return watch(args.path, args.every or REFRESH_S)
-
-    from hpc_train import app_report
 
     if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
         found = app_report.rows(args.path)

@@ -16,6 +16,7 @@ def model_loss(model: Any, batch: Any) -> Any:
     Calls ``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple or list, ``model(batch)``
     otherwise, and returns the output's ``.loss`` attribute or ``["loss"]`` item.
     """
+    # compute side (data.batch imports torch): this runs in a training process; importing hpc_train.steps does not
     from hpc_train.compute.data.batch import describe
     from hpc_train.compute.runtime.refusal import Refusal
 

@@ -22,6 +22,7 @@ from typing import IO, Dict, List, Optional
 import yaml
 
 from hpc_train import app_report, job_table, rundir
+from hpc_train.cli_child import expand
 from hpc_train.job_states import ENDED, rank_error, slurm_job_states
 from hpc_train.sweep_status import never_running
 
@@ -67,8 +68,6 @@ def _local_jobs(sweep_dir: Path) -> int:
         overrides = [str(o) for o in saved["hydra"]["overrides"]["task"]]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return 0
-    from hpc_train.cli_child import expand
-
     try:
         return len(expand(overrides))
     except Exception:  # noqa: BLE001 - an optimising sweeper's search space: count what exists
@@ -158,8 +157,14 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     rows = [] if local_app else [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
     if local_app:  # processes of this host: the result files say
         jobs = [
-            WatchedJob(r["job"], sweep_dir / r["job"], r["job_id"], r["state"],
-                       error=r["result"] if r["state"] == "FAILED" else None, log=r["log"] and Path(r["log"]))
+            WatchedJob(
+                r["job"],
+                sweep_dir / r["job"],
+                r["job_id"],
+                r["state"],
+                error=r["result"] if r["state"] == "FAILED" else None,
+                log=r["log"] and Path(r["log"]),
+            )
             for r in app_report.rows(sweep_dir)
         ]
     elif rows:

@@ -23,18 +23,30 @@ from __future__ import annotations
 
 import functools
 import logging
+import pickle
+import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from hpc_train import rundir, sweep_status
-from hpc_train.launch import hydra_internals
+import cloudpickle
+import yaml
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hpc_train import job_table, rundir, sweep_status
+from hpc_train.launch import capacity, hydra_internals, rerun, slurm
+from hpc_train.launch.config_view import ConfigView
+from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.objective import sweeper_target
+from hpc_train.launch.slurm import cluster_account, cluster_qos
+from hpc_train.launch.sweep_limits import check_sweep_fits
+from hpc_train.rundir import EXIT_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +106,6 @@ def cluster_profile(name: str) -> Dict[str, Any]:
     """hpc_train's cluster profile `name` (shipped, e.g. jean_zay), or a profile file of the user's
     (``path/to/my_conf/cluster/mysite.yaml``), composed by hpc-train itself (``hpc-train --cfg job --resolve``):
     its defaults list and interpolations work as they do for hpc-train's own jobs."""
-    import subprocess
-
-    import yaml
-
-    from hpc_train.launch.errors import ConfigError
-
     command = [sys.executable, "-m", "hpc_train.cli", "--cfg", "job", "--resolve"]
     path = Path(name).expanduser()
     if path.suffix in (".yaml", ".yml"):  # my_conf/cluster/mysite.yaml: the config dir is two levels up
@@ -121,9 +127,6 @@ def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
     """The launcher keys with what ``cluster`` supplies filled in where they are unset: partition, account (also
     from ``account_env``), QoS (also by time), constraint, memory, setup lines, CPUs (``cpus_per_gpu`` x GPUs per
     task), ``--hint`` and the profile's extra sbatch options."""
-    from hpc_train.launch.config_view import ConfigView
-    from hpc_train.launch.slurm import _account, _qos
-
     if not launcher.get("cluster"):
         return launcher
     profile = ConfigView(cluster_profile(str(launcher["cluster"])))
@@ -134,8 +137,8 @@ def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
             out[key] = value
 
     fill("partition", profile.get("partition"))
-    fill("account", _account(profile))
-    fill("qos", _qos(profile, int(out.get("timeout_min") or 60)))
+    fill("account", cluster_account(profile))
+    fill("qos", cluster_qos(profile, int(out.get("timeout_min") or 60)))
     fill("constraint", profile.get("constraint"))
     fill("mem_gb", profile.get("mem_gb"))
     fill("setup", list(profile.get("setup") or []))
@@ -172,15 +175,11 @@ class SharedPart:
 
     @classmethod
     def write(cls, path: Path, **parts: Any) -> "SharedPart":
-        import cloudpickle
-
         path.parent.mkdir(parents=True, exist_ok=True)
         rundir.write_bytes_atomic(cloudpickle.dumps(parts), path)
         return cls(path)
 
     def read(self) -> Dict[str, Any]:
-        import pickle
-
         return pickle.loads(self.path.read_bytes())
 
 
@@ -191,7 +190,7 @@ class AppTask:
         self.shared, self.overrides, self.job_num = shared, overrides, job_num
 
     def __call__(self) -> JobReturn:
-        import submitit
+        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
 
         parts = self.shared.read()
         hydra_context, task_function = parts["hydra_context"], parts["task_function"]
@@ -210,8 +209,6 @@ class AppTask:
             job_subdir_key="hydra.sweep.subdir",
         )
         if ret.status == JobStatus.FAILED:  # keep the JobReturn for the sweeper, then fail the job itself
-            import cloudpickle
-
             path = Path(environment.paths.folder) / RETURN_FILE.format(job_id=environment.job_id)
             path.write_bytes(cloudpickle.dumps(ret))
             raise ret._return_value
@@ -219,7 +216,7 @@ class AppTask:
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's preemption/timeout hook: run the same job again (within max_num_timeout)."""
-        import submitit
+        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
 
         return submitit.helpers.DelayedSubmission(self)
 
@@ -248,7 +245,9 @@ class AppLauncher(Launcher):
         sweep_status.mark_done(sweep_dir)
         return returns
 
-    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> Sequence[JobReturn]:
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         shared = SharedPart.write(
             sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl",
@@ -274,7 +273,9 @@ class AppLauncher(Launcher):
             _check_no_wait(self.config.hydra, sweep_dir)
         handles = self._submit_local(jobs, sweep_dir) if self.local else self._submit_slurm(jobs, sweep_dir)
         if not wait:  # submit and come back: the jobs' ids stand for their results
-            print(f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch")
+            print(
+                f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch"
+            )
             return [_queued(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
         returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
@@ -284,10 +285,7 @@ class AppLauncher(Launcher):
     def _submit_local(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """submitit's local executor, one per set of resources (each job a process of its own); the job table
         and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
-        import submitit
-
-        from hpc_train import job_table
-        from hpc_train.launch import rerun
+        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
 
         groups: Dict[str, List[int]] = {}
         for index, (_, _, launcher, _) in enumerate(jobs):
@@ -307,33 +305,49 @@ class AppLauncher(Launcher):
         rows, entries = [], []
         for (num, overrides, launcher, _), handle in zip(jobs, handles):
             params = {_SLURM_NAMES.get(key, key): launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
-            rows.append(job_table.JobRow(str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)))
-            entries.append({"job_id": str(handle.job_id), "job": str(num), "folder": str(launcher["submitit_folder"]), "local": True})
+            rows.append(
+                job_table.JobRow(
+                    str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)
+                )
+            )
+            entries.append(
+                {
+                    "job_id": str(handle.job_id),
+                    "job": str(num),
+                    "folder": str(launcher["submitit_folder"]),
+                    "local": True,
+                }
+            )
         job_table.print_and_append(sweep_dir, rows)
         rerun.record(sweep_dir, entries)
         return handles
 
     def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
-        from hpc_train.launch import capacity, rerun, slurm
-        from hpc_train.launch.errors import ConfigError
-        from hpc_train import job_table
-        from hpc_train.launch.sweep_limits import check_sweep_fits
-
         slurm.check_slurm_commands()
         prepared = []
         for num, overrides, launcher, task in jobs:
             label = " ".join(filter_overrides(overrides))
             try:  # before anything is queued: one job that no node can hold stops the sweep
-                params = slurm_parameters(apply_profile(launcher))  # a profile's refusal names hpc-train's keys: reworded
+                # a profile's refusal names hpc-train's keys: reworded
+                params = slurm_parameters(apply_profile(launcher))
                 slurm.check_partition(params, capacity.APP_KEYS.partition)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:
                 err = _in_app_keys(err)
-                _refuse(sweep_dir, ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix))
+                _refuse(
+                    sweep_dir,
+                    ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix),
+                )
             prepared.append(
                 slurm.PreparedJob(
-                    None, None, params, label, sweep_dir, int(launcher.get("max_num_timeout") or 0), payload=task,
+                    None,
+                    None,
+                    params,
+                    label,
+                    sweep_dir,
+                    int(launcher.get("max_num_timeout") or 0),
+                    payload=task,
                     folder=Path(str(launcher["submitit_folder"])),
                 )
             )
@@ -343,7 +357,10 @@ class AppLauncher(Launcher):
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
             _refuse(sweep_dir, _in_app_keys(err))
         handles = {id(job): handle for job, handle in submitted}
-        rows = [job_table.JobRow(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params)) for (num, *_), job in zip(jobs, prepared)]
+        rows = [
+            job_table.JobRow(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params))
+            for (num, *_), job in zip(jobs, prepared)
+        ]
         job_table.print_and_append(sweep_dir, rows)
         numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
         rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
@@ -355,8 +372,6 @@ SAME_FOR_EVERY_JOB = {"hydra.sweep.dir", "hydra.job.name"}  # what the default k
 
 def _interpolated(node: Any) -> bool:
     """Whether the node interpolates anything that may differ from job to job (anything but SAME_FOR_EVERY_JOB)."""
-    import re
-
     container = OmegaConf.to_container(node, resolve=False)
     return any(ref.strip() not in SAME_FOR_EVERY_JOB for ref in re.findall(r"\$\{([^}]*)\}", repr(container)))
 
@@ -382,17 +397,17 @@ RESULTLESS_SWEEPERS = (
 
 
 def _check_no_wait(hydra_cfg: DictConfig, sweep_dir: Path) -> None:
-    from hpc_train.launch.errors import ConfigError
-    from hpc_train.launch.objective import sweeper_target
-
     sweeper = sweeper_target(hydra_cfg)
     if sweeper not in RESULTLESS_SWEEPERS:  # one message and exit code 2, as hpc-train's own refusals
-        _refuse(sweep_dir, ConfigError(
-            "hydra.launcher.wait",
-            f"wait=false queues the jobs and returns before they end, but the sweeper {sweeper} reads each job's"
-            " result to choose the next ones.",
-            "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with wait=false.",
-        ))
+        _refuse(
+            sweep_dir,
+            ConfigError(
+                "hydra.launcher.wait",
+                f"wait=false queues the jobs and returns before they end, but the sweeper {sweeper} reads each job's"
+                " result to choose the next ones.",
+                "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with wait=false.",
+            ),
+        )
 
 
 # hpc-train's keys, as shared refusals (sbatch's words, a cluster profile's) name them -> a Hydra app's launcher keys
@@ -413,11 +428,9 @@ APP_KEYS = {
 
 def _in_app_keys(error: Any) -> Any:
     """The same refusal, naming the app's hydra.launcher.* keys instead of hpc-train's."""
-    import re
-
-    from hpc_train.launch.errors import ConfigError
-
-    pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(APP_KEYS, key=len, reverse=True)) + r")\b(?!\.\w|_)")
+    pattern = re.compile(
+        r"\b(" + "|".join(re.escape(k) for k in sorted(APP_KEYS, key=len, reverse=True)) + r")\b(?!\.\w|_)"
+    )
 
     def reword(text: str) -> str:
         return pattern.sub(lambda match: APP_KEYS[match.group(1)], text)
@@ -427,8 +440,6 @@ def _in_app_keys(error: Any) -> Any:
 
 def _refuse(sweep_dir: Path, error: Exception) -> None:
     """Bad input in an app's sweep: its one message and exit code 2 before anything is queued (no traceback)."""
-    from hpc_train.rundir import EXIT_REFUSED
-
     sweep_status.mark_refused(sweep_dir, str(error))
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_REFUSED)
@@ -450,8 +461,6 @@ def _result(handle: Any, overrides: List[str]) -> JobReturn:
     except Exception as err:  # the job failed: its task function raised, or it was killed or timed out
         path = Path(handle.paths.folder) / RETURN_FILE.format(job_id=handle.job_id)
         if path.exists():
-            import cloudpickle
-
             return cloudpickle.loads(path.read_bytes())
         ret = JobReturn()
         ret.overrides = overrides

@@ -12,8 +12,21 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Iterable, Optional, Sequence, Tuple
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException
+from omegaconf import OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
+
+from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
 
@@ -30,14 +43,6 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
     `argv` (the command line's arguments) is read, with Hydra's own override parser, only for
     the few errors whose message does not name the override that caused them.
     """
-    from hydra.errors import (
-        ConfigCompositionException,
-        MissingConfigException,
-        OverrideParseException,
-        SearchPathException,
-    )
-    from omegaconf.errors import OmegaConfBaseException
-
     if isinstance(err, ConfigError):
         return err
     if isinstance(err, OverrideParseException):
@@ -69,13 +74,6 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
 
 def from_omegaconf(err: BaseException) -> Optional[ConfigError]:
     """A key our checks read that is missing, unset (``???``) or cannot be resolved."""
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        InterpolationResolutionError,
-        MissingMandatoryValue,
-    )
-
     key = str(getattr(err, "full_key", "") or "")
     if isinstance(err, MissingMandatoryValue):
         return ConfigError(
@@ -148,8 +146,6 @@ def _missing_option(err) -> ConfigError:
 
 
 def _composition(err) -> Optional[ConfigError]:
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
     text = str(err)
     cause = err.__cause__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
@@ -277,8 +273,6 @@ def _flag_misuse(err: BaseException, argv: Sequence[str]) -> ConfigError:
 
 def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
     """A config-group choice that is not a name (model=5, model=null, trainer=[1]), found with Hydra's parser."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
@@ -304,11 +298,5 @@ def _bad_group_value(argv: Sequence[str]) -> Optional[ConfigError]:
 
 def _plain_top_level_keys() -> Iterable[str]:
     """Top-level keys of the shipped config that are values, not config groups (seed, dry_run, ...)."""
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
-    from hpc_train.conf import CONFIG_DIR
-
     primary = OmegaConf.load(Path(CONFIG_DIR) / "config.yaml")
     return [str(k) for k in primary.keys() if k not in ("defaults", "hydra")]

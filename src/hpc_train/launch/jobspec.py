@@ -11,6 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import yaml
+from hydra.core.hydra_config import HydraConfig
+
 from hpc_train import rundir
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.validate import check_resume_compatible, code_dirs, normalize_precision, script_cwd
@@ -41,8 +44,6 @@ def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> D
 
 def hydra_choices() -> Dict[str, str]:
     """The config-group options this job was composed from (model=resnet18, ...): how runs name their model and data."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return {}
     choices = HydraConfig.get().runtime.choices
@@ -51,8 +52,6 @@ def hydra_choices() -> Dict[str, str]:
 
 def write_yaml(data: Any, path: Path) -> Path:
     """Plain data as YAML with libyaml's emitter when present (a 10,000-job sweep writes 10,000 of these)."""
-    import yaml
-
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     path.write_text(yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True))
     return path

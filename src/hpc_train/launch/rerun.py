@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train import job_table, rundir
+from hpc_train.job_states import ENDED, slurm_job_states
 
 SUBMISSIONS = Path(".hpc_train") / "submissions.jsonl"
 
@@ -47,7 +48,7 @@ def submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
 
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
-    from hpc_train.job_states import ENDED, slurm_job_states
+    # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
     from hpc_train.launch.slurm import make_executor
 
     rows = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
@@ -55,7 +56,10 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
     recorded = submissions(sweep_dir)
     if any(entry.get("local") for entry in recorded.values()):
-        return 0, f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again"
+        return (
+            0,
+            f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again",
+        )
     states = slurm_job_states(job_id for job_id, _, _ in rows.values())
     failed = {
         number: row
@@ -68,7 +72,7 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
             f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
             " submitted by an hpc-train older than --rerun-failed; rerun those jobs with their overrides by hand"
         )
-    import submitit
+    import submitit  # submitit (~50 ms): only a rerun submits; hpc-train-report and the API import this module
 
     new_rows, entries = [], []
     for number, (job_id, overrides, layout) in sorted(failed.items(), key=lambda item: int(item[0])):
@@ -77,7 +81,9 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
         delayed = submitit.SlurmJob(folder=folder, job_id=job_id).submission()
         executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))
         handle = executor.submit(delayed.function, *delayed.args, **delayed.kwargs)
-        print(f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id}, resubmitted as {handle.job_id}")
+        print(
+            f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id}, resubmitted as {handle.job_id}"
+        )
         new_rows.append(job_table.JobRow(str(handle.job_id), number, overrides, layout))
         entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": job_id})
     if new_rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -9,9 +10,11 @@ from typing import Any, Dict
 from omegaconf import DictConfig
 
 from hpc_train import hang, rundir
+from hpc_train.launch import rerun, slurm
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+from hpc_train.launch.local import run_local
 from hpc_train.launch.plan import count_local_gpus, make_plan
-from hpc_train.script_command import is_script_job
+from hpc_train.script_command import is_script_job, script_args
 
 
 def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
@@ -29,8 +32,6 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
         print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
         print(f"  run dir: {run_dir}")
         return 0
-    from hpc_train.launch.local import run_local
-
     config_path = write_job_spec(spec, run_dir)
     print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
     print(f"hpc-train: run dir {run_dir}")
@@ -40,8 +41,6 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
 
 
 def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
-    from hpc_train.launch import rerun, slurm
-
     job = slurm.prepare(plan, spec)
     if cfg.dry_run:
         print(slurm.render_sbatch(plan.run_dir / rundir.SLURM_LOGS, job.params))
@@ -66,10 +65,6 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
 
 def describe_script(spec: Dict[str, Any]) -> str:
     """What each task of a script job runs, in words (its first attempt; later ones add script.resume_args)."""
-    import shlex
-
-    from hpc_train.script_command import script_args
-
     script = spec["script"]
     words = shlex.join(script_args(script, resume=False))
     if script.get("launcher") == "torchrun":
@@ -89,7 +84,9 @@ def follow(handle: Any, run_dir: Path) -> int:
             print(verdict.get("message", ""))
             code = rundir.EXIT_HUNG
         else:
-            print(f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+            print(
+                f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            )
             code = 1
     report_summary(run_dir, code)
     return code

@@ -25,6 +25,7 @@ from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
 from hpc_train import rundir, slurm_cli
 from hpc_train.launch.plan import RunPlan
+from hpc_train.launch.sweep_limits import array_chunk
 from hpc_train.slurm_time import limit_minutes
 
 _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
@@ -47,7 +48,7 @@ def time_key(cfg: ConfigView) -> str:
     return "resources.time" if cfg.resources.time is not None else "cluster.time"
 
 
-def _account(cluster: ConfigView) -> Optional[str]:
+def cluster_account(cluster: ConfigView) -> Optional[str]:
     if cluster.get("account"):
         return str(cluster.account)
     env_name = cluster.get("account_env")
@@ -63,7 +64,7 @@ def _account(cluster: ConfigView) -> Optional[str]:
     return value + str(cluster.get("account_suffix") or "")
 
 
-def _qos(cluster: ConfigView, minutes: int) -> Optional[str]:
+def cluster_qos(cluster: ConfigView, minutes: int) -> Optional[str]:
     if cluster.get("qos"):
         return str(cluster.qos)
     table = cluster.get("qos_by_time") or []
@@ -134,8 +135,8 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         params["gpus_per_node"] = layout.gpus_per_node
     optional = {
         "partition": cluster.get("partition"),
-        "account": _account(cluster),
-        "qos": _qos(cluster, minutes),
+        "account": cluster_account(cluster),
+        "qos": cluster_qos(cluster, minutes),
         "constraint": cluster.get("constraint"),
         "mem": f"{int(cluster.mem_gb)}GB" if cluster.get("mem_gb") else None,
     }
@@ -196,7 +197,7 @@ def check_slurm_commands() -> None:
 
 def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
     """submitit's Slurm executor for these parameters (it submits; ``render_sbatch`` shows the script)."""
-    import submitit
+    import submitit  # submitit (~50 ms): only to submit; a dry run renders the script without it
 
     executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
     executor.update_parameters(**params)
@@ -415,10 +416,8 @@ def submit_jobs(
     ``refusal_error``) after cancelling what this call had queued and removing submitit's files.
     ``task`` makes what each Slurm task runs from a job spec (default: ``TrainingJob``).
     """
-    from submitit.core.utils import FailedJobError
-
-    from hpc_train.compute.runtime.job import TrainingJob
-    from hpc_train.launch.sweep_limits import array_chunk
+    from submitit.core.utils import FailedJobError  # submitit (~50 ms): only to submit, not for a dry run
+    from hpc_train.compute.runtime.job import TrainingJob  # compute side (imports submitit): only to submit
 
     make_task = task or TrainingJob
     groups: Dict[str, List[PreparedJob]] = {}

@@ -24,8 +24,14 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from hpc_train import job_table, sweep_status
-from hpc_train.launch.errors import ConfigError
+from hpc_train.launch import rerun, slurm
+from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
+from hpc_train.launch.objective import read_objective, sweeper_wants_objective
+from hpc_train.launch.plan import make_plan
+from hpc_train.launch.run import follow
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
+from hpc_train.launch.sweep_limits import check_sweep_fits
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,9 @@ class SweepLauncher(Launcher):
         sweep_status.mark_done(sweep_dir)
         return returns
 
-    def _launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path) -> Sequence[JobReturn]:
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> Sequence[JobReturn]:
         assert self.config is not None and self.task_function is not None and self.hydra_context is not None
         assert self._configs is not None
         progress = Progress(len(job_overrides), "composed")
@@ -102,14 +110,6 @@ class SweepLauncher(Launcher):
         a trial whose sampled values fail validation, or whose job fails, comes back FAILED and
         the sweeper decides (hydra.sweeper.max_failure_rate).
         """
-        from hpc_train.launch import rerun, slurm
-        from hpc_train.launch.errors import ConfigError, JobFailed
-        from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
-        from hpc_train.launch.objective import read_objective, sweeper_wants_objective
-        from hpc_train.launch.plan import make_plan
-        from hpc_train.launch.run import follow
-        from hpc_train.launch.sweep_limits import check_sweep_fits
-
         assert self.config is not None
         optimising = sweeper_wants_objective(self.config.hydra)
         returns: List[Optional[JobReturn]] = [None] * len(batch)
@@ -163,7 +163,9 @@ class SweepLauncher(Launcher):
         objective = str(batch[0][2].view.objective)
         if optimising or wait:
             if optimising:
-                print(f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {objective}")
+                print(
+                    f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {objective}"
+                )
             for i, job in prepared:
                 handle = handles[id(job)]
                 overrides, run_dir = batch[i][1], job.plan.run_dir

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from hpc_train.launch import hydra_internals
@@ -55,8 +56,6 @@ class JobConfig:
 
 class SweepConfigs:
     def __init__(self, loader: Any, config: DictConfig) -> None:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         self._loader = loader
         self._config = config
         self._parser = OverridesParser.create()

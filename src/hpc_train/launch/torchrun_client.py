@@ -30,6 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import rundir
 from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+from hpc_train.launch.plan import make_plan
+from hpc_train.launch.run import report_summary
 
 PEER_REFUSAL_WAIT_S = 60.0  # a non-zero local rank's wait for torchrun's SIGTERM after a refusal
 
@@ -118,10 +121,6 @@ def _leave_the_reason_to_local_rank_0(env: Mapping[str, str]) -> None:
 
 
 def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:
-    from hpc_train.launch.jobspec import build_job_spec, write_job_spec
-    from hpc_train.launch.plan import make_plan
-    from hpc_train.launch.run import report_summary
-
     if cfg.launcher.name != "local":
         raise ConfigError(
             "launcher",
@@ -148,7 +147,7 @@ def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:
         write_job_spec(spec, run_dir)
         print(f"hpc-train: {plan.layout.describe()} (under torchrun, run id {env.get(MARKER)})")
         print(f"hpc-train: run dir {run_dir}")
-    from hpc_train.compute.worker import exit_now, run_spec
+    from hpc_train.compute.worker import exit_now, run_spec  # torch: only a rank that trains imports it
 
     code = run_spec(OmegaConf.create(spec))
     if code == 1:

@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 
 from hpc_train import hang as hang_watch
 from hpc_train import logger_table, rundir
+from hpc_train.fingerprint import differences, fingerprint, read_header_fingerprint
 from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import check_objective
@@ -325,7 +326,7 @@ def check_mlflow_uri(uri: object) -> None:
     if scheme in ("", "file"):
         raise ConfigError(
             "logger.tracking_uri",
-            f"{text} is an MLflow file store, which MLflow 3 refuses (\"maintenance mode\") unless"
+            f'{text} is an MLflow file store, which MLflow 3 refuses ("maintenance mode") unless'
             " MLFLOW_ALLOW_FILE_STORE=true.",
             "use logger.tracking_uri=null (an SQLite store in each run dir), sqlite:////abs/path/mlflow.db or an"
             " http:// tracking server, or export MLFLOW_ALLOW_FILE_STORE=true.",
@@ -420,8 +421,6 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
 
 def check_resume_compatible(spec: dict, run_dir: Path) -> None:
     """Refuse, before queueing, to resume from a checkpoint written with settings that must match."""
-    from hpc_train.fingerprint import differences, fingerprint, read_header_fingerprint
-
     resume = str(spec.get("resume", "auto"))
     target = rundir.newest_checkpoint(resume, Path(run_dir))
     if target is None:

@@ -218,16 +218,34 @@ def test_local_rank_killed_by_sigkill_ends_the_job_quickly(tmp_path):
     assert re.search(r"rank 1 \(pid \d+\) was killed by SIGKILL \(signal 9\).*; stopping the other ranks", said), said
 
 
+def logged_steps(run_dir: Path) -> list:
+    """The train steps metrics.jsonl holds so far (a line being written is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    steps = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "train":
+            steps.append(int(record["step"]))
+    return steps
+
+
 def test_sigterm_to_the_local_launcher_checkpoints_and_a_rerun_continues(uninterrupted, tmp_path):
-    """A local stand-in for preemption: every rank checkpoints at the same step boundary and stops."""
-    args = [*RESUME, *LAYOUTS["ddp"]]
+    """A local stand-in for preemption: every rank checkpoints at the same step boundary and stops.
+
+    No periodic checkpoint falls inside the run (checkpoint_every beyond its 24 steps), so the one checkpoint
+    there is after the stop is the stop's own, whenever the signal lands."""
+    args = [*(a for a in RESUME if not a.startswith("trainer.checkpoint_every=")), *LAYOUTS["ddp"]]
+    args += ["trainer.checkpoint_every=1000", "trainer.log_every=1"]
     run_dir = tmp_path / "run"
     proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.15"})
-    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    wait_for(lambda: 2 <= max(logged_steps(run_dir), default=0), 120, "step 2 in metrics.jsonl")
     proc.send_signal(signal.SIGTERM)  # the launcher forwards it to every rank
     assert proc.wait(timeout=60) == 3
     stopped_at = max(checkpoint_steps(run_dir))
-    assert 3 <= stopped_at < 24 and stopped_at % 3 != 0, "the stop must write its own checkpoint, between the periodic ones"
+    assert checkpoint_steps(run_dir) == [stopped_at] and 2 <= stopped_at < 24, "the stop must write its own checkpoint"
     endings = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert endings[-1]["event"] == "end" and endings[-1]["how"].startswith("terminated") and endings[-1]["step"] == stopped_at
 

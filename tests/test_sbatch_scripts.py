@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -96,9 +96,9 @@ def _slurm_params(overrides: List[str], run_dir: Path) -> Dict:
         return slurm_parameters(make_plan(cfg, run_dir))
 
 
-@pytest.mark.parametrize("case", list(RENDER_CASES))
-def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
-    from hpc_train.launch.slurm import make_executor, render_sbatch
+def _submitted_script(overrides: List[str], tmp_path: Path, monkeypatch) -> Tuple[Dict, Path, str]:
+    """The job's slurm parameters, its submitit folder and the script submitit wrote (a stand-in sbatch took it)."""
+    from hpc_train.launch.slurm import make_executor
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -108,16 +108,36 @@ def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("IDRPROJ", "proj")
-    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
-    params = _slurm_params(RENDER_CASES[case], tmp_path / "run")
+    params = _slurm_params(overrides, tmp_path / "run")
     folder = tmp_path / "run" / "slurm"
     handle = make_executor(folder, params, 3).submit(print, "never runs")
     assert handle.job_id == "4242"
-    written = (folder / "4242_submission.sh").read_text()
+    return params, folder, (folder / "4242_submission.sh").read_text()
+
+
+@pytest.mark.parametrize("case", list(RENDER_CASES))
+def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
+    from hpc_train.launch.slurm import render_sbatch
+
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    params, folder, written = _submitted_script(RENDER_CASES[case], tmp_path, monkeypatch)
     assert render_sbatch(folder, params) == written
     assert "#SBATCH --requeue" in written.splitlines()
     if case == "usr1-gpus-per-node":
         assert "#SBATCH --signal=USR1@45" in written.splitlines() and "export SUBMITIT_PREEMPT_SIGNAL=USR1" in written
+
+
+def test_a_preempt_signal_left_in_the_login_shell_does_not_change_the_jobs_signal(tmp_path, monkeypatch):
+    """SUBMITIT_PREEMPT_SIGNAL=USR1 exported on the login node (another project's habit), launcher.signal USR2 (the
+    default): Slurm is still asked for USR2 and submitit's handler in the job listens to USR2, as the trainer does."""
+    from hpc_train.launch.slurm import render_sbatch
+
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    params, folder, written = _submitted_script(["launcher=slurm", "launcher.signal_delay_s=60"], tmp_path, monkeypatch)
+    lines = written.splitlines()
+    assert "#SBATCH --signal=USR2@60" in lines and not any("USR1" in line for line in lines)
+    assert "export SUBMITIT_PREEMPT_SIGNAL=USR2" in lines
+    assert render_sbatch(folder, params) == written
 
 
 # -- on the Slurm test cluster -----------------------------------------------------------------

@@ -126,9 +126,10 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         # in a collective until the process-group timeout.
         "srun_args": ["--kill-on-bad-exit=1"],
     }
+    # Both sides told, whatever the signal: a SUBMITIT_PREEMPT_SIGNAL left in the login shell would otherwise set
+    # the #SBATCH --signal and submitit's handler in the job to another signal than the trainer's.
     signal_name = requeue_signal(cfg)
-    if signal_name != SUBMITIT_SIGNAL:  # other signals need both sides told
-        params["setup"] = [f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
+    params["setup"] = [f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
     if str(cluster.gpu_flag) == "gres":  # schema.RULES allows gres or gpus-per-node
         params["gres"] = f"gpu:{layout.gpus_per_node}"
     else:
@@ -146,16 +147,12 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         extra = {"hint": str(cluster.hint), **extra}
     # Requeueable whatever the site default (JobRequeue=0 would refuse `scontrol requeue`).
     extra = {"requeue": True, **extra}
-    if signal_name != SUBMITIT_SIGNAL:
-        extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
+    extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
     params["additional_parameters"] = extra
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
     if throttle:
         params["array_parallelism"] = int(throttle)  # submitit: --array=0-N%P when jobs go in as an array
     return params
-
-
-SUBMITIT_SIGNAL = "USR2"  # the signal submitit's own batch script asks Slurm for (#SBATCH --signal=USR2@<delay>)
 
 
 def requeue_signal(cfg: ConfigView) -> str:

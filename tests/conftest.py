@@ -150,10 +150,10 @@ def start_slurm_cluster(*options: str) -> None:
 
 
 def reset_association_limits() -> None:
-    """No MaxSubmitJobs on root's hpctest association: a test sets one for itself and lifts it when it ends, but a
+    """No MaxSubmitJobs or MaxJobs on root's hpctest association: a test sets one for itself and lifts it when it ends, but a
     session killed inside that test (kill -9, a CI timeout) leaves it on the running cluster for the next session."""
     subprocess.run(
-        ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", "maxsubmitjobs=-1"],
+        ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", "maxsubmitjobs=-1", "maxjobs=-1"],
         capture_output=True,
         timeout=60,
     )

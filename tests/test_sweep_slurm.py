@@ -82,19 +82,42 @@ def test_a_refusal_part_way_cancels_the_arrays_already_queued(slurm_cluster, tmp
     assert not (sweep_dir / "slurm").exists() or not any((sweep_dir / "slurm").iterdir())
 
 
+def _limit_hpctest(name: str, value: int) -> None:
+    """Set a job-count limit on root's association with account hpctest (root's default account, root, is untouched)."""
+    subprocess.run(
+        ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", f"{name}={value}"],
+        check=True,
+        capture_output=True,
+    )
+
+
 @pytest.fixture
 def max_submit_jobs():
-    """MaxSubmitJobs on root's association with account hpctest (root's other association is untouched)."""
+    """MaxSubmitJobs on root's association with account hpctest."""
+    yield lambda value: _limit_hpctest("maxsubmitjobs", value)
+    _limit_hpctest("maxsubmitjobs", -1)
 
-    def limit(value: int) -> None:
-        subprocess.run(
-            ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", f"maxsubmitjobs={value}"],
-            check=True,
-            capture_output=True,
-        )
 
-    yield limit
-    limit(-1)
+@pytest.fixture
+def max_jobs():
+    """MaxJobs (jobs running at once) on root's association with account hpctest."""
+    yield lambda value: _limit_hpctest("maxjobs", value)
+    _limit_hpctest("maxjobs", -1)
+
+
+def test_a_sweep_over_max_jobs_goes_in_with_a_note_naming_the_throttle(slurm_cluster, tmp_path, max_jobs):
+    """MaxJobs refuses nothing (the excess waits): a sweep charged to that association is told, with the fix; one
+    charged to the default account, which has no such limit, is not."""
+    max_jobs(2)
+    for name, account in (("limited", ["cluster.account=hpctest"]), ("default", [])):
+        proc = run_cli(["-m", *HELD, *account, "seed=range(0,4)", f"hydra.sweep.dir={tmp_path / name}"])
+        try:
+            assert_ok(proc)
+            assert len(table_ids(tmp_path / name)) == 4
+        finally:
+            cancel(table_ids(tmp_path / name))
+        noted = "runs at most 2 jobs at once (MaxJobs)" in proc.stderr and "launcher.array_parallelism=2" in proc.stderr
+        assert noted == (name == "limited"), proc.stderr
 
 
 def test_a_sweep_over_max_submit_jobs_is_refused_before_anything_is_queued(slurm_cluster, tmp_path, max_submit_jobs):

@@ -61,6 +61,7 @@ class Association:
     partition: str
     max_submit_jobs: Optional[int]
     max_jobs: Optional[int]
+    default: bool  # the user's default account: where a job that names none is charged
 
 
 def user() -> str:
@@ -68,24 +69,27 @@ def user() -> str:
 
 
 def associations(name: str) -> List[Association]:
-    """The user's associations with their job-count limits (``sacctmgr``); [] without accounting."""
+    """The user's associations with their job-count limits, and which account is their default (one ``sacctmgr``
+    call); [] without accounting."""
     text = slurm_cli.query(
-        ["sacctmgr", "-n", "-P", "show", "assoc", f"user={name}", "format=account,partition,maxsubmitjobs,maxjobs"],
+        [
+            "sacctmgr",
+            "-n",
+            "-P",
+            "show",
+            "user",
+            name,
+            "withassoc",
+            "format=defaultaccount,account,partition,maxsubmitjobs,maxjobs",
+        ],
         timeout=30,
     )
     rows = []
     for line in (text or "").splitlines():
         fields = line.strip().split("|")
-        if len(fields) == 4:
-            rows.append(Association(fields[0], fields[1], _int(fields[2]), _int(fields[3])))
+        if len(fields) == 5:
+            rows.append(Association(fields[1], fields[2], _int(fields[3]), _int(fields[4]), fields[1] == fields[0]))
     return rows
-
-
-def default_account(name: str) -> Optional[str]:
-    """The account Slurm charges a job of user `name` that names none (``sacctmgr``); None without accounting."""
-    text = slurm_cli.query(["sacctmgr", "-n", "-P", "show", "user", name, "format=defaultaccount"], timeout=30)
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[0] if lines else None
 
 
 def queued_jobs(name: Optional[str] = None) -> Optional[int]:
@@ -120,7 +124,9 @@ def check_sweep_fits(count: int, accounts: Iterable[Optional[str]], throttle: Op
     rows = associations(name)
     # a job that names no account is charged to the default one: only that association's limits apply to it
     named = set(accounts)
-    wanted = {a for a in named if a} | ({default_account(name)} - {None} if None in named or "" in named else set())
+    wanted = {a for a in named if a} | (
+        {r.account for r in rows if r.default} if None in named or "" in named else set()
+    )
     mine = [r for r in rows if not wanted or r.account in wanted] or rows
     submit_limits = [r for r in mine if r.max_submit_jobs is not None]
     if submit_limits:

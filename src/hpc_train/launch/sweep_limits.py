@@ -123,10 +123,8 @@ def check_sweep_fits(count: int, accounts: Iterable[Optional[str]], throttle: Op
     name = user()
     rows = associations(name)
     # a job that names no account is charged to the default one: only that association's limits apply to it
-    named = set(accounts)
-    wanted = {a for a in named if a} | (
-        {r.account for r in rows if r.default} if None in named or "" in named else set()
-    )
+    default = next((r.account for r in rows if r.default), None)
+    wanted = {account or default for account in set(accounts)} - {None}
     mine = [r for r in rows if not wanted or r.account in wanted] or rows
     submit_limits = [r for r in mine if r.max_submit_jobs is not None]
     if submit_limits:

@@ -57,12 +57,10 @@ class Progress:
         self.every = max(1, every)
         self.start = time.monotonic()
         self.bar = None
-        if enabled:
-            self.tqdm = tqdm
-            if self.tty:
-                self.bar = tqdm(
-                    total=self.total, initial=min(start, self.total), unit="step", file=sys.stderr, dynamic_ncols=True
-                )
+        if enabled and self.tty:
+            self.bar = tqdm(
+                total=self.total, initial=min(start, self.total), unit="step", file=sys.stderr, dynamic_ncols=True
+            )
 
     def update(self, step: int, loss: Optional[float] = None) -> None:
         if not self.enabled:
@@ -76,7 +74,7 @@ class Progress:
             return
         if step % self.every and step != self.total:
             return
-        line = self.tqdm.format_meter(
+        line = tqdm.format_meter(
             min(step, self.total),
             self.total,
             time.monotonic() - self.start,

@@ -144,8 +144,9 @@ class Trainer:
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
         seed_everything(int(cfg.seed))  # identical initial weights on every rank
-        self._build_data(rank_data_shard(cfg.job.layout, ranks))  # this rank's shard, as the job's layout places it
-        self._build_model(devices)  # self.strategy, built complete around the user's step, and the model it wraps
+        shard = rank_data_shard(cfg.job.layout, ranks)  # (rank, size) of this rank's data, as the job's layout says
+        self._build_data(shard)
+        self._build_model(devices, shard)  # self.strategy, built complete around the user's step; the model it wraps
         self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, self.strategy.unwrap(self.wrapped)))
         self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
         self.scaler = self.strategy.make_grad_scaler()
@@ -266,7 +267,6 @@ class Trainer:
 
     # -- set-up -----------------------------------------------------------------------------
     def _build_data(self, shard: Tuple[int, int]) -> None:
-        self.shard = shard
         dp_rank, dp_size = shard
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         data = self.data = build_datasets(self.cfg.data)
@@ -293,9 +293,9 @@ class Trainer:
             else self.epochs.steps_without_length(self.tcfg.max_steps, self.tcfg.epochs)
         )
 
-    def _build_model(self, devices: List[torch.device]) -> None:
-        """The user's model, loss and step; the strategy that runs that step (self.strategy, complete); the model
-        placed and wrapped by it."""
+    def _build_model(self, devices: List[torch.device], shard: Tuple[int, int]) -> None:
+        """The user's model, loss and step; the strategy that runs that step (self.strategy, complete, placed as
+        `shard` says); the model placed and wrapped by it."""
         model = build_model(self.cfg)
         loss_fn = build_loss(self.cfg)
         step = build_step(self.cfg, loss_fn)
@@ -310,7 +310,7 @@ class Trainer:
             step,
             metric_names,
             compile_blocks=bool(self.tcfg.compile),
-            shard=self.shard,
+            shard=shard,
         )
         if self.tcfg.channels_last:
             model = model.to(memory_format=torch.channels_last)

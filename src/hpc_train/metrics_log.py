@@ -21,6 +21,7 @@ from hpc_train import rundir
 RUN_DIR_VARIABLE = "HPC_TRAIN_RUN_DIR"
 ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
 LAUNCH_ID_VARIABLE = "HPC_TRAIN_LAUNCH_ID"  # set by the local launcher: one value per launch (an attempt)
+LOCAL_LAUNCHER_VARIABLE = "HPC_TRAIN_LOCAL_LAUNCHER"  # "1" on the local launcher's ranks: trust their RANK etc.
 
 
 def _number(value: Any) -> Any:

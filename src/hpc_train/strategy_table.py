@@ -38,6 +38,7 @@ class StrategyKind:
         False  # parameters sharded over ranks (torch.distributed.checkpoint checkpoints, any world on resume)
     )
     multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
+    one_process: bool = False  # one process drives the node's GPUs: a script job sees what `python script.py` sees
 
 
 _ONE_NODE = (
@@ -49,14 +50,25 @@ _USE_DDP = "use strategy=ddp to span nodes, or set resources.nodes=1"
 KINDS = {
     kind.id: kind
     for kind in (
-        StrategyKind("single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP),
-        StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP),
+        StrategyKind(
+            "single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP, one_process=True
+        ),
+        StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP, one_process=True),
         StrategyKind("ddp", "strategy=ddp", True, True, False),
         StrategyKind("fsdp", "strategy=fsdp", True, True, False, sharded=True),
         StrategyKind(
-            "model_parallel", "strategy=model_parallel", False, False, False, staged=True, multi_node_hint=_ONE_NODE
+            "model_parallel",
+            "strategy=model_parallel",
+            False,
+            False,
+            False,
+            staged=True,
+            multi_node_hint=_ONE_NODE,
+            one_process=True,
         ),
-        StrategyKind("pipeline", "strategy=pipeline", False, False, False, staged=True, multi_node_hint=_ONE_NODE),
+        StrategyKind(
+            "pipeline", "strategy=pipeline", False, False, False, staged=True, multi_node_hint=_ONE_NODE, one_process=True
+        ),
         StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train import hang, rundir
-from hpc_train.metrics_log import LAUNCH_ID_VARIABLE
+from hpc_train.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
 from hpc_train.launch.plan import RunPlan
 from hpc_train.rank_errors import death_cause, read_records, root_cause
 
@@ -43,7 +43,6 @@ def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = 
     for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
         del env[key]
     env.update(
-        HPC_TRAIN_LOCAL_LAUNCHER="1",
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -52,6 +51,7 @@ def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = 
         MASTER_PORT=str(port),
         PYTHONUNBUFFERED="1",
     )
+    env[LOCAL_LAUNCHER_VARIABLE] = "1"
     env[LAUNCH_ID_VARIABLE] = launch_id  # names this attempt on every rank (a script job counts its attempts)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return env

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
-from hpc_train import hang, rundir
+from hpc_train import hang, job_states, rundir
 from hpc_train.launch import rerun, slurm
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.local import run_local
@@ -75,10 +75,10 @@ def describe_script(spec: Dict[str, Any]) -> str:
 def follow(handle: Any, run_dir: Path) -> int:
     """Wait for a submitted job and report how it ended."""
     submitted = time.time()
-    try:
-        handle.results()
+    err = _job_error(handle)
+    if err is None:
         code = 0
-    except Exception as err:  # submitit re-raises the remote failure; its traceback is in the Slurm log
+    else:  # submitit re-raises the remote failure; its traceback is in the Slurm log
         verdict = hang.read_request(run_dir, since=submitted)
         if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
             print(verdict.get("message", ""))
@@ -90,6 +90,33 @@ def follow(handle: Any, run_dir: Path) -> int:
             code = 1
     report_summary(run_dir, code)
     return code
+
+
+REQUEUE_POLL_S = 2.0  # how often a waiting login process asks Slurm about a job whose attempt ended but not the job
+
+
+def _job_error(handle: Any) -> Optional[BaseException]:
+    """The job's failure as submitit raises it; None when it succeeded.
+
+    An attempt that Slurm requeued (``scontrol requeue``, a node failure, a preemption) leaves a failed result file
+    while the job goes on: submitit would take it for the job's end. The job ended only when Slurm says so; if it
+    says COMPLETED, the result file is the last attempt's and is read again.
+    """
+    try:
+        handle.results()
+        return None
+    except Exception as err:
+        state = job_states.slurm_states([str(handle.job_id)]).get(str(handle.job_id))
+        while state is not None and state not in job_states.ENDED:
+            time.sleep(REQUEUE_POLL_S)
+            state = job_states.slurm_states([str(handle.job_id)]).get(str(handle.job_id))
+        if state != "COMPLETED":
+            return err
+    try:
+        handle.results()
+        return None
+    except Exception as err:
+        return err
 
 
 def report_summary(run_dir: Path, code: int) -> None:

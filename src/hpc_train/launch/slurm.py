@@ -24,6 +24,7 @@ from hpc_train.launch.config_view import ConfigView, plain
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
 from hpc_train import rundir, slurm_cli
+from hpc_train.rank_env import unset_line
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.sweep_limits import array_chunk
 from hpc_train.slurm_time import limit_minutes
@@ -129,7 +130,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     # Both sides told, whatever the signal: a SUBMITIT_PREEMPT_SIGNAL left in the login shell would otherwise set
     # the #SBATCH --signal and submitit's handler in the job to another signal than the trainer's.
     signal_name = requeue_signal(cfg)
-    params["setup"] = [f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
+    params["setup"] = [unset_line(), f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
     if str(cluster.gpu_flag) == "gres":  # schema.RULES allows gres or gpus-per-node
         params["gres"] = f"gpu:{layout.gpus_per_node}"
     else:

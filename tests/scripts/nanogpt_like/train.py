@@ -4,6 +4,10 @@ Module-level settings, overridden by ``configurator.py`` from ``--key=value`` ar
 read from ``data/input.txt`` relative to the working directory; a checkpoint ``ckpt.pt`` in
 ``out_dir`` every ``eval_interval`` iterations, and ``--init_from=resume`` to continue from it
 (which fails when there is none, as nanoGPT's does). It knows nothing of Slurm or hpc_train.
+
+Its DDP switch is nanoGPT's: ``RANK`` in the environment means "under torchrun": it then starts a
+process group with ``backend`` (NCCL) on ``cuda:{LOCAL_RANK}``, whatever ``--device`` says, which
+fails on a machine without GPUs. ``--device=cpu`` is honoured only without ``RANK``.
 """
 
 import os
@@ -12,10 +16,12 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed import init_process_group
 
 out_dir = "out"
 init_from = "scratch"  # scratch | resume
 device = "cuda"
+backend = "nccl"
 max_iters = 40
 eval_interval = 10
 learning_rate = 1e-2
@@ -25,6 +31,12 @@ seed = 1337
 step_sleep = 0.0  # seconds after each iteration (the tests slow a run down to interrupt it)
 exec(open("configurator.py").read())  # overrides from the command line, nanoGPT-style
 print(f"config: learning_rate={learning_rate!r} max_iters={max_iters!r} init_from={init_from!r}", flush=True)
+
+ddp = int(os.environ.get("RANK", -1)) != -1  # is this a ddp run?
+if ddp:
+    init_process_group(backend=backend)
+    device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    torch.cuda.set_device(device)
 
 torch.manual_seed(seed)
 text = open(os.path.join("data", "input.txt")).read()

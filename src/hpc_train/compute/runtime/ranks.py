@@ -73,10 +73,10 @@ from collections import Counter
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.hostlist import expand_hostlist
+from hpc_train.metrics_log import LOCAL_LAUNCHER_VARIABLE
 
 PORT_BASE = 20000
 PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
-LOCAL_LAUNCHER_MARK = "HPC_TRAIN_LOCAL_LAUNCHER"
 # How each source reads in a rank's first log line ("ranks from ...").
 SOURCE_WORDS = {
     "torchrun": "torchrun",
@@ -158,7 +158,7 @@ def _from_torchrun(env: Mapping[str, str]) -> Optional[RankInfo]:
 
 
 def _from_local_launcher(env: Mapping[str, str]) -> Optional[RankInfo]:
-    if env.get(LOCAL_LAUNCHER_MARK) != "1":
+    if env.get(LOCAL_LAUNCHER_VARIABLE) != "1":
         return None
     return _torchrun_style(env, "local")
 

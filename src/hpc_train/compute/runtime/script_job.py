@@ -3,8 +3,9 @@
 The task computes the rank's environment from the launcher's (Slurm's ``SLURM_PROCID`` /
 ``SLURM_LOCALID`` / ``SLURM_NODEID`` in the step itself, the local launcher's variables), so no
 value is expanded once for the whole job in a batch shell, then runs the script as a child
-process with torchrun's variables (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-``GROUP_RANK`` = ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), ``OMP_NUM_THREADS`` = the task's
+process. A one-process layout (``single``, ``dp``, ``model_parallel``, ``pipeline``) gives it no
+torchrun variable at all (hpc_train.rank_env), as ``python script.py`` would; a one-rank-per-GPU
+layout gives it torchrun's, for this rank. Every script gets ``OMP_NUM_THREADS`` = the task's
 CPUs, ``HPC_TRAIN_RUN_DIR`` and ``HPC_TRAIN_ATTEMPT``; ``CUDA_VISIBLE_DEVICES`` is left as Slurm
 binds it. With ``script.launcher=torchrun`` the node's one task runs torchrun instead, which
 starts the node's ranks and sets their variables itself.
@@ -34,12 +35,13 @@ from typing import IO, Any, Deque, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train import hang, rundir
+from hpc_train import hang, rundir, strategy_table
 from hpc_train.compute.runtime import attempts, heartbeat
 from hpc_train.compute.runtime.attempts import attempt_key
 from hpc_train.compute.runtime.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.rank_env import is_torchrun_variable
 from hpc_train.rank_errors import death_cause
 from hpc_train.script_command import direct_command, torchrun_command
 
@@ -75,13 +77,20 @@ def node_rank(ranks: RankInfo) -> int:
     return ranks.rank // max(1, ranks.local_world_size)
 
 
-def script_env(ranks: RankInfo, run_dir: Path, attempt: int, torchrun: bool, threads: int) -> Dict[str, str]:
-    env = dict(os.environ)
-    env.pop("HPC_TRAIN_LOCAL_LAUNCHER", None)
+DIRECT, ONE_PROCESS, TORCHRUN = "direct", "one_process", "torchrun"  # who sets the rank variables: we, none, torchrun
+
+
+def script_env(ranks: RankInfo, run_dir: Path, attempt: int, mode: str, threads: int, nodes: int) -> Dict[str, str]:
+    """The script's environment: the task's own, without any rank variable it inherited (a login shell's, the local
+    launcher's, a torchrun around hpc-train), plus torchrun's variables for this rank when `mode` is DIRECT."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not is_torchrun_variable(key)
+        and key not in (LOCAL_LAUNCHER_VARIABLE, LAUNCH_ID_VARIABLE)  # the local launcher's, for this task only
+    }
     env.update({RUN_DIR_VARIABLE: str(run_dir), ATTEMPT_VARIABLE: str(attempt), "OMP_NUM_THREADS": str(threads)})
-    if torchrun:  # torchrun sets every rank's variables itself
-        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"):
-            env.pop(key, None)
+    if mode != DIRECT:  # one process, as `python script.py` runs; or torchrun, which sets every rank's variables
         return env
     node = node_rank(ranks)
     env.update(
@@ -90,7 +99,11 @@ def script_env(ranks: RankInfo, run_dir: Path, attempt: int, torchrun: bool, thr
         WORLD_SIZE=str(ranks.world_size),
         LOCAL_WORLD_SIZE=str(ranks.local_world_size),
         GROUP_RANK=str(node),
+        GROUP_WORLD_SIZE=str(nodes),
         NODE_RANK=str(node),
+        ROLE_RANK=str(ranks.rank),
+        ROLE_NAME="default",
+        ROLE_WORLD_SIZE=str(ranks.world_size),
         MASTER_ADDR=ranks.master_addr,
         MASTER_PORT=str(ranks.master_port),
     )
@@ -153,6 +166,8 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
     layout = cfg.job.layout
     cwd = Path(str(script["cwd"]))
     torchrun = script.get("launcher") == "torchrun"
+    kind = strategy_table.kind_of(cfg.strategy)
+    mode = TORCHRUN if torchrun else ONE_PROCESS if kind is not None and kind.one_process else DIRECT
     key = attempt_key()
     attempt = attempt_number(run_dir, key)
     if ranks.is_main:
@@ -167,7 +182,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
     else:
         command = direct_command(script, sys.executable, resume)
         threads = task_threads(layout, 1)
-    env = script_env(ranks, run_dir, attempt, torchrun, threads)
+    env = script_env(ranks, run_dir, attempt, mode, threads, int(layout.nodes))
     requeue_signal = signal_number(str(cfg.launcher.signal))
     flag = StopFlag(requeue_signal, then="stopping the script").install()
     reads = _StartupReads()
@@ -218,8 +233,17 @@ def _wait(
     run_dir: Path,
     signal_delay_s: float,
 ) -> None:
-    """Until the script exits; a stop signal stops it (after script.signal and its grace) and raises."""
-    while proc.poll() is None:
+    """Until the script exits; a stop signal stops it (after script.signal and its grace) and raises.
+
+    Slurm's SIGTERM (``scancel``, ``scontrol requeue``, a preemption) reaches the script and this task alike: a
+    script that died of it was stopped, not failed, even when it exits before this task looks at its flag.
+    """
+    while True:
+        code = proc.poll()
+        if code is not None and code < 0 and flag.request == NONE:
+            time.sleep(2 * POLL_S)  # the same signal may be on its way to this task's handler
+        if code is not None and (code == 0 or flag.request == NONE):
+            return
         if flag.request == NONE:
             time.sleep(POLL_S)
             continue

@@ -24,6 +24,7 @@ from hpc_train import hang, rundir, slurm_cli
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.hostlist import expand_hostlist
+from hpc_train.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.rank_errors import write_record
 
 log = logging.getLogger("hpc_train")
@@ -48,7 +49,7 @@ def act_on_hang(
     verdict = hang.diagnose(records, stacks, now=asked)
     message = hang.describe(verdict, records, stacks, limit, run_dir)
     log_to_file(message.removeprefix("hpc-train: "))
-    if not os.environ.get("HPC_TRAIN_LOCAL_LAUNCHER"):  # the local launcher prints it itself, from hang.json
+    if not os.environ.get(LOCAL_LAUNCHER_VARIABLE):  # the local launcher prints it itself, from hang.json
         print(message, file=sys.stderr, flush=True)
     first = min(verdict.culprits, key=lambda r: records[r].since)
     culprit = records[first]

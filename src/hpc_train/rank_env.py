@@ -1,0 +1,36 @@
+"""The variables torchrun gives each rank it starts: both sides name them from here (no torch).
+
+A rank of a one-rank-per-GPU layout gets them (computed by its task); a one-process layout's
+script must see none (``python script.py`` sees none), and a Slurm job must not carry a login
+shell's leftovers of them to its ranks. torchrun's agent also sets ``TORCHELASTIC_*``
+variables of its own; with no agent they are never set, and always removed: a stale
+``TORCHELASTIC_USE_AGENT_STORE`` would send ``init_process_group`` to a store that is not there.
+"""
+
+from __future__ import annotations
+
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "NODE_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+AGENT_PREFIX = "TORCHELASTIC_"
+
+
+def is_torchrun_variable(key: str) -> bool:
+    return key in TORCHRUN_VARIABLES or key.startswith(AGENT_PREFIX)
+
+
+def unset_line() -> str:
+    """The batch script's first setup line: the login shell's torchrun variables stay on the login node (a
+    ``cluster.setup`` line after it may still export MASTER_ADDR or MASTER_PORT on purpose)."""
+    return f"unset {' '.join(TORCHRUN_VARIABLES)} ${{!{AGENT_PREFIX}@}}"

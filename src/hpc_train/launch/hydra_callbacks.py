@@ -1,17 +1,22 @@
-"""Checks that need the whole Hydra config of a multirun, before its sweeper starts anything.
+"""Checks that need the whole Hydra config, before Hydra starts anything.
 
 Registered in conf/config.yaml under ``hydra.callbacks``; Hydra calls ``on_multirun_start``
-after composing the sweep's config and before it builds the sweeper and the launcher.
+after composing the sweep's config and before it builds the sweeper and the launcher, and
+``on_run_start`` before a single run's Hydra writes its files into the run dir.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Union
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.launch.errors import ConfigError
+from hpc_train import run_claim
+from hpc_train.launch import torchrun_client
+from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.rundir import EXIT_REFUSED
 from hpc_train.launch.objective import check_objective
 
 # Launchers that would wrap hpc-train's own launcher in one more Slurm job of a fixed shape.
@@ -25,19 +30,33 @@ REFUSED_LAUNCHERS = {
 
 
 class Refused(BaseException):
-    """A ConfigError raised from a callback.
+    """A ConfigError (or a launch refused as JobFailed) raised from a callback.
 
     Hydra turns an Exception raised in a callback into a warning and carries on; a
-    BaseException passes through to hpc_train.cli.main, which prints the ConfigError.
+    BaseException passes through to hpc_train.cli.main, which prints the error.
     """
 
-    def __init__(self, error: ConfigError) -> None:
-        super().__init__(error.message)
+    def __init__(self, error: Union[ConfigError, JobFailed]) -> None:
+        super().__init__(str(error))
         self.error = error
 
 
 class LaunchGuard(Callback):
     """Refuse launcher choices that cannot work and dry runs a sweeper cannot optimise."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A run dir that a live job holds is refused before Hydra writes .hydra/ and its log into it."""
+        launcher = OmegaConf.select(config, "launcher.name", default=None)
+        if config.get("dry_run") or launcher not in ("local", "slurm") or torchrun_client.active():
+            return  # under torchrun every rank starts here, and rank 0 claims the run dir for all of them
+        try:
+            run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        except Exception:  # an interpolation Hydra resolves later (the job's own output dir): run_job checks it
+            return
+        try:
+            run_claim.check_free(run_dir)
+        except run_claim.RunDirBusy as busy:
+            raise Refused(JobFailed(str(busy), exit_code=EXIT_REFUSED)) from None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:

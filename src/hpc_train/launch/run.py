@@ -9,9 +9,10 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
-from hpc_train import hang, job_states, rundir
+from hpc_train import hang, job_states, run_claim, rundir
 from hpc_train.launch import rerun, slurm
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+from hpc_train.launch.errors import JobFailed
 from hpc_train.launch.local import run_local
 from hpc_train.launch.plan import count_local_gpus, make_plan
 from hpc_train.script_command import is_script_job, script_args
@@ -26,18 +27,35 @@ def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
     spec = build_job_spec(plan)
     if cfg.dry_run and is_script_job(spec):
         print(f"hpc-train (dry run): {describe_script(spec)}")
+    if not cfg.dry_run:  # one live job per run dir: refused here, before a byte is written
+        spec["job"][run_claim.TOKEN_KEY] = claim_run_dir(run_dir)
     if cfg.launcher.name == "slurm":
         return _slurm(cfg, plan, spec, wait or bool(cfg.launcher.wait))
     if cfg.dry_run:
         print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
         print(f"  run dir: {run_dir}")
         return 0
-    config_path = write_job_spec(spec, run_dir)
-    print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
-    print(f"hpc-train: run dir {run_dir}")
-    code = run_local(plan, config_path, cfg.launcher.get("master_port"))
+    try:
+        config_path = write_job_spec(spec, run_dir)
+        print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
+        print(f"hpc-train: run dir {run_dir}")
+        code = run_local(plan, config_path, cfg.launcher.get("master_port"))
+    finally:  # this process held the run dir for its local ranks
+        run_claim.release(run_dir, spec["job"][run_claim.TOKEN_KEY])
     report_summary(run_dir, code)
     return code
+
+
+def claim_run_dir(run_dir: Path) -> str:
+    """Claim the run dir for this launch (its token, which the job spec carries to every attempt's rank 0)."""
+    token = run_claim.new_token()
+    try:
+        taken_over = run_claim.acquire(run_dir, token)
+    except run_claim.RunDirBusy as busy:
+        raise JobFailed(str(busy), exit_code=rundir.EXIT_REFUSED) from None
+    if taken_over:
+        print(f"hpc-train: {taken_over}", flush=True)
+    return token
 
 
 def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
@@ -49,7 +67,13 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     # Submitted first, the job spec written after: a refused sbatch (a ConfigError) leaves no
     # job_config.yaml, and submit_jobs removes submitit's files, so nothing half-made remains.
     # Slurm tasks get the spec pickled by submitit; job_config.yaml is the readable record.
-    [(_, handle)] = slurm.submit_jobs([job])
+    token = spec["job"][run_claim.TOKEN_KEY]
+    try:
+        [(_, handle)] = slurm.submit_jobs([job])
+    except BaseException:
+        run_claim.release(plan.run_dir, token)
+        raise
+    run_claim.note_slurm_job(plan.run_dir, token, str(handle.job_id))
     write_job_spec(spec, plan.run_dir)
     rerun.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads back
     folder = plan.run_dir / rundir.SLURM_LOGS

@@ -6,12 +6,15 @@ import gc
 import logging
 import os
 import socket
+import sys
 import traceback
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpc_train import run_claim
+from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismatch
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
@@ -37,16 +40,42 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     except ValueError as err:  # a malformed Slurm variable (node list, tasks per node): name it, no traceback
         raise Refusal(f"cannot tell this process's rank from its environment: {err}") from None
     run_dir = Path(cfg.job.run_dir)
-    log = setup_logging(run_dir, ranks.rank)
-    if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
-        _announce(log, ranks)
-        try:
-            return run_script(cfg, ranks, run_dir)
-        except ScriptFailed as err:
-            write_error_record(run_dir, ranks.rank, err)
-            log.error("%s", err)
-            raise
-    return _train(cfg, ranks, run_dir, log)
+    keeper = _hold_run_dir(cfg, ranks, run_dir)  # before this rank touches a file of the run dir
+    ended = True  # for good: the run dir is free again; an interrupted Slurm job may be requeued into it
+    try:
+        log = setup_logging(run_dir, ranks.rank)
+        if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
+            _announce(log, ranks)
+            try:
+                return run_script(cfg, ranks, run_dir)
+            except ScriptFailed as err:
+                write_error_record(run_dir, ranks.rank, err)
+                log.error("%s", err)
+                raise
+        return _train(cfg, ranks, run_dir, log)
+    except TrainingInterrupted:
+        ended = run_claim.slurm_job_id() is None
+        raise
+    finally:
+        if keeper is not None:
+            keeper.stop()
+            if ended:
+                run_claim.release(run_dir, keeper.token)
+
+
+def _hold_run_dir(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[run_claim.Keeper]:
+    """Rank 0 claims the run dir (its own launch's claim, or a dead job's) and keeps the claim fresh; a run dir
+    held by another live job refuses this one before anything is written."""
+    if not ranks.is_main:
+        return None
+    token = run_claim.rank_token(cfg.job)
+    try:
+        taken_over = run_claim.acquire(run_dir, token, run_claim.slurm_job_id())
+    except run_claim.RunDirBusy as busy:
+        raise Refusal(str(busy)) from None
+    if taken_over:
+        print(f"hpc-train: {taken_over}", file=sys.stderr, flush=True)
+    return run_claim.Keeper(run_dir, token).start()
 
 
 def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
@@ -73,7 +102,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
 
     from hpc_train.compute.runtime import attempts, distributed
     from hpc_train.compute.runtime.heartbeat import Heartbeat
-    from hpc_train.compute.runtime.interrupts import StopFlag, TrainingInterrupted, signal_number
+    from hpc_train.compute.runtime.interrupts import StopFlag, signal_number
     from hpc_train.compute.training.trainer import Trainer
     from hpc_train.compute.user.instantiate import add_code_dirs
 

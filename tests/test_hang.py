@@ -1,10 +1,10 @@
-"""A hung rank is found, named and shown (issue 31): the hang watchdog and the second stop signal.
+"""A hung rank is found, named and shown: the hang watchdog and the second stop signal.
 
 Real gloo ranks under the local launcher. A user step (tests/user_steps.py) or a dataset
 (tests/hang_data.py) sleeps for an hour at a known point; the watchdog must end the job within
-trainer.hang_timeout_s + 60 s with exit code 4, name the right ranks with the sleeping frame,
-and leave every rank's stacks in its log. The pure parts (the blame, the dump parser, the auto
-timeout) are checked on their own at the end.
+trainer.hang_timeout_s + 60 s with exit code 4, name the right ranks with the sleeping frame and
+its line of code, and leave every rank's stacks in its log. The pure parts (the blame, the dump
+parsers, the folded stack, the auto timeout) are checked on their own at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train import hang, rundir
+from hpc_train.compute.runtime import pyspy
 from tests.conftest import REPO, TINY, run_cli, wait_for
 
 HANG_S = 6
@@ -51,12 +53,26 @@ def attempt_end(run_dir: Path) -> dict:
     return [r for r in rundir.read_attempts(run_dir) if r["event"] == "end"][-1]
 
 
+def traceback_entry(path: Path, code: str, function: str) -> str:
+    """A frame and its line of code as the message shows them (the line found by its text, so edits elsewhere in
+    the file do not break the test)."""
+    number = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip() == code)
+    return f'      File "{path}", line {number}, in {function}\n        {code}\n'
+
+
+OWN_FRAME = re.escape(f'      File "{Path(hang.__file__).parent}/')  # a frame of hpc_train's own code
+
+
 def test_a_rank_that_sleeps_in_its_step_is_named_with_its_stack_and_its_peer_as_waiting(tmp_path):
     run_dir = tmp_path / "run"
     message = hung_job([*TINY, *DDP, *WATCHED, step("sleeps_on_rank_1")], run_dir)
     assert "; rank 1 stuck:" in message and "rank 1 (host " in message and "is stuck in forward at step 3:" in message
     culprit = message.split("rank 1 (host ")[1].split("rank 0 is waiting")[0]
-    assert "in sleeps_forever" in culprit and "in sleeps_on_rank_1" in culprit  # its innermost frames
+    steps = REPO / "tests" / "user_steps.py"
+    innermost = traceback_entry(steps, "time.sleep(seconds)", "sleeps_forever")
+    assert f":\n{innermost}{traceback_entry(steps, 'sleeps_forever()', 'sleeps_on_rank_1')}" in culprit, culprit
+    # Hydra's frames that call the step are folded; the stack ends at hpc_train's frame that called them
+    assert re.search(rf"sleeps_forever\(\)\n      \(\d+ library frames?\)\n{OWN_FRAME}.*\n        \S.*\n\s*$", culprit)
     assert "rank 0 is waiting for it (backward at step 3): not the cause." in message
     assert "rank 0 (host" not in message  # the waiting rank is not blamed
     # every rank's stacks are in its own log; the attempt log and the failure record say it too
@@ -84,7 +100,8 @@ def test_a_dataset_that_hangs_on_rank_1_is_named_with_the_reading_frame(workers,
     data = ["data.train={_target_:tests.hang_data.HangsOnRank1}", f"data.num_workers={workers}"]
     message = hung_job([*TINY, *DDP, *WATCHED, *data], run_dir)
     assert "; rank 1 stuck:" in message and "is stuck in data at step" in message
-    assert 'hang_data.py", line' in message and "in __getitem__" in message  # the worker's frame, or the rank's own
+    reading = traceback_entry(REPO / "tests" / "hang_data.py", "time.sleep(3600)", "__getitem__")
+    assert reading in message, message  # the worker's frame, or the rank's own
     if workers:
         assert "its child process (pid " in message
     assert "rank 0 is waiting for it" in message
@@ -180,7 +197,7 @@ def test_the_ranks_behind_are_blamed_and_the_ones_ahead_wait():
 
 
 def test_a_stack_inside_torch_distributed_counts_as_waiting():
-    stacks = {0: hang.RankStacks(1, {1: ['File "/x/torch/distributed/distributed_c10d.py", line 3, in all_reduce']})}
+    stacks = {0: hang.RankStacks(1, {1: [hang.Frame("/x/torch/distributed/distributed_c10d.py", 3, "all_reduce")]})}
     records = {0: record(0, 3, hang.FORWARD), 1: record(1, 3, hang.FORWARD)}
     verdict = hang.diagnose(records, stacks, now=200.0)
     assert verdict.culprits == [1] and verdict.waiting == [0]
@@ -190,20 +207,21 @@ def test_a_rank_importing_torch_distributed_is_not_waiting_in_a_collective():
     """A script job starting up on a loaded machine (the stacks py-spy took, shortened): rank 1 runs the module-level
     code of torch.distributed.tensor (DDP's constructor imports it), rank 0 waits for it in DDP's first collective."""
     torch_dir = "/venv/lib/python3.11/site-packages/torch"
+    Frame = hang.Frame
     importing = [
-        f'File "{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", line 119, in _register_single_dim_pointwise',
-        f'File "{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", line 580, in <module>',
-        'File "<frozen importlib._bootstrap>", line 241, in _call_with_frames_removed',
-        'File "<frozen importlib._bootstrap_external>", line 940, in _LoaderBasics.exec_module',
-        f'File "{torch_dir}/nn/parallel/distributed.py", line 842, in DistributedDataParallel.__init__',
-        'File "/work/ddp_allreduce.py", line 49, in main',
+        Frame(f"{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", 119, "_register_single_dim_pointwise"),
+        Frame(f"{torch_dir}/distributed/tensor/_ops/_pointwise_ops.py", 580, "<module>"),
+        Frame("<frozen importlib._bootstrap>", 241, "_call_with_frames_removed"),
+        Frame("<frozen importlib._bootstrap_external>", 940, "_LoaderBasics.exec_module"),
+        Frame(f"{torch_dir}/nn/parallel/distributed.py", 842, "DistributedDataParallel.__init__"),
+        Frame("/work/ddp_allreduce.py", 49, "main"),
     ]
     waiting = [
-        f'File "{torch_dir}/distributed/utils.py", line 299, in _verify_param_shape_across_processes',
-        f'File "{torch_dir}/nn/parallel/distributed.py", line 1064, in DistributedDataParallel.__init__',
-        'File "/work/ddp_allreduce.py", line 49, in main',
+        Frame(f"{torch_dir}/distributed/utils.py", 299, "_verify_param_shape_across_processes"),
+        Frame(f"{torch_dir}/nn/parallel/distributed.py", 1064, "DistributedDataParallel.__init__"),
+        Frame("/work/ddp_allreduce.py", 49, "main"),
     ]
-    elsewhere = ['File "/python3.11/dataclasses.py", line 433, in _create_fn', *importing[2:]]  # importing torch._dynamo
+    elsewhere = [Frame("/python3.11/dataclasses.py", 433, "_create_fn"), *importing[2:]]  # importing torch._dynamo
     assert not hang.in_collective(hang.RankStacks(1, {1: importing})) and hang.in_collective(hang.RankStacks(1, {1: waiting}))
     records = {r: record(r, 0, hang.RUNNING) for r in (0, 1)}
     stacks = {0: hang.RankStacks(1, {1: waiting}), 1: hang.RankStacks(1, {1: importing})}
@@ -275,9 +293,67 @@ def test_a_dump_is_read_back_from_the_log_by_its_stamp():
         ]
     )
     stacks = hang.parse_stacks(text, 1, stamp)
-    assert stacks.main == ['File "/x/user.py", line 5, in sleepy', 'File "/x/trainer.py", line 7, in fit']
-    assert stacks.workers == {42: ['File "/x/data.py", line 2, in __getitem__']}
+    assert stacks.main == [hang.Frame("/x/user.py", 5, "sleepy"), hang.Frame("/x/trainer.py", 7, "fit")]
+    assert str(stacks.main[0]) == 'File "/x/user.py", line 5, in sleepy'  # as a traceback names it
+    assert stacks.workers == {42: [hang.Frame("/x/data.py", 2, "__getitem__")]}
     assert hang.parse_stacks(text, 1, hang.stamp(99.0)) is None  # another request's dump is not this one
+
+
+TRAIN_PY = """\
+def read_shard(handle):
+    return handle.read()  # a dead file system
+
+
+def collate(batch):
+    return [read_shard(item) for item in batch]
+"""
+TORCH = "/venv/lib/python3.11/site-packages/torch/utils/data"
+PY_SPY_DUMP = f"""\
+Process 4242: /venv/bin/python {{script}} --epochs 3
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    read_shard ({{script}}:2)
+    collate ({{script}}:6)
+    fetch ({TORCH}/_utils/fetch.py:55)
+    _next_data ({TORCH}/dataloader.py:757)
+    __next__ ({TORCH}/dataloader.py:708)
+    main ({{script}}:30)
+Thread 4250 (idle): "pin_memory"
+    wait (/usr/lib/python3.11/threading.py:324)
+"""
+
+
+def test_a_py_spy_dump_is_shown_as_a_traceback_with_each_line_of_code(tmp_path):
+    """A script job's stacks: py-spy's dump, rewritten, parsed back, and shown with the script's lines of code."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_PY)  # line 30 lies beyond its end: no line of code, as in a traceback
+    stamp = hang.stamp(1234.5)
+    head = hang.STACKS_BEGIN.format(rank=1, pid=4242, host="n1", main=4242, stamp=stamp)
+    dump = pyspy.rewrite(PY_SPY_DUMP.format(script=script), 4242, 1)
+    stacks = hang.parse_stacks("\n".join([head, *dump, hang.STACKS_END.format(rank=1, stamp=stamp)]), 1, stamp)
+    assert stacks.main[0] == hang.Frame(str(script), 2, "read_shard")
+    records = {0: record(0, 0, hang.RUNNING), 1: record(1, 0, hang.RUNNING)}
+    message = hang.describe(hang.Verdict([1], [0], [], 30.0), records, {0: None, 1: stacks}, 6, tmp_path)
+    assert (
+        f'      File "{script}", line 2, in read_shard\n'
+        "        return handle.read()  # a dead file system\n"
+        f'      File "{script}", line 6, in collate\n'
+        "        return [read_shard(item) for item in batch]\n"
+        "      (3 library frames)\n"
+        f'      File "{script}", line 30, in main\n'
+        "  rank 0 is waiting for it (running): not the cause.\n"
+    ) in message, message
+
+
+def test_a_folded_stack_keeps_where_it_waits_and_ends_at_hpc_trains_call():
+    own = f"{Path(hang.__file__).parent}/compute/training/trainer.py"
+    library, user = hang.Frame(f"{TORCH}/dataloader.py", 1, "get"), hang.Frame("/home/me/data.py", 9, "load")
+    outer = [hang.Frame(own, 5, "fit"), hang.Frame(own, 9, "run")]
+    assert hang.fold([library, library, user, library, *outer]) == [library, 1, user, 1, outer[0]]
+    assert hang.fold([user, library, library]) == [user]  # library frames folded only between two shown
+    assert hang.fold([*outer, user, outer[0]]) == [*outer, user, outer[0]]  # stuck in hpc_train's own code
+    assert hang.fold([user] * 20) == [user] * hang.SHOWN_FRAMES
 
 
 def test_the_auto_timeout_is_five_minutes_or_twenty_steps_below_the_process_group_timeout():
@@ -297,7 +373,7 @@ def test_a_script_jobs_hung_rank_is_named_from_its_py_spy_stack(tmp_path):
     assert time.monotonic() - started < LIMIT_S + 30
     message = hang_message(proc)
     assert "; rank 1 stuck:" in message and "is stuck in running (its last line: step 2: loss" in message
-    assert 'ddp_allreduce.py", line' in message and "in sleep_for_an_hour" in message
+    assert traceback_entry(REPO / script[0], "time.sleep(3600)", "sleep_for_an_hour") in message, message
     assert "rank 0 is waiting for it (running): not the cause." in message  # py-spy: inside torch.distributed
     left = subprocess.run(["pgrep", "-f", "ddp_allreduce.py --steps 10 --hang-rank"], capture_output=True, text=True)
     assert left.stdout.strip() == ""

@@ -14,17 +14,24 @@ phase of the same step: data, then forward, then backward, then the optimizer) h
 the point the furthest one waits at: they are the culprits, and the furthest ones are named as
 waiting for them. When every rank is at the same point outside a collective (a dead file
 system, a deadlock in the user's code, a step that sleeps everywhere), every rank is named.
+
+Each culprit's stack is shown as a Python traceback shows it, innermost frame first (as the dumps
+list them): ``File "...", line N, in f`` and its line of code, from where the rank is stuck out to
+hpc_train's frame that called the user's code; the library frames (the standard library, installed
+packages: torch, Hydra) between two shown frames are folded into one ``(N library frames)`` line.
 Shared by both sides: no torch here.
 """
 
 from __future__ import annotations
 
 import json
+import linecache
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from hpc_train import rundir
 
@@ -42,6 +49,8 @@ AUTO_STEPS = 20  # ... and at least 20 median steps ...
 AUTO_CAP = 0.9  # ... but always before the process group's own timeout (trainer.dist_timeout_s)
 FIRST_STEP_FACTOR = 3  # setup and the first step (compilation, warm-up, loading) may take this many timeouts
 STACKS_WAIT_S = 10.0  # how long the watcher waits for every rank's stacks
+SHOWN_FRAMES = 8  # at most this many frames of a stack in the message (every frame is in the rank's log)
+SOURCE_WAIT_S = 2.0  # how long the watcher reads source lines (the file system may be what hangs)
 
 STACKS_BEGIN = "=== hpc-train: stacks of rank {rank} (pid {pid}, host {host}, main thread 0x{main:016x}) {stamp} ==="
 STACKS_END = "=== hpc-train: end of stacks of rank {rank} {stamp} ==="
@@ -50,7 +59,9 @@ _BEGIN = re.compile(r"^=== hpc-train: stacks of rank (\d+) \(pid (\d+), host (\S
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _WORKER = re.compile(r"^--- child process \(pid (\d+)\) of rank \d+ ---$")
-_IMPORTLIB = 'File "<frozen importlib.'  # importlib's frames (any import), as faulthandler and py-spy name them
+_IMPORTLIB = "<frozen importlib."  # importlib's frames (any import), as faulthandler and py-spy name them
+_LIBRARY = re.compile(r"^<|/(?:site|dist)-packages/|/lib(?:64)?/python\d[.\d]*/")  # <frozen ...>, stdlib, packages
+_OWN = str(Path(__file__).parent) + "/"  # hpc_train's own files (installed among the packages, or not)
 
 
 def timeout_s(setting: Any, median_step_s: Optional[float], dist_timeout_s: Optional[float]) -> Optional[float]:
@@ -111,21 +122,28 @@ def read_progress(run_dir: Path, world_size: int, attempt: str) -> Dict[int, Ran
 
 
 # -- stacks -------------------------------------------------------------------------------------------
+class Frame(NamedTuple):
+    """One frame of a dump (faulthandler's or py-spy's): where, as a traceback names it."""
+
+    path: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f'File "{self.path}", line {self.line}, in {self.function}'
+
+
 @dataclass
 class RankStacks:
     """One rank's dump: each thread's frames (innermost first), the main thread's ident, its workers' main frames."""
 
     main_thread: int
-    threads: Dict[int, List[str]] = field(default_factory=dict)
-    workers: Dict[int, List[str]] = field(default_factory=dict)
+    threads: Dict[int, List[Frame]] = field(default_factory=dict)
+    workers: Dict[int, List[Frame]] = field(default_factory=dict)
 
     @property
-    def main(self) -> List[str]:
+    def main(self) -> List[Frame]:
         return self.threads.get(self.main_thread, [])
-
-
-def frame_text(path: str, line: str, function: str) -> str:
-    return f'File "{path}", line {line}, in {function}'
 
 
 def stamp(request_time: float) -> str:
@@ -144,7 +162,7 @@ def parse_stacks(log_text: str, rank: int, stamp_text: str) -> Optional[RankStac
     if head is None:
         return None
     stacks = RankStacks(main_thread=int(head.group(4), 16))
-    frames: Optional[List[str]] = None
+    frames: Optional[List[Frame]] = None
     worker: Optional[int] = None
     for line in lines[1:]:
         thread = _THREAD.match(line)
@@ -159,7 +177,8 @@ def parse_stacks(log_text: str, rank: int, stamp_text: str) -> Optional[RankStac
             else:  # faulthandler lists the newest thread first: a worker's main thread comes last
                 stacks.workers[worker] = frames
         elif frame and frames is not None:
-            frames.append(frame_text(*frame.groups()))
+            path, line_number, function = frame.groups()
+            frames.append(Frame(path, int(line_number), function))
     return stacks
 
 
@@ -169,12 +188,64 @@ def in_collective(stacks: Optional[RankStacks]) -> bool:
     Not while it imports: a script starting up runs torch.distributed's module-level code (DDP's
     constructor alone imports torch._dynamo and torch.distributed.tensor), which waits for nobody.
     """
-    return bool(stacks and stacks.main and "/torch/distributed/" in stacks.main[0] and not importing(stacks.main))
+    return bool(stacks and stacks.main and "/torch/distributed/" in stacks.main[0].path and not importing(stacks.main))
 
 
-def importing(frames: Sequence[str]) -> bool:
+def importing(frames: Sequence[Frame]) -> bool:
     """The thread is inside an import (importlib's frames are on its stack)."""
-    return any(frame.startswith(_IMPORTLIB) for frame in frames)
+    return any(frame.path.startswith(_IMPORTLIB) for frame in frames)
+
+
+# -- a stack as the message shows it -------------------------------------------------------------------
+Folded = List[Union[Frame, int]]  # the frames shown, and between them the number of library frames left out
+
+
+def fold(frames: Sequence[Frame], limit: int = SHOWN_FRAMES) -> Folded:
+    """The frames a reader needs, innermost first: where the thread is, then every frame of the user's code (and of
+    hpc_train's), each run of library frames between two of them as its length. Ends at hpc_train's frame that
+    called the user's code (the frames beyond it are the same in every job) or after `limit` frames."""
+    shown: Folded = []
+    folded, count, outside = 0, 0, False
+    for index, frame in enumerate(frames):
+        own = frame.path.startswith(_OWN)
+        if index and not own and _LIBRARY.search(frame.path):
+            folded += 1
+            continue
+        shown.extend([folded, frame] if folded else [frame])
+        folded, count = 0, count + 1
+        if (own and outside) or count == limit:
+            break
+        outside = outside or not own
+    return shown
+
+
+def source_lines(frames: Iterable[Frame]) -> Dict[Frame, str]:
+    """Each frame's line of code, where its file is readable; read by a thread of its own, for at most SOURCE_WAIT_S:
+    the files may lie on the file system that hangs, and the message must still be said."""
+    found: Dict[Frame, str] = {}
+
+    def read() -> None:
+        for frame in frames:
+            linecache.checkcache(frame.path)  # the file as it is now, as a traceback reads it
+            found[frame] = linecache.getline(frame.path, frame.line).strip()
+
+    reader = threading.Thread(target=read, name="hpc-train-source-lines", daemon=True)
+    reader.start()
+    reader.join(SOURCE_WAIT_S)
+    return dict(found)
+
+
+def stack_lines(shown: Folded, sources: Dict[Frame, str], indent: str = "      ") -> List[str]:
+    """A folded stack as a traceback writes it: each frame, then its line of code indented below it."""
+    lines = []
+    for item in shown:
+        if isinstance(item, int):
+            lines.append(f"{indent}({item} library frame{'' if item == 1 else 's'})")
+            continue
+        lines.append(f"{indent}{item}")
+        if sources.get(item):
+            lines.append(f"{indent}  {sources[item]}")
+    return lines
 
 
 # -- the verdict -------------------------------------------------------------------------------------
@@ -210,7 +281,6 @@ def describe(
     stacks: Dict[int, Optional[RankStacks]],
     timeout: float,
     run_dir: Path,
-    frames: int = 4,
 ) -> str:
     """The one message for the launcher's output and the attempt log."""
     ranks = sorted(records)
@@ -219,22 +289,23 @@ def describe(
         f"hpc-train: hang: no rank advanced for {verdict.stalled_s:.0f} s (trainer.hang_timeout_s={timeout:.0f});"
         + (" every rank is stuck" if everyone else f" {_ranks(verdict.culprits)} stuck") + ":"
     ]
+    shown = {rank: _shown_stacks(stacks.get(rank)) for rank in verdict.culprits}
+    sources = source_lines(
+        {item for each in shown.values() for _, folded in each or [] for item in folded if isinstance(item, Frame)}
+    )
     for rank in verdict.culprits:
         rec = records[rank]
         lines.append(f"  rank {rank} (host {rec.host}, pid {rec.pid}) is stuck in {rec.where()}{_detail(rec)}:")
-        rank_stacks = stacks.get(rank)
-        if rank_stacks is None:
+        if shown[rank] is None:
             lines.append(
                 "      (no stacks: its Python interpreter did not answer; try `py-spy dump --pid"
                 f" {rec.pid}` on {rec.host})"
             )
             continue
-        for frame in rank_stacks.main[:frames]:
-            lines.append(f"      {frame}")
-        for pid, worker_frames in rank_stacks.workers.items():
-            if worker_frames:
+        for pid, folded in shown[rank]:
+            if pid is not None:
                 lines.append(f"    its child process (pid {pid}):")
-                lines.extend(f"      {frame}" for frame in worker_frames[:frames])
+            lines.extend(stack_lines(folded, sources))
     if verdict.waiting:
         where = sorted({records[r].where() for r in verdict.waiting})
         lines.append(
@@ -243,6 +314,14 @@ def describe(
         )
     lines.append(f"  Every thread's stack of every rank: {run_dir / rundir.LOGS}/rank<r>.log")
     return "\n".join(lines)
+
+
+def _shown_stacks(stacks: Optional[RankStacks]) -> Optional[List[Tuple[Optional[int], Folded]]]:
+    """The rank's main thread (pid None), then each child process that has frames, folded."""
+    if stacks is None:
+        return None
+    children = [(pid, fold(frames)) for pid, frames in stacks.workers.items() if frames]
+    return [(None, fold(stacks.main)), *children]
 
 
 def _ranks(ranks: Sequence[int]) -> str:

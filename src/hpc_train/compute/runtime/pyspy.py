@@ -45,8 +45,13 @@ def dump(pid: int, rank: int) -> List[str]:
         return [f"(no stacks: py-spy dump --pid {pid}: {err})"]
     if done.returncode != 0:
         return [f"(no stacks: py-spy dump --pid {pid}: {(done.stderr or done.stdout).strip()[:300]})"]
+    return rewrite(done.stdout, pid, rank)
+
+
+def rewrite(text: str, pid: int, rank: int) -> List[str]:
+    """py-spy's dump of `pid` (and its children) in faulthandler's layout; apart from dump() so that it is tested."""
     lines: List[str] = []
-    for line in done.stdout.splitlines():
+    for line in text.splitlines():
         process, thread, frame = _PROCESS.match(line), _THREAD.match(line), _FRAME.match(line)
         if process and int(process.group(1)) != pid:
             lines.append(hang.WORKER_HEADER.format(pid=process.group(1), rank=rank))

@@ -250,6 +250,19 @@ def test_disk_full_during_a_checkpoint_is_one_message_and_keeps_the_previous_one
     assert str(run_dir / "checkpoints") in out and "trainer.keep_checkpoints" in out, out
     assert checkpoint_steps(run_dir) == [3, 6], "the previous checkpoints stay"
     assert not list((run_dir / "checkpoints").glob(".*")), "no temporary file is left"
+    # The last line says the job stopped mid-run, at the step it reached (its checkpoint of step 9 failed).
+    assert last_line(proc).startswith("hpc-train: the job stopped mid-run at step 9: a rank refused to go on"), out
+    if "strategy=single" in strategy:  # then a refusal at the start, in the same run dir: not the earlier step
+        for ckpt in (run_dir / "checkpoints").iterdir():
+            ckpt.write_bytes(b"HPCTRAIN-CKPT 1 " + ckpt.read_bytes()[len(b"HPCTRAIN-CKPT 2 "):])
+        again = run_cli(args, run_dir)
+        assert again.returncode == 2 and "older hpc-train" in again.stdout + again.stderr, again.stdout + again.stderr
+        assert last_line(again).startswith("hpc-train: the job refused to start (exit code 2)"), again.stdout
+
+
+def last_line(proc: subprocess.CompletedProcess) -> str:
+    """What hpc-train printed last (its closing line is on stdout)."""
+    return proc.stdout.strip().splitlines()[-1]
 
 
 # -- on the Slurm test cluster ------------------------------------------------------------------------------

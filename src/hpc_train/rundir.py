@@ -46,6 +46,21 @@ EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for
 EXIT_INTERRUPTED = 3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.hang)
 
+# hpc-train's closing line for each way a job ends, one table for every launcher (local, torchrun, a followed Slurm
+# job): see closing_line. EXIT_REFUSED has two: a rank refused before this launch trained a step, or later.
+REFUSED_MID_RUN = "refused mid-run"
+CLOSING_LINES: Dict[Any, str] = {
+    EXIT_INTERRUPTED: "stopped by a signal (after a checkpoint, unless a second signal stopped it at once); run the"
+    " same command again (same hydra.run.dir={run_dir}) to continue from the last checkpoint",
+    EXIT_HUNG: "the job hung and its watchdog stopped it (exit code {code}): the stuck ranks and their stacks are named"
+    " above and in {logs}; re-run the same command to resume from the last checkpoint",
+    EXIT_REFUSED: "the job refused to start (exit code {code}): the reason is printed above and in {logs}",
+    REFUSED_MID_RUN: "the job stopped mid-run at step {step}: a rank refused to go on (exit code {code}); the reason is"
+    " printed above and in {logs}. Fix it, then run the same command again (same hydra.run.dir={run_dir}) to resume"
+    " from the last checkpoint",
+    EXIT_FAILED: "the job failed (exit code {code}); see the logs in {logs}",
+}
+
 RESUME_WORDS = ("auto", "never")
 _CHECKPOINT = re.compile(r"^step_(\d+)(?:\.ckpt)?$")  # a file (step_<N>.ckpt) or a sharded directory (step_<N>/)
 
@@ -290,3 +305,30 @@ def read_attempts(run_dir: Path) -> List[Dict[str, Any]]:
 def attempts_started(run_dir: Path) -> int:
     """How many attempts this run has started so far (0: none, or no attempt log)."""
     return sum(1 for r in read_attempts(run_dir) if r.get("event") == "start")
+
+
+def steps_trained_to(run_dir: Path, since: float) -> Optional[int]:
+    """The step the last attempt started after `since` (a time.time()) ended at, when it trained past where it began;
+    None when no attempt started since, it recorded no end, or it ended where it began (nothing trained).
+
+    Rank 0 records an attempt's start (with resumed_from_step) once training is set up and its end with the step
+    reached, whatever ends it: this tells a refusal mid-run from one at the start."""
+    records = read_attempts(run_dir)
+    starts = [r for r in records if r.get("event") == "start" and float(r.get("time", 0)) >= since]
+    if not starts:
+        return None
+    start = starts[-1]
+    ends = [r for r in records if r.get("event") == "end" and r.get("attempt") == start.get("attempt")]
+    step = ends[-1].get("step") if ends else None
+    if not isinstance(step, int) or step <= int(start.get("resumed_from_step") or 0):
+        return None
+    return step
+
+
+def closing_line(code: int, run_dir: Path, since: float = 0.0) -> str:
+    """hpc-train's last line for a job that ended with `code` without a summary, from CLOSING_LINES; a refusal names
+    the step reached when the attempt started after `since` had trained past its start."""
+    step = steps_trained_to(run_dir, since) if code == EXIT_REFUSED else None
+    key = REFUSED_MID_RUN if step is not None else (code if code in CLOSING_LINES else EXIT_FAILED)
+    words = CLOSING_LINES[key].format(run_dir=run_dir, logs=Path(run_dir) / LOGS, code=code, step=step)
+    return f"hpc-train: {words}"

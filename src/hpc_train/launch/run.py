@@ -144,6 +144,7 @@ def _job_error(handle: Any) -> Optional[BaseException]:
 
 
 def report_summary(run_dir: Path, code: int) -> None:
+    """The job's closing lines: its summary when it finished, else how it ended (rundir.CLOSING_LINES)."""
     data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
     if data is not None and "script" in data:  # a script job's summary (hpc_train.compute.runtime.script_job)
         print(f"hpc-train: done: {' '.join(map(str, data['script']))} finished (attempt {data.get('attempts')})")
@@ -159,21 +160,14 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")
-    elif code == rundir.EXIT_INTERRUPTED:
-        print(
-            "hpc-train: stopped by a signal (after a checkpoint, unless a second signal stopped it at once); run the same"
-            f" command again (same hydra.run.dir={run_dir}) to continue from the last checkpoint"
-        )
-    elif code == rundir.EXIT_HUNG:
-        print(
-            f"hpc-train: the job hung and its watchdog stopped it (exit code {code}): the stuck ranks and their stacks"
-            f" are named above and in {run_dir / rundir.LOGS}; re-run the same command to resume from the last"
-            " checkpoint"
-        )
-    elif code == rundir.EXIT_REFUSED:
-        print(
-            f"hpc-train: the job refused to start (exit code {code}): the reason is printed above and in"
-            f" {run_dir / rundir.LOGS}"
-        )
     else:
-        print(f"hpc-train: the job failed (exit code {code}); see the logs in {run_dir / rundir.LOGS}")
+        print(rundir.closing_line(code, run_dir, since=_launched_at(run_dir)))
+
+
+def _launched_at(run_dir: Path) -> float:
+    """When this launch wrote the job spec (every launcher writes it before its ranks start): the attempts recorded
+    after it are this launch's."""
+    try:
+        return (Path(run_dir) / rundir.JOB_CONFIG).stat().st_mtime
+    except OSError:
+        return time.time()

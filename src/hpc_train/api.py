@@ -121,10 +121,13 @@ class Job:
 
     def _slurm_state(self) -> str:
         shared = self._shared_states
-        state = shared.get(self.job_id) if shared is not None else states.slurm_states([self.job_id]).get(self.job_id)
+        if shared is not None:
+            state = shared.get(self.job_id)
+        else:  # no accounting: an ended job's run dir says how it ended
+            state = states.slurm_states([self.job_id], {self.job_id: self.run_dir}).get(self.job_id)
         if state:
             return state
-        # Between squeue forgetting a job and sacct recording it (or with no accounting at all).
+        # Between squeue forgetting a job and sacct recording it.
         return "COMPLETED" if (self.run_dir / rundir.SUMMARY).exists() else "UNKNOWN"
 
     def _local_state(self) -> str:
@@ -332,7 +335,8 @@ def sweep(
         rows = job_table.read(target)[len(known) :]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        shared = states.SharedStates(row.job_id for row in rows)
+        run_dirs = {row.job_id: target / row.job for row in rows}
+        shared = states.SharedStates(list(run_dirs), run_dirs=run_dirs)
         return [
             Job(
                 row.job_id,

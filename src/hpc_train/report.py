@@ -3,9 +3,11 @@
 For every job it reads what the job left behind: ``summary.json`` (strategy, world size,
 samples/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss curve),
 ``job_config.yaml`` (the layout), ``.hydra/overrides.yaml`` or the sweep's ``jobs.tsv`` (the
-overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``squeue``,
-then ``sacct``). The PNG holds a bar chart of throughput per job, coloured by strategy, and
-the training-loss curve of every job; it needs matplotlib (``pip install 'hpc-train[report]'``).
+overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``sacct``,
+then ``squeue``; where accounting does not answer, an ended job's run dir says how it ended,
+and the report says so once). The PNG holds a bar chart of throughput per job, coloured by
+strategy, and the training-loss curve of every job; it needs matplotlib (``pip install
+'hpc-train[report]'``).
 
 Login-node safe: no torch import, only small files and two Slurm queries.
 """
@@ -24,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from hpc_train import app_report, job_table, rundir
-from hpc_train.job_states import slurm_states
+from hpc_train.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
 from hpc_train.launch.rerun import rerun_failed
 from hpc_train.sweep_status import never_running
 from hpc_train.text_table import format_table
@@ -32,6 +34,7 @@ from hpc_train.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
 PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one
+FAILURES_SHOWN = 10  # jobs listed with why they did not complete (the count covers all of them)
 LAYOUT_LEGEND = "layout = nodes x tasks per node x GPUs per task"
 INSTALL_HINT = "pip install 'hpc-train[report]'  (or: pip install matplotlib)"
 
@@ -56,6 +59,8 @@ class JobReport:
     attempts: Optional[int] = None
     slurm_job_id: Optional[str] = None
     slurm_state: Optional[str] = None  # what Slurm says of the job (sacct/squeue), when it was a Slurm job
+    error: Optional[str] = None  # an ended job that did not complete: the first line of why, from its run dir
+    state_from_run_dir: bool = False  # accounting did not answer: slurm_state is what the run dir recorded
     loss_curve: List[Tuple[int, float]] = field(default_factory=list)
 
 
@@ -159,20 +164,49 @@ def collect(path: Path) -> Tuple[str, List[JobReport]]:
 
 
 def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
-    """Every Slurm job gets Slurm's state; those without a summary show it as their status (PENDING, FAILED, ...)."""
+    """Every Slurm job gets Slurm's state; those without a summary show it as their status (PENDING, FAILED, ...).
+
+    Where accounting does not answer, an ended job's state is what its run dir recorded (job_states.run_dir_state).
+    """
     with_ids = [job for job in jobs if job.slurm_job_id]
-    states = slurm_states(job.slurm_job_id for job in with_ids)
+    states = slurm_job_states(
+        (job.slurm_job_id for job in with_ids), {str(job.slurm_job_id): Path(job.run_dir) for job in with_ids}
+    )
     for job in with_ids:
-        state = states.get(str(job.slurm_job_id))
-        job.slurm_state = state
+        found = states.get(str(job.slurm_job_id))
+        job.slurm_state = found.state if found else None
+        job.state_from_run_dir = bool(found and found.from_run_dir)
         if job.status == "COMPLETED":
             continue
-        if state is None:
+        if found is None:
             job.status = "FAILED" if _failed_locally(Path(job.run_dir)) else "NOT IN QUEUE"
-        elif state == "COMPLETED":
+        elif found.state == "COMPLETED":
             job.status = "NO SUMMARY"  # Slurm says done, but the job wrote no summary.json
         else:
-            job.status = state
+            job.status = found.state
+        if job.status in ENDED:
+            job.error = _why(job, found)
+
+
+def _why(job: JobReport, found: Optional[SlurmState]) -> Optional[str]:
+    """The first line of why an ended job did not complete, from its run dir; beside a state Slurm gave, only what
+    the run dir recorded (not its NO_RECORD guess)."""
+    if found is not None and found.from_run_dir:
+        return found.error
+    recorded = run_dir_state(Path(job.run_dir))
+    return recorded.error if recorded.state != NO_RECORD else None
+
+
+def failure_lines(jobs: Sequence[JobReport], shown: int = FAILURES_SHOWN) -> List[str]:
+    """Why each ended job did not complete, one line each (its run dir's first line of the failure)."""
+    failed = [job for job in jobs if job.error]
+    if not failed:
+        return []
+    lines = [f"did not complete ({len(failed):,}):"]
+    lines += [f"  #{job.name} {job.slurm_job_id or ''} {job.status}: {job.error}" for job in failed[:shown]]
+    if len(failed) > shown:
+        lines.append(f"  ... and {len(failed) - shown:,} more (--json lists every job's error)")
+    return lines
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -452,6 +486,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             " step)"
         )
         print(f"states: {state_counts(jobs)}")
+        if any(job.state_from_run_dir for job in jobs):
+            print(f"({FROM_RUN_DIRS})")
+        for line in failure_lines(jobs):
+            print(line)
     why = never_running(args.path) if kind == "sweep" else None
     status = 1 if why else 0  # a sweep that will never run is not a success, whatever its table shows
     if why:

@@ -55,6 +55,16 @@ def show_job(job: str, timeout: float = TIMEOUT_S) -> Dict[str, str]:
 def sacct_runs(job_ids: List[str], fields: str, timeout: float = TIMEOUT_S, every_run: bool = False) -> List[List[str]]:
     """``sacct -n -X -P -o FIELDS -j IDS`` (``-D``: every run of a requeued job) as rows of fields, times as epoch
     seconds; [] when accounting does not answer."""
+    return sacct_answer(job_ids, fields, timeout, every_run) or []
+
+
+def sacct_answer(
+    job_ids: List[str], fields: str, timeout: float = TIMEOUT_S, every_run: bool = False
+) -> Optional[List[List[str]]]:
+    """sacct_runs, but None when accounting does not answer (off, closed to users, down): a caller that must tell
+    "no such job" from "nobody to ask" (the job states) reads this."""
+    if not job_ids:
+        return []
     command = ["sacct", "-n", "-X", "-P", *(["-D"] if every_run else []), "-j", ",".join(job_ids), "-o", fields]
-    text = query(command, timeout, env=dict(os.environ, SLURM_TIME_FORMAT="%s")) if job_ids else None
-    return [line.strip().split("|") for line in (text or "").splitlines() if line.strip()]
+    text = query(command, timeout, env=dict(os.environ, SLURM_TIME_FORMAT="%s"))
+    return None if text is None else [line.strip().split("|") for line in text.splitlines() if line.strip()]

@@ -1,7 +1,8 @@
 """`hpc-train-report SWEEP_DIR --watch`: a sweep's live state, redrawn every few seconds until every job has ended.
 
 Each refresh reads, for all jobs at once, Slurm's states (``job_states.slurm_job_states``: one
-sacct call per batch of arrays) or, for a local sweep, what its run dirs hold; then, for the
+sacct call per batch of arrays; without accounting, squeue and the ended jobs' run dirs) or,
+for a local sweep, what its run dirs hold; then, for the
 running jobs only, the last lines of ``metrics.jsonl`` (step, loss, samples/s between the last
 two logged steps), and for the failed ones the failing rank's one-line error and where its log
 is. The ETA is the finished jobs' mean duration times the jobs left, divided by how many run
@@ -23,7 +24,7 @@ import yaml
 
 from hpc_train import app_report, job_table, rundir
 from hpc_train.cli_child import expand
-from hpc_train.job_states import ENDED, rank_error, slurm_job_states
+from hpc_train.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
 from hpc_train.sweep_status import never_running
 
 REFRESH_S = 5.0
@@ -50,6 +51,7 @@ class WatchedJob:
 class Snapshot:
     jobs: List[WatchedJob]
     counts: Dict[str, int] = field(default_factory=dict)
+    from_run_dirs: bool = False  # accounting did not answer: ended jobs' states are their run dirs' records
 
     @property
     def done(self) -> bool:
@@ -141,7 +143,8 @@ def _failure(job: WatchedJob, sweep_dir: Path) -> None:
             lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
             continue
-        job.error = next((line for line in lines if "Error" in line or "error" in line), lines[-1] if lines else None)
+        said = next((line for line in lines if "Error" in line or "error" in line), lines[-1] if lines else None)
+        job.error = job.error or said  # what the run dir recorded (no accounting) comes first
 
 
 def _local_elapsed(run_dir: Path) -> Optional[float]:
@@ -155,6 +158,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     """Every job of the sweep with its state; progress for running jobs, the cause for failed ones."""
     local_app = app_report.is_local_app_sweep(sweep_dir)
     rows = [] if local_app else [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
+    from_run_dirs = False
     if local_app:  # processes of this host: the result files say
         jobs = [
             WatchedJob(
@@ -168,13 +172,14 @@ def snapshot(sweep_dir: Path) -> Snapshot:
             for r in app_report.rows(sweep_dir)
         ]
     elif rows:
-        states = slurm_job_states(job_id for job_id, _ in rows)
+        states = slurm_job_states((job_id for job_id, _ in rows), {job_id: sweep_dir / name for job_id, name in rows})
+        from_run_dirs = any(found.from_run_dir for found in states.values())
         jobs = []
         for job_id, name in rows:
             job = WatchedJob(name, sweep_dir / name, job_id)
             found = states.get(job_id)
             if found is not None:
-                job.state, job.elapsed_s = found.state, found.elapsed_s
+                job.state, job.elapsed_s, job.error = found.state, found.elapsed_s, found.error
             elif (job.run_dir / rundir.SUMMARY).exists():
                 job.state = "COMPLETED"
             jobs.append(job)
@@ -201,7 +206,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     counts: Dict[str, int] = {}
     for job in jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
-    return Snapshot(jobs, counts)
+    return Snapshot(jobs, counts, from_run_dirs)
 
 
 # -- showing it ------------------------------------------------------------------------------------
@@ -233,6 +238,8 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
         f"{total:,} job{'s' if total != 1 else ''}: {counts or 'none yet'}"
         + (f"; ETA {_duration(left)}" if left else ""),
     ]
+    if snap.from_run_dirs:
+        lines.append(f"({FROM_RUN_DIRS})")
     running = [j for j in snap.jobs if j.state == "RUNNING"]
     if running:
         lines.append("running:   job  slurm id      step      loss  samples/s")

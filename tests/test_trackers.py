@@ -181,6 +181,29 @@ def test_mlflow_resumes_the_same_run_and_its_history_equals_metrics_jsonl(resume
     assert not client.list_artifacts(run_id)  # logger.log_model=false
 
 
+# -- killed right after a checkpoint -------------------------------------------------------------------
+def test_every_tracker_holds_the_rows_a_checkpoint_covers_when_killed_right_after_it(tmp_path):
+    """The trackers are flushed before each checkpoint is written: kill -9 of the whole job (rank 0 and W&B's
+    service process with it) as soon as the first checkpoint exists, and each tracker has every row up to its step."""
+    from tests.test_tensorboard import scalars
+
+    run_dir = tmp_path / "run"
+    args = [*RESUMED, "logger=[wandb,mlflow,tensorboard]", "logger.mode=offline"]
+    proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.3"})
+    try:
+        wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    finally:
+        kill_group(proc)
+    covered = list(range(1, checkpoint_steps(run_dir)[0] + 1))
+    assert covered == [1, 2, 3, 4]
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")
+    rows = wandb_run(folder)["rows"]
+    assert [s for s in covered if "train/loss" in rows.get(s, {})] == covered, sorted(rows)
+    client, run_id = mlflow_client(run_dir)
+    assert [s for s, _ in history(client, run_id, "train_loss")][: len(covered)] == covered
+    assert [s for s, _ in scalars(run_dir / "tensorboard")["train/loss"]][: len(covered)] == covered
+
+
 # -- several loggers at once -----------------------------------------------------------------------
 def test_tensorboard_and_mlflow_at_once(tmp_path):
     """logger=[tensorboard,mlflow]: both trackers and metrics.jsonl hold the same rows; log_model=true adds model.pt."""

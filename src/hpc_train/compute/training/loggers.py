@@ -7,8 +7,10 @@ the same numbers to each tracker: TensorBoard (``tracker_tensorboard``), Weights
 (``hpc_train.logger_table`` reads the choice). Only rank 0 builds trackers, and a tracker
 imports its package only then: the login node and the other ranks never import them.
 
-A tracker has ``write(record)`` (train and eval records only) and ``close()`` (once, at the end of
-a finished run); what the trackers share is in ``tracker_common``. Each tracker module is imported
+A tracker has ``write(record)`` (train and eval records only), ``flush()`` (before every checkpoint
+and at the stop signal: the rows written so far survive a kill -9 of rank 0 from then on, so what
+a checkpoint covers is in the tracker too) and ``close()`` (once, at the end of a finished run);
+what the trackers share is in ``tracker_common``. Each tracker module is imported
 here inside the function that builds it: its package (tensorboard, wandb, mlflow) is optional and
 heavy, and only rank 0 of a run that asks for it should import it.
 """
@@ -62,6 +64,10 @@ class TrackingWriter(MetricsWriter):
         if self.enabled and record.get("kind") in KINDS:
             for tracker in self.trackers:
                 tracker.write(record)
+
+    def flush(self) -> None:
+        for tracker in self.trackers:
+            tracker.flush()
 
     def close(self) -> None:
         for tracker in self.trackers:

@@ -139,6 +139,9 @@ class MlflowTracker:
         for i in range(0, len(metrics), MAX_METRICS):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_METRICS])
 
+    def flush(self) -> None:
+        """Nothing to do: each log_batch is in the store (the SQLite file, or the tracking server) when it returns."""
+
     def close(self) -> None:
         if self.closed:
             return

@@ -29,6 +29,11 @@ class TensorBoardTracker:
             self._writer.add_scalar(f"{record['kind']}/{key}", value, step, walltime=record.get("time"))
         self._writer.flush()
 
+    def flush(self) -> None:
+        """Every record is flushed already; a writer's flush costs nothing when nothing is pending."""
+        if self._writer is not None:
+            self._writer.flush()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()

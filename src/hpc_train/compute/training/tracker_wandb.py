@@ -8,6 +8,9 @@ own ``offline-run-<time>-<id>`` folder under the same run id (kept in ``<run dir
 passed with ``resume="allow"``); ``wandb sync`` uploads them in order of start time, and W&B keeps
 the first value logged at a step (it drops rows at steps a run already has: a resumed attempt
 repeats, bit-identically, the steps the lost one logged past its checkpoint).
+
+W&B has no call that writes its file at once: :meth:`WandbTracker.flush` (before every checkpoint
+and at the stop signal) commits the step W&B holds open, then waits for W&B's next periodic write.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import logging
 import os
 import secrets
 import string
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -33,10 +37,12 @@ from hpc_train.compute.training.tracker_common import (
 RUN_FILE = "wandb_run.json"
 SLURM_LAUNCHERS = ("slurm", "sbatch")
 # W&B writes its .wandb file every 15 s by default: a kill -9 (node failure, OOM) would lose up to 15 s of
-# rows, and those between the last write and the checkpoint the job resumes from would never come back.
+# rows, and each flush before a checkpoint would wait as long.
 # Every 2 s instead, unless $WANDB__TRANSACTION_LOG_FLUSH_INTERVAL says otherwise (a private setting of wandb
 # 0.31: left alone by a wandb that has no such setting).
 FLUSH_SETTING, FLUSH_S = "x_transaction_log_flush_interval", 2.0
+# A flush waits one such interval after its commit, and this much longer for the commit to reach W&B's service.
+REACH_S = 0.3
 
 log = logging.getLogger("hpc_train")
 
@@ -78,6 +84,7 @@ class WandbTracker:
             "config": OmegaConf.to_container(cfg, resolve=True),
         }
         self._run: Optional[Any] = None
+        self._open_step: Optional[int] = None  # the step of the rows logged since the last flush
 
     def _start(self) -> None:
         path = self.run_dir / RUN_FILE
@@ -113,8 +120,20 @@ class WandbTracker:
     def write(self, record: Dict[str, Any]) -> None:
         if self._run is None:
             self._start()
-        kind = record["kind"]
-        self._run.log({f"{kind}/{key}": value for key, value in scalars(record)}, step=int(record["step"]))
+        kind, self._open_step = record["kind"], int(record["step"])
+        self._run.log({f"{kind}/{key}": value for key, value in scalars(record)}, step=self._open_step)
+
+    def flush(self) -> None:
+        """Commit the open step (W&B commits a step only when the next one is logged), then wait until W&B's service
+        process has written its file (every FLUSH_SETTING seconds): a kill -9 after this loses no row logged before.
+        The caller logs nothing more at that step (W&B drops rows logged at a committed step)."""
+        if self._run is None or self._open_step is None:
+            return
+        self._run.log({}, step=self._open_step, commit=True)
+        self._open_step = None
+        interval = getattr(self._run.settings, FLUSH_SETTING, None)
+        if interval:  # 0 or a wandb without the setting: written when its buffer fills or the run finishes
+            time.sleep(float(interval) + REACH_S)
 
     def close(self) -> None:
         run, self._run = self._run, None

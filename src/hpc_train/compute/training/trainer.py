@@ -205,6 +205,7 @@ class Trainer:
         while state.global_step < self.total_steps:
             epoch = self.epochs.open(state.epoch, state.step_in_epoch)  # from the position: mid-epoch after a resume
             for batch in self._marked(epoch):  # this rank's progress marked: waiting for data, then the step
+                self._flush_owed_rows()  # the previous step's epoch did not end: no row more at its step
                 faults.maybe_fail(self.ranks.rank, state.global_step)  # a failure injected by HPC_TRAIN_FAIL_AT
                 self._settle_once(batch)
                 final = state.global_step + 1 >= self.total_steps
@@ -365,6 +366,7 @@ class Trainer:
         ended = epoch.ended(self.state.step_in_epoch)
         if self._evaluation_due_at_epoch_end(ended):
             self._evaluate_between_steps()
+        self._flush_owed_rows()
         if ended:
             self.state.next_epoch()
 
@@ -457,6 +459,7 @@ class Trainer:
         now = time.perf_counter()
         step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
         if self.checkpointer.due(step):
+            self._flush_before_checkpoint()
             self._save(step, "every %d steps" % self.checkpointer.every)
             self._check_signal_lead(step_s, time.perf_counter() - now)
             self._step_ended = time.perf_counter()
@@ -464,9 +467,27 @@ class Trainer:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
+            self._flush_owed = False
+            self.metrics.flush()  # nothing more is logged in this attempt
             self._save(step, "stop signal")
             reason = self.stop_flag.reason(request, float(self.cfg.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
+
+    _flush_owed = False  # a checkpoint was written before its step's rows could be flushed
+
+    def _flush_before_checkpoint(self) -> None:
+        """The trackers write out every row up to this step before its checkpoint exists, so that what a checkpoint
+        covers is in them after a kill -9 too. When an epoch-end evaluation may still log at this step (a tracker
+        takes no row at a step it has flushed: W&B), the flush waits until it has, or until the next step starts."""
+        if self.epochs.inside_epoch(self.state.step_in_epoch) or not self._evaluation_due_at_epoch_end(True):
+            self.metrics.flush()
+        else:
+            self._flush_owed = True
+
+    def _flush_owed_rows(self) -> None:
+        if self._flush_owed:
+            self._flush_owed = False
+            self.metrics.flush()
 
     def _save(self, step: int, why: str) -> None:
         with heartbeat.phase(hang.CHECKPOINT):

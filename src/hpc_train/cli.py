@@ -39,7 +39,9 @@ from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
 from hpc_train.launch.hydra_callbacks import Refused  # noqa: E402
 from hpc_train.launch.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.run import run_job  # noqa: E402
+from hpc_train.launch.schema import whole_mappings  # noqa: E402
 from hpc_train.launch.sbatch import prepare  # noqa: E402
+from hpc_train.launch.slurm import SubmissionInterrupted  # noqa: E402
 from hpc_train.launch.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 from hpc_train.script_command import split_command_line  # noqa: E402
@@ -109,11 +111,17 @@ def main() -> None:
     try:
         sys.argv[1:] = split_command_line(sys.argv[1:])  # `-- train.py ARGS`: the user's script (script.argv)
         sys.argv[1:] = rank_argv(sys.argv[1:])  # under torchrun: one run dir for all ranks (a no-op otherwise)
+        sys.argv[1:] = whole_mappings(sys.argv[1:])  # cluster.extra={exclusive:true} adds its keys (++)
         # Decorated here, not at import: hydra.main sets Hydra's process-wide version base when it
         # decorates, and a process that only imports this module (a user's Hydra app, a test) keeps its own.
         hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(_task)()
     except Refused as refused:
         _fail(refused.error, user_wants_traceback)
+    except SubmissionInterrupted as interrupted:  # a KeyboardInterrupt, so Hydra let it through
+        if user_wants_traceback:
+            raise
+        print(interrupted, file=sys.stderr)
+        sys.exit(interrupted.exit_code)
     except Exception as err:
         _fail(err, user_wants_traceback)
 

@@ -356,6 +356,9 @@ class AppLauncher(Launcher):
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
             _refuse(sweep_dir, _in_app_keys(err))
+        except slurm.SubmissionInterrupted as interrupted:  # Ctrl-C part-way: as hpc-train itself says it and exits
+            print(interrupted, file=sys.stderr, flush=True)
+            raise SystemExit(interrupted.exit_code) from None
         handles = {id(job): handle for job, handle in submitted}
         rows = [
             job_table.JobRow(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params))

@@ -14,7 +14,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -365,31 +368,135 @@ def refusal_error(slurm_says: str, cancelled: Sequence[str] = ()) -> ConfigError
     return ConfigError(key, f"Slurm refused the job: {words}.{note}", fix)
 
 
+class SubmissionInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) while submit_jobs was queueing: what it had queued is cancelled, and the message says so.
+
+    Still a KeyboardInterrupt, so code that lets Ctrl-C through (Hydra, a notebook, the Python
+    API) still does; the ``hpc-train`` command and the Hydra-app launcher print its one line and
+    exit with ``exit_code``.
+    """
+
+    exit_code = 130  # 128 + SIGINT: what a shell reports for Ctrl-C, and the local launcher returns for one
+
+    def __init__(self, cancelled: int, total: int) -> None:
+        self.cancelled, self.total = cancelled, total  # jobs cancelled; jobs the command was queueing
+        super().__init__(cancelled, total)
+
+    def __str__(self) -> str:
+        what = "sweep" if self.total > 1 else "job"
+        if self.total == 1:
+            done = "Slurm had queued it, and it was cancelled" if self.cancelled else "it had not been queued yet"
+        elif not self.cancelled:
+            done = "no job had been queued yet"
+        elif self.cancelled == 1:
+            done = "the 1 job already queued was cancelled"
+        else:
+            done = f"the {self.cancelled:,} jobs already queued were cancelled"
+        return (
+            f"hpc-train: interrupted while queueing the {what}: {done}; nothing of the {what} is left in Slurm."
+            " Run the same command to submit it again."
+        )
+
+
+STRAY_LOOK_AGAIN_S = 1.0  # a cut-off sbatch's request may reach the controller just after our first look
+
+
 class _Submission:
-    """What one submit_jobs call queued and wrote, to take back whole when sbatch refuses part-way.
+    """What one submit_jobs call queued and wrote, to take back whole when sbatch refuses part-way or Ctrl-C comes.
 
     submitit writes the pickled jobs and the script into the log folder before it calls sbatch
     and prints sbatch's stderr itself; both would outlive a refusal and mislead a later look or
     resume. A sweep cut into several arrays may be refused at its third: the arrays already
-    queued are cancelled (scancel) so the sweep goes in whole or not at all.
+    queued are cancelled (scancel) so the sweep goes in whole or not at all. Ctrl-C reaches the
+    sbatch under way too (the terminal signals its whole process group): Slurm may have made
+    that job though submitit never read its id, so it is looked up by its script (see
+    ``_stray_jobs``) and cancelled with the rest.
     """
 
     def __init__(self) -> None:
         self.queued: List[str] = []  # Slurm job ids (array ids) in submission order
+        self.jobs = 0  # how many jobs (array tasks) those ids hold
+        self.in_flight = 0  # jobs of the sbatch call under way, whose id is not in `queued` yet (0: none)
         self._before: Dict[Path, Optional[set]] = {}  # folder -> its entries before this call (None: absent)
 
     def watch(self, folder: Path) -> None:
+        """Note what submitit's folder holds before this call (a folder named with %j: its first fixed parent)."""
+        from submitit.core.utils import JobPaths  # submitit (~50 ms): only to submit
+
+        folder = JobPaths.get_first_id_independent_folder(folder)
         if folder not in self._before:
             self._before[folder] = set(folder.iterdir()) if folder.exists() else None
 
-    def take_back(self) -> None:
-        if self.queued:
-            slurm_cli.run(["scancel", *self.queued])
-        for folder, before in self._before.items():
-            for path in (set(folder.iterdir()) if folder.exists() else set()) - (before or set()):
+    def sending(self, jobs: int) -> None:
+        self.in_flight = jobs
+
+    def sent(self, job_id: str, jobs: int) -> None:
+        self.queued.append(job_id)
+        self.jobs += jobs
+        self.in_flight = 0
+
+    def take_back(self) -> int:
+        """Cancel what this call queued and remove the files it wrote; returns how many jobs were cancelled.
+
+        A second Ctrl-C meanwhile is ignored (by scancel and squeue too): half a clean-up would
+        leave part of the sweep queued.
+        """
+        with _ctrl_c_ignored():
+            new = self._new_entries()
+            strays = _stray_jobs(new, self.queued) if self.in_flight else []
+            if self.queued or strays:
+                slurm_cli.run(["scancel", *self.queued, *strays])
+            for path in new:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-            if before is None and folder.exists() and not any(folder.iterdir()):
-                folder.rmdir()
+            for folder, before in self._before.items():
+                if before is None and folder.exists() and not any(folder.iterdir()):
+                    folder.rmdir()
+        return self.jobs + (self.in_flight if strays else 0)
+
+    def _new_entries(self) -> List[Path]:
+        return [
+            path
+            for folder, before in self._before.items()
+            for path in (set(folder.iterdir()) if folder.exists() else set()) - (before or set())
+        ]
+
+
+@contextlib.contextmanager
+def _ctrl_c_ignored() -> Iterator[None]:
+    """SIGINT ignored inside (in the main thread; elsewhere Python delivers it to the main thread anyway)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stray_jobs(new_files: Sequence[Path], known: Sequence[str]) -> List[str]:
+    """Ids of the user's queued jobs whose batch script is one this call wrote, other than `known`.
+
+    An sbatch cut off by Ctrl-C may have made its job without printing the id. The script path
+    (submitit's ``.submission_file_<uuid>.sh``, new in the submission folder since this call
+    began) names that one call, where the job name or the log folder would also match the user's
+    other jobs (an earlier sweep of the same name, a resume into the same folder). Slurm keeps it
+    as squeue's command (``%o``), made absolute. Looked at twice, a moment apart, when the first
+    look finds nothing.
+    """
+    scripts = {os.path.realpath(path) for path in new_files if path.name.endswith(".sh")}
+    for attempt in range(2):
+        if attempt:
+            time.sleep(STRAY_LOOK_AGAIN_S)
+        listing = slurm_cli.query(["squeue", "--me", "-h", "-o", "%F %o"]) or ""
+        found = {
+            job
+            for job, _, command in (line.strip().partition(" ") for line in listing.splitlines())
+            if job and job not in known and os.path.realpath(command) in scripts
+        }
+        if found:
+            return sorted(found)
+    return []
 
 
 def _payload(job: PreparedJob, make_task: Callable[[Dict[str, Any]], Any]) -> Any:
@@ -410,8 +517,10 @@ def submit_jobs(
     (the sweep dir), while every rank still writes ``logs/rank<r>.log`` in its own run dir.
     ``launcher.array_parallelism`` (or the profile's) throttles every array (``--array=0-N%P``)
     and chains the throttled arrays (``--dependency=afterany:<previous array>``), so the sweep
-    as a whole runs at most P jobs at once; without it all of an array's tasks may run at once. A refused sbatch raises ConfigError (see
-    ``refusal_error``) after cancelling what this call had queued and removing submitit's files.
+    as a whole runs at most P jobs at once; without it all of an array's tasks may run at once.
+    Either all of it goes in or none: a refused sbatch raises ConfigError (see ``refusal_error``),
+    Ctrl-C raises SubmissionInterrupted, each after cancelling what this call had queued and
+    removing submitit's files (``_Submission.take_back``).
     ``task`` makes what each Slurm task runs from a job spec (default: ``TrainingJob``).
     """
     from submitit.core.utils import FailedJobError  # submitit (~50 ms): only to submit, not for a dry run
@@ -444,6 +553,7 @@ def submit_jobs(
                 )
                 params["additional_parameters"] = extra
             executor = make_executor(folder, params, first.max_requeues)
+            submission.sending(len(members))
             with contextlib.redirect_stderr(io.StringIO()):
                 if len(members) == 1:
                     handles = [executor.submit(_payload(first, make_task))]
@@ -452,7 +562,7 @@ def submit_jobs(
                         handles = [executor.submit(_payload(job, make_task)) for job in members]
             for job in members:
                 job.submitted_to = folder
-            submission.queued.append(str(handles[0].job_id).split("_")[0])
+            submission.sent(str(handles[0].job_id).split("_")[0], len(members))
             if throttled and len(members) > 1:
                 previous_throttled = submission.queued[-1]
             submitted.extend(zip(members, handles))
@@ -464,10 +574,14 @@ def submit_jobs(
                     flush=True,
                 )
     except (FailedJobError, OSError) as err:
+        if isinstance(err, FailedJobError):
+            submission.in_flight = 0  # sbatch answered no: it made no job to look for
         submission.take_back()
         raise refusal_error(str(err), submission.queued) from None
+    except KeyboardInterrupt:  # Ctrl-C part-way: the sweep goes in whole or not at all, and the message says so
+        raise SubmissionInterrupted(submission.take_back(), len(jobs)) from None
     except BaseException:
-        submission.take_back()  # interrupted part-way (Ctrl-C): the sweep goes in whole or not at all
+        submission.take_back()
         raise
     return submitted
 

@@ -55,3 +55,27 @@ def test_cli_rejects_unknown_option_or_key(override, expected, tmp_path):
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "run" / "job_config.yaml").exists()
+
+
+def test_a_mapping_given_whole_reaches_the_sbatch_script(tmp_path):
+    """The form conf/cluster/slurm.yaml documents: the profile ships `extra: {}`, the option given whole is added."""
+    proc = run_cli(["launcher=slurm", "dry_run=true", "cluster.extra={exclusive:true,mail-type:END}"], tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --exclusive" in proc.stdout.splitlines() and "#SBATCH --mail-type=END" in proc.stdout.splitlines()
+
+
+def test_an_option_set_key_by_key_is_refused_with_a_fix_that_works(tmp_path):
+    refused = run_cli(["launcher=slurm", "dry_run=true", "cluster.extra.exclusive=true"], tmp_path / "run")
+    assert refused.returncode == 2 and "`cluster.extra.exclusive`" in refused.stderr
+    fix = refused.stderr.split("Fix:", 1)[1]
+    assert "'cluster.extra={exclusive:...}'" in fix and "+cluster.extra.exclusive=..." in fix
+    for override in ("cluster.extra={exclusive:true}", "+cluster.extra.exclusive=true"):
+        proc = run_cli(["launcher=slurm", "dry_run=true", override], tmp_path / "run")
+        assert proc.returncode == 0 and "#SBATCH --exclusive" in proc.stdout.splitlines(), f"{override}: {proc.stderr}"
+
+
+def test_the_python_api_composes_a_mapping_given_whole():
+    from hpc_train import api
+
+    cfg = api.compose(["launcher=slurm", "cluster.extra={exclusive:true}", "trainer.loss={_target_:torch.nn.CrossEntropyLoss,label_smoothing:0.1}"])
+    assert cfg.cluster.extra == {"exclusive": True} and cfg.trainer.loss.label_smoothing == 0.1

@@ -32,6 +32,8 @@ from hpc_train.launch.hydra_errors import translate
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.objective import check_objective
 from hpc_train.launch.plan import make_plan
+from hpc_train.launch.schema import MAPPING_KEYS, whole_mappings
+from hpc_train.logger_table import TRACKERS
 
 GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
 TOP_LEVEL = ("seed", "job_name", "dry_run", "resume", "objective")
@@ -172,7 +174,7 @@ def names(err_key: str, key: str) -> bool:
 def cli_outcome(overrides: List[str], run_dir: Path) -> Tuple[str, Optional[str], str]:
     """("ok" | "refused" | "traceback", the key named, the message) for `hpc-train OVERRIDES`, in-process."""
     try:
-        cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose(config_name="config", overrides=whole_mappings(overrides))  # as hpc_train.cli.main passes them
     except Exception as err:  # Hydra refused the command line: the CLI rewords it (hydra_errors) or prints Hydra's words
         from hydra.errors import HydraException
 
@@ -252,6 +254,9 @@ def test_slurm_text_is_plain_ascii_on_one_line(key, value, run_dir):
     override = f"{key}={{x:{value}}}" if key == "cluster.extra" else f"{key}={value}"
     with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         status, named, message = cli_outcome(["dry_run=true", "launcher=slurm", override], run_dir)
+    if key == "cluster.extra" and value == "'a b'":  # an option's value may hold spaces: the script quotes it (--comment='a b')
+        assert status == "ok", f"{override}: {message}"
+        return
     assert status == "refused" and named is not None and names(named, key), f"{override}: {status} {message}"
 
 
@@ -297,3 +302,58 @@ def test_a_group_choice_that_is_not_a_name_is_refused(override, run_dir):
     with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         status, named, message = cli_outcome(["dry_run=true", override], run_dir)
     assert status == "refused" and named == override.split("=")[0], f"{override}: {status} {message}"
+
+
+# -- a mapping given whole ----------------------------------------------------------------------
+# Each key the table declares a mapping, given a whole valid mapping (cluster.extra={exclusive:true}): accepted
+# whatever the shipped node holds ({} in the slurm profile, null, a mapping without those keys, no key at all), and
+# every given key reaches the job spec (and, for cluster.extra, the sbatch script).
+WORDS = st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True)
+SBATCH_OPTIONS = st.dictionaries(
+    st.from_regex(r"[a-z][a-z-]{0,8}", fullmatch=True).filter(lambda name: name != "signal"),  # hpc-train sets --signal
+    st.one_of(st.just(True), st.integers(0, 99), WORDS),
+    min_size=1,
+    max_size=3,
+)
+# a user's own _target_ (its package findable, as the login side checks) and arguments the shipped node does not have
+TARGET = st.builds(lambda target, args: {"_target_": target, **args}, st.from_regex(r"hpc_train\.fuzzed\.[a-z]{1,6}", fullmatch=True), st.dictionaries(st.from_regex(r"arg_[a-z]{1,4}", fullmatch=True), st.one_of(st.integers(1, 99), st.booleans()), max_size=2))
+TRACKER_FLAGS = st.dictionaries(st.sampled_from(["tensorboard", "wandb"]), st.booleans(), min_size=1)  # mlflow needs a tracking URI
+MAPPING_VALUES = {"cluster.extra": SBATCH_OPTIONS, "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3), "logger.trackers": TRACKER_FLAGS}
+
+
+def _mapping_cases(targets) -> List[Tuple[Tuple[str, ...], str]]:
+    """(context, key) for every mapping key, in every option that ships it (or the base config, where none does)."""
+    shipped = {(context, key) for context, key, _ in targets if key in MAPPING_KEYS}
+    cases = sorted(shipped) + [((), key) for key in sorted(MAPPING_KEYS) if key not in {k for _, k in shipped}]
+    return [(("launcher=slurm", *context) if key == "cluster.extra" and not context else context, key) for context, key in cases]
+
+
+def test_the_mapping_keys_are_the_tables(targets):
+    assert TRACKERS.keys() >= {"tensorboard", "wandb"}
+    assert {"cluster.extra", "script.overrides", "logger.trackers", "trainer.loss", "data.train", "model"} <= MAPPING_KEYS
+    assert {key for _, key in _mapping_cases(targets)} == MAPPING_KEYS
+
+
+@pytest.mark.parametrize("key", sorted(MAPPING_KEYS))
+@settings(max_examples=int(3 * SCALE), **SETTINGS)
+@given(data=st.data())
+def test_a_mapping_given_whole_is_accepted_and_reaches_the_job(key, data, targets, run_dir):
+    context = data.draw(st.sampled_from([c for c, k in _mapping_cases(targets) if k == key]), label="context")
+    value = data.draw(MAPPING_VALUES.get(key, TARGET), label="value")
+    overrides = ["dry_run=true", *context, f"{key}={render(value)}"]
+    with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        try:  # cli_outcome's steps, keeping the job spec and the sbatch parameters
+            cfg = compose(config_name="config", overrides=whole_mappings(overrides))
+            check_objective(cfg)
+            plan = make_plan(cfg, run_dir)
+            spec = build_job_spec(plan)
+            params = slurm.slurm_parameters(plan) if cfg.launcher.name == "slurm" else None
+        except Exception as err:
+            translated = translate(err, overrides)
+            pytest.fail(f"{overrides} was refused: {translated.message if translated else repr(err)}")
+    node = OmegaConf.select(OmegaConf.create(spec), key)
+    assert {k: node[k] for k in value} == value, f"{overrides}: the job spec has {key}={node}"
+    if key == "cluster.extra":
+        script = slurm.render_sbatch(run_dir / "slurm", params).splitlines()
+        for option, given in value.items():
+            assert (f"#SBATCH --{option}" if given is True else f"#SBATCH --{option}={given}") in script, overrides

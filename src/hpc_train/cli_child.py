@@ -76,12 +76,14 @@ def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["Dict
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf, open_dict
 
+    from hpc_train.launch.schema import whole_mappings  # the key table (OmegaConf): only when composing
+
     setup_globals()  # Hydra's resolvers (${now:...}, ${hydra:...}), as a @hydra.main app has them
     hydra_config = HydraConfig.instance()
     before = hydra_config.cfg
     try:
         with hydra_initialized(config_dir):
-            cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+            cfg = hydra_compose("config", overrides=whole_mappings(overrides), return_hydra_config=True)
             hydra_config.set_config(cfg)  # ${hydra:...} in the job config resolves as in a run
             dirs = {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir)}
             with open_dict(cfg):

@@ -29,6 +29,7 @@ from omegaconf.errors import (
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.schema import MAPPING_KEYS
 
 
 def nearest(word: str, choices: Iterable[str]) -> str:
@@ -220,10 +221,11 @@ def _unknown_key(cause) -> ConfigError:
         )
     parent = full_key.rsplit(".", 1)[0]
     if not siblings:  # a null (or empty) node, such as trainer.step before it is set
+        whole = f"give the whole node, e.g. '{parent}={{{word}:...}}', or " if parent in MAPPING_KEYS else ""
         return ConfigError(
             full_key,
-            f"{parent} is empty (null), so it has no key {word!r}.",
-            f"give the whole node, e.g. '{parent}={{{word}:...}}', or add the key on purpose with +{full_key}=...",
+            f"{parent} is empty (null or {{}}), so it has no key {word!r}.",
+            f"{whole}add the key on purpose with +{full_key}=...",
         )
     return ConfigError(
         full_key,

@@ -13,8 +13,9 @@ Rules:
   defined first (the table lists sources before the keys that interpolate them), and an
   interpolation that cannot be resolved is refused naming its key.
 * Booleans must be real booleans (``true``/``false``); whole numbers must not be booleans;
-  numbers must be finite. Text Slurm reads (job name, partition, account, QoS, constraint,
-  extra options) must be plain ASCII without spaces or control characters.
+  numbers must be finite. Text Slurm reads (job name, partition, account, QoS, constraint)
+  must be plain ASCII without spaces or control characters; the values of extra sbatch options
+  plain ASCII on one line (the script quotes them, as submitit does).
 * The arguments of the shipped ``_target_`` s (torchvision ResNets, ``toy_mlp``, the digits,
   synthetic and image-folder datasets) are checked here too; the arguments of a user's own
   ``_target_`` are checked when the job starts (``hpc_train/compute/user/building.py``).
@@ -29,7 +30,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
@@ -308,6 +309,8 @@ class Rule:
     the shipped options give their own values in their YAML, each checked against ``check`` by
     tests/test_config_keys.py. ``only``: for strategy keys, the strategies (``strategy_table``
     identities) the key means something to, so a ``single`` job is not given pipeline settings.
+    ``mapping``: the value may be a mapping of keys the shipped node need not have (sbatch
+    options, a ``_target_`` and its arguments), so one given whole is merged as given (``whole_mappings``).
     """
 
     key: str
@@ -319,6 +322,7 @@ class Rule:
     doc: str = ""  # one line for the configuration reference
     default: Any = NO_DEFAULT
     only: Tuple[str, ...] = ()
+    mapping: bool = False
 
     def fix_for(self, key: str) -> str:
         if self.fix:
@@ -341,8 +345,9 @@ def R(
     doc: str = "",
     default: Any = NO_DEFAULT,
     only: Tuple[str, ...] = (),
+    mapping: bool = False,
 ) -> Rule:
-    return Rule(key, check, str(example), null, required, fix, doc, default, only)
+    return Rule(key, check, str(example), null, required, fix, doc, default, only, mapping)
 
 
 # Order matters: a key is listed before the keys that interpolate it.
@@ -637,6 +642,7 @@ RULES: Tuple[Rule, ...] = (
         fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none.",
         doc="Any other sbatch option as {option: value}, e.g. {exclusive: true, mail-type: END}.",
         default=None,
+        mapping=True,
     ),
     # strategy
     R(
@@ -807,6 +813,7 @@ RULES: Tuple[Rule, ...] = (
             " trainer.optimizer={_target_: torch.optim.AdamW, _partial_: true, betas: [0.9, 0.95]}."
         ),
         doc="sgd | adamw | a partial optimizer class, called as f(param_groups, lr=trainer.lr, weight_decay=trainer.weight_decay).",
+        mapping=True,
     ),
     R(
         "trainer.param_groups",
@@ -819,6 +826,7 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc="single | no_decay_1d (no weight decay on biases, norm weights, 1-D parameters) | a partial function groups(model).",
         default="single",
+        mapping=True,
     ),
     R("trainer.lr", number(0, low_open=True), 0.05, required=True, doc="The peak learning rate."),
     R(
@@ -842,6 +850,7 @@ RULES: Tuple[Rule, ...] = (
             " total_steps: 1000}."
         ),
         doc="constant | cosine | step | a partial torch.optim.lr_scheduler class, stepped every optimizer step.",
+        mapping=True,
     ),
     R(
         "trainer.lr_warmup_steps",
@@ -874,6 +883,7 @@ RULES: Tuple[Rule, ...] = (
             " trainer.loss._partial_=true."
         ),
         doc="The loss: a class (instantiated) or a function with _partial_: true.",
+        mapping=True,
     ),
     R(
         "trainer.step",
@@ -887,6 +897,7 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc="null: loss(model(input), target) on (input, target) pairs | a partial function step(model, batch) returning the loss (or a dict with loss and metrics).",
         default=None,
+        mapping=True,
     ),
     R(
         "trainer.precision",
@@ -1056,6 +1067,7 @@ RULES: Tuple[Rule, ...] = (
         fix="add arguments as +script.overrides.KEY=VALUE (one per key), e.g. +script.overrides.learning_rate=1e-3.",
         doc="+script.overrides.KEY=VALUE: one argument per key appended to the command (sweep them with -m).",
         default={},
+        mapping=True,
     ),
     R(
         "script.arg_style",
@@ -1117,6 +1129,7 @@ RULES: Tuple[Rule, ...] = (
         DECLARED_ONLY,
         "{tensorboard:true}",
         doc="The trackers beside metrics.jsonl as {name: true} (logger=[tensorboard,mlflow] merges the options' maps).",
+        mapping=True,
     ),
     R(
         "logger.log_dir",
@@ -1232,6 +1245,7 @@ RULES: Tuple[Rule, ...] = (
             " conf/data/synthetic.yaml."
         ),
         doc="The training dataset: a node whose _target_ builds it (its other keys are the arguments).",
+        mapping=True,
     ),
     R(
         "data.val",
@@ -1240,6 +1254,7 @@ RULES: Tuple[Rule, ...] = (
         null="no evaluation",
         doc="The validation dataset, like data.train; null: no evaluation.",
         default=None,
+        mapping=True,
     ),
     R(
         "data.collate_fn",
@@ -1252,6 +1267,7 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc="A partial collate function for the DataLoader; null: PyTorch's default.",
         default=None,
+        mapping=True,
     ),
     R(
         "model",
@@ -1260,6 +1276,7 @@ RULES: Tuple[Rule, ...] = (
         required=True,
         fix="pick a model (model=resnet18) or give a node whose _target_ names an nn.Module class or factory.",
         doc="The model: a node whose _target_ names an nn.Module class or factory (its other keys are the arguments).",
+        mapping=True,
     ),
 )
 
@@ -1533,6 +1550,28 @@ def _declared_defaults() -> dict:
 
 
 DEFAULTS = _declared_defaults()  # "trainer.grad_accum_steps" -> 1: what a config without the key runs with
+
+
+# -- mappings given whole on the command line ----------------------------------------------------
+MAPPING_KEYS = frozenset(rule.key for rule in RULES if rule.mapping)
+
+
+def whole_mappings(overrides: Sequence[str]) -> List[str]:
+    """The overrides, with each that gives a mapping key a whole mapping (``cluster.extra={exclusive:true}``) as ``++``.
+
+    Hydra merges ``key={...}`` into the node the config ships under the config's struct flag, which
+    refuses every key that node lacks: a profile shipping ``extra: {}`` refused any sbatch option
+    given whole, and a shipped ``trainer.loss`` any argument it does not set. ``++`` is Hydra's
+    same merge with the flag lifted: the given keys are added, the shipped keys they do not name
+    are kept, and the table checks the merged mapping. Only keys the table declares as mappings,
+    written without a prefix of their own; every other override is left to Hydra as typed.
+    """
+    return [f"++{override}" if _gives_whole_mapping(override) else override for override in overrides]
+
+
+def _gives_whole_mapping(override: str) -> bool:
+    key, sep, value = override.partition("=")
+    return bool(sep) and key in MAPPING_KEYS and value.lstrip().startswith("{")
 
 
 def complete(plain: dict) -> list:

@@ -8,16 +8,21 @@ no job files (job_config.yaml, submitit's pickles and scripts) in the run dir.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from hpc_train import slurm_cli
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import ConfigError
-from tests.conftest import TINY, assert_ok, read_summary, run_cli, wait_for_job_end
+from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 
@@ -121,7 +126,7 @@ def test_readme_default_profile_runs_on_the_test_cluster(slurm_cluster, tmp_path
 
 def test_parsed_sinfo_agrees_with_scontrol(slurm_cluster):
     """capacity's reading of `sinfo` against `scontrol show node`, node by node."""
-    found = capacity.partitions.__wrapped__()
+    found = capacity.answer.__wrapped__().partitions
     assert found and {"debug", "gpu_p2", "short"} <= set(found)
     assert found["debug"].default and not found["gpu_p2"].default
     assert found["debug"].max_minutes is None and found["short"].max_minutes == 30
@@ -151,3 +156,72 @@ def test_sinfo_formats_of_other_sites():
     with pytest.raises(ConfigError) as err:
         capacity.check_capacity({**ok, "cpus_per_task": 20}, "resources.time", found)
     assert "`cluster.cpus_per_gpu`" in str(err.value) and "cluster.cpus_per_gpu=10" in str(err.value)
+
+
+# -- no Slurm configuration on this machine -----------------------------------------------------
+NO_CONF = "/nonexistent/slurm.conf"
+SLOW_CLIENT_S = 15  # what the capacity check's sinfo cost before: Slurm retries a missing SLURM_CONF for 60 s
+
+
+def _no_conf_env() -> dict:
+    return dict(os.environ, SLURM_CONF=NO_CONF)
+
+
+def test_dry_run_without_a_slurm_configuration_prints_the_layout_and_why_nothing_was_checked(slurm_cluster, tmp_path):
+    """The real sinfo with a SLURM_CONF naming no file would wait 60 s: the dry run does not wait for it."""
+    started = time.monotonic()
+    proc = run_cli(["launcher=slurm", *TRAIN, "dry_run=true"], tmp_path / "run", env=_no_conf_env())
+    elapsed = time.monotonic() - started
+    assert_ok(proc)
+    assert "#SBATCH --nodes=1" in proc.stdout and "hpc-train (dry run, nothing submitted): ddp:" in proc.stdout
+    note = [line for line in proc.stderr.splitlines() if "capacity check could not run" in line]
+    assert len(note) == 1 and f"SLURM_CONF={NO_CONF} names no configuration file" in note[0], proc.stderr
+    assert elapsed < SLOW_CLIENT_S - 5, f"{elapsed:.1f} s"
+
+
+def test_submission_without_a_slurm_configuration_is_one_message_naming_slurm_conf(slurm_cluster, tmp_path):
+    job_name = f"noconf-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    proc = run_cli(["launcher=slurm", *TRAIN, f"job_name={job_name}"], run_dir, env=_no_conf_env())
+    elapsed = time.monotonic() - started
+    assert_refused(proc, "launcher", "export SLURM_CONF=", job_name, run_dir)
+    assert "find no configuration" in proc.stderr and NO_CONF in proc.stderr
+    assert elapsed < SLOW_CLIENT_S - 5, f"{elapsed:.1f} s"
+
+
+def _hidden_default_config() -> list:
+    """A command prefix running with the default /etc/slurm hidden (a private mount namespace) and no SLURM_CONF."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/etc/slurm/slurm.conf"):
+        pytest.skip("hiding the default slurm.conf needs root, unshare and /etc/slurm/slurm.conf")
+    script = 'mount -t tmpfs none /etc/slurm && unset SLURM_CONF && exec "$@"'
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
+
+
+def test_no_default_configuration_and_no_configless_controller_is_the_clients_own_quick_failure(slurm_cluster, tmp_path):
+    """Without SLURM_CONF, Slurm's client looks for its default file and then configless sources itself, failing at
+    once when none answers; hpc-train reads that failure (it does not look for a file the client may not need)."""
+    cli = [*_hidden_default_config(), sys.executable, "-m", "hpc_train.cli", "launcher=slurm", *TRAIN]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    dry = subprocess.run([*cli, "dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert_ok(dry)
+    assert "hpc-train (dry run, nothing submitted)" in dry.stdout
+    assert "capacity check could not run (sinfo: fatal: Could not establish a configuration source)" in dry.stderr
+    real = subprocess.run([*cli, f"hydra.run.dir={tmp_path / 'real'}"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    assert real.returncode == 2 and "`launcher`" in real.stderr and "configuration source" in real.stderr, real.stderr
+    assert len(real.stderr.strip().splitlines()) == 1, real.stderr
+
+
+def test_what_counts_as_no_configuration():
+    """A SLURM_CONF naming no file is refused without running the command; Slurm's own fatal line is read, and a
+    controller that does not answer is not mistaken for a missing configuration."""
+    started = time.monotonic()
+    done = slurm_cli.run(["sinfo"], env=_no_conf_env())
+    assert time.monotonic() - started < 1 and done.returncode == 1 and slurm_cli.unconfigured(done)
+    assert slurm_cli.said(done) == f"sinfo was not run: SLURM_CONF={NO_CONF} names no configuration file"
+    assert slurm_cli.config_problem({"SLURM_CONF": ""}) and slurm_cli.config_problem({}) is None
+    configless = "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\nsinfo: error: fetch_config: DNS SRV lookup failed\nsinfo: fatal: Could not establish a configuration source\n"
+    down = "slurm_load_node: Unable to contact slurm controller (connect failure)\n"
+    assert slurm_cli.unconfigured(subprocess.CompletedProcess(["sinfo"], 1, "", configless))
+    assert slurm_cli.said(subprocess.CompletedProcess(["sinfo"], 1, "", configless)) == "sinfo: fatal: Could not establish a configuration source"
+    assert not slurm_cli.unconfigured(subprocess.CompletedProcess(["sinfo"], 1, "", down))

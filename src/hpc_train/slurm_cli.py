@@ -5,6 +5,11 @@ or a failure) and what the callers get back: ``query`` the output of a command t
 else None (the caller decides what "no answer" means: accounting off, not a Slurm machine);
 ``run`` the finished process, for callers that report Slurm's own words on failure. The
 parsers several callers share live here too. Both sides import it: no torch.
+
+A ``SLURM_CONF`` that names no file is refused here, before any command runs: Slurm's client
+retries such a file for 60 s before it gives up, and every caller would wait that long for
+nothing. Any other missing configuration the client refuses itself within milliseconds (see
+``config_problem``).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 TIMEOUT_S = 60.0  # a busy controller answers within this; every call has a timeout (a hung slurmctld never hangs us)
 
@@ -22,6 +27,9 @@ def run(command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict[s
     args = [str(word) for word in command]
     if shutil.which(args[0]) is None:
         return subprocess.CompletedProcess(args, 127, "", f"{args[0]}: command not found")
+    problem = config_problem(env)
+    if problem:
+        return subprocess.CompletedProcess(args, 1, "", f"{args[0]} was not run: {problem}")
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
@@ -37,9 +45,35 @@ def query(command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict
 
 
 def said(done: subprocess.CompletedProcess) -> str:
-    """What a failed command said, in one line (its stderr, else stdout, else its exit status)."""
+    """What a failed command said, in one line: its fatal line (Slurm's reason comes last, after its attempts), else
+    the first line of its stderr, else of its stdout, else its exit status."""
     text = (done.stderr or "").strip() or (done.stdout or "").strip() or f"exit status {done.returncode}"
-    return text.splitlines()[0]
+    lines = text.splitlines()
+    return next((line for line in reversed(lines) if " fatal: " in line), lines[0])
+
+
+# Slurm 22.05's last words when it reads no slurm.conf ("Unable to process configuration file", "Could not establish a
+# configuration source"); config_problem's own words say "configuration file" too.
+_NO_CONFIG_WORDS = ("configuration file", "configuration source")
+
+
+def config_problem(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Why Slurm's commands would read no configuration, told without running one; None when they may read one.
+
+    Only a SLURM_CONF naming no file is told here, as the client would wait on it. Without SLURM_CONF the client
+    itself looks for its default slurm.conf and, when there is none, asks configless sources (slurmd's cache,
+    SLURM_CONF_SERVER, DNS SRV records): that works on a configless login node and fails at once elsewhere, so it is
+    left to the client.
+    """
+    path = (os.environ if env is None else env).get("SLURM_CONF")
+    if path is None or os.path.exists(path):
+        return None
+    return f"SLURM_CONF={path or repr(path)} names no configuration file"
+
+
+def unconfigured(done: subprocess.CompletedProcess) -> bool:
+    """Whether a failed command failed for want of a Slurm configuration (not a slow or unreachable controller)."""
+    return done.returncode != 0 and any(words in said(done) for words in _NO_CONFIG_WORDS)
 
 
 def show_job(job: str, timeout: float = TIMEOUT_S) -> Dict[str, str]:

@@ -5,14 +5,15 @@ pends forever with reason PartitionTimeLimit) and refuses others only at ``sbatc
 a terse message. One ``sinfo`` call gives every node's CPUs, cores, memory and GPUs and every
 partition's time limit; comparing the request with them names the key to change and the
 numbers that would fit. This is a capacity comparison, not a scheduler: node states, other
-jobs, QoS and account limits are left to Slurm. Without ``sinfo`` (or when it fails) nothing
-is checked.
+jobs, QoS and account limits are left to Slurm. Without an answer from ``sinfo`` nothing is
+checked, and a note says why (no Slurm configuration here, a controller that did not answer).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -23,6 +24,7 @@ from hpc_train.slurm_time import slurm_minutes
 _FORMAT = "%N|%P|%c|%z|%m|%G|%l"  # node, partition (* = default), CPUs, S:C:T, memory MB, gres, time limit
 _GPU = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
+SINFO_TIMEOUT_S = 15  # a configured controller that is slow to answer: the check is skipped after this long
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,39 @@ def _limit_minutes(text: str) -> Optional[int]:
         return None
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What ``sinfo`` gave: the partitions, or None and why (``unconfigured``: Slurm has no configuration here)."""
+
+    partitions: Optional[Dict[str, Partition]]
+    why: str = ""
+    unconfigured: bool = False
+
+
 @functools.lru_cache(maxsize=1)
+def answer() -> Answer:
+    """What this cluster's ``sinfo`` says, once per process (a sweep asks once)."""
+    done = slurm_cli.run(["sinfo", "-h", "-N", "-o", _FORMAT], timeout=SINFO_TIMEOUT_S)
+    if done.returncode != 0:
+        return Answer(None, slurm_cli.said(done), slurm_cli.unconfigured(done))
+    found = parse_sinfo(done.stdout)
+    return Answer(found) if found else Answer(None, "sinfo listed no nodes")
+
+
 def partitions() -> Optional[Dict[str, Partition]]:
-    """What this cluster's ``sinfo`` says, once per process (a sweep asks once); None when it does not answer."""
-    text = slurm_cli.query(["sinfo", "-h", "-N", "-o", _FORMAT], timeout=15)
-    return None if text is None else parse_sinfo(text) or None
+    """The partitions by name; None when sinfo did not answer (``answer().why`` says why)."""
+    return answer().partitions
+
+
+@functools.lru_cache(maxsize=1)
+def note_unchecked(why: str) -> None:
+    """Say once per process that the capacity check did not run, and why: a dry run looks fine without it."""
+    print(
+        f"hpc-train: note: the capacity check could not run ({why}); Slurm checks the request only when it is"
+        " submitted.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -129,7 +159,11 @@ def check_capacity(
     ``params`` are the submitit sbatch parameters (``slurm.slurm_parameters``); ``time_key`` is the
     config key the time limit came from. ``found`` defaults to what ``sinfo`` answers.
     """
-    found = partitions() if found is None else found
+    if found is None:
+        found = partitions()
+        if found is None:
+            note_unchecked(answer().why)
+            return
     name = params.get("partition")
     if not found or (name and "," in str(name)):
         return  # no answer from Slurm, or a list of partitions: let Slurm decide

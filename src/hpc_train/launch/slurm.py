@@ -183,16 +183,28 @@ def check_partition(params: Dict[str, Any], key: str = "cluster.partition") -> N
 SLURM_COMMANDS = ("sbatch", "srun")
 
 
+_OR_NOT_HERE = "add dry_run=true to only print the sbatch script, or use launcher=local to train here."
+
+
 def check_slurm_commands() -> None:
-    """Submitting needs Slurm's client commands; without them say so before anything else happens."""
+    """Submitting needs Slurm's client commands and a configuration they read; without either say so before anything
+    else happens (sbatch would fail in Slurm's terse words, after 60 s when SLURM_CONF names no file)."""
     missing = [name for name in SLURM_COMMANDS if shutil.which(name) is None]
     if missing:
         raise ConfigError(
             "launcher",
             f"launcher=slurm submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)}"
             f" {'is' if len(missing) == 1 else 'are'} not on PATH on this machine.",
-            "run the command on a Slurm login node (or `module load slurm` first), add dry_run=true to only print the"
-            " sbatch script, or use launcher=local to train here.",
+            f"run the command on a Slurm login node (or `module load slurm` first), {_OR_NOT_HERE}",
+        )
+    sinfo = capacity.answer()  # the capacity check's own sinfo call, made once
+    if sinfo.unconfigured:
+        raise ConfigError(
+            "launcher",
+            f"launcher=slurm submits a Slurm job, but Slurm's commands find no configuration on this machine"
+            f" ({sinfo.why}).",
+            "export SLURM_CONF=<your cluster's slurm.conf>, or unset a wrong SLURM_CONF (Slurm then reads its default"
+            f" file or asks a configless controller); or {_OR_NOT_HERE}",
         )
 
 

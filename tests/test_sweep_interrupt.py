@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
@@ -102,6 +102,14 @@ def check_one_line(out: str, proc: subprocess.Popen) -> re.Match:
     return MESSAGE.match(lines[0])  # type: ignore[return-value]
 
 
+def ctrl_c_at_the_hanging_sbatch(proc: subprocess.Popen, shim: Path, check: Callable[[], bool] = lambda: True):
+    """Once the stand-in sbatch hangs (Slurm made its job), Ctrl-C to the group; the one line it printed."""
+    wait_for(lambda: (shim / "hung").exists() or proc.poll() is not None, 120, "the hanging sbatch")
+    assert proc.poll() is None, proc.communicate()[0]
+    assert check()
+    return check_one_line(ctrl_c(proc), proc)
+
+
 def cancel_leftovers(name: str) -> None:
     subprocess.run(["scancel", "--me", "-n", name], capture_output=True)
 
@@ -133,10 +141,7 @@ def test_a_cut_off_sbatch_whose_job_slurm_made_is_found_and_cancelled(slurm_clus
     run_dir = tmp_path / "run"
     proc = start([sys.executable, "-m", "hpc_train.cli", *HELD, f"job_name={name}", f"hydra.run.dir={run_dir}"], env=env)
     try:
-        wait_for(lambda: (tmp_path / "shim" / "hung").exists() or proc.poll() is not None, 120, "the hanging sbatch")
-        assert proc.poll() is None, proc.communicate()[0]
-        assert len(jobs_named(name)) == 1
-        said = check_one_line(ctrl_c(proc), proc)
+        said = ctrl_c_at_the_hanging_sbatch(proc, tmp_path / "shim", check=lambda: len(jobs_named(name)) == 1)
         assert said.group(1) == "job" and said.group(2) == "Slurm had queued it, and it was cancelled"
         assert cancelled_count(name) == 1
         assert not (run_dir / "slurm").exists()
@@ -155,9 +160,7 @@ def test_a_hydra_apps_sweep_says_the_same(slurm_cluster, tmp_path):
     ]
     proc = start(command, cwd=APP, env=env)
     try:
-        wait_for(lambda: (tmp_path / "shim" / "hung").exists() or proc.poll() is not None, 120, "the hanging sbatch")
-        assert proc.poll() is None, proc.communicate()[0]
-        said = check_one_line(ctrl_c(proc), proc)
+        said = ctrl_c_at_the_hanging_sbatch(proc, tmp_path / "shim")
         assert said.group(1) == "sweep" and said.group(2) == "the 5 jobs already queued were cancelled"
         assert cancelled_count(name) == 5
         assert not (sweep_dir / ".submitit").exists()  # submitit's folder (%j and all), taken back whole

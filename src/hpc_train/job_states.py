@@ -71,7 +71,7 @@ def read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
 
 
 def stopped(code: Optional[int]) -> bool:
-    return code in (EXIT_STOPPED, 130, -signal.SIGINT, -signal.SIGTERM)
+    return code in (EXIT_STOPPED, rundir.EXIT_CTRL_C, -signal.SIGINT, -signal.SIGTERM)
 
 
 def state_of_exit(code: Optional[int], has_summary: bool) -> str:

@@ -45,6 +45,7 @@ EXIT_FAILED = 1  # an exception: the traceback is in logs/rank<r>.log
 EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for config errors too)
 EXIT_INTERRUPTED = 3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.hang)
+EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
 
 # hpc-train's closing line for each way a job ends, one table for every launcher (local, torchrun, a followed Slurm
 # job): see closing_line. EXIT_REFUSED has two: a rank refused before this launch trained a step, or later.

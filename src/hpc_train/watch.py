@@ -282,4 +282,4 @@ def watch(sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout) 
             time.sleep(every)
     except KeyboardInterrupt:
         out.write("hpc-train-report: stopped watching (the jobs go on)\n")
-        return 130
+        return rundir.EXIT_CTRL_C

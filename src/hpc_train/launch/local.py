@@ -100,7 +100,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
         return _watch(procs, run_dir, started=time.time())
     except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
         _stop(procs, signal.SIGINT)
-        return 130
+        return rundir.EXIT_CTRL_C
     finally:
         for signum, previous in forwarded.items():
             signal.signal(signum, previous)

@@ -388,7 +388,7 @@ class SubmissionInterrupted(KeyboardInterrupt):
     exit with ``exit_code``.
     """
 
-    exit_code = 130  # 128 + SIGINT: what a shell reports for Ctrl-C, and the local launcher returns for one
+    exit_code = rundir.EXIT_CTRL_C
 
     def __init__(self, cancelled: int, total: int) -> None:
         self.cancelled, self.total = cancelled, total  # jobs cancelled; jobs the command was queueing
@@ -473,6 +473,32 @@ class _Submission:
         ]
 
 
+class _CtrlC:
+    """Ctrl-C while queueing takes effect between sbatch calls, never inside submitit's code (a KeyboardInterrupt
+    there leaves half-built job objects whose finalizers print tracebacks at exit). The sbatch under way gets the
+    terminal's SIGINT itself; a second Ctrl-C interrupts at once. Outside the main thread Python's own handling
+    stays."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._installed = threading.current_thread() is threading.main_thread()
+        self._previous: Any = signal.signal(signal.SIGINT, self._pressed) if self._installed else None
+
+    def _pressed(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+
+    def take_effect(self) -> None:
+        if self.count:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+
 @contextlib.contextmanager
 def _ctrl_c_ignored() -> Iterator[None]:
     """SIGINT ignored inside (in the main thread; elsewhere Python delivers it to the main thread anyway)."""
@@ -547,8 +573,10 @@ def submit_jobs(
     submission = _Submission()
     submitted: List[Tuple[PreparedJob, Any]] = []
     previous_throttled: Optional[str] = None
+    pressed = _CtrlC()
     try:
         for number, members in enumerate(arrays, 1):
+            pressed.take_effect()
             first = members[0]
             folder = first.folder or (
                 (log_root if (log_root is not None and len(members) > 1) else first.log_dir) / rundir.SLURM_LOGS
@@ -585,7 +613,10 @@ def submit_jobs(
                     file=sys.stderr,
                     flush=True,
                 )
+        pressed.take_effect()  # during the last sbatch: the sweep goes in whole or not at all
     except (FailedJobError, OSError) as err:
+        if pressed.count:  # the terminal's Ctrl-C reached the sbatch under way too, which then failed
+            raise SubmissionInterrupted(submission.take_back(), len(jobs)) from None
         if isinstance(err, FailedJobError):
             submission.in_flight = 0  # sbatch answered no: it made no job to look for
         submission.take_back()
@@ -595,6 +626,8 @@ def submit_jobs(
     except BaseException:
         submission.take_back()
         raise
+    finally:
+        pressed.restore()
     return submitted
 
 

@@ -166,3 +166,23 @@ def test_a_hydra_apps_sweep_says_the_same(slurm_cluster, tmp_path):
         assert not (sweep_dir / ".submitit").exists()  # submitit's folder (%j and all), taken back whole
     finally:
         cancel_leftovers(name)
+
+
+def test_ctrl_c_while_waiting_for_a_job_stops_the_wait_not_the_job(slurm_cluster, tmp_path):
+    """launcher.wait=true, Ctrl-C once the job is queued: one line naming the job, exit 130; the job stays queued."""
+    name = f"intr-{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "hpc_train.cli", *HELD, "launcher.wait=true", f"job_name={name}",
+               f"hydra.run.dir={run_dir}"]
+    proc = start(command)
+    try:
+        wait_for(lambda: len(jobs_named(name)) == 1 or proc.poll() is not None, 120, "the job queued")
+        time.sleep(1)  # past the submission, into the wait
+        out = ctrl_c(proc)
+        [job] = jobs_named(name)
+        lines = [line for line in out.splitlines() if line.startswith("hpc-train: stopped waiting")]
+        assert proc.returncode == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        assert lines == [f"hpc-train: stopped waiting (Ctrl-C); Slurm job {job} goes on. Watch it with"
+                         f" hpc-train-report {run_dir} --watch, or stop it with scancel {job}"], out
+    finally:
+        cancel_leftovers(name)

@@ -140,6 +140,18 @@ def test_a_broken_step_is_refused_at_the_start_of_the_job(target, words, tmp_pat
     assert not (tmp_path / "run" / "checkpoints").exists(), "nothing may train"
 
 
+@pytest.mark.slurm
+def test_a_followed_slurm_job_whose_rank_refuses_ends_with_the_refusal_and_exit_code_2(slurm_cluster, tmp_path):
+    """launcher.wait=true: the rank's one message, exit code 2 and a last line saying it refused to start, as a local
+    run says, not 'failed (exit code 1)'."""
+    slurm = ["launcher=slurm", "launcher.wait=true", "cluster.cpus_per_gpu=1", "cluster.time=5"]
+    proc = run_cli([*TINY, *slurm, "strategy=single", step_node("tests.user_steps.no_loss_key")], tmp_path / "run")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "`trainer.step`" in out and "without a 'loss' key" in out and "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith("hpc-train: the job refused to start (exit code 2)"), out
+
+
 @pytest.mark.parametrize(
     "strategy",
     [

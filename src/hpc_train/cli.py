@@ -35,13 +35,12 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.launch import objective, torchrun_client  # noqa: E402
-from hpc_train.launch.errors import ConfigError, JobFailed  # noqa: E402
+from hpc_train.launch.errors import ConfigError, Interrupted, JobFailed  # noqa: E402
 from hpc_train.launch.hydra_callbacks import Refused  # noqa: E402
 from hpc_train.launch.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.run import run_job  # noqa: E402
 from hpc_train.launch.schema import whole_mappings  # noqa: E402
 from hpc_train.launch.sbatch import prepare  # noqa: E402
-from hpc_train.launch.slurm import SubmissionInterrupted  # noqa: E402
 from hpc_train.launch.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 from hpc_train.script_command import split_command_line  # noqa: E402
@@ -117,7 +116,7 @@ def main() -> None:
         hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(_task)()
     except Refused as refused:
         _fail(refused.error, user_wants_traceback)
-    except SubmissionInterrupted as interrupted:  # a KeyboardInterrupt, so Hydra let it through
+    except Interrupted as interrupted:  # a KeyboardInterrupt said in one line (queueing, waiting): Hydra let it through
         if user_wants_traceback:
             raise
         print(interrupted, file=sys.stderr)

@@ -24,6 +24,7 @@ import yaml
 
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.job_states import rank_error
+from hpc_train.rank_errors import refusal_words
 from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
 
@@ -237,9 +238,9 @@ def bad_input(printed: str, run_dir: Optional[Path] = None, since: float = 0.0) 
             return ConfigError(match.group(1), match.group(2), match.group(3))
         return CliWords(text)
     if run_dir is not None:
-        _, error = rank_error(run_dir, since)
-        if error and error.startswith("Refusal: "):  # a rank refused to start: what it printed
-            return CliWords("hpc-train: " + error[len("Refusal: ") :])
+        refused = refusal_words(rank_error(run_dir, since)[1])
+        if refused:  # a rank refused: what it printed
+            return CliWords("hpc-train: " + refused)
     lines = printed.strip().splitlines()
     first = max((i for i, line in enumerate(lines) if line.startswith("hpc-train: ")), default=0)
     return CliWords("\n".join(lines[first:]) or "hpc-train: bad input (exit code 2)")

@@ -54,6 +54,14 @@ def write_error_record(run_dir: Path, rank: int, error: BaseException, when: Opt
     write_record(run_dir, rank, text.splitlines()[0] if text else type(error).__name__, when)
 
 
+REFUSAL_PREFIX = "Refusal: "  # a record of a rank's refusal (compute.runtime.refusal.Refusal): one message, no bug
+
+
+def refusal_words(error: Optional[str]) -> Optional[str]:
+    """The refusal's message when the record is a rank's refusal, else None."""
+    return error[len(REFUSAL_PREFIX) :] if error and error.startswith(REFUSAL_PREFIX) else None
+
+
 def write_record(run_dir: Path, rank: int, text: str, when: Optional[float] = None) -> None:
     """A failure record in words; `when` is the time of death (default: now)."""
     record = {"rank": rank, "time": time.time() if when is None else when, "error": text[:500]}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
+
+from hpc_train.rundir import EXIT_CTRL_C
 
 
 class ConfigError(Exception):
@@ -36,3 +39,24 @@ class JobFailed(Exception):
         self.error = error
         self.reported = reported  # the launcher already printed what failed and where the logs are
         super().__init__(message)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C on the login side, said in one line: the ``hpc-train`` command prints ``str()`` and exits with
+    ``exit_code``. Still a KeyboardInterrupt, so Hydra, a notebook and the Python API let it through as Ctrl-C."""
+
+    exit_code = EXIT_CTRL_C
+
+
+class StoppedWaiting(Interrupted):
+    """Ctrl-C while hpc-train waited for a Slurm job (``launcher.wait``): the job goes on."""
+
+    def __init__(self, job_id: str, run_dir: Path) -> None:
+        super().__init__(job_id, run_dir)
+        self.job_id, self.run_dir = job_id, run_dir
+
+    def __str__(self) -> str:
+        return (
+            f"hpc-train: stopped waiting (Ctrl-C); Slurm job {self.job_id} goes on. Watch it with hpc-train-report"
+            f" {self.run_dir} --watch, or stop it with scancel {self.job_id}"
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -12,7 +13,8 @@ from omegaconf import DictConfig
 from hpc_train import hang, job_states, run_claim, rundir
 from hpc_train.launch import rerun, slurm
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
-from hpc_train.launch.errors import JobFailed
+from hpc_train.launch.errors import JobFailed, StoppedWaiting
+from hpc_train.rank_errors import refusal_words
 from hpc_train.launch.local import run_local
 from hpc_train.launch.plan import count_local_gpus, make_plan
 from hpc_train.script_command import is_script_job, script_args
@@ -99,14 +101,21 @@ def describe_script(spec: Dict[str, Any]) -> str:
 def follow(handle: Any, run_dir: Path) -> int:
     """Wait for a submitted job and report how it ended."""
     submitted = time.time()
-    err = _job_error(handle)
+    try:
+        err = _job_error(handle)
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the job is Slurm's now, and goes on
+        raise StoppedWaiting(str(handle.job_id), run_dir) from None
     if err is None:
         code = 0
     else:  # submitit re-raises the remote failure; its traceback is in the Slurm log
         verdict = hang.read_request(run_dir, since=submitted)
+        refused = refusal_words(job_states.rank_error(run_dir, submitted)[1])
         if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
             print(verdict.get("message", ""))
             code = rundir.EXIT_HUNG
+        elif refused:  # a rank's refusal (bad input, a full disk): its one message, and which kind in the last line
+            print(f"hpc-train: {refused}")
+            code = rundir.EXIT_REFUSED
         else:
             print(
                 f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"

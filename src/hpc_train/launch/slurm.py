@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from hpc_train.launch.config_view import ConfigView, plain
 
 from hpc_train.launch import capacity
-from hpc_train.launch.errors import ConfigError
+from hpc_train.launch.errors import ConfigError, Interrupted
 from hpc_train import rundir, slurm_cli
 from hpc_train.rank_env import unset_line
 from hpc_train.launch.plan import RunPlan
@@ -380,15 +380,13 @@ def refusal_error(slurm_says: str, cancelled: Sequence[str] = ()) -> ConfigError
     return ConfigError(key, f"Slurm refused the job: {words}.{note}", fix)
 
 
-class SubmissionInterrupted(KeyboardInterrupt):
+class SubmissionInterrupted(Interrupted):
     """Ctrl-C (SIGINT) while submit_jobs was queueing: what it had queued is cancelled, and the message says so.
 
     Still a KeyboardInterrupt, so code that lets Ctrl-C through (Hydra, a notebook, the Python
     API) still does; the ``hpc-train`` command and the Hydra-app launcher print its one line and
     exit with ``exit_code``.
     """
-
-    exit_code = rundir.EXIT_CTRL_C
 
     def __init__(self, cancelled: int, total: int) -> None:
         self.cancelled, self.total = cancelled, total  # jobs cancelled; jobs the command was queueing

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -130,3 +131,9 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
     jobs = [Job(job, native / str(n), "slurm") for n, job in enumerate(native_ids)]
     assert [job.state() for job in jobs] == ENDS
     assert Job(held_ids[0], held / "0", "slurm").state() == NO_RECORD
+
+    # --rerun-failed resubmits what the run dirs say did not complete (the new jobs are cancelled at once)
+    rerun = report(str(native), "--rerun-failed", "--no-png", env=accounting_off)
+    resubmitted = re.findall(r"job #(\d) \(.*?\): (\w+) as \S+, resubmitted as (\S+)", rerun.stdout)
+    subprocess.run(["scancel", *(job for _, _, job in resubmitted)], capture_output=True)
+    assert [(number, state) for number, state, _ in resubmitted] == [("1", "FAILED"), ("2", "CANCELLED")], rerun.stdout

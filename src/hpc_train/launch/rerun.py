@@ -60,7 +60,9 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
             0,
             f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again",
         )
-    states = slurm_job_states(job_id for job_id, _, _ in rows.values())
+    # Without Slurm's accounting, how an ended job went comes from its run dir (job_states.run_dir_state).
+    run_dirs = {job_id: Path(sweep_dir) / number for number, (job_id, _, _) in rows.items()}
+    states = slurm_job_states(run_dirs, run_dirs)
     failed = {
         number: row
         for number, row in rows.items()

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,10 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
+from hpc_train import compose
+from hpc_train.launch import slurm
+from hpc_train.launch.jobspec import build_job_spec
+from hpc_train.launch.plan import make_plan
 from tests.conftest import REPO, wait_for
 
 pytestmark = pytest.mark.slurm
@@ -184,5 +189,29 @@ def test_ctrl_c_while_waiting_for_a_job_stops_the_wait_not_the_job(slurm_cluster
         assert proc.returncode == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out
         assert lines == [f"hpc-train: stopped waiting (Ctrl-C); Slurm job {job} goes on. Watch it with"
                          f" hpc-train-report {run_dir} --watch, or stop it with scancel {job}"], out
+    finally:
+        cancel_leftovers(name)
+
+
+def test_ctrl_c_while_the_queued_jobs_are_written_down_cancels_them_all(slurm_cluster, tmp_path, monkeypatch):
+    """After the last sbatch, until the job specs and jobs.tsv are written (slurm.Queueing), Ctrl-C waits for the
+    writing to end, then cancels every job: none stays queued that no job table lists."""
+    monkeypatch.chdir(REPO)
+    name = f"intr-{uuid.uuid4().hex[:8]}"
+    cfg = compose([*HELD, f"job_name={name}", "strategy=single", "cluster.time=5"])
+    plans = [make_plan(cfg, tmp_path / "sweep" / str(n)) for n in range(3)]
+    jobs = [slurm.prepare(plan, build_job_spec(plan, {}), f"n={n}") for n, plan in enumerate(plans)]
+    written = False
+    try:
+        with pytest.raises(slurm.SubmissionInterrupted) as interrupted:
+            with slurm.Queueing(len(jobs)) as queueing:
+                queueing.submitted = slurm.submit_jobs(jobs, log_root=tmp_path / "sweep")
+                assert threading.current_thread() is threading.main_thread(), "SIGINT goes to the main thread"
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the jobs are being written down
+                time.sleep(0.2)
+                written = True  # the writing goes on to its end
+        assert written and "the 3 jobs already queued were cancelled" in str(interrupted.value)
+        assert interrupted.value.exit_code == 130
+        assert cancelled_count(name) == 3 and not jobs_named(name)
     finally:
         cancel_leftovers(name)

@@ -71,13 +71,14 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
     # Slurm tasks get the spec pickled by submitit; job_config.yaml is the readable record.
     token = spec["job"][run_claim.TOKEN_KEY]
     try:
-        [(_, handle)] = slurm.submit_jobs([job])
+        with slurm.Queueing(1) as queueing:  # Ctrl-C until the job is written down: it is cancelled
+            [(_, handle)] = queueing.submitted = slurm.submit_jobs([job])
+            run_claim.note_slurm_job(plan.run_dir, token, str(handle.job_id))
+            write_job_spec(spec, plan.run_dir)
+            rerun.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads
     except BaseException:
         run_claim.release(plan.run_dir, token)
         raise
-    run_claim.note_slurm_job(plan.run_dir, token, str(handle.job_id))
-    write_job_spec(spec, plan.run_dir)
-    rerun.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads back
     folder = plan.run_dir / rundir.SLURM_LOGS
     print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
     print(f"hpc-train: run dir {plan.run_dir}")

@@ -471,6 +471,31 @@ class _Submission:
         ]
 
 
+class Queueing:
+    """Ctrl-C from the first sbatch until the jobs are written down (job specs, jobs.tsv) cancels them all.
+
+    submit_jobs takes back what it queued when Ctrl-C comes while it queues; the writing after it
+    is part of queueing too, or Ctrl-C there would leave jobs queued that no job table lists. So
+    a Ctrl-C meanwhile waits for the writing to end, then cancels every job of `submitted`.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.submitted: List[Tuple[Any, Any]] = []  # submit_jobs' (job, handle) pairs, once it returned
+
+    def __enter__(self) -> "Queueing":
+        self._ctrl_c = _CtrlC()
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
+        self._ctrl_c.restore()
+        if kind is None and self._ctrl_c.count and self.submitted:
+            with _ctrl_c_ignored():
+                slurm_cli.run(["scancel", *sorted({str(handle.job_id).split("_")[0] for _, handle in self.submitted})])
+            raise SubmissionInterrupted(len(self.submitted), self.total)
+        return False
+
+
 class _CtrlC:
     """Ctrl-C while queueing takes effect between sbatch calls, never inside submitit's code (a KeyboardInterrupt
     there leaves half-built job objects whose finalizers print tracebacks at exit). The sbatch under way gets the

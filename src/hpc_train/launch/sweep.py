@@ -145,20 +145,23 @@ class SweepLauncher(Launcher):
             return returns  # type: ignore[return-value]
         # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
         # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
-        submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
-        for i, job in prepared:
-            write_job_spec(job.spec, job.plan.run_dir)
-            hydra_dir = job.plan.run_dir / ".hydra"
-            hydra_dir.mkdir(parents=True, exist_ok=True)
-            write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
-        handles = {id(job): handle for job, handle in submitted}
-        rows = [
-            job_table.JobRow(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
-            for _, job in prepared
-        ]
-        job_table.print_and_append(sweep_dir, rows)
-        numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
-        rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+        with slurm.Queueing(len(prepared)) as queueing:  # Ctrl-C until jobs.tsv lists them: all cancelled
+            submitted = queueing.submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
+            for i, job in prepared:
+                write_job_spec(job.spec, job.plan.run_dir)
+                hydra_dir = job.plan.run_dir / ".hydra"
+                hydra_dir.mkdir(parents=True, exist_ok=True)
+                write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
+            handles = {id(job): handle for job, handle in submitted}
+            rows = [
+                job_table.JobRow(
+                    str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()
+                )
+                for _, job in prepared
+            ]
+            job_table.print_and_append(sweep_dir, rows)
+            numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
+            rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         wait = bool(batch[0][2].view.launcher.wait)
         objective = str(batch[0][2].view.objective)
         if optimising or wait:

@@ -215,3 +215,14 @@ def test_ctrl_c_while_the_queued_jobs_are_written_down_cancels_them_all(slurm_cl
         assert cancelled_count(name) == 3 and not jobs_named(name)
     finally:
         cancel_leftovers(name)
+
+
+def test_ctrl_c_while_a_big_sweep_is_composed_says_so_in_one_line(slurm_cluster, tmp_path):
+    """Before any sbatch (20,000 jobs take seconds to compose and lay out): one line, exit 130, no traceback."""
+    command = [sys.executable, "-m", "hpc_train.cli", "-m", *HELD, "dry_run=true", "seed=range(0,20000)",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = start(command)
+    first = proc.stdout.readline()
+    assert first.startswith("hpc-train: composed 1,000 of 20,000 jobs"), first
+    out = ctrl_c(proc)
+    assert proc.returncode == 130 and out.strip().splitlines() == ["hpc-train: interrupted (Ctrl-C)"], out

@@ -42,7 +42,7 @@ from hpc_train.launch.run import run_job  # noqa: E402
 from hpc_train.launch.schema import whole_mappings  # noqa: E402
 from hpc_train.launch.sbatch import prepare  # noqa: E402
 from hpc_train.launch.torchrun_client import rank_argv  # noqa: E402
-from hpc_train.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
+from hpc_train.rundir import EXIT_CTRL_C, EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 from hpc_train.script_command import split_command_line  # noqa: E402
 
 
@@ -121,6 +121,11 @@ def main() -> None:
             raise
         print(interrupted, file=sys.stderr)
         sys.exit(interrupted.exit_code)
+    except KeyboardInterrupt:  # anywhere else (composing, laying out a big sweep): what was queued says so itself
+        if user_wants_traceback:
+            raise
+        print("hpc-train: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(EXIT_CTRL_C)
     except Exception as err:
         _fail(err, user_wants_traceback)
 

@@ -11,11 +11,11 @@ stopped by Slurm. A crash (an exception) is never requeued.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
 from hpc_train import rundir, slurm_cli
+from hpc_train.run_claim import slurm_job_id
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import detect_ranks
 
@@ -48,11 +48,7 @@ def wait_to_be_requeued() -> None:
 
 def requeue_self() -> bool:
     """``scontrol requeue`` this job (an array task by its own id); False outside Slurm or when it fails."""
-    job = (
-        os.environ.get("SLURM_ARRAY_JOB_ID")
-        and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
-        or os.environ.get("SLURM_JOB_ID")
-    )
+    job = slurm_job_id()
     if not job:
         return False
     proc = slurm_cli.run(["scontrol", "requeue", job])

@@ -24,6 +24,7 @@ def import_root(tree: Path) -> Path:
     """The directory to put on PYTHONPATH to import a checkout's hpc_train: src/ (or the checkout itself before the src layout)."""
     return tree / "src" if (tree / "src" / "hpc_train").is_dir() else tree
 RESULTS = HERE / "results"
+SOURCES = ("src", "hpc_train", "conf", "hydra_plugins")  
 PYTHON = sys.executable
 
 
@@ -91,14 +92,14 @@ def _cpu_model() -> str:
 
 
 def git_commit(tree: Path = REPO, mark_dirty: bool = True) -> Optional[str]:
-    """Short commit of a checkout, `+dirty` when its sources (src/) differ from it (if mark_dirty)."""
+    """Short commit of a checkout, `+dirty` when its sources differ from it (if mark_dirty)."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10)
         if out.returncode != 0:
             return None
         if not mark_dirty:
             return out.stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=tree, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", *SOURCES], cwd=tree, capture_output=True, text=True, timeout=10)
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None

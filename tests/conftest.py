@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src"  # what the install puts on sys.path (src layout)
+SRC = REPO  # what the install puts on sys.path (the checkout: flat layout)
 
 # A tiny, fast job: toy MLP on 8x8 synthetic images, no eval, no progress bar.
 TINY_TRAINER = [

@@ -114,7 +114,7 @@ def test_hydras_plugin_scan_finds_the_launchers_in_the_editable_install(tmp_path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", SCAN], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [*LAUNCHERS.split(), str(REPO / "src" / "hydra_plugins" / "hpc_train_launcher"), "True"]
+    assert proc.stdout.split() == [*LAUNCHERS.split(), str(REPO / "hydra_plugins" / "hpc_train_launcher"), "True"]
 
 
 def test_hydras_plugin_scan_finds_the_launchers_in_a_wheel_install(tmp_path):

@@ -1,4 +1,4 @@
-"""Every config in the shipped config dir (src/hpc_train/conf/) composes, and unknown options/keys fail with a clear message."""
+"""Every config in the shipped config dir (conf/) composes, and unknown options/keys fail with a clear message."""
 
 from pathlib import Path
 
@@ -18,7 +18,7 @@ REQUIRED_VALUES = {"data=imagefolder": ["data.root=/data/imagenet", "data.num_cl
 
 
 def test_config_dir_is_the_shipped_conf():
-    assert Path(CONFIG_DIR) == REPO / "src" / "hpc_train" / "conf"
+    assert Path(CONFIG_DIR) == REPO / "conf"
     assert {"strategy", "model", "data", "launcher", "cluster", "trainer", "resources"} <= set(GROUPS)
 
 

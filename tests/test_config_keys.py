@@ -14,7 +14,7 @@ from hpc_train.launch import schema
 
 from .conftest import REPO, SRC
 
-CONF = SRC / "hpc_train" / "conf"
+CONF = REPO / "conf"
 OPTIONS = sorted(CONF.glob("*/*.yaml"))
 
 

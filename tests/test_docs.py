@@ -141,9 +141,9 @@ def test_readme_links_exist(page):
 
 
 def test_the_architecture_page_names_every_module_and_package():
-    """`ls src/hpc_train src/hpc_train/*/ src/hpc_train/compute/*/` matches the architecture page."""
+    """`ls hpc_train hpc_train/*/ hpc_train/compute/*/` matches the architecture page."""
     page = (ROOT / "docs" / "architecture.md").read_text()
-    root = ROOT / "src" / "hpc_train"
+    root = ROOT / "hpc_train"
     folders = [root, *sorted(p for p in root.glob("*/") if (p / "__init__.py").exists())]
     folders += sorted(p for p in (root / "compute").glob("*/") if (p / "__init__.py").exists())
     unnamed = [

@@ -3,7 +3,7 @@
 Every key is declared once, in ``hpc_train.launch.schema.RULES`` (type, range, default when left
 out, what null means, a one-line doc; the shipped ``_target_`` s' arguments in ``TARGET_ARGS``):
 the type and description columns come from there. Each option's own values come from its YAML
-file (src/hpc_train/conf/: config.yaml and <group>/<option>.yaml), read with a small line
+file (conf/: config.yaml and <group>/<option>.yaml), read with a small line
 parser; the file's header comment describes the option, and a key's YAML comment is shown only
 where no declaration exists (Hydra's own keys):
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from hpc_train.launch import schema
 
 MARKER = "<!-- config-reference -->"
-CONF = Path(__file__).resolve().parents[2] / "src" / "hpc_train" / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*'):(?:\s+(?P<rest>.*)|\s*)$")
 ITEM = re.compile(r"^(?P<indent> *)- (?P<rest>.*)$")
@@ -171,7 +171,7 @@ def every_key() -> list[str]:
     rows = [
         "## Every key",
         "",
-        "Each key as `src/hpc_train/launch/schema.py` declares it. *Left out*: what a job runs with when its",
+        "Each key as `hpc_train/launch/schema.py` declares it. *Left out*: what a job runs with when its",
         "config has no such key (your own option may leave it out); *required*: it must be there.",
         "",
         "| key | type | left out | null | what it is |",
@@ -217,7 +217,7 @@ def reference() -> str:
         lines += ["", f"## {group}", ""]
         for path in sorted((CONF / group).glob("*.yaml")):
             head, entries = parse(path)
-            lines += [f"### {group}={path.stem}", "", f"`src/hpc_train/conf/{group}/{path.name}`", ""]
+            lines += [f"### {group}={path.stem}", "", f"`conf/{group}/{path.name}`", ""]
             if head:
                 lines += [text(head), ""]
             inherited = next((e for e in entries if e["path"] == "defaults"), None)

@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train import cli_child as child
-from hpc_train import job_states as states
-from hpc_train import job_table, rundir, slurm_cli
+from hpc_train import rundir, slurm_cli
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
-from hpc_train.job_states import ENDED
+from hpc_train.jobs import job_states as states
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_states import ENDED
+from hpc_train.jobs.submissions import newest_submission
 from hpc_train.launch.errors import ConfigError, JobFailed
-from hpc_train.launch.rerun import newest_submission
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -400,6 +401,7 @@ def staged_model(
     """
     # torch: only this function needs it (the rest of the API runs on a login node)
     import torch
+
     from hpc_train.compute.parallel.staged_model import build_staged
 
     points = [str(p) for p in split_points or []]

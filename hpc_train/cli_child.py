@@ -23,10 +23,10 @@ from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, 
 import yaml
 
 from hpc_train.conf import CONFIG_DIR
-from hpc_train.job_states import rank_error
-from hpc_train.rank_errors import refusal_words
+from hpc_train.jobs.job_states import rank_error
 from hpc_train.launch import hydra_internals
 from hpc_train.launch.errors import ConfigError
+from hpc_train.rank_errors import refusal_words
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -101,6 +101,7 @@ def as_config_error(err: BaseException) -> BaseException:
     """The ConfigError the CLI would print for `err` (see hpc_train.cli._fail), else `err` itself."""
     # Hydra (~0.2 s), also through hydra_errors: only after composing or expanding has failed
     from hydra.errors import CompactHydraException, HydraException
+
     from hpc_train.launch.hydra_errors import translate
 
     translated = translate(err)

@@ -114,7 +114,7 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     assert sacct(first[1]["job_id"])["state"] == "FAILED"  # accounting has it (it lags the job's end)
     needed.write_text("now it is there")
     rerun = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--rerun-failed"],
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--rerun-failed"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert rerun.returncode == 0, rerun.stderr
@@ -127,7 +127,7 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     seen = json.loads((sweep_dir / "1" / "seen.json").read_text())  # in the job's own dir
     assert seen["SLURM_JOB_ID"] == again["job_id"]
     none_left = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--rerun-failed"],
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--rerun-failed"],
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
@@ -217,7 +217,7 @@ def test_the_report_of_an_app_sweep_shows_each_jobs_state_and_return_value(slurm
     for row in job_table(sweep_dir):
         sacct(row["job_id"])  # ended
     shown = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--json"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--json"], capture_output=True, text=True, cwd=REPO
     )
     assert shown.returncode == 0, shown.stderr
     found = json.loads(shown.stdout)

@@ -109,7 +109,7 @@ def test_checkpoints_are_dcp_directories_and_export_to_one_file(uninterrupted, t
     assert [p.name for p in step_dirs][-1] == "step_000000024"
     assert {".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt", "manifest.json"} <= {p.name for p in step_dirs[-1].iterdir()}
     out = tmp_path / "exported.pt"
-    proc = subprocess.run([sys.executable, "-m", "hpc_train.export", str(uninterrupted), str(out)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "hpc_train.compute.checkpointing.export", str(uninterrupted), str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exported, final = torch.load(out, weights_only=True), final_weights(uninterrupted)
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)

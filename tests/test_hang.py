@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -237,7 +237,8 @@ READS = "import sys, time\nwhile True:\n    open(sys.executable, 'rb').read(4096
 
 def test_a_script_that_reads_before_its_first_line_is_starting_and_one_that_sleeps_is_not(monkeypatch):
     """Before its first line a script job's progress is what it reads (its imports); its children count too."""
-    from hpc_train.compute.runtime import heartbeat, script_job
+    from hpc_train.compute.entry import script_job
+    from hpc_train.compute.runtime import heartbeat
 
     marks, warm = [], [False]
     monkeypatch.setattr(heartbeat, "mark", lambda *args, **kwargs: marks.append(args))

@@ -1,8 +1,8 @@
-"""The sweep's job table (hpc_train.job_table): one writer, one reader; the format is what the report, --watch,
+"""The sweep's job table (hpc_train.jobs.job_table): one writer, one reader; the format is what the report, --watch,
 the rerun and the Python API read."""
 
-from hpc_train import job_table
-from hpc_train.job_table import JobRow
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_table import JobRow
 
 
 def test_rows_round_trip_with_quotes_and_interpolations_and_a_rerun_replaces_its_job(tmp_path):

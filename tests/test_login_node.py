@@ -25,14 +25,14 @@ LAUNCH_MODULES = [
     "hpc_train.launch.parallelism",
     "hpc_train.launch.config_view",
     "hpc_train.cli_child",
-    "hpc_train.job_states",
-    "hpc_train.report",
-    "hpc_train.watch",
+    "hpc_train.jobs.job_states",
+    "hpc_train.report.command",
+    "hpc_train.report.watch",
     "hpc_train.rank_errors",
     "hpc_train.logger_table",
     "hpc_train.script_command",  # a script job's command, rendered by the dry run too
     "hpc_train.metrics_log",  # hpc_train.log_metrics, for a user's script
-    "hpc_train.compute.runtime.job",  # pickled by the login node for submitit
+    "hpc_train.compute.entry.job",  # pickled by the login node for submitit
     "submitit",
 ]
 

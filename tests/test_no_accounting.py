@@ -23,7 +23,7 @@ from typing import Dict, List
 import pytest
 
 from hpc_train.api import Job
-from hpc_train.job_states import FROM_RUN_DIRS, NO_RECORD
+from hpc_train.jobs.job_states import FROM_RUN_DIRS, NO_RECORD
 from tests.conftest import REPO, TINY, assert_ok, run_cli, wait_for
 from tests.test_report import report, table
 
@@ -90,7 +90,7 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
         held_ids = submit(held, ["+cluster.extra.hold=true", "+script.overrides.end=complete", *SCRIPT[1:]])
         everyone += held_ids
         watch = subprocess.Popen(
-            [sys.executable, "-m", "hpc_train.report", str(native), "--watch", "--every", "1"],
+            [sys.executable, "-m", "hpc_train.report.command", str(native), "--watch", "--every", "1"],
             cwd=REPO, env=accounting_off, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         subprocess.run(["scancel", *held_ids], check=True)  # never started: leaves nothing in its run dir

@@ -201,7 +201,7 @@ def test_a_whole_recipe_resumes_bit_identically_after_kill_9(tmp_path):
     assert [r["step"] for r in rows(straight, "eval")] == [r["step"] for r in rows(interrupted, "eval")] == [8, 16, 24]
     exported = tmp_path / "ema.pt"
     export = subprocess.run(
-        [sys.executable, "-m", "hpc_train.export", "--ema", str(interrupted), str(exported)],
+        [sys.executable, "-m", "hpc_train.compute.checkpointing.export", "--ema", str(interrupted), str(exported)],
         capture_output=True, text=True, cwd=REPO,
     )
     assert export.returncode == 0, export.stderr
@@ -221,7 +221,7 @@ def test_fsdp_weight_average_survives_kill_9_and_exports(tmp_path):
     for run in (straight, interrupted):
         out = tmp_path / f"{run.name}-ema.pt"
         proc = subprocess.run(
-            [sys.executable, "-m", "hpc_train.export", "--ema", str(run), str(out)], capture_output=True, text=True, cwd=REPO
+            [sys.executable, "-m", "hpc_train.compute.checkpointing.export", "--ema", str(run), str(out)], capture_output=True, text=True, cwd=REPO
         )
         assert proc.returncode == 0, proc.stderr
         exported[run.name] = torch.load(out, weights_only=True)

@@ -129,7 +129,7 @@ def test_report_refuses_a_folder_without_runs(tmp_path):
 
 
 def test_report_does_not_import_torch():
-    code = "import sys, hpc_train.report\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert not heavy, heavy\n"
+    code = "import sys, hpc_train.report.command\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert not heavy, heavy\n"
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
 
@@ -183,7 +183,7 @@ def test_loss_axis_of_identical_short_runs_is_plain_and_wide():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from hpc_train.report import _readable_loss_axis
+    from hpc_train.report.command import _readable_loss_axis
 
     fig = Figure()
     FigureCanvasAgg(fig)

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from hpc_train import compose
+from hpc_train.jobs import job_table
 from hpc_train.launch import slurm
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.plan import make_plan
-from hpc_train import job_table
 from tests.conftest import REPO, TINY
 from tests.sweep_probe import Probe
 
@@ -58,7 +58,7 @@ def test_a_3000_job_sweep_goes_in_as_three_throttled_arrays_and_all_complete(slu
         deadline = time.monotonic() + 3600
         while time.monotonic() < deadline:
             report = subprocess.run(
-                [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"],
+                [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"],
                 capture_output=True,
                 text=True,
                 cwd=REPO,

@@ -59,7 +59,7 @@ def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cl
         assert scontrol_job(arrays[1])["Dependency"].startswith(f"afterany:{arrays[0]}")
         # the report counts the states of all 1,100 jobs
         report = subprocess.run(
-            [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+            [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
         )
         assert report.returncode == 0, report.stderr
         assert "states: 1,100 PENDING" in report.stdout
@@ -147,7 +147,7 @@ def test_a_sweep_over_max_submit_jobs_is_refused_before_anything_is_queued(slurm
 
 def watch(sweep_dir: Path, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--watch", "--every", "1"],
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "1"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -178,7 +178,7 @@ def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_p
     assert_ok(proc)
     _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
     report = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
     )
     assert "states: 2 COMPLETED, 1 FAILED" in report.stdout
 

@@ -15,7 +15,7 @@ from tests.conftest import REPO, TINY, run_cli, wait_for
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "hpc_train.report", *args]
+    command = [sys.executable, "-m", "hpc_train.report.command", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=REPO)
 
 

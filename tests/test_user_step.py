@@ -1,6 +1,6 @@
 """trainer.step: the user's own training step, batches of any structure, and the checks around them.
 
-The step contract (hpc_train/compute/training/step.py): step(model, batch) returns a scalar loss or a mapping
+The step contract (hpc_train/compute/user/step.py): step(model, batch) returns a scalar loss or a mapping
 with 'loss' and other scalar metrics. A user step doing what the built-in step does must give
 bit-identical weights; its metrics are averaged over the global batch and reported beside the loss.
 """
@@ -17,8 +17,8 @@ import torch.nn as nn
 
 from hpc_train.compute.data.batch import batch_size, describe, to_device
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.compute.training.step import split_result
-from hpc_train.steps import model_loss
+from hpc_train.compute.training.steps import model_loss
+from hpc_train.compute.user.step import split_result
 from tests.conftest import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
 
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1"]
@@ -163,7 +163,7 @@ def test_a_followed_slurm_job_whose_rank_refuses_ends_with_the_refusal_and_exit_
     ids=["pipeline", "model_parallel", "hybrid", "pipelining"],
 )
 def test_split_strategies_refuse_a_user_step_on_the_login_node(strategy, tmp_path):
-    proc = run_cli([*TINY, *strategy, step_node("hpc_train.steps.model_loss")], tmp_path / "run")
+    proc = run_cli([*TINY, *strategy, step_node("hpc_train.compute.training.steps.model_loss")], tmp_path / "run")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "`trainer.step`" in out and "strategy=" in out and "Fix:" in out and "Traceback" not in out, out

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from hpc_train.compute.runtime.entry import load_job_spec, train
+from hpc_train.compute.entry.script_job import ScriptFailed
+from hpc_train.compute.entry.train import load_job_spec, train
 from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.requeue import requeue_after_stop
-from hpc_train.compute.runtime.script_job import ScriptFailed
 from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 

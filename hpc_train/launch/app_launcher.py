@@ -39,8 +39,9 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hpc_train import job_table, rundir, sweep_status
-from hpc_train.launch import capacity, hydra_internals, rerun, slurm
+from hpc_train import rundir
+from hpc_train.jobs import job_table, submissions, sweep_status
+from hpc_train.launch import capacity, hydra_internals, slurm
 from hpc_train.launch.config_view import ConfigView
 from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import sweeper_target
@@ -319,7 +320,7 @@ class AppLauncher(Launcher):
                 }
             )
         job_table.print_and_append(sweep_dir, rows)
-        rerun.record(sweep_dir, entries)
+        submissions.record(sweep_dir, entries)
         return handles
 
     def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
@@ -366,7 +367,7 @@ class AppLauncher(Launcher):
         ]
         job_table.print_and_append(sweep_dir, rows)
         numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
-        rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+        submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]
 
 

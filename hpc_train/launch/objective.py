@@ -38,7 +38,7 @@ NUMERIC_SUMMARY_KEYS = (
 )
 
 
-# A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/training/step.py).
+# A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/user/step.py).
 STEP_METRIC = re.compile(r"(train|eval)_[A-Za-z_][A-Za-z0-9_]*")
 
 

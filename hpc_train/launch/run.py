@@ -10,13 +10,14 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig
 
-from hpc_train import hang, job_states, run_claim, rundir
-from hpc_train.launch import rerun, slurm
-from hpc_train.launch.jobspec import build_job_spec, write_job_spec
+from hpc_train import hang, run_claim, rundir
+from hpc_train.jobs import job_states, submissions
+from hpc_train.launch import slurm
 from hpc_train.launch.errors import JobFailed, StoppedWaiting
-from hpc_train.rank_errors import refusal_words
+from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.local import run_local
 from hpc_train.launch.plan import count_local_gpus, make_plan
+from hpc_train.rank_errors import refusal_words
 from hpc_train.script_command import is_script_job, script_args
 
 
@@ -75,7 +76,7 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
             [(_, handle)] = queueing.submitted = slurm.submit_jobs([job])
             run_claim.note_slurm_job(plan.run_dir, token, str(handle.job_id))
             write_job_spec(spec, plan.run_dir)
-            rerun.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads
+            submissions.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads
     except BaseException:
         run_claim.release(plan.run_dir, token)
         raise
@@ -156,7 +157,7 @@ def _job_error(handle: Any) -> Optional[BaseException]:
 def report_summary(run_dir: Path, code: int) -> None:
     """The job's closing lines: its summary when it finished, else how it ended (rundir.CLOSING_LINES)."""
     data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
-    if data is not None and "script" in data:  # a script job's summary (hpc_train.compute.runtime.script_job)
+    if data is not None and "script" in data:  # a script job's summary (hpc_train.compute.entry.script_job)
         print(f"hpc-train: done: {' '.join(map(str, data['script']))} finished (attempt {data.get('attempts')})")
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")

@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
+from hpc_train import hang
 from hpc_train.launch.config_view import MISSING_TEXT, ConfigView, copy_plain
 from hpc_train.launch.errors import ConfigError
-from hpc_train import hang
 from hpc_train.launch.objective import NUMERIC_SUMMARY_KEYS
 from hpc_train.script_command import ARG_STYLES
 from hpc_train.slurm_time import limit_minutes
@@ -888,11 +888,11 @@ RULES: Tuple[Rule, ...] = (
     R(
         "trainer.step",
         target_node,
-        "hpc_train.steps.model_loss",
+        "hpc_train.compute.training.steps.model_loss",
         null="the built-in step: trainer.loss of the model's output against the target",
         fix=(
             "set trainer.step={_target_: my_package.step, _partial_: true} (a function step(model, batch) returning the"
-            " loss), trainer.step._target_=hpc_train.steps.model_loss for a model that computes its own loss, or"
+            " loss), trainer.step._target_=hpc_train.compute.training.steps.model_loss for a model that computes its own loss, or"
             " trainer.step=null."
         ),
         doc="null: loss(model(input), target) on (input, target) pairs | a partial function step(model, batch) returning the loss (or a dict with loss and metrics).",

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hpc_train.launch.config_view import ConfigView, plain
-
-from hpc_train.launch import capacity
-from hpc_train.launch.errors import ConfigError, Interrupted
 from hpc_train import rundir, slurm_cli
-from hpc_train.rank_env import unset_line
+from hpc_train.launch import capacity
+from hpc_train.launch.config_view import ConfigView, plain
+from hpc_train.launch.errors import ConfigError, Interrupted
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.sweep_limits import array_chunk
+from hpc_train.rank_env import unset_line
 from hpc_train.slurm_time import limit_minutes
 
 _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
@@ -286,7 +285,7 @@ class PreparedJob:
     max_requeues: int  # submitit's max_num_timeout
     payload: Any = None  # the callable its tasks run; None: made from spec by submit_jobs' `task`
     folder: Optional[Path] = None  # submitit's folder as the user gave it (a Hydra app's submitit_folder, %j and all)
-    submitted_to: Optional[Path] = None  # the folder submit_jobs gave submitit (for a rerun: hpc_train.launch.rerun)
+    submitted_to: Optional[Path] = None  # the folder submit_jobs gave submitit (for a rerun: hpc_train.report.rerun)
 
 
 def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:
@@ -585,7 +584,8 @@ def submit_jobs(
     ``task`` makes what each Slurm task runs from a job spec (default: ``TrainingJob``).
     """
     from submitit.core.utils import FailedJobError  # submitit (~50 ms): only to submit, not for a dry run
-    from hpc_train.compute.runtime.job import TrainingJob  # compute side (imports submitit): only to submit
+
+    from hpc_train.compute.entry.job import TrainingJob  # compute side (imports submitit): only to submit
 
     make_task = task or TrainingJob
     groups: Dict[str, List[PreparedJob]] = {}
@@ -655,7 +655,7 @@ def submit_jobs(
 
 
 def submission_records(submitted: List[Tuple[PreparedJob, Any]], numbers: List[str]) -> List[Dict[str, Any]]:
-    """What a rerun needs of each submitted job (hpc_train.launch.rerun.record), `numbers` its job numbers."""
+    """What a rerun needs of each submitted job (hpc_train.jobs.submissions.record), `numbers` its job numbers."""
     return [
         {
             "job_id": str(handle.job_id),

@@ -23,8 +23,8 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hpc_train import job_table, sweep_status
-from hpc_train.launch import rerun, slurm
+from hpc_train.jobs import job_table, submissions, sweep_status
+from hpc_train.launch import slurm
 from hpc_train.launch.errors import ConfigError, JobFailed
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.objective import read_objective, sweeper_wants_objective
@@ -161,7 +161,7 @@ class SweepLauncher(Launcher):
             ]
             job_table.print_and_append(sweep_dir, rows)
             numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
-            rerun.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+            submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         wait = bool(batch[0][2].view.launcher.wait)
         objective = str(batch[0][2].view.objective)
         if optimising or wait:

@@ -2,7 +2,7 @@
 
 The trainer never looks inside a batch except to move its tensor leaves to the input device
 and to know its size; what the leaves mean is the training step's business
-(hpc_train.compute.training.step). The size of a batch is the first dimension of its first tensor leaf.
+(hpc_train.compute.user.step). The size of a batch is the first dimension of its first tensor leaf.
 """
 
 from __future__ import annotations

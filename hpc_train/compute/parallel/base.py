@@ -20,13 +20,13 @@ import torch
 import torch.nn as nn
 
 from hpc_train import hang, rundir
-from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.data.batch import batch_size, split_batch
-from hpc_train.compute.training.gradients import clip_to_norm, total_norm
-from hpc_train.compute.training.precision import autocast, grad_scaler
+from hpc_train.compute.parallel.gradients import clip_to_norm, total_norm
+from hpc_train.compute.parallel.precision import autocast, grad_scaler
+from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.training.step import SupervisedStep, is_builtin, split_result
 from hpc_train.compute.user.building import is_classification
+from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 

@@ -24,11 +24,11 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.parallel.base import Strategy
 from hpc_train.compute.parallel.ddp import ReplicatedAcrossRanks
 from hpc_train.compute.parallel.partitioning import find_block_list
-from hpc_train.compute.training.precision import DTYPES
+from hpc_train.compute.parallel.precision import DTYPES
+from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.strategy_table import fsdp_mesh
 
 log = logging.getLogger("hpc_train")

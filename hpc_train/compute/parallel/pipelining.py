@@ -19,12 +19,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hpc_train import hang, rundir
-from hpc_train.compute.runtime import distributed, heartbeat
-from hpc_train.compute.training.precision import autocast
+from hpc_train.compute.parallel.base import Strategy
 from hpc_train.compute.parallel.partitioning import micro_batch
+from hpc_train.compute.parallel.precision import autocast
 from hpc_train.compute.parallel.staged_model import split_model
 from hpc_train.compute.parallel.tracing import stage_inputs
-from hpc_train.compute.parallel.base import Strategy
+from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.strategy_table import split_settings
 
 _DTYPES = [

@@ -77,7 +77,7 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str]
     """Record the start of an attempt (rank 0); report how earlier ones ended. Returns its number.
 
     `key` names the attempt for tasks that count attempts themselves (a script job's, see
-    hpc_train.compute.runtime.script_job.attempt_number)."""
+    hpc_train.compute.entry.script_job.attempt_number)."""
     previous = [] if fresh else rundir.read_attempts(run_dir)
     ends: Dict[Any, Dict[str, Any]] = {}
     for r in previous:

@@ -24,23 +24,23 @@ import torch
 from omegaconf import OmegaConf
 
 from hpc_train import hang, rundir
-from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
+from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.checkpointing.files import save_atomic
-from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
+from hpc_train.compute.parallel import build_strategy, rank_data_shard
+from hpc_train.compute.parallel.base import TOKENS
+from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
+from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
+from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
-from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.checkpointing.checkpointer import Checkpointer
-from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
-from hpc_train.compute.parallel import build_strategy, rank_data_shard
-from hpc_train.compute.parallel.base import TOKENS
-from hpc_train.compute.training.step import build_step
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
+from hpc_train.compute.user.step import build_step
 from hpc_train.fingerprint import fingerprint
 from hpc_train.rank_errors import note_time_of_death, notes_time_of_death
 

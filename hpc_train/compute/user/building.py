@@ -22,8 +22,8 @@ from torch.utils.data import Dataset, default_collate
 from hpc_train.compute.data.batch import describe
 from hpc_train.compute.data.loaders import is_stream
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.compute.training.step import check_step, is_builtin
 from hpc_train.compute.user.instantiate import instantiate_node
+from hpc_train.compute.user.step import check_step, is_builtin
 
 DATA_LOADER_KEYS = ("num_workers", "pin_memory", "collate_fn")  # data.* keys the loaders read, never the datasets
 
@@ -101,7 +101,7 @@ def _pair(item: Any, key: str) -> None:
         kind = f"a {len(item)}-tuple" if isinstance(item, (tuple, list)) else describe(item)
         hint = (
             " or, for a model that computes its own loss (Hugging Face: labels in the batch), set"
-            " trainer.step=hpc_train.steps.model_loss (a _target_ with _partial_: true), or your own step(model, batch)"
+            " trainer.step=hpc_train.compute.training.steps.model_loss (a _target_ with _partial_: true), or your own step(model, batch)"
         )
         raise Refusal(
             f"`{key}`: the built-in training step (trainer.step=null) takes (input, target) pairs, but item 0 is"

@@ -1,4 +1,4 @@
-"""Rerun only what failed: ``hpc-train-report SWEEP_DIR --rerun-failed`` (issue 32).
+"""Rerun only what failed: ``hpc-train-report SWEEP_DIR --rerun-failed``.
 
 At submission every Slurm job of a sweep (hpc-train's own or a Hydra app's) leaves one line in
 ``<sweep dir>/.hpc_train/submissions.jsonl``: its Slurm id, job number, submitit folder, sbatch
@@ -12,38 +12,13 @@ same job number: every reader takes the newest row of a job). No torch here: a l
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Optional, Tuple
 
-from hpc_train import job_table, rundir
-from hpc_train.job_states import ENDED, slurm_job_states
-
-SUBMISSIONS = Path(".hpc_train") / "submissions.jsonl"
-
-
-def record(sweep_dir: Path, entries: List[Dict[str, Any]]) -> None:
-    """Append one line per submitted job: {job_id, job, folder, params, max_requeues}."""
-    path = Path(sweep_dir) / SUBMISSIONS
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        for entry in entries:
-            handle.write(json.dumps(entry, default=str) + "\n")
-
-
-def newest_submission(folder: Path) -> Optional[Dict[str, Any]]:
-    """The newest submission record of a sweep dir or of a single run's dir (None when nothing was submitted)."""
-    path = Path(folder) / SUBMISSIONS
-    entries = rundir.read_jsonl(path) if path.exists() else []
-    return entries[-1] if entries else None
-
-
-def submissions(sweep_dir: Path) -> Dict[str, Dict[str, Any]]:
-    """job id -> its submission record (the newest one of a job id, were it recorded twice)."""
-    path = Path(sweep_dir) / SUBMISSIONS
-    if not path.exists():
-        return {}
-    return {str(entry["job_id"]): entry for entry in rundir.read_jsonl(path)}
+from hpc_train import rundir
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_states import ENDED, slurm_job_states
+from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
 
 
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:

@@ -32,7 +32,7 @@ class TrainingJob:
         return Path(self.spec["job"]["run_dir"])
 
     def __call__(self) -> Optional[Dict[str, Any]]:
-        from hpc_train.compute.runtime.entry import train  # torch: the login node imports this class to pickle it
+        from hpc_train.compute.entry.train import train  # torch: the login node imports this class to pickle it
 
         try:
             return train(OmegaConf.create(self.spec))

@@ -1,7 +1,7 @@
 """Training steps shipped with hpc-train, to name in ``trainer.step`` (a ``_target_`` with ``_partial_: true``).
 
 A step is a function ``step(model, batch)`` returning the loss (a scalar tensor) or a dict
-with ``loss`` and other scalar metrics; see hpc_train.compute.training.step for the contract.
+with ``loss`` and other scalar metrics; see hpc_train.compute.user.step for the contract.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def model_loss(model: Any, batch: Any) -> Any:
     Calls ``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple or list, ``model(batch)``
     otherwise, and returns the output's ``.loss`` attribute or ``["loss"]`` item.
     """
-    # compute side (data.batch imports torch): this runs in a training process; importing hpc_train.steps does not
+    # compute side (data.batch imports torch): this runs in a training process; importing hpc_train.compute.training.steps does not
     from hpc_train.compute.data.batch import describe
     from hpc_train.compute.runtime.refusal import Refusal
 
@@ -32,7 +32,7 @@ def model_loss(model: Any, batch: Any) -> Any:
     if loss is None:
         has_none = hasattr(output, "loss") or (isinstance(output, Mapping) and "loss" in output)
         raise Refusal(
-            f"`trainer.step`: hpc_train.steps.model_loss needs an output with a loss, but the model returned"
+            f"`trainer.step`: hpc_train.compute.training.steps.model_loss needs an output with a loss, but the model returned"
             f" {describe(output)}{' whose loss is None' if has_none else ''}. Fix: give the batch what the model needs"
             " to compute its loss (Hugging Face: a 'labels' key), or set trainer.step to your own function that"
             " returns the loss (e.g. `_, loss = model(x, y); return loss` for a model returning (logits, loss))."

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from hpc_train import rundir
-from hpc_train import slurm_cli
+from hpc_train import rundir, slurm_cli
 from hpc_train.rank_errors import read_records, root_cause
 
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint

@@ -25,12 +25,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hpc_train import app_report, job_table, rundir
-from hpc_train.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
-from hpc_train.launch.rerun import rerun_failed
-from hpc_train.sweep_status import never_running
-from hpc_train.text_table import format_table
-from hpc_train.watch import REFRESH_S, watch
+from hpc_train import rundir
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
+from hpc_train.jobs.sweep_status import never_running
+from hpc_train.jobs.text_table import format_table
+from hpc_train.report import app_report
+from hpc_train.report.rerun import rerun_failed
+from hpc_train.report.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
 PNG_MAX_JOBS = 200  # jobs a bar chart still shows one by one

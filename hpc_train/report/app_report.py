@@ -15,11 +15,11 @@ import pickle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_train import job_table
-from hpc_train.job_states import slurm_job_states
-from hpc_train.launch.rerun import SUBMISSIONS, submissions
-from hpc_train.sweep_status import alive
-from hpc_train.text_table import format_table
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_states import slurm_job_states
+from hpc_train.jobs.submissions import SUBMISSIONS, submissions
+from hpc_train.jobs.sweep_status import alive
+from hpc_train.jobs.text_table import format_table
 
 APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
 

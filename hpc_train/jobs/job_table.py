@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List
 
 from hpc_train import rundir
-from hpc_train.text_table import format_table
+from hpc_train.jobs.text_table import format_table
 
 HEADER = ("job_id", "job", "overrides", "layout")
 _DIALECT = dict(delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None, lineterminator="\n")

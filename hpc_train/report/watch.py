@@ -22,10 +22,12 @@ from typing import IO, Dict, List, Optional
 
 import yaml
 
-from hpc_train import app_report, job_table, rundir
+from hpc_train import rundir
 from hpc_train.cli_child import expand
-from hpc_train.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
-from hpc_train.sweep_status import never_running
+from hpc_train.jobs import job_table
+from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
+from hpc_train.jobs.sweep_status import never_running
+from hpc_train.report import app_report
 
 REFRESH_S = 5.0
 FAILED_SHOWN = 10  # failed jobs listed with their error (the count covers all of them)

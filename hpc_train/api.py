@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 from hpc_train import cli_child as child
 from hpc_train import rundir, slurm_cli
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
+from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_states as states
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
 from hpc_train.jobs.submissions import newest_submission
-from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.launch.errors import JobFailed
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -34,12 +34,13 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
+from hpc_train.config.engine import whole_mappings  # noqa: E402
+from hpc_train.config.errors import ConfigError  # noqa: E402
 from hpc_train.launch import objective, torchrun_client  # noqa: E402
-from hpc_train.launch.errors import ConfigError, Interrupted, JobFailed  # noqa: E402
+from hpc_train.launch.errors import Interrupted, JobFailed  # noqa: E402
 from hpc_train.launch.hydra_callbacks import Refused  # noqa: E402
 from hpc_train.launch.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.run import run_job  # noqa: E402
-from hpc_train.launch.schema import whole_mappings  # noqa: E402
 from hpc_train.launch.sbatch import prepare  # noqa: E402
 from hpc_train.launch.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.rundir import EXIT_CTRL_C, EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402

@@ -23,9 +23,9 @@ from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, 
 import yaml
 
 from hpc_train.conf import CONFIG_DIR
+from hpc_train.config.errors import ConfigError
 from hpc_train.jobs.job_states import rank_error
 from hpc_train.launch import hydra_internals
-from hpc_train.launch.errors import ConfigError
 from hpc_train.rank_errors import refusal_words
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["Dict
     from hydra.core.utils import setup_globals
     from omegaconf import OmegaConf, open_dict
 
-    from hpc_train.launch.schema import whole_mappings  # the key table (OmegaConf): only when composing
+    from hpc_train.config.engine import whole_mappings  # the key table (OmegaConf): only when composing
 
     setup_globals()  # Hydra's resolvers (${now:...}, ${hydra:...}), as a @hydra.main app has them
     hydra_config = HydraConfig.instance()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from hpc_train import rundir
-from hpc_train.launch.schema import DEFAULTS
+from hpc_train.config import DEFAULTS
 
 SECTIONS = ("model", "strategy", "data")
 # A sharded (fsdp) checkpoint loads at any number of ranks and mesh shape: these may change on resume.
@@ -58,8 +58,8 @@ def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False)
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[str]:
     """``key: checkpoint X, this run Y`` for every setting that differs.
 
-    A key one side lacks has its declared default (``schema.DEFAULTS``): a checkpoint written
-    before the login side filled in defaults (``schema.complete``) still matches.
+    A key one side lacks has its declared default (``hpc_train.config.DEFAULTS``): a checkpoint written
+    before the login side filled in defaults (``config.engine.complete``) still matches.
     """
     lines = []
     for key in sorted(set(saved) | set(current)):

@@ -110,7 +110,7 @@ class SplitSettings:
 
 
 def split_settings(strategy: Any) -> SplitSettings:
-    """The node's values as the declarations completed them (launch/schema.py ``complete``): no defaults here."""
+    """The node's values as the declarations completed them (``hpc_train.config.engine.complete``): no defaults here."""
     points = [str(p) for p in strategy["split_points"] or []]
     balance = strategy["balance"]
     stages = len(points) + 1 if points else (int(strategy["stages"]) if strategy["stages"] else None)

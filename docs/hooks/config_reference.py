@@ -1,7 +1,7 @@
 """MkDocs hook: the configuration reference, generated at build time from the key declarations and the shipped YAML.
 
-Every key is declared once, in ``hpc_train.launch.schema.RULES`` (type, range, default when left
-out, what null means, a one-line doc; the shipped ``_target_`` s' arguments in ``TARGET_ARGS``):
+Every key is declared once, in ``hpc_train.config.RULES`` (type, range, default when left
+out, what null means, a one-line doc; the shipped ``_target_`` s' arguments in ``config.targets.TARGET_ARGS``):
 the type and description columns come from there. Each option's own values come from its YAML
 file (conf/: config.yaml and <group>/<option>.yaml), read with a small line
 parser; the file's header comment describes the option, and a key's YAML comment is shown only
@@ -22,7 +22,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hpc_train.launch import schema
+from hpc_train.config import RULES
+from hpc_train.config.checks import type_text
+from hpc_train.config.targets import TARGET_ARGS
 
 MARKER = "<!-- config-reference -->"
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -140,14 +142,14 @@ def code(value: str) -> str:
 def declaration(key: str, target: str = "") -> tuple[str, str]:
     """(type, doc) of a dotted key: its rule, the argument of the shipped `target` it belongs to, or nothing."""
     parts = key.split(".")
-    for rule in schema.RULES:
+    for rule in RULES:
         pattern = rule.key.split(".")
         if len(pattern) == len(parts) and all(p in ("*", q) for p, q in zip(pattern, parts)):
-            return schema.type_text(rule.check), rule.doc
-    args = schema.TARGET_ARGS.get(target, {})
+            return type_text(rule.check), rule.doc
+    args = TARGET_ARGS.get(target, {})
     if parts[-1] in args:
         check, _, doc = args[parts[-1]]
-        return schema.type_text(check), doc
+        return type_text(check), doc
     if parts[-1] == "_target_":
         return "a dotted Python name", "The class or function this node builds; its other keys are the arguments."
     return "", ""
@@ -171,16 +173,16 @@ def every_key() -> list[str]:
     rows = [
         "## Every key",
         "",
-        "Each key as `hpc_train/launch/schema.py` declares it. *Left out*: what a job runs with when its",
+        "Each key as `hpc_train/config/` declares it (one module per group). *Left out*: what a job runs with when its",
         "config has no such key (your own option may leave it out); *required*: it must be there.",
         "",
         "| key | type | left out | null | what it is |",
         "|---|---|---|---|---|",
     ]
-    for rule in schema.RULES:
+    for rule in RULES:
         left_out = "required" if rule.required else (code(repr(rule.default)) if rule.has_default else "")
         rows.append(
-            f"| `{rule.key}` | {text(schema.type_text(rule.check))} | {left_out} | {text(rule.null or '')} |"
+            f"| `{rule.key}` | {text(type_text(rule.check))} | {left_out} | {text(rule.null or '')} |"
             f" {text(rule.doc)} |"
         )
     return rows

@@ -40,10 +40,10 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train import rundir
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
 from hpc_train.launch import capacity, hydra_internals, slurm
-from hpc_train.launch.config_view import ConfigView
-from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import sweeper_target
 from hpc_train.launch.slurm import cluster_account, cluster_qos
 from hpc_train.launch.sweep_limits import check_sweep_fits

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train import slurm_cli
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.slurm_time import slurm_minutes
 
 _FORMAT = "%N|%P|%c|%z|%m|%G|%l"  # node, partition (* = default), CPUs, S:C:T, memory MB, gres, time limit

@@ -1,4 +1,7 @@
-"""The exceptions the launch side raises, and how they are shown."""
+"""The exceptions the launch side raises once a config is accepted, and how they are shown.
+
+A refused config is ``hpc_train.config.errors.ConfigError``, raised below the launch side too.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +9,6 @@ from pathlib import Path
 from typing import Optional
 
 from hpc_train.rundir import EXIT_CTRL_C
-
-
-class ConfigError(Exception):
-    """Bad input found before anything runs or is queued.
-
-    Always names the offending config key and the fix, so the message alone is enough
-    for a user to correct the command line.
-    """
-
-    def __init__(self, key: str, problem: str, fix: str) -> None:
-        self.key = key
-        self.problem = problem
-        self.fix = fix
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        return f"hpc-train: invalid configuration for `{self.key}`: {self.problem} Fix: {self.fix}"
 
 
 class JobFailed(Exception):

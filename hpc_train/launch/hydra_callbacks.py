@@ -14,8 +14,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import run_claim
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch import torchrun_client
-from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.launch.errors import JobFailed
 from hpc_train.rundir import EXIT_REFUSED
 from hpc_train.launch.objective import check_objective
 

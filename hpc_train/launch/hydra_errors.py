@@ -27,9 +27,9 @@ from omegaconf.errors import (
 )
 
 from hpc_train.conf import CONFIG_DIR
+from hpc_train.config import MAPPING_KEYS
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch import hydra_internals
-from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.schema import MAPPING_KEYS
 
 
 def nearest(word: str, choices: Iterable[str]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.strategy_table import KINDS, NAMES, StrategyKind
 
 

@@ -18,24 +18,12 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from hpc_train import rundir
-from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.top import NUMERIC_SUMMARY_KEYS
+from hpc_train.launch.errors import JobFailed
 from hpc_train.script_command import is_script_job
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
-# Numeric keys of the summary.json rank 0 writes at the end of training (hpc_train/compute/training/trainer.py).
-NUMERIC_SUMMARY_KEYS = (
-    "eval_loss",
-    "eval_accuracy",
-    "train_loss",
-    "samples_per_sec",
-    "images_per_sec",  # the old name of samples_per_sec
-    "tokens_per_sec",
-    "eval_loss_ema",
-    "eval_accuracy_ema",
-    "global_step",
-    "epochs_completed",
-    "timed_steps",
-)
 
 
 # A user step's metric `m` is reported as train_m and eval_m (hpc_train/compute/user/step.py).

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
 from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings, strategy_id
 

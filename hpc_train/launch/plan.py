@@ -11,11 +11,11 @@ from typing import Union
 
 from omegaconf import DictConfig
 
-from hpc_train.launch.config_view import ConfigView
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.engine import checked_view
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.view import ConfigView
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.parallelism import Parallelism, resolve_parallelism
-from hpc_train.launch.schema import checked_view
 from hpc_train.launch.validate import validate
 from hpc_train.script_command import is_script_job
 
@@ -81,7 +81,7 @@ def torchrun_layout(layout: JobLayout) -> JobLayout:
 def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
     """Resolve the config, the parallel dimensions and validate everything; raises ConfigError before anything starts.
 
-    Every key's type and range is checked first (``schema.checked_view``, which also resolves
+    Every key's type and range is checked first (``config.engine.checked_view``, which also resolves
     the config once), so the layout and the checks after it only see values of the right kind.
     A sweep passes a view it resolved itself (already checked the same way).
     """

@@ -21,7 +21,7 @@ from typing import List, Mapping, Optional
 
 from omegaconf import DictConfig
 
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.plan import make_plan

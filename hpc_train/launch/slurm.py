@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc_train import rundir, slurm_cli
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.view import ConfigView, plain
 from hpc_train.launch import capacity
-from hpc_train.launch.config_view import ConfigView, plain
-from hpc_train.launch.errors import ConfigError, Interrupted
+from hpc_train.launch.errors import Interrupted
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.sweep_limits import array_chunk
 from hpc_train.rank_env import unset_line
@@ -133,7 +134,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     # the #SBATCH --signal and submitit's handler in the job to another signal than the trainer's.
     signal_name = requeue_signal(cfg)
     params["setup"] = [unset_line(), f"export SUBMITIT_PREEMPT_SIGNAL={signal_name}", *params["setup"]]
-    if str(cluster.gpu_flag) == "gres":  # schema.RULES allows gres or gpus-per-node
+    if str(cluster.gpu_flag) == "gres":  # the declaration allows gres or gpus-per-node
         params["gres"] = f"gpu:{layout.gpus_per_node}"
     else:
         params["gpus_per_node"] = layout.gpus_per_node
@@ -159,7 +160,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
 
 
 def requeue_signal(cfg: ConfigView) -> str:
-    """launcher.signal (checked by schema.RULES: USR1 or USR2, with or without SIG) as Slurm spells it."""
+    """launcher.signal (checked by its declaration: USR1 or USR2, with or without SIG) as Slurm spells it."""
     return str(cfg.launcher.signal).upper().removeprefix("SIG")
 
 

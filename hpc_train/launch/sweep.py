@@ -23,9 +23,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_table, submissions, sweep_status
 from hpc_train.launch import slurm
-from hpc_train.launch.errors import ConfigError, JobFailed
+from hpc_train.launch.errors import JobFailed
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.objective import read_objective, sweeper_wants_objective
 from hpc_train.launch.plan import make_plan

@@ -22,11 +22,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
+from hpc_train.config.engine import check_changed, check_plain, checked_view, complete, resolved
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.view import ConfigView, copy_plain
 from hpc_train.launch import hydra_internals
-from hpc_train.launch.config_view import ConfigView, copy_plain
 from hpc_train.launch.jobspec import hydra_choices
-from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.schema import check_changed, check_plain, checked_view, complete, resolved
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class _Template:
     choices: Dict[str, str]  # model=..., data=...: the job spec's `choices`
     plain: Optional[dict]  # its resolved values (None: something does not resolve)
     interpolations: List[Tuple[Tuple[Any, ...], str]]  # (path, text as written) of every interpolated value
-    checked: bool  # `plain` passed every rule of the schema: a job re-checks only the keys it changed
+    checked: bool  # `plain` passed every declared rule (hpc_train.config): a job re-checks only the keys it changed
     numbered: bool  # the run dir is <sweep dir>/<job number> and no value reads Hydra's node: no per-job Hydra state
     sweep_dir: Path
 

@@ -29,7 +29,7 @@ from typing import List, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import rundir
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.plan import make_plan
 from hpc_train.launch.run import report_summary

@@ -1,7 +1,7 @@
 """Check a composed config before anything runs or is queued.
 
 Each check raises ConfigError naming the key and the fix. ``check_keys`` first checks every
-key's type and range against the table in ``schema.py`` (before the layout is computed);
+key's type and range against the declarations in ``hpc_train.config`` (before the layout is computed);
 ``validate`` then checks what the types alone do not say (keys that must agree with each
 other or with the layout, files, packages). Only cheap, local checks live here (no torch, no
 network); cluster-side checks (partition names, node capacity) live with the Slurm launcher.
@@ -21,9 +21,9 @@ from typing import List, Optional, Tuple
 
 from hpc_train import hang as hang_watch
 from hpc_train import logger_table, rundir
+from hpc_train.config.errors import ConfigError
+from hpc_train.config.view import ConfigView
 from hpc_train.fingerprint import differences, fingerprint, read_header_fingerprint
-from hpc_train.launch.config_view import ConfigView
-from hpc_train.launch.errors import ConfigError
 from hpc_train.launch.objective import check_objective
 from hpc_train.launch.parallelism import Parallelism
 from hpc_train.script_command import is_script_job

@@ -1,8 +1,8 @@
-"""The job's config after Hydra composed it and ``schema.check_keys`` read it: plain data with dotted access.
+"""The job's config after Hydra composed it and ``engine.check_keys`` read it: plain data with dotted access.
 
 Why not keep reading the DictConfig: every attribute of a DictConfig is resolved again on each
 read (~10 us), and copying one with Hydra's node costs ~20 ms. The login side reads the config
-once, resolved (``schema.checked_view``), and every later step (layout, validation, sbatch
+once, resolved (``engine.checked_view``), and every later step (layout, validation, sbatch
 parameters, the job spec) reads this view: ``cfg.trainer.batch_size``, ``cfg.cluster.get("qos")``,
 ``cfg.strategy["stages"]``, ``"step" in cfg.trainer``, as with a DictConfig. It is read-only;
 ``plain()`` gives a deep copy of the data (what the job spec is made of).

@@ -1,0 +1,189 @@
+"""The cluster group: a site profile's sbatch settings.
+
+The per-GPU-type table of jean_zay-like profiles comes first: the keys below it interpolate it."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from hpc_train.config.checks import (
+    DECLARED_ONLY,
+    INT64_MAX,
+    SLURM_WORD,
+    SLURM_WORDS,
+    list_of,
+    one_of,
+    qos_row,
+    sbatch_options,
+    slurm_time,
+    text,
+    whole,
+)
+from hpc_train.config.rule import R, Rule
+
+RULES: Tuple[Rule, ...] = (
+    R(
+        "cluster.array_parallelism",
+        whole(1, INT64_MAX),
+        64,
+        null="no throttle",
+        doc="The site's default throttle for sweeps (launcher.array_parallelism overrides it); null: none.",
+        default=None,
+    ),
+    R(
+        "cluster.gpu_type",
+        DECLARED_ONLY,
+        "v100",
+        doc="Profiles with a types table: the GPU type whose row the keys below read (check_profile_type checks it).",
+    ),
+    R("cluster.types.*.partition", SLURM_WORDS, "gpu_p13", doc="Per GPU type: its partition."),
+    R(
+        "cluster.types.*.constraint",
+        text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024),
+        "v100-32g",
+        doc="Per GPU type: its --constraint.",
+    ),
+    R("cluster.types.*.gpus_per_node", whole(1, 1024), 4, doc="Per GPU type: GPUs per node."),
+    R("cluster.types.*.cpus_per_gpu", whole(1, 1024), 10, doc="Per GPU type: CPU cores per GPU."),
+    R(
+        "cluster.types.*.qos_prefix",
+        SLURM_WORD,
+        "qos_gpu",
+        doc="Per GPU type: the prefix of its QoS names (qos_gpu-t3 ...).",
+    ),
+    R(
+        "cluster.name",
+        text(r"[A-Za-z0-9_.+-]+", "a profile name (ASCII letters, digits, '.', '_', '+', '-')", 200),
+        "mysite",
+        required=True,
+        doc="The profile's name (shown in messages).",
+    ),
+    R(
+        "cluster.gpus_per_node",
+        whole(1, 1024),
+        4,
+        null="locally: count the GPUs",
+        doc="GPUs per node of the cluster; null: count them (nvidia-smi), 2 CPU workers when there are none.",
+        default=None,
+    ),
+    R(
+        "cluster.cpus_per_gpu",
+        whole(1, 1024),
+        4,
+        null="1",
+        doc="--cpus-per-task = cpus_per_gpu x GPUs per task; null: 1.",
+        default=None,
+    ),
+    R(
+        "cluster.partition",
+        SLURM_WORDS,
+        "gpu",
+        null="the cluster's default partition",
+        doc="--partition; null: the cluster's default partition.",
+        default=None,
+    ),
+    R(
+        "cluster.account",
+        SLURM_WORD,
+        "myproject",
+        null="no --account",
+        doc="--account; null: none (or from account_env).",
+        default=None,
+    ),
+    R(
+        "cluster.account_env",
+        text(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name"),
+        "IDRPROJ",
+        null="no account from the environment",
+        doc="The environment variable holding the account (e.g. IDRPROJ); null: none.",
+        default=None,
+    ),
+    R(
+        "cluster.account_suffix",
+        text(r"[A-Za-z0-9_.@:+-]+", "ASCII text without spaces", 255, min_len=0),
+        "@v100",
+        fix="set e.g. cluster.account_suffix=@v100, or cluster.account_suffix='' for none.",
+        doc="Appended to the account read from account_env (e.g. @v100).",
+        default="",
+    ),
+    R(
+        "cluster.qos",
+        SLURM_WORD,
+        "qos_gpu-t3",
+        null="from qos_by_time, else none",
+        doc="--qos; null: from qos_by_time, else none.",
+        default=None,
+    ),
+    R(
+        "cluster.qos_by_time",
+        list_of(qos_row, "{max_minutes: N, qos: name} rows"),
+        "[]",
+        null="no QoS by time",
+        fix=(
+            "give rows such as cluster.qos_by_time='[{max_minutes:120,qos:short}]', or cluster.qos_by_time=[] for none."
+        ),
+        doc="Rows {max_minutes: N, qos: name}: the first row the time limit fits in gives --qos.",
+        default=None,
+    ),
+    R(
+        "cluster.constraint",
+        text(r"[A-Za-z0-9_.,:&|!*\[\]()@+-]+", "a Slurm constraint (ASCII, no spaces)", 1024),
+        "a100",
+        null="no --constraint",
+        doc="--constraint, e.g. a100; null: none.",
+        default=None,
+    ),
+    R(
+        "cluster.hint",
+        one_of("nomultithread", "multithread", "compute_bound", "memory_bound"),
+        "nomultithread",
+        null="no --hint",
+        doc="--hint, e.g. nomultithread; null: none.",
+        default=None,
+    ),
+    R(
+        "cluster.gpu_flag",
+        one_of("gres", "gpus-per-node"),
+        "gres",
+        fix="use cluster.gpu_flag=gres or cluster.gpu_flag=gpus-per-node.",
+        doc="How GPUs are asked for: gres (--gres=gpu:G) or gpus-per-node (--gpus-per-node=G).",
+        default="gres",
+    ),
+    R(
+        "cluster.time",
+        slurm_time,
+        "01:00:00",
+        fix="set cluster.time=01:00:00 (HH:MM:SS) or a number of minutes.",
+        doc="The profile's default wall-clock limit (resources.time overrides it).",
+    ),
+    R(
+        "cluster.mem_gb",
+        whole(1, 2**20),
+        64,
+        null="the cluster's default",
+        doc="--mem per node in GB; null: the cluster's default.",
+        default=None,
+    ),
+    R(
+        "cluster.setup",
+        list_of(text(what="a shell command line"), "shell command lines"),
+        "'[module purge,module load pytorch-gpu]'",
+        null="no setup lines",
+        fix=(
+            "give one plain command per list entry, e.g. cluster.setup='[module purge,module load pytorch-gpu]', or"
+            " cluster.setup=[]."
+        ),
+        doc="Shell lines run before srun, e.g. [module purge, module load pytorch-gpu].",
+        default=None,
+    ),
+    R(
+        "cluster.extra",
+        sbatch_options,
+        "{exclusive:true}",
+        null="no extra options",
+        fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none.",
+        doc="Any other sbatch option as {option: value}, e.g. {exclusive: true, mail-type: END}.",
+        default=None,
+        mapping=True,
+    ),
+)

@@ -1,0 +1,58 @@
+"""The launcher group: where a job runs (local, slurm, sbatch), the requeue signal and sweep throttle."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from hpc_train.config.checks import INT64_MAX, flag, one_of, whole
+from hpc_train.config.rule import R, Rule
+
+RULES: Tuple[Rule, ...] = (
+    R(
+        "launcher.name",
+        one_of("local", "slurm", "sbatch"),
+        "local",
+        required=True,
+        fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch.",
+        doc="Where the job runs: local (this machine), slurm (submitted with submitit) or sbatch (inside your own sbatch script).",
+    ),
+    R(
+        "launcher.wait",
+        flag,
+        "true",
+        fix="use launcher.wait=true (follow the job to its end) or launcher.wait=false.",
+        doc="Slurm: follow the job until it ends and print its summary.",
+    ),
+    R(
+        "launcher.signal",
+        one_of("USR1", "USR2", normalize=lambda s: s.upper().removeprefix("SIG")),
+        "USR2",
+        fix="use launcher.signal=USR2 (the default) or launcher.signal=USR1.",
+        doc="The requeue signal (USR1 | USR2): checkpoint after the current step, then requeue.",
+        default="USR2",
+    ),
+    R(
+        "launcher.signal_delay_s",
+        whole(1, 65535),
+        120,
+        fix="set e.g. launcher.signal_delay_s=120: enough to finish a step and write a checkpoint.",
+        doc="Seconds before the time limit Slurm sends the requeue signal (#SBATCH --signal=USR2@120).",
+        default=120,
+    ),
+    R(
+        "launcher.master_port",
+        whole(1, 65535),
+        29500,
+        null="a free port",
+        doc="The rendezvous port of a local run; null: a free port.",
+        default=None,
+    ),
+    R(
+        "launcher.array_parallelism",
+        whole(1, INT64_MAX),
+        64,
+        null="the cluster profile's cluster.array_parallelism, else no throttle",
+        doc="A sweep's arrays run at most this many jobs at once (--array=0-N%P); null: the cluster profile's, else no throttle.",
+        default=None,
+    ),
+)

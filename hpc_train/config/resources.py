@@ -1,0 +1,40 @@
+"""The resources group: the nodes, GPUs per node and time limit a job asks for."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from hpc_train.config.checks import slurm_time, whole
+from hpc_train.config.rule import R, Rule
+
+RULES: Tuple[Rule, ...] = (
+    R(
+        "resources.nodes",
+        whole(1, 100_000),
+        1,
+        required=True,
+        fix="set resources.nodes=1 or more.",
+        doc="Nodes of the job.",
+    ),
+    R(
+        "resources.gpus_per_node",
+        whole(1, 1024),
+        1,
+        null="the cluster profile's; locally all GPUs",
+        required=True,
+        fix="set resources.gpus_per_node=1 or more (at most 1024), or null for the cluster profile's value.",
+        doc="GPUs per node the job uses; null: the cluster profile's value (locally: all GPUs, or 2 CPU workers without GPUs).",
+    ),
+    R(
+        "resources.time",
+        slurm_time,
+        "01:00:00",
+        null="the cluster profile's",
+        required=True,
+        fix=(
+            "set resources.time=01:00:00 (HH:MM:SS) or a number of minutes such as resources.time=90, or null for the"
+            " cluster profile's."
+        ),
+        doc="Wall-clock limit (minutes or HH:MM:SS); null: the cluster profile's default.",
+    ),
+)

@@ -48,7 +48,7 @@ MODES = ("before", "after")
 MB = 1e6
 
 
-# -- the old code path (hpc_train before issue 33's change), kept here only --------------------
+# -- the old code path (rank 0 hashes every file), kept here only ---------------------------------
 # The save is dcp_save.save_dcp; the manifest's names and hashing are dcp_manifest's (split out of dcp.py).
 def old_write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
     """The old ``_write_manifest``: rank 0 reads back and hashes every file of the dir."""

@@ -25,7 +25,7 @@ the OS when freed, so RSS follows the live tensors instead of what the allocator
 
 The per-rank figure of a run is the maximum over its ranks. The reference is one plain
 PyTorch process (no process group, no wrapping: the "full copy" every ddp rank holds).
-Target (the issue): fsdp's sharded state <= 1.1 x ddp's state / W at each W.
+Target: fsdp's sharded state <= 1.1 x ddp's state / W at each W.
 
 Step time: at W = 2 ddp and fsdp runs alternate (ddp, fsdp, ddp, fsdp, ...; one pair = one
 ddp run and the fsdp run after it), each timing `steps` steps after `warmup` (barrier, then

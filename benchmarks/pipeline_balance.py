@@ -5,7 +5,7 @@ Each run, in fresh processes (1 intra-op thread each, run one after the other, n
 1. **choice**: hpc-train's `balance=time` split (`partitioning.stage_counts`, forward + backward time of
    each layer at the micro-batch size), measured as the first work of a fresh process, exactly as
    `pipeline_efficiency.py` and a job's start measure it (with `--legacy`, also the timing hpc-train
-   used before issue #24, section 4, in its own fresh process);
+   used before it timed in rounds, in its own fresh process);
 2. **truth**: every 2-stage split k (stage 0 = the first k layers), each stage run as the pipeline
    runs it on one micro-batch: stage 0 forward and backward (from ones), stage 1 forward on stage 0's
    activation, cross-entropy loss and backward. One untimed warm-up round, then `--rounds` rounds

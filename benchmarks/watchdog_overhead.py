@@ -1,4 +1,4 @@
-"""What the hang watchdog costs a training step (issue 31): on, off, and a plain PyTorch loop.
+"""What the hang watchdog costs a training step: on, off, and a plain PyTorch loop.
 
 Three sides, each a fresh process, in every order in turn (so a drift favours none):
 
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FOREIGN_MAX, HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, hpc_train_cmd, load, machine_info, paired_ratios, probe_record, row, run_checked, stats, write_result  # noqa: E402
 
-TARGET = 0.01  # the issue's bar: at most 1 % of step time
+TARGET = 0.01  # the bar: at most 1 % of step time
 FULL = {"repeats": 6, "steps": 40, "warmup": 5}
 QUICK = {"repeats": 3, "steps": 30, "warmup": 5}
 

@@ -1,8 +1,8 @@
 """Stress test: many short 2-rank fsdp and ddp runs under CPU load; count ranks that fail after training finished.
 
-Issue 31: a finished 2-rank fsdp run once aborted in rank 1's interpreter shutdown ("terminate
-called without an active exception", exit -6), failing a job that had trained to the end. Every
-rank now frees its training objects before the process group is destroyed
+A finished 2-rank fsdp run can abort in rank 1's interpreter shutdown ("terminate called without
+an active exception", exit -6), failing a job that had trained to the end, unless every rank frees
+its training objects before the process group is destroyed
 (hpc_train.compute.entry.train.release_before_teardown). This runs N jobs (alternating fsdp and ddp,
 toy MLP, 6 steps, gloo on CPU) while a busy-loop process loads one core, and reports how many
 exited non-zero, and how many of those printed "terminate called".

@@ -45,7 +45,9 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 from hpc_train import cli_child as child
 from hpc_train import rundir, slurm_cli
 from hpc_train.cli_child import OUTPUT_NAME, PathLike
+from hpc_train.config import default_of
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.strategy import micro_batches
 from hpc_train.jobs import job_states as states
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
@@ -382,17 +384,17 @@ def staged_model(
     model: Any,
     devices: Optional[Sequence[Any]] = None,
     stages: Optional[int] = None,
-    chunks: int = 1,
-    balance: Union[str, Sequence[int]] = "params",
+    chunks: Optional[int] = None,
+    balance: Union[str, Sequence[int]] = default_of("strategy.balance"),
     split_points: Optional[Sequence[str]] = None,
-    batchnorm: str = "keep",
+    batchnorm: str = default_of("strategy.batchnorm"),
     example: Any = None,
 ) -> Any:
     """`model` cut into consecutive stages exactly as ``strategy=model_parallel`` (chunks=1) or ``pipeline`` builds it.
 
     For timing or inspecting a split in this process (the demo notebook does). Arguments
     mirror the strategy's keys: ``stages`` (default: one per device, or ``len(split_points) + 1``),
-    ``chunks`` (micro-batches per batch), ``balance`` (``params``, ``time`` with an ``example``
+    ``chunks`` (micro-batches per batch; None: one), ``balance`` (``params``, ``time`` with an ``example``
     batch, or layer counts), ``split_points`` (module names where a stage begins) and
     ``batchnorm`` (``keep`` or ``freeze``). ``devices``: torch devices or names, stage s on
     ``devices[s % len(devices)]``; default: the visible GPUs (wrapping around when there are
@@ -420,7 +422,7 @@ def staged_model(
         devices,
         stages,
         balance,
-        chunks,
+        micro_batches(chunks),
         freeze_batchnorm=batchnorm == "freeze",
         example=example,
         split_points=points or None,

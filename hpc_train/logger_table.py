@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, List, NamedTuple, Optional
 
+from hpc_train.config import default_of
+
 
 class Tracker(NamedTuple):
     module: str  # what `import` needs (looked up with importlib.util.find_spec on the login node)
@@ -40,7 +42,7 @@ def chosen(node: Any) -> Choice:
         return Choice([], None)  # ~logger: metrics.jsonl only
     if not isinstance(node, Mapping):
         return Choice([], f"the logger node must be a config node such as {{name: tensorboard}}, got {node!r}")
-    name = node.get("name", "jsonl")
+    name = node.get("name", default_of("logger.name"))
     if not isinstance(name, str) or name not in LOGGERS:
         return Choice([], f"unknown logger {name!r}")
     if "trackers" not in node:  # a logger option of one's own written before trackers existed: its name says it

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple, Union
 
+from hpc_train.config import default_of
+from hpc_train.config.strategy import micro_batches
+
 
 @dataclass(frozen=True)
 class StrategyKind:
@@ -73,13 +76,12 @@ KINDS = {
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
     )
 }
-NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
 
 
 def strategy_id(strategy: Any) -> str:
     """The identity of a `strategy` config node (what users type -> one name)."""
     name = str(strategy.get("name"))
-    if name == "pipeline" and str(strategy.get("engine", "native")) == "pipelining":
+    if name == "pipeline" and str(strategy.get("engine", default_of("strategy.engine"))) == "pipelining":
         return "pipelining"
     return name
 
@@ -91,9 +93,9 @@ def kind_of(strategy: Any) -> Optional[StrategyKind]:
 def fsdp_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, int]:
     """(replicas, shards) of an fsdp job: `strategy.replicate` 1 shards over all ranks, `nodes` shards inside a node
     and replicates across nodes (HSDP), R makes R replicas of W / R shards (validated on the login side)."""
-    replicate = strategy.get("replicate", 1)
+    replicate = strategy.get("replicate", default_of("strategy.replicate"))
     world = nodes * tasks_per_node
-    replicas = nodes if str(replicate) == "nodes" else int(replicate or 1)
+    replicas = nodes if str(replicate) == "nodes" else int(replicate)
     return replicas, world // max(1, replicas)
 
 
@@ -118,7 +120,7 @@ def split_settings(strategy: Any) -> SplitSettings:
     return SplitSettings(
         stages=stages,
         split_points=points,
-        chunks=int(strategy["chunks"] or 1) if "chunks" in strategy else 1,  # null, or model_parallel: one
+        chunks=micro_batches(strategy.get("chunks")),
         balance=balance if isinstance(balance, str) else [int(c) for c in balance],
         batchnorm=str(strategy["batchnorm"]),
         schedule=None if schedule is None else str(schedule).lower(),

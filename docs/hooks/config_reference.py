@@ -174,13 +174,16 @@ def every_key() -> list[str]:
         "## Every key",
         "",
         "Each key as `hpc_train/config/` declares it (one module per group). *Left out*: what a job runs with when its",
-        "config has no such key (your own option may leave it out); *required*: it must be there.",
+        "config has no such key (your own option may leave it out), or why nothing is filled in; *required*: it must be",
+        "there.",
         "",
         "| key | type | left out | null | what it is |",
         "|---|---|---|---|---|",
     ]
     for rule in RULES:
-        left_out = "required" if rule.required else (code(repr(rule.default)) if rule.has_default else "")
+        left_out = (
+            "required" if rule.required else (code(repr(rule.default)) if rule.has_default else text(rule.left_out))
+        )
         rows.append(
             f"| `{rule.key}` | {text(type_text(rule.check))} | {left_out} | {text(rule.null or '')} |"
             f" {text(rule.doc)} |"

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 from hpc_train.config.checks import INT64_MAX, flag, one_of, whole
 from hpc_train.config.rule import R, Rule
+
+
+def signal_name(value: Any) -> str:
+    """launcher.signal as Slurm and submitit spell it (USR2), however it was written (usr2, SIGUSR2): the one
+    normalisation the check, the sbatch line and the ranks' handler all use."""
+    return str(value).upper().removeprefix("SIG")
+
 
 RULES: Tuple[Rule, ...] = (
     R(
@@ -22,10 +29,11 @@ RULES: Tuple[Rule, ...] = (
         "true",
         fix="use launcher.wait=true (follow the job to its end) or launcher.wait=false.",
         doc="Slurm: follow the job until it ends and print its summary.",
+        default=False,
     ),
     R(
         "launcher.signal",
-        one_of("USR1", "USR2", normalize=lambda s: s.upper().removeprefix("SIG")),
+        one_of("USR1", "USR2", normalize=signal_name),
         "USR2",
         fix="use launcher.signal=USR2 (the default) or launcher.signal=USR1.",
         doc="The requeue signal (USR1 | USR2): checkpoint after the current step, then requeue.",

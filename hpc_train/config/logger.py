@@ -15,6 +15,7 @@ RULES: Tuple[Rule, ...] = (
         DECLARED_ONLY,
         "jsonl",
         doc="The logger option (jsonl, tensorboard, wandb, mlflow; set by logger=NAME).",
+        default="jsonl",
     ),
     R(
         "logger.trackers",
@@ -22,6 +23,7 @@ RULES: Tuple[Rule, ...] = (
         "{tensorboard:true}",
         doc="The trackers beside metrics.jsonl as {name: true} (logger=[tensorboard,mlflow] merges the options' maps).",
         mapping=True,
+        left_out="logger.name alone picks the tracker (a logger option written before trackers existed)",
     ),
     R(
         "logger.log_dir",
@@ -29,6 +31,7 @@ RULES: Tuple[Rule, ...] = (
         "tensorboard",
         fix="set logger.log_dir=tensorboard (relative to the run dir) or an absolute path.",
         doc="TensorBoard: where the event files go (relative to the run dir, or absolute).",
+        default="tensorboard",
     ),
     R(
         "logger.project",
@@ -36,6 +39,7 @@ RULES: Tuple[Rule, ...] = (
         "my-project",
         null="W&B's default project",
         doc="W&B: the project.",
+        default=None,
     ),
     R(
         "logger.entity",
@@ -43,6 +47,7 @@ RULES: Tuple[Rule, ...] = (
         "my-team",
         null="your default entity",
         doc="W&B: your user or team; null: your default entity.",
+        default=None,
     ),
     R(
         "logger.run_name",
@@ -50,6 +55,7 @@ RULES: Tuple[Rule, ...] = (
         "resnet-baseline",
         null="the run dir's last two parts",
         doc="W&B / MLflow: the run's display name; null: the run dir's last two parts.",
+        default=None,
     ),
     R(
         "logger.tags",
@@ -58,6 +64,7 @@ RULES: Tuple[Rule, ...] = (
         null="no tags",
         fix="set e.g. logger.tags=[baseline,resnet] (W&B tags: at most 64 characters each).",
         doc="W&B: the run's tags.",
+        default=[],
     ),
     R(
         "logger.mode",
@@ -65,6 +72,7 @@ RULES: Tuple[Rule, ...] = (
         "offline",
         null="$WANDB_MODE, else offline on Slurm, else online",
         doc="W&B: online | offline | disabled; null: $WANDB_MODE if set, else offline on Slurm, else online.",
+        default=None,
     ),
     R(
         "logger.dir",
@@ -72,6 +80,7 @@ RULES: Tuple[Rule, ...] = (
         "wandb_runs",
         null="the run dir",
         doc="W&B: where its wandb/ folder goes; null: the run dir.",
+        default=None,
     ),
     R(
         "logger.tracking_uri",
@@ -79,6 +88,7 @@ RULES: Tuple[Rule, ...] = (
         "http://mlflow-server:5000",
         null="an SQLite store in each run dir",
         doc="MLflow: the tracking URI; null: one SQLite store per job, sqlite:///<run dir>/mlflow.db.",
+        default=None,
     ),
     R(
         "logger.experiment",
@@ -86,11 +96,13 @@ RULES: Tuple[Rule, ...] = (
         "my-experiment",
         null="MLflow's Default experiment",
         doc="MLflow: the experiment (created if missing); null: MLflow's Default.",
+        default=None,
     ),
     R(
         "logger.log_model",
         flag,
         "true",
         doc="MLflow: log the final model.pt (or model_stage*.pt) as an artifact at the end.",
+        default=False,
     ),
 )

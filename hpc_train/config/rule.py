@@ -7,16 +7,19 @@ from typing import Any, Optional, Tuple
 
 from hpc_train.config.checks import Checker
 
-NO_DEFAULT: Any = type("NoDefault", (), {"__repr__": lambda self: "NO_DEFAULT"})()  # a key that must be given
+NO_DEFAULT: Any = type("NoDefault", (), {"__repr__": lambda self: "NO_DEFAULT"})()  # no value filled in (see Rule)
 
 
 @dataclass(frozen=True)
 class Rule:
     """One configuration key, declared once: what it accepts, what it means, what a config without it runs with.
 
-    ``default`` is the value the job runs with when the config has no such key (a user's own
-    option may leave keys out; ``complete`` fills them in before anything reads the config);
-    the shipped options give their own values in their YAML, each checked against ``check`` by
+    Each rule says what a config without the key means, in exactly one way: ``default``, the
+    value the job runs with (a user's own option may leave keys out; ``engine.complete`` fills
+    them in before anything reads the config, so no reader keeps a fallback of its own);
+    ``required``, the config must have it (the shipped YAML gives its value, in that one place);
+    or ``left_out``, why no value is filled in (a key only some options use). The shipped options'
+    values are checked against ``check``, and against ``default`` where they restate it, by
     tests/unit/test_config_keys.py. ``only``: for strategy keys, the strategies (``strategy_table``
     identities) the key means something to, so a ``single`` job is not given pipeline settings.
     ``mapping``: the value may be a mapping of keys the shipped node need not have (sbatch
@@ -33,6 +36,7 @@ class Rule:
     default: Any = NO_DEFAULT
     only: Tuple[str, ...] = ()
     mapping: bool = False
+    left_out: str = ""  # what a config without the key means where no default is filled in
 
     def fix_for(self, key: str) -> str:
         if self.fix:
@@ -56,5 +60,6 @@ def R(
     default: Any = NO_DEFAULT,
     only: Tuple[str, ...] = (),
     mapping: bool = False,
+    left_out: str = "",
 ) -> Rule:
-    return Rule(key, check, str(example), null, required, fix, doc, default, only, mapping)
+    return Rule(key, check, str(example), null, required, fix, doc, default, only, mapping, left_out)

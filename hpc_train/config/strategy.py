@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 from hpc_train.config.checks import balance, flag, list_of, one_of, replicate, split_point, whole
 from hpc_train.config.rule import R, Rule
-from hpc_train.strategy_table import NAMES as STRATEGY_NAMES
+
+NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
+
+
+def micro_batches(chunks: Optional[Any]) -> int:
+    """strategy.chunks as a count: null, or a strategy without the key (model_parallel), is one micro-batch."""
+    return 1 if chunks is None else int(chunks)
+
 
 RULES: Tuple[Rule, ...] = (
     R(
         "strategy.name",
-        one_of(*STRATEGY_NAMES),
+        one_of(*NAMES),
         "ddp",
         required=True,
-        fix=f"pick the strategy with strategy={'|'.join(STRATEGY_NAMES)}.",
+        fix=f"pick the strategy with strategy={'|'.join(NAMES)}.",
         doc="The parallelism strategy (pick it with strategy=NAME).",
     ),
     R(

@@ -71,5 +71,6 @@ RULES: Tuple[Rule, ...] = (
             " eval_<name> for a metric your trainer.step returns."
         ),
         doc="The summary.json value each job returns to a sweeper that optimises (Optuna minimizes it).",
+        left_out="a job of hpc_train's own trainer is refused (launch/objective.py); a script job reports its own",
     ),
 )

@@ -9,6 +9,8 @@ from hpc_train.config.checks import auto_or, flag, name_or_target, number, one_o
 from hpc_train.config.rule import R, Rule
 
 PRECISIONS = ("32", "bf16", "16")
+# trainer.hang_timeout_s=auto, in words, from the constants hang.timeout_s computes it with
+HANG_AUTO = f"max({hang.AUTO_FLOOR_S:g} s, {hang.AUTO_STEPS} median steps)"
 
 RULES: Tuple[Rule, ...] = (
     R(
@@ -222,9 +224,9 @@ RULES: Tuple[Rule, ...] = (
         auto_or(number(0, 7 * 24 * 3600, low_open=True)),
         600,
         null="no hang watchdog",
-        fix="set trainer.hang_timeout_s=auto (max(300 s, 20 median steps)), a number of seconds (e.g. 600),"
-        " or null (no hang watchdog).",
-        doc="No rank advanced for this long: dump every rank's stacks, name the stuck ones, end the job (exit code 4); auto: max(300 s, 20 median steps); null: off.",
+        fix=f"set trainer.hang_timeout_s=auto ({HANG_AUTO}), a number of seconds (e.g. 600), or null (no hang watchdog).",
+        doc="No rank advanced for this long: dump every rank's stacks, name the stuck ones, end the job (exit code 4);"
+        f" auto: {HANG_AUTO}; null: off.",
         default=hang.AUTO,
     ),
     R(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.strategy_table import KINDS, NAMES, StrategyKind
+from hpc_train.config.strategy import NAMES
+from hpc_train.strategy_table import KINDS, StrategyKind
 
 
 @dataclass(frozen=True)

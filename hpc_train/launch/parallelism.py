@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.strategy import micro_batches
 from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
 from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings, strategy_id
 
@@ -31,7 +32,7 @@ class Parallelism:
     @property
     def chunks(self) -> int:
         """Micro-batches each data-parallel rank cuts its batch into (1 without a split strategy)."""
-        return self.split.chunks if self.split is not None else 1
+        return self.split.chunks if self.split is not None else micro_batches(None)
 
 
 def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, local: bool) -> Parallelism:

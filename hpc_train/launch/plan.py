@@ -51,13 +51,8 @@ def count_local_gpus() -> int:
 
 def resolve_gpus_per_node(cfg: ConfigView) -> int:
     """resources.gpus_per_node, else the cluster profile's, else (local only) what this machine has."""
-    for key, value in (
-        ("resources.gpus_per_node", cfg.resources.gpus_per_node),
-        ("cluster.gpus_per_node", cfg.cluster.get("gpus_per_node")),
-    ):
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(key, f"must be a positive integer, got {value!r}.", f"set {key}=1 or more.")
+    for value in (cfg.resources.gpus_per_node, cfg.cluster.get("gpus_per_node")):
+        if value is not None:  # type and range: each key's declaration, checked before any layout
             return value
     if cfg.launcher.name == "local":
         return count_local_gpus() or CPU_WORKERS_WITHOUT_GPU

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from hpc_train import rundir, slurm_cli
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import Interrupted
@@ -161,7 +162,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
 
 def requeue_signal(cfg: ConfigView) -> str:
     """launcher.signal (checked by its declaration: USR1 or USR2, with or without SIG) as Slurm spells it."""
-    return str(cfg.launcher.signal).upper().removeprefix("SIG")
+    return signal_name(cfg.launcher.signal)
 
 
 def check_partition(params: Dict[str, Any], key: str = "cluster.partition") -> None:

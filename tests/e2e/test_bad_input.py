@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import TINY, TINY_TRAINER, run_cli
+from tests.support.cli import TINY, TINY_TRAINER, run_cli
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ from tests.conftest import TINY, TINY_TRAINER, run_cli
         (["script.argv=[no_such_train.py]"], "script.argv", "-- train.py ARGS"),
         (["script.argv=[-m,no_such_module_xyz]"], "script.argv", "pip install -e"),
         (["script.argv=[]"], "script.argv", "after `--`"),
-        (["strategy=single", "script.launcher=torchrun", "script.argv=[tests/scripts/ddp_allreduce.py]"], "script.launcher", "strategy=ddp"),
+        (["strategy=single", "script.launcher=torchrun", "script.argv=[tests/support/scripts/ddp_allreduce.py]"], "script.launcher", "strategy=ddp"),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):
@@ -136,7 +136,7 @@ def test_empty_imagefolder_root_is_refused(tmp_path):
         (["--", "-m", "no_such_package_xyz.train"], "script.argv", "No module named 'no_such_package_xyz'"),
         (["--", "-m"], "script.argv", "-- -m package.module"),
         (["--"], "script.argv", "after `--`"),
-        (["strategy=single", "script.launcher=torchrun", "--", "tests/scripts/ddp_allreduce.py"], "script.launcher", "strategy=ddp"),
+        (["strategy=single", "script.launcher=torchrun", "--", "tests/support/scripts/ddp_allreduce.py"], "script.launcher", "strategy=ddp"),
     ],
 )
 def test_bad_script_command_is_refused_before_anything_is_queued(args, key, fix, tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import (
+from tests.support.cli import (
     TINY,
     assert_bit_identical,
     assert_ok,

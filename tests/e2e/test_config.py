@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch import schema
-from tests.conftest import REPO, run_cli
+from tests.support.cli import run_cli
+from tests.support.paths import REPO
 
 GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
 OPTIONS = [(group, f.stem) for group in GROUPS for f in sorted((Path(CONFIG_DIR) / group).glob("*.yaml"))]

@@ -43,8 +43,8 @@ from hpc_train.compute.checkpointing.files import (
     UnsafeCheckpoint,
     capture_rng,
 )
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 STEP1, STEP2 = "step_000000001", "step_000000002"
 
 

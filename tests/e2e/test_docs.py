@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO as ROOT
+
 BIN = Path(sys.executable).parent
 MARK = re.compile(r"^<!-- test: dry-run(?: cwd=(?P<cwd>\S+))? -->\s*$")
 

@@ -1,7 +1,7 @@
 """A hung rank is found, named and shown: the hang watchdog and the second stop signal.
 
-Real gloo ranks under the local launcher. A user step (tests/user_steps.py) or a dataset
-(tests/hang_data.py) sleeps for an hour at a known point; the watchdog must end the job within
+Real gloo ranks under the local launcher. A user step (tests/support/user_steps.py) or a dataset
+(tests/support/hang_data.py) sleeps for an hour at a known point; the watchdog must end the job within
 trainer.hang_timeout_s + 60 s with exit code 4, name the right ranks with the sleeping frame and
 its line of code, and leave every rank's stacks in its log. The pure parts (the blame, the dump
 parsers, the folded stack, the auto timeout) are checked on their own at the end.
@@ -22,7 +22,8 @@ import pytest
 
 from hpc_train import hang, rundir
 from hpc_train.compute.runtime import pyspy
-from tests.conftest import REPO, TINY, run_cli, wait_for
+from tests.support.cli import TINY, run_cli, wait_for
+from tests.support.paths import REPO, SUPPORT
 
 HANG_S = 6
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=null", "trainer.max_steps=40", "trainer.eval=false"]
@@ -31,7 +32,7 @@ LIMIT_S = HANG_S + 60  # the issue's bar: the job ends within hang_timeout_s + 6
 
 
 def step(name: str) -> str:
-    return f"trainer.step={{_target_:tests.user_steps.{name},_partial_:true}}"
+    return f"trainer.step={{_target_:tests.support.user_steps.{name},_partial_:true}}"
 
 
 def hung_job(args, run_dir: Path) -> str:
@@ -68,7 +69,7 @@ def test_a_rank_that_sleeps_in_its_step_is_named_with_its_stack_and_its_peer_as_
     message = hung_job([*TINY, *DDP, *WATCHED, step("sleeps_on_rank_1")], run_dir)
     assert "; rank 1 stuck:" in message and "rank 1 (host " in message and "is stuck in forward at step 3:" in message
     culprit = message.split("rank 1 (host ")[1].split("rank 0 is waiting")[0]
-    steps = REPO / "tests" / "user_steps.py"
+    steps = SUPPORT / "user_steps.py"
     innermost = traceback_entry(steps, "time.sleep(seconds)", "sleeps_forever")
     assert f":\n{innermost}{traceback_entry(steps, 'sleeps_forever()', 'sleeps_on_rank_1')}" in culprit, culprit
     # Hydra's frames that call the step are folded; the stack ends at hpc_train's frame that called them
@@ -97,10 +98,10 @@ def test_when_every_rank_sleeps_every_rank_is_named(tmp_path):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_dataset_that_hangs_on_rank_1_is_named_with_the_reading_frame(workers, tmp_path):
     run_dir = tmp_path / "run"
-    data = ["data.train={_target_:tests.hang_data.HangsOnRank1}", f"data.num_workers={workers}"]
+    data = ["data.train={_target_:tests.support.hang_data.HangsOnRank1}", f"data.num_workers={workers}"]
     message = hung_job([*TINY, *DDP, *WATCHED, *data], run_dir)
     assert "; rank 1 stuck:" in message and "is stuck in data at step" in message
-    reading = traceback_entry(REPO / "tests" / "hang_data.py", "time.sleep(3600)", "__getitem__")
+    reading = traceback_entry(SUPPORT / "hang_data.py", "time.sleep(3600)", "__getitem__")
     assert reading in message, message  # the worker's frame, or the rank's own
     if workers:
         assert "its child process (pid " in message
@@ -367,7 +368,7 @@ def test_the_auto_timeout_is_five_minutes_or_twenty_steps_below_the_process_grou
 def test_a_script_jobs_hung_rank_is_named_from_its_py_spy_stack(tmp_path):
     """Your own script: progress is its output (and hpc_train.log_metrics rows); stacks come from py-spy."""
     run_dir = tmp_path / "run"
-    script = ["tests/scripts/ddp_allreduce.py", "--steps", "10", "--hang-rank", "1", "--hang-step", "3"]
+    script = ["tests/support/scripts/ddp_allreduce.py", "--steps", "10", "--hang-rank", "1", "--hang-step", "3"]
     started = time.monotonic()
     proc = run_cli(["strategy=ddp", "resources.gpus_per_node=2", *WATCHED, f"hydra.run.dir={run_dir}", "--", *script])
     assert proc.returncode == rundir.EXIT_HUNG, proc.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY, assert_ok, run_cli
+from tests.support.cli import TINY, assert_ok, run_cli
 
 ONE_EPOCH = [*TINY, "trainer.epochs=1", "data.num_samples=256"]
 

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, SRC, run_python
+from tests.support.cli import run_python
+from tests.support.paths import REPO, SRC
 
 LAUNCH_MODULES = [
     "hpc_train",  # the public Python API, loaded from the package root on first use

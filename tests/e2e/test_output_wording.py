@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from tests.conftest import TINY, assert_ok, run_cli
+from tests.support.cli import TINY, assert_ok, run_cli
 
 ONE_EPOCH = [*TINY, "trainer.epochs=1", "data.num_samples=256"]
 

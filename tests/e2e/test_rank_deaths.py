@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from tests.conftest import TINY, run_cli
+from tests.support.cli import TINY, run_cli
 
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=null", "trainer.max_steps=20", "trainer.eval=false"]
-STEP = "trainer.step={_target_:tests.user_steps.dies_on_rank_1,_partial_:true}"
+STEP = "trainer.step={_target_:tests.support.user_steps.dies_on_rank_1,_partial_:true}"
 
 
 @pytest.mark.parametrize(

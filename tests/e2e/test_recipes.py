@@ -21,8 +21,7 @@ from hpc_train.compute.checkpointing.files import read_checkpoint
 from hpc_train.compute.datasets import synthetic
 from hpc_train.compute.models import toy_mlp
 from hpc_train.compute.training.trainer import seed_everything
-from tests.conftest import (
-    REPO,
+from tests.support.cli import (
     TINY,
     assert_bit_identical,
     assert_ok,
@@ -32,6 +31,7 @@ from tests.conftest import (
     read_summary,
     run_cli,
 )
+from tests.support.paths import REPO
 
 STEPS = ["trainer.epochs=null", "trainer.eval=false"]
 DDP2 = ["strategy=ddp", "resources.gpus_per_node=2"]
@@ -81,7 +81,7 @@ def test_a_torch_scheduler_and_the_users_own_groups(tmp_path):
     assert_ok(run_cli([
         *TINY, *STEPS, "strategy=single", "trainer.max_steps=7", "trainer.log_every=1",
         "trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3,gamma:0.5}",
-        "trainer.param_groups={_target_:tests.recipe_parts.halve_first_layer,_partial_:true}",
+        "trainer.param_groups={_target_:tests.support.recipe_parts.halve_first_layer,_partial_:true}",
     ], run))
     for r in rows(run):
         assert r["lr"] == pytest.approx(0.1 * 0.5 ** (r["step"] // 3), abs=1e-9)
@@ -92,7 +92,7 @@ def test_no_decay_1d_leaves_biases_alone(tmp_path):
     """A loss with zero gradient: only AdamW's decoupled weight decay moves parameters, by (1 - lr * wd) a step."""
     common = [
         *TINY, *STEPS, "strategy=single", "trainer.optimizer=adamw", "trainer.weight_decay=0.5",
-        "trainer.loss._target_=tests.recipe_parts.zero_loss", "+trainer.loss._partial_=true",
+        "trainer.loss._target_=tests.support.recipe_parts.zero_loss", "+trainer.loss._partial_=true",
     ]
     weights = {}
     for groups, steps in (("no_decay_1d", 1), ("no_decay_1d", 3), ("single", 3)):
@@ -252,7 +252,7 @@ def test_a_validation_stream_without_length_is_evaluated(tmp_path):
     assert_ok(run_cli([
         *TINY, *DDP2, "trainer.epochs=null", "trainer.max_steps=6", "trainer.batch_size=16", "trainer.eval_every=3",
         "trainer.eval_batches=3",
-        "data.val={_target_:tests.recipe_parts.SyntheticStream,num_samples:1000,image_size:8}",
+        "data.val={_target_:tests.support.recipe_parts.SyntheticStream,num_samples:1000,image_size:8}",
     ], run))
     evals = rows(run, "eval")
     assert [r["step"] for r in evals] == [3, 6]
@@ -264,7 +264,7 @@ def test_tokens_per_sec_counts_every_ranks_tokens(tmp_path):
     run = tmp_path / "run"
     assert_ok(run_cli([
         *TINY, *DDP2, *STEPS, "trainer.max_steps=12", "trainer.batch_size=32", "objective=train_loss",
-        "trainer.step={_target_:tests.recipe_parts.step_with_tokens,_partial_:true}",
+        "trainer.step={_target_:tests.support.recipe_parts.step_with_tokens,_partial_:true}",
     ], run))
     summary = read_summary(run)
     assert summary["tokens_per_sec"] == pytest.approx(3 * summary["samples_per_sec"], rel=1e-9)

@@ -9,8 +9,8 @@ import torchvision
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.parallel.partitioning import agree_on_counts, flatten_layers, layer_times, partition
 from hpc_train.compute.parallel.staged_model import build_staged, split_model
-from tests.conftest import TINY, assert_ok, read_summary, run_cli
-from tests.tied_net import TiedNet
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
+from tests.support.tied_net import TiedNet
 
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
 
@@ -139,7 +139,7 @@ def test_tied_weights_split_across_stages_are_refused_naming_both_names():
         split_model(chain, 2, [2, 2])
 
 
-TIED = [*COMMON, "model._target_=tests.tied_net.TiedNet"]
+TIED = [*COMMON, "model._target_=tests.support.tied_net.TiedNet"]
 
 
 def test_tied_weights_pipelining_is_refused_before_training_and_trains_when_kept_in_one_stage(tmp_path):

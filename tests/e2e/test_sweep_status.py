@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import REPO, TINY, run_cli, wait_for
+from tests.support.cli import TINY, run_cli, wait_for
+from tests.support.paths import REPO, SCRIPTS
 
 
 def report(*args: str) -> subprocess.CompletedProcess:
@@ -58,7 +59,7 @@ def test_a_local_app_sweep_is_reported_job_by_job_and_a_killed_job_is_failed(tmp
     """hydra/launcher=hpc_train_local: jobs.tsv holds each job's process id; the report reads the states from the
     jobs' result files (a job whose process is gone without one is FAILED), --watch ends, --rerun-failed is refused."""
     sweep_dir = tmp_path / "sweep"
-    app = REPO / "tests" / "scripts" / "plain_app"
+    app = SCRIPTS / "plain_app"
     command = [sys.executable, "my_app.py", "-m", "hydra/launcher=hpc_train_local", "fail=false,true", "sleep_s=0,300",
                f"hydra.sweep.dir={sweep_dir}"]
     launcher = subprocess.Popen(command, cwd=app, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, read_summary, run_cli
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 
 TRAIN = [*TINY, "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32", "trainer.log_every=4"]
 

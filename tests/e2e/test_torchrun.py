@@ -15,7 +15,8 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli, run_python
+from tests.support.paths import REPO
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 JOB = [*TINY, "strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1", "seed=3"]

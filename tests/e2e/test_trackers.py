@@ -18,8 +18,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from tests.conftest import (
-    REPO,
+from tests.support.cli import (
     TINY,
     assert_ok,
     checkpoint_steps,
@@ -29,6 +28,7 @@ from tests.conftest import (
     start_background,
     wait_for,
 )
+from tests.support.paths import REPO
 
 TRAIN = [*TINY, "trainer.epochs=null", "trainer.batch_size=32", "strategy=single"]
 RESUMED = [*TRAIN, "trainer.max_steps=20", "trainer.log_every=1", "trainer.checkpoint_every=4"]
@@ -185,7 +185,7 @@ def test_mlflow_resumes_the_same_run_and_its_history_equals_metrics_jsonl(resume
 def test_every_tracker_holds_the_rows_a_checkpoint_covers_when_killed_right_after_it(tmp_path):
     """The trackers are flushed before each checkpoint is written: kill -9 of the whole job (rank 0 and W&B's
     service process with it) as soon as the first checkpoint exists, and each tracker has every row up to its step."""
-    from tests.test_tensorboard import scalars
+    from tests.e2e.test_tensorboard import scalars
 
     run_dir = tmp_path / "run"
     args = [*RESUMED, "logger=[wandb,mlflow,tensorboard]", "logger.mode=offline"]
@@ -207,7 +207,7 @@ def test_every_tracker_holds_the_rows_a_checkpoint_covers_when_killed_right_afte
 # -- several loggers at once -----------------------------------------------------------------------
 def test_tensorboard_and_mlflow_at_once(tmp_path):
     """logger=[tensorboard,mlflow]: both trackers and metrics.jsonl hold the same rows; log_model=true adds model.pt."""
-    from tests.test_tensorboard import scalars
+    from tests.e2e.test_tensorboard import scalars
 
     run_dir = tmp_path / "run"
     proc = run_cli(

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, read_summary, run_cli
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 
 STEPS = 20
 BATCH = 32

@@ -5,7 +5,7 @@ import json
 import pytest
 from PIL import Image
 
-from tests.conftest import TINY, TINY_TRAINER, assert_ok, read_summary, run_cli
+from tests.support.cli import TINY, TINY_TRAINER, assert_ok, read_summary, run_cli
 
 SHORT = ["trainer.batch_size=16", "trainer.max_steps=4", "trainer.epochs=null", "strategy=single"]
 

@@ -1,4 +1,4 @@
-"""A plain Hydra app of the user's (tests/scripts/plain_app, no hpc_train in it) swept on the Slurm test cluster
+"""A plain Hydra app of the user's (tests/support/scripts/plain_app, no hpc_train in it) swept on the Slurm test cluster
 with hydra/launcher=hpc_train_slurm (issue 32): each job its own resources, a failing job FAILED."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.paths import REPO, SCRIPTS
 
 pytestmark = pytest.mark.slurm
 
-APP = REPO / "tests" / "scripts" / "plain_app"
+APP = SCRIPTS / "plain_app"
 SLURM = ["hydra/launcher=hpc_train_slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.timeout_min=5"]
 
 
@@ -96,7 +96,7 @@ def test_a_job_no_node_can_hold_stops_the_sweep_before_anything_is_queued(slurm_
 @pytest.mark.parametrize("launcher", ["submitit_slurm", "hpc_train_slurm"])
 def test_the_submitit_launchers_example_app_runs_by_changing_one_word(launcher, slurm_cluster, tmp_path):
     """The same app and config under hydra-submitit-launcher and under hpc_train: only hydra/launcher differs."""
-    example = REPO / "tests" / "scripts" / "submitit_example"
+    example = SCRIPTS / "submitit_example"
     command = [sys.executable, "my_app.py", "-m", f"hydra/launcher={launcher}", "task=1,2,3", f"hydra.sweep.dir={tmp_path}"]
     proc = subprocess.run(command, cwd=example, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

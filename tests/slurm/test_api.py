@@ -9,7 +9,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import hpc_train
-from tests.conftest import TINY, assert_ok, read_summary, run_cli
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 
 JOB = [*TINY, "strategy=single", "trainer.max_steps=4", "trainer.epochs=null"]
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=1"]

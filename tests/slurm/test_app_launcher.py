@@ -21,7 +21,7 @@ from hydra.test_utils.launcher_common_tests import (
 )
 from hydra.version import VersionBase, __compat_version__
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 # As in Hydra's own CI: every warning is an error, except Hydra's notice that it will stop changing directory.
 pytestmark = [

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import (
+from tests.support.cli import (
     TINY,
     assert_bit_identical,
     assert_ok,
@@ -271,7 +271,7 @@ def test_a_two_node_hsdp_job_requeues_resumes_and_completes(slurm_cluster, unint
     """HSDP over 2 nodes x 1 task (replicas across nodes, each shard whole): stopped by the requeue signal after
     its first checkpoint, requeued by itself, resumed from its sharded checkpoint and bit-identical to the local
     2-rank fsdp run (the same 2 ranks, one gloo thread each)."""
-    from tests.test_requeue_slurm import submit, wait_until_finished_with_summary
+    from tests.slurm.test_requeue_slurm import submit, wait_until_finished_with_summary
 
     run_dir = tmp_path / "run"
     hsdp = [*RESUME, "resources.nodes=2", "resources.gpus_per_node=1", "strategy.replicate=nodes"]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpc_train import rundir
-from tests.conftest import TINY, assert_ok, run_cli, scontrol_job, wait_for, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, run_cli, wait_for
+from tests.support.slurm import scontrol_job, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 
@@ -36,7 +37,7 @@ JOB = [
     "trainer.eval=false",
     f"trainer.hang_timeout_s={HANG_S}",
     "trainer.dist_timeout_s=120",
-    "trainer.step={_target_:tests.user_steps.sleeps_on_rank_1,_partial_:true}",
+    "trainer.step={_target_:tests.support.user_steps.sleeps_on_rank_1,_partial_:true}",
 ]
 
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from hpc_train.conf import CONFIG_DIR
-from tests.conftest import TINY, assert_ok, run_cli, scontrol_job, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, run_cli
+from tests.support.slurm import scontrol_job, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 

@@ -24,8 +24,9 @@ import pytest
 
 from hpc_train.api import Job
 from hpc_train.jobs.job_states import FROM_RUN_DIRS, NO_RECORD
-from tests.conftest import REPO, TINY, assert_ok, run_cli, wait_for
-from tests.test_report import report, table
+from tests.support.cli import TINY, assert_ok, run_cli, wait_for
+from tests.support.paths import REPO
+from tests.slurm.test_report import report, table
 
 pytestmark = pytest.mark.slurm
 
@@ -33,7 +34,7 @@ SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy
 # Job 1 fails after 5 steps (HPC_TRAIN_FAIL_AT); job 2 would train for minutes: it is cancelled once it has a step.
 NATIVE = [*TINY, "trainer.max_steps=4,6,400", "trainer.log_every=1", "trainer.eval=false"]
 NATIVE_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.3"}
-SCRIPT = ["+script.overrides.end=complete,fail,wait", "--", "tests/scripts/ends_as_told.py"]
+SCRIPT = ["+script.overrides.end=complete,fail,wait", "--", "tests/support/scripts/ends_as_told.py"]
 ENDS = ["COMPLETED", "FAILED", "CANCELLED"]
 
 

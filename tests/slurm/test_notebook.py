@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from tests.conftest import REPO, scontrol_job
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job
 
 NOTEBOOK = REPO / "notebooks" / "demo_model_parallelism.ipynb"
 SMALL = {

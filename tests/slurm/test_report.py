@@ -13,7 +13,8 @@ from typing import Dict, List
 
 import pytest
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli, run_python
+from tests.support.paths import REPO
 
 REPORT_BIN = Path(sys.executable).parent / "hpc-train-report"  # the installed console script
 TRAIN = [*TINY, "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32", "trainer.log_every=3"]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
-from tests.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
+from tests.support.cli import assert_ok, read_summary, run_cli
+from tests.support.slurm import scontrol_job, wait_for_job_end
+from tests.e2e.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
 
 pytestmark = pytest.mark.slurm
 

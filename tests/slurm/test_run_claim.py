@@ -18,10 +18,12 @@ from typing import Dict, List
 import pytest
 
 from hpc_train import run_claim
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, scontrol_job, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job, wait_for_job_end
 
 PACED = [*TINY, "strategy=single", "trainer.eval=false", "trainer.checkpoint_every=10",
-         "trainer.step={_target_:tests.paced_steps.paced,_partial_:true}"]  # 0.2 s a step
+         "trainer.step={_target_:tests.support.paced_steps.paced,_partial_:true}"]  # 0.2 s a step
 
 
 def launch(args: List[str], run_dir: Path) -> subprocess.Popen:

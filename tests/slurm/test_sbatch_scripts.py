@@ -13,7 +13,9 @@ from typing import Dict, List, Tuple
 import pytest
 
 from hpc_train.launch.slurm import time_minutes
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, run_python, scontrol_job, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli, run_python
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job, wait_for_job_end
 
 SCRIPTS = sorted(p.stem for p in (REPO / "sbatch").glob("*.slurm"))
 # What the dry run renders for submitit's own bookkeeping (its log paths): not part of a job's shape.

@@ -20,8 +20,9 @@ from hpc_train.jobs import job_table
 from hpc_train.launch import slurm
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.plan import make_plan
-from tests.conftest import REPO, TINY
-from tests.sweep_probe import Probe
+from tests.support.cli import TINY
+from tests.support.paths import REPO
+from tests.support.sweep_probe import Probe
 
 pytestmark = [pytest.mark.scale, pytest.mark.slurm]
 
@@ -29,7 +30,7 @@ JOBS = 3000
 
 
 def test_a_3000_job_sweep_goes_in_as_three_throttled_arrays_and_all_complete(slurm_cluster_16, tmp_path, monkeypatch):
-    monkeypatch.chdir(REPO)  # the tasks import tests.sweep_probe from where they start
+    monkeypatch.chdir(REPO)  # the tasks import tests.support.sweep_probe from where they start
     sweep_dir = tmp_path / "sweep"
     cfg = compose(
         [

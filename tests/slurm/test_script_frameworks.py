@@ -1,6 +1,6 @@
 """Framework scripts as they are (issue 30): a Hugging Face `Trainer` script and a Lightning script under hpc-train.
 
-The scripts (tests/scripts/hf_train.py, tests/scripts/lightning_train.py) use the real packages and
+The scripts (tests/support/scripts/hf_train.py, tests/support/scripts/lightning_train.py) use the real packages and
 know nothing of hpc_train's layout: each rank writes what it saw, which the tests read.
 
 Lightning under Slurm: hpc_train forwards `script.signal=SIGUSR1` to every rank; Lightning's SLURM
@@ -20,11 +20,12 @@ from typing import Dict, List
 
 import pytest
 
-from tests.conftest import assert_ok, read_summary, run_cli, scontrol_job, wait_for
-from tests.test_requeue_slurm import attempt_endings, wait_until_finished_with_summary
+from tests.support.cli import assert_ok, read_summary, run_cli, wait_for
+from tests.support.slurm import scontrol_job
+from tests.slurm.test_requeue_slurm import attempt_endings, wait_until_finished_with_summary
 
-HF = "tests/scripts/hf_train.py"
-LIGHTNING = "tests/scripts/lightning_train.py"
+HF = "tests/support/scripts/hf_train.py"
+LIGHTNING = "tests/support/scripts/lightning_train.py"
 DDP = ["strategy=ddp", "resources.gpus_per_node=2"]
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
 

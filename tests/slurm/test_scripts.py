@@ -1,9 +1,9 @@
 """Your own training script (issue 30): `hpc-train [overrides] -- train.py ARGS`, locally and on the Slurm test cluster.
 
-The script is tests/scripts/nanogpt_like/train.py: nanoGPT's shape (configurator-style `--key=value`,
+The script is tests/support/scripts/nanogpt_like/train.py: nanoGPT's shape (configurator-style `--key=value`,
 data opened relative to its working directory, `ckpt.pt` and `--init_from=resume`, DDP with NCCL on
 `cuda:{LOCAL_RANK}` whenever `RANK` is set), unaware of hpc_train and Slurm: it trains on the CPU only if
-its one-process layout gives it no torchrun variable. tests/scripts/show_env.py writes the environment
+its one-process layout gives it no torchrun variable. tests/support/scripts/show_env.py writes the environment
 it was given, read back key by key.
 """
 
@@ -20,9 +20,11 @@ from typing import List
 
 import pytest
 
-from tests.conftest import REPO, assert_ok, read_summary, run_cli, scontrol_job
+from tests.support.cli import assert_ok, read_summary, run_cli
+from tests.support.paths import SCRIPTS
+from tests.support.slurm import scontrol_job
 
-PROJECT = REPO / "tests" / "scripts" / "nanogpt_like"
+PROJECT = SCRIPTS / "nanogpt_like"
 OUT = "--out_dir=${hydra:runtime.output_dir}/out"  # each run (each sweep job) its own out dir
 SCRIPT = ["--", "train.py", "--device=cpu", OUT]
 SHOW_ENV = ["--", "../show_env.py"]
@@ -77,7 +79,7 @@ def wait_for_completion(job: str, run_dir: Path) -> None:
 
 
 def script_envs(run_dir: Path) -> List[dict]:
-    """The environments tests/scripts/show_env.py was started with, one per process, by host and pid."""
+    """The environments tests/support/scripts/show_env.py was started with, one per process, by host and pid."""
     return [json.loads(path.read_text()) for path in sorted((run_dir / "env").glob("*.json"))]
 
 

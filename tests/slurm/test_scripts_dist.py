@@ -1,12 +1,12 @@
 """Scripts of the user's own under hpc-train (`hpc-train [overrides] -- script.py ARGS`), with real processes.
 
-tests/scripts/ddp_allreduce.py is a torchrun-style DDP script (gloo, ranks from the environment)
+tests/support/scripts/ddp_allreduce.py is a torchrun-style DDP script (gloo, ranks from the environment)
 that writes each rank's environment and results to ``$HPC_TRAIN_RUN_DIR/rank<R>.json``. It runs
 as a 2-node x 1-task ``strategy=ddp`` Slurm job (every task execs the script), with
 ``script.launcher=torchrun`` over 2 nodes x 2 processes (one torchrun per node), and locally both
 ways. Every rank must end with the same all-reduced sum and the same weights (equal to one
 process stepping on the mean of every rank's loss), and carry torchrun's variables, consistent
-across ranks. tests/scripts/hydra_app.py is a Hydra app swept by ``+script.overrides.lr=...``
+across ranks. tests/support/scripts/hydra_app.py is a Hydra app swept by ``+script.overrides.lr=...``
 with ``script.arg_style='{key}={value}'``. The refusals of a bad ``script.argv`` are in
 test_bad_input.py.
 """
@@ -24,10 +24,12 @@ from typing import Dict, List
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, assert_ok, read_summary, run_cli, wait_for_job_end
+from tests.support.cli import assert_ok, read_summary, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import wait_for_job_end
 
-DDP_SCRIPT = "tests/scripts/ddp_allreduce.py"
-HYDRA_APP = "tests/scripts/hydra_app.py"
+DDP_SCRIPT = "tests/support/scripts/ddp_allreduce.py"
+HYDRA_APP = "tests/support/scripts/hydra_app.py"
 STEPS = 3
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=2", "cluster.time=5", "launcher.wait=true"]
 EPHEMERAL = range(32768, 61000)  # Linux's default net.ipv4.ip_local_port_range: 32768-60999
@@ -141,7 +143,7 @@ def test_ddp_script_under_torchrun_on_two_slurm_nodes(slurm_cluster, tmp_path):
     assert [p.name for p in logs] == ["rank0.log", "rank1.log"]
     endpoints = set()
     for log in logs:
-        command = re.search(r"-m torch\.distributed\.run (.*) tests/scripts/ddp_allreduce\.py", log.read_text())
+        command = re.search(r"-m torch\.distributed\.run (.*) tests/support/scripts/ddp_allreduce\.py", log.read_text())
         assert command, log.read_text()
         words = command.group(1).split()
         assert words[words.index("--nnodes") + 1] == "2" and words[words.index("--nproc-per-node") + 1] == "2"

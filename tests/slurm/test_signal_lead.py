@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, run_cli, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, run_cli
+from tests.support.slurm import wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, read_summary, run_cli, scontrol_job, squeue_ids, tres_gpus, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
+from tests.support.slurm import scontrol_job, squeue_ids, tres_gpus, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 

@@ -19,7 +19,9 @@ from typing import Dict, List
 
 import pytest
 
-from tests.conftest import REPO, TINY, assert_ok, read_summary, run_cli, wait_for_job_end
+from tests.support.cli import TINY, assert_ok, read_summary, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import wait_for_job_end
 
 # A global batch of 24 splits over 3 ranks, over 4, and over the 8 of sbatch/ddp.slurm.
 TRAIN = [*TINY, "trainer.max_steps=4", "trainer.epochs=null", "trainer.batch_size=24", "cluster.cpus_per_gpu=1"]

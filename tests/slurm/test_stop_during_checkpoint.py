@@ -27,7 +27,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from tests.conftest import (
+from tests.support.cli import (
     TINY,
     assert_bit_identical,
     assert_ok,
@@ -258,8 +258,8 @@ SLURM_SLOW_WRITE_S = 2.5  # scancel's signal goes through slurmctld and slurmd (
 
 @pytest.mark.slurm
 def test_the_requeue_signal_during_a_checkpoint_write_requeues_and_resumes_bit_identical(slurm_cluster, reference, tmp_path):
-    from tests.conftest import scontrol_job
-    from tests.test_requeue_slurm import attempt_endings, wait_until_finished_with_summary
+    from tests.support.slurm import scontrol_job
+    from tests.slurm.test_requeue_slurm import attempt_endings, wait_until_finished_with_summary
 
     run_dir = tmp_path / "run"
     args = [*SLURM, *ARGS, *LAYOUTS["ddp"]]

@@ -27,12 +27,13 @@ from hpc_train import compose
 from hpc_train.launch import slurm
 from hpc_train.launch.jobspec import build_job_spec
 from hpc_train.launch.plan import make_plan
-from tests.conftest import REPO, wait_for
+from tests.support.cli import wait_for
+from tests.support.paths import REPO, SCRIPTS
 
 pytestmark = pytest.mark.slurm
 
 HELD = ["launcher=slurm", "cluster.cpus_per_gpu=1", "model=toy_mlp", "+cluster.extra.hold=true"]
-APP = REPO / "tests" / "scripts" / "plain_app"
+APP = SCRIPTS / "plain_app"
 APP_HELD = [
     "hydra/launcher=hpc_train_slurm",
     "hydra.launcher.cpus_per_task=1",

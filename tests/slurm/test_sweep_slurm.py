@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TINY, assert_ok, run_cli, scontrol_job
+from tests.support.cli import TINY, assert_ok, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job
 
 pytestmark = pytest.mark.slurm
 

@@ -11,8 +11,9 @@ import os
 
 import pytest
 
-from tests.conftest import TINY, assert_ok, run_cli, wait_for_job_end
-from tests.test_trackers import history, metrics, mlflow_client, wandb_run
+from tests.support.cli import TINY, assert_ok, run_cli
+from tests.support.slurm import wait_for_job_end
+from tests.e2e.test_trackers import history, metrics, mlflow_client, wandb_run
 
 pytestmark = pytest.mark.slurm
 

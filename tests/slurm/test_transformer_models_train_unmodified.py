@@ -13,15 +13,9 @@ import re
 
 import pytest
 
-from tests.conftest import (
-    REPO,
-    assert_bit_identical,
-    assert_ok,
-    kill9_after_checkpoints,
-    read_summary,
-    run_cli,
-    wait_for_job_end,
-)
+from tests.support.cli import assert_bit_identical, assert_ok, kill9_after_checkpoints, read_summary, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import wait_for_job_end
 
 NANOGPT = REPO / "examples" / "nanogpt_project"
 HF = REPO / "examples" / "hf_project"

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, assert_ok, read_summary, run_cli, wait_for_job_end
+from tests.support.cli import assert_ok, read_summary, run_cli
+from tests.support.paths import REPO
+from tests.support.slurm import wait_for_job_end
 
 PROJECT = REPO / "examples" / "user_project"
 USER = ["--config-dir", "my_conf", "model=tinynet", "data=blobs", "trainer.progress=false", "trainer.lr_schedule=constant", "trainer.weight_decay=0"]

@@ -19,7 +19,7 @@ from hpc_train.compute.data.batch import batch_size, describe, to_device
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.training.steps import model_loss
 from hpc_train.compute.user.step import split_result
-from tests.conftest import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
+from tests.support.cli import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
 
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1"]
 
@@ -97,7 +97,7 @@ def builtin_ddp(tmp_path_factory):
 
 
 def test_a_user_step_doing_the_built_in_computation_gives_bit_identical_weights(builtin_ddp, tmp_path):
-    assert_ok(run_cli([*TINY, *DDP, step_node("tests.user_steps.cross_entropy")], tmp_path / "run"))
+    assert_ok(run_cli([*TINY, *DDP, step_node("tests.support.user_steps.cross_entropy")], tmp_path / "run"))
     assert_bit_identical(builtin_ddp, tmp_path / "run")
     ours, builtin = read_summary(tmp_path / "run"), read_summary(builtin_ddp)
     assert ours["eval_loss"] == pytest.approx(builtin["eval_loss"], abs=1e-6), "batch-size-weighted mean"
@@ -106,7 +106,7 @@ def test_a_user_step_doing_the_built_in_computation_gives_bit_identical_weights(
 
 def test_a_user_steps_metrics_are_logged_and_can_be_the_objective(builtin_ddp, tmp_path):
     """mynet.steps.with_top1: top1 over the global batch equals the built-in step's accuracy (same weights)."""
-    from tests.test_user_project import PROJECT
+    from tests.slurm.test_user_project import PROJECT
 
     run_dir = tmp_path / "run"
     args = [*TINY, *DDP, step_node("mynet.steps.with_top1"), "objective=eval_top1", "trainer.log_every=1"]
@@ -125,10 +125,10 @@ def test_a_user_steps_metrics_are_logged_and_can_be_the_objective(builtin_ddp, t
 @pytest.mark.parametrize(
     "target, words",
     [
-        ("tests.user_steps.raises", "raised TypeError"),
-        ("tests.user_steps.per_sample_loss", "not one number"),
-        ("tests.user_steps.no_loss_key", "without a 'loss' key"),
-        ("tests.user_steps.nowhere", "cannot build"),
+        ("tests.support.user_steps.raises", "raised TypeError"),
+        ("tests.support.user_steps.per_sample_loss", "not one number"),
+        ("tests.support.user_steps.no_loss_key", "without a 'loss' key"),
+        ("tests.support.user_steps.nowhere", "cannot build"),
     ],
 )
 def test_a_broken_step_is_refused_at_the_start_of_the_job(target, words, tmp_path):
@@ -145,7 +145,7 @@ def test_a_followed_slurm_job_whose_rank_refuses_ends_with_the_refusal_and_exit_
     """launcher.wait=true: the rank's one message, exit code 2 and a last line saying it refused to start, as a local
     run says, not 'failed (exit code 1)'."""
     slurm = ["launcher=slurm", "launcher.wait=true", "cluster.cpus_per_gpu=1", "cluster.time=5"]
-    proc = run_cli([*TINY, *slurm, "strategy=single", step_node("tests.user_steps.no_loss_key")], tmp_path / "run")
+    proc = run_cli([*TINY, *slurm, "strategy=single", step_node("tests.support.user_steps.no_loss_key")], tmp_path / "run")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "`trainer.step`" in out and "without a 'loss' key" in out and "Traceback" not in out, out
@@ -173,7 +173,7 @@ def test_split_strategies_refuse_a_user_step_on_the_login_node(strategy, tmp_pat
 def test_a_metric_objective_needs_a_user_step(tmp_path):
     proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true"], tmp_path / "run")
     assert proc.returncode == 2 and "`objective`" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
-    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.user_steps.cross_entropy")])
+    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.support.user_steps.cross_entropy")])
     assert_ok(proc)
 
 
@@ -182,7 +182,7 @@ def test_data_shard_outside_a_job_is_the_whole_stream():
     import hpc_train
 
     assert hpc_train.data_shard() == (0, 1)
-    from tests.conftest import run_python
+    from tests.support.cli import run_python
 
     proc = run_python("import sys, hpc_train; print('torch' in sys.modules)")
     assert proc.stdout.strip() == "False", proc.stdout + proc.stderr

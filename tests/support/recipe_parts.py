@@ -1,4 +1,4 @@
-"""User code for the recipe tests (tests/test_recipes.py), named by _target_ as a user's package would be."""
+"""User code for the recipe tests (tests/e2e/test_recipes.py), named by _target_ as a user's package would be."""
 
 import torch
 import torch.nn.functional as F

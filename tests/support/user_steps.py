@@ -1,4 +1,4 @@
-"""Training steps for the tests (trainer.step=tests.user_steps.NAME): one exactly like the built-in step, and
+"""Training steps for the tests (trainer.step=tests.support.user_steps.NAME): one exactly like the built-in step, and
 the broken ones the start-of-job check must refuse."""
 
 import torch.nn.functional as F

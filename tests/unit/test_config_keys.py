@@ -12,7 +12,7 @@ import yaml
 from hpc_train import fingerprint
 from hpc_train.launch import schema
 
-from .conftest import REPO, SRC
+from tests.support.paths import REPO, SRC
 
 CONF = REPO / "conf"
 OPTIONS = sorted(CONF.glob("*/*.yaml"))

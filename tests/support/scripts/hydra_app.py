@@ -1,6 +1,6 @@
-"""A Hydra app of the user's own, run as a script (tests/test_scripts_dist.py).
+"""A Hydra app of the user's own, run as a script (tests/slurm/test_scripts_dist.py).
 
-``hpc-train script.arg_style='{key}={value}' +script.overrides.lr=0.1 -- tests/scripts/hydra_app.py
+``hpc-train script.arg_style='{key}={value}' +script.overrides.lr=0.1 -- tests/support/scripts/hydra_app.py
 'hydra.run.dir=${hydra:runtime.output_dir}/app'``: hpc_train appends ``lr=0.1`` to its command line,
 which Hydra parses as an override of the app's own config. The app writes what it received (each
 value with its Python type name) and where Hydra ran it to ``received.json`` in

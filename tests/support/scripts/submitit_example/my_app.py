@@ -1,5 +1,5 @@
 """An app in the shape of hydra-submitit-launcher's example (its config picks hydra/launcher=submitit_slurm): the
-task asks submitit which job it runs in and writes it down (tests/test_any_hydra_app.py)."""
+task asks submitit which job it runs in and writes it down (tests/slurm/test_any_hydra_app.py)."""
 
 import json
 import os

@@ -1,0 +1,109 @@
+"""Run the real `hpc-train` CLI (or a fresh interpreter) in a subprocess, as a user would, and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+if TYPE_CHECKING:
+    import torch
+
+from tests.support.paths import REPO
+
+# A tiny, fast job: toy MLP on 8x8 synthetic images, no eval, no progress bar.
+TINY_TRAINER = [
+    "model=toy_mlp",
+    "trainer.progress=false",
+    "trainer.lr_schedule=constant",
+    "trainer.lr=0.1",
+    "trainer.weight_decay=0",
+]
+TINY_DATA = ["data=synthetic", "data.image_size=8", "data.num_samples=512", "data.val_samples=64"]
+TINY = TINY_TRAINER + TINY_DATA
+
+
+def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None, gpus: bool = False, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """Run `hpc-train ARGS` as a user would; returns the finished process (stdout+stderr as text).
+
+    Tests are CPU tests (gloo workers) unless they pass gpus=True: GPUs are hidden otherwise, so
+    the same assertions hold on a GPU machine.
+    """
+    env = dict(os.environ if env is None else env)
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    command = [sys.executable, "-m", "hpc_train.cli", *args]
+    if run_dir is not None:
+        command.append(f"hydra.run.dir={run_dir}")
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, env=env)
+
+
+def final_weights(run_dir: Path) -> Dict[str, "torch.Tensor"]:
+    import torch
+
+    return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert wa[name].equal(wb[name]), f"{name} differs after resume"
+
+
+def checkpoint_steps(run_dir: Path) -> List[int]:
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name[5:14]) for p in folder.glob("step_*"))  # step_<N>.ckpt files, fsdp's step_<N>/ dirs
+
+
+def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL, cwd: Optional[Path] = None) -> subprocess.Popen:
+    """`hpc-train ARGS` in its own process group (so kill_group reaches the launcher and every rank)."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
+        cwd=cwd or REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank, no chance to clean up
+    proc.wait(timeout=30)
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill9_after_checkpoints(args: List[str], run_dir: Path, count: int = 2, cwd: Optional[Path] = None, step_sleep: float = 0.15) -> int:
+    """Start a run, kill -9 its whole process group once `count` checkpoints exist; the newest checkpoint's step."""
+    proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": str(step_sleep)}, cwd=cwd)
+    try:
+        wait_for(lambda: len(checkpoint_steps(run_dir)) >= count, 180, f"{count} checkpoints")
+    finally:
+        kill_group(proc)
+    return checkpoint_steps(run_dir)[-1]
+
+
+def read_summary(run_dir: Path) -> Dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """`python -c CODE` in a fresh interpreter from the repository root (what a fresh process imports)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"

@@ -106,6 +106,11 @@ def test_mkdocs_build_strict(tmp_path):
     assert "cluster.partition" in reference and "strategy.replicate" in reference
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     assert "hpc_train.api" in api and "staged_model" in api
+    # The architecture picture is drawn offline: the page loads the site's own mermaid (Material fetches one
+    # from a CDN only when the page has none), and the site carries it.
+    architecture = (tmp_path / "site" / "architecture" / "index.html").read_text()
+    assert 'class="mermaid"' in architecture and '<script src="../javascripts/mermaid.min.js">' in architecture
+    assert (tmp_path / "site" / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
 
 
 def test_docs_have_dry_run_examples():

@@ -144,7 +144,7 @@ RULES: Tuple[Rule, ...] = (
             "give rows such as cluster.qos_by_time='[{max_minutes:120,qos:short}]', or cluster.qos_by_time=[] for none."
         ),
         doc="Rows {max_minutes: N, qos: name}: the first row the time limit fits in gives --qos.",
-        default=None,
+        default=[],
     ),
     R(
         "cluster.constraint",
@@ -196,7 +196,7 @@ RULES: Tuple[Rule, ...] = (
             " cluster.setup=[]."
         ),
         doc="Shell lines run before srun, e.g. [module purge, module load pytorch-gpu].",
-        default=None,
+        default=[],
     ),
     R(
         "cluster.extra",
@@ -205,7 +205,7 @@ RULES: Tuple[Rule, ...] = (
         null="no extra options",
         fix="give sbatch options as a mapping, e.g. +cluster.extra.mail-type=END or cluster.extra={} for none.",
         doc="Any other sbatch option as {option: value}, e.g. {exclusive: true, mail-type: END}.",
-        default=None,
+        default={},
         mapping=True,
     ),
 )

@@ -3,7 +3,7 @@ image-folder datasets), checked where a model or data node names one; a user's o
 the job starts (``hpc_train/compute/user/building.py``).
 
 A table, not ``inspect.signature``: the login side never imports torch. A unit test compares it with the
-signatures of the real functions.
+signatures of the real functions (tests/unit/test_target_args.py, which may import torch).
 """
 
 from __future__ import annotations

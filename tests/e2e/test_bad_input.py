@@ -40,7 +40,7 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["launcher=slurm", "launcher.signal=HUP"], "launcher.signal", "launcher.signal=USR2"),
         (["launcher=slurm", "launcher.signal_delay_s=0"], "launcher.signal_delay_s", "launcher.signal_delay_s=120"),
         (["launcher=slurm", "resources.time=0"], "resources.time", "resources.time=01:00:00"),
-        # every key's type and range (schema.py), found from outside
+        # every key's type and range (hpc_train/config/), found from outside
         (["data.num_classes=0"], "data.num_classes", "data.num_classes=N"),
         (["seed=abc"], "seed", "seed=0"),
         (["trainer.log_every=0"], "trainer.log_every", "trainer.log_every=10"),

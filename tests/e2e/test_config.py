@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 from hpc_train.conf import CONFIG_DIR
-from hpc_train.launch import schema
+from hpc_train.config import engine
 from tests.support.cli import run_cli
 from tests.support.paths import REPO
 
@@ -31,7 +31,7 @@ def test_every_option_composes(group, option):
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert container[group] is not None
     assert cfg.strategy.name and cfg.model._target_ and cfg.data.train._target_
-    schema.check_plain(schema.resolved(cfg))  # every resolved value passes its declaration (launch/schema.py)
+    engine.check_plain(engine.resolved(cfg))  # every resolved value passes its declaration (hpc_train/config/)
 
 
 def test_unknown_group_option_fails_in_compose():

@@ -24,7 +24,9 @@ LAUNCH_MODULES = [
     "hpc_train.launch.sweep_configs",
     "hpc_train.launch.sweep_limits",
     "hpc_train.launch.parallelism",
-    "hpc_train.launch.config_view",
+    "hpc_train.config",  # the declarations, which the ranks read too
+    "hpc_train.config.engine",
+    "hpc_train.config.view",
     "hpc_train.cli_child",
     "hpc_train.jobs.job_states",
     "hpc_train.report.command",
@@ -42,6 +44,22 @@ def test_launch_side_does_not_import_torch():
     code = "import sys\n" + "".join(f"import {m}\n" for m in LAUNCH_MODULES) + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
     proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_config_package_stands_below_both_sides():
+    """hpc_train.config is read by the login side and by every rank: none of its modules imports either side, torch
+    or Hydra, and only its engine (which the package's top does not load) imports OmegaConf."""
+    code = (
+        "import importlib, pkgutil, sys\nimport hpc_train.config as config\n"
+        "for m in pkgutil.iter_modules(config.__path__):\n"
+        "    if m.name != 'engine':\n        importlib.import_module('hpc_train.config.' + m.name)\n"
+        "below = lambda: [m for m in sys.modules if m.split('.')[0] in ('torch', 'hydra')"
+        " or m.startswith(('hpc_train.launch', 'hpc_train.compute'))]\n"
+        "assert not below() and 'omegaconf' not in sys.modules, (below(), 'omegaconf' in sys.modules)\n"
+        "import hpc_train.config.engine\nassert not below(), below()\nprint('OK')\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
@@ -168,9 +186,10 @@ def _modules_in_circles(paths):
 
 
 def test_the_login_side_imports_in_one_direction():
-    """No import circle among the login-side modules (hpc_train/*.py and hpc_train/launch/): plan -> schema,
-    slurm -> plan, never back; each module can be read knowing only the ones below it."""
-    circles = _modules_in_circles([*(SRC / "hpc_train").glob("*.py"), *(SRC / "hpc_train" / "launch").glob("*.py")])
+    """No import circle among the login-side modules (hpc_train/*.py, hpc_train/config/ and hpc_train/launch/):
+    plan -> config.engine, slurm -> plan, never back; each module can be read knowing only the ones below it."""
+    login = [SRC / "hpc_train", SRC / "hpc_train" / "config", SRC / "hpc_train" / "launch"]
+    circles = _modules_in_circles([path for folder in login for path in folder.glob("*.py")])
     assert not circles, f"modules in an import circle: {circles}"
 
 

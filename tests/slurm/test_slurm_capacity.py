@@ -21,7 +21,7 @@ import pytest
 
 from hpc_train import slurm_cli
 from hpc_train.launch import capacity
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 from tests.support.slurm import wait_for_job_end

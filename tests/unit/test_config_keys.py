@@ -1,5 +1,6 @@
-"""Each configuration key is declared once (hpc_train.launch.schema.RULES), documented, and the
-shipped YAML agrees with its declaration; a config that leaves keys out runs with the declared defaults."""
+"""Each configuration key is declared once (hpc_train.config.RULES), documented, says what a config without it
+means, and the shipped YAML agrees with its declaration; a config that leaves keys out runs with the declared
+defaults."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc_train import fingerprint
-from hpc_train.launch import schema
+from hpc_train import config, fingerprint, strategy_table
+from hpc_train.config import checks, engine, launcher, targets
+from hpc_train.config.strategy import micro_batches
 
-from tests.support.paths import REPO, SRC
+from tests.support.paths import REPO
 
 CONF = REPO / "conf"
 OPTIONS = sorted(CONF.glob("*/*.yaml"))
@@ -24,7 +26,7 @@ def _matches(pattern: str, key: str) -> bool:
 
 
 def _declarations(key: str) -> list:
-    return [rule for rule in schema.RULES if _matches(rule.key, key)]
+    return [rule for rule in config.RULES if _matches(rule.key, key)]
 
 
 def _shipped_keys(path: Path):
@@ -51,12 +53,12 @@ def test_every_shipped_key_is_declared_once_and_its_value_passes_its_declaration
     for key, value, target in _shipped_keys(path):
         rules = _declarations(key)
         if key.endswith("_target_"):
-            continue  # the node's own class, checked as part of the node (schema.target_node)
+            continue  # the node's own class, checked as part of the node (checks.target_node)
         if not rules:
-            check, _, doc = schema.TARGET_ARGS.get(target, {}).get(key.rsplit(".", 1)[1], (None, None, None))
-            assert check is not None, f"{path.name}: {key} is not declared in schema.RULES or schema.TARGET_ARGS"
+            check, _, doc = targets.TARGET_ARGS.get(target, {}).get(key.rsplit(".", 1)[1], (None, None, None))
+            assert check is not None, f"{path.name}: {key} is not declared in hpc_train.config (RULES or TARGET_ARGS)"
             assert doc, f"{key}: an argument of {target} without a doc"
-            rules = [schema.Rule(key, check, "", doc=doc)]
+            rules = [config.Rule(key, check, "", doc=doc)]
         assert len(rules) == 1, f"{key} is declared {len(rules)} times: {[r.key for r in rules]}"
         rule = rules[0]
         if "${" in repr(value) or value == "???":
@@ -69,25 +71,68 @@ def test_every_shipped_key_is_declared_once_and_its_value_passes_its_declaration
 
 
 def test_every_declaration_has_one_key_a_one_line_doc_and_a_type():
-    keys = [rule.key for rule in schema.RULES]
+    keys = [rule.key for rule in config.RULES]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
-    for rule in schema.RULES:
+    for rule in config.RULES:
         assert rule.doc and "\n" not in rule.doc and rule.doc.endswith("."), f"{rule.key}: doc {rule.doc!r}"
-        assert schema.type_text(rule.check) != "see the description" or rule.check is schema.DECLARED_ONLY, rule.key
-        assert not (rule.required and rule.has_default), f"{rule.key}: required keys have no default"
-    for target, args in schema.TARGET_ARGS.items():
+        assert checks.type_text(rule.check) != "see the description" or rule.check is checks.DECLARED_ONLY, rule.key
+        said = [
+            way
+            for way, said in (("required", rule.required), ("default", rule.has_default), ("left_out", rule.left_out))
+            if said
+        ]
+        assert len(said) == 1, f"{rule.key}: says what a config without it means {said or 'nowhere'}"
+    for target, args in targets.TARGET_ARGS.items():
         for name, (_, _, doc) in args.items():
             assert doc and doc.endswith("."), f"{target}({name}=...): doc {doc!r}"
 
 
-@pytest.mark.parametrize("group", ["trainer", "resources", "script"])
-def test_the_one_option_of_a_group_ships_the_declared_defaults(group):
-    """A group with a single option: its values are the ones a config without the key runs with."""
-    (path,) = sorted((CONF / group).glob("*.yaml"))
+# The values an option exists to give (a site profile's, a dataset's own validation node and loader settings, a
+# logger option naming itself): every other shipped value of a key with a declared default restates that default.
+OWN_VALUES = {
+    "cluster/local.yaml": {"cluster.cpus_per_gpu"},
+    "cluster/slurm.yaml": {"cluster.gpus_per_node", "cluster.cpus_per_gpu"},
+    "cluster/jean_zay.yaml": {
+        *(f"cluster.{k}" for k in ("partition", "constraint", "gpus_per_node", "cpus_per_gpu", "account_env")),
+        *(f"cluster.{k}" for k in ("account_suffix", "qos_by_time", "hint", "setup")),
+    },
+    "data/digits.yaml": {"data.val"},
+    "data/synthetic.yaml": {"data.val"},
+    "data/imagefolder.yaml": {"data.val", "data.num_workers", "data.pin_memory"},
+    "logger/tensorboard.yaml": {"logger.name"},
+    "logger/wandb.yaml": {"logger.name", "logger.project"},
+    "logger/mlflow.yaml": {"logger.name", "logger.experiment"},
+}
+
+
+@pytest.mark.parametrize("path", [CONF / "config.yaml", *OPTIONS], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_each_shipped_value_of_a_key_with_a_declared_default_equals_it(path):
+    """A default is written once, in its declaration: a YAML file that lists the key (so that `key=value` overrides
+    it) restates the same value, unless the option exists to set it (OWN_VALUES)."""
+    name = path.relative_to(CONF).as_posix()
+    own = OWN_VALUES.get(name, set())
     for key, value, _ in _shipped_keys(path):
-        (rule,) = _declarations(key)
-        if rule.has_default:
-            assert value == rule.default, f"{path.name}: {key}={value!r} but schema declares default {rule.default!r}"
+        rules = [rule for rule in _declarations(key) if rule.has_default]
+        if not rules or key in own:
+            continue
+        assert value == rules[0].default, f"{name}: {key}={value!r} but its declaration says {rules[0].default!r}"
+    for key in own:
+        assert any(k == key for k, _, _ in _shipped_keys(path)), f"OWN_VALUES names {key}, which {name} does not set"
+
+
+def test_the_declaration_says_what_null_means_for_the_readers_that_act_on_it():
+    """strategy.chunks null (or absent: model_parallel) is one micro-batch, read through one function; the requeue
+    signal is spelled one way, however it was written."""
+    assert micro_batches(None) == 1 and micro_batches(4) == 4
+    assert (
+        strategy_table.split_settings(
+            {"name": "model_parallel", "stages": None, "split_points": None, "balance": "params", "batchnorm": "keep"}
+        ).chunks
+        == 1
+    )
+    assert launcher.signal_name("sigusr1") == launcher.signal_name("USR1") == "USR1"
+    (rule,) = _declarations("launcher.signal")
+    assert rule.check("SIGUSR1") is None and rule.check("TERM") is not None
 
 
 def test_every_declared_key_is_in_the_generated_reference_with_its_doc():
@@ -95,7 +140,7 @@ def test_every_declared_key_is_in_the_generated_reference_with_its_doc():
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
     page = hook.reference()
-    for rule in schema.RULES:
+    for rule in config.RULES:
         assert f"| `{rule.key}` |" in page, rule.key
         assert hook.text(rule.doc) in page, rule.key
 
@@ -107,16 +152,17 @@ def test_a_config_that_leaves_keys_out_runs_with_the_declared_defaults():
         "launcher": {"name": "local"},
         "data": {"train": {"_target_": "x.Y"}},
     }
-    filled = schema.complete(plain)
+    filled = engine.complete(plain)
     assert plain["strategy"]["chunks"] == 4 and plain["strategy"]["engine"] == "native"
     assert "replicate" not in plain["strategy"], "an fsdp key is not given to a pipeline"
     assert "schedule" not in plain["strategy"], "a pipelining key is not given to the native pipeline"
     assert plain["trainer"]["grad_accum_steps"] == 1 and plain["trainer"]["hang_timeout_s"] == "auto"
     assert plain["launcher"]["signal"] == "USR2" and plain["launcher"]["signal_delay_s"] == 120
+    assert plain["launcher"]["wait"] is False
     assert plain["data"]["num_workers"] == 0 and plain["data"]["val"] is None
     assert "script" not in plain, "a section the config does not have is not invented"
-    assert schema.complete(plain) == [] and "strategy.chunks" in filled
-    assert set(filled) <= set(schema.DEFAULTS)
+    assert engine.complete(plain) == [] and "strategy.chunks" in filled
+    assert set(filled) <= set(config.DEFAULTS)
 
 
 def test_a_checkpoint_written_before_a_key_was_filled_in_still_matches():
@@ -129,7 +175,7 @@ def test_a_checkpoint_written_before_a_key_was_filled_in_still_matches():
         "seed": 0,
     }
     old = fingerprint.fingerprint(spec, 1)
-    schema.complete(spec)
+    engine.complete(spec)
     assert spec["strategy"]["backend"] == "auto" and spec["data"]["num_workers"] == 0
     new = fingerprint.fingerprint(spec, 1)
     assert new != old and fingerprint.differences(old, new) == []

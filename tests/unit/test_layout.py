@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpc_train.launch.errors import ConfigError
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch.layout import compute_layout
 from hpc_train.launch.slurm import time_minutes
 from hpc_train.strategy_table import strategy_id

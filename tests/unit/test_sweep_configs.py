@@ -16,8 +16,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from hpc_train.cli_child import hydra_initialized as _hydra
-from hpc_train.launch.errors import ConfigError
-from hpc_train.launch.schema import checked_view
+from hpc_train.config.engine import checked_view
+from hpc_train.config.errors import ConfigError
 from hpc_train.launch.sweep_configs import SweepConfigs
 
 

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from hpc_train import rundir
-from hpc_train.compute.checkpointing import dcp_dirs, dcp_manifest, dcp_save
+from hpc_train.compute.checkpointing import dcp_manifest, dcp_save
 from hpc_train.compute.checkpointing.dcp_consolidate import consolidate, model_entries
 from hpc_train.compute.checkpointing.dcp_dirs import checkpoint_bytes, list_dcp_checkpoints, newest_complete
 from hpc_train.compute.checkpointing.dcp_load import SafeFileSystemReader, load_dcp, read_loop
@@ -115,11 +115,6 @@ def _gather(obj: Any) -> Optional[List[Any]]:
     found = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(obj, found, dst=0)
     return found
-
-
-def _alone(obj: Any) -> List[Any]:
-    """`gather` of a single process."""
-    return [obj]
 
 
 def _save(state: Dict[str, Any], folder: Path, step: int, keep: int = 1, **extra: Any) -> Path:
@@ -546,7 +541,6 @@ setattr(dcp_save, where, die)
 save(2)
 """
 
-
 @pytest.mark.parametrize("where", ["write_manifest", "install"])
 def test_kill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path, where: str) -> None:
     folder = tmp_path / "checkpoints"
@@ -557,21 +551,6 @@ def test_kill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path, where: str
     assert [p.name for p in list_dcp_checkpoints(folder)] == [STEP1]
     assert [p.name for p in rundir.remove_stale_temporaries(folder)] == [".step_000000002.dcp.tmp"]
     assert torch.equal(consolidate(folder / STEP1)["w"], torch.full((64,), 1.0))
-
-
-@pytest.mark.parametrize("exchange", [True, False], ids=["rename-exchange", "move-aside"])
-def test_saving_the_same_step_again_replaces_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
-) -> None:
-    if not exchange:  # file systems without renameat2(RENAME_EXCHANGE), NFS say
-        monkeypatch.setattr(dcp_dirs, "_exchange", lambda a, b: False)
-    folder = tmp_path / "checkpoints"
-    for value in (1.0, 2.0):
-        state = {"model": {"w": torch.full((8,), value)}}
-        path = save_dcp(state, folder, 5, {"v": value}, 2, True, lambda: None, lambda failed: failed, _alone)
-    assert [p.name for p in folder.iterdir()] == ["step_000000005"]
-    assert torch.equal(consolidate(path)["w"], torch.full((8,), 2.0))
-    assert read_loop(path) == {"v": 2.0}
 
 
 # -- a full disk -------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import yaml
 from omegaconf import OmegaConf
 
 import hpc_train
-from tests.support.cli import TINY, assert_ok, read_summary, run_cli
+from tests.support.cli import assert_ok, read_summary, run_cli
+from tests.unit.test_api_without_a_job import JOB
 
-JOB = [*TINY, "strategy=single", "trainer.max_steps=4", "trainer.epochs=null"]
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=1"]
 
 
@@ -34,18 +34,6 @@ def test_compose_is_the_clis_resolved_job_config(tmp_path):
     assert OmegaConf.to_container(cfg) == yaml.safe_load(proc.stdout)
 
 
-def test_compose_with_a_users_config_dir(tmp_path):
-    conf = tmp_path / "my_conf"
-    (conf / "cluster").mkdir(parents=True)
-    (conf / "cluster" / "mysite.yaml").write_text("defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ngpus_per_node: 8\n")
-    cfg = hpc_train.compose(["launcher=slurm", "cluster=mysite"], config_dir=conf)
-    shipped = hpc_train.compose(["launcher=slurm"])
-    assert cfg.cluster.name == "mysite" and cfg.cluster.partition == "gpu_p2" and cfg.cluster.gpus_per_node == 8
-    assert cfg.cluster.cpus_per_gpu == shipped.cluster.cpus_per_gpu  # inherited from the shipped profile
-    with pytest.raises(hpc_train.ConfigError, match="did you mean 'mysite'"):
-        hpc_train.compose(["launcher=slurm", "cluster=mysit"], config_dir=conf)
-
-
 # -- errors -----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, key",
@@ -61,11 +49,6 @@ def test_bad_input_raises_config_error_with_the_clis_message(overrides, key, tmp
     proc = run_cli([*JOB, *overrides], tmp_path / "cli")
     assert proc.returncode == 2 and err.value.message == proc.stderr.strip(), (err.value.message, proc.stderr)
     assert not (tmp_path / "api" / "job_config.yaml").exists()
-
-
-def test_a_sweep_over_launchers_is_refused():
-    with pytest.raises(hpc_train.ConfigError, match="mixes launchers"):
-        hpc_train.sweep([*JOB, "launcher=local,slurm"])
 
 
 # -- run --------------------------------------------------------------------------------------
@@ -124,18 +107,6 @@ def test_cancel_stops_a_local_job_after_a_checkpoint(monkeypatch, tmp_path):
     with pytest.raises(hpc_train.JobFailed):
         job.wait(timeout=120)
     assert job.state() == "CANCELLED" and list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
-
-
-def test_staged_model_is_the_strategies_split():
-    torch = pytest.importorskip("torch")
-    from hydra.utils import instantiate
-
-    model = instantiate(hpc_train.compose(["model=toy_mlp", "data=synthetic", "data.image_size=8"]).model)
-    staged = hpc_train.staged_model(model, ["cpu"], stages=2, chunks=2)
-    assert len(staged.stages) == 2 and staged.devices == [torch.device("cpu")] * 2
-    x = torch.randn(4, 3, 8, 8)
-    torch.testing.assert_close(staged(x), model(x), rtol=1e-5, atol=1e-6)  # micro-batches: other BLAS blockings, rounding only
-    assert len(hpc_train.staged_model(model, split_points=["2"]).stages) == 2  # named modules, any model
 
 
 # -- sweep ------------------------------------------------------------------------------------

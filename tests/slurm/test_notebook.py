@@ -1,4 +1,5 @@
-"""notebooks/demo_model_parallelism.ipynb: committed without outputs, runs end to end.
+"""notebooks/demo_model_parallelism.ipynb runs end to end (committed without outputs:
+tests/unit/test_notebook_without_outputs.py).
 
 Without a GPU, with its DEFAULT parameters, within a stated time (it scales its timing down by
 itself); its Slurm cells size the request from what `sinfo` says the partition offers (a stand-in
@@ -18,10 +19,9 @@ from typing import Callable, Dict, List, Optional
 
 import pytest
 
-from tests.support.paths import REPO
 from tests.support.slurm import scontrol_job
+from tests.unit.test_notebook_without_outputs import load
 
-NOTEBOOK = REPO / "notebooks" / "demo_model_parallelism.ipynb"
 SMALL = {
     "MODEL": "'resnet18'",
     "IMAGE_SIZE": "32",
@@ -50,12 +50,6 @@ for spec in nodes.split(";"):
     print(re.sub(r"%(\w)", lambda m: values.get(m.group(1), ""), fmt))
 '''
 REFUSE = '#!/bin/sh\necho "$(basename "$0"): error: this test has no Slurm cluster" >&2\nexit 1\n'
-
-
-def load():
-    import nbformat
-
-    return nbformat.read(str(NOTEBOOK), as_version=4)
 
 
 def fake_slurm(tmp_path: Path, nodes: Optional[List[str]] = None) -> Dict[str, str]:
@@ -107,21 +101,6 @@ def run_notebook(tmp_path: Path, parameters: dict, env: dict, timeout: int = 170
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.get("data", {})]
     return nb, text, images, elapsed
-
-
-def test_notebook_is_committed_without_outputs():
-    nb = load()
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
-    first = nb.cells[0]
-    assert first.cell_type == "code" and "parameters" in first.metadata.get("tags", [])
-    for name in ("MODEL", "IMAGE_SIZE", "BATCH_SIZE", "MICRO_BATCHES", "CPU_SCALE_DOWN", "CPU_BUDGET_S", "SUBMIT", "SLURM_OVERRIDES", "SLURM_CPUS_PER_GPU"):
-        assert re.search(rf"^{name} = ", first.source, flags=re.M), name
-    source = "\n".join(cell.source for cell in code)
-    # Only the public API: jobs through hpc_train.run/sweep, the timing cell through hpc_train.staged_model.
-    for public in ("hpc_train.compose(", "hpc_train.staged_model(", "hpc_train.run(", "hpc_train.sweep("):
-        assert public in source, public
-    assert "hpc_train.compute" not in source and "hpc_train.cli" not in source and "hpc_train.launch" not in source
 
 
 def test_notebook_defaults_on_cpu_scale_down_and_finish_in_time(tmp_path):

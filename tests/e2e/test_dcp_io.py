@@ -496,7 +496,7 @@ def test_spread_deep_verification_fails_on_every_rank_with_one_message(
     ]
     for case, (path, error, expected) in enumerate(expectations):
         with pytest.raises(error, match=expected) as alone:
-            verify(path, deep=True)  # one process, every file: the message of today
+            verify(path, deep=True)  # one process, every file: the message to expect
         for rank in (0, 1):
             assert found[rank][case]["error"] == error.__name__, f"rank {rank}"
             assert found[rank][case]["message"] == str(alone.value), f"rank {rank}"
@@ -511,7 +511,7 @@ def test_remove_stale_temporaries(tmp_path: Path, run_dir: Path) -> None:
     (folder / ".step_000000003.dcp.tmp").mkdir()
     (folder / ".step_000000003.dcp.tmp" / "__0_0.distcp").write_bytes(b"partial")
     (folder / ".step_000000001.dcp.tmp-pruned").mkdir()
-    (folder / ".step_000000004.ckpt.tmp1234").write_bytes(b"torn")  # today's single-file temporary
+    (folder / ".step_000000004.ckpt.tmp1234").write_bytes(b"torn")  # a single-file checkpoint's temporary
     (folder / "step_000000005.ckpt").write_bytes(b"kept")
     removed = rundir.remove_stale_temporaries(folder)
     assert sorted(p.name for p in removed) == [

@@ -27,7 +27,7 @@ from tests.support.paths import REPO, SUPPORT
 HANG_S = 6
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=null", "trainer.max_steps=40", "trainer.eval=false"]
 WATCHED = [f"trainer.hang_timeout_s={HANG_S}", "trainer.dist_timeout_s=120"]
-LIMIT_S = HANG_S + 60  # the issue's bar: the job ends within hang_timeout_s + 60 s
+LIMIT_S = HANG_S + 60  # the bar: the job ends within hang_timeout_s + 60 s
 
 
 def step(name: str) -> str:
@@ -35,7 +35,7 @@ def step(name: str) -> str:
 
 
 def hung_job(args, run_dir: Path) -> str:
-    """Run the job; it must end as hung (exit code 4) within the issue's bar; returns the watchdog's message."""
+    """Run the job; it must end as hung (exit code 4) within LIMIT_S; returns the watchdog's message."""
     started = time.monotonic()
     proc = run_cli(args, run_dir, timeout=LIMIT_S + 60)
     assert proc.returncode == rundir.EXIT_HUNG, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""A rank that dies without an exception (a signal, a bare exit status) is named as the cause (issue 31, section 2).
+"""A rank that dies without an exception (a signal, a bare exit status) is named as the cause.
 
 Real gloo ranks under the local launcher; rank 1 dies at its third step, rank 0 then loses its
 connection: the message must blame rank 1 with the cause in words, and call rank 0's failure a

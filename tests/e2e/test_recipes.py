@@ -1,4 +1,4 @@
-"""Training recipes (issue 29): optimizer, parameter groups, schedule, clipping, accumulation, eval cadence, EMA.
+"""Training recipes: optimizer, parameter groups, schedule, clipping, accumulation, eval cadence, EMA.
 
 Real runs of the CLI (gloo on CPU for the multi-rank ones); every number is checked against a
 closed form or a plain-PyTorch reference computed here.

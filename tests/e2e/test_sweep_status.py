@@ -1,4 +1,4 @@
-"""hpc-train-report (and --watch) know a sweep that will never run (issue 32): refused as a whole, or a local sweep
+"""hpc-train-report (and --watch) know a sweep that will never run: refused as a whole, or a local sweep
 whose launching process was killed; they say so and exit non-zero instead of showing PENDING for ever."""
 
 from __future__ import annotations

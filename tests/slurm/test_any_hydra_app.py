@@ -1,5 +1,5 @@
 """A plain Hydra app of the user's (tests/support/scripts/plain_app, no hpc_train in it) swept on the Slurm test cluster
-with hydra/launcher=hpc_train_slurm (issue 32): each job its own resources, a failing job FAILED."""
+with hydra/launcher=hpc_train_slurm: each job its own resources, a failing job FAILED."""
 
 from __future__ import annotations
 

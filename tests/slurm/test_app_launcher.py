@@ -1,4 +1,4 @@
-"""Any Hydra app: hpc_train's launchers pass the conformance suites Hydra runs for every launcher plugin (issue 32).
+"""Any Hydra app: hpc_train's launchers pass the conformance suites Hydra runs for every launcher plugin.
 
 The suites ship inside the installed hydra-core (``hydra.test_utils.launcher_common_tests``);
 hydra-submitit-launcher runs them the same way with ``submitit_local``. Here with

@@ -1,4 +1,4 @@
-"""The hang watchdog on the real Slurm test cluster (issue 31, section 4).
+"""The hang watchdog on the real Slurm test cluster.
 
 A 2-node ddp job, one task per node: rank 1 (on the second node, hpcnode2) sleeps for an hour in
 its third step. The watchdog on rank 0 must name rank 1 on hpcnode2 with its sleeping frame and

@@ -136,7 +136,7 @@ def node(name: str, partition: str, cpus: int, gres: str) -> str:
 
 
 def test_notebook_sizes_the_slurm_request_to_the_partition(tmp_path):
-    # The cluster: 8-CPU nodes with 4 GPUs, where the generic profile asks 4 CPUs x 4 GPUs = 16.
+    # A cluster of 8-CPU nodes with 4 GPUs, where the generic profile asks 4 CPUs x 4 GPUs = 16.
     nodes = [node(n, p, 8, "gpu:4") for n in ("hpcnode1", "hpcnode2") for p in ("debug*", "gpu_p2")]
     _, text, _, _ = run_notebook(tmp_path, {**SMALL, "SUBMIT": "False"}, fake_slurm(tmp_path, nodes), cells=slurm_cells)
     assert "cluster.cpus_per_gpu=4 would ask for 16 CPUs per task, but the nodes of partition debug (the default) have 8: lowered to 2 (8 CPUs / 4 GPUs)." in text

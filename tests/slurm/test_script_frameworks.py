@@ -1,4 +1,4 @@
-"""Framework scripts as they are (issue 30): a Hugging Face `Trainer` script and a Lightning script under hpc-train.
+"""Framework scripts as they are: a Hugging Face `Trainer` script and a Lightning script under hpc-train.
 
 The scripts (tests/support/scripts/hf_train.py, tests/support/scripts/lightning_train.py) use the real packages and
 know nothing of hpc_train's layout: each rank writes what it saw, which the tests read.

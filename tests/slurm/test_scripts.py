@@ -1,4 +1,4 @@
-"""Your own training script (issue 30): `hpc-train [overrides] -- train.py ARGS`, locally and on the Slurm test cluster.
+"""Your own training script: `hpc-train [overrides] -- train.py ARGS`, locally and on the Slurm test cluster.
 
 The script is tests/support/scripts/nanogpt_like/train.py: nanoGPT's shape (configurator-style `--key=value`,
 data opened relative to its working directory, `ckpt.pt` and `--init_from=resume`, DDP with NCCL on

@@ -1,4 +1,4 @@
-"""A stop signal's lead time too short for a step plus a checkpoint is warned about (issue 31, section 3)."""
+"""A stop signal's lead time too short for a step plus a checkpoint is warned about."""
 
 import os
 import re

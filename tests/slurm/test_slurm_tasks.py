@@ -1,4 +1,4 @@
-"""Fewer tasks than --ntasks-per-node x nodes (issue 31, section 3), on the Slurm test cluster.
+"""Fewer tasks than --ntasks-per-node x nodes, on the Slurm test cluster.
 
 `sbatch --nodes=2 --ntasks=3` makes Slurm run 2 tasks on one node and 1 on the other; `srun -n3`
 inside a `--nodes=2 --ntasks-per-node=2` allocation does the same while SLURM_NTASKS_PER_NODE

@@ -1,5 +1,5 @@
 """A stop signal that arrives while a checkpoint is being written, or while rank 0 waits inside a
-collective (issue 31, sections 3 and 4).
+collective.
 
 What must hold: the signal handler writes nothing (it only sets a flag); the write in progress
 completes, and the job stops right after it, at that step, within the signal's lead time, with

@@ -87,7 +87,7 @@ def test_a_timm_vit_trains_the_same_under_every_layout(layout, vit_single, tmp_p
 
 
 def test_nanogpt_with_the_built_in_step_is_told_to_set_trainer_step(tmp_path):
-    """The issue's first failure, now with the way out in the message."""
+    """The first failure a nanoGPT user meets, now with the way out in the message."""
     proc = run_cli([*GPT, "data=chars", "trainer.step=null", "strategy=single"], tmp_path / "run", cwd=NANOGPT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "`trainer.loss`" in out and "trainer.step" in out and "Traceback" not in out, out

@@ -1,4 +1,4 @@
-"""balance=time weighs each layer by its steady forward + backward time on the micro-batch (issue #24, section 4).
+"""balance=time weighs each layer by its steady forward + backward time on the micro-batch.
 
 Layers here cost time on a fake clock (partitioning.time is replaced), so the assertions are exact and independent of
 the machine's speed and load. Before the fix a layer's first calls in a process were timed (median of 3

@@ -1,4 +1,4 @@
-"""A Hydra app that knows nothing of hpc_train (issue 32's tests): it reports the GPUs Slurm gave it, or fails."""
+"""A Hydra app that knows nothing of hpc_train: it reports the GPUs Slurm gave it, or fails."""
 
 import json
 import os

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Install hpc_train into ./.venv and run the whole test suite (the README's test command; .ci/run calls it).
 # The Slurm tests start a real local Slurm cluster through scripts/slurm_test_cluster.sh (installs Debian packages; needs root).
+# --fast: the same install, then only the unit tier (tests/unit: no process started, no Slurm cluster).
+# Every other argument goes to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=false
+args=()
+for arg in "$@"; do
+    if [[ $arg == --fast ]]; then fast=true; else args+=("$arg"); fi
+done
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+if $fast; then
+    # No test of this tier shares anything with another (no cluster, no group): each test goes to the free worker.
+    exec .venv/bin/python -m pytest -n 2 --dist load tests/unit ${args[@]+"${args[@]}"}
+fi
 # Two pytest-xdist workers: the Slurm tests (one group, one worker, one job at a time on the cluster as in a serial
 # run) wait on the cluster while the other worker runs the CPU tests; each other test file is a group of its own
 # (tests/conftest.py, _xdist_group).
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup ${args[@]+"${args[@]}"}

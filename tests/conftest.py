@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 import pytest
 
 from tests.support.cli import run_cli
+from tests.support.no_process import processes_refused
 from tests.support.slurm_cluster import SCALE_NODES, hold_cluster, reset_association_limits, start_slurm_cluster
+
+UNIT_TIER = Path(__file__).resolve().parent / "unit"
 
 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+# -- the unit tier starts no process -----------------------------------------------------------
+def _guarded(item) -> contextlib.AbstractContextManager:
+    """A test under tests/unit runs (its setup too) with processes refused; any other test runs as it is.
+    Teardown is left out: the last test of a session tears down session fixtures (the 16-node cluster's restart)."""
+    return processes_refused() if UNIT_TIER in item.path.resolve().parents else contextlib.nullcontext()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        yield
 
 
 # -- the real Slurm test cluster -------------------------------------------------------------

@@ -10,6 +10,9 @@ from hpc_train.config.rule import R, Rule
 NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
 
 
+HYBRID_STAGES = 2  # hybrid's strategy.stages when null without split_points: each task owns two GPUs
+
+
 def micro_batches(chunks: Optional[Any]) -> int:
     """strategy.chunks as a count: null, or a strategy without the key (model_parallel), is one micro-batch."""
     return 1 if chunks is None else int(chunks)
@@ -28,8 +31,8 @@ RULES: Tuple[Rule, ...] = (
         "strategy.stages",
         whole(1),
         2,
-        null="one stage per GPU, or len(split_points) + 1",
-        doc="Stages the model is cut into; null: one per GPU of the task (2 on CPUs), or len(split_points) + 1.",
+        null=f"one stage per GPU of the task (hybrid: {HYBRID_STAGES}), or len(split_points) + 1",
+        doc=f"Stages the model is cut into; null: one per GPU of the task (2 on CPUs; hybrid: {HYBRID_STAGES}), or len(split_points) + 1.",
         default=None,
         only=("model_parallel", "pipeline", "hybrid", "pipelining"),
     ),

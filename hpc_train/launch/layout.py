@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.strategy import NAMES
+from hpc_train.config.strategy import HYBRID_STAGES, NAMES
 from hpc_train.strategy_table import KINDS, StrategyKind
 
 
@@ -101,7 +101,7 @@ def compute_layout(
     elif shape.one_task_per_gpu:
         tasks, gpus_node, gpus_task = gpus_per_node, gpus_per_node, 1
     elif shape.gpus_per_task_from_stages:
-        stages = stages or 2
+        stages = stages or HYBRID_STAGES
         if gpus_per_node % stages != 0:
             raise ConfigError(
                 "strategy.stages",

@@ -1,4 +1,5 @@
-"""The public Python API (hpc_train.compose/run/submit/sweep, Job): real processes, the real Slurm test cluster."""
+"""The public Python API (hpc_train.compose/run/submit/sweep, Job) with real processes on this machine
+(on the Slurm test cluster: tests/slurm/test_api_on_slurm.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,9 @@ from omegaconf import OmegaConf
 
 import hpc_train
 from tests.support.cli import assert_ok, read_summary, run_cli
-from tests.unit.test_api_without_a_job import JOB
+from tests.unit.test_api_without_a_job import JOB, cpu_here  # noqa: F401  (cpu_here: an autouse fixture)
 
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=1"]
-
-
-@pytest.fixture(autouse=True)
-def cpu_here(monkeypatch, tmp_path):
-    """CPU workers (as run_cli gives the CLI), and default run dirs under the test's own dir."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.chdir(tmp_path)
 
 
 # -- compose ----------------------------------------------------------------------------------
@@ -117,27 +111,4 @@ def test_local_sweep_gives_one_job_per_run(tmp_path):
     assert jobs[1].state() in ("PENDING", "RUNNING")  # one after another
     summaries = [job.wait(timeout=180) for job in jobs]
     assert [s["global_step"] for s in summaries] == [4, 4]
-    assert [job.state() for job in jobs] == ["COMPLETED", "COMPLETED"]
-
-
-# -- the Slurm test cluster -------------------------------------------------------------------
-@pytest.mark.slurm
-def test_slurm_submit_wait_and_run(slurm_cluster, tmp_path):
-    start = time.monotonic()
-    job = hpc_train.submit([*JOB, *SLURM], run_dir=tmp_path / "submitted")
-    assert job.launcher == "slurm" and job.job_id.isdigit() and time.monotonic() - start < 60
-    assert job.state() in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED")
-    summary = job.wait(timeout=300)
-    assert summary["global_step"] == 4 and job.state() == "COMPLETED"
-    assert hpc_train.run([*JOB, *SLURM], run_dir=tmp_path / "run", quiet=True)["train_loss"] == summary["train_loss"]
-
-
-@pytest.mark.slurm
-def test_slurm_sweep(slurm_cluster, tmp_path):
-    jobs = hpc_train.sweep([*JOB, *SLURM, "seed=0,1"], sweep_dir=tmp_path / "sweep")
-    rows = [line.split("\t") for line in (tmp_path / "sweep" / "jobs.tsv").read_text().splitlines()[1:]]
-    assert [job.job_id for job in jobs] == [row[0] for row in rows] and len(jobs) == 2
-    assert [job.overrides[-1] for job in jobs] == ["seed=0", "seed=1"]
-    assert [job.run_dir for job in jobs] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]
-    assert [job.wait(timeout=300)["global_step"] for job in jobs] == [4, 4]
     assert [job.state() for job in jobs] == ["COMPLETED", "COMPLETED"]

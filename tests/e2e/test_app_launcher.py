@@ -14,11 +14,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from hydra.test_utils.launcher_common_tests import (
-    BatchedSweeperTestSuite,
-    IntegrationTestSuite,
-    LauncherTestSuite,
-)
+from hydra.test_utils.launcher_common_tests import BatchedSweeperTestSuite, IntegrationTestSuite, LauncherTestSuite
 from hydra.version import VersionBase, __compat_version__
 
 from tests.support.paths import REPO
@@ -55,47 +51,6 @@ def fresh_hydra_version_base(hydra_restore_singletons):
     [({"defaults": [{"override hydra/launcher": "hpc_train_local"}], "hydra": {"launcher": {"timeout_min": 2}}}, ["-m"])],
 )
 class TestLocalLauncherIntegration(IntegrationTestSuite):
-    pass
-
-
-# -- the same suites on the Slurm test cluster --------------------------------------------------------------
-SLURM = ("hpc_train_slurm", ["hydra.launcher.timeout_min=5", "hydra.launcher.cpus_per_task=1"])
-
-
-@pytest.fixture
-def on_slurm(slurm_cluster):
-    """The Slurm test cluster runs, and SLURM_CONF points at it (tests.conftest.slurm_cluster)."""
-
-
-@pytest.mark.slurm
-@pytest.mark.usefixtures("on_slurm")
-@pytest.mark.parametrize("launcher_name, overrides", [SLURM])
-class TestSlurmLauncher(LauncherTestSuite):
-    pass
-
-
-@pytest.mark.slurm
-@pytest.mark.usefixtures("on_slurm")
-@pytest.mark.parametrize("launcher_name, overrides", [(SLURM[0], [*SLURM[1], "hydra.sweeper.max_batch_size=2"])])
-class TestSlurmLauncherBatched(BatchedSweeperTestSuite):
-    pass
-
-
-@pytest.mark.slurm
-@pytest.mark.usefixtures("on_slurm")
-@pytest.mark.parametrize(
-    "task_launcher_cfg, extra_flags",
-    [
-        (
-            {
-                "defaults": [{"override hydra/launcher": "hpc_train_slurm"}],
-                "hydra": {"launcher": {"timeout_min": 5, "cpus_per_task": 1}},
-            },
-            ["-m"],
-        )
-    ],
-)
-class TestSlurmLauncherIntegration(IntegrationTestSuite):
     pass
 
 

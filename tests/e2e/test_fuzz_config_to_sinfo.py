@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpc_train.conf import CONFIG_DIR
-from tests.unit.test_fuzz_config import (
+from tests.unit.test_fuzz_config import (  # noqa: F401  (run_dir and targets: fixtures, found by name)
     ENV,
     FLOATS,
     INTS,
@@ -23,6 +23,8 @@ from tests.unit.test_fuzz_config import (
     _overrides,
     cli_outcome,
     names,
+    run_dir,
+    targets,
 )
 
 SCALARS = st.one_of(INTS, FLOATS, st.booleans(), st.none(), TEXT)

@@ -1,4 +1,5 @@
-"""`hpc-train-report`: the table and PNG of real runs and sweeps (local and on the Slurm test cluster)."""
+"""`hpc-train-report`: the table and PNG of real local runs and sweeps (of Slurm jobs:
+tests/slurm/test_report_on_slurm.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -19,7 +19,6 @@ from tests.support.paths import REPO
 REPORT_BIN = Path(sys.executable).parent / "hpc-train-report"  # the installed console script
 TRAIN = [*TINY, "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32", "trainer.log_every=3"]
 SWEEP = "strategy=single,ddp,model_parallel"
-SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -133,49 +132,3 @@ def test_report_does_not_import_torch():
     code = "import sys, hpc_train.report.command\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert not heavy, heavy\n"
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
-
-
-# -- on the Slurm test cluster -----------------------------------------------------------------
-@pytest.mark.slurm
-def test_report_of_a_slurm_sweep(slurm_cluster, tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(["-m", *SLURM, *TRAIN, SWEEP, "launcher.wait=true", f"hydra.sweep.dir={sweep_dir}"], timeout=400)
-    assert_ok(proc)
-    job_ids = [line.split("\t")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
-    proc = report(str(sweep_dir))
-    assert_ok(proc)
-    check_against_summaries(proc.stdout, sweep_dir, ["single", "ddp", "model_parallel"])
-    assert [r["slurm id"] for r in table(proc.stdout)] == job_ids
-    png_size(sweep_dir / "report.png")
-    check_json(sweep_dir)
-
-
-@pytest.mark.slurm
-def test_report_shows_the_slurm_state_of_queued_jobs(slurm_cluster, tmp_path):
-    """Held jobs stay PENDING: the report says so for each job, with no numbers yet."""
-    sweep_dir = tmp_path / "sweep"
-    proc = run_cli(["-m", *SLURM, *TRAIN, SWEEP, "+cluster.extra.hold=true", f"hydra.sweep.dir={sweep_dir}"])
-    assert_ok(proc)
-    job_ids = [line.split("\t")[0] for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
-    bases = sorted({j.split("_")[0] for j in job_ids})
-    try:
-        proc = report(str(sweep_dir))
-        assert_ok(proc)
-        rows = table(proc.stdout)
-        assert [r["slurm id"] for r in rows] == job_ids
-        assert [r["status"] for r in rows] == ["PENDING"] * 3
-        assert all(r["samples/s"] == "-" and r["train loss"] == "-" for r in rows)
-        assert [r["strategy"] for r in rows] == ["single", "ddp", "model_parallel"]  # from job_config.yaml, before the job ran
-        png_size(sweep_dir / "report.png")
-        subprocess.run(["scancel", *bases], check=True)
-        deadline = time.monotonic() + 60
-        while True:
-            statuses = [r["status"] for r in table(report(str(sweep_dir), "--no-png").stdout)]
-            if statuses == ["CANCELLED"] * 3 or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        assert statuses == ["CANCELLED"] * 3
-    finally:
-        subprocess.run(["scancel", *bases], capture_output=True)
-
-

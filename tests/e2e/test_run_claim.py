@@ -1,6 +1,6 @@
 """One run dir, one live job: a launch into a run dir that a live job holds is refused before it touches anything;
-a dead holder's claim is taken over and the next attempt resumes. Real launches, locally and on the Slurm test
-cluster; the claim's rules for a holder on another host on the claim file itself.
+a dead holder's claim is taken over and the next attempt resumes. Real local launches (a Slurm job as the holder:
+tests/slurm/test_run_claim_on_slurm.py; a holder on another host: tests/unit/test_run_claim_other_host.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-import pytest
-
 from hpc_train import run_claim
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
-from tests.support.slurm import wait_for_job_end
 
 PACED = [*TINY, "strategy=single", "trainer.eval=false", "trainer.checkpoint_every=10",
          "trainer.step={_target_:tests.support.paced_steps.paced,_partial_:true}"]  # 0.2 s a step
@@ -90,18 +87,3 @@ def test_a_sigkilled_holder_is_taken_over_and_the_relaunch_resumes(tmp_path):
     assert resumed is not None and resumed >= 10 and read_summary(run_dir)["global_step"] == 30
 
 
-@pytest.mark.slurm
-def test_a_local_launch_into_a_slurm_jobs_run_dir_is_refused(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    slurm = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "resources.gpus_per_node=1"]
-    proc = run_cli([*PACED, *slurm, "trainer.max_steps=30"], run_dir)
-    assert_ok(proc)
-    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    assert json.loads((run_dir / run_claim.CLAIM).read_text())["slurm_job"] == job
-    local = run_cli([*PACED, "trainer.max_steps=30"], run_dir)
-    said = local.stdout + local.stderr
-    assert local.returncode == 2 and f"in use by Slurm job {job}" in said and f"scancel {job}" in said, said
-    assert "Traceback" not in said
-    fields = wait_for_job_end(job, timeout=180)
-    assert fields["JobState"] == "COMPLETED" and read_summary(run_dir)["global_step"] == 30
-    assert len(starts(run_dir)) == 1 and not (run_dir / run_claim.CLAIM).exists()

@@ -6,9 +6,7 @@ Every command runs from the project's own folder (that is where `import mynet` w
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,7 +18,6 @@ import torch
 
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
-from tests.support.slurm import wait_for_job_end
 
 PROJECT = REPO / "examples" / "user_project"
 USER = ["--config-dir", "my_conf", "model=tinynet", "data=blobs", "trainer.progress=false", "trainer.lr_schedule=constant", "trainer.weight_decay=0"]
@@ -136,22 +133,3 @@ def test_a_loss_function_with_partial_and_no_accuracy_for_regression(tmp_path):
     assert summary["eval_loss"] is not None and summary["eval_accuracy"] is None
 
 
-def test_user_project_as_a_slurm_job_with_its_own_cluster_profile(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    proc = run_user([*TRAIN, "launcher=slurm", "cluster=mysite", "strategy=pipeline", "strategy.split_points=[head]", "launcher.wait=true"], run_dir, timeout=300)
-    assert_ok(proc)
-    job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    fields = wait_for_job_end(job_id)
-    assert fields["JobState"] == "COMPLETED" and fields["Partition"] == "gpu_p2"
-    assert read_summary(run_dir)["model"] == "tinynet"
-
-
-def test_user_project_as_a_four_job_slurm_sweep(slurm_cluster, tmp_path):
-    sweep = tmp_path / "sweep"
-    proc = run_user(["-m", *TRAIN, "launcher=slurm", "cluster=mysite", "strategy=single,ddp", "trainer.lr=0.05,0.1", "launcher.wait=true", f"hydra.sweep.dir={sweep}"], None, timeout=600)
-    assert_ok(proc)
-    rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]
-    assert len(rows) == 4
-    summaries = [json.loads((sweep / row[1] / "summary.json").read_text()) for row in rows]
-    assert sorted(s["strategy"] for s in summaries) == ["ddp", "ddp", "single", "single"]
-    assert all(s["model"] == "tinynet" for s in summaries)

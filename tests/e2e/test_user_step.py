@@ -38,7 +38,7 @@ def test_a_user_step_doing_the_built_in_computation_gives_bit_identical_weights(
 
 def test_a_user_steps_metrics_are_logged_and_can_be_the_objective(builtin_ddp, tmp_path):
     """mynet.steps.with_top1: top1 over the global batch equals the built-in step's accuracy (same weights)."""
-    from tests.slurm.test_user_project import PROJECT
+    from tests.e2e.test_user_project import PROJECT
 
     run_dir = tmp_path / "run"
     args = [*TINY, *DDP, step_node("mynet.steps.with_top1"), "objective=eval_top1", "trainer.log_every=1"]
@@ -70,18 +70,6 @@ def test_a_broken_step_is_refused_at_the_start_of_the_job(target, words, tmp_pat
     assert "`trainer.step`" in out and words in out and "Fix:" in out, out
     assert "Traceback" not in out, out
     assert not (tmp_path / "run" / "checkpoints").exists(), "nothing may train"
-
-
-@pytest.mark.slurm
-def test_a_followed_slurm_job_whose_rank_refuses_ends_with_the_refusal_and_exit_code_2(slurm_cluster, tmp_path):
-    """launcher.wait=true: the rank's one message, exit code 2 and a last line saying it refused to start, as a local
-    run says, not 'failed (exit code 1)'."""
-    slurm = ["launcher=slurm", "launcher.wait=true", "cluster.cpus_per_gpu=1", "cluster.time=5"]
-    proc = run_cli([*TINY, *slurm, "strategy=single", step_node("tests.support.user_steps.no_loss_key")], tmp_path / "run")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
-    assert "`trainer.step`" in out and "without a 'loss' key" in out and "Traceback" not in out, out
-    assert out.strip().splitlines()[-1].startswith("hpc-train: the job refused to start (exit code 2)"), out
 
 
 @pytest.mark.parametrize(

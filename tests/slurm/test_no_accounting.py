@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -24,9 +23,9 @@ import pytest
 
 from hpc_train.api import Job
 from hpc_train.jobs.job_states import FROM_RUN_DIRS, NO_RECORD
+from tests.e2e.test_report import report, table
 from tests.support.cli import TINY, assert_ok, run_cli, wait_for
 from tests.support.paths import REPO
-from tests.slurm.test_report import report, table
 
 pytestmark = pytest.mark.slurm
 

@@ -3,7 +3,7 @@
 Marked ``scale`` (deselected by default; ``bash scripts/test.sh -m scale``): it runs 3,000
 Slurm tasks. The jobs are laid out and submitted by the launcher's own code (validation, job
 specs, ``slurm.submit_jobs`` cutting arrays, ``launcher.array_parallelism=16``) and counted by
-``hpc-train-report`` from sacct; each task runs ``tests/sweep_probe.Probe`` instead of training
+``hpc-train-report`` from sacct; each task runs ``tests/support/sweep_probe.Probe`` instead of training
 (see there why).
 """
 

@@ -8,6 +8,14 @@ import pytest
 import hpc_train
 from tests.support.cli import TINY
 
+
+@pytest.fixture(autouse=True)
+def cpu_here(monkeypatch, tmp_path):
+    """CPU workers (as run_cli gives the CLI), and default run dirs under the test's own dir."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+
+
 JOB = [*TINY, "strategy=single", "trainer.max_steps=4", "trainer.epochs=null"]
 
 

@@ -1,4 +1,4 @@
-"""A torchrun-style DDP script that knows nothing of hpc_train (tests/slurm/test_scripts_dist.py).
+"""A torchrun-style DDP script that knows nothing of hpc_train (tests/e2e/test_scripts_dist.py).
 
 Reads its rank from torchrun's variables (``init_process_group("gloo")`` from the environment),
 all-reduces a deterministic tensor, trains a tiny model for a few DDP steps on data that differs

@@ -1,4 +1,4 @@
-"""A Hydra app of the user's own, run as a script (tests/slurm/test_scripts_dist.py).
+"""A Hydra app of the user's own, run as a script (tests/e2e/test_scripts_dist.py).
 
 ``hpc-train script.arg_style='{key}={value}' +script.overrides.lr=0.1 -- tests/support/scripts/hydra_app.py
 'hydra.run.dir=${hydra:runtime.output_dir}/app'``: hpc_train appends ``lr=0.1`` to its command line,

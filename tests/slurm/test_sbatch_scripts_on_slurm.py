@@ -1,0 +1,104 @@
+"""The plain sbatch scripts in sbatch/ really run on the Slurm test cluster: each strategy's script, an allocation that
+does not match refused, the requeue signal resuming a plain sbatch job."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.support.cli import TINY, read_summary
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job, wait_for_job_end
+from tests.unit.test_sbatch_script_per_strategy import SCRIPTS
+
+# strategy -> (nodes, tasks per node) of the script as shipped
+SHAPES = {"single": (1, 1), "dp": (1, 1), "ddp": (2, 4), "model_parallel": (1, 1), "pipeline": (1, 1), "hybrid": (2, 2)}
+
+
+TRAIN = [*TINY, "trainer.max_steps=6", "trainer.epochs=null", "trainer.batch_size=32", "cluster.cpus_per_gpu=1"]
+
+
+def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = (), **extra_env: str) -> str:
+    """`sbatch [options] sbatch/<script>.slurm ARGS` as a user would, with the CPU test overrides."""
+    env = dict(os.environ, PYTHON=sys.executable, RUN_DIR=str(run_dir), **extra_env)
+    command = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={workdir}", *sbatch_args, str(REPO / "sbatch" / f"{script}.slurm"), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+@pytest.fixture(scope="module")
+def submitted(slurm_cluster, tmp_path_factory):
+    """Every script submitted at once (the cluster runs what fits, queues the rest); waits for all."""
+    root = tmp_path_factory.mktemp("sbatch")
+    jobs = {name: submit(name, root, root / name, TRAIN) for name in SCRIPTS}
+    ended = {name: wait_for_job_end(job_id, timeout=500) for name, job_id in jobs.items()}
+    return root, jobs, ended
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_script_runs_on_slurm(name, submitted):
+    root, jobs, ended = submitted
+    run_dir, job_id = root / name, jobs[name]
+    log = root / f"hpc-train-{job_id}.out"
+    assert ended[name]["JobState"] == "COMPLETED", (ended[name].get("JobState"), log.read_text() if log.exists() else "no log")
+    nodes, tasks_per_node = SHAPES[name]
+    world = nodes * tasks_per_node
+    assert int(ended[name]["NumNodes"]) == nodes and int(ended[name]["NumTasks"]) == world
+    summary = read_summary(run_dir)
+    assert summary["strategy"] == name and summary["world_size"] == world and summary["global_step"] == 6
+    # Every rank found its identity in srun's variables (no torchrun) and ran on the expected hosts.
+    found = []
+    for rank_log in sorted((run_dir / "logs").glob("rank*.log")):
+        match = re.search(r"rank (\d+)/(\d+) \(local (\d+), started by ([^)]+)\) on host (\S+),", rank_log.read_text())
+        found.append((int(match.group(1)), int(match.group(2)), match.group(4), match.group(5)))
+    assert sorted(r[0] for r in found) == list(range(world))
+    assert all(r[1] == world and r[2] == "srun" for r in found)
+    assert len({r[3] for r in found}) == nodes
+    assert "job spec" in log.read_text()  # the batch step wrote the spec before srun
+
+
+@pytest.mark.slurm
+def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
+    """`sbatch --nodes=1 ddp.slurm` without resources.nodes=1: the batch step stops with the fix, no rank starts."""
+    run_dir = tmp_path / "run"
+    job_id = submit("ddp", tmp_path, run_dir, TRAIN, ["--nodes=1"])
+    fields = wait_for_job_end(job_id, timeout=120)
+    assert fields["JobState"] == "FAILED"
+    log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
+    assert "invalid configuration for `resources.nodes`" in log and "the allocation has 1 node(s), but the overrides plan 2" in log and "Fix:" in log
+    assert "Traceback" not in log
+    assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "logs").exists()
+
+
+@pytest.mark.slurm
+def test_requeue_signal_resumes_a_plain_sbatch_job(slurm_cluster, tmp_path):
+    """USR2 (what `#SBATCH --signal=USR2@120` sends before the time limit): checkpoint, requeue, resume in RUN_DIR."""
+    run_dir = tmp_path / "run"
+    args = [*TRAIN, "trainer.max_steps=30", "trainer.log_every=2", "trainer.checkpoint_every=0"]
+    job_id = submit("hybrid", tmp_path, run_dir, args, HPC_TRAIN_STEP_SLEEP="0.3")
+    deadline = time.monotonic() + 180
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and '"step": 4' in metrics.read_text()):
+        assert time.monotonic() < deadline, "training did not start"
+        assert scontrol_job(job_id).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), scontrol_job(job_id)
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    fields = wait_for_job_end(job_id, timeout=300)
+    log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
+    assert fields["JobState"] == "COMPLETED", log
+    assert int(fields.get("Restarts", "0")) == 1
+    assert "received SIGUSR2" in log and "job requeued" in log
+    summary = read_summary(run_dir)
+    assert summary["global_step"] == 30 and summary["attempts"] == 2
+    assert 4 <= summary["resumed_from_step"] < 30
+    steps = [int(m) for m in re.findall(r'"kind": "train", "step": (\d+)', metrics.read_text())]
+    assert steps == list(range(2, 31, 2))  # one line per logged step, none lost or doubled across the requeue

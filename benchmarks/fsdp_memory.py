@@ -135,13 +135,12 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     rss = {"start": _status_kib("VmRSS")}
-    from omegaconf import OmegaConf
-
     import torch.distributed.fsdp  # noqa: F401  imported by every case before the baseline, so the code is not counted as model memory
     from hpc_train.compute.runtime import distributed
     from hpc_train.compute.runtime.ranks import RankInfo
-    from hpc_train.compute.parallel.ddp import DDPStrategy
-    from hpc_train.compute.parallel.fsdp import FSDPStrategy, shard_units
+    from hpc_train.compute.parallel.base import StrategySetup
+    from hpc_train.compute.parallel.ddp import DDPSettings, DDPStrategy
+    from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy, shard_units
 
     world, rank = args.world, args.rank
     info = RankInfo(rank, rank, world, world, "127.0.0.1", args.port, "local")
@@ -155,12 +154,12 @@ def worker(args: argparse.Namespace) -> None:
     rss["after_build"] = _status_kib("VmRSS")
     units = None
     if args.case == "fsdp":
-        cfg = OmegaConf.create({"name": "fsdp", "backend": "auto", "replicate": 1, "reshard_after_forward": True, "cpu_offload": False, "wrap": None})
+        settings = FSDPSettings("fsdp", "auto", replicate=1, reshard_after_forward=True, cpu_offload=False, wrap=None)
         units = len(shard_units(model))
-        model = FSDPStrategy(cfg, info, [device], "32").wrap(model)
+        model = FSDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, ())).wrap(model)
     elif args.case == "ddp":
-        cfg = OmegaConf.create({"name": "ddp", "backend": "auto", "find_unused_parameters": False})
-        model = DDPStrategy(cfg, info, [device], "32").wrap(model)
+        settings = DDPSettings("ddp", "auto", find_unused_parameters=False)
+        model = DDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, ())).wrap(model)
     elif args.case != "plain":
         raise SystemExit(f"unknown case {args.case!r}")
     rss["after_wrap"] = _status_kib("VmRSS")

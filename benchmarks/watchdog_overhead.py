@@ -45,10 +45,11 @@ def mark_cost_ns() -> float:
     """One Heartbeat.mark() (attribute writes and a clock read), in nanoseconds, best of 5."""
     from types import SimpleNamespace
 
-    from hpc_train.compute.runtime.heartbeat import Heartbeat
+    from hpc_train.compute.runtime.heartbeat import Heartbeat, WatchdogSettings
 
     ranks = SimpleNamespace(rank=0, world_size=1)
-    beat = Heartbeat(Path(tempfile.mkdtemp()), ranks, {"hang_timeout_s": None})  # not started: mark() is the same code
+    settings = WatchdogSettings(hang_timeout_s=None, dist_timeout_s=1800, requeue_on_hang=False, stop_grace_s=60)
+    beat = Heartbeat(Path(tempfile.mkdtemp()), ranks, settings)  # not started: mark() is the same code
     number = 200_000
     return min(timeit.repeat(lambda: beat.mark("forward"), number=number, repeat=5)) / number * 1e9
 

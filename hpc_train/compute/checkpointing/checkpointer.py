@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
@@ -44,8 +45,20 @@ if TYPE_CHECKING:  # only named in annotations: importing torch.distributed.chec
 log = logging.getLogger("hpc_train")
 
 
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """The trainer keys of checkpointing: every how many steps, how many are kept, how often a stopped job is requeued
+    to resume from one (read by the requeue, hpc_train.compute.runtime.requeue)."""
+
+    checkpoint_every: int
+    keep_checkpoints: int
+    max_requeues: int
+
+
 class Checkpointer:
-    """Writes and finds checkpoints of the state holders it is given (every method is called on every rank)."""
+    """Writes and finds checkpoints of the state holders it is given (every method is called on every rank).
+
+    `resume` is the top-level ``resume`` key (see the module doc)."""
 
     def __init__(
         self,
@@ -54,21 +67,20 @@ class Checkpointer:
         fingerprint: Dict[str, Any],
         sharded: Mapping[str, Stateful],
         shared: Mapping[str, Stateful],
-        per_rank: Optional[Mapping[str, Stateful]] = None,
-        shard_key: str = "model",
-        owns_shard: bool = True,
-        every: int = 0,
-        keep: int = 1,
-        resume: str = "auto",
+        per_rank: Mapping[str, Stateful],
+        shard_key: str,
+        owns_shard: bool,
+        settings: CheckpointSettings,
+        resume: str,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.ranks = ranks
         self.fingerprint = fingerprint
         self.sharded = {k: v for k, v in sharded.items() if v is not None}
         self.shared = dict(shared)
-        self.per_rank = dict(per_rank or {})  # each rank's own (a stream's read position), saved for every rank
+        self.per_rank = dict(per_rank)  # each rank's own (a stream's read position), saved for every rank
         self.shard_key, self.owns_shard = shard_key, owns_shard
-        self.every, self.keep, self.resume = every, max(1, keep), str(resume)
+        self.every, self.keep, self.resume = int(settings.checkpoint_every), int(settings.keep_checkpoints), str(resume)
         self.folder = rundir.checkpoint_dir(run_dir)
         self.last_saved_step: Optional[int] = None
         self.resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when another one

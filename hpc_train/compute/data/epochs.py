@@ -23,7 +23,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator, Optional
 
-from hpc_train.compute.data.loaders import has_length, is_stateful, is_stream, stream_loader, train_loader
+from hpc_train.compute.data.loaders import (
+    DataSettings,
+    has_length,
+    is_stateful,
+    is_stream,
+    stream_loader,
+    train_loader,
+)
 from hpc_train.compute.runtime import distributed
 from hpc_train.compute.runtime.refusal import Refusal
 
@@ -67,7 +74,7 @@ class TrainEpochs:
     def __init__(
         self,
         dataset: Any,
-        data_cfg,
+        settings: DataSettings,
         per_rank_batch: int,
         dp_size: int,
         dp_rank: int,
@@ -78,10 +85,10 @@ class TrainEpochs:
         self.dataset, self.per_rank_batch = dataset, per_rank_batch
         self.stream = is_stream(dataset)
         if self.stream:
-            self.loader = stream_loader(dataset, data_cfg, per_rank_batch, seed, collate_fn)
+            self.loader = stream_loader(dataset, settings, per_rank_batch, seed, collate_fn)
         else:
             self.loader = train_loader(
-                dataset, data_cfg, per_rank_batch, dp_size, dp_rank, seed=seed, collate_fn=collate_fn
+                dataset, settings, per_rank_batch, dp_size, dp_rank, seed=seed, collate_fn=collate_fn
             )
         self.steps_per_epoch = self._count_steps_per_epoch(global_batch)
         # A stream with state_dict() read through torchdata's StatefulDataLoader: its position is checkpointed per rank.

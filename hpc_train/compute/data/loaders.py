@@ -17,13 +17,26 @@ checkpointed per rank, so a resumed run reads exactly the batches it would have 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sized, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional, Sized, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 _SHARD: Optional[Tuple[int, int]] = None  # (rank, size) of this process's data-parallel group, set by the trainer
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The ``data`` section: the datasets' ``_target_`` nodes (built by compute/user/building.py) and what the
+    loaders take. The shipped options' own keys (root, image_size, ...) reach the datasets through those nodes."""
+
+    train: Mapping[str, Any]
+    val: Optional[Mapping[str, Any]]  # None: no evaluation
+    collate_fn: Optional[Mapping[str, Any]]  # None: PyTorch's default collate
+    num_workers: int
+    pin_memory: bool
 
 
 def data_shard() -> Tuple[int, int]:
@@ -104,7 +117,7 @@ class ResumableSampler(DistributedSampler):
 
 def train_loader(
     data: Dataset,
-    cfg,
+    settings: DataSettings,
     per_rank_batch: int,
     num_replicas: int,
     rank: int,
@@ -112,7 +125,7 @@ def train_loader(
     collate_fn: Optional[Callable] = None,
 ) -> DataLoader:
     sampler = ResumableSampler(data, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    workers = int(cfg.num_workers)
+    workers = int(settings.num_workers)
     return DataLoader(
         data,
         batch_size=per_rank_batch,
@@ -122,17 +135,17 @@ def train_loader(
         # run's RNG streams (restored from the checkpoint) continue exactly.
         generator=torch.Generator().manual_seed(seed),
         num_workers=workers,
-        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
+        pin_memory=bool(settings.pin_memory) and torch.cuda.is_available(),
         persistent_workers=workers > 0,
         collate_fn=collate_fn,
     )
 
 
 def stream_loader(
-    data: IterableDataset, cfg, per_rank_batch: int, seed: int, collate_fn: Optional[Callable] = None
+    data: IterableDataset, settings: DataSettings, per_rank_batch: int, seed: int, collate_fn: Optional[Callable] = None
 ) -> DataLoader:
     """Batches of a stream the dataset shards itself; stateful streams through torchdata's StatefulDataLoader."""
-    workers = int(cfg.num_workers)
+    workers = int(settings.num_workers)
     cls = (stateful_loader_class() if is_stateful(data) else None) or DataLoader
     warnings.filterwarnings("ignore", message=".*set_vital.*")  # torchdata 0.11 on torch >= 2.12, harmless
     return cls(
@@ -141,19 +154,24 @@ def stream_loader(
         drop_last=True,
         generator=torch.Generator().manual_seed(seed),
         num_workers=workers,
-        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
+        pin_memory=bool(settings.pin_memory) and torch.cuda.is_available(),
         collate_fn=collate_fn,
     )
 
 
 def eval_loader(
-    data: Dataset, cfg, per_rank_batch: int, num_replicas: int, rank: int, collate_fn: Optional[Callable] = None
+    data: Dataset,
+    settings: DataSettings,
+    per_rank_batch: int,
+    num_replicas: int,
+    rank: int,
+    collate_fn: Optional[Callable] = None,
 ) -> DataLoader:
     return DataLoader(
         data,
         batch_size=per_rank_batch,
         sampler=None if is_stream(data) else ShardSampler(data, num_replicas, rank),
-        num_workers=int(cfg.num_workers),
-        pin_memory=bool(cfg.pin_memory) and torch.cuda.is_available(),
+        num_workers=int(settings.num_workers),
+        pin_memory=bool(settings.pin_memory) and torch.cuda.is_available(),
         collate_fn=collate_fn,
     )

@@ -30,16 +30,27 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Deque, Dict, List, Optional
+from typing import IO, Any, Deque, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train import hang, rundir, strategy_table
 from hpc_train.compute.runtime import attempts, heartbeat
 from hpc_train.compute.runtime.attempts import attempt_key
-from hpc_train.compute.runtime.interrupts import NONE, REQUEUE, TERMINATE, StopFlag, TrainingInterrupted, signal_number
+from hpc_train.compute.runtime.heartbeat import WatchdogSettings
+from hpc_train.compute.runtime.interrupts import (
+    NONE,
+    REQUEUE,
+    TERMINATE,
+    LauncherSettings,
+    StopFlag,
+    TrainingInterrupted,
+    signal_number,
+)
 from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.compute.settings import JobSettings, LayoutSettings, section
 from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE, RUN_DIR_VARIABLE
 from hpc_train.rank_env import is_torchrun_variable
 from hpc_train.rank_errors import death_cause
@@ -56,6 +67,36 @@ class ScriptFailed(Exception):
     """The script exited non-zero or was killed by a signal; the message names the rank and the cause."""
 
 
+@dataclass(frozen=True)
+class ScriptSettings:
+    """The ``script`` section: the user's script, its arguments and how it is launched, resumed and stopped."""
+
+    argv: List[str]
+    cwd: str  # the script's folder, fixed where hpc-train was started
+    launcher: str  # direct | torchrun
+    overrides: Mapping[str, Any]
+    arg_style: str
+    resume_args: List[str]
+    resume_if: Optional[str]  # None: every attempt after the first resumes
+    signal: Optional[str]  # None: the script is not told of the requeue signal
+    signal_grace_s: float
+    objective_regex: Optional[str]
+
+
+@dataclass(frozen=True)
+class ScriptJobSettings:
+    """Every section a script job's task reads, typed. The strategy only picks the layout (`one_process`: a layout
+    that runs one process, as ``python script.py`` does); `objective` is the summary's key for what the script's
+    output matched (None: the spec has no objective, which a script job may leave out)."""
+
+    script: ScriptSettings
+    job: JobSettings
+    launcher: LauncherSettings
+    watchdog: WatchdogSettings
+    one_process: bool
+    objective: Optional[str]
+
+
 # -- attempts -----------------------------------------------------------------------------------
 def attempt_number(run_dir: Path, key: str) -> int:
     """1 + the attempts of other launches recorded in the run dir: the same on every task, whether or not rank 0
@@ -63,10 +104,10 @@ def attempt_number(run_dir: Path, key: str) -> int:
     return 1 + sum(1 for r in rundir.read_attempts(run_dir) if r.get("event") == "start" and r.get("key") != key)
 
 
-def resumes(script: Dict[str, Any], attempt: int, cwd: Path) -> bool:
-    if attempt <= 1 or not script["resume_args"]:
+def resumes(script: ScriptSettings, attempt: int, cwd: Path) -> bool:
+    if attempt <= 1 or not script.resume_args:
         return False
-    marker = script["resume_if"]
+    marker = script.resume_if
     return marker is None or (cwd / Path(str(marker)).expanduser()).exists()
 
 
@@ -110,7 +151,7 @@ def script_env(ranks: RankInfo, run_dir: Path, attempt: int, mode: str, threads:
     return env
 
 
-def task_threads(layout: DictConfig, per_process: int) -> int:
+def task_threads(layout: LayoutSettings, per_process: int) -> int:
     """CPUs of this task (Slurm's, else the layout's), shared by the processes it starts."""
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or layout.cpus_per_task)
     return max(1, cpus // max(1, per_process))
@@ -161,13 +202,20 @@ def _stop(proc: subprocess.Popen, signum: int, grace: float) -> None:
 
 def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict[str, Any]]:
     """Run the job's script as this rank until it ends; rank 0 returns (and writes) the summary."""
-    script = OmegaConf.to_container(cfg.script, resolve=True)
-    assert isinstance(script, dict)
-    layout = cfg.job.layout
-    cwd = Path(str(script["cwd"]))
-    torchrun = script.get("launcher") == "torchrun"
+    # The job spec read once into this task's settings; nothing below reads the spec.
     kind = strategy_table.kind_of(cfg.strategy)
-    mode = TORCHRUN if torchrun else ONE_PROCESS if kind is not None and kind.one_process else DIRECT
+    settings = ScriptJobSettings(
+        script=section(ScriptSettings, OmegaConf.to_container(cfg.script, resolve=True)),  # type: ignore[arg-type]
+        job=section(JobSettings, cfg.job),
+        launcher=section(LauncherSettings, cfg.launcher),
+        watchdog=section(WatchdogSettings, cfg.trainer),
+        one_process=kind is not None and kind.one_process,
+        objective=str(cfg.objective) if "objective" in cfg else None,
+    )
+    script, layout = settings.script, settings.job.layout
+    cwd = Path(str(script.cwd))
+    torchrun = script.launcher == "torchrun"
+    mode = TORCHRUN if torchrun else ONE_PROCESS if settings.one_process else DIRECT
     key = attempt_key()
     attempt = attempt_number(run_dir, key)
     if ranks.is_main:
@@ -177,17 +225,18 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         endpoint = f"{ranks.master_addr}:{ranks.master_port}"
         run_id = os.environ.get("SLURM_JOB_ID") or os.environ.get(LAUNCH_ID_VARIABLE) or str(os.getppid())
         per_node = int(layout.gpus_per_node)
-        command = torchrun_command(script, sys.executable, resume, int(layout.nodes), per_node, endpoint, run_id)
+        nodes = int(layout.nodes)
+        command = torchrun_command(asdict(script), sys.executable, resume, nodes, per_node, endpoint, run_id)
         threads = task_threads(layout, per_node)
     else:
-        command = direct_command(script, sys.executable, resume)
+        command = direct_command(asdict(script), sys.executable, resume)
         threads = task_threads(layout, 1)
     env = script_env(ranks, run_dir, attempt, mode, threads, int(layout.nodes))
-    requeue_signal = signal_number(str(cfg.launcher.signal))
+    requeue_signal = signal_number(str(settings.launcher.signal))
     flag = StopFlag(requeue_signal, then="stopping the script").install()
     reads = _StartupReads()
     progress = _probes(_metrics_probe(run_dir), reads)
-    beat = heartbeat.Heartbeat(run_dir, ranks, cfg.trainer, flag, probe=progress).start()
+    beat = heartbeat.Heartbeat(run_dir, ranks, settings.watchdog, flag, probe=progress).start()
     log.info(
         "rank %d (attempt %d%s): %s (in %s)",
         ranks.rank,
@@ -196,7 +245,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         " ".join(command),
         cwd,
     )
-    pattern = re.compile(str(script["objective_regex"])) if script["objective_regex"] is not None else None
+    pattern = re.compile(str(script.objective_regex)) if script.objective_regex is not None else None
     try:
         proc = subprocess.Popen(
             command,
@@ -211,7 +260,7 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
         out.start()
         err.start()
-        _wait(proc, flag, script, ranks, attempt, run_dir, float(cfg.launcher.signal_delay_s))
+        _wait(proc, flag, script, ranks, attempt, run_dir, float(settings.launcher.signal_delay_s))
         out.join(timeout=5)
         err.join(timeout=5)
     finally:
@@ -221,13 +270,14 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         raise ScriptFailed(_failure(proc.returncode, ranks, command, err.tail))
     if not ranks.is_main:
         return None
-    return _finish(cfg, run_dir, attempt, command, out.found or err.found)
+    found = out.found or err.found
+    return _finish(run_dir, attempt, command, int(layout.world_size), settings.objective, found)
 
 
 def _wait(
     proc: subprocess.Popen,
     flag: StopFlag,
-    script: Dict[str, Any],
+    script: ScriptSettings,
     ranks: RankInfo,
     attempt: int,
     run_dir: Path,
@@ -248,13 +298,13 @@ def _wait(
             time.sleep(POLL_S)
             continue
         request = flag.request
-        if request == REQUEUE and script["signal"] is not None:
-            forwarded = signal_number(str(script["signal"]))
+        if request == REQUEUE and script.signal is not None:
+            forwarded = signal_number(str(script.signal))
             log.info(
-                "forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script["signal_grace_s"]
+                "forwarding %s to the script; %s s to finish", signal.Signals(forwarded).name, script.signal_grace_s
             )
             proc.send_signal(forwarded)
-            deadline = time.monotonic() + float(script["signal_grace_s"])
+            deadline = time.monotonic() + float(script.signal_grace_s)
             while proc.poll() is None and time.monotonic() < deadline and flag.request != TERMINATE:
                 time.sleep(POLL_S)
         reason = flag.reason(request, signal_delay_s)
@@ -360,14 +410,15 @@ def _last_step(run_dir: Path) -> int:
 
 
 def _finish(
-    cfg: DictConfig, run_dir: Path, attempt: int, command: List[str], objective: Optional[str]
+    run_dir: Path, attempt: int, command: List[str], world_size: int, objective: Optional[str], found: Optional[str]
 ) -> Dict[str, Any]:
-    """summary.json of a script job: the command, the attempts, the last metrics row's numbers, the objective."""
+    """summary.json of a script job: the command, the attempts, the last metrics row's numbers, and what the script's
+    output matched (`found`) as the `objective` key."""
     rows = [r for r in rundir.read_jsonl(run_dir / rundir.METRICS) if r.get("kind", "train") == "train"]
     last = rows[-1] if rows else {}
     summary: Dict[str, Any] = {
         "script": command[1:],
-        "world_size": int(cfg.job.layout.world_size),
+        "world_size": world_size,
         "global_step": last.get("step"),
         "attempts": attempt,
         **{
@@ -376,11 +427,11 @@ def _finish(
             if k not in ("kind", "step", "time") and isinstance(v, (int, float))
         },
     }
-    if objective is not None:
+    if found is not None and objective is not None:
         try:
-            summary[str(cfg.objective)] = float(objective)
+            summary[objective] = float(found)
         except ValueError:
-            log.warning("script.objective_regex matched %r, which is not a number", objective)
+            log.warning("script.objective_regex matched %r, which is not a number", found)
     attempts.end(run_dir, attempt, "finish", int(last.get("step") or 0))
     rundir.write_json_atomic(run_dir / rundir.SUMMARY, summary)
     return summary

@@ -19,8 +19,10 @@ from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismatch
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
+from hpc_train.compute.settings import JobSettings, section
 from hpc_train.rank_errors import write_error_record
 from hpc_train.script_command import is_script_job
+from hpc_train.strategy_table import strategy_id
 
 
 def load_job_spec(path: Path) -> DictConfig:
@@ -30,10 +32,11 @@ def load_job_spec(path: Path) -> DictConfig:
 
 
 def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
-    """Train as this process's rank of the job described by `cfg` (a job spec). Returns the summary.
+    """Train as this process's rank of the job described by `cfg` (a completed job spec). Returns the summary.
 
     A script job (``script.argv``) runs the user's script instead, without importing torch here:
-    its task only starts and watches the script.
+    its task only starts and watches the script. Each path reads the spec into its typed settings
+    first thing (TrainingSettings, ScriptJobSettings), and its parts take those.
     """
     try:
         ranks = detect_ranks()
@@ -100,21 +103,41 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     # torch and the trainer: a script job's task (train() above) starts the user's script without them
     import torch
 
+    from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
+    from hpc_train.compute.data.loaders import DataSettings
+    from hpc_train.compute.parallel import strategy_class
     from hpc_train.compute.runtime import attempts, distributed
-    from hpc_train.compute.runtime.heartbeat import Heartbeat
-    from hpc_train.compute.runtime.interrupts import StopFlag, signal_number
+    from hpc_train.compute.runtime.heartbeat import Heartbeat, WatchdogSettings
+    from hpc_train.compute.runtime.interrupts import LauncherSettings, StopFlag, signal_number
+    from hpc_train.compute.training.loggers import logger_settings
+    from hpc_train.compute.training.optim import OptimSettings
+    from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
     from hpc_train.compute.training.trainer import Trainer
     from hpc_train.compute.user.instantiate import add_code_dirs
 
-    add_code_dirs(cfg.job.get("code_dirs") or [])  # the user's package, importable as on the submitting side
+    # The job spec read once into the settings of the rank's parts; nothing below reads the spec.
+    settings = TrainingSettings(
+        run=section(RunSettings, cfg),
+        job=section(JobSettings, cfg.job),
+        trainer=section(TrainerSettings, cfg.trainer),
+        optim=section(OptimSettings, cfg.trainer),
+        checkpointing=section(CheckpointSettings, cfg.trainer),
+        watchdog=section(WatchdogSettings, cfg.trainer),
+        strategy=section(strategy_class(strategy_id(cfg.strategy)).settings_type, cfg.strategy),
+        data=section(DataSettings, cfg.data),
+        logger=logger_settings(cfg.logger if "logger" in cfg else None),
+        launcher=section(LauncherSettings, cfg.launcher),
+        job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+    )
+    add_code_dirs(settings.job.code_dirs)  # the user's package, importable as on the submitting side
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
-    layout = cfg.job.layout
+    layout = settings.job.layout
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
-    stop_flag = StopFlag(signal_number(str(cfg.launcher.signal))).install()
-    beat = Heartbeat(run_dir, ranks, cfg.trainer, stop_flag).start()  # progress, hang watchdog, second stop signal
+    stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
+    beat = Heartbeat(run_dir, ranks, settings.watchdog, stop_flag).start()  # progress, hang watchdog, 2nd stop signal
     trainer = None
 
     def record_end(how: str) -> None:
@@ -126,9 +149,9 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
         distributed.init_process_group(
-            ranks, str(cfg.strategy.backend), float(cfg.trainer.dist_timeout_s), devices[0], run_dir
+            ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
         )
-        trainer = Trainer(cfg, ranks, devices, run_dir, stop_flag)
+        trainer = Trainer(settings, ranks, devices, run_dir, stop_flag)
         summary = trainer.fit()
         record_end("finish")
         distributed.barrier()

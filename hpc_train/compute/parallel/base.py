@@ -14,6 +14,7 @@ touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -27,33 +28,59 @@ from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.user.building import is_classification
 from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
+from hpc_train.strategy_table import strategy_id
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 
 
+@dataclass(frozen=True)
+class StrategySettings:
+    """The ``strategy`` keys of every strategy; a strategy with keys of its own (``only`` in
+    hpc_train.config.strategy) reads a subclass that adds them (``Strategy.settings_type``)."""
+
+    name: str
+    backend: str
+
+    @property
+    def node(self) -> Dict[str, Any]:
+        """These settings as the strategy node hpc_train.strategy_table reads (both sides share its functions)."""
+        return asdict(self)
+
+    @property
+    def identity(self) -> str:
+        return strategy_id(self.node)
+
+
+@dataclass(frozen=True)
+class StrategySetup:
+    """What a strategy is built from, as build_strategy and every Strategy take it: its settings, the trainer's
+    precision and compile flag, this rank and its devices, the user's loss and step (None: cross-entropy, and the
+    built-in step of that loss) and the names of the metrics the step returns besides its loss."""
+
+    settings: StrategySettings
+    ranks: RankInfo
+    devices: List[torch.device]
+    precision: str  # trainer.precision
+    compile_blocks: bool  # trainer.compile, where a strategy compiles blocks itself (fsdp)
+    loss_fn: Optional[Callable]
+    step: Optional[Callable]
+    metric_names: Sequence[str]
+
+
 class Strategy:
     name = "base"
+    settings_type = StrategySettings  # the settings class this strategy reads (a subclass adds its own keys)
 
-    def __init__(
-        self,
-        cfg,
-        ranks: RankInfo,
-        devices: List[torch.device],
-        precision: str,
-        loss_fn: Optional[Callable] = None,
-        step: Optional[Callable] = None,
-        metric_names: Sequence[str] = (),
-        compile_blocks: bool = False,
-    ) -> None:
-        self.cfg = cfg
-        self.ranks = ranks
-        self.devices = devices
-        self.precision = precision
+    def __init__(self, setup: StrategySetup) -> None:
+        self.settings = setup.settings
+        self.ranks = setup.ranks
+        self.devices = setup.devices
+        self.precision = setup.precision
         # trainer.loss (pipeline schedules call it themselves) and trainer.step (None: the built-in step)
-        self.loss_fn: Callable = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
-        self.step: Callable = SupervisedStep(self.loss_fn) if step is None else step
-        self.metric_names: List[str] = list(metric_names)  # the metrics the user's step returns besides its loss
-        self.compile_blocks = bool(compile_blocks)  # trainer.compile, where a strategy compiles blocks itself (fsdp)
+        self.loss_fn: Callable = nn.CrossEntropyLoss() if setup.loss_fn is None else setup.loss_fn
+        self.step: Callable = SupervisedStep(self.loss_fn) if setup.step is None else setup.step
+        self.metric_names: List[str] = list(setup.metric_names)  # the metrics the user's step returns besides its loss
+        self.compile_blocks = bool(setup.compile_blocks)
 
     # -- placement --------------------------------------------------------------------
     needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hpc_train.compute.parallel.base import Strategy
+from hpc_train.compute.parallel.base import Strategy, StrategySettings
+
+
+@dataclass(frozen=True)
+class DDPSettings(StrategySettings):
+    find_unused_parameters: bool
 
 
 class ReplicatedAcrossRanks:
@@ -58,6 +64,8 @@ class ReplicatedAcrossRanks:
 
 class DDPStrategy(ReplicatedAcrossRanks, Strategy):
     name = "ddp"
+    settings_type = DDPSettings
+    settings: DDPSettings
 
     def wrap(self, model: nn.Module, example=None) -> nn.Module:
         model = model.to(self.input_device)
@@ -65,5 +73,5 @@ class DDPStrategy(ReplicatedAcrossRanks, Strategy):
             return model
         device_ids = [self.input_device] if self.input_device.type == "cuda" else None
         return DistributedDataParallel(
-            model, device_ids=device_ids, find_unused_parameters=bool(self.cfg.find_unused_parameters)
+            model, device_ids=device_ids, find_unused_parameters=bool(self.settings.find_unused_parameters)
         )

@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
-from typing import Any, Dict, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hpc_train.compute.parallel.base import Strategy
+from hpc_train.compute.parallel.base import Strategy, StrategySettings
 from hpc_train.compute.parallel.ddp import ReplicatedAcrossRanks
 from hpc_train.compute.parallel.partitioning import find_block_list
 from hpc_train.compute.parallel.precision import DTYPES
@@ -63,15 +64,25 @@ def mixed_precision_policy(precision: str) -> Optional[Any]:
     return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
+@dataclass(frozen=True)
+class FSDPSettings(StrategySettings):
+    replicate: Union[int, str]  # R replicas, or nodes (HSDP)
+    reshard_after_forward: bool
+    cpu_offload: bool
+    wrap: Optional[List[str]]  # the modules sharded one by one (None: found, see shard_units)
+
+
 class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
     name = "fsdp"
+    settings_type = FSDPSettings
+    settings: FSDPSettings
     supports_compile = False  # blocks are compiled one by one before sharding (trainer.compile), as torchtitan does
     sharded_checkpoints = True  # torch.distributed.checkpoint directories, resumable at another world size
 
     @property
     def mesh_shape(self) -> tuple:
         tasks = self.ranks.local_world_size or self.ranks.world_size
-        replicas, shards = fsdp_mesh(self.cfg, max(1, self.ranks.world_size // tasks), tasks)
+        replicas, shards = fsdp_mesh(self.settings.node, max(1, self.ranks.world_size // tasks), tasks)
         if replicas * shards != self.ranks.world_size:  # a local run has one "node"
             replicas, shards = 1, self.ranks.world_size
         return replicas, shards
@@ -91,16 +102,17 @@ class FSDPStrategy(ReplicatedAcrossRanks, Strategy):
 
         options: Dict[str, Any] = {
             "mesh": self.device_mesh(),
-            "reshard_after_forward": bool(self.cfg.reshard_after_forward),
+            "reshard_after_forward": bool(self.settings.reshard_after_forward),
         }
         policy = mixed_precision_policy(self.precision)
         if policy is not None:
             options["mp_policy"] = policy
-        if self.cfg.cpu_offload and self.input_device.type != "cpu":
+        if self.settings.cpu_offload and self.input_device.type != "cpu":
             options["offload_policy"] = CPUOffloadPolicy()
-        elif self.cfg.cpu_offload:  # CPU workers: the sharded state is in CPU memory already
+        elif self.settings.cpu_offload:  # CPU workers: the sharded state is in CPU memory already
             log.info("strategy.cpu_offload: the ranks compute on the CPU, where the sharded state already lives")
-        units = shard_units(model, [str(n) for n in self.cfg.wrap or []])
+        wrap = self.settings.wrap
+        units = shard_units(model, None if wrap is None else [str(n) for n in wrap])
         if self.compile_blocks:
             self._compile(units)
         for unit in units:

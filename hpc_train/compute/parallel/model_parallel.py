@@ -2,34 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
 import torch.nn as nn
 
+from hpc_train.compute.parallel.base import Strategy, StrategySettings
 from hpc_train.compute.parallel.staged_model import build_staged
-from hpc_train.compute.parallel.base import Strategy
 from hpc_train.strategy_table import SplitSettings, split_settings
+
+
+@dataclass(frozen=True)
+class StagedSettings(StrategySettings):
+    """The keys of every strategy that cuts the model into stages."""
+
+    stages: Optional[int]
+    balance: Union[str, List[int]]
+    batchnorm: str
+    split_points: Optional[List[str]]
 
 
 class ModelParallelStrategy(Strategy):
     name = "model_parallel"
+    settings_type = StagedSettings
 
     @property
-    def settings(self) -> SplitSettings:
-        return split_settings(self.cfg)
+    def split(self) -> SplitSettings:
+        """How the model is cut (hpc_train.strategy_table reads the stage keys for both sides)."""
+        return split_settings(self.settings.node)
 
     @property
     def needs_example(self) -> bool:
-        return self.settings.balance == "time"
+        return self.split.balance == "time"
 
     @property
     def stages(self) -> int:
-        return self.settings.stages or len(self.devices)
+        return self.split.stages or len(self.devices)
 
     @property
     def chunks(self) -> int:
-        return self.settings.chunks
+        return self.split.chunks
 
     def wrap(self, model: nn.Module, example=None) -> nn.Module:
-        settings = self.settings
+        settings = self.split
         return build_staged(
             model,
             self.devices,

@@ -10,6 +10,7 @@ pipeline, activations cross process (and node) boundaries by point-to-point mess
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
@@ -19,8 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hpc_train import hang, rundir
-from hpc_train.compute.parallel.base import Strategy
+from hpc_train.compute.parallel.base import Strategy, StrategySetup
 from hpc_train.compute.parallel.partitioning import micro_batch
+from hpc_train.compute.parallel.pipeline import PipelineSettings
 from hpc_train.compute.parallel.precision import autocast
 from hpc_train.compute.parallel.staged_model import split_model
 from hpc_train.compute.parallel.tracing import stage_inputs
@@ -64,21 +66,31 @@ def _recv_values(src: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
     return tuple(values)
 
 
+@dataclass(frozen=True)
+class PipeliningSettings(PipelineSettings):
+    """The pipeline's keys (engine=pipelining) and the schedule of its micro-batches."""
+
+    schedule: str
+
+
 class PipeliningStrategy(Strategy):
     name = "pipelining"
+    settings_type = PipeliningSettings
+    settings: PipeliningSettings
     needs_example = True  # each stage infers the shape of the activations it receives
     supports_compile = False  # the schedule calls the stage module directly
 
-    def __init__(self, cfg, ranks, devices, precision, loss_fn=None, step=None, metric_names=(), compile_blocks=False):
-        super().__init__(cfg, ranks, devices, precision, loss_fn, step, metric_names, compile_blocks)
-        self.num_stages = int(cfg.stages)  # resolved on the launch side (len(split_points) + 1 when given)
+    def __init__(self, setup: StrategySetup) -> None:
+        super().__init__(setup)
+        ranks = setup.ranks
+        self.num_stages = int(self.settings.stages)  # resolved on the launch side (len(split_points) + 1 when given)
         if ranks.world_size % self.num_stages:
             raise ValueError(f"world size {ranks.world_size} is not a multiple of strategy.stages={self.num_stages}")
         self.stage_index = ranks.rank % self.num_stages
         self.replica = ranks.rank // self.num_stages
         self.replicas = ranks.world_size // self.num_stages
-        self.settings = split_settings(cfg)
-        self.chunks = self.settings.chunks
+        self.split = split_settings(self.settings.node)
+        self.chunks = self.split.chunks
         self.mesh = self.device_mesh()
         self.pp_group = self.mesh.get_group("stage")  # this replica's pipeline: its S consecutive ranks
         self.dp_group = self.mesh.get_group("replica")  # this stage's D copies: ranks stage_index, +S, +2S, ...
@@ -109,7 +121,7 @@ class PipeliningStrategy(Strategy):
 
     def wrap(self, model: nn.Module, example: Optional[torch.Tensor] = None) -> nn.Module:
         micro = micro_batch(example, self.chunks)
-        stages = split_model(model, self.num_stages, self.settings.balance, self.settings.split_points, micro)
+        stages = split_model(model, self.num_stages, self.split.balance, self.split.split_points, micro)
         # What this stage receives for one micro-batch, with the dtype autocast gives it (shape/dtype metadata).
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.stage_index, micro)
@@ -122,7 +134,7 @@ class PipeliningStrategy(Strategy):
             input_args=tuple(v.to(self.input_device) for v in inputs),
             group=self.pp_group,
         )
-        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.settings.schedule]
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.split.schedule]
         kwargs = {}
         loss_fn = self._loss
         if "scale_grads" in inspect.signature(schedule_cls.__init__).parameters:

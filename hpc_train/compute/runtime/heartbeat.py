@@ -39,8 +39,9 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Deque, Iterator, List, Optional
+from typing import Any, Deque, Iterator, List, Optional, Union
 
 from hpc_train import hang, rundir
 from hpc_train.compute.runtime import attempts, pyspy, watchdog
@@ -55,6 +56,16 @@ STALE_BEATS = 3  # a watcher whose record is this many beats old (plus 5 s) has 
 STEP_WINDOW = 50  # steps in the running median
 
 
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """The trainer keys the heartbeat reads: when a rank counts as hung, what then, how long a stop may take."""
+
+    hang_timeout_s: Union[float, str, None]  # seconds, auto or None (off): hang.timeout_s
+    dist_timeout_s: float
+    requeue_on_hang: bool
+    stop_grace_s: float
+
+
 def beat_seconds(timeout: Optional[float]) -> float:
     """Publish 20 times per timeout, between every 0.5 s and every 15 s (a 300-s timeout: every 15 s)."""
     return 15.0 if timeout is None else min(15.0, max(0.5, timeout / 20))
@@ -62,14 +73,19 @@ def beat_seconds(timeout: Optional[float]) -> float:
 
 class Heartbeat:
     def __init__(
-        self, run_dir: Path, ranks: RankInfo, trainer_cfg: Any, stop_flag: Any = None, probe: Optional[Any] = None
+        self,
+        run_dir: Path,
+        ranks: RankInfo,
+        settings: WatchdogSettings,
+        stop_flag: Any = None,
+        probe: Optional[Any] = None,
     ) -> None:
         self.run_dir, self.ranks, self.stop_flag = Path(run_dir), ranks, stop_flag
         self.probe = probe  # called every beat before publishing (a script job looks for new metrics rows)
-        self.timeout_setting = trainer_cfg.hang_timeout_s
-        self.dist_timeout_s = float(trainer_cfg.dist_timeout_s)
-        self.requeue_on_hang = bool(trainer_cfg.requeue_on_hang)
-        self.stop_grace_s = float(trainer_cfg.stop_grace_s)
+        self.timeout_setting = settings.hang_timeout_s
+        self.dist_timeout_s = float(settings.dist_timeout_s)
+        self.requeue_on_hang = bool(settings.requeue_on_hang)
+        self.stop_grace_s = float(settings.stop_grace_s)
         self.attempt = attempts.attempt_key()
         self.started = time.time()
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name: what --exclude takes

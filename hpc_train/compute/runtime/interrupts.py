@@ -20,12 +20,26 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from hpc_train import slurm_cli
 from hpc_train.slurm_time import slurm_seconds
 
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
+
+
+@dataclass(frozen=True)
+class LauncherSettings:
+    """The ``launcher`` section: a rank reads its name, the requeue signal and how long before the time limit it
+    comes; the other keys are the login side's."""
+
+    name: str
+    wait: bool
+    signal: str
+    signal_delay_s: int
+    master_port: Optional[int]
+    array_parallelism: Optional[int]
 
 
 class StopFlag:

@@ -17,39 +17,53 @@ heavy, and only rank 0 of a run that asks for it should import it.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, Dict, List
-
-from omegaconf import OmegaConf
+from typing import Any, Dict, List, Mapping, Optional
 
 from hpc_train import logger_table
 from hpc_train.compute.runtime.runlog import MetricsWriter
-from hpc_train.compute.training.tracker_common import KINDS, in_run_dir
+from hpc_train.compute.training.tracker_common import KINDS, LoggerSettings, in_run_dir
 
 
-def metrics_writer(cfg, run_dir: Path, enabled: bool) -> MetricsWriter:
-    """The metrics writer `cfg.logger` asks for (metrics.jsonl only when the config has no logger node)."""
-    choice = logger_table.chosen(OmegaConf.select(cfg, "logger", default=None))
+def logger_settings(node: Optional[Mapping[str, Any]]) -> Optional[LoggerSettings]:
+    """The settings of a job spec's ``logger`` node; None for a spec without one (metrics.jsonl only)."""
+    if node is None:
+        return None
+    choice = logger_table.chosen(node)
     if choice.problem is not None:
         raise ValueError(f"{choice.problem}: use logger=jsonl, logger=tensorboard, logger=wandb or logger=mlflow")
-    if not enabled or not choice.trackers:
+    keys = [f.name for f in fields(LoggerSettings) if f.name != "trackers"]
+    return LoggerSettings(trackers=tuple(choice.trackers), **{key: node[key] for key in keys})
+
+
+def metrics_writer(
+    settings: Optional[LoggerSettings], run_dir: Path, enabled: bool, config: Mapping[str, Any], launcher: str
+) -> MetricsWriter:
+    """The metrics writer the logger settings ask for (metrics.jsonl alone without a logger node). `config` is the
+    job spec as plain data, which W&B and MLflow record with the run; `launcher` is launcher.name."""
+    if not enabled or settings is None or not settings.trackers:
         return MetricsWriter(run_dir, enabled)
-    return TrackingWriter(run_dir, enabled, [make_tracker(name, cfg, run_dir) for name in choice.trackers])
+    return TrackingWriter(
+        run_dir, enabled, [make_tracker(name, settings, run_dir, config, launcher) for name in settings.trackers]
+    )
 
 
-def make_tracker(name: str, cfg, run_dir: Path) -> Any:
+def make_tracker(
+    name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str
+) -> Any:
     # each tracker module imports its optional package (tensorboard, wandb, mlflow): only the chosen one loads
     if name == "tensorboard":
         from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker  # optional: tensorboard
 
-        return TensorBoardTracker(in_run_dir(cfg.logger.get("log_dir") or "tensorboard", run_dir))
+        return TensorBoardTracker(in_run_dir(settings.log_dir, run_dir))
     if name == "wandb":
         from hpc_train.compute.training.tracker_wandb import WandbTracker  # optional: wandb
 
-        return WandbTracker(cfg, run_dir)
+        return WandbTracker(settings, run_dir, config, launcher)
     from hpc_train.compute.training.tracker_mlflow import MlflowTracker  # optional: mlflow
 
-    return MlflowTracker(cfg, run_dir)
+    return MlflowTracker(settings, run_dir, config)
 
 
 class TrackingWriter(MetricsWriter):

@@ -19,7 +19,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -29,15 +30,35 @@ from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.user.instantiate import instantiate_node
 
 
+@dataclass(frozen=True)
+class OptimSettings:
+    """The trainer keys of optimisation: the optimizer, its parameter groups and LR schedule, and how a step updates
+    the weights (gradient clipping, accumulation, a weight average)."""
+
+    optimizer: Union[str, Any]  # sgd | adamw | a _target_ node
+    param_groups: Union[str, Any]  # single | no_decay_1d | a _target_ node
+    lr: float
+    min_lr: float
+    momentum: float
+    weight_decay: float
+    lr_schedule: Union[str, Any]  # constant | cosine | step | a _target_ node
+    lr_warmup_steps: int
+    lr_step_every: int
+    lr_step_gamma: float
+    grad_clip: Optional[float]  # None: gradients are not clipped
+    grad_accum_steps: int
+    ema_decay: Optional[float]  # None: no weight average
+
+
 def is_target(value: Any) -> bool:
     """A ``_target_`` node (the user's own class or function) rather than a built-in name."""
     return isinstance(value, (DictConfig, dict)) and "_target_" in value
 
 
 # -- parameter groups -----------------------------------------------------------------------
-def param_groups(tcfg, model: nn.Module) -> List[Dict[str, Any]]:
+def param_groups(settings: OptimSettings, model: nn.Module) -> List[Dict[str, Any]]:
     """The optimizer's parameter groups, as ``trainer.param_groups`` asks, over ``model``'s parameters."""
-    choice = tcfg.param_groups
+    choice = settings.param_groups
     if is_target(choice):
         return _user_groups(choice, model)
     params = list(model.parameters())
@@ -75,18 +96,19 @@ def _user_groups(node: Any, model: nn.Module) -> List[Dict[str, Any]]:
 
 
 # -- the optimizer --------------------------------------------------------------------------
-def make_optimizer(tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
-    choice = tcfg.optimizer
+def make_optimizer(settings: OptimSettings, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
+    choice = settings.optimizer
     if is_target(choice):
-        return _user_optimizer(choice, tcfg, groups)
+        return _user_optimizer(choice, settings, groups)
     if choice == "sgd":
-        return torch.optim.SGD(groups, lr=tcfg.lr, momentum=tcfg.momentum, weight_decay=tcfg.weight_decay)
-    return torch.optim.AdamW(groups, lr=tcfg.lr, weight_decay=tcfg.weight_decay)
+        return torch.optim.SGD(groups, lr=settings.lr, momentum=settings.momentum, weight_decay=settings.weight_decay)
+    return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def _user_optimizer(node: Any, tcfg, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
+def _user_optimizer(node: Any, settings: OptimSettings, groups: Sequence[Dict[str, Any]]) -> torch.optim.Optimizer:
     build = instantiate_node(node, "trainer.optimizer", "optimizer (e.g. torch.optim.AdamW with _partial_: true)")
-    defaults = {key: float(tcfg[key]) for key in ("lr", "weight_decay") if key not in node}
+    given = {"lr": settings.lr, "weight_decay": settings.weight_decay}  # passed unless the node sets them itself
+    defaults = {key: float(value) for key, value in given.items() if key not in node}
     try:
         optimizer = build(list(groups), **defaults)
     except Exception as err:
@@ -104,31 +126,31 @@ def _user_optimizer(node: Any, tcfg, groups: Sequence[Dict[str, Any]]) -> torch.
 
 
 # -- the schedule ---------------------------------------------------------------------------
-def lr_factor(tcfg, total_steps: int, base_lr: float = 1.0) -> Callable[[int], float]:
+def lr_factor(settings: OptimSettings, total_steps: int, base_lr: float = 1.0) -> Callable[[int], float]:
     """Multiplier of a group's base LR at a given step: linear warm-up, then constant, cosine (to
     ``trainer.min_lr``) or step. Without a floor the cosine factor is the plain ``0.5 * (1 + cos)``."""
-    warmup = int(tcfg.lr_warmup_steps)
-    min_lr = float(tcfg.min_lr)
+    warmup = int(settings.lr_warmup_steps)
+    min_lr = float(settings.min_lr)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if tcfg.lr_schedule == "cosine":
+        if settings.lr_schedule == "cosine":
             progress = (step - warmup) / max(1, total_steps - warmup)
             cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
             return (min_lr + (base_lr - min_lr) * cosine) / base_lr if min_lr else cosine
-        if tcfg.lr_schedule == "step":
-            return float(tcfg.lr_step_gamma) ** ((step - warmup) // int(tcfg.lr_step_every))
+        if settings.lr_schedule == "step":
+            return float(settings.lr_step_gamma) ** ((step - warmup) // int(settings.lr_step_every))
         return 1.0
 
     return factor
 
 
-def make_schedule(tcfg, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-    choice = tcfg.lr_schedule
+def make_schedule(settings: OptimSettings, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    choice = settings.lr_schedule
     if is_target(choice):
         return _user_schedule(choice, optimizer)
-    factors = [lr_factor(tcfg, total_steps, float(group["lr"])) for group in optimizer.param_groups]
+    factors = [lr_factor(settings, total_steps, float(group["lr"])) for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 
 
@@ -156,11 +178,11 @@ def group_lrs(optimizer: torch.optim.Optimizer) -> Dict[str, float]:
     return {"lr": lrs[0], **{f"lr_group{i}": lr for i, lr in enumerate(lrs[1:], start=1)}}
 
 
-def total_steps(trainer_cfg, steps_per_epoch: int) -> int:
+def total_steps(epochs: Optional[int], max_steps: Optional[int], steps_per_epoch: int) -> int:
     """trainer.epochs x steps per epoch, capped by trainer.max_steps (either may be null)."""
     bounds = []
-    if trainer_cfg.epochs is not None:
-        bounds.append(int(trainer_cfg.epochs) * steps_per_epoch)
-    if trainer_cfg.max_steps is not None:
-        bounds.append(int(trainer_cfg.max_steps))
+    if epochs is not None:
+        bounds.append(int(epochs) * steps_per_epoch)
+    if max_steps is not None:
+        bounds.append(int(max_steps))
     return min(bounds)

@@ -1,10 +1,12 @@
-"""What the metric trackers (TensorBoard, W&B, MLflow) share: the numbers of a record, where their files go, a run's
-label, whether this attempt resumed a run (then a tracker continues the run whose id it kept in the run dir)."""
+"""What the metric trackers (TensorBoard, W&B, MLflow) share: their settings (the logger section), the numbers of a
+record, where their files go, a run's label, whether this attempt resumed a run (then a tracker continues the run
+whose id it kept in the run dir)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hpc_train import rundir
 
@@ -12,6 +14,25 @@ from hpc_train import rundir
 # user's trainer.step) as a scalar named after its kind and key, except these bookkeeping keys.
 KINDS = ("train", "eval")
 NOT_SCALARS = ("kind", "step", "epoch", "time", "samples")
+
+
+@dataclass(frozen=True)
+class LoggerSettings:
+    """The ``logger`` section: the trackers it picks beside metrics.jsonl (logger.name and logger.trackers, read by
+    hpc_train.logger_table as on the login side) and the trackers' own keys."""
+
+    trackers: Tuple[str, ...]
+    name: str
+    log_dir: str
+    project: Optional[str]
+    entity: Optional[str]
+    run_name: Optional[str]
+    tags: Optional[List[str]]
+    mode: Optional[str]
+    dir: Optional[str]
+    tracking_uri: Optional[str]
+    experiment: Optional[str]
+    log_model: bool
 
 
 def scalars(record: Dict[str, Any]) -> Iterator[Tuple[str, float]]:

@@ -21,18 +21,26 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from hpc_train.compute.training.tracker_common import read_run_file, resumed_attempt, run_label, scalars, write_run_file
+from hpc_train.compute.training.tracker_common import (
+    LoggerSettings,
+    read_run_file,
+    resumed_attempt,
+    run_label,
+    scalars,
+    write_run_file,
+)
 
 RUN_FILE = "mlflow_run.json"
 STORE = "mlflow.db"  # the default store's file in the run dir
 ARTIFACTS = "mlartifacts"  # the default store's artifact folder in the run dir
+DEFAULT_EXPERIMENT = "Default"  # MLflow's own, where logger.experiment=null puts the run
 MAX_PARAMS = 100  # per log_batch call (MLflow's limit)
 MAX_METRICS = 1000
 MAX_KEY, MAX_VALUE = 250, 6000  # MLflow's limits on a param's name and value
@@ -56,19 +64,20 @@ def flat_params(config: Any, prefix: str = "") -> Iterator[Tuple[str, str]]:
 
 
 class MlflowTracker:
-    def __init__(self, cfg, run_dir: Path) -> None:
+    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any]) -> None:
+        """`config`: the job spec as plain data, flattened into the run's params."""
         # connected here, before training starts: creating an SQLite store takes a second or two
-        node = cfg.logger
         self.run_dir = Path(run_dir)
-        self.uri = str(node.get("tracking_uri") or default_uri(self.run_dir))
+        own_store = settings.tracking_uri is None  # null: an SQLite store in the run dir
+        self.uri = default_uri(self.run_dir) if own_store else str(settings.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.uri)
-        self.run_name = str(node.get("run_name") or run_label(self.run_dir))
-        self.log_model = bool(node.get("log_model"))
-        self.params = dict(flat_params(OmegaConf.to_container(cfg, resolve=True)))
-        name = str(node.get("experiment") or "Default")
+        self.run_name = run_label(self.run_dir) if settings.run_name is None else str(settings.run_name)
+        self.log_model = bool(settings.log_model)
+        self.params = dict(flat_params(dict(config)))
+        name = DEFAULT_EXPERIMENT if settings.experiment is None else str(settings.experiment)
         experiment = self.client.get_experiment_by_name(name)
         if experiment is None:
-            location = None if node.get("tracking_uri") else (self.run_dir.absolute() / ARTIFACTS).as_uri()
+            location = (self.run_dir.absolute() / ARTIFACTS).as_uri() if own_store else None
             try:
                 self.experiment_id = self.client.create_experiment(name, artifact_location=location)
             except MlflowException:  # another job of the sweep created it first (a shared tracking server)

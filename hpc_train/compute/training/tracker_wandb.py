@@ -21,11 +21,10 @@ import secrets
 import string
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
-
-from omegaconf import OmegaConf
+from typing import Any, Dict, Mapping, Optional
 
 from hpc_train.compute.training.tracker_common import (
+    LoggerSettings,
     in_run_dir,
     read_run_file,
     resumed_attempt,
@@ -68,20 +67,20 @@ def new_run_id() -> str:
 
 
 class WandbTracker:
-    def __init__(self, cfg, run_dir: Path) -> None:
+    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str) -> None:
+        """`config`: the job spec as plain data (the run's config in W&B); `launcher`: launcher.name."""
         import wandb  # here, before training starts (about 0.3 s), rather than at the first logged step
 
-        node = cfg.logger
         self._wandb = wandb
         self.run_dir = Path(run_dir)
-        self.dir = in_run_dir(node.get("dir") or ".", self.run_dir)
-        self.mode = wandb_mode(node.get("mode"), OmegaConf.select(cfg, "launcher.name", default=None))
+        self.dir = self.run_dir if settings.dir is None else in_run_dir(settings.dir, self.run_dir)
+        self.mode = wandb_mode(settings.mode, launcher)
         self.init_args: Dict[str, Any] = {
-            "project": text_or_none(node.get("project")),
-            "entity": text_or_none(node.get("entity")),
-            "name": str(node.get("run_name") or run_label(self.run_dir)),
-            "tags": [str(t) for t in (node.get("tags") or [])] or None,
-            "config": OmegaConf.to_container(cfg, resolve=True),
+            "project": text_or_none(settings.project),
+            "entity": text_or_none(settings.entity),
+            "name": run_label(self.run_dir) if settings.run_name is None else str(settings.run_name),
+            "tags": [str(t) for t in settings.tags] if settings.tags else None,
+            "config": dict(config),
         }
         self._run: Optional[Any] = None
         self._open_step: Optional[int] = None  # the step of the rows logged since the last flush

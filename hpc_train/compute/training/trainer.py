@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from hpc_train import hang, rundir
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
@@ -30,7 +29,7 @@ from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
 from hpc_train.compute.parallel import build_strategy, rank_data_shard
-from hpc_train.compute.parallel.base import TOKENS
+from hpc_train.compute.parallel.base import TOKENS, StrategySetup
 from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo
@@ -39,6 +38,7 @@ from hpc_train.compute.training.activation_checkpointing import checkpoint_block
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
+from hpc_train.compute.training.settings import TrainingSettings
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.compute.user.step import build_step
 from hpc_train.fingerprint import fingerprint
@@ -129,34 +129,37 @@ class Throughput:
 class Trainer:
     def __init__(
         self,
-        cfg,
+        settings: TrainingSettings,
         ranks: RankInfo,
         devices: List[torch.device],
         run_dir: Path,
         stop_flag: Optional[StopFlag] = None,
     ) -> None:
-        self.cfg, self.tcfg = cfg, cfg.trainer
+        self.settings, self.loop = settings, settings.trainer  # every section; the loop's own keys
         self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
         self.is_main = ranks.is_main
-        self.metrics = metrics_writer(
-            cfg, run_dir, enabled=self.is_main
-        )  # metrics.jsonl (+ TensorBoard with logger=tensorboard)
+        self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks)
+            settings.logger, run_dir, self.is_main, settings.job_spec, settings.launcher.name
+        )
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
-        seed_everything(int(cfg.seed))  # identical initial weights on every rank
-        shard = rank_data_shard(cfg.job.layout, ranks)  # (rank, size) of this rank's data, as the job's layout says
+        seed = int(settings.run.seed)
+        seed_everything(seed)  # identical initial weights on every rank
+        shard = rank_data_shard(settings.job.layout, ranks)  # (rank, size) of this rank's data, as the layout says
         self._build_data(shard)
         self._build_model(devices, shard)  # self.strategy, built complete around the user's step; the model it wraps
-        self.optimizer = make_optimizer(self.tcfg, param_groups(self.tcfg, self.strategy.unwrap(self.wrapped)))
-        self.scheduler = make_schedule(self.tcfg, self.optimizer, self.total_steps)
+        optim = settings.optim
+        self.optimizer = make_optimizer(optim, param_groups(optim, self.strategy.unwrap(self.wrapped)))
+        self.scheduler = make_schedule(optim, self.optimizer, self.total_steps)
         self.scaler = self.strategy.make_grad_scaler()
-        self.grad_clip: Optional[float] = self.tcfg.grad_clip  # null: gradients are not clipped
-        self.accum_steps = int(self.tcfg.grad_accum_steps)  # micro-batches per optimizer step
-        ema_decay = self.tcfg.ema_decay
+        self.grad_clip: Optional[float] = optim.grad_clip  # null: gradients are not clipped
+        self.accum_steps = int(optim.grad_accum_steps)  # micro-batches per optimizer step
         self.ema = (
-            WeightAverage(self.strategy.unwrap(self.wrapped), float(ema_decay)) if ema_decay is not None else None
+            WeightAverage(self.strategy.unwrap(self.wrapped), float(optim.ema_decay))
+            if optim.ema_decay is not None
+            else None
         )
-        seed_everything(int(cfg.seed) + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
+        seed_everything(seed + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
         if self.strategy.sharded_checkpoints:
             # torch.distributed.checkpoint costs ~1 s to import: only strategies with sharded checkpoints pay it
             from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
@@ -165,7 +168,7 @@ class Trainer:
         self.checkpointer = checkpointer(
             run_dir,
             ranks,
-            fingerprint(OmegaConf.to_container(cfg, resolve=True), ranks.world_size, self.strategy.sharded_checkpoints),
+            fingerprint(settings.job_spec, ranks.world_size, self.strategy.sharded_checkpoints),
             sharded={
                 "model": self.strategy.unwrap(self.wrapped),
                 "optimizer": self.optimizer,
@@ -176,13 +179,12 @@ class Trainer:
             per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
             shard_key=self.strategy.checkpoint_key,
             owns_shard=self.strategy.owns_checkpoint_shard,
-            every=int(self.tcfg.checkpoint_every),
-            keep=int(self.tcfg.keep_checkpoints),
-            resume=str(cfg.resume),
+            settings=settings.checkpointing,
+            resume=str(settings.run.resume),
         )
         self._resume()
         self.attempt = (
-            attempts.begin(run_dir, fresh=str(cfg.resume) == "never", resumed_from_step=self.resumed_from_step)
+            attempts.begin(run_dir, fresh=str(settings.run.resume) == "never", resumed_from_step=self.resumed_from_step)
             if self.is_main
             else 0
         )
@@ -190,15 +192,15 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
         """Train from the restored position (or the start) to the last step; the run's summary."""
-        state, tcfg = self.state, self.tcfg
+        state, loop = self.state, self.loop
         if self._already_complete():
             return rundir.read_summary(self.run_dir) or {}
         self._announce()
         progress = Progress(
-            self.total_steps, self.is_main and bool(tcfg.progress), int(tcfg.log_every), start=state.global_step
+            self.total_steps, self.is_main and bool(loop.progress), int(loop.log_every), start=state.global_step
         )
         meter = self.meter = Throughput(
-            state.global_step, self.total_steps, int(tcfg.throughput_warmup_steps), int(tcfg.batch_size), self._sync
+            state.global_step, self.total_steps, int(loop.throughput_warmup_steps), int(loop.batch_size), self._sync
         )
         self.model.train()
         settle_garbage_collector()
@@ -261,7 +263,7 @@ class Trainer:
 
     def _eval_batches(self) -> Iterator[Any]:
         """This rank's evaluation batches on the input device, each one marked as this rank's progress."""
-        limit = self.tcfg.eval_batches  # the same first N batches every time: a fixed subset
+        limit = self.loop.eval_batches  # the same first N batches every time: a fixed subset
         for index, batch in enumerate(itertools.islice(self.eval_loader, None if limit is None else int(limit))):
             heartbeat.mark(hang.EVAL, detail=f"batch {index + 1}")
             yield self._to_device(batch)
@@ -270,63 +272,57 @@ class Trainer:
     def _build_data(self, shard: Tuple[int, int]) -> None:
         dp_rank, dp_size = shard
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
-        data = self.data = build_datasets(self.cfg.data)
-        self.per_rank_batch = int(self.tcfg.batch_size) // dp_size
+        settings = self.settings.data
+        data = self.data = build_datasets(settings)
+        self.per_rank_batch = int(self.loop.batch_size) // dp_size
         self.epochs = TrainEpochs(
             data.train,
-            self.cfg.data,
+            settings,
             self.per_rank_batch,
             dp_size,
             dp_rank,
-            int(self.cfg.seed),
+            int(self.settings.run.seed),
             data.collate_fn,
-            global_batch=self.tcfg.batch_size,
+            global_batch=self.loop.batch_size,
         )
         self.eval_loader = (
-            eval_loader(data.val, self.cfg.data, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
+            eval_loader(data.val, settings, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
             if data.val is not None
             else None
         )
         steps_per_epoch = self.epochs.steps_per_epoch
         self.total_steps = (
-            total_steps(self.tcfg, steps_per_epoch)
+            total_steps(self.loop.epochs, self.loop.max_steps, steps_per_epoch)
             if steps_per_epoch
-            else self.epochs.steps_without_length(self.tcfg.max_steps, self.tcfg.epochs)
+            else self.epochs.steps_without_length(self.loop.max_steps, self.loop.epochs)
         )
 
     def _build_model(self, devices: List[torch.device], shard: Tuple[int, int]) -> None:
         """The user's model, loss and step; the strategy that runs that step (self.strategy, complete, placed as
         `shard` says); the model placed and wrapped by it."""
-        model = build_model(self.cfg)
-        loss_fn = build_loss(self.cfg)
-        step = build_step(self.cfg, loss_fn)
+        loop = self.loop
+        model = build_model(self.settings.run.model)
+        loss_fn = build_loss(loop.loss)
+        step = build_step(loop.step, loss_fn)
         # One tiny batch through the step: a dataset the model cannot take is refused before any training step.
         metric_names = check_fit(model, step, loss_fn, self.data)
-        self.strategy = build_strategy(
-            self.cfg.strategy,
-            self.ranks,
-            devices,
-            str(self.tcfg.precision),
-            loss_fn,
-            step,
-            metric_names,
-            compile_blocks=bool(self.tcfg.compile),
-            shard=shard,
+        strategy = self.settings.strategy
+        setup = StrategySetup(
+            strategy, self.ranks, devices, str(loop.precision), bool(loop.compile), loss_fn, step, metric_names
         )
-        if self.tcfg.channels_last:
+        self.strategy = build_strategy(setup, shard)
+        if loop.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if str(self.tcfg.activation_checkpointing) == "blocks":
+        if str(loop.activation_checkpointing) == "blocks":
             log.info("activation checkpointing: %s", checkpoint_blocks(model))
         example = None
         if self.strategy.needs_example:  # decoding a batch costs time on image folders: only when asked
             example = collate(self.data, self.per_rank_batch)[0]
         self.model = self.wrapped = self.strategy.wrap(model, example)
-        if self.tcfg.compile and self.strategy.supports_compile:
+        if loop.compile and self.strategy.supports_compile:
             self.model = torch.compile(self.model)
-        elif self.tcfg.compile:
-            log.warning(
-                "trainer.compile is ignored for %s: its schedule runs the stage module itself", self.cfg.strategy.name
-            )
+        elif loop.compile:
+            log.warning("trainer.compile is ignored for %s: its schedule runs the stage module itself", strategy.name)
 
     def _resume(self) -> None:
         path, payload = self.checkpointer.find()
@@ -343,7 +339,7 @@ class Trainer:
             # length cannot tell whether it was: it re-evaluates in that case too).
             # With trainer.eval_every, an evaluation at the checkpoint's step ran before the checkpoint: kept.
             mid_epoch = self.epochs.inside_epoch(self.state.step_in_epoch)
-            keep_eval = mid_epoch or self.tcfg.eval_every is not None
+            keep_eval = mid_epoch or self.loop.eval_every is not None
             truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
@@ -358,7 +354,7 @@ class Trainer:
 
     def _log_due(self, final: bool) -> bool:
         """trainer.log_every=N: after every N-th optimizer step and after the last one."""
-        return final or (self.state.global_step + 1) % int(self.tcfg.log_every) == 0
+        return final or (self.state.global_step + 1) % int(self.loop.log_every) == 0
 
     def _end_epoch(self, epoch: Epoch) -> None:
         """After an epoch's batches (all of them, or up to the last step): with trainer.eval_every=null, evaluate;
@@ -371,7 +367,7 @@ class Trainer:
             self.state.next_epoch()
 
     def _to_device(self, batch: Any) -> Any:
-        return to_device(batch, self.strategy.input_device, bool(self.tcfg.channels_last))
+        return to_device(batch, self.strategy.input_device, bool(self.loop.channels_last))
 
     def _log_train(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor], grad_norm: Any) -> None:
         state = self.state
@@ -403,14 +399,14 @@ class Trainer:
     # -- evaluation -------------------------------------------------------------------------
     def _evaluation_due(self, final: bool) -> bool:
         """trainer.eval_every=N: after every N-th optimizer step and after the last one."""
-        every = self.tcfg.eval_every
-        if every is None or not self.tcfg.eval or self.eval_loader is None:
+        every = self.loop.eval_every
+        if every is None or not self.loop.eval or self.eval_loader is None:
             return False
         return final or (self.state.global_step % int(every) == 0)
 
     def _evaluation_due_at_epoch_end(self, epoch_done: bool) -> bool:
         """trainer.eval_every=null: after every epoch, and after the last step when it ends mid-epoch."""
-        if self.tcfg.eval_every is not None or not self.tcfg.eval or self.eval_loader is None:
+        if self.loop.eval_every is not None or not self.loop.eval or self.eval_loader is None:
             return False
         return epoch_done or self.state.global_step >= self.total_steps
 
@@ -470,7 +466,7 @@ class Trainer:
             self._flush_owed = False
             self.metrics.flush()  # nothing more is logged in this attempt
             self._save(step, "stop signal")
-            reason = self.stop_flag.reason(request, float(self.cfg.launcher.signal_delay_s))
+            reason = self.stop_flag.reason(request, float(self.settings.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
     _flush_owed = False  # a checkpoint was written before its step's rows could be flushed
@@ -518,8 +514,8 @@ class Trainer:
         """At the first periodic checkpoint after a measured step: warn when Slurm's stop signal comes too late to
         finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
         the stop waits for the end of the current step)."""
-        launcher = self.cfg.launcher
-        if self._lead_checked or step_s is None or str(launcher.get("name")) not in ("slurm", "sbatch"):
+        launcher = self.settings.launcher
+        if self._lead_checked or step_s is None or str(launcher.name) not in ("slurm", "sbatch"):
             return
         self._lead_checked = True
         lead = float(launcher.signal_delay_s)
@@ -543,12 +539,16 @@ class Trainer:
     # -- before and after -------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        """The model's config choice (model=resnet18), else its _target_."""
-        return str(self.cfg.job.get("choices", {}).get("model") or self.cfg.model.get("_target_", "model"))
+        """The model's config option (model=resnet18); a model not composed from one: its _target_."""
+        return self._named("model", self.settings.run.model)
 
     @property
     def data_name(self) -> str:
-        return str(self.cfg.job.get("choices", {}).get("data") or self.cfg.data.train.get("_target_", "data"))
+        return self._named("data", self.settings.data.train)
+
+    def _named(self, group: str, node: Any) -> str:
+        option = self.settings.job.choices.get(group)  # the config-group options the job was composed from
+        return str(option) if option else str(node["_target_"])
 
     def _already_complete(self) -> bool:
         done = (
@@ -569,11 +569,11 @@ class Trainer:
         log.info(
             "training %s (%s) on %s, %d steps (%s), global batch %d = %d %s x %d",
             self.model_name,
-            self.cfg.strategy.name,
+            self.settings.strategy.name,
             self.data_name,
             self.total_steps,
             self.epochs.describe(),
-            self.tcfg.batch_size,
+            self.loop.batch_size,
             self.strategy.data_parallel_size,
             "rank" if self.strategy.data_parallel_size == 1 else "ranks",
             self.per_rank_batch,
@@ -591,13 +591,13 @@ class Trainer:
         """Final weights (every parameter owner), parameter digest (every rank) and summary.json (rank 0)."""
         state, last_eval = self.state, self.state.last_eval
         summary = {
-            "strategy": self.cfg.strategy.name,
+            "strategy": self.settings.strategy.name,
             "model": self.model_name,
             "data": self.data_name,
             "world_size": self.ranks.world_size,
             "data_parallel_size": self.strategy.data_parallel_size,
-            "global_batch": int(self.tcfg.batch_size),
-            "precision": self.tcfg.precision,
+            "global_batch": int(self.loop.batch_size),
+            "precision": self.loop.precision,
             "device": str(self.strategy.input_device.type),
             "global_step": state.global_step,
             "epochs_completed": state.epoch,
@@ -610,7 +610,7 @@ class Trainer:
             "samples_per_sec": meter.samples_per_sec,
             "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
             **({"tokens_per_sec": meter.rate(self._global_tokens())} if TOKENS in self.strategy.metric_names else {}),
-            "timed_steps": meter.samples // int(self.tcfg.batch_size),
+            "timed_steps": meter.samples // int(self.loop.batch_size),
             "resumed_from_step": self.resumed_from_step,
             "attempts": self.attempt,
             "torch_version": torch.__version__,

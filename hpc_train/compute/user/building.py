@@ -12,15 +12,14 @@ from __future__ import annotations
 import copy
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 import torch
 import torch.nn as nn
-from omegaconf import DictConfig
 from torch.utils.data import Dataset, default_collate
 
 from hpc_train.compute.data.batch import describe
-from hpc_train.compute.data.loaders import is_stream
+from hpc_train.compute.data.loaders import DataSettings, is_stream
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.user.instantiate import instantiate_node
 from hpc_train.compute.user.step import check_step, is_builtin
@@ -32,24 +31,29 @@ DATA_LOADER_KEYS = ("num_workers", "pin_memory", "collate_fn")  # data.* keys th
 class Datasets:
     train: Dataset
     val: Optional[Dataset]
-    collate_fn: Optional[Callable] = None
+    collate_fn: Optional[Callable] = None  # None: PyTorch's default (data.collate_fn=null)
+
+    def collated(self, items: List[Any]) -> Any:
+        """`items` as one batch, collated as the loaders collate them."""
+        return (default_collate if self.collate_fn is None else self.collate_fn)(items)
 
 
-def build_model(cfg: DictConfig) -> nn.Module:
-    model = instantiate_node(cfg.model, "model", "model (an nn.Module class or factory)")
+def build_model(node: Mapping[str, Any]) -> nn.Module:
+    """The model the ``model`` node builds."""
+    model = instantiate_node(node, "model", "model (an nn.Module class or factory)")
     if not isinstance(model, nn.Module):
         raise Refusal(
-            f"`model`: {cfg.model._target_} returned a {type(model).__name__}, not a torch.nn.Module. Fix: point"
+            f"`model`: {node['_target_']} returned a {type(model).__name__}, not a torch.nn.Module. Fix: point"
             " model._target_ at an nn.Module class or a function returning one."
         )
     return model
 
 
-def build_datasets(data_cfg: DictConfig) -> Datasets:
-    train = instantiate_node(data_cfg.get("train"), "data.train", "training dataset")
-    val_node = data_cfg.get("val")
+def build_datasets(settings: DataSettings) -> Datasets:
+    train = instantiate_node(settings.train, "data.train", "training dataset")
+    val_node = settings.val
     val = instantiate_node(val_node, "data.val", "validation dataset") if val_node is not None else None
-    collate_node = data_cfg.get("collate_fn")
+    collate_node = settings.collate_fn
     collate = (
         instantiate_node(collate_node, "data.collate_fn", "collate function") if collate_node is not None else None
     )
@@ -65,16 +69,17 @@ def build_datasets(data_cfg: DictConfig) -> Datasets:
             )
     if not is_stream(train) and len(train) == 0:
         raise Refusal(
-            f"`data.train`: the training set is empty. Fix: check the arguments of {data_cfg.train._target_}."
+            f"`data.train`: the training set is empty. Fix: check the arguments of {settings.train['_target_']}."
         )
     return Datasets(train=train, val=val, collate_fn=collate)
 
 
-def build_loss(cfg: DictConfig) -> Callable:
-    loss = instantiate_node(cfg.trainer.get("loss"), "trainer.loss", "loss (e.g. torch.nn.CrossEntropyLoss)")
+def build_loss(node: Mapping[str, Any]) -> Callable:
+    """The loss the ``trainer.loss`` node builds."""
+    loss = instantiate_node(node, "trainer.loss", "loss (e.g. torch.nn.CrossEntropyLoss)")
     if not callable(loss):
         raise Refusal(
-            f"`trainer.loss`: {cfg.trainer.loss._target_} built a {type(loss).__name__}, which cannot be called. Fix:"
+            f"`trainer.loss`: {node['_target_']} built a {type(loss).__name__}, which cannot be called. Fix:"
             " name a loss class, or a loss function with _partial_: true."
         )
     return loss
@@ -93,7 +98,7 @@ def first_items(dataset: Any, count: int) -> List[Any]:
 
 def collate(data: Datasets, count: int) -> Any:
     """A batch of the first `count` training items, collated as the loader does."""
-    return (data.collate_fn or default_collate)(first_items(data.train, count))
+    return data.collated(first_items(data.train, count))
 
 
 def _pair(item: Any, key: str) -> None:
@@ -125,7 +130,7 @@ def check_fit(model: nn.Module, step: Callable, loss_fn: Callable, data: Dataset
     if not items:
         raise Refusal("`data.train`: it yielded no item. Fix: check its arguments (and its sharding).")
     if not is_builtin(step):
-        return check_step(step, model, (data.collate_fn or default_collate)(items))
+        return check_step(step, model, data.collated(items))
     check_pairs(model, loss_fn, data, items)
     return []
 
@@ -142,7 +147,7 @@ def check_pairs(model: nn.Module, loss_fn: Callable, data: Datasets, train_items
                 f"`data.val`: its inputs have {_shape(val_in)}, the training inputs {_shape(train_in)}. Fix: give both"
                 " datasets the same input shape."
             )
-    inputs, targets = (data.collate_fn or default_collate)(train_items)
+    inputs, targets = data.collated(train_items)
     was_training = model.training
     model.eval()
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -53,9 +53,8 @@ class SupervisedStep:
         return self.loss_fn(outputs, targets.to(outputs.device, non_blocking=True))
 
 
-def build_step(cfg, loss_fn: Callable) -> Callable:
-    """The step trainer.step names (a partial function of the user's package), else the built-in one."""
-    node = cfg.trainer.get("step")
+def build_step(node: Optional[Mapping[str, Any]], loss_fn: Callable) -> Callable:
+    """The step the ``trainer.step`` node names (a partial function of the user's package); None: the built-in one."""
     if node is None:
         return SupervisedStep(loss_fn)
     try:

@@ -1,0 +1,58 @@
+"""A rank's typed settings: each section of the completed job spec read once into a small frozen dataclass.
+
+The login side completes the job spec (every declared key gets its default, hpc_train.config) and
+writes it; a rank reads it at its start (hpc_train.compute.entry) into the settings each of its parts
+takes: the trainer its loop's, the checkpointer the checkpointing's, the strategy its own, the
+heartbeat the watchdog's. Each settings class sits beside the part that reads it and lists field
+names only: what a key accepts, means and defaults to is declared once, in hpc_train.config, and
+tests/unit/test_rank_settings.py holds every class's fields to those declarations. Nothing falls
+back to a default here: a declared key missing from a spec is an error naming it.
+
+Values are taken as the spec carries them: a ``_target_`` node (the model, the datasets, a loss)
+stays a config mapping, which is what Hydra's ``instantiate`` builds from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, List, Mapping, Optional, Type, TypeVar, get_type_hints
+
+T = TypeVar("T")
+
+
+def section(cls: Type[T], node: Mapping[str, Any]) -> T:
+    """`cls` with each field read from `node`, a section of the completed job spec; a field typed with another
+    settings class is read from the sub-section of its name. Keys `cls` does not name are not read."""
+    types = get_type_hints(cls)
+    return cls(
+        **{
+            f.name: section(types[f.name], node[f.name]) if is_dataclass(types[f.name]) else node[f.name]
+            for f in fields(cls)  # type: ignore[arg-type]
+        }
+    )
+
+
+@dataclass(frozen=True)
+class LayoutSettings:
+    """``job.layout``: the job's shape as the launch side laid it out (hpc_train.launch.layout.JobLayout)."""
+
+    strategy: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    gpus_per_task: int
+    cpus_per_task: int
+    mesh: Optional[List[int]]
+    world_size: int
+    data_parallel_size: int
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """The ``job`` section the launch side adds to the spec (hpc_train.launch.jobspec): where the run lives, its
+    layout, the config-group options it was composed from, and the folders the user's code is imported from."""
+
+    run_dir: str
+    layout: LayoutSettings
+    choices: Mapping[str, str]
+    code_dirs: List[str]

@@ -1,0 +1,74 @@
+"""What a training rank is configured by: the job spec's sections, typed, as the parts of the trainer read them.
+
+The rank's entry (hpc_train.compute.entry.train) reads them once from the completed job spec; the
+trainer then hands each part its own section: the strategy its strategy's, the checkpointer the
+checkpointing's, the trackers the logger's. The trainer's own keys are split by the part reading
+them: the loop's (:class:`TrainerSettings`), optimisation's (training.optim), checkpointing's and the
+watchdog's (checkpointing.checkpointer, runtime.heartbeat).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional
+
+from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
+from hpc_train.compute.data.loaders import DataSettings
+from hpc_train.compute.parallel.base import StrategySettings
+from hpc_train.compute.runtime.heartbeat import WatchdogSettings
+from hpc_train.compute.runtime.interrupts import LauncherSettings
+from hpc_train.compute.settings import JobSettings
+from hpc_train.compute.training.tracker_common import LoggerSettings
+from hpc_train.compute.training.optim import OptimSettings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The top-level keys: the seed, the job's name, dry_run, what to resume from, and the model's ``_target_`` node."""
+
+    seed: int
+    job_name: str
+    dry_run: bool
+    resume: str  # auto | never | a path (hpc_train.compute.checkpointing.checkpointer)
+    model: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The trainer keys of the loop: the batch and the run's length, the user's loss and step, precision and
+    compilation, evaluation, logging and progress."""
+
+    batch_size: int  # the global batch of one optimizer step
+    epochs: Optional[int]
+    max_steps: Optional[int]
+    loss: Mapping[str, Any]  # a _target_ node
+    step: Optional[Mapping[str, Any]]  # a _target_ node; None: the built-in step of the loss
+    precision: str
+    channels_last: bool
+    activation_checkpointing: str
+    compile: bool
+    eval: bool
+    eval_every: Optional[int]  # None: after every epoch
+    eval_batches: Optional[int]  # None: the whole validation set
+    log_every: int
+    throughput_warmup_steps: int
+    progress: bool
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Every section a training rank reads. `job_spec` is the spec itself as plain data, read for no setting: the
+    checkpoint's fingerprint and the trackers record it."""
+
+    run: RunSettings
+    job: JobSettings
+    trainer: TrainerSettings
+    optim: OptimSettings
+    checkpointing: CheckpointSettings
+    watchdog: WatchdogSettings
+    strategy: StrategySettings  # the subclass its strategy reads (Strategy.settings_type)
+    data: DataSettings
+    logger: Optional[LoggerSettings]  # None: the spec has no logger node (metrics.jsonl only)
+    launcher: LauncherSettings
+    job_spec: Dict[str, Any]
+

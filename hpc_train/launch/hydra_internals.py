@@ -1,6 +1,6 @@
 """Every Hydra internal hpc_train relies on, in one place: Hydra has no public API for these.
 
-Tested with hydra-core 1.3 (the range pyproject.toml declares). ``tests/test_hydra_internals.py``
+Tested with hydra-core 1.3 (the range pyproject.toml declares). ``tests/unit/test_hydra_internals.py``
 checks each one against the installed Hydra and fails naming what moved, so an upgrade that
 breaks one of them is found by the test suite, not by a user. Imports are done on use:
 ``hpc_train.cli_child`` imports this module, and with it ``hpc_train.api`` and
@@ -76,7 +76,7 @@ def args_parser() -> Any:
     return get_args_parser()
 
 
-# (module, attribute path) of each internal above: what tests/test_hydra_internals.py checks.
+# (module, attribute path) of each internal above: what tests/unit/test_hydra_internals.py checks.
 INTERNALS = [
     ("hydra._internal.core_plugins.basic_sweeper", "BasicSweeper"),
     ("hydra._internal.hydra", "Hydra.create_main_hydra2"),

@@ -1,7 +1,7 @@
 """Every strategy's identity, spelling and job shape: the one table both sides read (no torch).
 
 Users pick a strategy with ``strategy=<name>`` (and, for the distributed pipeline,
-``strategy.engine=pipelining``); :func:`strategy_id` turns that into one identity, which the
+``strategy.engine=pipelining``); :func:`hpc_train.config.strategy.strategy_id` turns that into one identity, which the
 launch side lays out (hpc_train.launch.layout) and validates, and the compute side builds
 (hpc_train.compute.parallel). G = GPUs per node, N = nodes, S = stages:
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple, Union
 
 from hpc_train.config import default_of
-from hpc_train.config.strategy import micro_batches
+from hpc_train.config.strategy import micro_batches, strategy_id
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,6 @@ KINDS = {
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
     )
 }
-
-
-def strategy_id(strategy: Any) -> str:
-    """The identity of a `strategy` config node (what users type -> one name)."""
-    name = str(strategy.get("name"))
-    if name == "pipeline" and str(strategy.get("engine", default_of("strategy.engine"))) == "pipelining":
-        return "pipelining"
-    return name
 
 
 def kind_of(strategy: Any) -> Optional[StrategyKind]:

@@ -25,10 +25,10 @@ from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseExce
 from hpc_train.config.checks import show
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.rule import Rule
+from hpc_train.config.strategy import strategy_id
 from hpc_train.config.table import MAPPING_KEYS, RULES
 from hpc_train.config.targets import TARGET_ARGS, TARGET_NODES
 from hpc_train.config.view import MISSING_TEXT, ConfigView, copy_plain
-from hpc_train.strategy_table import strategy_id
 
 # -- reading the config ------------------------------------------------------------------------
 # The checks read a plain, resolved copy of the config (one OmegaConf pass, a few ms); only when

@@ -10,7 +10,17 @@ from hpc_train.config.rule import R, Rule
 NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
 
 
+ENGINE_DEFAULT = "native"  # strategy.engine when left out: one process owns all stages
 HYBRID_STAGES = 2  # hybrid's strategy.stages when null without split_points: each task owns two GPUs
+
+
+def strategy_id(strategy: Any) -> str:
+    """The identity of a `strategy` config node (what users type -> one name): `pipeline` with
+    ``engine=pipelining`` is its own strategy (one rank a stage), every other name is itself."""
+    name = str(strategy.get("name"))
+    if name == "pipeline" and str(strategy.get("engine", ENGINE_DEFAULT)) == "pipelining":
+        return "pipelining"
+    return name
 
 
 def micro_batches(chunks: Optional[Any]) -> int:
@@ -69,7 +79,7 @@ RULES: Tuple[Rule, ...] = (
         "native",
         fix="use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).",
         doc="native: one process owns all stages (single node) | pipelining: one rank per stage (torch.distributed.pipelining, spans nodes).",
-        default="native",
+        default=ENGINE_DEFAULT,
         only=("pipeline", "pipelining"),
     ),
     R(

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.strategy import micro_batches
+from hpc_train.config.strategy import micro_batches, strategy_id
 from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
-from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings, strategy_id
+from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings
 
 
 @dataclass(frozen=True)

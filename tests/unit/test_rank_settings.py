@@ -29,6 +29,7 @@ from hpc_train.compute.training.settings import RunSettings, TrainerSettings, Tr
 from hpc_train.compute.training.tracker_common import LoggerSettings
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import declared, engine
+from hpc_train.config.strategy import strategy_id
 from hpc_train.launch.layout import JobLayout
 
 # Each config section the ranks read -> the settings classes that read it, between them.
@@ -147,7 +148,7 @@ def test_a_completed_spec_reads_into_every_settings(overrides):
         for cls in classes:
             if cls is not LoggerSettings:
                 section(cls, node)
-    identity = strategy_table.strategy_id(spec.strategy)
+    identity = strategy_id(spec.strategy)
     strategy = section(strategy_class(identity).settings_type, spec.strategy)
     assert strategy.identity == identity
     assert section(JobSettings, spec.job).layout == LayoutSettings(**LAYOUT)

@@ -20,9 +20,9 @@ from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismat
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, section
+from hpc_train.config.strategy import strategy_id
 from hpc_train.rank_errors import write_error_record
 from hpc_train.script_command import is_script_job
-from hpc_train.strategy_table import strategy_id
 
 
 def load_job_spec(path: Path) -> DictConfig:

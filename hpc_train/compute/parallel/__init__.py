@@ -42,7 +42,7 @@ def rank_data_shard(layout: LayoutSettings, ranks: RankInfo) -> Tuple[int, int]:
 
 
 def strategy_class(identity: str) -> Type[Strategy]:
-    """The Strategy class of a strategy identity (hpc_train.strategy_table.strategy_id); its ``settings_type`` is what
+    """The Strategy class of a strategy identity (hpc_train.config.strategy.strategy_id); its ``settings_type`` is what
     it reads of the ``strategy`` section."""
     if identity == "pipelining":
         # heavy: torch.distributed.pipelining costs ~1.4 s to import, only pipelining runs pay it

@@ -28,7 +28,7 @@ from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.user.building import is_classification
 from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
-from hpc_train.strategy_table import strategy_id
+from hpc_train.config.strategy import strategy_id
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from hpc_train import slurm_cli
+from hpc_train.config.launcher import signal_name
 from hpc_train.slurm_time import slurm_seconds
 
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins
@@ -98,7 +99,8 @@ class StopFlag:
 
 
 def signal_number(name: str) -> int:
-    return int(getattr(signal, "SIG" + str(name).upper().removeprefix("SIG")))
+    """The signal a config names (USR2, usr2, SIGUSR2: spelled as config.launcher.signal_name spells it)."""
+    return int(getattr(signal, "SIG" + signal_name(name)))
 
 
 def slurm_time_left_s() -> Optional[float]:

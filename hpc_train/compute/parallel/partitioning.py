@@ -129,7 +129,7 @@ def layer_times(layers: Sequence[nn.Module], example: torch.Tensor, rounds: int 
 
 def micro_batch_size(batch: int, chunks: int) -> int:
     """Images per micro-batch when `batch` images are cut into `chunks` (the last may hold fewer)."""
-    return max(1, -(-batch // max(1, chunks)))
+    return max(1, -(-batch // chunks))
 
 
 def micro_batch(example: torch.Tensor, chunks: int) -> torch.Tensor:

@@ -59,8 +59,8 @@ class StagedModel(nn.Module):
         self,
         stages: Sequence[nn.Sequential],
         devices: Sequence[torch.device],
-        chunks: int = 1,
-        freeze_batchnorm: bool = False,
+        chunks: int,
+        freeze_batchnorm: bool,
     ) -> None:
         super().__init__()
         self.stages = nn.ModuleList(stage.to(device) for stage, device in zip(stages, devices))

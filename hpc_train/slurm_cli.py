@@ -14,16 +14,26 @@ nothing. Any other missing configuration the client refuses itself within millis
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 TIMEOUT_S = 60.0  # a busy controller answers within this; every call has a timeout (a hung slurmctld never hangs us)
 
 
-def run(command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """The command, finished; a missing command or a timeout is a failed process (exit 127 / 124, why in stderr)."""
+def run(
+    command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict[str, str]] = None, hold_sigterm: bool = False
+) -> subprocess.CompletedProcess:
+    """The command, finished; a missing command or a timeout is a failed process (exit 127 / 124, why in stderr).
+
+    hold_sigterm: the command starts with SIGTERM blocked. For a command run from inside a Slurm job that requeues the
+    job, or that follows such a command: Slurm then sends SIGTERM to every process of the job, the command included,
+    which could die before it exits with Slurm's answer (a requeue done would read as failed, and what follows it
+    would not be done). SIGKILL still comes KillWait later.
+    """
     args = [str(word) for word in command]
     if shutil.which(args[0]) is None:
         return subprocess.CompletedProcess(args, 127, "", f"{args[0]}: command not found")
@@ -31,11 +41,25 @@ def run(command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict[s
     if problem:
         return subprocess.CompletedProcess(args, 1, "", f"{args[0]} was not run: {problem}")
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+        with _sigterm_blocked(hold_sigterm):  # a child starts with its parent thread's signal mask
+            return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(args, 124, "", f"{args[0]} did not answer within {timeout:g} s")
     except OSError as err:
         return subprocess.CompletedProcess(args, 126, "", f"{args[0]}: {err}")
+
+
+@contextlib.contextmanager
+def _sigterm_blocked(block: bool) -> Iterator[None]:
+    """SIGTERM blocked in this thread inside the block (the process's other threads still take it)."""
+    if not block:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def query(command: Sequence[str], timeout: float = TIMEOUT_S, env: Optional[Dict[str, str]] = None) -> Optional[str]:

@@ -51,7 +51,7 @@ def requeue_self() -> bool:
     job = slurm_job_id()
     if not job:
         return False
-    proc = slurm_cli.run(["scontrol", "requeue", job])
+    proc = slurm_cli.run(["scontrol", "requeue", job], hold_sigterm=True)  # the requeue SIGTERMs the job, scontrol too
     if proc.returncode != 0:
         log.error("scontrol requeue %s failed: %s", job, proc.stderr.strip())
         return False

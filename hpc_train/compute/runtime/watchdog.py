@@ -113,18 +113,20 @@ def _job_id() -> Optional[str]:
 def _scontrol_requeue(job: str, exclude: List[str]) -> str:
     """``scontrol requeue``, then (while Slurm holds the requeued job back) add `exclude` to its ExcNodeList.
 
-    A running job's ExcNodeList cannot be changed; a requeued one waits at least Slurm's
-    credential lifetime before it may start again, which leaves the update time to land.
+    A running job's ExcNodeList cannot be changed; a requeued one is pending as soon as the requeue
+    is answered, and waits at least Slurm's credential lifetime before it may start again, which
+    leaves the update time to land. Both commands run inside the job that the requeue ends: they
+    hold off the SIGTERM it brings (see slurm_cli.run).
     """
     before = _excluded(job)
-    done = slurm_cli.run(["scontrol", "requeue", job])
+    done = slurm_cli.run(["scontrol", "requeue", job], hold_sigterm=True)
     if done.returncode != 0:
-        return f"not requeued: scontrol requeue {job} failed: {done.stderr.strip()}"
+        return f"not requeued: scontrol requeue {job} failed: {slurm_cli.said(done)}"
     if not exclude:
         return f"requeued job {job} (every node of the job was stuck, so none is excluded)"
     nodes = ",".join(sorted(set(before) | set(exclude)))
-    for _ in range(UPDATE_TRIES):  # the requeue lands asynchronously; the update is refused while the job runs
-        update = slurm_cli.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"])
+    for _ in range(UPDATE_TRIES):  # a controller that is busy or restarting may fail one for a moment
+        update = slurm_cli.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], hold_sigterm=True)
         if update.returncode == 0:
             break
         time.sleep(0.5)

@@ -72,3 +72,51 @@ def test_every_function_level_import_says_why():
     says which. Every other import goes at the top of the module, where a reader looks for it."""
     unexplained = [hit for path in sorted((SRC / "hpc_train").rglob("*.py")) for hit in _unexplained_function_level_imports(path)]
     assert not unexplained, "function-level imports without a reason comment:\n" + "\n".join(unexplained)
+
+
+# The layers as `ls` shows them, top first (the architecture page's package table): a module imports only modules of its
+# own layer or of a layer below. hpc_train/__init__.py, the package's lazy front door, stands above them all.
+LAYERS = (
+    ("api", "report", "cli", "cli_child"),
+    ("launch",),
+    ("compute",),
+    ("strategy_table", "logger_table", "fingerprint"),
+    ("config", "jobs"),
+    ("run_claim", "metrics_log", "hang", "rank_errors", "rank_env", "script_command", "slurm_cli", "slurm_time", "hostlist", "rundir", "conf"),
+)
+COMPUTE_LAYERS = (
+    ("worker",),
+    ("entry",),
+    ("training",),
+    ("parallel",),
+    ("user",),
+    ("checkpointing", "data", "models", "datasets"),
+    ("runtime", "settings"),
+)
+
+
+def _layer(module):
+    """(layer, compute layer) of a dotted module name: lower numbers stand higher."""
+    parts = module.split(".")[1:]
+    top = next(i for i, names in enumerate(LAYERS) if parts[0] in names)
+    if parts[0] != "compute" or len(parts) < 2:
+        return top, -1
+    return top, next(i for i, names in enumerate(COMPUTE_LAYERS) if parts[1] in names)
+
+
+def test_every_import_goes_down_a_layer_or_stays_in_its_own():
+    """No import back up a layer: each package of the table above can be read knowing only the ones below it (the
+    rank's entry points above the trainer, training above parallel, the job records below the launcher)."""
+    paths = [path for path in (SRC / "hpc_train").rglob("*.py") if path != SRC / "hpc_train" / "__init__.py"]
+    files = {".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__"): path for path in paths}
+    upward = []
+    for name, path in sorted(files.items()):
+        if name in ("hpc_train.compute",):
+            continue
+        here = _layer(name)
+        for target in sorted(_imports_of(path, set(files))):
+            there = _layer(target)
+            same_compute = here[0] == there[0] == LAYERS.index(("compute",))
+            if (there[0] < here[0]) or (same_compute and -1 < there[1] < here[1]):
+                upward.append(f"{name} -> {target}")
+    assert not upward, f"imports back up a layer: {upward}"

@@ -1,7 +1,9 @@
 """Login-node latency, two measurements.
 
-1. `hpc-train launcher=slurm dry_run=true` against `python -c "import torch"`: fresh processes,
-   run alternately; one warm-up run each (page cache), then `repeats` runs; median and min-max.
+1. `hpc-train launcher=slurm dry_run=true`, and the 32-job sweep of part 2 as a dry run (every
+   job composed, checked, laid out and its sbatch script rendered), against `python -c "import
+   torch"`: fresh processes, run alternately; one warm-up run each (page cache), then `repeats`
+   runs; median and min-max.
    With the Slurm test cluster up, the dry run's `sinfo` partition check really asks slurmctld.
 
 2. Submitting a 32-job strategy sweep to the Slurm test cluster:
@@ -44,6 +46,9 @@ FULL = {"repeats": 7, "sweep_repeats": 5}
 QUICK = {"repeats": 3, "sweep_repeats": 3}
 SWEEP_STRATEGIES = "single,dp,ddp,model_parallel"
 SWEEP_SEEDS = 8  # x 4 strategies = 32 jobs
+# The same 32-job sweep as a dry run: composed, checked and laid out, every job's sbatch script rendered, nothing queued.
+SWEEP_DRY_RUN = ["-m", "launcher=slurm", "dry_run=true", "model=toy_mlp", "data=synthetic", "resources.gpus_per_node=2",
+                 f"strategy={SWEEP_STRATEGIES}", f"seed=range(0,{SWEEP_SEEDS})"]
 POLL_S = 0.1
 SUBMIT_TIMEOUT_S = 180
 
@@ -175,9 +180,15 @@ def wall(command, env, cwd=None) -> Dict[str, float]:
 def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-dry-") as tmp:
         dry = ["launcher=slurm", "dry_run=true", f"hydra.run.dir={tmp}/run"]
-        cases = {"dry_run": (hpc_train_cmd(dry), env, None), "import_torch": ([PYTHON, "-c", "import torch"], env, None)}
-        if baseline_tree:  # the same dry run from another checkout, in its directory
+        sweep = [*SWEEP_DRY_RUN, f"hydra.sweep.dir={tmp}/sweep"]
+        cases = {
+            "dry_run": (hpc_train_cmd(dry), env, None),
+            "sweep_dry_run": (hpc_train_cmd(sweep), env, None),
+            "import_torch": ([PYTHON, "-c", "import torch"], env, None),
+        }
+        if baseline_tree:  # the same dry runs from another checkout, in its directory
             cases["baseline"] = (hpc_train_cmd(dry), in_tree(env, baseline_tree), baseline_tree)
+            cases["baseline_sweep"] = (hpc_train_cmd(sweep), in_tree(env, baseline_tree), baseline_tree)
         for command, case_env, cwd in cases.values():  # warm the page cache once
             wall(command, case_env, cwd)
         times = {name: [] for name in cases}
@@ -186,6 +197,7 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
                 times[name].append(wall(command, case_env, cwd))
     seconds = {name: [t["wall"] for t in runs] for name, runs in times.items()}
     out = {
+        "sweep_dry_run_s": stats(seconds["sweep_dry_run"]),
         "dry_run_s": stats(seconds["dry_run"]),
         "dry_run_cpu_s": stats([t["cpu"] for t in times["dry_run"]]),
         "import_torch_s": stats(seconds["import_torch"]),
@@ -199,6 +211,8 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
             "dry_run_cpu_s": stats([t["cpu"] for t in times["baseline"]]),
             "this_over_baseline_wall": stats([a / b for a, b in zip(seconds["dry_run"], seconds["baseline"])]),
             "this_over_baseline_cpu": stats([a["cpu"] / b["cpu"] for a, b in zip(times["dry_run"], times["baseline"])]),
+            "sweep_dry_run_s": stats(seconds["baseline_sweep"]),
+            "sweep_this_over_baseline_wall": stats([a / b for a, b in zip(seconds["sweep_dry_run"], seconds["baseline_sweep"])]),
         }
     return out
 
@@ -256,10 +270,13 @@ def main() -> None:
     print(f"{'hpc-train launcher=slurm dry_run=true':48s} {fmt_stats(d['dry_run_s']):>22s}")
     ref = 'python -c "import torch" (reference)'
     print(f"{ref:48s} {fmt_stats(d['import_torch_s']):>22s}")
+    print(f"{'hpc-train -m, 32-job sweep, dry_run=true':48s} {fmt_stats(d['sweep_dry_run_s']):>22s}")
     if "baseline" in d:
         b = d["baseline"]
         print(f"{'the same dry run at ' + b['commit']:48s} {fmt_stats(b['dry_run_s']):>22s}")
         print(f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU {fmt_stats(b['this_over_baseline_cpu'], 3)}")
+        print(f"{'the same sweep dry run at ' + b['commit']:48s} {fmt_stats(b['sweep_dry_run_s']):>22s}")
+        print(f"this / {b['commit']}: wall {fmt_stats(b['sweep_this_over_baseline_wall'], 3)}")
     s = result["sweep"]
     if "skipped" in s:
         print(f"sweep submission: {s['skipped']}")

@@ -42,12 +42,17 @@ APP_HELD = [
 ]
 MESSAGE = re.compile(r"^hpc-train: interrupted while queueing the (sweep|job): (.*); nothing of the \1 is left in Slurm\.")
 
-# sbatch, except that its call number $HANG_AT hangs once Slurm has made the job, before printing the id.
+# sbatch, except that its call number $HANG_AT hangs once Slurm has made the job, before printing the id. The hang is
+# one process that writes the marker itself, SIGINT at its default first, so a Ctrl-C sent once the marker is there
+# always ends it. A marker written by a child of bash would not do: a SIGINT that lands while bash reaps that child
+# (exited 0) is taken by bash as handled by the child (its wait-and-cooperative-exit rule), bash carries on, and the
+# hang it then starts never sees the Ctrl-C: the command waits on the sbatch's pipes until the hang ends.
+HANG = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_DFL); open(sys.argv[1], 'w').close(); time.sleep(120)"
 HANGING_SBATCH = """#!/bin/bash
 out=$("$REAL_SBATCH" "$@") || exit $?
 calls=$(( $(cat "$SHIM_DIR/calls" 2>/dev/null || echo 0) + 1 ))
 echo "$calls" > "$SHIM_DIR/calls"
-if [ "$calls" -eq "$HANG_AT" ]; then touch "$SHIM_DIR/hung"; exec sleep 120; fi
+if [ "$calls" -eq "$HANG_AT" ]; then exec "$SHIM_PYTHON" -c "$SHIM_HANG" "$SHIM_DIR/hung"; fi
 printf '%s\\n' "$out"
 """
 
@@ -60,7 +65,10 @@ def hanging_sbatch(folder: Path, hang_at: int) -> Dict[str, str]:
     shim.chmod(0o755)
     real = shutil.which("sbatch")
     assert real
-    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "REAL_SBATCH": real, "SHIM_DIR": str(folder), "HANG_AT": str(hang_at)}
+    return {
+        "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "REAL_SBATCH": real, "SHIM_DIR": str(folder),
+        "HANG_AT": str(hang_at), "SHIM_PYTHON": sys.executable, "SHIM_HANG": HANG,
+    }
 
 
 def start(command: List[str], cwd: Path = REPO, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:

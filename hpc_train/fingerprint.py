@@ -16,8 +16,22 @@ from hpc_train import rundir
 from hpc_train.config import DEFAULTS
 
 SECTIONS = ("model", "strategy", "data")
-# A sharded (fsdp) checkpoint loads at any number of ranks and mesh shape: these may change on resume.
-RESHARDABLE = ("world_size", "strategy.replicate", "strategy.reshard_after_forward", "strategy.cpu_offload")
+# A sharded (fsdp, mesh) checkpoint loads at any number of ranks and mesh shape: these may change on resume.
+RESHARDABLE = (
+    "world_size",
+    "strategy.replicate",
+    "strategy.reshard_after_forward",
+    "strategy.cpu_offload",
+    "strategy.dp_replicate",
+    "strategy.dp_shard",
+    "strategy.tp",
+    "strategy.pp",
+    "strategy.tp_plan",  # a mapping: its keys (strategy.tp_plan.<pattern>) go with it
+    "strategy.split_points",
+    "strategy.chunks",
+    "strategy.balance",
+    "strategy.schedule",
+)
 
 
 def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False) -> Dict[str, Any]:
@@ -51,7 +65,8 @@ def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False)
     flat["seed"] = int(spec["seed"])
     flat["world_size"] = int(world_size)
     for key in RESHARDABLE if sharded else ():
-        flat.pop(key, None)
+        for name in [name for name in flat if name == key or name.startswith(f"{key}.")]:
+            del flat[name]
     return json.loads(json.dumps(flat))  # plain JSON types, as read back from a header
 
 

@@ -16,6 +16,7 @@ model_parallel strategy=model_parallel                   1     1              G 
 pipeline       strategy=pipeline                         1     1              G (S = G default)
 hybrid         strategy=hybrid                           N     G/S            S
 pipelining     strategy=pipeline strategy.engine=pipelining N  G              1 (one rank a stage)
+mesh           strategy=mesh                             N     G              1 (pp x dp x tp ranks)
 ============== ========================================= ===== ============== ===================
 """
 
@@ -74,6 +75,7 @@ KINDS = {
         ),
         StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
+        StrategyKind("mesh", "strategy=mesh", True, True, False, sharded=True),
     )
 }
 
@@ -116,4 +118,18 @@ def split_settings(strategy: Any) -> SplitSettings:
         balance=balance if isinstance(balance, str) else [int(c) for c in balance],
         batchnorm=str(strategy["batchnorm"]),
         schedule=None if schedule is None else str(schedule).lower(),
+    )
+
+
+def mesh_split_settings(strategy: Any, stages: int) -> SplitSettings:
+    """A mesh's pipeline settings (pp > 1): its stages are strategy.pp; batch norm keeps per-micro-batch statistics."""
+    points = [str(p) for p in strategy["split_points"] or []]
+    balance = strategy["balance"]
+    return SplitSettings(
+        stages=stages,
+        split_points=points,
+        chunks=micro_batches(strategy.get("chunks")),
+        balance=balance if isinstance(balance, str) else [int(c) for c in balance],
+        batchnorm="keep",
+        schedule=str(strategy["schedule"]).lower(),
     )

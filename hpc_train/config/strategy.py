@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from hpc_train.config.checks import balance, flag, list_of, one_of, replicate, split_point, whole
+from hpc_train.config.checks import Problem, balance, flag, list_of, one_of, replicate, show, split_point, whole
 from hpc_train.config.rule import R, Rule
 
-NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid")  # the options of the strategy group
+NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid", "mesh")  # the strategy group's options
+TP_STYLES = ("colwise", "rowwise", "colwise_gather")  # what a strategy.tp_plan pattern may map to, besides a _target_
 
 
 ENGINE_DEFAULT = "native"  # strategy.engine when left out: one process owns all stages
@@ -21,6 +22,39 @@ def strategy_id(strategy: Any) -> str:
     if name == "pipeline" and str(strategy.get("engine", ENGINE_DEFAULT)) == "pipelining":
         return "pipelining"
     return name
+
+
+def tp_plan(value: Any) -> Problem:
+    """strategy.tp_plan: {module-name pattern: style or {_target_: fn}}, or {_target_: fn} for the whole plan."""
+    if value is None:
+        return None
+    if not hasattr(value, "items") or not len(value):
+        return f"must be a mapping of module-name patterns to {', '.join(TP_STYLES)} or {{_target_: ...}}, got {show(value)}"
+    if "_target_" in value:
+        return None if isinstance(value["_target_"], str) else f"has a _target_ that is not a name: {show(value)}"
+    for pattern, style in value.items():
+        if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+            pattern = str(pattern)  # an nn.Sequential's children are named by digits, which Hydra reads as numbers
+        if not isinstance(pattern, str) or not pattern:
+            return f"has the pattern {show(pattern)}, which is not a module-name pattern such as layers.*.attn.wq"
+        if hasattr(style, "items"):
+            if not isinstance(style.get("_target_"), str):
+                return f"maps {pattern!r} to {show(style)}, which has no _target_ naming a function (module, tp_mesh)"
+        elif style not in TP_STYLES:
+            return f"maps {pattern!r} to {show(style)}; a pattern maps to {', '.join(TP_STYLES)} or {{_target_: ...}}"
+    return None
+
+
+tp_plan.what = f"mapping: pattern -> {' | '.join(TP_STYLES)} | {{_target_: fn}}"  # type: ignore[attr-defined]
+
+
+def shard_degree(value: Any) -> Problem:
+    if value == -1:
+        return None
+    return whole(1)(value) and f"must be -1 (whatever the world leaves) or a positive whole number, got {show(value)}"
+
+
+shard_degree.what = "-1 or whole number >= 1"  # type: ignore[attr-defined]
 
 
 def micro_batches(chunks: Optional[Any]) -> int:
@@ -53,7 +87,7 @@ RULES: Tuple[Rule, ...] = (
         null="one micro-batch",
         doc="Micro-batches per step (must divide the per-rank batch); null: one.",
         default=4,
-        only=("pipeline", "hybrid", "pipelining"),
+        only=("pipeline", "hybrid", "pipelining", "mesh"),
     ),
     R(
         "strategy.balance",
@@ -62,7 +96,7 @@ RULES: Tuple[Rule, ...] = (
         fix="use strategy.balance=params, strategy.balance=time or layer counts such as strategy.balance=[5,10].",
         doc="How layers are shared among stages: params | time (measured) | [layer counts].",
         default="params",
-        only=("model_parallel", "pipeline", "hybrid", "pipelining"),
+        only=("model_parallel", "pipeline", "hybrid", "pipelining", "mesh"),
     ),
     R(
         "strategy.batchnorm",
@@ -89,7 +123,7 @@ RULES: Tuple[Rule, ...] = (
         fix="use strategy.schedule=gpipe or strategy.schedule=1f1b.",
         doc="engine=pipelining: gpipe | 1f1b (1f1b needs chunks >= stages).",
         default="gpipe",
-        only=("pipelining",),
+        only=("pipelining", "mesh"),
     ),
     R(
         "strategy.split_points",
@@ -102,7 +136,7 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc="Module names (as in named_modules()) where a new stage begins; null: cut automatically.",
         default=None,
-        only=("model_parallel", "pipeline", "hybrid", "pipelining"),
+        only=("model_parallel", "pipeline", "hybrid", "pipelining", "mesh"),
     ),
     R(
         "strategy.backend",
@@ -160,5 +194,56 @@ RULES: Tuple[Rule, ...] = (
         doc="Modules sharded as units; null: each block of the model's repeated block list (else each child holding parameters).",
         default=None,
         only=("fsdp",),
+    ),
+    R(
+        "strategy.dp_replicate",
+        whole(1),
+        2,
+        doc="mesh: data-parallel replicas (DDP-like between them; HSDP's outer dimension when dp_shard > 1).",
+        default=1,
+        only=("mesh",),
+    ),
+    R(
+        "strategy.dp_shard",
+        shard_degree,
+        -1,
+        fix="set strategy.dp_shard=-1 (whatever the world leaves) or a shard degree such as strategy.dp_shard=2.",
+        doc="mesh: FSDP2 shard degree; -1: whatever the world leaves (world / (dp_replicate x tp x pp)).",
+        default=-1,
+        only=("mesh",),
+    ),
+    R(
+        "strategy.tp",
+        whole(1),
+        2,
+        doc="mesh: tensor-parallel degree, inside a node (divides the GPUs per node); needs strategy.tp_plan.",
+        default=1,
+        only=("mesh",),
+    ),
+    R(
+        "strategy.pp",
+        whole(1),
+        2,
+        doc="mesh: pipeline stages, one rank each (torch.distributed.pipelining), the outermost dimension.",
+        default=1,
+        only=("mesh",),
+    ),
+    R(
+        "strategy.tp_plan",
+        tp_plan,
+        "{layers.*.attn.wq: colwise, layers.*.attn.wo: rowwise}",
+        null="no tensor-parallel plan (only with strategy.tp=1)",
+        fix=(
+            "give a mapping of module-name patterns (fnmatch over model.named_modules()) to colwise, rowwise or"
+            " colwise_gather, e.g. in your strategy option: tp_plan: {\"layers.*.attn.wq\": colwise,"
+            " \"layers.*.attn.wo\": rowwise}, or {_target_: mypkg.plan} naming a function (model, tp_mesh)."
+        ),
+        doc=(
+            "mesh: the tensor-parallel plan: {module-name pattern: colwise | rowwise | colwise_gather | {_target_: fn}},"
+            " or {_target_: fn} called as fn(model, tp_mesh)."
+        ),
+        default=None,
+        only=("mesh",),
+        mapping=True,
     ),
 )

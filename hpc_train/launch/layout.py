@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import HYBRID_STAGES, NAMES
+from hpc_train.mesh_dims import MeshDims
 from hpc_train.strategy_table import KINDS, StrategyKind
 
 
@@ -24,7 +25,7 @@ class JobLayout:
     gpus_per_node: int
     gpus_per_task: int
     cpus_per_task: int
-    mesh: Optional[Tuple[int, int]] = None  # fsdp: (replicas, shards); replicas > 1 is HSDP
+    mesh: Optional[Tuple[int, ...]] = None  # fsdp: (replicas, shards), replicas > 1 is HSDP; mesh: hpc_train.mesh_dims.ORDER
 
     @property
     def world_size(self) -> int:
@@ -54,9 +55,11 @@ class JobLayout:
 
     @property
     def sharding(self) -> str:
-        """How fsdp shards the parameters, for the describe() line ("" for the other strategies)."""
+        """How fsdp shards the parameters, or mesh's dimensions, for the describe() line ("" for the other strategies)."""
         if self.mesh is None:
             return ""
+        if self.strategy == "mesh":
+            return f", {MeshDims(*self.mesh).describe()}"
         replicas, shards = self.mesh
         if replicas == 1:
             return f", parameters sharded over {shards} ranks"
@@ -76,7 +79,7 @@ def compute_layout(
     gpus_per_node: int,
     cpus_per_gpu: int = 1,
     stages: Optional[int] = None,
-    mesh: Optional[Tuple[int, int]] = None,
+    mesh: Optional[Tuple[int, ...]] = None,
 ) -> JobLayout:
     """The layout of a strategy identity (hpc_train.strategy_table); ConfigError naming the key to change."""
     shape = known_kind(strategy)

@@ -15,7 +15,8 @@ from typing import Any, Optional, Tuple
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import micro_batches, strategy_id
 from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
-from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, split_settings
+from hpc_train.mesh_dims import MeshDims, resolve_mesh_dims, torch_refusal, torch_too_old
+from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, mesh_split_settings, split_settings
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,16 @@ class Parallelism:
     @property
     def kind(self) -> StrategyKind:
         return KINDS[self.layout.strategy]
+
+    @property
+    def dims(self) -> Optional[MeshDims]:
+        """A mesh job's dimensions (None for the other strategies)."""
+        return MeshDims(*self.layout.mesh) if self.layout.strategy == "mesh" and self.layout.mesh else None
+
+    @property
+    def stage_ranks(self) -> bool:
+        """One rank a pipeline stage (the pipelining engine, or a mesh with pp > 1): the schedule owns the step."""
+        return self.layout.strategy == "pipelining" or (self.dims is not None and self.dims.pp > 1)
 
     @property
     def chunks(self) -> int:
@@ -43,6 +54,8 @@ def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_
     """
     kind_id = strategy_id(strategy)
     kind = known_kind(kind_id)
+    if kind_id == "mesh":
+        return _resolve_mesh(strategy, nodes, gpus_per_node, cpus_per_gpu)
     split = split_settings(strategy) if kind.staged else None
     if split is not None:
         _check_split_points(strategy, split)
@@ -89,8 +102,9 @@ def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_
     return Parallelism(layout, split, stages, data_parallel)
 
 
-def _check_split_points(strategy: Any, split: SplitSettings) -> None:
-    """split_points fix the stages; a strategy.stages or strategy.balance that says otherwise is refused."""
+def _check_split_points(strategy: Any, split: SplitSettings, stages_key: str = "strategy.stages") -> None:
+    """split_points fix the stages; a strategy.stages (mesh: strategy.pp) or strategy.balance that says otherwise is
+    refused."""
     points = split.split_points
     if not points:
         return
@@ -98,12 +112,14 @@ def _check_split_points(strategy: Any, split: SplitSettings) -> None:
         raise ConfigError(
             "strategy.split_points", f"{points} names a module twice.", "name each module where a stage begins once."
         )
-    stages = strategy.get("stages")
+    stages = strategy.get(stages_key.split(".")[1])
     if stages is not None and stages != len(points) + 1:
+        null = " (null)" if stages_key == "strategy.stages" else ""
         raise ConfigError(
-            "strategy.stages",
+            stages_key,
             f"is {stages}, but strategy.split_points={points} makes {len(points) + 1} stages.",
-            f"drop strategy.stages (null) or set strategy.stages={len(points) + 1}.",
+            f"set {stages_key}={len(points) + 1}, or give {stages - 1} split points"
+            + (f", or drop {stages_key}{null}." if null else "."),
         )
     if split.balance != "params":
         raise ConfigError(
@@ -126,3 +142,51 @@ def _checked_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, 
             f" {world}.",
         )
     return replicas, shards
+
+
+def _resolve_mesh(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int) -> Parallelism:
+    """strategy=mesh: one rank per GPU, the dimensions resolved once (hpc_train.mesh_dims), the pipeline's settings
+    when pp > 1; ConfigError naming the key for what the config alone shows (the model's own limits wait for the
+    ranks: heads or widths tp does not divide, fewer blocks than stages, a plan pattern matching nothing)."""
+    _check_torch_for_mesh()
+    base = compute_layout(strategy="mesh", nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu)
+    dims = resolve_mesh_dims(strategy, base.world_size, base.tasks_per_node)
+    layout = compute_layout(
+        strategy="mesh", nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu, mesh=dims.shape
+    )
+    if dims.tp > 1 and not strategy.get("tp_plan"):
+        raise ConfigError(
+            "strategy.tp_plan",
+            f"strategy.tp={dims.tp} cuts modules across ranks, but no plan says which.",
+            "give strategy.tp_plan in your strategy option (defaults: [mesh, _self_], then tp_plan: {\"layers.*.attn.wq\":"
+            " colwise, ...}), or set strategy.tp=1.",
+        )
+    if dims.pp == 1:
+        return Parallelism(layout, None, None, dims.data_parallel_size)
+    split = mesh_split_settings(strategy, dims.pp)
+    _check_split_points(strategy, split, stages_key="strategy.pp")
+    if split.schedule == "1f1b" and split.chunks < dims.pp:
+        raise ConfigError(
+            "strategy.chunks",
+            f"the 1F1B schedule needs at least as many micro-batches as stages (strategy.pp={dims.pp}).",
+            f"set strategy.chunks={dims.pp} or more, or strategy.schedule=gpipe.",
+        )
+    if not isinstance(split.balance, str) and len(split.balance) != dims.pp:
+        raise ConfigError(
+            "strategy.balance",
+            f"{split.balance} must list {dims.pp} positive layer counts, one per stage (strategy.pp={dims.pp}).",
+            f"give {dims.pp} positive numbers (layers per stage), or use strategy.balance=params.",
+        )
+    return Parallelism(layout, split, dims.pp, dims.data_parallel_size)
+
+
+def _check_torch_for_mesh() -> None:
+    """The login node's torch, read without importing it (ranks check their own at start)."""
+    from importlib import metadata  # a few ms, only for strategy=mesh
+
+    try:
+        version = metadata.version("torch")
+    except metadata.PackageNotFoundError:  # a login environment without torch: the ranks check theirs
+        return
+    if torch_too_old(version):
+        raise torch_refusal(version)

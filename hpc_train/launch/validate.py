@@ -62,13 +62,17 @@ def _check_batch_split(trainer: ConfigView, parallel: Parallelism) -> None:
     batch = trainer.batch_size
     accum = int(trainer.grad_accum_steps)
     replicas, chunks = parallel.data_parallel_size, parallel.chunks
-    if accum > 1 and parallel.layout.strategy == "pipelining":
+    if accum > 1 and parallel.stage_ranks:
         raise ConfigError(
             "trainer.grad_accum_steps",
-            f"the pipelining engine already cuts each batch into strategy.chunks={chunks} micro-batches and steps"
-            " the optimizer once per schedule; it does not accumulate over several schedules.",
-            f"set trainer.grad_accum_steps=1 and raise strategy.chunks instead (e.g. strategy.chunks={chunks * accum}),"
-            " or use strategy.engine=native, where accumulation composes with the micro-batches.",
+            f"the pipeline's schedule (one rank a stage) already cuts each batch into strategy.chunks={chunks}"
+            " micro-batches and steps the optimizer once per schedule; it does not accumulate over several schedules.",
+            f"set trainer.grad_accum_steps=1 and raise strategy.chunks instead (e.g. strategy.chunks={chunks * accum})"
+            + (
+                ", or use strategy.engine=native, where accumulation composes with the micro-batches."
+                if parallel.layout.strategy == "pipelining"
+                else "."
+            ),
         )
     divisor = replicas * chunks * accum
     if batch % divisor != 0:
@@ -151,10 +155,10 @@ def check_strategy(cfg: ConfigView, parallel: Parallelism) -> None:
             "train with strategy=ddp (or single, dp), or set trainer.step=null and give the loss as trainer.loss on"
             " (input, target) pairs.",
         )
-    if parallel.layout.strategy == "pipelining" and normalize_precision(cfg.trainer.precision) == "16":
+    if parallel.stage_ranks and normalize_precision(cfg.trainer.precision) == "16":
         raise ConfigError(
             "trainer.precision",
-            "fp16 needs loss scaling, which the pipelining engine's schedules do not apply.",
+            "fp16 needs loss scaling, which the pipeline's schedules (one rank a stage) do not apply.",
             "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.",
         )
     chunks = parallel.split.chunks

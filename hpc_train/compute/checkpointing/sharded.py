@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from hpc_train import rundir
@@ -35,6 +35,11 @@ from hpc_train.compute.checkpointing.dcp_save import save_dcp
 from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint, restore_rng
 
 log = logging.getLogger("hpc_train")
+
+
+# The optimizer's state keyed by parameter name (``state.<name>.exp_avg``), not by its index in a param group: a
+# pipeline stage's indices would collide with another stage's, and names survive any change of the sharding.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class ShardedState(Stateful):
@@ -50,7 +55,7 @@ class ShardedState(Stateful):
         self.model, self.optimizer, self.ema = model, optimizer, ema
 
     def state_dict(self) -> Dict[str, Any]:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=FLAT)
         state = {"model": model_state, "optim": optim_state}
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
@@ -62,6 +67,7 @@ class ShardedState(Stateful):
             self.optimizer,
             model_state_dict=state_dict["model"],
             optim_state_dict=state_dict["optim"],
+            options=FLAT,
         )
         if self.ema is not None:
             self.ema.load_state_dict(state_dict["ema"])  # loaded in place; checks every name is there

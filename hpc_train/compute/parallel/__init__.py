@@ -9,11 +9,13 @@ from hpc_train.compute.parallel.ddp import DDPStrategy
 from hpc_train.compute.parallel.dp import DataParallelStrategy
 from hpc_train.compute.parallel.fsdp import FSDPStrategy
 from hpc_train.compute.parallel.hybrid import HybridStrategy
+from hpc_train.compute.parallel.mesh import MeshStrategy
 from hpc_train.compute.parallel.model_parallel import ModelParallelStrategy
 from hpc_train.compute.parallel.pipeline import PipelineStrategy
 from hpc_train.compute.parallel.single import SingleStrategy
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.settings import LayoutSettings
+from hpc_train.mesh_dims import MeshDims
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
     cls.name: cls
@@ -25,6 +27,7 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
         ModelParallelStrategy,
         PipelineStrategy,
         HybridStrategy,
+        MeshStrategy,
     )
 }
 
@@ -34,9 +37,11 @@ def rank_data_shard(layout: LayoutSettings, ranks: RankInfo) -> Tuple[int, int]:
 
     The launch side declared ``data_parallel_size`` D; the ranks of one model replica are consecutive
     (a pipelining engine's S = W / D stages; one rank per replica elsewhere), so rank r reads shard
-    r // (W / D). The trainer needs its data, then one batch through the user's step, before it can
+    r // (W / D); a mesh's data-parallel coordinate says it (hpc_train.mesh_dims). The trainer needs its data, then one batch through the user's step, before it can
     build the strategy that runs that step; the strategy then checks it agrees (:func:`build_strategy`).
     """
+    if layout.strategy == "mesh":
+        return MeshDims(*layout.mesh).data_shard(ranks.rank)
     shards = int(layout.data_parallel_size)
     return ranks.rank // max(1, ranks.world_size // shards), shards
 

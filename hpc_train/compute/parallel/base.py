@@ -26,6 +26,7 @@ from hpc_train.compute.parallel.gradients import clip_to_norm, total_norm
 from hpc_train.compute.parallel.precision import autocast, grad_scaler
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.compute.settings import LayoutSettings
 from hpc_train.compute.user.building import is_classification
 from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
 from hpc_train.config.strategy import strategy_id
@@ -55,7 +56,8 @@ class StrategySettings:
 class StrategySetup:
     """What a strategy is built from, as build_strategy and every Strategy take it: its settings, the trainer's
     precision and compile flag, this rank and its devices, the user's loss and step (None: cross-entropy, and the
-    built-in step of that loss) and the names of the metrics the step returns besides its loss."""
+    built-in step of that loss), the names of the metrics the step returns besides its loss, and the job's layout
+    (the mesh's resolved dimensions)."""
 
     settings: StrategySettings
     ranks: RankInfo
@@ -65,6 +67,7 @@ class StrategySetup:
     loss_fn: Optional[Callable]
     step: Optional[Callable]
     metric_names: Sequence[str]
+    layout: LayoutSettings
 
 
 class Strategy:

@@ -41,7 +41,7 @@ _DTYPES = [
 ]
 
 
-def _send_values(values: Tuple[torch.Tensor, ...], dst: int) -> None:
+def send_values(values: Tuple[torch.Tensor, ...], dst: int) -> None:
     """Evaluation's point-to-point hand-over: how many tensors, then each one's shape, dtype and data."""
     device = values[0].device
     dist.send(torch.tensor([len(values)], dtype=torch.long, device=device), dst)
@@ -53,7 +53,7 @@ def _send_values(values: Tuple[torch.Tensor, ...], dst: int) -> None:
         dist.send(tensor.contiguous(), dst)
 
 
-def _recv_values(src: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
+def recv_values(src: int, device: torch.device) -> Tuple[torch.Tensor, ...]:
     count = torch.zeros(1, dtype=torch.long, device=device)
     dist.recv(count, src)
     values = []
@@ -184,11 +184,11 @@ class PipeliningStrategy(Strategy):
     def eval_counts(self, model, batch) -> torch.Tensor:
         """Forward through the stages with plain point-to-point messages; the last stage counts."""
         images, labels = batch
-        inputs = (images,) if self.is_first else _recv_values(self.ranks.rank - 1, self.input_device)
+        inputs = (images,) if self.is_first else recv_values(self.ranks.rank - 1, self.input_device)
         with autocast(self.precision, self.input_device):
             out = model(*inputs)
         if not self.is_last:
-            _send_values(out if isinstance(out, tuple) else (out,), self.ranks.rank + 1)
+            send_values(out if isinstance(out, tuple) else (out,), self.ranks.rank + 1)
             return torch.zeros(4, dtype=torch.float64)
         return super().eval_counts(lambda _: out, (images, labels))
 

@@ -308,7 +308,15 @@ class Trainer:
         metric_names = check_fit(model, step, loss_fn, self.data)
         strategy = self.settings.strategy
         setup = StrategySetup(
-            strategy, self.ranks, devices, str(loop.precision), bool(loop.compile), loss_fn, step, metric_names
+            strategy,
+            self.ranks,
+            devices,
+            str(loop.precision),
+            bool(loop.compile),
+            loss_fn,
+            step,
+            metric_names,
+            self.settings.job.layout,
         )
         self.strategy = build_strategy(setup, shard)
         if loop.channels_last:

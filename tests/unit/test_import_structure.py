@@ -80,7 +80,7 @@ LAYERS = (
     ("api", "report", "cli", "cli_child"),
     ("launch",),
     ("compute",),
-    ("strategy_table", "logger_table", "fingerprint"),
+    ("strategy_table", "mesh_dims", "logger_table", "fingerprint"),
     ("config", "jobs"),
     ("run_claim", "metrics_log", "hang", "rank_errors", "rank_env", "script_command", "slurm_cli", "slurm_time", "hostlist", "rundir", "conf"),
 )

@@ -141,8 +141,8 @@ class MeshStrategy(Strategy):
     def _cut(self, model: nn.Module, example: Optional[torch.Tensor]) -> Tuple[nn.Module, Tuple[torch.Tensor, ...]]:
         """This rank's stage of the model and what it receives for one micro-batch (shapes and dtypes)."""
         micro = micro_batch(example, int(self.settings.chunks))
-        points = [str(p) for p in self.settings.split_points or []]
-        stages = split_model(model, self.dims.pp, self.settings.balance, points, micro)
+        points = [str(p) for p in self.settings.split_points] if self.settings.split_points is not None else None
+        stages = split_model(model, self.dims.pp, self.settings.balance, points, micro, named=True)
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.at["pp"], micro)
         return stages[self.at["pp"]], inputs

@@ -109,15 +109,24 @@ class StagedModel(nn.Module):
 
 
 def split_model(
-    model: nn.Module, stages: int, balance, split_points: Optional[Sequence[str]] = None, example: torch.Tensor = None
+    model: nn.Module,
+    stages: int,
+    balance,
+    split_points: Optional[Sequence[str]] = None,
+    example: torch.Tensor = None,
+    named: bool = False,
 ) -> List[nn.Module]:
     """The model as consecutive stage modules: traced at `split_points`, else cut automatically and balanced.
 
     A ResNet or nn.Sequential is flattened into layers; any other model is cut between the blocks of
     its repeated block list (a transformer's), as only there is a cut both automatic and balanced.
+    `named`: every stage is traced from the model, so its parameters keep the model's own names (a
+    sharded checkpoint of stages then loads into any other cut, or the whole model).
     """
     if split_points:
         groups = trace_split(model, [str(name) for name in split_points])
+    elif (is_torchvision_resnet(model) or isinstance(model, nn.Sequential)) and named:
+        groups = trace_split(model, _flattened_points(model, stages, balance, example))
     elif is_torchvision_resnet(model) or isinstance(model, nn.Sequential):
         groups = _flattened_groups(model, stages, balance, example)
     else:
@@ -136,6 +145,16 @@ def _flattened_groups(
         groups.append(nn.Sequential(*layers[start : start + count]))
         start += count
     return groups
+
+
+def _flattened_points(
+    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor]
+) -> List[str]:
+    """Where the balanced cut of a ResNet's or nn.Sequential's layers begins each stage but the first, by name."""
+    layers = flatten_layers(model)
+    names = {id(module): name for name, module in model.named_modules()}
+    counts = stage_counts(layers, stages, balance, example)
+    return [names[id(layers[sum(counts[:k])])] for k in range(1, len(counts))]
 
 
 def refuse_parameters_shared_across_stages(model: nn.Module, groups: Sequence[nn.Module]) -> None:

@@ -135,6 +135,7 @@ def apply_plan(model: nn.Module, plan: Mapping[str, Any], tp_mesh: Any) -> List[
 
 def torch_style(style: str, module: nn.Module) -> Any:
     """torch's ParallelStyle for one of :data:`TP_STYLES` on `module`."""
+    # only tensor-parallel runs pay for torch's tensor-parallel styles
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 

@@ -26,6 +26,7 @@ RESHARDABLE = (
     "strategy.dp_shard",
     "strategy.tp",
     "strategy.pp",
+    "strategy.stages",  # a mesh's job spec carries its pipeline's stages (pp)
     "strategy.tp_plan",  # a mapping: its keys (strategy.tp_plan.<pattern>) go with it
     "strategy.split_points",
     "strategy.chunks",

@@ -141,6 +141,7 @@ def worker(args: argparse.Namespace) -> None:
     from hpc_train.compute.parallel.base import StrategySetup
     from hpc_train.compute.parallel.ddp import DDPSettings, DDPStrategy
     from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy, shard_units
+    from hpc_train.compute.settings import LayoutSettings
 
     world, rank = args.world, args.rank
     info = RankInfo(rank, rank, world, world, "127.0.0.1", args.port, "local")
@@ -153,13 +154,14 @@ def worker(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     rss["after_build"] = _status_kib("VmRSS")
     units = None
+    layout = LayoutSettings(args.case, 1, world, world, 1, 1, [1, world] if args.case == "fsdp" else None, world, world)  # the job's shape, as the launch side lays it out
     if args.case == "fsdp":
         settings = FSDPSettings("fsdp", "auto", replicate=1, reshard_after_forward=True, cpu_offload=False, wrap=None)
         units = len(shard_units(model))
-        model = FSDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, ())).wrap(model)
+        model = FSDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, (), layout)).wrap(model)
     elif args.case == "ddp":
         settings = DDPSettings("ddp", "auto", find_unused_parameters=False)
-        model = DDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, ())).wrap(model)
+        model = DDPStrategy(StrategySetup(settings, info, [device], "32", False, None, None, (), layout)).wrap(model)
     elif args.case != "plain":
         raise SystemExit(f"unknown case {args.case!r}")
     rss["after_wrap"] = _status_kib("VmRSS")

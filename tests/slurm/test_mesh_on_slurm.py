@@ -37,10 +37,10 @@ MESH = [
     "strategy.tp=2",
     "strategy.tp_plan={1:colwise,3:rowwise}",  # toy_mlp: Flatten, Linear, ReLU, Linear
 ]
-# extra overrides -> the data-parallel dimension across the nodes, as the mesh line names it
+# extra overrides -> the data-parallel dimension across the nodes, as the mesh line names it (dp_replicate x tp is
+# the same placement with replicas instead of shards: tests/e2e/test_mesh.py runs it with local ranks)
 LAYOUTS = {
     "dp_shard-2-x-tp-2": ([], "dp_shard"),
-    "dp_replicate-2-x-tp-2": (["strategy.dp_replicate=2", "strategy.dp_shard=1"], "dp_replicate"),
 }
 
 

@@ -68,6 +68,15 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["strategy=pipeline", "trainer.ema_decay=0.9"], "trainer.ema_decay", "trainer.ema_decay=null"),
         (["trainer.lr_schedule=cosine", "trainer.min_lr=0.5"], "trainer.min_lr", "trainer.min_lr=0.01"),
         (["trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3}", "trainer.lr_warmup_steps=5"], "trainer.lr_warmup_steps", "trainer.lr_warmup_steps=0"),
+        # strategy=mesh: dimensions that do not fit the world, tp across nodes, a missing or unknown plan, the batch
+        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.tp=2"], "strategy.tp_plan", "tp_plan:"),
+        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.tp=3"], "strategy.dp_shard", "product divides 4"),
+        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.dp_shard=3"], "strategy.dp_shard", "strategy.dp_shard=-1"),
+        (["launcher=slurm", "dry_run=true", "strategy=mesh", "resources.nodes=2", "resources.gpus_per_node=2", "strategy.tp=4", "strategy.dp_shard=1", "strategy.tp_plan={1:colwise}"], "strategy.tp", "divisors of 2"),
+        (["strategy=mesh", "strategy.tp_plan={1:diagonal}"], "strategy.tp_plan", "colwise, rowwise or colwise_gather"),
+        (["strategy=mesh", "strategy.pp=0"], "strategy.pp", "strategy.pp=2"),
+        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.pp=2", "trainer.batch_size=12"], "trainer.batch_size", "multiple of 8"),
+        (["strategy=mesh", "resources.gpus_per_node=2", "strategy.pp=2", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps", "strategy.chunks=8"),
         # your own script (`-- train.py ARGS` is script.argv; the `--` spelling: test_bad_script_command_is_refused)
         (["script.argv=[no_such_train.py]"], "script.argv", "-- train.py ARGS"),
         (["script.argv=[-m,no_such_module_xyz]"], "script.argv", "pip install -e"),

@@ -130,13 +130,17 @@ def hashing_meter(meter: Dict[str, float]) -> Iterator[None]:
 # -- the worker (one rank) ---------------------------------------------------------------
 def _fsdp_model(args: argparse.Namespace, info: Any) -> Any:
     import torch
-    from omegaconf import OmegaConf
-    from hpc_train.compute.parallel.fsdp import FSDPStrategy
+    from hpc_train.compute.parallel.base import StrategySetup
+    from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy
+    from hpc_train.compute.settings import LayoutSettings
 
     torch.manual_seed(0)
     model = build_model(args.dim, args.vocab, args.layers)
-    cfg = OmegaConf.create({"name": "fsdp", "backend": "auto", "replicate": 1, "reshard_after_forward": True, "cpu_offload": False, "wrap": None})
-    return FSDPStrategy(cfg, info, [torch.device("cpu")], "32").wrap(model)
+    settings = FSDPSettings("fsdp", "auto", replicate=1, reshard_after_forward=True, cpu_offload=False, wrap=None)
+    world = info.world_size
+    layout = LayoutSettings("fsdp", 1, world, world, 1, 1, [1, world], world, world)  # as the launch side lays it out
+    setup = StrategySetup(settings, info, [torch.device("cpu")], "32", False, None, None, (), layout)
+    return FSDPStrategy(setup).wrap(model)
 
 
 def _one_step(model: Any, vocab: int) -> Any:

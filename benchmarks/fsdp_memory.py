@@ -140,7 +140,8 @@ def worker(args: argparse.Namespace) -> None:
     from hpc_train.compute.runtime.ranks import RankInfo
     from hpc_train.compute.parallel.base import StrategySetup
     from hpc_train.compute.parallel.ddp import DDPSettings, DDPStrategy
-    from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy, shard_units
+    from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy
+    from hpc_train.compute.parallel.sharding import shard_units
     from hpc_train.compute.settings import LayoutSettings
 
     world, rank = args.world, args.rank

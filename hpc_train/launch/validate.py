@@ -133,12 +133,13 @@ def check_timeouts(cfg: ConfigView) -> None:
 def check_activation_checkpointing(cfg: ConfigView, parallel: Parallelism) -> None:
     """Recomputing blocks in the backward pass needs the whole model in one process."""
     mode = str(cfg.trainer.activation_checkpointing)
-    if mode != "none" and parallel.kind.staged:
+    if mode != "none" and (parallel.kind.staged or parallel.stage_ranks):
+        spelling = "strategy=mesh with strategy.pp > 1" if parallel.layout.strategy == "mesh" else parallel.kind.spelling
         raise ConfigError(
             "trainer.activation_checkpointing",
-            f"{parallel.kind.spelling} runs the model's stages itself; activation checkpointing wraps the"
-            " blocks of a whole model.",
-            "use it with strategy=single, dp, ddp or fsdp, or set trainer.activation_checkpointing=none.",
+            f"{spelling} runs the model's stages itself; activation checkpointing wraps the blocks of a whole model.",
+            "use it with strategy=single, dp, ddp, fsdp or mesh without pipeline stages, or set"
+            " trainer.activation_checkpointing=none.",
         )
 
 

@@ -31,11 +31,11 @@ LLAMA = [
     "data=herd_log",
     "trainer=llama",
     "trainer.progress=false",
-    "trainer.eval=false",
     f"trainer.grad_clip={CLIP}",
 ]
 STEPS = 4
-TRAIN = [*LLAMA, f"trainer.max_steps={STEPS}"]
+TRAIN = [*LLAMA, f"trainer.max_steps={STEPS}", "trainer.eval=false"]
+EVALUATED = [*LLAMA, f"trainer.max_steps={STEPS}", "trainer.eval=true"]  # data.val after the last step
 TP = ["strategy=llama_tp"]  # the example's plan: tp=2 over attention and SwiGLU projections
 
 
@@ -62,7 +62,7 @@ def assert_same_weights(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("single")
-    run([*TRAIN, "strategy=single", "trainer.log_every=1"], run_dir)
+    run([*EVALUATED, "strategy=single", "trainer.log_every=1"], run_dir)
     assert min(grad_norms(run_dir)) > CLIP, "the clipping must be active for this comparison to mean anything"
     return run_dir
 
@@ -79,9 +79,11 @@ def single(tmp_path_factory) -> Path:
 )
 def test_composed_dimensions_train_to_the_same_weights_as_one_process(layout, ranks, described, single, tmp_path):
     run_dir = tmp_path / "run"
-    run([*TRAIN, *layout, f"resources.gpus_per_node={ranks}", "trainer.log_every=1"], run_dir)
+    run([*EVALUATED, *layout, f"resources.gpus_per_node={ranks}", "trainer.log_every=1"], run_dir)
     assert f"mesh: {described} (this rank at" in (run_dir / "logs" / "rank0.log").read_text()
     assert losses(run_dir) == pytest.approx(losses(single), abs=1e-4)
+    # evaluation counts each sample once: not once per tp rank, and only where the last stage has the loss
+    assert read_summary(run_dir)["eval_loss"] == pytest.approx(read_summary(single)["eval_loss"], abs=1e-4)
     assert grad_norms(run_dir) == pytest.approx(grad_norms(single), rel=1e-4)  # the one norm over every shard
     assert_same_weights(final_weights(run_dir), final_weights(single))
 
@@ -90,7 +92,7 @@ def test_composed_dimensions_train_to_the_same_weights_as_one_process(layout, ra
 def tp_checkpoint(tmp_path_factory) -> Path:
     """A tp2 x dp_shard2 run stopped after step 2: its DCP checkpoint, copied by each test that resumes it."""
     run_dir = tmp_path_factory.mktemp("tp")
-    run([*LLAMA, "trainer.max_steps=2", *TP, "resources.gpus_per_node=4"], run_dir)
+    run([*LLAMA, "trainer.max_steps=2", "trainer.eval=false", *TP, "resources.gpus_per_node=4"], run_dir)
     return run_dir
 
 
@@ -139,3 +141,10 @@ def test_a_plan_pattern_that_matches_no_module_is_refused_at_start_naming_it(tmp
     output = proc.stdout + proc.stderr
     assert "`strategy.tp_plan`: the pattern 'attn_out' matches no module of Transformer" in output
     assert "Traceback" not in output and not (run_dir / "checkpoints").exists()
+
+
+def test_more_pipeline_stages_than_blocks_are_refused_at_start_naming_strategy_pp(tmp_path):
+    proc = run_cli([*TRAIN, "strategy=mesh", "strategy.pp=4", "resources.gpus_per_node=4"], tmp_path / "run", cwd=PROJECT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "`strategy.pp`: Transformer's block list 'layers' has 2 blocks to cut, fewer than 4 stages." in proc.stdout
+    assert "Fix: use at most strategy.pp=2" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hpc_train import hang, rundir
 from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
-from hpc_train.compute.parallel.fsdp import mixed_precision_policy, shard_units
+from hpc_train.compute.parallel import sharding
 from hpc_train.compute.parallel.gradients import total_norm
 from hpc_train.compute.parallel.partitioning import micro_batch
 from hpc_train.compute.parallel.precision import autocast
@@ -43,7 +43,7 @@ from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.parallel.tensor_parallel import apply_plan, check_plan
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.mesh_dims import ORDER, MeshDims, torch_refusal, torch_too_old
+from hpc_train.mesh_dims import ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
 
 log = logging.getLogger("hpc_train")
 
@@ -67,12 +67,13 @@ class MeshStrategy(Strategy):
     settings: MeshSettings
     supports_compile = False  # blocks are compiled one by one before sharding (trainer.compile), as fsdp does
     sharded_checkpoints = True  # DCP directories with the whole model's names: any change of the dimensions
+    needs_torch: Optional[Tuple[int, int]] = TORCH_NEEDED  # the oldest torch it runs on (None: any supported one)
 
     def __init__(self, setup: StrategySetup) -> None:
         super().__init__(setup)
-        if torch_too_old(torch.__version__):
+        if self.needs_torch is not None and torch_too_old(torch.__version__):
             raise Refusal(str(torch_refusal(torch.__version__)))
-        self.dims = MeshDims(*setup.layout.mesh)
+        self.dims = self.mesh_dims(setup)
         if self.dims.world_size != self.ranks.world_size:
             raise Refusal(
                 f"`strategy`: this job was laid out for {self.dims.describe()} = {self.dims.world_size} ranks but"
@@ -88,6 +89,10 @@ class MeshStrategy(Strategy):
         self.schedule = None
 
     # -- the mesh ---------------------------------------------------------------------
+    def mesh_dims(self, setup: StrategySetup) -> MeshDims:
+        """The dimensions the launch side resolved (hpc_train.mesh_dims); a preset may derive them from its keys."""
+        return MeshDims(*setup.layout.mesh)
+
     def _slice(self, *names: str) -> Any:
         return self.world_mesh[names[0] if len(names) == 1 else names]
 
@@ -142,7 +147,10 @@ class MeshStrategy(Strategy):
         """This rank's stage of the model and what it receives for one micro-batch (shapes and dtypes)."""
         micro = micro_batch(example, int(self.settings.chunks))
         points = [str(p) for p in self.settings.split_points] if self.settings.split_points is not None else None
-        stages = split_model(model, self.dims.pp, self.settings.balance, points, micro, named=True)
+        try:
+            stages = split_model(model, self.dims.pp, self.settings.balance, points, micro, named=True)
+        except Refusal as err:  # the cut speaks of the pipeline strategies' stage count, which is strategy.pp here
+            raise Refusal(str(err).replace("strategy.stages", "strategy.pp")) from None
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.at["pp"], micro)
         return stages[self.at["pp"]], inputs
@@ -151,20 +159,29 @@ class MeshStrategy(Strategy):
         """FSDP2 over the data-parallel slice: HSDP's 2-D mesh with replicas, else the shards' 1-D one."""
         if self.dims.data_parallel_size == 1:
             return
-        from torch.distributed.fsdp import fully_shard  # ~0.6 s to import: only sharded meshes pay it
+        units, options = self.shard_units(model), self.shard_options()
+        if self.compile_blocks:
+            sharding.compile_units(units)
+        sharding.shard(model, units, options)
+        self.describe_sharding(len(units), options)
 
+    def shard_units(self, model: nn.Module) -> List[nn.Module]:
+        """The modules sharded one by one: a stage is one unit (a traced stage calls the model's leaf modules, not
+        its blocks); a whole model's are its blocks (hpc_train.compute.parallel.sharding.shard_units)."""
+        return [] if self.pipelined else sharding.shard_units(model)
+
+    def shard_options(self) -> Dict[str, Any]:
+        """fully_shard's keyword arguments: the data-parallel mesh, the precision, and gathered parameters kept
+        between a stage's micro-batches (one all-gather per step instead of one per micro-batch)."""
         dp_mesh = self._slice("dp_replicate", "dp_shard") if self.dims.dp_replicate > 1 else self._slice("dp_shard")
         options: Dict[str, Any] = {"mesh": dp_mesh, "reshard_after_forward": not self.pipelined}
-        policy = mixed_precision_policy(self.precision)
+        policy = sharding.mixed_precision_policy(self.precision)
         if policy is not None:
             options["mp_policy"] = policy
-        units = [] if self.pipelined else shard_units(model)
-        if self.compile_blocks:
-            for unit in units:
-                unit.compile()
-        for unit in units:
-            fully_shard(unit, **options)
-        fully_shard(model, **options)
+        return options
+
+    def describe_sharding(self, units: int, options: Dict[str, Any]) -> None:
+        """A line for the rank's log (the mesh line says it all for mesh)."""
 
     def _build_schedule(self, stage_module: nn.Module, inputs: Tuple[torch.Tensor, ...]) -> None:
         # torch.distributed.pipelining costs ~1.4 s to import: only pipelined meshes pay it
@@ -236,6 +253,14 @@ class MeshStrategy(Strategy):
             for grad in grads:
                 grad.mul_(coefficient)
         return norm
+
+    def make_grad_scaler(self) -> Optional[Any]:
+        """fp16 loss scaling over sharded gradients: torch's ShardedGradScaler agrees on inf/NaN across ranks."""
+        if self.precision != "16" or self.dims.data_parallel_size == 1:
+            return super().make_grad_scaler()
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # fsdp's, only with fp16
+
+        return ShardedGradScaler(self.input_device.type)
 
     def global_loss(self, loss: torch.Tensor) -> float:
         """The mean over the data-parallel ranks of the loss the last stages computed (tp ranks hold copies)."""

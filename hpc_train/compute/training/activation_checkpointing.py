@@ -16,7 +16,7 @@ import functools
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from hpc_train.compute.parallel.fsdp import shard_units
+from hpc_train.compute.parallel.sharding import shard_units
 
 
 def _checkpointed(forward, *args, **kwargs):

@@ -16,9 +16,12 @@ from hpc_train import rundir
 from hpc_train.config import DEFAULTS
 
 SECTIONS = ("model", "strategy", "data")
-# A sharded (fsdp, mesh) checkpoint loads at any number of ranks and mesh shape: these may change on resume.
+# A sharded (fsdp, mesh) checkpoint loads at any number of ranks and mesh shape, and into the other of the two: these
+# may change on resume.
 RESHARDABLE = (
     "world_size",
+    "strategy.name",  # fsdp is a preset of mesh: their checkpoints are the same DCP directories
+
     "strategy.replicate",
     "strategy.reshard_after_forward",
     "strategy.cpu_offload",

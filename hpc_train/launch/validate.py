@@ -160,7 +160,8 @@ def check_strategy(cfg: ConfigView, parallel: Parallelism) -> None:
         raise ConfigError(
             "trainer.precision",
             "fp16 needs loss scaling, which the pipeline's schedules (one rank a stage) do not apply.",
-            "use trainer.precision=bf16 (no scaler needed) or strategy.engine=native.",
+            "use trainer.precision=bf16 (no scaler needed)"
+            + (" or strategy.engine=native." if parallel.layout.strategy == "pipelining" else ", or strategy.pp=1."),
         )
     chunks = parallel.split.chunks
     per_rank = cfg.trainer.batch_size // parallel.data_parallel_size
@@ -386,12 +387,12 @@ def check_script(cfg: ConfigView, parallel: Parallelism) -> None:
                 " e.g. hpc-train ... -- train.py ARGS, or -- -m package.module ARGS.",
             )
     launcher = str(cfg.script.launcher)
-    if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp"):
+    if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp", "mesh"):
         raise ConfigError(
             "script.launcher",
             f"script.launcher=torchrun starts one process per GPU of a node, but {parallel.kind.spelling}"
             " lays out one task with all of a node's GPUs for a script that uses them itself.",
-            "use strategy=ddp (or fsdp) with script.launcher=torchrun, or script.launcher=direct.",
+            "use strategy=ddp (or fsdp, mesh) with script.launcher=torchrun, or script.launcher=direct.",
         )
 
 

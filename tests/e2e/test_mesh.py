@@ -148,3 +148,12 @@ def test_more_pipeline_stages_than_blocks_are_refused_at_start_naming_strategy_p
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "`strategy.pp`: Transformer's block list 'layers' has 2 blocks to cut, fewer than 4 stages." in proc.stdout
     assert "Fix: use at most strategy.pp=2" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_an_fsdp_checkpoint_resumes_under_tensor_parallel_equal_to_the_uninterrupted_run(single, tmp_path):
+    """fsdp is a preset of the mesh engine: its DCP checkpoint (2 shards) continues as tp 2, AdamW state included."""
+    run_dir = tmp_path / "run"
+    run([*LLAMA, "trainer.max_steps=2", "trainer.eval=false", "strategy=fsdp", "resources.gpus_per_node=2"], run_dir)
+    run([*TRAIN, *TP, "strategy.dp_shard=1", "resources.gpus_per_node=2"], run_dir)
+    assert read_summary(run_dir)["resumed_from_step"] == 2
+    assert_same_weights(final_weights(run_dir), final_weights(single))

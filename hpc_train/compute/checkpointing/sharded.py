@@ -97,7 +97,8 @@ class ShardedCheckpointer(Checkpointer):
     """Checkpointer whose model and optimizer are saved by every rank, as torch.distributed.checkpoint shards."""
 
     may_change = (
-        " (an fsdp checkpoint lets only resources.nodes, resources.gpus_per_node and strategy.replicate change)"
+        " (a sharded checkpoint lets only the layout change: resources.nodes, resources.gpus_per_node, fsdp's"
+        " strategy.replicate, mesh's dimensions, or fsdp <-> mesh)"
     )
 
     def _shards(self) -> ShardedState:

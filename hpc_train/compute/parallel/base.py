@@ -88,6 +88,7 @@ class Strategy:
     # -- placement --------------------------------------------------------------------
     needs_example = False  # True: wrap() needs an example input batch (time balancing, shape inference)
     supports_compile = True  # trainer.compile wraps the module returned by wrap()
+    compiled_blocks = False  # True once wrap() compiled the model's blocks itself (before sharding them)
 
     @property
     def input_device(self) -> torch.device:

@@ -156,12 +156,14 @@ class MeshStrategy(Strategy):
         return stages[self.at["pp"]], inputs
 
     def _shard(self, model: nn.Module) -> None:
-        """FSDP2 over the data-parallel slice: HSDP's 2-D mesh with replicas, else the shards' 1-D one."""
+        """trainer.compile's blocks, then FSDP2 over the data-parallel slice: HSDP's 2-D mesh with replicas, else the
+        shards' 1-D one."""
+        units = self.shard_units(model)
+        if self.compile_blocks and units:
+            self.compiled_blocks = sharding.compile_units(units)
         if self.dims.data_parallel_size == 1:
             return
-        units, options = self.shard_units(model), self.shard_options()
-        if self.compile_blocks:
-            sharding.compile_units(units)
+        options = self.shard_options()
         sharding.shard(model, units, options)
         self.describe_sharding(len(units), options)
 

@@ -51,13 +51,16 @@ def mixed_precision_policy(precision: str) -> Optional[Any]:
     return MixedPrecisionPolicy(param_dtype=DTYPES[precision], reduce_dtype=torch.float32)
 
 
-def compile_units(units: List[nn.Module]) -> None:
-    """torch.compile each unit in place before it is sharded (its parameter names stay the same), as torchtitan does."""
+def compile_units(units: List[nn.Module]) -> bool:
+    """torch.compile each unit in place before it is sharded (its parameter names stay the same), as torchtitan does;
+    False when this torch cannot (the run goes on uncompiled, with a warning)."""
     try:
         for unit in units:
             unit.compile()
     except Exception as err:  # an nn.Module without .compile (torch < 2.2) or a backend that is missing
         log.warning("trainer.compile is ignored: compiling the model's blocks failed on this torch (%s)", err)
+        return False
+    return True
 
 
 def shard(model: nn.Module, units: List[nn.Module], options: Dict[str, Any]) -> None:

@@ -329,7 +329,7 @@ class Trainer:
         self.model = self.wrapped = self.strategy.wrap(model, example)
         if loop.compile and self.strategy.supports_compile:
             self.model = torch.compile(self.model)
-        elif loop.compile:
+        elif loop.compile and not self.strategy.compiled_blocks:
             log.warning("trainer.compile is ignored for %s: its schedule runs the stage module itself", strategy.name)
 
     def _resume(self) -> None:

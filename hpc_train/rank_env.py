@@ -9,6 +9,8 @@ variables of its own; with no agent they are never set, and always removed: a st
 
 from __future__ import annotations
 
+import re
+
 TORCHRUN_VARIABLES = (
     "RANK",
     "LOCAL_RANK",
@@ -34,3 +36,14 @@ def unset_line() -> str:
     """The batch script's first setup line: the login shell's torchrun variables stay on the login node (a
     ``cluster.setup`` line after it may still export MASTER_ADDR or MASTER_PORT on purpose)."""
     return f"unset {' '.join(TORCHRUN_VARIABLES)} ${{!{AGENT_PREFIX}@}}"
+
+
+PORT_BASE = 20000
+PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
+
+
+def port_for_job(job_id: str) -> int:
+    """A rendezvous port that differs between jobs (array tasks included) sharing a node; a packed allocation's
+    job steps take the ports after its own (hpc_train.pack.scheduler)."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN

@@ -2,15 +2,8 @@
 
 import pytest
 
-from hpc_train.compute.runtime.ranks import (
-    PORT_BASE,
-    PORT_SPAN,
-    describe_tasks,
-    detect_ranks,
-    port_for_job,
-    tasks_per_node,
-    world_mismatch,
-)
+from hpc_train.compute.runtime.ranks import describe_tasks, detect_ranks, tasks_per_node, world_mismatch
+from hpc_train.rank_env import PORT_BASE, PORT_SPAN, port_for_job
 from hpc_train.launch.local import worker_env
 
 # What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).

@@ -74,9 +74,8 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.hostlist import expand_hostlist
 from hpc_train.metrics_log import LOCAL_LAUNCHER_VARIABLE
+from hpc_train.rank_env import port_for_job
 
-PORT_BASE = 20000
-PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
 # How each source reads in a rank's first log line ("ranks from ...").
 SOURCE_WORDS = {
     "torchrun": "torchrun",
@@ -118,12 +117,6 @@ class RankInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def port_for_job(job_id: str) -> int:
-    """A rendezvous port that differs between jobs (array tasks included) sharing a node."""
-    digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
 
 
 def tasks_per_node(notation: str) -> List[int]:

@@ -23,6 +23,7 @@ from hpc_train.compute.entry.train import load_job_spec, train
 from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.requeue import requeue_after_stop
+from hpc_train.pack.records import PACKED_ENV
 from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 
@@ -50,7 +51,10 @@ def run_spec(spec: DictConfig) -> int:
             if requeue_after_stop(stop, Path(spec.job.run_dir), int(spec.trainer.max_requeues)):
                 print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
                 return EXIT_OK
-        print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
+        if os.environ.get(PACKED_ENV):
+            print(f"hpc-train: {stop}; this packed run resumes when its allocation starts again", file=sys.stderr)
+        else:
+            print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit as stop:  # sys.exit() in the user's code: its status must not pass for one of ours
         print(f"hpc-train: the training code called sys.exit({stop.code!r}) before training finished", file=sys.stderr)

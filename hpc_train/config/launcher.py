@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from hpc_train.config.checks import INT64_MAX, flag, one_of, whole
+from hpc_train.config.checks import INT64_MAX, flag, one_of, slurm_time, whole
 from hpc_train.config.rule import R, Rule
 
 
@@ -61,6 +61,38 @@ RULES: Tuple[Rule, ...] = (
         64,
         null="the cluster profile's cluster.array_parallelism, else no throttle",
         doc="A sweep's arrays run at most this many jobs at once (--array=0-N%P); null: the cluster profile's, else no throttle.",
+        default=None,
+    ),
+    R(
+        "launcher.pack.allocations",
+        whole(1, 10_000),
+        2,
+        null="no packing: one job (or array task) per run",
+        doc="Pack a sweep's runs into this many Slurm jobs, each run a job step (srun --exact); null: one job per run.",
+        default=None,
+    ),
+    R(
+        "launcher.pack.nodes",
+        whole(1, 10_000),
+        1,
+        doc="Nodes of each packed allocation (a run may span several of them).",
+        default=1,
+    ),
+    R(
+        "launcher.pack.gpus_per_node",
+        whole(1, 1024),
+        4,
+        null="the cluster profile's cluster.gpus_per_node",
+        doc="GPUs per node of each packed allocation; null: the cluster profile's gpus_per_node.",
+        default=None,
+    ),
+    R(
+        "launcher.pack.time",
+        slurm_time,
+        "04:00:00",
+        null="the cluster profile's cluster.time",
+        fix="set launcher.pack.time=04:00:00 (HH:MM:SS, D-HH:MM:SS) or a number of minutes, or null (the cluster profile's).",
+        doc="Time limit of each packed allocation; null: the cluster profile's cluster.time.",
         default=None,
     ),
 )

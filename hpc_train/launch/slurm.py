@@ -230,7 +230,7 @@ _SCRIPT_KEYS = frozenset(
 _SUBMITIT_DEFAULTS = {"job_name": "submitit", "time": 5, "nodes": 1, "wckey": "submitit"}
 
 
-def _sbatch_flag(key: str, value: Any) -> str:
+def sbatch_flag(key: str, value: Any) -> str:
     key = key.replace("_", "-")
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
@@ -261,7 +261,7 @@ def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
         options["error"] = stderr.replace("%t", "0")
     options["open-mode"] = "append"
     options.update(params.get("additional_parameters") or {})
-    lines = ["#!/bin/bash", "", "# Parameters", *(_sbatch_flag(key, options[key]) for key in sorted(options))]
+    lines = ["#!/bin/bash", "", "# Parameters", *(sbatch_flag(key, options[key]) for key in sorted(options))]
     if params.get("setup") is not None:
         lines += ["", "# setup", *params["setup"]]
     error = [] if params.get("stderr_to_stdout") else ["--error", stderr]

@@ -18,14 +18,21 @@ import time
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
-from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    configure_log,
+    filter_overrides,
+    run_job,
+    setup_globals,
+)
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch import slurm
+from hpc_train.launch import pack, slurm
 from hpc_train.launch.errors import JobFailed
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.objective import read_objective, sweeper_wants_objective
@@ -33,6 +40,7 @@ from hpc_train.launch.plan import make_plan
 from hpc_train.launch.run import follow
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.sweep_limits import check_sweep_fits
+from hpc_train.pack import records
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +140,9 @@ class SweepLauncher(Launcher):
                     err.fix,
                 ) from None
             laid_out.tick()
+        shape = pack.pack_shape(batch[0][2].view) if prepared else None
+        if shape is not None:
+            return self._submit_packed(batch, prepared, shape, sweep_dir, returns, optimising)
         if prepared:
             check_sweep_fits(
                 len(prepared),
@@ -188,6 +199,72 @@ class SweepLauncher(Launcher):
         for i, job in prepared:
             if returns[i] is None:
                 returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[id(job)].job_id)
+        return returns  # type: ignore[return-value]
+
+
+    def _submit_packed(
+        self,
+        batch: List[Tuple[int, Sequence[str], JobConfig]],
+        prepared: List[Tuple[int, slurm.PreparedJob]],
+        shape: pack.PackShape,
+        sweep_dir: Path,
+        returns: List[Optional[JobReturn]],
+        optimising: bool,
+    ) -> List[JobReturn]:
+        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.pack), each run a job step."""
+        view = batch[0][2].view
+        jobs = [job for _, job in prepared]
+        plans = pack.plan_allocations(
+            jobs, shape, sweep_dir, slurm.requeue_signal(view), int(view.launcher.signal_delay_s)
+        )
+        check_sweep_fits(len(plans), {job.params.get("account") for job in jobs}, None)
+        if view.dry_run:
+            for plan, params in plans:
+                print(pack.describe(plan, params, sweep_dir))
+            for job in jobs:
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+            return [_job_return(o, job.run_dir, None) for _, o, job in batch]
+        for i, job in prepared:  # before sbatch: an allocation may start its first step at once
+            write_job_spec(job.spec, job.plan.run_dir)
+            hydra_dir = job.plan.run_dir / ".hydra"
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
+        try:
+            with slurm.Queueing(len(plans)) as queueing:
+                submitted = pack.submit(plans, sweep_dir)
+                queueing.submitted = [(plan, plan) for plan in submitted]
+                ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
+                rows = [
+                    job_table.JobRow(ids[job.plan.run_dir.name], job.plan.run_dir.name, job.label, job.plan.layout.describe())
+                    for job in jobs
+                ]
+                job_table.print_and_append(sweep_dir, rows)
+        except ConfigError:
+            for job in jobs:  # nothing queued: no job spec a later resume would misread
+                (job.plan.run_dir / "job_config.yaml").unlink(missing_ok=True)
+            raise
+        print(
+            f"hpc-train: {len(jobs)} runs packed into {len(submitted)} allocation(s):"
+            f" {', '.join(str(plan.job_id) for plan in submitted)}"
+        )
+        wait = bool(view.launcher.wait)
+        objective = str(view.objective)
+        for i, job in prepared:
+            run_dir, overrides = job.plan.run_dir, batch[i][1]
+            packed = ids[run_dir.name]
+            if not (optimising or wait):
+                returns[i] = _job_return(overrides, run_dir, packed)
+                continue
+            code = pack.follow(sweep_dir, run_dir)
+            if not optimising:
+                returns[i] = _job_return(overrides, run_dir, packed)
+            elif code != 0:
+                returns[i] = _job_return(overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}"))
+            else:
+                try:
+                    returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
+                except JobFailed as err:
+                    returns[i] = _job_return(overrides, run_dir, err)
         return returns  # type: ignore[return-value]
 
 

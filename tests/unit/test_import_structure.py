@@ -81,7 +81,7 @@ LAYERS = (
     ("launch",),
     ("compute",),
     ("strategy_table", "mesh_dims", "logger_table", "fingerprint"),
-    ("config", "jobs"),
+    ("config", "jobs", "pack"),
     ("run_claim", "metrics_log", "hang", "rank_errors", "rank_env", "script_command", "slurm_cli", "slurm_time", "hostlist", "rundir", "conf"),
 )
 COMPUTE_LAYERS = (

@@ -11,13 +11,15 @@ stopped by Slurm. A crash (an exception) is never requeued.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
 from hpc_train import rundir, slurm_cli
-from hpc_train.run_claim import slurm_job_id
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import detect_ranks
+from hpc_train.pack.records import PACKED_ENV
+from hpc_train.run_claim import slurm_job_id
 
 log = logging.getLogger("hpc_train")
 
@@ -65,6 +67,8 @@ def requeue_after_stop(stop: TrainingInterrupted, run_dir: Path, max_requeues: i
     process; other ranks wait for Slurm to stop them. False: not requeued, the caller exits as
     interrupted (the checkpoint is kept either way).
     """
+    if os.environ.get(PACKED_ENV):  # a packed run: its allocation's pool requeues, once every running run is out
+        return False
     if not detect_ranks().is_main:
         wait_to_be_requeued()
         return False

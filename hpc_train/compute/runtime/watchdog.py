@@ -25,6 +25,7 @@ from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.hostlist import expand_hostlist
 from hpc_train.metrics_log import LOCAL_LAUNCHER_VARIABLE
+from hpc_train.pack.records import PACKED_ENV
 from hpc_train.rank_errors import write_record
 
 log = logging.getLogger("hpc_train")
@@ -95,6 +96,8 @@ def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> s
     job = _job_id()
     if job is None:
         text = "not requeued: trainer.requeue_on_hang applies to Slurm jobs (this is a local run)"
+    elif os.environ.get(PACKED_ENV):
+        text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
     elif any(r.get("how") == HANG for r in rundir.read_attempts(run_dir)[:-1] if r.get("event") == "end"):
         text = "not requeued: an earlier attempt of this run ended in a hang already (trainer.requeue_on_hang requeues once)"
     else:

@@ -1,0 +1,258 @@
+"""`python -m hpc_train.pack.scheduler PLAN.json`: a packed allocation's batch script, starting its runs as job steps.
+
+One process on the allocation's batch host. It starts each run of its plan (hpc_train.pack.records) as a job step
+(``srun --exact`` with the run's own nodes, tasks, CPUs and GPUs), as many at once as fit, and the next as soon as a
+step ends: first fit, in the plan's order, by free GPUs and CPUs on each node (a multi-node run takes the first
+nodes with room). Slurm binds each step to its own GPUs (``--gres`` on every step; ``CUDA_VISIBLE_DEVICES`` per step)
+and CPUs (``--exact``); ``--mem=0`` lets a step use the node's memory without holding it from the other steps.
+
+One run failing (its step's exit code, a hang, a killed step) does not stop the others. On the allocation's signal
+(``#SBATCH --signal=B:<sig>@<s>``, to this process only) it sends the signal to every running step (srun passes it to
+its tasks, which checkpoint and exit), starts nothing more, waits for them, and requeues the allocation while runs
+are left and requeues remain. After a restart, runs that ended are skipped and the interrupted ones resume from their
+own checkpoints. A run is not started when the allocation's time left before the signal is shorter than the longest
+run of the sweep that completed so far (the only time known in advance). Exit code: 0 when every run completed,
+1 otherwise. No torch here: the runs' steps import it, not the scheduler.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from hpc_train import rundir, slurm_cli
+from hpc_train.hostlist import expand_hostlist
+from hpc_train.pack import records
+from hpc_train.pack.records import AllocationPlan, PackedRun
+from hpc_train.rank_env import port_for_job
+
+POLL_S = 0.2
+PORTS = 500  # the rendezvous ports a step may take after the allocation's own (port_for_job + 1 + slot)
+_SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
+# A step's exit code -> the run's state (the worker's codes: hpc_train.rundir).
+_ENDINGS = {rundir.EXIT_OK: records.COMPLETED, rundir.EXIT_INTERRUPTED: records.INTERRUPTED}
+
+
+@dataclass
+class Node:
+    name: str
+    gpus: int  # free
+    cpus: int  # free
+
+
+@dataclass
+class Step:
+    run: PackedRun
+    process: subprocess.Popen
+    nodes: List[str]
+    slot: int
+    started: float = field(default_factory=time.time)
+
+
+class Scheduler:
+    def __init__(self, plan: AllocationPlan, sweep_dir: Path, environ: Dict[str, str]) -> None:
+        self.plan, self.sweep_dir, self.environ = plan, sweep_dir, environ
+        self.job_id = environ.get("SLURM_JOB_ID", "0")
+        self.restart = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        hosts = expand_hostlist(environ.get("SLURM_JOB_NODELIST", "localhost"))
+        self.nodes = [Node(host, plan.gpus_per_node, plan.cpus_per_node) for host in hosts]
+        self.running: List[Step] = []
+        self.stopping = False
+        self.end_time = _end_time(self.job_id)
+
+    # -- the pool ----------------------------------------------------------------------
+    def left(self) -> List[PackedRun]:
+        """The plan's runs that have not ended in an earlier attempt (in the plan's order)."""
+        states = {job: state.state for job, state in records.run_states(self.sweep_dir).items()}
+        return [run for run in self.plan.runs if states.get(run.job) not in (records.COMPLETED, records.FAILED)]
+
+    def run(self) -> int:
+        records.append_event(self.sweep_dir, self.plan.index, "began", job_id=self.job_id, restart=self.restart)
+        waiting = self.left()
+        for name, number in _SIGNALS.items():
+            if name == self.plan.signal:
+                signal.signal(number, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        while waiting or self.running:
+            if not self.stopping:
+                waiting = self._start_what_fits(waiting)
+            self._reap()
+            if self.stopping and not self.running:
+                break
+            if not self.running and waiting and not self.stopping:
+                if not any(self._fits_now(run) for run in waiting) and not self._any_time_for(waiting):
+                    break  # nothing left can finish in this allocation: requeue for a fresh one
+            time.sleep(POLL_S)
+        return self._finish(waiting)
+
+    def _start_what_fits(self, waiting: List[PackedRun]) -> List[PackedRun]:
+        still = []
+        for run in waiting:
+            if not self._time_for(run):
+                still.append(run)
+                continue
+            placed = self._place(run)
+            if placed is None:
+                still.append(run)
+                continue
+            self._start(run, placed)
+        return still
+
+    def _fits_now(self, run: PackedRun) -> bool:
+        return self._place(run) is not None and self._time_for(run)
+
+    def _place(self, run: PackedRun) -> Optional[List[Node]]:
+        """The first `run.nodes` nodes with room for the run's share of each (None: it must wait)."""
+        fit = [n for n in self.nodes if n.gpus >= run.gpus_per_node and n.cpus >= run.cpus_per_node]
+        return fit[: run.nodes] if len(fit) >= run.nodes else None
+
+    def _start(self, run: PackedRun, nodes: List[Node]) -> None:
+        for node in nodes:
+            node.gpus -= run.gpus_per_node
+            node.cpus -= run.cpus_per_node
+        slot = min(set(range(PORTS)) - {step.slot for step in self.running})
+        env = {
+            **os.environ,
+            **run.environment,
+            records.PACKED_ENV: f"{self.job_id}:{run.job}",
+            "MASTER_PORT": str(port_for_job(self.job_id) + 1 + slot),
+        }
+        log_dir = Path(run.run_dir) / "slurm"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        command = [*step_command(run, [n.name for n in nodes], log_dir), *run.command]
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)  # the submission's directory, as a job's
+        self.running.append(Step(run, process, [n.name for n in nodes], slot))
+        records.append_event(
+            self.sweep_dir, self.plan.index, "started", run=run.job, hosts=",".join(n.name for n in nodes), pid=process.pid
+        )
+
+    def _reap(self) -> None:
+        for step in list(self.running):
+            code = step.process.poll()
+            if code is None:
+                continue
+            self.running.remove(step)
+            for node in self.nodes:
+                if node.name in step.nodes:
+                    node.gpus += step.run.gpus_per_node
+                    node.cpus += step.run.cpus_per_node
+            state = _ENDINGS.get(code, records.FAILED)
+            records.append_event(
+                self.sweep_dir,
+                self.plan.index,
+                "ended",
+                run=step.run.job,
+                state=state,
+                exit_code=code,
+                seconds=round(time.time() - step.started, 3),
+            )
+
+    # -- time ---------------------------------------------------------------------------
+    def _seconds_left(self) -> Optional[float]:
+        if self.end_time is None:
+            return None
+        return self.end_time - time.time() - self.plan.signal_delay_s
+
+    def _longest_completed(self) -> Optional[float]:
+        longest = None
+        for plan in records.read_plans(self.sweep_dir):
+            for event in records.read_events(self.sweep_dir, plan.index):
+                if event.get("event") == "ended" and event.get("state") == records.COMPLETED and "seconds" in event:
+                    longest = max(longest or 0.0, float(event["seconds"]))
+        return longest
+
+    def _time_for(self, run: PackedRun) -> bool:
+        """Started only if the longest completed run of the sweep would end before the signal (unknown: started)."""
+        left, expected = self._seconds_left(), self._longest_completed()
+        return left is None or expected is None or expected <= left
+
+    def _any_time_for(self, waiting: List[PackedRun]) -> bool:
+        return any(self._time_for(run) for run in waiting)
+
+    # -- the end ---------------------------------------------------------------------------
+    def _on_signal(self, number: int, _frame) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        name = signal.Signals(number).name
+        records.append_event(self.sweep_dir, self.plan.index, "signal", signal=name, running=[s.run.job for s in self.running])
+        for step in self.running:  # srun passes the signal on to the step's tasks: they checkpoint and exit
+            try:
+                step.process.send_signal(number)
+            except ProcessLookupError:
+                pass
+
+    def _finish(self, waiting: List[PackedRun]) -> int:
+        unfinished = [run.job for run in self.left()]
+        if unfinished and (self.stopping or waiting) and self.restart < self.plan.max_requeues:
+            done = slurm_cli.run(["scontrol", "requeue", self.job_id], hold_sigterm=True)
+            records.append_event(
+                self.sweep_dir,
+                self.plan.index,
+                "requeued" if done.returncode == 0 else "requeue_failed",
+                runs=unfinished,
+                said=slurm_cli.said(done) if done.returncode else "",
+            )
+            if done.returncode == 0:
+                return 0
+        failed = [job for job, state in records.run_states(self.sweep_dir).items() if job in {r.job for r in self.plan.runs} and state.state != records.COMPLETED]
+        records.append_event(self.sweep_dir, self.plan.index, "finished", not_completed=failed)
+        print(
+            f"hpc-train: allocation {self.plan.index} (job {self.job_id}) ended: "
+            + (f"{len(failed)} of {len(self.plan.runs)} runs did not complete ({', '.join(failed)})" if failed else f"all {len(self.plan.runs)} runs completed"),
+            flush=True,
+        )
+        return 1 if failed else 0
+
+
+def step_command(run: PackedRun, nodes: List[str], log_dir: Path) -> List[str]:
+    """The srun line of one run's job step: its own nodes, tasks, CPUs and GPUs, nothing more (--exact)."""
+    gpus = ["--gres", f"gpu:{run.gpus_per_node}"] if run.gpus_per_node else ["--gres", "none"]
+    return [
+        "srun",
+        "--exact",
+        "--unbuffered",
+        f"--nodes={run.nodes}",
+        f"--ntasks={run.nodes * run.tasks_per_node}",
+        f"--ntasks-per-node={run.tasks_per_node}",
+        f"--cpus-per-task={run.cpus_per_task}",
+        *gpus,
+        "--mem=0",
+        f"--nodelist={','.join(nodes)}",
+        "--kill-on-bad-exit=1",
+        f"--job-name=run{run.job}",
+        "--output",
+        str(log_dir / "%j_%s_%t_log.out"),
+        "--error",
+        str(log_dir / "%j_%s_%t_log.err"),
+    ]
+
+
+def _end_time(job_id: str) -> Optional[float]:
+    """When Slurm ends this allocation (scontrol's EndTime, local time), as a timestamp; None when unknown."""
+    text = slurm_cli.show_job(job_id).get("EndTime", "")
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m hpc_train.pack.scheduler SWEEP_DIR/.hpc_train/pack/allocation_K.json", file=sys.stderr)
+        return rundir.EXIT_REFUSED
+    path = Path(argv[0]).resolve()
+    sweep_dir = path.parent.parent.parent
+    return Scheduler(records.read_plan(path), sweep_dir, dict(os.environ)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

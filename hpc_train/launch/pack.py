@@ -196,7 +196,7 @@ def describe(plan: AllocationPlan, params: Dict[str, Any], sweep_dir: Path) -> s
     runs = ", ".join(f"#{run.job}" for run in plan.runs)
     return (
         f"# allocation {plan.index}: {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, {plan.minutes} min;"
-        f" {len(plan.runs)} runs ({runs})\n{script}"
+        f" {len(plan.runs)} run{'s' if len(plan.runs) != 1 else ''} ({runs})\n{script}"
     )
 
 

@@ -65,7 +65,7 @@ class Scheduler:
         self.nodes = [Node(host, plan.gpus_per_node, plan.cpus_per_node) for host in hosts]
         self.running: List[Step] = []
         self.stopping = False
-        self.end_time = _end_time(self.job_id)
+        self.end_time: Optional[float] = None  # when Slurm ends the allocation (read at the start of run())
 
     # -- the pool ----------------------------------------------------------------------
     def left(self) -> List[PackedRun]:
@@ -74,6 +74,7 @@ class Scheduler:
         return [run for run in self.plan.runs if states.get(run.job) not in (records.COMPLETED, records.FAILED)]
 
     def run(self) -> int:
+        self.end_time = _end_time(self.job_id)
         records.append_event(self.sweep_dir, self.plan.index, "began", job_id=self.job_id, restart=self.restart)
         waiting = self.left()
         for name, number in _SIGNALS.items():

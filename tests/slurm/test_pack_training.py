@@ -1,0 +1,121 @@
+"""Packed sweeps of hpc_train's own training on the Slurm test cluster: runs as job steps of one allocation train
+exactly as their own jobs do, and an allocation stopped mid-sweep (its time-limit signal, or ``scontrol requeue``)
+skips its finished runs and resumes the interrupted ones from their own checkpoints when it starts again.
+
+References are bit-identical: the same config, the same ranks (gloo, one thread each), the same data order.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from hpc_train.pack import records, status
+from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
+
+pytestmark = pytest.mark.slurm
+
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
+DDP_SIX = [*TINY, "trainer.max_steps=6", "trainer.eval=false", "strategy=ddp", "resources.gpus_per_node=2"]
+SEEDS = "seed=1,2,3,4,5,6"
+# Two quick runs (#0, #1: 2 steps) then two long ones (#2, #3: 40 steps, a checkpoint every 3) in one allocation with
+# room for two runs at a time: the long ones start once the quick ones have finished.
+MIXED = [
+    *TINY,
+    "trainer.epochs=null",
+    "trainer.eval=false",
+    "trainer.checkpoint_every=3",
+    "strategy=single",
+    "trainer.max_steps=2,40",
+    "seed=7,8",
+]
+PACK_ONE = ["launcher.pack.allocations=1", "launcher.pack.gpus_per_node=2"]
+
+
+def sweep(args: List[str], sweep_dir: Path, **env: str) -> None:
+    proc = run_cli(["-m", *SLURM, *args, f"hydra.sweep.dir={sweep_dir}"], None, env=dict(os.environ, **env))
+    assert_ok(proc)
+
+
+def wait_until_all_ended(sweep_dir: Path, count: int, timeout: float) -> Dict[str, records.RunState]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = status.packed_states(sweep_dir)
+        if len(states) == count and all(s.state in records.ENDED_STATES for s in states.values()):
+            return states
+        time.sleep(1)
+    raise AssertionError(f"packed runs did not end within {timeout} s: {status.packed_states(sweep_dir)}")
+
+
+def overlapping(events: List[dict]) -> int:
+    """The most runs that were running at once, from an allocation's events."""
+    running = most = 0
+    for event in events:
+        running += {"started": 1, "ended": -1}.get(event["event"], 0)
+        most = max(most, running)
+    return most
+
+
+def test_six_ddp_runs_packed_in_one_allocation_train_as_their_own_jobs_do(slurm_cluster, tmp_path):
+    packed, own = tmp_path / "packed", tmp_path / "own"
+    sweep([*DDP_SIX, SEEDS, "launcher.pack.allocations=1", "launcher.pack.gpus_per_node=4"], packed)
+    sweep([*DDP_SIX, SEEDS], own)  # one job each (an array)
+    states = wait_until_all_ended(packed, 6, timeout=300)
+    assert {s.state for s in states.values()} == {records.COMPLETED}
+    plans = records.read_plans(packed)
+    assert len(plans) == 1 and {s.job_id for s in states.values()} == {plans[0].job_id}  # one Slurm job ran all six
+    assert overlapping(records.read_events(packed, 0)) == 2  # two 2-GPU runs at a time in 4 GPUs
+    for job in map(str, range(6)):
+        wait_for(lambda: (own / job / "summary.json").exists(), 300, f"run {job} as its own job")
+        mine, theirs = read_summary(packed / job), read_summary(own / job)
+        assert mine["train_loss"] == theirs["train_loss"] and mine["world_size"] == theirs["world_size"] == 2
+        assert_bit_identical(own / job, packed / job)
+
+
+@pytest.fixture(scope="module")
+def mixed_uninterrupted(tmp_path_factory) -> Path:
+    """The same four runs packed and never stopped."""
+    sweep_dir = tmp_path_factory.mktemp("uninterrupted")
+    sweep([*MIXED, *PACK_ONE], sweep_dir)
+    assert {s.state for s in wait_until_all_ended(sweep_dir, 4, 300).values()} == {records.COMPLETED}
+    return sweep_dir
+
+
+def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> str:
+    """Start the mixed sweep slowed down; once the long runs have a checkpoint, run `stop` on the allocation."""
+    sweep([*MIXED, *PACK_ONE], sweep_dir, HPC_TRAIN_STEP_SLEEP="0.3")
+    job_id = str(records.read_plans(sweep_dir)[0].job_id)
+    wait_for(lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"), 240, "the long runs' checkpoints")
+    subprocess.run([*stop, job_id], check=True)
+    return job_id
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [["scancel", "--batch", "--signal=USR2"], ["scontrol", "requeue"]],
+    ids=["time-limit-signal", "scontrol-requeue"],
+)
+def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_others(
+    stop, slurm_cluster, mixed_uninterrupted, tmp_path
+):
+    sweep_dir = tmp_path / "sweep"
+    job_id = _stop_mid_sweep(sweep_dir, stop)
+    states = wait_until_all_ended(sweep_dir, 4, timeout=360)
+    assert {s.state for s in states.values()} == {records.COMPLETED}
+    events = records.read_events(sweep_dir, 0)
+    began = [e for e in events if e["event"] == "began"]
+    assert [e["restart"] for e in began] == [0, 1] and {e["job_id"] for e in began} == {job_id}
+    second = events[events.index(began[1]) :]
+    started_again = {e["run"] for e in second if e["event"] == "started"}
+    assert started_again == {"2", "3"}, "the quick runs had finished: not rerun; the long ones resume"
+    for job in ("2", "3"):
+        summary = read_summary(sweep_dir / job)
+        assert summary["attempts"] == 2 and 3 <= summary["resumed_from_step"] < 40
+        assert_bit_identical(mixed_uninterrupted / job, sweep_dir / job)
+    for job in ("0", "1"):
+        assert read_summary(sweep_dir / job)["attempts"] == 1

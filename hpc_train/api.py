@@ -32,7 +32,9 @@ CLI). What the CLI prints goes to ``<run dir>/hpc-train.out`` (``<sweep dir>/hpc
 
 Local sweeps run in one background ``hpc-train -m`` process, their jobs one after another as
 the CLI runs them; each job's :class:`Job` watches ``<sweep dir>/<n>``. Slurm sweeps return
-once every job is queued, their ids read from ``<sweep dir>/jobs.tsv``.
+once every job is queued, their ids read from ``<sweep dir>/jobs.tsv``; a packed sweep's
+(``launcher.pack``) are packed ids, ``<allocation's job id>:<run>``, whose states come from the
+allocations' own records (hpc_train.pack.status).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
 from hpc_train.jobs.submissions import newest_submission
 from hpc_train.launch.errors import JobFailed
+from hpc_train.pack.records import is_packed_id, split_packed_id
+from hpc_train.pack.status import SharedPackedStates
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -82,7 +86,10 @@ class Job:
 
     ``state()`` speaks Slurm's state names for both: PENDING, RUNNING, COMPLETED, FAILED,
     CANCELLED, TIMEOUT, ... A local job stopped by a signal after its checkpoint is CANCELLED
-    (run the same overrides with the same run dir to resume it).
+    (run the same overrides with the same run dir to resume it). A run of a packed sweep (its id
+    ``<allocation>:<run>``) has its allocation's words: WAITING (in its allocation, not started),
+    RUNNING, COMPLETED, FAILED, INTERRUPTED (its allocation requeued), CANCELLED; it follows its
+    run, into the new allocation of a ``--rerun-failed``.
     """
 
     def __init__(
@@ -97,7 +104,7 @@ class Job:
         started: Optional[float] = None,
         next_run_dir: Optional[Path] = None,
         sweep_index: Optional[int] = None,
-        shared_states: Optional[states.SharedStates] = None,
+        shared_states: Optional[Union[states.SharedStates, SharedPackedStates]] = None,
     ) -> None:
         self.job_id = str(job_id)
         self.run_dir = Path(run_dir)
@@ -110,6 +117,8 @@ class Job:
         self._sweep_index = sweep_index
         self._unknown_since: Optional[float] = None
         self._shared_states = shared_states  # a Slurm sweep's jobs read their states together
+        if shared_states is None and is_packed_id(self.job_id):  # a packed run's state: its sweep's records
+            self._shared_states = SharedPackedStates(self.run_dir.parent)
 
     def __repr__(self) -> str:
         return f"Job(job_id={self.job_id!r}, run_dir={str(self.run_dir)!r}, launcher={self.launcher!r})"
@@ -154,8 +163,15 @@ class Job:
     def cancel(self) -> None:
         """Stop the job: ``scancel`` on Slurm; locally SIGTERM to hpc-train, whose ranks checkpoint and stop.
 
-        The jobs of a local sweep share one process: cancelling one stops the sweep.
+        The jobs of a local sweep share one process: cancelling one stops the sweep. A packed run shares its
+        allocation with other runs: cancelling one raises ValueError (scancel the allocation to stop them all).
         """
+        if self.launcher == "slurm" and is_packed_id(self.job_id):
+            allocation = split_packed_id(self.job_id)[0]
+            raise ValueError(
+                f"job {self.job_id} is a run of packed allocation {allocation}, which runs other runs too: only the"
+                f" whole allocation can be cancelled (scancel {allocation})"
+            )
         if self.launcher == "slurm":
             slurm_cli.run(["scancel", self.job_id])
         elif self._process is not None and self._process.poll() is None:
@@ -339,8 +355,9 @@ def sweep(
         rows = job_table.read(target)[len(known) :]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        run_dirs = {row.job_id: target / row.job for row in rows}
+        run_dirs = {row.job_id: target / row.job for row in rows if not is_packed_id(row.job_id)}
         shared = states.SharedStates(list(run_dirs), run_dirs=run_dirs)
+        packed = SharedPackedStates(target)  # read only when a packed run's state is asked
         return [
             Job(
                 row.job_id,
@@ -349,7 +366,7 @@ def sweep(
                 child.overrides_of(target / row.job, row.overrides.split()),
                 output=output,
                 started=started,
-                shared_states=shared,
+                shared_states=packed if is_packed_id(row.job_id) else shared,
             )
             for row in rows
         ]

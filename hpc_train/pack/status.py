@@ -1,30 +1,121 @@
 """Where a packed sweep's runs stand: the pool's records, with Slurm's word on each allocation.
 
-A run the records show waiting or running while its allocation has ended for good (cancelled, out of time or
-of requeues) is CANCELLED; the report, ``--watch``, the Python API and a waiting login process read states from
-here. An allocation Slurm does not know yet (just submitted) is taken as live.
+Slurm's accounting sees an allocation and its job steps, not runs; the allocation's own records
+(hpc_train.pack.records) say which run waits, runs or ended how. Slurm adds what the records cannot:
+
+* an allocation that ended for good (cancelled, out of time or of requeues; or its scheduler wrote
+  ``finished``) leaves its unfinished runs CANCELLED;
+* an allocation back in the queue (requeued) leaves the runs it was running
+  INTERRUPTED until it starts them again.
+
+An allocation Slurm does not know yet (just submitted) is taken as live. A packed run's id names the
+allocation that was given it; its state is its run's, in whichever allocation has the run now (a rerun's,
+once ``--rerun-failed`` packed it again). The report, ``--watch``, the Python API and a waiting login
+process read states from here, one Slurm call per reading for all allocations at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from hpc_train.jobs import job_states
 from hpc_train.pack import records
 from hpc_train.pack.records import RunState
 
+# Slurm's states of an allocation that is in the queue again after it ran (its steps are gone).
+BACK_IN_QUEUE = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+UNFINISHED = (records.WAITING, records.RUNNING, records.INTERRUPTED)
+
+
+def merged(run: RunState, allocation_state: Optional[str], allocation_over: bool = False) -> RunState:
+    """A run's state from its allocation's records, corrected by Slurm's state of that allocation (None: unknown)
+    and by whether the allocation's scheduler said it finished (`allocation_over`)."""
+    if run.state not in UNFINISHED:
+        return run
+    if allocation_over or allocation_state in job_states.ENDED:
+        return dataclasses.replace(run, state=records.CANCELLED)
+    if run.state == records.RUNNING and allocation_state in BACK_IN_QUEUE:
+        return dataclasses.replace(run, state=records.INTERRUPTED)
+    return run
+
+
+def run_seconds(run: RunState, now: Optional[float] = None) -> Optional[float]:
+    """How long the run has run (so far, while it runs); None before it started."""
+    if run.started is None:
+        return None
+    end = run.ended if run.ended is not None else (time.time() if now is None else now)
+    return max(0.0, end - run.started)
+
+
+@dataclass(frozen=True)
+class PackStatus:
+    """One reading of a packed sweep: each run's state (by its number), Slurm's state of each allocation (by its
+    job id; missing: Slurm does not know it) and each allocation's plan index (by its job id)."""
+
+    runs: Dict[str, RunState]
+    allocations: Dict[str, str]
+    indices: Dict[str, int]
+
+    def of(self, packed: str) -> Optional[RunState]:
+        """The state of the run a packed id names."""
+        return self.runs.get(records.split_packed_id(packed)[1])
+
+
+def _finished(sweep_dir: Path, index: int) -> bool:
+    """Whether the allocation's scheduler ended for good (its last event ``finished``, not a requeue)."""
+    events = records.read_events(sweep_dir, index)
+    return bool(events) and events[-1].get("event") == "finished"
+
+
+def read(sweep_dir: Path) -> PackStatus:
+    """The sweep's packed runs and allocations now (one Slurm call for all allocations)."""
+    plans = records.read_plans(sweep_dir)
+    ids = [str(plan.job_id) for plan in plans if plan.job_id]
+    slurm = job_states.slurm_states(ids) if ids else {}
+    over = {str(plan.job_id) for plan in plans if plan.job_id and _finished(sweep_dir, plan.index)}
+    runs = {
+        job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over)
+        for job, state in records.run_states(sweep_dir).items()
+    }
+    return PackStatus(runs, slurm, {str(plan.job_id): plan.index for plan in plans if plan.job_id})
+
 
 def packed_states(sweep_dir: Path) -> Dict[str, RunState]:
     """Each packed run's state, by its number in the sweep."""
-    ids = [str(plan.job_id) for plan in records.read_plans(sweep_dir) if plan.job_id]
-    slurm = job_states.slurm_states(ids) if ids else {}
-    ended = {job_id: state in job_states.ENDED for job_id, state in slurm.items()}
-    return records.run_states(sweep_dir, ended)
+    return read(sweep_dir).runs
 
 
 def allocation_states(sweep_dir: Path) -> Dict[int, str]:
     """Slurm's state of each allocation, by its index (missing: Slurm does not know it)."""
-    plans = [plan for plan in records.read_plans(sweep_dir) if plan.job_id]
-    slurm = job_states.slurm_states([str(plan.job_id) for plan in plans]) if plans else {}
-    return {plan.index: slurm[str(plan.job_id)] for plan in plans if str(plan.job_id) in slurm}
+    found = read(sweep_dir)
+    return {index: found.allocations[job_id] for job_id, index in found.indices.items() if job_id in found.allocations}
+
+
+class SharedPackedStates:
+    """A packed sweep's run states, read for all its runs at once and kept for `max_age_s`.
+
+    ``hpc_train.sweep`` hands one to every Job of a packed sweep (as job_states.SharedStates to an unpacked
+    one): asking each of 3,000 runs for its state reads the records and asks Slurm once per refresh.
+    """
+
+    def __init__(self, sweep_dir: Path, max_age_s: float = 1.0) -> None:
+        self.sweep_dir = Path(sweep_dir)
+        self.max_age_s = max_age_s
+        self._read_at = -math.inf
+        self._status = PackStatus({}, {}, {})
+
+    def run(self, packed: str) -> Optional[RunState]:
+        if time.monotonic() - self._read_at > self.max_age_s:
+            self._status = read(self.sweep_dir)
+            self._read_at = time.monotonic()
+        return self._status.of(packed)
+
+    def get(self, packed: str) -> Optional[str]:
+        """The state of the run `packed` names (None: no allocation lists it)."""
+        found = self.run(packed)
+        return found.state if found else None

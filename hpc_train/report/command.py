@@ -5,7 +5,8 @@ samples/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss cur
 ``job_config.yaml`` (the layout), ``.hydra/overrides.yaml`` or the sweep's ``jobs.tsv`` (the
 overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``sacct``,
 then ``squeue``; where accounting does not answer, an ended job's run dir says how it ended,
-and the report says so once). The PNG holds a bar chart of throughput per job, coloured by
+and the report says so once). The runs of a packed sweep (``launcher.pack``) show their state from
+their allocation's own records (hpc_train.pack.status) and the Slurm id of the allocation that has them. The PNG holds a bar chart of throughput per job, coloured by
 strategy, and the training-loss curve of every job; it needs matplotlib (``pip install
 'hpc-train[report]'``).
 
@@ -30,7 +31,8 @@ from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
 from hpc_train.jobs.sweep_status import never_running
 from hpc_train.jobs.text_table import format_table
-from hpc_train.report import app_report
+from hpc_train.pack import records, status
+from hpc_train.report import app_report, packed_runs
 from hpc_train.report.rerun import rerun_failed
 from hpc_train.report.watch import REFRESH_S, watch
 
@@ -63,6 +65,8 @@ class JobReport:
     slurm_state: Optional[str] = None  # what Slurm says of the job (sacct/squeue), when it was a Slurm job
     error: Optional[str] = None  # an ended job that did not complete: the first line of why, from its run dir
     state_from_run_dir: bool = False  # accounting did not answer: slurm_state is what the run dir recorded
+    allocation: Optional[str] = None  # a packed run: the Slurm job id of the allocation that has it
+    logs: List[str] = field(default_factory=list)  # a packed run that did not complete: its own logs to read
     loss_curve: List[Tuple[int, float]] = field(default_factory=list)
 
 
@@ -169,8 +173,11 @@ def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
     """Every Slurm job gets Slurm's state; those without a summary show it as their status (PENDING, FAILED, ...).
 
     Where accounting does not answer, an ended job's state is what its run dir recorded (job_states.run_dir_state).
+    A packed run's state is its allocation's records' (apply_packed_states).
     """
-    with_ids = [job for job in jobs if job.slurm_job_id]
+    packed = [job for job in jobs if job.slurm_job_id and records.is_packed_id(job.slurm_job_id)]
+    apply_packed_states(packed)
+    with_ids = [job for job in jobs if job.slurm_job_id and not records.is_packed_id(job.slurm_job_id)]
     states = slurm_job_states(
         (job.slurm_job_id for job in with_ids), {str(job.slurm_job_id): Path(job.run_dir) for job in with_ids}
     )
@@ -190,6 +197,33 @@ def apply_slurm_states(jobs: Sequence[JobReport]) -> None:
             job.error = _why(job, found)
 
 
+def apply_packed_states(jobs: Sequence[JobReport]) -> None:
+    """Each packed run gets its state from its allocation's records (WAITING, RUNNING, COMPLETED, FAILED,
+    INTERRUPTED, CANCELLED), the allocation that has it, and, when it did not complete, why and its own logs."""
+    by_sweep: Dict[Path, List[JobReport]] = {}
+    for job in jobs:
+        by_sweep.setdefault(Path(job.run_dir).parent, []).append(job)
+    for sweep_dir, runs in by_sweep.items():
+        found = status.read(sweep_dir)
+        for job in runs:
+            packed_state(job, found.of(str(job.slurm_job_id)), found.allocations)
+
+
+def packed_state(job: JobReport, run: Optional[records.RunState], allocations: Dict[str, str]) -> None:
+    """One packed run's report from its records' state (None: no allocation lists it) and Slurm's allocations."""
+    job.allocation = str(run.job_id) if run and run.job_id else records.split_packed_id(str(job.slurm_job_id))[0]
+    job.slurm_state = run.state if run else None
+    if job.status == "COMPLETED":
+        return
+    if run is None:
+        job.status = "FAILED" if _failed_locally(Path(job.run_dir)) else "NOT IN QUEUE"
+        return
+    job.status = "NO SUMMARY" if run.state == records.COMPLETED else run.state
+    if run.state in (records.FAILED, records.CANCELLED):
+        job.error = packed_runs.why(Path(job.run_dir), run, allocations.get(job.allocation))
+        job.logs = [str(path) for path in packed_runs.logs(Path(job.run_dir), job.allocation)]
+
+
 def _why(job: JobReport, found: Optional[SlurmState]) -> Optional[str]:
     """The first line of why an ended job did not complete, from its run dir; beside a state Slurm gave, only what
     the run dir recorded (not its NO_RECORD guess)."""
@@ -205,7 +239,12 @@ def failure_lines(jobs: Sequence[JobReport], shown: int = FAILURES_SHOWN) -> Lis
     if not failed:
         return []
     lines = [f"did not complete ({len(failed):,}):"]
-    lines += [f"  #{job.name} {job.slurm_job_id or ''} {job.status}: {job.error}" for job in failed[:shown]]
+    for job in failed[:shown]:
+        if job.allocation:
+            lines.append(f"  #{job.name} (allocation {job.allocation}) {job.status}: {job.error}")
+            lines += [f"      log: {log}" for log in job.logs]
+        else:
+            lines.append(f"  #{job.name} {job.slurm_job_id or ''} {job.status}: {job.error}")
     if len(failed) > shown:
         lines.append(f"  ... and {len(failed) - shown:,} more (--json lists every job's error)")
     return lines
@@ -251,8 +290,9 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
         "attempts",
     ]
     with_ids = any(job.slurm_job_id for job in jobs)
+    packed = any(job.allocation for job in jobs)  # the job column numbers the runs: the allocation's id is enough
     if with_ids:
-        header.insert(1, "slurm id")
+        header.insert(1, "allocation" if packed else "slurm id")
     rows = []
     for job, overrides in zip(jobs, own):
         row = [
@@ -269,7 +309,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
             _fmt(job.attempts, "d"),
         ]
         if with_ids:
-            row.insert(1, job.slurm_job_id or "-")
+            row.insert(1, (job.allocation if packed else None) or job.slurm_job_id or "-")
         rows.append(row)
     return header, rows
 
@@ -444,7 +484,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument(
         "--rerun-failed",
         action="store_true",
-        help="resubmit the jobs of a Slurm sweep whose newest attempt failed or was cancelled, as they were submitted",
+        help=(
+            "resubmit the jobs of a Slurm sweep whose newest attempt failed or was cancelled, as they were submitted"
+            " (a packed sweep's runs: together, in one new allocation of the same shape)"
+        ),
     )
     args = parser.parse_args(argv)
     if args.rerun_failed:

@@ -7,28 +7,42 @@ back through ``Job.submission()``). A rerun finds the jobs whose newest attempt 
 CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY or was otherwise not COMPLETED, submits exactly
 what each ran, with its parameters, again (same job number, same job dir: an hpc-train job
 resumes from its checkpoint), and appends the new attempt to ``jobs.tsv`` (a second row for the
-same job number: every reader takes the newest row of a job). No torch here: a login node runs it.
+same job number: every reader takes the newest row of a job). The failed runs of a packed sweep go again
+together, in one new allocation (hpc_train.report.packed_rerun). No torch here: a login node runs it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from hpc_train import rundir
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
+from hpc_train.pack.records import is_packed_id
+from hpc_train.report.packed_rerun import rerun_packed
 
 
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
+    newest = job_table.newest(sweep_dir)
+    if not newest:
+        return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
+    packed = {number: row for number, row in newest.items() if is_packed_id(row.job_id)}
+    rows = {number: (row.job_id, row.overrides, row.layout) for number, row in newest.items() if number not in packed}
+    count, refusal = _rerun_jobs(sweep_dir, rows) if rows else (0, None)
+    if refusal or not packed:
+        return count, refusal
+    again, refusal = rerun_packed(sweep_dir, packed)
+    return count + again, refusal
+
+
+def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple[int, Optional[str]]:
+    """Resubmit, each as it was, the jobs of `rows` (job number -> job id, overrides, layout) that did not complete."""
     # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
     from hpc_train.launch.slurm import make_executor
 
-    rows = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
-    if not rows:
-        return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
     recorded = submissions(sweep_dir)
     if any(entry.get("local") for entry in recorded.values()):
         return (

@@ -6,7 +6,9 @@ for a local sweep, what its run dirs hold; then, for the
 running jobs only, the last lines of ``metrics.jsonl`` (step, loss, samples/s between the last
 two logged steps), and for the failed ones the failing rank's one-line error and where its log
 is. The ETA is the finished jobs' mean duration times the jobs left, divided by how many run
-at once. Plain text (redrawn in place on a terminal), no torch, no new dependency.
+at once. The runs of a packed sweep (``launcher.pack``) read their states, times and running count from
+their allocations' own records (hpc_train.pack.status), their failures from their own logs. Plain text
+(redrawn in place on a terminal), no torch, no new dependency.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -27,7 +29,8 @@ from hpc_train.cli_child import expand
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
 from hpc_train.jobs.sweep_status import never_running
-from hpc_train.report import app_report
+from hpc_train.pack import records, status
+from hpc_train.report import app_report, packed_runs
 
 REFRESH_S = 5.0
 FAILED_SHOWN = 10  # failed jobs listed with their error (the count covers all of them)
@@ -47,6 +50,8 @@ class WatchedJob:
     samples_per_sec: Optional[float] = None
     error: Optional[str] = None
     log: Optional[Path] = None
+    allocation: Optional[str] = None  # a packed run: the Slurm job id of the allocation that has it
+    more_logs: List[Path] = field(default_factory=list)  # a packed run: its step's stderr, besides `log`
 
 
 @dataclass
@@ -149,6 +154,28 @@ def _failure(job: WatchedJob, sweep_dir: Path) -> None:
         job.error = job.error or said  # what the run dir recorded (no accounting) comes first
 
 
+def packed_jobs(sweep_dir: Path, rows: List[Tuple[str, str]]) -> List[WatchedJob]:
+    """The packed runs of `rows` (packed id, run number) as their allocations' records say, with one Slurm call."""
+    found = status.read(sweep_dir)
+    return [watched_run(sweep_dir, job_id, name, found.of(job_id), found.allocations) for job_id, name in rows]
+
+
+def watched_run(
+    sweep_dir: Path, job_id: str, name: str, run: Optional[records.RunState], allocations: Dict[str, str]
+) -> WatchedJob:
+    """One packed run from its records' state (None: no allocation lists it, yet)."""
+    job = WatchedJob(name, sweep_dir / name, job_id, records.WAITING)
+    job.allocation = str(run.job_id) if run and run.job_id else records.split_packed_id(job_id)[0]
+    if run is None:
+        return job
+    job.state, job.elapsed_s = run.state, status.run_seconds(run)
+    if run.state in (records.FAILED, records.CANCELLED):
+        job.error = packed_runs.why(job.run_dir, run, allocations.get(job.allocation))
+        logs = packed_runs.logs(job.run_dir, job.allocation) or [job.run_dir / rundir.LOGS]
+        job.log, job.more_logs = logs[0], logs[1:]
+    return job
+
+
 def _local_elapsed(run_dir: Path) -> Optional[float]:
     try:
         return (run_dir / rundir.SUMMARY).stat().st_mtime - (run_dir / ".hydra").stat().st_mtime
@@ -174,9 +201,11 @@ def snapshot(sweep_dir: Path) -> Snapshot:
             for r in app_report.rows(sweep_dir)
         ]
     elif rows:
+        packed = [(job_id, name) for job_id, name in rows if records.is_packed_id(job_id)]
+        rows = [(job_id, name) for job_id, name in rows if not records.is_packed_id(job_id)]
         states = slurm_job_states((job_id for job_id, _ in rows), {job_id: sweep_dir / name for job_id, name in rows})
         from_run_dirs = any(found.from_run_dir for found in states.values())
-        jobs = []
+        jobs = packed_jobs(sweep_dir, packed) if packed else []
         for job_id, name in rows:
             job = WatchedJob(name, sweep_dir / name, job_id)
             found = states.get(job_id)
@@ -258,8 +287,9 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
     if failed:
         lines.append(f"failed ({len(failed):,}):")
         for job in failed[:FAILED_SHOWN]:
-            lines.append(f"  #{job.name} {job.slurm_id or ''} {job.state}: {job.error or '(no error recorded)'}")
-            lines.append(f"      log: {job.log}")
+            who = f"(allocation {job.allocation})" if job.allocation else job.slurm_id or ""
+            lines.append(f"  #{job.name} {who} {job.state}: {job.error or '(no error recorded)'}")
+            lines += [f"      log: {log}" for log in [job.log, *job.more_logs]]
         if len(failed) > FAILED_SHOWN:
             lines.append(f"  ... and {len(failed) - FAILED_SHOWN:,} more (hpc-train-report {sweep_dir} lists them)")
     return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""A packed run that did not complete, read from its own run dir: why, in one line, and which logs say more.
+
+A packed run's logs are its own: ``<run>/logs/rank<r>.error.json`` (a rank's failure, its traceback in
+``rank<r>.log``) and its job step's ``<run>/slurm/<allocation>_<step>_<task>_log.err``. The allocation's own
+``<sweep>/.hpc_train/pack/<id>.err`` holds the pool's lines, shared by every run it started: never the place
+to look for one run's failure. ``hpc-train-report`` and ``--watch`` print both. No torch here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+from hpc_train import rundir
+from hpc_train.jobs.job_states import rank_error
+from hpc_train.pack import records
+from hpc_train.pack.records import RunState
+
+
+def step_logs(run_dir: Path, allocation_job_id: Optional[str]) -> List[Path]:
+    """The stderr files of the run's job steps in that allocation, newest first (a requeued allocation's too)."""
+    if not allocation_job_id:
+        return []
+    found = (Path(run_dir) / rundir.SLURM_LOGS).glob(f"{allocation_job_id}_*_log.err")
+    return sorted(found, key=lambda path: (_mtime(path), path.name), reverse=True)
+
+
+def error_records(run_dir: Path) -> List[Path]:
+    return sorted((Path(run_dir) / rundir.LOGS).glob("rank*.error.json"))
+
+
+def logs(run_dir: Path, allocation_job_id: Optional[str]) -> List[Path]:
+    """Where to read why the run failed: its ranks' error records, then its job step's stderr."""
+    return error_records(run_dir) + step_logs(run_dir, allocation_job_id)[:1]
+
+
+def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) -> str:
+    """The first line of why the run did not complete: its first failing rank's error (this attempt's), else its
+    step's stderr, else what the records say (the step's exit code, or its allocation's end)."""
+    error = rank_error(Path(run_dir), run.started or 0.0)[1]
+    if error:
+        return error
+    if run.state == records.CANCELLED:
+        said = f" (Slurm: {allocation_state})" if allocation_state else ""
+        return f"its allocation {run.job_id} ended{said} before it finished"
+    for path in step_logs(run_dir, run.job_id)[:1]:
+        said = _said(path)
+        if said:
+            return said
+    return f"its job step exited with code {run.exit_code}" if run.exit_code is not None else "no error recorded"
+
+
+def _said(path: Path) -> Optional[str]:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return next((line for line in lines if "Error" in line or "error" in line), lines[-1] if lines else None)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

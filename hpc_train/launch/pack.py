@@ -34,6 +34,16 @@ WORKER = ("-u", "-m", "hpc_train.compute.worker")  # what a run's step runs: one
 
 
 @dataclass(frozen=True)
+class PackKeys:
+    """The keys a packed sweep's refusals name: hpc-train's own (the default), or a Hydra app's hydra.launcher.*."""
+
+    pack: str = "launcher.pack"  # the allocations' keys: <pack>.allocations, .nodes, .gpus_per_node, .time
+    run_gpus: str = "resources.gpus_per_node"  # what sets a run's GPUs
+    cpus_per_gpu: str = "cluster.cpus_per_gpu"  # what sets an allocation's CPUs per GPU
+    capacity: capacity.Keys = capacity.Keys()  # the keys of the allocation's capacity check
+
+
+@dataclass(frozen=True)
 class PackShape:
     """What each allocation is: launcher.pack.* completed from the cluster profile."""
 
@@ -67,49 +77,71 @@ def pack_shape(cfg: ConfigView) -> Optional[PackShape]:
 
 def share_out(jobs: Sequence[PreparedJob], shape: PackShape) -> List[List[int]]:
     """Which jobs (indices into `jobs`) each allocation takes: in order, each to the least loaded by GPUs."""
-    count = min(shape.allocations, len(jobs))
-    loads, taken = [0] * count, [[] for _ in range(count)]  # type: List[int], List[List[int]]
-    for i, job in enumerate(jobs):
+    return _share_by_load([job.plan.layout.nodes * job.plan.layout.gpus_per_node for job in jobs], shape.allocations)
+
+
+def share_out_runs(runs: Sequence[PackedRun], shape: PackShape) -> List[List[int]]:
+    """share_out for runs already described as PackedRun (a Hydra app's, which may have no GPU): each run weighs
+    the share of an allocation's node it takes, by GPUs or by CPUs, whichever is larger."""
+    weights = [
+        run.nodes * max(run.gpus_per_node / shape.gpus_per_node, run.cpus_per_node / shape.cpus_per_node)
+        for run in runs
+    ]
+    return _share_by_load(weights, shape.allocations)
+
+
+def _share_by_load(needs: Sequence[float], allocations: int) -> List[List[int]]:
+    count = min(allocations, len(needs))
+    loads, taken = [0.0] * count, [[] for _ in range(count)]  # type: List[float], List[List[int]]
+    for i, need in enumerate(needs):
         k = min(range(count), key=lambda a: (loads[a], a))
         taken[k].append(i)
-        layout = job.plan.layout
-        loads[k] += layout.nodes * layout.gpus_per_node
+        loads[k] += need
     return taken
 
 
 def check_runs_fit(jobs: Sequence[PreparedJob], shape: PackShape) -> None:
     """Every run fits one allocation, and they all agree on what an allocation is; ConfigError naming the key."""
-    first = jobs[0]
-    for job in jobs:
-        layout, number = job.plan.layout, job.plan.run_dir.name
-        where = f"sweep job #{number} ({job.label or 'no overrides'})"
-        if layout.nodes > shape.nodes:
+    check_packed_fit([packed_run(job) for job in jobs], [job.params for job in jobs], shape)
+
+
+def check_packed_fit(
+    runs: Sequence[PackedRun],
+    params: Sequence[Dict[str, Any]],
+    shape: PackShape,
+    keys: PackKeys = PackKeys(),
+    shared: Sequence[str] = SHARED,
+) -> None:
+    """check_runs_fit for runs already described as PackedRun, with their sbatch parameters and the keys to name."""
+    first, first_params = runs[0], params[0]
+    for run, run_params in zip(runs, params):
+        where = f"sweep job #{run.job} ({run.label or 'no overrides'})"
+        if run.nodes > shape.nodes:
             raise ConfigError(
-                "launcher.pack.nodes",
-                f"{where} runs on {layout.nodes} nodes, more than each allocation's {shape.nodes}.",
-                f"set launcher.pack.nodes={layout.nodes} or more, or give that run fewer nodes.",
+                f"{keys.pack}.nodes",
+                f"{where} runs on {run.nodes} nodes, more than each allocation's {shape.nodes}.",
+                f"set {keys.pack}.nodes={run.nodes} or more, or give that run fewer nodes.",
             )
-        if layout.gpus_per_node > shape.gpus_per_node:
+        if run.gpus_per_node > shape.gpus_per_node:
             raise ConfigError(
-                "launcher.pack.gpus_per_node",
-                f"{where} needs {layout.gpus_per_node} GPUs per node, more than each allocation's {shape.gpus_per_node}.",
-                f"set launcher.pack.gpus_per_node={layout.gpus_per_node} or more, or give that run fewer GPUs"
-                " (resources.gpus_per_node).",
+                f"{keys.pack}.gpus_per_node",
+                f"{where} needs {run.gpus_per_node} GPUs per node, more than each allocation's {shape.gpus_per_node}.",
+                f"set {keys.pack}.gpus_per_node={run.gpus_per_node} or more, or give that run fewer GPUs"
+                f" ({keys.run_gpus}).",
             )
-        cpus = layout.tasks_per_node * layout.cpus_per_task
-        if cpus > shape.cpus_per_node:
+        if run.cpus_per_node > shape.cpus_per_node:
             raise ConfigError(
-                "launcher.pack.gpus_per_node",
-                f"{where} needs {cpus} CPUs per node, more than each allocation's {shape.cpus_per_node}"
-                " (cluster.cpus_per_gpu x launcher.pack.gpus_per_node).",
-                "give the allocations more GPUs (and so CPUs): raise launcher.pack.gpus_per_node.",
+                f"{keys.pack}.gpus_per_node",
+                f"{where} needs {run.cpus_per_node} CPUs per node, more than each allocation's {shape.cpus_per_node}"
+                f" ({keys.cpus_per_gpu} x {keys.pack}.gpus_per_node).",
+                f"give the allocations more GPUs (and so CPUs): raise {keys.pack}.gpus_per_node.",
             )
-        for key in SHARED:
-            if job.params.get(key) != first.params.get(key):
+        for key in shared:
+            if run_params.get(key) != first_params.get(key):
                 raise ConfigError(
-                    "launcher.pack.allocations",
-                    f"{where} asks for {key.replace('_', ' ')} {job.params.get(key)!r}, but sweep job"
-                    f" #{first.plan.run_dir.name} for {first.params.get(key)!r}: runs that share an allocation share"
+                    f"{keys.pack}.allocations",
+                    f"{where} asks for {key.replace('_', ' ')} {run_params.get(key)!r}, but sweep job"
+                    f" #{first.job} for {first_params.get(key)!r}: runs that share an allocation share"
                     " its partition, account, QOS, memory and setup lines.",
                     f"sweep the runs that differ in {key.replace('_', ' ')} as separate packed sweeps.",
                 )
@@ -118,13 +150,20 @@ def check_runs_fit(jobs: Sequence[PreparedJob], shape: PackShape) -> None:
 def allocation_params(first: PreparedJob, shape: PackShape, index: int) -> Dict[str, Any]:
     """The allocation's sbatch parameters: the runs' shared ones, its own shape and time, the signal to its batch
     script only (B:), which sends it on to its running steps itself."""
-    params = {key: first.params[key] for key in SHARED if first.params.get(key) is not None}
-    gres = {"gres": f"gpu:{shape.gpus_per_node}"} if "gres" in first.params else {"gpus_per_node": shape.gpus_per_node}
+    return packed_allocation_params(first.params, shape, index)
+
+
+def packed_allocation_params(
+    first: Dict[str, Any], shape: PackShape, index: int, shared: Sequence[str] = SHARED
+) -> Dict[str, Any]:
+    """allocation_params from the first run's sbatch parameters, sharing the keys `shared`."""
+    params = {key: first[key] for key in shared if first.get(key) is not None}
+    gres = {"gres": f"gpu:{shape.gpus_per_node}"} if "gres" in first else {"gpus_per_node": shape.gpus_per_node}
     per_gpu = shape.cpus_per_node // shape.gpus_per_node
     extra = dict(params.pop("additional_parameters", {}) or {})
     extra["signal"] = f"B:{extra.get('signal', 'USR2@120')}"
     params.update(
-        job_name=f"{first.params['job_name']}-pack{index}",
+        job_name=f"{first['job_name']}-pack{index}",
         nodes=shape.nodes,
         ntasks_per_node=shape.gpus_per_node,
         cpus_per_task=per_gpu,
@@ -169,11 +208,33 @@ def plan_allocations(
     jobs: Sequence[PreparedJob], shape: PackShape, sweep_dir: Path, signal: str, signal_delay_s: int
 ) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
     """Each allocation's plan (not yet written) and sbatch parameters."""
-    check_runs_fit(jobs, shape)
-    capacity.check_capacity(allocation_params(jobs[0], shape, 0), shape.time_key)
+    runs = [packed_run(job) for job in jobs]
+    params = [job.params for job in jobs]
+    requeues = [job.max_requeues for job in jobs]
+    return plan_packed(
+        runs, params, requeues, shape, sweep_dir, signal, signal_delay_s, shares=share_out(jobs, shape)
+    )
+
+
+def plan_packed(
+    runs: Sequence[PackedRun],
+    params: Sequence[Dict[str, Any]],
+    max_requeues: Sequence[int],
+    shape: PackShape,
+    sweep_dir: Path,
+    signal: str,
+    signal_delay_s: int,
+    keys: PackKeys = PackKeys(),
+    shared: Sequence[str] = SHARED,
+    shares: Optional[List[List[int]]] = None,
+) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
+    """plan_allocations for runs already described as PackedRun (a Hydra app's: its own step command), each with
+    its sbatch parameters and requeue budget; refusals name `keys`; `shares`: who goes where (default: share_out_runs)."""
+    check_packed_fit(runs, params, shape, keys, shared)
+    capacity.check_capacity(packed_allocation_params(params[0], shape, 0, shared), shape.time_key, keys=keys.capacity)
     start = records.next_index(sweep_dir)
     out = []
-    for k, taken in enumerate(share_out(jobs, shape)):
+    for k, taken in enumerate(share_out_runs(runs, shape) if shares is None else shares):
         index = start + k
         plan = AllocationPlan(
             index=index,
@@ -183,10 +244,10 @@ def plan_allocations(
             minutes=shape.minutes,
             signal=signal,
             signal_delay_s=signal_delay_s,
-            max_requeues=max(jobs[i].max_requeues for i in taken),
-            runs=[packed_run(jobs[i]) for i in taken],
+            max_requeues=max(max_requeues[i] for i in taken),
+            runs=[runs[i] for i in taken],
         )
-        out.append((plan, allocation_params(jobs[taken[0]], shape, index)))
+        out.append((plan, packed_allocation_params(params[taken[0]], shape, index, shared)))
     return out
 
 

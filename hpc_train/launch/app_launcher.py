@@ -12,7 +12,11 @@ state carried to the job), its return value handed back to the sweeper. What it 
   (:func:`hpc_train.launch.slurm.submit_jobs`), with the same job table (``jobs.tsv``);
 * **failed means failed**: a job whose task function raised exits non-zero (``sacct`` says
   FAILED, not COMPLETED), and the launcher counts it as failed; the exception is still handed
-  back to the sweeper as Hydra's launchers do.
+  back to the sweeper as Hydra's launchers do;
+* **packed sweeps**: ``hydra.launcher.pack.allocations=N`` runs the jobs as job steps of N Slurm jobs
+  (hpc_train.launch.pack, as hpc-train's own ``launcher.pack``), each step running the job's pickled task
+  (hpc_train.pack.app_step); their return values come back to the sweeper as from submitit's jobs;
+* **dry run**: ``hydra.launcher.dry_run=true`` prints what would be queued and queues nothing.
 
 Hydra itself refuses to *sweep* a ``hydra.*`` key (``hydra.launcher.gpus_per_node=1,2``: "Sweeping
 over Hydra's configuration is not supported"); set the key from the job's own config instead
@@ -27,6 +31,7 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -43,11 +48,13 @@ from hpc_train import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch import capacity, hydra_internals, slurm
+from hpc_train.launch import capacity, hydra_internals, pack, slurm
 from hpc_train.launch.objective import sweeper_target
-from hpc_train.launch.slurm import cluster_account, cluster_qos
+from hpc_train.launch.slurm import cluster_account, cluster_qos, time_minutes
 from hpc_train.launch.sweep_limits import check_sweep_fits
-from hpc_train.rundir import EXIT_REFUSED
+from hpc_train.pack import app_step, records, status
+from hpc_train.pack.records import PackedRun
+from hpc_train.rundir import EXIT_CTRL_C, EXIT_REFUSED
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +78,19 @@ class AppLocalLauncherConf:
 
 
 @dataclass
+class AppPackConf:
+    """``hydra.launcher.pack.*``: the sweep's jobs as job steps of a few Slurm jobs ("allocations") instead of one
+    job each; the same keys as hpc-train's ``launcher.pack.*``."""
+
+    allocations: Optional[int] = None  # null: one Slurm job (or array task) per job
+    nodes: int = 1  # nodes of each allocation
+    gpus_per_node: Optional[int] = None  # null: the cluster profile's (hydra.launcher.cluster) gpus_per_node
+    time: Any = None  # minutes or a Slurm duration; null: hydra.launcher.timeout_min
+
+
+@dataclass
 class AppLauncherConf(AppLocalLauncherConf):
-    """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster`` and ``wait``."""
+    """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster``, ``wait``, ``pack`` and ``dry_run``."""
 
     _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
     partition: Optional[str] = None
@@ -94,11 +112,13 @@ class AppLauncherConf(AppLocalLauncherConf):
     srun_args: Optional[List[str]] = None
     cluster: Optional[str] = None
     wait: bool = True
+    pack: AppPackConf = field(default_factory=AppPackConf)
+    dry_run: bool = False
 
 
 # launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
 _SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
-_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster"}
+_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster", "pack", "dry_run"}
 _LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
 
 
@@ -193,27 +213,32 @@ class AppTask:
     def __call__(self) -> JobReturn:
         import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
 
+        environment = submitit.JobEnvironment()
+        ret = self.run(environment.job_id)
+        if ret.status == JobStatus.FAILED:  # keep the JobReturn for the sweeper, then fail the job itself
+            path = Path(environment.paths.folder) / RETURN_FILE.format(job_id=environment.job_id)
+            path.write_bytes(cloudpickle.dumps(ret))
+            raise ret._return_value
+        return ret
+
+    def run(self, job_id: str) -> JobReturn:
+        """The task function on the job's own config, as Hydra's run_job runs it, `job_id` as hydra.job.id (a
+        submitit job's, or a packed run's: hpc_train.pack.app_step)."""
         parts = self.shared.read()
         hydra_context, task_function = parts["hydra_context"], parts["task_function"]
         Singleton.set_state(parts["singleton_state"])
         setup_globals()
         sweep_config = hydra_context.config_loader.load_sweep_config(parts["config"], self.overrides)
-        environment = submitit.JobEnvironment()
         with open_dict(sweep_config.hydra.job) as job:
-            job.id = environment.job_id
+            job.id = job_id
             job.num = self.job_num
-        ret = run_job(
+        return run_job(
             hydra_context=hydra_context,
             task_function=task_function,
             config=sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
-        if ret.status == JobStatus.FAILED:  # keep the JobReturn for the sweeper, then fail the job itself
-            path = Path(environment.paths.folder) / RETURN_FILE.format(job_id=environment.job_id)
-            path.write_bytes(cloudpickle.dumps(ret))
-            raise ret._return_value
-        return ret
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         """submitit's preemption/timeout hook: run the same job again (within max_num_timeout)."""
@@ -272,13 +297,26 @@ class AppLauncher(Launcher):
         wait = bool(jobs[0][2].get("wait", True))
         if not wait:
             _check_no_wait(self.config.hydra, sweep_dir)
-        handles = self._submit_local(jobs, sweep_dir) if self.local else self._submit_slurm(jobs, sweep_dir)
+        try:
+            shape = None if self.local else _pack_shape(jobs[0][2])
+        except ConfigError as err:
+            _refuse(sweep_dir, err)
+        handles: Optional[List[Any]]
+        if shape is not None:  # each handle a packed run's id
+            handles = self._submit_packed(jobs, shape, sweep_dir)
+        else:
+            handles = self._submit_local(jobs, sweep_dir) if self.local else self._submit_slurm(jobs, sweep_dir)
+        if handles is None:  # a dry run: nothing was queued
+            return [_completed(overrides, None) for _, overrides, _, _ in jobs]
         if not wait:  # submit and come back: the jobs' ids stand for their results
             print(
                 f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch"
             )
-            return [_queued(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
-        returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
+            return [_completed(overrides, str(_job_id(handle))) for (_, overrides, _, _), handle in zip(jobs, handles)]
+        if shape is not None:
+            returns = _packed_results(sweep_dir, jobs, handles)
+        else:
+            returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
@@ -323,23 +361,17 @@ class AppLauncher(Launcher):
         submissions.record(sweep_dir, entries)
         return handles
 
-    def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
-        """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs."""
+    def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> Optional[List[Any]]:
+        """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs (None: a dry run)."""
         slurm.check_slurm_commands()
         prepared = []
         for num, overrides, launcher, task in jobs:
             label = " ".join(filter_overrides(overrides))
+            params = _job_parameters(num, label, launcher, sweep_dir)
             try:  # before anything is queued: one job that no node can hold stops the sweep
-                # a profile's refusal names hpc-train's keys: reworded
-                params = slurm_parameters(apply_profile(launcher))
-                slurm.check_partition(params, capacity.APP_KEYS.partition)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:
-                err = _in_app_keys(err)
-                _refuse(
-                    sweep_dir,
-                    ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix),
-                )
+                _refuse(sweep_dir, _for_job(num, label, err))
             prepared.append(
                 slurm.PreparedJob(
                     None,
@@ -352,6 +384,10 @@ class AppLauncher(Launcher):
                     folder=Path(str(launcher["submitit_folder"])),
                 )
             )
+        if jobs and jobs[0][2].get("dry_run"):
+            for (num, *_), job in zip(jobs, prepared):
+                print(f"#{num} {job.label}: {_describe(job.params)}")
+            return None
         try:
             check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
@@ -369,6 +405,191 @@ class AppLauncher(Launcher):
         numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
         submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]
+
+    def _submit_packed(self, jobs: List[Any], shape: pack.PackShape, sweep_dir: Path) -> Optional[List[str]]:
+        """hydra.launcher.pack: the jobs shared out among a few allocations (hpc_train.launch.pack), each a job step
+        running its pickled task (hpc_train.pack.app_step) with the layout its own hydra.launcher node gives it;
+        the packed runs' ids (None: a dry run). Everything is checked before anything is queued."""
+        slurm.check_slurm_commands()
+        runs, params, requeues = [], [], []
+        for num, overrides, launcher, _ in jobs:
+            label = " ".join(filter_overrides(overrides))
+            job_params = _job_parameters(num, label, launcher, sweep_dir)
+            extra = dict(job_params.get("additional_parameters") or {})
+            extra.setdefault("signal", f"{PACK_SIGNAL}@{int(launcher.get('signal_delay_s') or 0)}")  # submitit's
+            job_params["additional_parameters"] = extra
+            try:
+                runs.append(_packed_run(num, label, job_params, sweep_dir))
+            except ConfigError as err:
+                _refuse(sweep_dir, _for_job(num, label, err))
+            params.append(job_params)
+            requeues.append(int(launcher.get("max_num_timeout") or 0))
+        first = jobs[0][2]
+        try:
+            plans = pack.plan_packed(
+                runs, params, requeues, shape, sweep_dir, PACK_SIGNAL, int(first.get("signal_delay_s") or 0),
+                APP_PACK_KEYS, APP_PACK_SHARED,
+            )
+            check_sweep_fits(len(plans), {p.get("account") for p in params}, None)
+        except ConfigError as err:
+            err = _in_app_keys(err)
+            _refuse(sweep_dir, ConfigError(err.key, f"{err.problem} Nothing was queued.", err.fix))
+        if first.get("dry_run"):
+            for plan, plan_params in plans:
+                print(pack.describe(plan, plan_params, sweep_dir))
+            for run, job_params in zip(runs, params):
+                print(f"#{run.job} {run.label}: {_describe(job_params)}")
+            return None
+        for (_, _, _, task), run in zip(jobs, runs):  # before sbatch: an allocation may start its first step at once
+            folder = Path(run.run_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / app_step.RETURN_FILE).unlink(missing_ok=True)  # an earlier launch's, in a reused sweep dir
+            rundir.write_bytes_atomic(cloudpickle.dumps(task), folder / app_step.TASK_FILE)
+        try:
+            with slurm.Queueing(len(plans)) as queueing:
+                submitted = pack.submit(plans, sweep_dir)
+                queueing.submitted = [(plan, plan) for plan in submitted]
+                ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
+                rows = [
+                    job_table.JobRow(ids[run.job], run.job, run.label, _describe(job_params))
+                    for run, job_params in zip(runs, params)
+                ]
+                job_table.print_and_append(sweep_dir, rows)
+        except ConfigError as err:  # sbatch's refusal (pack.submit cancelled what it had queued)
+            _refuse(sweep_dir, _in_app_keys(err))
+        except slurm.SubmissionInterrupted as interrupted:
+            print(interrupted, file=sys.stderr, flush=True)
+            raise SystemExit(interrupted.exit_code) from None
+        print(
+            f"hpc-train: {len(runs)} job(s) packed into {len(submitted)} allocation(s):"
+            f" {', '.join(str(plan.job_id) for plan in submitted)}"
+        )
+        return [ids[run.job] for run in runs]
+
+
+PACK_SIGNAL = "USR2"  # submitit's: Slurm sends it signal_delay_s before an allocation's time limit
+# What the runs of one allocation must agree on: hpc-train's list, and the app launcher's other sbatch keys of a job.
+APP_PACK_SHARED = (*pack.SHARED, "exclude", "comment", "mem_per_cpu", "mem_per_gpu")
+APP_PACK_KEYS = pack.PackKeys(
+    pack="hydra.launcher.pack",
+    run_gpus="hydra.launcher.gpus_per_node",
+    cpus_per_gpu="hydra.launcher.cpus_per_gpu",
+    capacity=capacity.Keys(
+        "hydra.launcher.pack.nodes",
+        "hydra.launcher.pack.gpus_per_node",
+        "hydra.launcher.cpus_per_gpu",
+        True,
+        "hydra.launcher.mem_gb",
+        "hydra.launcher.partition",
+    ),
+)
+
+
+def _pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
+    """hydra.launcher.pack.* completed (None: not packed): GPUs per node from the cluster profile when unset, the
+    time from timeout_min, CPUs per GPU from hydra.launcher.cpus_per_gpu, else the profile's, else 1."""
+    settings = launcher.get("pack") or {}
+    if settings.get("allocations") is None:
+        return None
+    for key in ("allocations", "nodes", "gpus_per_node"):
+        if settings.get(key) is not None and int(settings[key]) < 1:
+            raise ConfigError(f"hydra.launcher.pack.{key}", f"{settings[key]} is not a positive count.", f"set hydra.launcher.pack.{key}=1 or more.")
+    profile = cluster_profile(str(launcher["cluster"])) if launcher.get("cluster") else {}
+    gpus = settings.get("gpus_per_node") or profile.get("gpus_per_node")
+    if not gpus:
+        raise ConfigError(
+            "hydra.launcher.pack.gpus_per_node",
+            "no GPU count for the packed allocations: neither hydra.launcher.pack.gpus_per_node nor the cluster"
+            " profile's gpus_per_node (hydra.launcher.cluster) is set.",
+            "set hydra.launcher.pack.gpus_per_node=4 (the GPUs of each allocation's nodes).",
+        )
+    own_time = settings.get("time") is not None
+    time_key = "hydra.launcher.pack.time" if own_time else "hydra.launcher.timeout_min"
+    minutes = time_minutes(settings["time"] if own_time else launcher.get("timeout_min") or 60, time_key)
+    per_gpu = int(launcher.get("cpus_per_gpu") or profile.get("cpus_per_gpu") or 1)
+    return pack.PackShape(
+        int(settings["allocations"]), int(settings.get("nodes") or 1), int(gpus), per_gpu * int(gpus), minutes, time_key
+    )
+
+
+def _packed_run(num: int, label: str, params: Dict[str, Any], sweep_dir: Path) -> PackedRun:
+    """One job as a packed run: the layout its sbatch parameters ask for, its step running its pickled task."""
+    nodes, tasks = int(params.get("nodes") or 1), int(params.get("ntasks_per_node") or 1)
+    if params.get("gpus_per_task") is not None:
+        gpus_per_task = int(params["gpus_per_task"])
+    else:
+        gpus = capacity._requested_gpus(params)  # gpus_per_node or gres, as the capacity check reads them
+        if gpus % tasks:
+            raise ConfigError(
+                "hydra.launcher.gpus_per_node",
+                f"a packed job's tasks each get the same GPUs, and {gpus} GPUs per node do not split among"
+                f" {tasks} tasks per node.",
+                "set hydra.launcher.gpus_per_node to a multiple of hydra.launcher.tasks_per_node"
+                " (or hydra.launcher.gpus_per_task).",
+            )
+        gpus_per_task = gpus // tasks
+    cpus = params.get("cpus_per_task")
+    if cpus is None:
+        cpus = int(params.get("cpus_per_gpu") or 1) * max(1, gpus_per_task)
+    folder = app_step.run_folder(sweep_dir, str(num)).absolute()
+    return PackedRun(
+        job=str(num),
+        run_dir=str(folder),
+        label=label,
+        nodes=nodes,
+        tasks_per_node=tasks,
+        gpus_per_task=gpus_per_task,
+        cpus_per_task=int(cpus),
+        command=[sys.executable, "-u", "-m", app_step.__name__, str(folder)],
+    )
+
+
+def _packed_results(sweep_dir: Path, jobs: List[Any], ids: List[str]) -> List[JobReturn]:
+    """Wait for every packed run of this launch to end; each one's JobReturn (a failed one if it left none)."""
+    numbers = [str(num) for num, *_ in jobs]
+    try:
+        while True:
+            states = status.packed_states(sweep_dir)
+            if all(job in states and states[job].state in records.ENDED_STATES for job in numbers):
+                break
+            time.sleep(pack.FOLLOW_POLL_S)
+    except KeyboardInterrupt:  # the runs are their allocations' now, and go on
+        print(
+            f"hpc-train: stopped waiting; the runs go on in their allocations; follow them with: hpc-train-report"
+            f" {sweep_dir} --watch",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(EXIT_CTRL_C) from None
+    returns = []
+    for job, (_, overrides, _, _), packed in zip(numbers, jobs, ids):
+        path = app_step.run_folder(sweep_dir, job) / app_step.RETURN_FILE
+        if path.exists():
+            returns.append(cloudpickle.loads(path.read_bytes()))
+            continue
+        state = states[job]
+        code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
+        logs = app_step.run_folder(sweep_dir, job) / "slurm"
+        returns.append(
+            _failed(overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result; see {logs}"))
+        )
+    return returns
+
+
+def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
+    """One job's sbatch parameters, its partition checked; a refusal (named in the app's keys) stops the sweep."""
+    try:  # before anything is queued: one bad job stops the sweep; a profile's refusal names hpc-train's keys
+        params = slurm_parameters(apply_profile(launcher))
+        slurm.check_partition(params, capacity.APP_KEYS.partition)
+    except ConfigError as err:
+        _refuse(sweep_dir, _for_job(num, label, err))
+    return params
+
+
+def _for_job(num: int, label: str, err: ConfigError) -> ConfigError:
+    """A job's refusal in the app's keys, saying which job and that nothing was queued."""
+    err = _in_app_keys(err)
+    return ConfigError(err.key, f"sweep job #{num} ({label}): {err.problem} Nothing was queued.", err.fix)
 
 
 SAME_FOR_EVERY_JOB = {"hydra.sweep.dir", "hydra.job.name"}  # what the default keys interpolate
@@ -449,12 +670,26 @@ def _refuse(sweep_dir: Path, error: Exception) -> None:
     raise SystemExit(EXIT_REFUSED)
 
 
-def _queued(handle: Any, overrides: List[str]) -> JobReturn:
-    """A job that was queued, not waited for: COMPLETED as far as the sweep is concerned, its job id as the value."""
+def _job_id(handle: Any) -> str:
+    """A submitit job's id, or a packed run's (its id already)."""
+    return str(handle) if isinstance(handle, str) else str(handle.job_id)
+
+
+def _completed(overrides: List[str], value: Any) -> JobReturn:
+    """A job that was queued and not waited for (its job id as the value), or not queued at all (a dry run: None):
+    COMPLETED as far as the sweep is concerned."""
     ret = JobReturn()
     ret.overrides = overrides
     ret.status = JobStatus.COMPLETED
-    ret._return_value = str(handle.job_id)
+    ret._return_value = value
+    return ret
+
+
+def _failed(overrides: List[str], error: BaseException) -> JobReturn:
+    ret = JobReturn()
+    ret.overrides = overrides
+    ret.status = JobStatus.FAILED
+    ret._return_value = error
     return ret
 
 
@@ -466,8 +701,4 @@ def _result(handle: Any, overrides: List[str]) -> JobReturn:
         path = Path(handle.paths.folder) / RETURN_FILE.format(job_id=handle.job_id)
         if path.exists():
             return cloudpickle.loads(path.read_bytes())
-        ret = JobReturn()
-        ret.overrides = overrides
-        ret.status = JobStatus.FAILED
-        ret._return_value = err
-        return ret
+        return _failed(overrides, err)

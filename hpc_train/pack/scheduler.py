@@ -94,13 +94,12 @@ class Scheduler:
         return self._finish(waiting)
 
     def _start_what_fits(self, waiting: List[PackedRun]) -> List[PackedRun]:
+        """Room first (in memory), then time (reads every allocation's records): a pass over runs that cannot be
+        placed reads no file, so a full allocation's pool neither burns its CPUs nor stats the shared file system."""
         still = []
         for run in waiting:
-            if not self._time_for(run):
-                still.append(run)
-                continue
             placed = self._place(run)
-            if placed is None:
+            if placed is None or not self._time_for(run):
                 still.append(run)
                 continue
             self._start(run, placed)

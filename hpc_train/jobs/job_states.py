@@ -224,6 +224,15 @@ def slurm_job_states(
     return {j: found[j] for j in wanted if j in found}
 
 
+def queue_states(job_ids: Iterable[str]) -> Dict[str, str]:
+    """squeue's word alone on these jobs (the live ones): where sacct's may lag behind, a job that has just started
+    still PENDING in accounting. Missing: squeue does not list the job (ended), or did not answer."""
+    found: Dict[str, str] = {}
+    for batch in _batches(sorted({str(j) for j in job_ids if j})):
+        found.update(_squeue(batch) or {})
+    return found
+
+
 def slurm_states(job_ids: Iterable[str], run_dirs: Optional[Mapping[str, Path]] = None) -> Dict[str, str]:
     """The state name of each job id (see slurm_job_states)."""
     return {job_id: found.state for job_id, found in slurm_job_states(job_ids, run_dirs).items()}

@@ -78,10 +78,12 @@ def read(sweep_dir: Path) -> PackStatus:
     ids = [str(plan.job_id) for plan in plans if plan.job_id]
     slurm = job_states.slurm_states(ids) if ids else {}
     over = {str(plan.job_id) for plan in plans if plan.job_id and _finished(sweep_dir, plan.index)}
-    runs = {
-        job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over)
-        for job, state in records.run_states(sweep_dir).items()
-    }
+    recorded = records.run_states(sweep_dir)
+    # Back in the queue with runs running, says accounting: or it has just started and accounting lags. squeue knows.
+    doubt = {str(s.job_id) for s in recorded.values() if s.state == records.RUNNING and slurm.get(str(s.job_id)) in BACK_IN_QUEUE}
+    if doubt:
+        slurm.update(job_states.queue_states(doubt))
+    runs = {job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()}
     return PackStatus(runs, slurm, {str(plan.job_id): plan.index for plan in plans if plan.job_id})
 
 

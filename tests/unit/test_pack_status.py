@@ -35,7 +35,13 @@ def slurm(monkeypatch):
         said["calls"] += 1
         return {i: said["states"][i] for i in ids if i in said["states"]}
 
+    def queue_states(ids):
+        said["squeue"] += 1
+        return {i: said["queue"][i] for i in ids if i in said["queue"]}
+
+    said.update(queue={}, squeue=0)
     monkeypatch.setattr(job_states, "slurm_states", slurm_states)
+    monkeypatch.setattr(job_states, "queue_states", queue_states)
     return said
 
 
@@ -78,7 +84,7 @@ def test_one_reading_gives_every_run_and_allocation_with_one_slurm_call(tmp_path
     events(tmp_path, 1, {"time": 12, "event": "finished", "not_completed": ["1", "3"]})
     slurm["states"] = {"41": "RUNNING", "42": "RUNNING"}  # 42's scheduler has finished; Slurm has not seen it end yet
     found = status.read(tmp_path)
-    assert slurm["calls"] == 1
+    assert slurm["calls"] == 1 and slurm["squeue"] == 0
     assert {job: state.state for job, state in found.runs.items()} == {
         "0": "COMPLETED", "2": "RUNNING", "4": "WAITING", "1": "FAILED", "3": "CANCELLED"
     }
@@ -107,3 +113,14 @@ def test_the_shared_states_of_a_sweep_ask_once_per_refresh(tmp_path, slurm):
     assert shared.get("41:0") == "WAITING"  # within max_age_s: the reading kept
     stale = status.SharedPackedStates(tmp_path, max_age_s=0)
     assert stale.get("41:0") == "CANCELLED" and slurm["calls"] == 2
+
+
+@pytest.mark.parametrize("squeue, expected", [("RUNNING", "RUNNING"), ("PENDING", "INTERRUPTED"), (None, "INTERRUPTED")])
+def test_a_running_runs_allocation_pending_in_accounting_is_asked_of_squeue(tmp_path, slurm, squeue, expected):
+    """sacct lags behind a job's start (PENDING a moment after the allocation started its runs): squeue says whether
+    it is really back in the queue."""
+    records.write_plan(tmp_path, plan(0, "41", ["0", "1"]))
+    events(tmp_path, 0, {"time": 10, "event": "began"}, {"time": 10, "event": "started", "run": "0"})
+    slurm["states"], slurm["queue"] = {"41": "PENDING"}, ({"41": squeue} if squeue else {})
+    found = status.read(tmp_path)
+    assert (found.runs["0"].state, found.runs["1"].state, slurm["squeue"]) == (expected, "WAITING", 1)

@@ -40,7 +40,8 @@ class PackKeys:
     pack: str = "launcher.pack"  # the allocations' keys: <pack>.allocations, .nodes, .gpus_per_node, .time
     run_gpus: str = "resources.gpus_per_node"  # what sets a run's GPUs
     cpus_per_gpu: str = "cluster.cpus_per_gpu"  # what sets an allocation's CPUs per GPU
-    capacity: capacity.Keys = capacity.Keys()  # the keys of the allocation's capacity check
+    # the keys of the allocation's capacity check: its nodes and GPUs are launcher.pack.*'s, not a run's
+    capacity: capacity.Keys = capacity.Keys(nodes="launcher.pack.nodes", gpus="launcher.pack.gpus_per_node")
 
 
 @dataclass(frozen=True)

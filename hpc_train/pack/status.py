@@ -80,10 +80,16 @@ def read(sweep_dir: Path) -> PackStatus:
     over = {str(plan.job_id) for plan in plans if plan.job_id and _finished(sweep_dir, plan.index)}
     recorded = records.run_states(sweep_dir)
     # Back in the queue with runs running, says accounting: or it has just started and accounting lags. squeue knows.
-    doubt = {str(s.job_id) for s in recorded.values() if s.state == records.RUNNING and slurm.get(str(s.job_id)) in BACK_IN_QUEUE}
+    doubt = {
+        str(run.job_id)
+        for run in recorded.values()
+        if run.state == records.RUNNING and slurm.get(str(run.job_id)) in BACK_IN_QUEUE
+    }
     if doubt:
         slurm.update(job_states.queue_states(doubt))
-    runs = {job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()}
+    runs = {
+        job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()
+    }
     return PackStatus(runs, slurm, {str(plan.job_id): plan.index for plan in plans if plan.job_id})
 
 

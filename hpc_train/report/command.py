@@ -6,9 +6,9 @@ samples/s, train loss, eval accuracy, attempts), ``metrics.jsonl`` (the loss cur
 overrides and Slurm job ids). Jobs without a summary yet show their Slurm state (``sacct``,
 then ``squeue``; where accounting does not answer, an ended job's run dir says how it ended,
 and the report says so once). The runs of a packed sweep (``launcher.pack``) show their state from
-their allocation's own records (hpc_train.pack.status) and the Slurm id of the allocation that has them. The PNG holds a bar chart of throughput per job, coloured by
-strategy, and the training-loss curve of every job; it needs matplotlib (``pip install
-'hpc-train[report]'``).
+their allocation's own records (hpc_train.pack.status) and the Slurm id of the allocation that has
+them. The PNG holds a bar chart of throughput per job, coloured by strategy, and the training-loss
+curve of every job; it needs matplotlib (``pip install 'hpc-train[report]'``).
 
 Login-node safe: no torch import, only small files and two Slurm queries.
 """

@@ -1,5 +1,6 @@
 """Real multi-process training on CPU with gloo: DDP is exact, and the main job learns digits."""
 
+import json
 import re
 
 import pytest
@@ -49,8 +50,10 @@ def test_only_rank_zero_writes_outputs(single_and_ddp):
     run_dir = single_and_ddp["ddp"]
     assert (run_dir / "summary.json").exists() and (run_dir / "model.pt").exists()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    steps = [int(re.search(r'"step": (\d+)', line).group(1)) for line in lines]
-    assert steps == sorted(set(steps)), "one metrics line per logged step: a second writer would duplicate them"
+    for kind in ("train", "checkpoint"):
+        steps = [int(re.search(r'"step": (\d+)', line).group(1)) for line in lines if f'"kind": "{kind}"' in line]
+        assert steps == sorted(set(steps)), f"one {kind} line per step: a second writer would duplicate them"
+    assert any('"kind": "checkpoint"' in line for line in lines)  # the end of training's checkpoint, by rank 0
     assert (run_dir / "logs" / "rank0.log").exists() and (run_dir / "logs" / "rank1.log").exists()
 
 
@@ -73,3 +76,15 @@ def test_main_job_learns_digits(tmp_path):
     assert summary["world_size"] == 2
     assert summary["eval_accuracy"] >= 0.90
     assert str(tmp_path / "main" / "summary.json") in proc.stdout
+
+
+def test_each_checkpoint_logs_what_it_cost_and_the_summary_totals_the_time_training_waited(tmp_path):
+    run_dir = tmp_path / "run"
+    assert_ok(run_cli([*TINY, "strategy=single", "trainer.max_steps=6", "trainer.checkpoint_every=3", "trainer.eval=false"], run_dir))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    saves = [row for row in rows if row["kind"] == "checkpoint"]
+    assert [row["step"] for row in saves] == [3, 6]
+    for row in saves:
+        assert row["async"] is False and row["blocked_s"] == row["total_s"] > 0
+        assert row["bytes"] == (run_dir / "checkpoints" / f"step_{row['step']:09d}.ckpt").stat().st_size
+    assert read_summary(run_dir)["checkpoint_blocked_s"] == pytest.approx(sum(r["blocked_s"] for r in saves), abs=1e-5)

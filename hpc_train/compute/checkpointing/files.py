@@ -278,3 +278,14 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_cpu(v) for v in obj)
     return obj
+
+
+def size_on_disk(path: Path) -> int:
+    """Bytes of a checkpoint file, or of every file of a checkpoint directory (0 when it is gone)."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -24,7 +24,7 @@ import torch
 
 from hpc_train import hang, rundir
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
-from hpc_train.compute.checkpointing.files import save_atomic
+from hpc_train.compute.checkpointing.files import save_atomic, size_on_disk
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
@@ -493,9 +493,20 @@ class Trainer:
             self._flush_owed = False
             self.metrics.flush()
 
+    checkpoint_blocked_s = 0.0  # the time training waited for checkpoints, this attempt (the summary states it)
+
     def _save(self, step: int, why: str) -> None:
+        """Write a checkpoint; its metrics.jsonl row says how long training waited for it and how big it is."""
+        started = time.perf_counter()
         with heartbeat.phase(hang.CHECKPOINT):
-            self.checkpointer.save(step, why)
+            path = self.checkpointer.save(step, why)
+        if path is None:  # this step's checkpoint exists already
+            return
+        blocked = time.perf_counter() - started
+        self.checkpoint_blocked_s += blocked
+        if self.is_main:
+            row = {"kind": "checkpoint", "step": step, "blocked_s": round(blocked, 6), "total_s": round(blocked, 6)}
+            self.metrics.write({**row, "bytes": size_on_disk(path), "async": False, "time": time.time()})
 
     def _marked(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The batches, with this rank's progress marked: waiting for data, then each step's duration."""
@@ -620,6 +631,7 @@ class Trainer:
             **({"tokens_per_sec": meter.rate(self._global_tokens())} if TOKENS in self.strategy.metric_names else {}),
             "timed_steps": meter.samples // int(self.loop.batch_size),
             "resumed_from_step": self.resumed_from_step,
+            "checkpoint_blocked_s": round(self.checkpoint_blocked_s, 6),
             "attempts": self.attempt,
             "torch_version": torch.__version__,
         }

@@ -312,7 +312,7 @@ class AppLauncher(Launcher):
             print(
                 f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch"
             )
-            return [_completed(overrides, str(_job_id(handle))) for (_, overrides, _, _), handle in zip(jobs, handles)]
+            return [_completed(overrides, _job_id(handle)) for (_, overrides, _, _), handle in zip(jobs, handles)]
         if shape is not None:
             returns = _packed_results(sweep_dir, jobs, handles)
         else:

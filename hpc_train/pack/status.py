@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -55,11 +55,13 @@ def run_seconds(run: RunState, now: Optional[float] = None) -> Optional[float]:
 @dataclass(frozen=True)
 class PackStatus:
     """One reading of a packed sweep: each run's state (by its number), Slurm's state of each allocation (by its
-    job id; missing: Slurm does not know it) and each allocation's plan index (by its job id)."""
+    job id; missing: Slurm does not know it), each allocation's plan index (by its job id) and each run's folder (by
+    its number: its run dir, or a Hydra app's run folder, where its step's logs are)."""
 
     runs: Dict[str, RunState]
     allocations: Dict[str, str]
     indices: Dict[str, int]
+    run_dirs: Dict[str, str] = field(default_factory=dict)
 
     def of(self, packed: str) -> Optional[RunState]:
         """The state of the run a packed id names."""
@@ -90,7 +92,8 @@ def read(sweep_dir: Path) -> PackStatus:
     runs = {
         job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()
     }
-    return PackStatus(runs, slurm, {str(plan.job_id): plan.index for plan in plans if plan.job_id})
+    indices = {str(plan.job_id): plan.index for plan in plans if plan.job_id}
+    return PackStatus(runs, slurm, indices, {run.job: run.run_dir for plan in plans for run in plan.runs})
 
 
 def packed_states(sweep_dir: Path) -> Dict[str, RunState]:

@@ -5,7 +5,9 @@ function's return value, which submitit keeps in ``<folder>/<job id>_result.pkl`
 is in ``.hpc_train/submissions.jsonl``). With ``hydra.launcher.wait=false`` this is where the
 results of a sweep are read once it has run. A Slurm job's state is Slurm's; a local job's
 (``hpc_train_local``, its id a process id) is its result file's: COMPLETED or FAILED once written,
-RUNNING while its process lives, FAILED when the process is gone without one (killed). No torch here.
+RUNNING while its process lives, FAILED when the process is gone without one (killed). A packed job's
+(``hydra.launcher.pack``, its id ``<allocation>:<run>``) is its allocation's records' (hpc_train.pack.status),
+its return value the JobReturn its job step left (hpc_train.pack.app_step). No torch here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from hpc_train.jobs.job_states import slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, submissions
 from hpc_train.jobs.sweep_status import alive
 from hpc_train.jobs.text_table import format_table
+from hpc_train.pack import app_step, records, status
+from hpc_train.report import packed_runs
 
 APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
 
@@ -78,9 +82,16 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     table = {number: (row.job_id, row.overrides, row.layout) for number, row in job_table.newest(sweep_dir).items()}
     entries = submissions(sweep_dir)
     local = {job_id for job_id, entry in entries.items() if entry.get("local")}
-    states = slurm_job_states(job_id for job_id, _, _ in table.values() if job_id not in local)
+    packed = {job_id for job_id, _, _ in table.values() if records.is_packed_id(job_id)}
+    states = slurm_job_states(job_id for job_id, _, _ in table.values() if job_id not in local | packed)
+    pool = status.read(sweep_dir) if packed else None
     out = []
     for number, (job_id, overrides, layout) in sorted(table.items(), key=lambda item: int(item[0])):
+        if pool is not None and job_id in packed:
+            state, result, log = packed_row(sweep_dir, number, pool.of(job_id))
+            row = {"job": number, "job_id": job_id, "overrides": overrides, "layout": layout, "state": state}
+            out.append({**row, "result": result, "log": log})
+            continue
         entry = entries.get(job_id)
         ended, result = _result(Path(entry["folder"]), job_id) if entry else (None, None)
         if job_id in local:
@@ -102,6 +113,20 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
             }
         )
     return out
+
+
+def packed_row(sweep_dir: Path, number: str, run: Optional[records.RunState]) -> Tuple[str, Optional[str], Optional[str]]:
+    """(state, result, stderr log) of a packed job: its records' state; the value its JobReturn holds, or its error
+    (why it left none, once it ended without completing)."""
+    folder = app_step.run_folder(sweep_dir, number)
+    logs = packed_runs.step_logs(folder, run.job_id if run else None)
+    log = str(logs[0]) if logs else None
+    state = run.state if run else "UNKNOWN"
+    returned = packed_runs.job_return(folder) if state in records.ENDED_STATES else None
+    if returned is not None:
+        return state, returned[1], log
+    ended = run is not None and state in (records.FAILED, records.CANCELLED)
+    return state, packed_runs.why(folder, run) if ended else None, log
 
 
 def render(sweep_dir: Path, found: List[Dict[str, Any]]) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_table
 from hpc_train.jobs.submissions import record
-from hpc_train.pack import records, status
+from hpc_train.pack import app_step, records, status
 from hpc_train.pack.records import AllocationPlan, PackedRun
 
 RERUN = (records.FAILED, records.CANCELLED)  # a run in any other state has completed, or may still
@@ -98,6 +98,8 @@ def rerun_packed(sweep_dir: Path, rows: Mapping[str, job_table.JobRow]) -> Tuple
         params = params_of_script(script.read_text(), source.index, plan.index)
     except OSError:
         return 0, f"no batch script {script} to take allocation {source.index}'s sbatch parameters from"
+    for run in plan.runs:  # a Hydra app's run: its earlier attempt's JobReturn is not this one's
+        (Path(run.run_dir) / app_step.RETURN_FILE).unlink(missing_ok=True)
     try:
         (submitted,) = pack.submit([(plan, params)], sweep_dir)
     except ConfigError as err:

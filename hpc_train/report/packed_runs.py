@@ -3,17 +3,19 @@
 A packed run's logs are its own: ``<run>/logs/rank<r>.error.json`` (a rank's failure, its traceback in
 ``rank<r>.log``) and its job step's ``<run>/slurm/<allocation>_<step>_<task>_log.err``. The allocation's own
 ``<sweep>/.hpc_train/pack/<id>.err`` holds the pool's lines, shared by every run it started: never the place
-to look for one run's failure. ``hpc-train-report`` and ``--watch`` print both. No torch here.
+to look for one run's failure. ``hpc-train-report`` and ``--watch`` print both. A Hydra app's packed run
+(hpc_train.pack.app_step) says how it ended in the JobReturn its step leaves in its run folder. No torch here.
 """
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from hpc_train import rundir
 from hpc_train.jobs.job_states import rank_error
-from hpc_train.pack import records
+from hpc_train.pack import app_step, records
 from hpc_train.pack.records import RunState
 
 
@@ -40,6 +42,9 @@ def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) ->
     error = rank_error(Path(run_dir), run.started or 0.0)[1]
     if error:
         return error
+    returned = job_return(Path(run_dir))
+    if returned is not None and returned[0] == records.FAILED:
+        return returned[1]
     if run.state == records.CANCELLED:
         said = f" (Slurm: {allocation_state})" if allocation_state else ""
         return f"its allocation {run.job_id} ended{said} before it finished"
@@ -48,6 +53,22 @@ def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) ->
         if said:
             return said
     return f"its job step exited with code {run.exit_code}" if run.exit_code is not None else "no error recorded"
+
+
+def job_return(folder: Path) -> Optional[Tuple[str, str]]:
+    """A Hydra app's packed run: (COMPLETED or FAILED, its return value or its error's last line) from the
+    JobReturn its step left in its run folder; None without one."""
+    try:
+        ret = pickle.loads((Path(folder) / app_step.RETURN_FILE).read_bytes())  # cloudpickle's, which pickle reads
+    except FileNotFoundError:
+        return None
+    except Exception as err:  # noqa: BLE001 - a value of a class this process cannot import
+        return records.FAILED, f"(unreadable: {type(err).__name__})"
+    value = getattr(ret, "_return_value", None)
+    if getattr(getattr(ret, "status", None), "name", "") == "COMPLETED":
+        return records.COMPLETED, repr(value)[:80]
+    lines = [line for line in str(value).splitlines() if line.strip()]
+    return records.FAILED, f"error: {lines[-1].strip() if lines else value}"
 
 
 def _said(path: Path) -> Optional[str]:

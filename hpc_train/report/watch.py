@@ -157,14 +157,18 @@ def _failure(job: WatchedJob, sweep_dir: Path) -> None:
 def packed_jobs(sweep_dir: Path, rows: List[Tuple[str, str]]) -> List[WatchedJob]:
     """The packed runs of `rows` (packed id, run number) as their allocations' records say, with one Slurm call."""
     found = status.read(sweep_dir)
-    return [watched_run(sweep_dir, job_id, name, found.of(job_id), found.allocations) for job_id, name in rows]
+    return [
+        watched_run(Path(found.run_dirs.get(name, sweep_dir / name)), job_id, name, found.of(job_id), found.allocations)
+        for job_id, name in rows
+    ]
 
 
 def watched_run(
-    sweep_dir: Path, job_id: str, name: str, run: Optional[records.RunState], allocations: Dict[str, str]
+    run_dir: Path, job_id: str, name: str, run: Optional[records.RunState], allocations: Dict[str, str]
 ) -> WatchedJob:
-    """One packed run from its records' state (None: no allocation lists it, yet)."""
-    job = WatchedJob(name, sweep_dir / name, job_id, records.WAITING)
+    """One packed run, in its run dir (a Hydra app's: its run folder), from its records' state (None: no
+    allocation lists it, yet)."""
+    job = WatchedJob(name, run_dir, job_id, records.WAITING)
     job.allocation = str(run.job_id) if run and run.job_id else records.split_packed_id(job_id)[0]
     if run is None:
         return job

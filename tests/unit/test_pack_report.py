@@ -78,11 +78,11 @@ def test_an_unpacked_sweeps_table_keeps_its_slurm_ids():
 def test_watch_reads_a_packed_runs_state_times_and_failure_from_its_records(tmp_path):
     run_dir = failed_run(tmp_path)
     allocations = {"8050": "RUNNING"}
-    waiting = watch.watched_run(tmp_path, "8050:4", "4", RunState(records.WAITING, 1, "8050"), allocations)
-    running = watch.watched_run(tmp_path, "8050:3", "3", RunState(records.RUNNING, 1, "8050", None, 0.0), allocations)
-    done = watch.watched_run(tmp_path, "8050:1", "1", RunState(records.COMPLETED, 1, "8050", 0, 10.0, 40.0), allocations)
-    failed = watch.watched_run(tmp_path, "8050:5", "5", RunState(records.FAILED, 1, "8050", 1, 100.0, 130.0), allocations)
-    unlisted = watch.watched_run(tmp_path, "8050:6", "6", None, allocations)
+    waiting = watch.watched_run(tmp_path / "x", "8050:4", "4", RunState(records.WAITING, 1, "8050"), allocations)
+    running = watch.watched_run(tmp_path / "x", "8050:3", "3", RunState(records.RUNNING, 1, "8050", None, 0.0), allocations)
+    done = watch.watched_run(tmp_path / "x", "8050:1", "1", RunState(records.COMPLETED, 1, "8050", 0, 10.0, 40.0), allocations)
+    failed = watch.watched_run(run_dir, "8050:5", "5", RunState(records.FAILED, 1, "8050", 1, 100.0, 130.0), allocations)
+    unlisted = watch.watched_run(tmp_path / "x", "8050:6", "6", None, allocations)
     assert [j.state for j in (waiting, running, done, failed, unlisted)] == ["WAITING", "RUNNING", "COMPLETED", "FAILED", "WAITING"]
     assert (done.elapsed_s, failed.elapsed_s, waiting.elapsed_s) == (30.0, 30.0, None)
     assert failed.allocation == "8050" and failed.error == "ScriptFailed: told to fail"
@@ -96,3 +96,33 @@ def test_watch_reads_a_packed_runs_state_times_and_failure_from_its_records(tmp_
     assert "  #5 (allocation 8050) FAILED: ScriptFailed: told to fail" in text
     assert f"      log: {run_dir / 'slurm/8050_2_0_log.err'}" in text
     assert "8050:3" in text  # the running run, by its packed id
+
+
+def test_a_hydra_apps_packed_job_shows_its_records_state_and_its_job_returns_value(tmp_path):
+    import pickle
+
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from hpc_train.pack import app_step
+    from hpc_train.report import app_report
+
+    def job_return(status, value):
+        ret = JobReturn()
+        ret.status, ret._return_value = status, value
+        return ret
+
+    for number, ret in (("0", job_return(JobStatus.COMPLETED, 21.5)), ("1", job_return(JobStatus.FAILED, RuntimeError("no 12\nnot 12")))):
+        folder = app_step.run_folder(tmp_path, number)
+        folder.mkdir(parents=True)
+        (folder / app_step.RETURN_FILE).write_bytes(pickle.dumps(ret))
+    (app_step.run_folder(tmp_path, "1") / "slurm").mkdir()
+    (app_step.run_folder(tmp_path, "1") / "slurm" / "60_1_0_log.err").write_text("RuntimeError: no 12\n")
+    done = RunState(records.COMPLETED, 0, "60", 0, 1.0, 2.0)
+    assert app_report.packed_row(tmp_path, "0", done) == ("COMPLETED", "21.5", None)
+    failed = RunState(records.FAILED, 0, "60", 1, 1.0, 2.0)
+    log = str(app_step.run_folder(tmp_path, "1") / "slurm" / "60_1_0_log.err")
+    assert app_report.packed_row(tmp_path, "1", failed) == ("FAILED", "error: not 12", log)
+    assert packed_runs.why(app_step.run_folder(tmp_path, "1"), failed) == "error: not 12"  # as --watch says it
+    assert app_report.packed_row(tmp_path, "2", RunState(records.WAITING, 0, "60")) == ("WAITING", None, None)
+    gone = RunState(records.CANCELLED, 0, "60")
+    assert app_report.packed_row(tmp_path, "3", gone) == ("CANCELLED", "its allocation 60 ended before it finished", None)

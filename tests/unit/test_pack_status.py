@@ -90,6 +90,7 @@ def test_one_reading_gives_every_run_and_allocation_with_one_slurm_call(tmp_path
     }
     assert found.allocations == {"41": "RUNNING", "42": "RUNNING"} and found.indices == {"41": 0, "42": 1}
     assert found.of("41:2").state == "RUNNING" and found.of("41:9") is None
+    assert found.run_dirs == {job: f"/sweep/{job}" for job in "02413"}
     assert status.allocation_states(tmp_path) == {0: "RUNNING", 1: "RUNNING"}
 
 

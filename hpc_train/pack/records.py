@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -170,7 +170,6 @@ class RunState:
     started: Optional[float] = None
     ended: Optional[float] = None
     hosts: str = ""
-    gpus: str = ""  # CUDA_VISIBLE_DEVICES as its step's first task saw it (recorded by the run, when it does)
 
 
 def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = None) -> Dict[str, RunState]:
@@ -188,9 +187,7 @@ def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = No
                 continue
             current = listed[job]
             if event["event"] == "started":
-                listed[job] = RunState(
-                    RUNNING, plan.index, plan.job_id, None, event["time"], None, event.get("hosts", ""), event.get("gpus", "")
-                )
+                listed[job] = RunState(RUNNING, plan.index, plan.job_id, None, event["time"], None, event.get("hosts", ""))
             elif event["event"] == "ended":
                 listed[job] = RunState(
                     event["state"],
@@ -200,11 +197,10 @@ def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = No
                     current.started,
                     event["time"],
                     current.hosts,
-                    current.gpus,
                 )
         over = bool((allocation_ended or {}).get(str(plan.job_id)))
         for job, state in listed.items():
             if over and state.state in (WAITING, RUNNING, INTERRUPTED):
-                state = RunState(CANCELLED, state.allocation, state.job_id, state.exit_code, state.started, state.ended, state.hosts, state.gpus)
+                state = replace(state, state=CANCELLED)
             states[job] = state
     return states

@@ -69,9 +69,16 @@ class Scheduler:
 
     # -- the pool ----------------------------------------------------------------------
     def left(self) -> List[PackedRun]:
-        """The plan's runs that have not ended in an earlier attempt (in the plan's order)."""
-        states = {job: state.state for job, state in records.run_states(self.sweep_dir).items()}
-        return [run for run in self.plan.runs if states.get(run.job) not in (records.COMPLETED, records.FAILED)]
+        """The plan's runs that have not ended in an earlier attempt (in the plan's order), and that no newer
+        allocation (a rerun's) has taken over: one run dir is never run by two allocations at once."""
+        states = records.run_states(self.sweep_dir)
+        return [
+            run
+            for run in self.plan.runs
+            if run.job in states
+            and states[run.job].allocation == self.plan.index
+            and states[run.job].state not in (records.COMPLETED, records.FAILED)
+        ]
 
     def run(self) -> int:
         self.end_time = _end_time(self.job_id)

@@ -78,3 +78,12 @@ def test_states_come_from_the_newest_allocation_listing_a_run_and_an_ended_alloc
         "1": ("WAITING", "200"),
         "2": ("WAITING", "200"),
     }
+
+
+def test_an_allocation_restarting_leaves_runs_a_newer_allocation_took_over(tmp_path):
+    old = plan([run("0"), run("1")], index=0, job_id="100")
+    records.write_plan(tmp_path, old)
+    records.append_event(tmp_path, 0, "ended", run="0", state=records.FAILED, exit_code=1, seconds=1.0)
+    assert [r.job for r in scheduler(tmp_path, old).left()] == ["1"]
+    records.write_plan(tmp_path, plan([run("0"), run("1")], index=1, job_id="200"))  # a rerun took both over
+    assert scheduler(tmp_path, old).left() == []

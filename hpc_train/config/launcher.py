@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from hpc_train.config.checks import INT64_MAX, flag, one_of, slurm_time, whole
+from hpc_train.config.checks import INT64_MAX, Problem, flag, one_of, show, slurm_time, whole
 from hpc_train.config.rule import R, Rule
+
+PACK_KEYS = ("allocations", "nodes", "gpus_per_node", "time")  # launcher.pack's keys
+
+
+def pack_node(value: Any) -> Problem:
+    """launcher.pack: a mapping of PACK_KEYS (each key checked by its own rule)."""
+    if not hasattr(value, "items"):
+        return f"must be a mapping of {', '.join(PACK_KEYS)}, got {show(value)}"
+    unknown = [str(k) for k in value if k not in PACK_KEYS]
+    return f"has no key {unknown[0]!r} (it has {', '.join(PACK_KEYS)})" if unknown else None
+
+
+pack_node.what = f"mapping of {', '.join(PACK_KEYS)}"  # type: ignore[attr-defined]
 
 
 def signal_name(value: Any) -> str:
@@ -62,6 +75,15 @@ RULES: Tuple[Rule, ...] = (
         null="the cluster profile's cluster.array_parallelism, else no throttle",
         doc="A sweep's arrays run at most this many jobs at once (--array=0-N%P); null: the cluster profile's, else no throttle.",
         default=None,
+    ),
+    R(
+        "launcher.pack",
+        pack_node,
+        "{allocations: 2, gpus_per_node: 4}",
+        fix="set launcher.pack.allocations=N (and launcher.pack.nodes, gpus_per_node, time), or leave launcher.pack out.",
+        doc="How a sweep's runs are packed into a few allocations (the keys below); launcher=slurm's.",
+        left_out="the launchers other than slurm do not pack",
+        mapping=True,
     ),
     R(
         "launcher.pack.allocations",

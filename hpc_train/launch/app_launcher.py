@@ -446,15 +446,8 @@ class AppLauncher(Launcher):
             (folder / app_step.RETURN_FILE).unlink(missing_ok=True)  # an earlier launch's, in a reused sweep dir
             rundir.write_bytes_atomic(cloudpickle.dumps(task), folder / app_step.TASK_FILE)
         try:
-            with slurm.Queueing(len(plans)) as queueing:
-                submitted = pack.submit(plans, sweep_dir)
-                queueing.submitted = [(plan, plan) for plan in submitted]
-                ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
-                rows = [
-                    job_table.JobRow(ids[run.job], run.job, run.label, _describe(job_params))
-                    for run, job_params in zip(runs, params)
-                ]
-                job_table.print_and_append(sweep_dir, rows)
+            rows = [(run.job, run.label, _describe(job_params)) for run, job_params in zip(runs, params)]
+            submitted, ids = pack.queue(plans, sweep_dir, rows)
         except ConfigError as err:  # sbatch's refusal (pack.submit cancelled what it had queued)
             _refuse(sweep_dir, _in_app_keys(err))
         except slurm.SubmissionInterrupted as interrupted:

@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hpc_train import rundir, slurm_cli
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
-from hpc_train.launch import capacity
+from hpc_train.jobs import job_table
+from hpc_train.launch import capacity, slurm
 from hpc_train.launch.errors import StoppedWaiting
 from hpc_train.launch.run import report_summary
 from hpc_train.launch.slurm import PreparedJob, refusal_error, sbatch_flag, time_minutes
@@ -307,3 +308,17 @@ def follow(sweep_dir: Path, run_dir: Path) -> int:
         code = rundir.EXIT_FAILED
     report_summary(run_dir, code)
     return code
+
+
+def queue(
+    plans: List[Tuple[AllocationPlan, Dict[str, Any]]], sweep_dir: Path, rows: Sequence[Tuple[str, str, str]]
+) -> Tuple[List[AllocationPlan], Dict[str, str]]:
+    """Submit the allocations and list their runs in jobs.tsv, `rows` being each run's (number, overrides, layout);
+    Ctrl-C meanwhile cancels them all (hpc_train.launch.slurm.Queueing). The plans submitted, and each run's
+    packed id by its number."""
+    with slurm.Queueing(len(plans)) as queueing:
+        submitted = submit(plans, sweep_dir)
+        queueing.submitted = [(plan, plan) for plan in submitted]
+        ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
+        job_table.print_and_append(sweep_dir, [job_table.JobRow(ids[job], job, label, layout) for job, label, layout in rows])
+    return submitted, ids

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional

@@ -40,7 +40,6 @@ from hpc_train.launch.plan import make_plan
 from hpc_train.launch.run import follow
 from hpc_train.launch.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.sweep_limits import check_sweep_fits
-from hpc_train.pack import records
 
 log = logging.getLogger(__name__)
 
@@ -230,15 +229,8 @@ class SweepLauncher(Launcher):
             hydra_dir.mkdir(parents=True, exist_ok=True)
             write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
         try:
-            with slurm.Queueing(len(plans)) as queueing:
-                submitted = pack.submit(plans, sweep_dir)
-                queueing.submitted = [(plan, plan) for plan in submitted]
-                ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
-                rows = [
-                    job_table.JobRow(ids[job.plan.run_dir.name], job.plan.run_dir.name, job.label, job.plan.layout.describe())
-                    for job in jobs
-                ]
-                job_table.print_and_append(sweep_dir, rows)
+            rows = [(job.plan.run_dir.name, job.label, job.plan.layout.describe()) for job in jobs]
+            submitted, ids = pack.queue(plans, sweep_dir, rows)
         except ConfigError:
             for job in jobs:  # nothing queued: no job spec a later resume would misread
                 (job.plan.run_dir / "job_config.yaml").unlink(missing_ok=True)

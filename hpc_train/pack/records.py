@@ -5,7 +5,8 @@ Written in ``<sweep dir>/.hpc_train/pack/``:
 * ``allocation_<k>.json`` (the login node, at submission): the allocation's shape and its runs, each with its
   layout and the command its job step runs; ``job_id`` is filled in once sbatch answered;
 * ``allocation_<k>.events.jsonl`` (the allocation's scheduler, on its batch host, append-only): one line per
-  event of a run (``started``, ``ended``) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``).
+  event of a run (``started``, ``ended``) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``;
+  ``terminated`` when Slurm's SIGTERM ended it: Slurm's state of the job then says whether it comes back).
 
 Only the scheduler of allocation k writes its events file, so no two writers share a file. The report, ``--watch``,
 the Python API and a waiting sweeper read a run's state from here (Slurm's accounting sees steps, not runs). A

@@ -188,6 +188,7 @@ class Scheduler:
         if self.stopping:
             return
         self.stopping = True
+        self.terminated = number == signal.SIGTERM
         name = signal.Signals(number).name
         records.append_event(self.sweep_dir, self.plan.index, "signal", signal=name, running=[s.run.job for s in self.running])
         for step in self.running:  # srun passes the signal on to the step's tasks: they checkpoint and exit
@@ -196,8 +197,13 @@ class Scheduler:
             except ProcessLookupError:
                 pass
 
+    terminated = False  # Slurm's SIGTERM (scancel, scontrol requeue, the time limit): Slurm decides what comes next
+
     def _finish(self, waiting: List[PackedRun]) -> int:
         unfinished = [run.job for run in self.left()]
+        if self.terminated:  # requeued by someone else, cancelled or out of time: Slurm's state of the job tells which
+            records.append_event(self.sweep_dir, self.plan.index, "terminated", runs=unfinished)
+            return 1 if unfinished else 0
         if unfinished and (self.stopping or waiting) and self.restart < self.plan.max_requeues:
             done = slurm_cli.run(["scontrol", "requeue", self.job_id], hold_sigterm=True)
             records.append_event(
@@ -209,11 +215,16 @@ class Scheduler:
             )
             if done.returncode == 0:
                 return 0
-        failed = [job for job, state in records.run_states(self.sweep_dir).items() if job in {r.job for r in self.plan.runs} and state.state != records.COMPLETED]
+        mine = {run.job for run in self.plan.runs}
+        failed = [job for job, state in records.run_states(self.sweep_dir).items() if job in mine and state.state != records.COMPLETED]
         records.append_event(self.sweep_dir, self.plan.index, "finished", not_completed=failed)
         print(
             f"hpc-train: allocation {self.plan.index} (job {self.job_id}) ended: "
-            + (f"{len(failed)} of {len(self.plan.runs)} runs did not complete ({', '.join(failed)})" if failed else f"all {len(self.plan.runs)} runs completed"),
+            + (
+                f"{len(failed)} of {len(self.plan.runs)} runs did not complete ({', '.join(failed)})"
+                if failed
+                else f"all {len(self.plan.runs)} runs completed"
+            ),
             flush=True,
         )
         return 1 if failed else 0

@@ -31,8 +31,10 @@ pytestmark = pytest.mark.slurm
 
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=single", "resources.gpus_per_node=1"]
 # Job 1 fails after 5 steps (HPC_TRAIN_FAIL_AT); job 2 would train for minutes: it is cancelled once it has a step.
+# The fault is every job's (one environment for the sweep): job 2 is cancelled as soon as it has a step, and a step
+# of 1 s leaves the cancel 4 s to land before job 2's own step 5, on a loaded machine too.
 NATIVE = [*TINY, "trainer.max_steps=4,6,400", "trainer.log_every=1", "trainer.eval=false"]
-NATIVE_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.3"}
+NATIVE_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "1.0"}
 SCRIPT = ["+script.overrides.end=complete,fail,wait", "--", "tests/support/scripts/ends_as_told.py"]
 ENDS = ["COMPLETED", "FAILED", "CANCELLED"]
 
@@ -96,8 +98,9 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
         subprocess.run(["scancel", *held_ids], check=True)  # never started: leaves nothing in its run dir
         metrics = native / "2" / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"train"' in metrics.read_text(), 90, "a step of native job 2")
+        subprocess.run(["scancel", native_ids[2]], check=True)  # at once: it would fail at its step 5 (the fault)
         wait_for(lambda: (script / "2" / "started").exists(), 90, "script job 2 to start")
-        subprocess.run(["scancel", native_ids[2], script_ids[2]], check=True)
+        subprocess.run(["scancel", script_ids[2]], check=True)
         wait_for(lambda: not queued(everyone), 90, "every job to leave squeue")
         out, _ = watch.communicate(timeout=30)  # --watch ends once every job has ended
     finally:

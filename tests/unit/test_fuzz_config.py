@@ -292,7 +292,8 @@ SBATCH_OPTIONS = st.dictionaries(
 # a user's own _target_ (its package findable, as the login side checks) and arguments the shipped node does not have
 TARGET = st.builds(lambda target, args: {"_target_": target, **args}, st.from_regex(r"hpc_train\.fuzzed\.[a-z]{1,6}", fullmatch=True), st.dictionaries(st.from_regex(r"arg_[a-z]{1,4}", fullmatch=True), st.one_of(st.integers(1, 99), st.booleans()), max_size=2))
 TRACKER_FLAGS = st.dictionaries(st.sampled_from(["tensorboard", "wandb"]), st.booleans(), min_size=1)  # mlflow needs a tracking URI
-MAPPING_VALUES = {"cluster.extra": SBATCH_OPTIONS, "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3), "logger.trackers": TRACKER_FLAGS}
+PACK = st.fixed_dictionaries({"allocations": st.integers(1, 8)}, optional={"nodes": st.integers(1, 2), "gpus_per_node": st.integers(1, 4)})
+MAPPING_VALUES = {"cluster.extra": SBATCH_OPTIONS, "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3), "logger.trackers": TRACKER_FLAGS, "launcher.pack": PACK}
 
 
 def _mapping_cases(targets) -> List[Tuple[Tuple[str, ...], str]]:

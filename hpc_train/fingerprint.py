@@ -38,11 +38,12 @@ RESHARDABLE = (
 )
 
 
-def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False) -> Dict[str, Any]:
+def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False, any_world: bool = False) -> Dict[str, Any]:
     """Flattened ``key -> value`` of the settings that must match; `spec` is the job spec (a plain dict).
 
     `sharded`: a torch.distributed.checkpoint of fsdp, which any layout can load, so the layout
-    keys (RESHARDABLE) are left out.
+    keys (RESHARDABLE) are left out. `any_world`: a replicated strategy's checkpoint (ddp's: one replica's state),
+    which any number of ranks can load, so the world size is left out.
     """
     flat: Dict[str, Any] = {}
 
@@ -68,6 +69,8 @@ def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False)
         flat["trainer.ema_decay"] = float(trainer["ema_decay"])
     flat["seed"] = int(spec["seed"])
     flat["world_size"] = int(world_size)
+    if any_world:
+        flat.pop("world_size", None)
     for key in RESHARDABLE if sharded else ():
         for name in [name for name in flat if name == key or name.startswith(f"{key}.")]:
             del flat[name]
@@ -82,6 +85,8 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> List[st
     """
     lines = []
     for key in sorted(set(saved) | set(current)):
+        if key not in current and key.split(".")[:2] in [k.split(".") for k in RESHARDABLE]:
+            continue  # a layout key this run leaves out on purpose (ddp's world_size, a sharded run's dimensions)
         unset = DEFAULTS.get(key, "<unset>")
         old, new = saved.get(key, unset), current.get(key, unset)
         if old != new:

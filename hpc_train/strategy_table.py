@@ -43,6 +43,7 @@ class StrategyKind:
     )
     multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
     one_process: bool = False  # one process drives the node's GPUs: a script job sees what `python script.py` sees
+    any_world: bool = False  # its single-file checkpoint (one replica's state) resumes at any number of ranks
 
 
 _ONE_NODE = (
@@ -58,7 +59,7 @@ KINDS = {
             "single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP, one_process=True
         ),
         StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP, one_process=True),
-        StrategyKind("ddp", "strategy=ddp", True, True, False),
+        StrategyKind("ddp", "strategy=ddp", True, True, False, any_world=True),
         StrategyKind("fsdp", "strategy=fsdp", True, True, False, sharded=True),
         StrategyKind(
             "model_parallel",

@@ -434,8 +434,9 @@ def check_resume_compatible(spec: dict, run_dir: Path) -> None:
     saved = read_header_fingerprint(target)
     if saved is None:
         return  # unreadable here: the ranks verify it and fall back to an older one
-    sharded = KINDS[str(spec["job"]["layout"]["strategy"])].sharded
-    changed = differences(saved, fingerprint(spec, int(spec["job"]["layout"]["world_size"]), sharded=sharded))
+    kind = KINDS[str(spec["job"]["layout"]["strategy"])]
+    world = int(spec["job"]["layout"]["world_size"])
+    changed = differences(saved, fingerprint(spec, world, sharded=kind.sharded, any_world=kind.any_world))
     if changed:
         raise ConfigError(
             "resume",

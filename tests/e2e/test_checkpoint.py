@@ -23,6 +23,7 @@ from tests.support.cli import (
     assert_bit_identical,
     assert_ok,
     checkpoint_steps,
+    final_weights,
     kill9_after_checkpoints,
     kill_group,
     read_summary,
@@ -370,3 +371,17 @@ def test_ddp_over_four_ranks_resumes_bit_identical(tmp_path):
     assert_ok(run_cli(args, run_dir))
     assert read_summary(run_dir)["resumed_from_step"] == killed_at
     assert_bit_identical(reference, run_dir)
+
+
+def test_a_ddp_checkpoint_resumes_on_fewer_ranks_equal_to_the_uninterrupted_run(tmp_path):
+    """ddp's checkpoint is one replica's state: 2 ranks' step-3 checkpoint continues on 1 rank over the same global
+    batch (the per-rank batch doubles) and ends where the 2-rank run ends, within 1e-4 (the sums round differently)."""
+    base = [*TINY, "trainer.epochs=null", "trainer.eval=false", "strategy=ddp", "trainer.checkpoint_every=3"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert_ok(run_cli([*base, "trainer.max_steps=6", "resources.gpus_per_node=2"], whole))
+    assert_ok(run_cli([*base, "trainer.max_steps=3", "resources.gpus_per_node=2"], split))
+    assert_ok(run_cli([*base, "trainer.max_steps=6", "resources.gpus_per_node=1"], split))
+    summary = read_summary(split)
+    assert summary["resumed_from_step"] == 3 and summary["world_size"] == 1
+    a, b = final_weights(whole), final_weights(split)
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-4

@@ -199,9 +199,21 @@ class Checkpointer:
                 holder.load_state_dict(shard[name])
         for name, holder in self.shared.items():
             holder.load_state_dict(payload[name])
-        own = (payload.get("per_rank") or [{}] * self.ranks.world_size)[self.ranks.rank]
+        saved_world, rank = int(payload.get("world_size", self.ranks.world_size)), self.ranks.rank
+        if saved_world != self.ranks.world_size:  # ddp's one replica, resumed at another number of ranks
+            self.resharded_from = saved_world
+            if self.ranks.is_main:
+                log.warning(
+                    "checkpoint written by %d ranks, resumed by %d: the weights, optimizer state and data position carry"
+                    " over; per-rank random streams restart for ranks that did not exist",
+                    saved_world,
+                    self.ranks.world_size,
+                )
+        per_rank = payload.get("per_rank") or []
+        own = per_rank[rank] if rank < len(per_rank) and not self.resharded_from else {}
         for name, holder in self.per_rank.items():
             if name in own:
                 holder.load_state_dict(own[name])
-        restore_rng(payload["rng"][self.ranks.rank])
+        if rank < len(payload["rng"]):
+            restore_rng(payload["rng"][rank])
         self.last_saved_step = int(payload["state"]["global_step"])

@@ -42,6 +42,7 @@ from hpc_train.compute.training.settings import TrainingSettings
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.compute.user.step import build_step
 from hpc_train.fingerprint import fingerprint
+from hpc_train.strategy_table import KINDS
 from hpc_train.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")
@@ -168,7 +169,12 @@ class Trainer:
         self.checkpointer = checkpointer(
             run_dir,
             ranks,
-            fingerprint(settings.job_spec, ranks.world_size, self.strategy.sharded_checkpoints),
+            fingerprint(
+                settings.job_spec,
+                ranks.world_size,
+                self.strategy.sharded_checkpoints,
+                any_world=KINDS[settings.job.layout.strategy].any_world,
+            ),
             sharded={
                 "model": self.strategy.unwrap(self.wrapped),
                 "optimizer": self.optimizer,

@@ -187,6 +187,30 @@ class Checkpointer:
                 " shared file system?"
             )
 
+    def _restore_rank_parts(self, payload: Dict[str, Any], path_name: str) -> None:
+        """This rank's own part of `payload` (its per-rank holders, its RNG states) and the resume position; at
+        another world size (a sharded checkpoint, or ddp's one replica) the ranks that did not exist keep fresh
+        streams, and a stream's read position gives way to re-reading and skipping."""
+        saved_world, rank = int(payload.get("world_size", self.ranks.world_size)), self.ranks.rank
+        if saved_world != self.ranks.world_size:
+            self.resharded_from = saved_world
+            if self.ranks.is_main:
+                log.warning(
+                    "resharding: checkpoint %s was written by %d ranks and is resumed by %d (parameters, optimizer"
+                    " state and the data position carry over; per-rank random streams restart for new ranks)",
+                    Path(path_name).name,
+                    saved_world,
+                    self.ranks.world_size,
+                )
+        elif self.per_rank:
+            own = payload["per_rank"][rank]
+            for name, holder in self.per_rank.items():
+                if name in own:
+                    holder.load_state_dict(own[name])
+        if rank < len(payload["rng"]):
+            restore_rng(payload["rng"][rank])
+        self.last_saved_step = int(payload["state"]["global_step"])
+
     def restore(self, payload: Dict[str, Any]) -> None:
         """Load every state holder's part of `payload`, and this rank's RNG states."""
         if self.shard_key not in payload["shards"]:
@@ -199,21 +223,4 @@ class Checkpointer:
                 holder.load_state_dict(shard[name])
         for name, holder in self.shared.items():
             holder.load_state_dict(payload[name])
-        saved_world, rank = int(payload.get("world_size", self.ranks.world_size)), self.ranks.rank
-        if saved_world != self.ranks.world_size:  # ddp's one replica, resumed at another number of ranks
-            self.resharded_from = saved_world
-            if self.ranks.is_main:
-                log.warning(
-                    "checkpoint written by %d ranks, resumed by %d: the weights, optimizer state and data position carry"
-                    " over; per-rank random streams restart for ranks that did not exist",
-                    saved_world,
-                    self.ranks.world_size,
-                )
-        per_rank = payload.get("per_rank") or []
-        own = per_rank[rank] if rank < len(per_rank) and not self.resharded_from else {}
-        for name, holder in self.per_rank.items():
-            if name in own:
-                holder.load_state_dict(own[name])
-        if rank < len(payload["rng"]):
-            restore_rng(payload["rng"][rank])
-        self.last_saved_step = int(payload["state"]["global_step"])
+        self._restore_rank_parts(payload, path_name=str(payload.get("path", "the checkpoint")))

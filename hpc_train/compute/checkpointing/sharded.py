@@ -32,7 +32,7 @@ from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.checkpointing.dcp_load import load_dcp, read_loop
 from hpc_train.compute.checkpointing.dcp_manifest import MANIFEST_FORMAT
 from hpc_train.compute.checkpointing.dcp_save import save_dcp
-from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint, restore_rng
+from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint
 
 log = logging.getLogger("hpc_train")
 
@@ -194,22 +194,4 @@ class ShardedCheckpointer(Checkpointer):
         load_dcp(state, path, deep=False)  # the loop file's check already read the manifest
         shards.load_state_dict(state)
         self._loop_state().load_state_dict(payload)
-        saved_world, rank = int(payload["world_size"]), self.ranks.rank
-        if saved_world != self.ranks.world_size:
-            self.resharded_from = saved_world
-            if self.ranks.is_main:
-                log.warning(
-                    "resharding: checkpoint %s was written by %d ranks and is resumed by %d (parameters, optimizer"
-                    " state and the data position carry over; per-rank random streams restart for new ranks)",
-                    path.name,
-                    saved_world,
-                    self.ranks.world_size,
-                )
-        elif self.per_rank:
-            own = payload["per_rank"][rank]
-            for name, holder in self.per_rank.items():
-                if name in own:
-                    holder.load_state_dict(own[name])
-        if rank < len(payload["rng"]):
-            restore_rng(payload["rng"][rank])
-        self.last_saved_step = int(payload["state"]["global_step"])
+        self._restore_rank_parts(payload, path_name=str(path))

@@ -43,7 +43,7 @@ from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.parallel.tensor_parallel import apply_plan, check_plan
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.mesh_dims import ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
+from hpc_train.mesh_dims import KEYS, ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
 
 log = logging.getLogger("hpc_train")
 
@@ -147,10 +147,9 @@ class MeshStrategy(Strategy):
         """This rank's stage of the model and what it receives for one micro-batch (shapes and dtypes)."""
         micro = micro_batch(example, int(self.settings.chunks))
         points = [str(p) for p in self.settings.split_points] if self.settings.split_points is not None else None
-        try:
-            stages = split_model(model, self.dims.pp, self.settings.balance, points, micro, named=True)
-        except Refusal as err:  # the cut speaks of the pipeline strategies' stage count, which is strategy.pp here
-            raise Refusal(str(err).replace("strategy.stages", "strategy.pp")) from None
+        stages = split_model(
+            model, self.dims.pp, self.settings.balance, points, micro, named=True, stages_key=KEYS["pp"]
+        )
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.at["pp"], micro)
         return stages[self.at["pp"]], inputs

@@ -16,6 +16,8 @@ import torch.nn as nn
 from hpc_train.compute.parallel.tracing import split_points_refusal
 from hpc_train.compute.runtime.refusal import Refusal
 
+STAGES_KEY = "strategy.stages"  # the key that sets the stage count of the pipeline strategies
+
 
 def is_torchvision_resnet(model: nn.Module) -> bool:
     """Without importing torchvision (0.6 s per process): a ResNet instance means it is imported already."""
@@ -151,7 +153,11 @@ def agree_on_counts(measure: Callable[[], List[int]]) -> List[int]:
 
 
 def stage_counts(
-    layers: Sequence[nn.Module], stages: int, balance: Union[str, Sequence[int]], example: torch.Tensor = None
+    layers: Sequence[nn.Module],
+    stages: int,
+    balance: Union[str, Sequence[int]],
+    example: torch.Tensor = None,
+    stages_key: str = STAGES_KEY,
 ) -> List[int]:
     """Layer counts per stage for a flattened model (ResNet, nn.Sequential)."""
     return balanced_counts(
@@ -163,6 +169,7 @@ def stage_counts(
         lambda: layer_times(layers, example),
         f"the model has {len(layers)} layers",
         "layer",
+        stages_key,
     )
 
 
@@ -175,15 +182,17 @@ def balanced_counts(
     time_weights: Callable[[], List[float]],
     what: str,
     unit: str,
+    stages_key: str = STAGES_KEY,
 ) -> List[int]:
     """Counts of `n` consecutive units (layers or blocks) per stage: explicit, by parameters, or by measured time.
 
     Time is measured on rank 0 only and broadcast (:func:`agree_on_counts`), so that every rank cuts alike.
-    `what` (e.g. "the model has 12 layers") and `unit` word the refusals.
+    `what` (e.g. "the model has 12 layers") and `unit` word the refusals; `stages_key` is the key that set the
+    stage count (strategy.stages; a mesh's strategy.pp).
     """
     if stages > n:
         raise Refusal(
-            f"`strategy.stages`: {what} to cut, fewer than {stages} stages. Fix: use at most strategy.stages={n}."
+            f"`{stages_key}`: {what} to cut, fewer than {stages} stages. Fix: use at most {stages_key}={n}."
         )
     if not isinstance(balance, str):
         counts = [int(c) for c in balance]

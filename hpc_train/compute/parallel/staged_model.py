@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from hpc_train.compute.parallel.partitioning import (
+    STAGES_KEY,
     balanced_counts,
     block_param_weights,
     block_times,
@@ -115,45 +116,55 @@ def split_model(
     split_points: Optional[Sequence[str]] = None,
     example: torch.Tensor = None,
     named: bool = False,
+    stages_key: str = STAGES_KEY,
 ) -> List[nn.Module]:
     """The model as consecutive stage modules: traced at `split_points`, else cut automatically and balanced.
 
     A ResNet or nn.Sequential is flattened into layers; any other model is cut between the blocks of
     its repeated block list (a transformer's), as only there is a cut both automatic and balanced.
     `named`: every stage is traced from the model, so its parameters keep the model's own names (a
-    sharded checkpoint of stages then loads into any other cut, or the whole model).
+    sharded checkpoint of stages then loads into any other cut, or the whole model). `stages_key`: the key that set
+    `stages`, named when the model has fewer layers or blocks than that.
     """
     if split_points:
         groups = trace_split(model, [str(name) for name in split_points])
     elif (is_torchvision_resnet(model) or isinstance(model, nn.Sequential)) and named:
-        groups = trace_split(model, _flattened_points(model, stages, balance, example))
+        groups = trace_split(model, _flattened_points(model, stages, balance, example, stages_key))
     elif is_torchvision_resnet(model) or isinstance(model, nn.Sequential):
-        groups = _flattened_groups(model, stages, balance, example)
+        groups = _flattened_groups(model, stages, balance, example, stages_key)
     else:
-        groups = split_block_list(model, stages, balance, example)
+        groups = split_block_list(model, stages, balance, example, stages_key)
     refuse_parameters_shared_across_stages(model, groups)
     return groups
 
 
 def _flattened_groups(
-    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor]
+    model: nn.Module,
+    stages: int,
+    balance: Union[str, Sequence[int]],
+    example: Optional[torch.Tensor],
+    stages_key: str = STAGES_KEY,
 ) -> List[nn.Module]:
     """A ResNet or nn.Sequential as consecutive nn.Sequential stages of its layers."""
     layers = flatten_layers(model)
     groups, start = [], 0
-    for count in stage_counts(layers, stages, balance, example):
+    for count in stage_counts(layers, stages, balance, example, stages_key):
         groups.append(nn.Sequential(*layers[start : start + count]))
         start += count
     return groups
 
 
 def _flattened_points(
-    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor]
+    model: nn.Module,
+    stages: int,
+    balance: Union[str, Sequence[int]],
+    example: Optional[torch.Tensor],
+    stages_key: str = STAGES_KEY,
 ) -> List[str]:
     """Where the balanced cut of a ResNet's or nn.Sequential's layers begins each stage but the first, by name."""
     layers = flatten_layers(model)
     names = {id(module): name for name, module in model.named_modules()}
-    counts = stage_counts(layers, stages, balance, example)
+    counts = stage_counts(layers, stages, balance, example, stages_key)
     return [names[id(layers[sum(counts[:k])])] for k in range(1, len(counts))]
 
 
@@ -198,7 +209,11 @@ def build_staged(
 
 
 def split_block_list(
-    model: nn.Module, stages: int, balance: Union[str, Sequence[int]], example: Optional[torch.Tensor] = None
+    model: nn.Module,
+    stages: int,
+    balance: Union[str, Sequence[int]],
+    example: Optional[torch.Tensor] = None,
+    stages_key: str = STAGES_KEY,
 ) -> List[nn.Module]:
     """`model` cut between the blocks of its repeated block list into `stages` balanced stages.
 
@@ -215,6 +230,7 @@ def split_block_list(
         lambda: block_times(model, found, example),
         f"{type(model).__name__}'s block list {found.name!r} has {len(found.blocks)} blocks",
         "block",
+        stages_key,
     )
     starts = [sum(counts[:k]) for k in range(1, len(counts))]
     points = [f"{found.name}.{i}" for i in starts]

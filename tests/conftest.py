@@ -42,7 +42,7 @@ def pytest_runtest_call(item):
 # -- the real Slurm test cluster -------------------------------------------------------------
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """Start (or reuse) the local Slurm cluster: munge + slurmdbd + slurmctld + 2 slurmd nodes."""
+    """Start (or reuse) the local Slurm cluster: munge + slurmdbd + slurmctld + 4 slurmd nodes (SUITE_NODES)."""
     hold_cluster(exclusive=False)
     start_slurm_cluster()
     reset_association_limits()
@@ -56,11 +56,11 @@ def slurm_cluster_16():
 
     Any test that uses it is a `scale` test (marked so at collection, deselected unless `-m` names
     scale) and runs after every other test of the session; at the end of the session the default
-    2-node cluster is started again, so the next run finds what `slurm_cluster` expects. Other
+    4-node cluster is started again, so the next run finds what `slurm_cluster` expects. Other
     pytest sessions on this machine that use the cluster wait meanwhile (hold_cluster).
     """
     hold_cluster(exclusive=True)
-    start_slurm_cluster("--nodes", str(SCALE_NODES))
+    start_slurm_cluster(SCALE_NODES)
     try:
         yield
     finally:

@@ -17,6 +17,10 @@ from tests.support.paths import REPO
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm_test_cluster.sh"
 
 
+# The suite's cluster: 4 nodes, hpcnode[1-4] (a flexible-size job needs nodes held by another job and nodes left
+# free); `start` alone would start the script's default of 2 (and restart a running 4-node cluster to 2).
+SUITE_NODES = 4
+
 # The 16-node cluster of `start --nodes 16` (see the script's header, NODES): two name prefixes, so
 # host lists compress to two ranges; partitions debug, gpu_p2, short (all nodes), hpc and gpu_a.
 SCALE_NODES = 16
@@ -24,12 +28,12 @@ SCALE_NODELIST = "gpu-a[1-8],hpcnode[01-08]"  # as Slurm writes it (sorted by na
 SCALE_PARTITIONS = {"hpc": "hpcnode[01-08]", "gpu_a": "gpu-a[1-8]"}
 
 
-def start_slurm_cluster(*options: str) -> None:
-    """`slurm_test_cluster.sh start [OPTIONS]` (a no-op when it already runs so), then point SLURM_CONF at it.
+def start_slurm_cluster(nodes: int = SUITE_NODES) -> None:
+    """`slurm_test_cluster.sh start --nodes N` (a no-op when it already runs so), then point SLURM_CONF at it.
 
     In CI a cluster that does not come up fails the tests; elsewhere (no root, say) they skip.
     """
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start", *options], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start", "--nodes", str(nodes)], capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         message = f"the Slurm test cluster did not start:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         if os.environ.get("CI") == "true" or os.geteuid() == 0:
@@ -56,7 +60,7 @@ _session_lock = None  # the open lock file while this session holds the cluster
 
 def hold_cluster(exclusive: bool) -> None:
     """Hold the test cluster for the rest of this pytest session: shared by the sessions that use the
-    2-node cluster, exclusive for one that resizes it (`start --nodes 16` ends every running job).
+    suite's cluster, exclusive for one that resizes it (`start --nodes 16` ends every running job).
 
     A second pytest session on the same machine waits for the other (at most 8 minutes, then fails).
     """

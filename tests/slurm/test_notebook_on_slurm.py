@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.test_notebook import SMALL, run_notebook, slurm_cells
 from tests.support.slurm import scontrol_job
+from tests.support.slurm_cluster import SUITE_NODES
 
 
 def node_cpus() -> int:
@@ -39,7 +40,7 @@ def test_notebook_submits_to_slurm_when_it_answers(slurm_cluster, tmp_path):
     nb, text, images, elapsed = run_notebook(tmp_path, params, env, timeout=400)
     assert "Scaled down" not in text and "CPU budget" not in text
     assert "model resnet18, batch 16 x 3 x 32 x 32, 2 stages, micro-batches [1, 2, 4], 1 warm-up + 2 timed passes per point" in text
-    assert "partition debug (the default): 2 node(s) with 16 CPUs and 4 GPUs each (sinfo)." in text
+    assert f"partition debug (the default): {SUITE_NODES} node(s) with 16 CPUs and 4 GPUs each (sinfo)." in text
     assert "The request: 1 node(s) x 2 GPUs, 1 x 2 = 2 CPUs per task: fits." in text
     sweep_dirs = list((tmp_path / "out" / "slurm_sweep").iterdir())
     assert len(sweep_dirs) == 1

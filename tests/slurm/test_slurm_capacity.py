@@ -54,7 +54,7 @@ def assert_refused(proc: subprocess.CompletedProcess, key: str, fix: str, job_na
 TOO_LARGE = {
     "cpus-per-node": (["cluster.cpus_per_gpu=5"], "cluster.cpus_per_gpu", "cluster.cpus_per_gpu=4"),  # 4 GPUs x 5 = 20 > 16 CPUs
     "gpus-per-node": (["resources.gpus_per_node=8", "cluster.cpus_per_gpu=1"], "resources.gpus_per_node", "resources.gpus_per_node=4"),
-    "nodes": (["resources.nodes=3", "cluster.cpus_per_gpu=1", "trainer.batch_size=48"], "resources.nodes", "resources.nodes=2"),
+    "nodes": (["resources.nodes=5", "cluster.cpus_per_gpu=1", "trainer.batch_size=80"], "resources.nodes", "resources.nodes=4"),
     "memory": (["cluster.mem_gb=9", "cluster.cpus_per_gpu=1"], "cluster.mem_gb", "cluster.mem_gb=7"),
     "time": (["cluster.partition=short", "resources.time=02:00:00", "cluster.cpus_per_gpu=1"], "resources.time", "resources.time=30"),
     "profile-time": (["cluster.partition=short", "cluster.time=45", "cluster.cpus_per_gpu=1"], "cluster.time", "cluster.time=30"),

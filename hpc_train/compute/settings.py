@@ -43,6 +43,7 @@ class LayoutSettings:
     gpus_per_task: int
     cpus_per_task: int
     mesh: Optional[List[int]]
+    max_nodes: Optional[int]  # resources.nodes=MIN-MAX: MAX (nodes is MIN); compute/runtime/allocation.py settles it
     world_size: int
     data_parallel_size: int
 

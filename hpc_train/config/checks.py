@@ -14,7 +14,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from hpc_train.slurm_time import limit_minutes
 
@@ -69,6 +69,41 @@ def whole(low: int = 1, high: int = INT64_MAX) -> Checker:
         return None
 
     return typed(f"whole number, {low} to {high}" if high < INT64_MAX else f"whole number >= {low}", check)
+
+
+_COUNT_RANGE = re.compile(r"([0-9]+)-([0-9]+)")
+
+
+def count_or_range(low: int = 1, high: int = INT64_MAX) -> Checker:
+    """A whole number, or the text ``MIN-MAX`` (``2-4``) with low <= MIN <= MAX <= high: a count Slurm may choose."""
+    count = whole(low, high)
+    wanted = "a whole number or a range MIN-MAX such as 2-4"
+
+    def check(value: Any) -> Problem:
+        if not isinstance(value, str):
+            problem = count(value)
+            return problem.replace("a whole number", wanted, 1) if problem else None
+        found = _COUNT_RANGE.fullmatch(value.strip())
+        if not found:
+            return f"must be {wanted}, got {show(value)}"
+        least, most = int(found.group(1)), int(found.group(2))
+        if least < low:
+            return f"must start at {low} or more, got {show(value)}"
+        if most > high:
+            return f"must end at {high} or less, got {show(value)}"
+        if least > most:
+            return f"must be MIN-MAX with MIN below MAX, got {show(value)}"
+        return None
+
+    return typed(f"whole number, {low} to {high}, or a range MIN-MAX", check)
+
+
+def count_range(value: Any) -> Tuple[int, int]:
+    """(MIN, MAX) of a value `count_or_range` accepted: N is (N, N), ``2-4`` is (2, 4), ``3-3`` is (3, 3)."""
+    found = _COUNT_RANGE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if found:
+        return int(found.group(1)), int(found.group(2))
+    return int(value), int(value)
 
 
 def number(low: float, high: float = math.inf, low_open: bool = False, high_open: bool = False) -> Checker:

@@ -1,20 +1,27 @@
-"""The resources group: the nodes, GPUs per node and time limit a job asks for."""
+"""The resources group: the nodes (a count, or a range Slurm chooses from), GPUs per node and time limit a job asks
+for."""
 
 from __future__ import annotations
 
 from typing import Tuple
 
-from hpc_train.config.checks import slurm_time, whole
+from hpc_train.config.checks import count_or_range, slurm_time, whole
 from hpc_train.config.rule import R, Rule
 
 RULES: Tuple[Rule, ...] = (
     R(
         "resources.nodes",
-        whole(1, 100_000),
+        count_or_range(1, 100_000),
         1,
         required=True,
-        fix="set resources.nodes=1 or more.",
-        doc="Nodes of the job.",
+        fix=(
+            "set resources.nodes=N (1 or more), or a range MIN-MAX with 1 <= MIN < MAX such as resources.nodes=2-4"
+            " (strategy=ddp, fsdp or mesh)."
+        ),
+        doc=(
+            "Nodes of the job: N, or a range MIN-MAX (e.g. 2-4) that Slurm fills with as many nodes as it can give,"
+            " at least MIN (strategy=ddp, fsdp or mesh: their checkpoints resume at another node count)."
+        ),
     ),
     R(
         "resources.gpus_per_node",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train import slurm_cli
+from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.slurm_time import slurm_minutes
 
@@ -182,9 +183,19 @@ def check_capacity(
     raise ConfigError(key, what.format(where=where), f"{fix}{other}.")
 
 
+def _fewer(key: str, nodes: int, a_range: bool) -> str:
+    """The fix for at most `nodes` nodes: a count, or (resources.nodes=MIN-MAX) a range whose least fits."""
+    if not a_range or nodes == 1:
+        return f"set {key}={nodes} or fewer"
+    return f"set {key}={nodes} or fewer, or a range whose least fits, e.g. {key}={nodes // 2}-{nodes}"
+
+
 def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys) -> Optional[Tuple[str, str, str]]:
     """(key, problem with a {where} slot, fix) for the first thing the partition's nodes cannot give, or None."""
-    nodes, gpus = int(params.get("nodes") or 1), _requested_gpus(params)
+    # A range (resources.nodes=2-4) can start once its least fits: Slurm gives no more nodes than the partition has.
+    nodes, most = count_range(params.get("nodes") or 1)
+    asks = f"at least {nodes} nodes ({nodes}-{most})" if most > nodes else f"{nodes} nodes"
+    gpus = _requested_gpus(params)
     tasks, cpus_per_task = int(params.get("ntasks_per_node") or 1), int(params.get("cpus_per_task") or 1)
     cpus = tasks * cpus_per_task
     extra = params.get("additional_parameters") or {}
@@ -198,8 +209,8 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys)
     if nodes > len(part.nodes):
         return (
             keys.nodes,
-            f"the job asks for {nodes} nodes, but {{where}} has {len(part.nodes)}.",
-            f"set {keys.nodes}={len(part.nodes)} or fewer",
+            f"the job asks for {asks}, but {{where}} has {len(part.nodes)}.",
+            _fewer(keys.nodes, len(part.nodes), most > nodes),
         )
     most_gpus = max(n.gpus for n in part.nodes)
     if gpus > most_gpus:
@@ -239,10 +250,12 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys)
     )
     if fitting < nodes:
         each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
-        fix = f"set {keys.nodes}={fitting} or fewer, or ask for less per node" if fitting else "ask for less per node"
+        fix = (
+            f"{_fewer(keys.nodes, fitting, most > nodes)}, or ask for less per node" if fitting else "ask for less per node"
+        )
         return (
             keys.nodes,
-            f"the job asks for {nodes} nodes with {each} each, but only {fitting} node(s) of {{where}} have that much.",
+            f"the job asks for {asks} with {each} each, but only {fitting} node(s) of {{where}} have that much.",
             fix,
         )
     minutes = int(params["time"])

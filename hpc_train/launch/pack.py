@@ -194,6 +194,14 @@ def render(plan_path: Path, params: Dict[str, Any], log_dir: Path) -> str:
 
 def packed_run(job: PreparedJob) -> PackedRun:
     layout, run_dir = job.plan.layout, job.plan.run_dir
+    if layout.max_nodes is not None:
+        raise ConfigError(
+            "resources.nodes",
+            f"sweep job #{run_dir.name} ({job.label or 'no overrides'}) asks for {layout.nodes_text} nodes, but a packed"
+            " run runs on a fixed number of its allocation's nodes.",
+            f"give packed runs resources.nodes=N (e.g. resources.nodes={layout.nodes}), or leave launcher.pack out to"
+            " submit each run as its own job.",
+        )
     return PackedRun(
         job=run_dir.name,
         run_dir=str(run_dir.absolute()),

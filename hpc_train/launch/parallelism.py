@@ -10,11 +10,11 @@ sbatch parameters and the job spec all read that object instead of the raw confi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import micro_batches, strategy_id
-from hpc_train.launch.layout import JobLayout, compute_layout, known_kind
+from hpc_train.launch.layout import JobLayout, check_node_range, compute_layout, known_kind
 from hpc_train.mesh_dims import MeshDims, resolve_mesh_dims, torch_refusal, torch_too_old
 from hpc_train.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, mesh_split_settings, split_settings
 
@@ -46,16 +46,20 @@ class Parallelism:
         return self.split.chunks if self.split is not None else micro_batches(None)
 
 
-def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, local: bool) -> Parallelism:
+def resolve_parallelism(
+    strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, local: bool, max_nodes: Optional[int] = None
+) -> Parallelism:
     """The strategy's settings, its layout and the sizes derived from them; ConfigError naming the key to change.
 
     ``local``: stages may share a device on purpose on this machine (a laptop, a CPU); on a
     cluster the GPUs are asked for, and fewer GPUs than stages would time-share one.
+    ``max_nodes``: resources.nodes=MIN-MAX, MIN being `nodes`: the sizes are MIN's and the layout carries MAX
+    (:func:`resolve_node_range` checks every count first).
     """
     kind_id = strategy_id(strategy)
     kind = known_kind(kind_id)
     if kind_id == "mesh":
-        return _resolve_mesh(strategy, nodes, gpus_per_node, cpus_per_gpu)
+        return _resolve_mesh(strategy, nodes, gpus_per_node, cpus_per_gpu, max_nodes)
     split = split_settings(strategy) if kind.staged else None
     if split is not None:
         _check_split_points(strategy, split)
@@ -66,6 +70,7 @@ def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_
         cpus_per_gpu=cpus_per_gpu,
         stages=split.stages if split is not None else None,
         mesh=_checked_mesh(strategy, nodes, gpus_per_node) if kind.sharded else None,
+        max_nodes=max_nodes,
     )
     if split is None:
         return Parallelism(layout, None, None, layout.world_size)
@@ -100,6 +105,45 @@ def resolve_parallelism(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_
         )
     data_parallel = max(1, layout.world_size // stages) if kind_id == "pipelining" else layout.world_size
     return Parallelism(layout, split, stages, data_parallel)
+
+
+def resolve_node_range(
+    strategy: Any,
+    nodes: int,
+    max_nodes: int,
+    gpus_per_node: int,
+    cpus_per_gpu: int,
+    local: bool,
+    check: Callable[[Parallelism, Sequence[Parallelism]], None],
+) -> Parallelism:
+    """resources.nodes=MIN-MAX: the parallelism at MIN, its layout carrying MAX, once every count from MIN to MAX
+    resolved and passed `check` (the cross-key checks that read the layout: a batch that splits over 2 and 4 ranks
+    may not split over 3), which is given each count's parallelism and every count's. A refusal names the count that
+    failed, and the narrower range that works."""
+    check_node_range(known_kind(strategy_id(strategy)), nodes, max_nodes)
+    every = []
+    for count in range(nodes, max_nodes + 1):
+        try:
+            every.append(resolve_parallelism(strategy, count, gpus_per_node, cpus_per_gpu, local))
+        except ConfigError as err:
+            raise _at_node_count(err, count, nodes, max_nodes) from None
+    for count, parallel in zip(range(nodes, max_nodes + 1), every):
+        try:
+            check(parallel, every)
+        except ConfigError as err:
+            raise _at_node_count(err, count, nodes, max_nodes) from None
+    return resolve_parallelism(strategy, nodes, gpus_per_node, cpus_per_gpu, local, max_nodes=max_nodes)
+
+
+def _at_node_count(err: ConfigError, count: int, nodes: int, max_nodes: int) -> ConfigError:
+    """`err`, found at `count` nodes of resources.nodes=nodes-max_nodes: said so, with the counts before it as a fix."""
+    works = f"resources.nodes={nodes}-{count - 1}" if count - 1 > nodes else f"resources.nodes={nodes}"
+    narrower = f"; or narrow the range to the counts that work, e.g. {works}" if count > nodes else ""
+    return ConfigError(
+        err.key,
+        f"with {count} nodes, which resources.nodes={nodes}-{max_nodes} lets Slurm give the job: {err.problem}",
+        f"{err.fix.rstrip('.')} (every node count from {nodes} to {max_nodes} must work){narrower}.",
+    )
 
 
 def _check_split_points(strategy: Any, split: SplitSettings, stages_key: str = "strategy.stages") -> None:
@@ -144,7 +188,9 @@ def _checked_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, 
     return replicas, shards
 
 
-def _resolve_mesh(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int) -> Parallelism:
+def _resolve_mesh(
+    strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, max_nodes: Optional[int] = None
+) -> Parallelism:
     """strategy=mesh: one rank per GPU, the dimensions resolved once (hpc_train.mesh_dims), the pipeline's settings
     when pp > 1; ConfigError naming the key for what the config alone shows (the model's own limits wait for the
     ranks: heads or widths tp does not divide, fewer blocks than stages, a plan pattern matching nothing)."""
@@ -152,7 +198,12 @@ def _resolve_mesh(strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: i
     base = compute_layout(strategy="mesh", nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu)
     dims = resolve_mesh_dims(strategy, base.world_size, base.tasks_per_node)
     layout = compute_layout(
-        strategy="mesh", nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu, mesh=dims.shape
+        strategy="mesh",
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_gpu=cpus_per_gpu,
+        mesh=dims.shape,
+        max_nodes=max_nodes,
     )
     if dims.tp > 1 and not strategy.get("tp_plan"):
         raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -11,12 +12,13 @@ from typing import Union
 
 from omegaconf import DictConfig
 
+from hpc_train.config.checks import count_range
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.launch.layout import JobLayout
-from hpc_train.launch.parallelism import Parallelism, resolve_parallelism
-from hpc_train.launch.validate import validate
+from hpc_train.launch.parallelism import Parallelism, resolve_node_range, resolve_parallelism
+from hpc_train.launch.validate import check_layout, validate
 from hpc_train.script_command import is_script_job
 
 CPU_WORKERS_WITHOUT_GPU = 2
@@ -82,19 +84,19 @@ def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
     """
     view = cfg if isinstance(cfg, ConfigView) else checked_view(cfg)
     local = view.launcher.name == "local"
-    if local and view.resources.nodes != 1:
+    nodes, max_nodes = count_range(view.resources.nodes)  # N, or a range MIN-MAX Slurm chooses from
+    if local and max_nodes != 1:
         raise ConfigError(
             "resources.nodes",
             f"launcher=local runs on this machine only, but resources.nodes={view.resources.nodes}.",
             "use launcher=slurm for several nodes, or set resources.nodes=1.",
         )
-    parallel = resolve_parallelism(
-        view.strategy,
-        nodes=view.resources.nodes,
-        gpus_per_node=resolve_gpus_per_node(view),
-        cpus_per_gpu=int(view.cluster.get("cpus_per_gpu") or 1),
-        local=local,
-    )
+    sizes = dict(gpus_per_node=resolve_gpus_per_node(view), cpus_per_gpu=int(view.cluster.get("cpus_per_gpu") or 1))
+    if max_nodes > nodes:  # every count of the range resolved and checked, here, before anything is queued
+        check = functools.partial(check_layout, view)
+        parallel = resolve_node_range(view.strategy, nodes, max_nodes, **sizes, local=local, check=check)
+    else:
+        parallel = resolve_parallelism(view.strategy, nodes=nodes, **sizes, local=local)
     if is_script_job(view) and view.script.get("launcher") == "torchrun":  # one torchrun per node starts its ranks
         parallel = replace(parallel, layout=torchrun_layout(parallel.layout))
     layout = parallel.layout

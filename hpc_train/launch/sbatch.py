@@ -46,20 +46,22 @@ def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
         " the same job"
     )
     nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
-    if nodes is not None and nodes != layout.nodes:
+    if nodes is not None and nodes not in layout.node_counts:
         raise ConfigError(
             "resources.nodes",
-            f"the allocation has {nodes} node(s), but the overrides plan {layout.nodes} ({layout.describe()}); {how}.",
-            f"use `#SBATCH --nodes={layout.nodes}`, or pass resources.nodes={nodes} to hpc-train in the script.",
+            f"the allocation has {nodes} node(s), but the overrides plan {layout.nodes_text} ({layout.describe()});"
+            f" {how}.",
+            f"use `#SBATCH --nodes={layout.nodes_text}`, or pass resources.nodes={nodes} to hpc-train in the script.",
         )
     tasks = _int(env, "SLURM_NTASKS")
-    if tasks is not None and tasks != layout.world_size:
+    planned = (nodes if nodes is not None and layout.max_nodes else layout.nodes) * layout.tasks_per_node
+    if tasks is not None and tasks != planned:
         raise ConfigError(
             "strategy",
-            f"the allocation has {tasks} task(s), but the overrides plan {layout.world_size} ranks"
+            f"the allocation has {tasks} task(s), but the overrides plan {planned} ranks"
             f" ({layout.describe()}); {how}.",
-            f"use `#SBATCH --nodes={layout.nodes}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the dry run"
-            " `hpc-train launcher=slurm dry_run=true ...` prints them).",
+            f"use `#SBATCH --nodes={layout.nodes_text}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the"
+            " dry run `hpc-train launcher=slurm dry_run=true ...` prints them).",
         )
     gpus = _int(env, "SLURM_GPUS_ON_NODE")
     if gpus is not None and gpus < layout.gpus_per_node:

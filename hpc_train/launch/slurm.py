@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc_train import rundir, slurm_cli
+from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
@@ -120,8 +121,8 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, time_key(cfg))
     params: Dict[str, Any] = {
         "job_name": str(cfg.job_name),
-        "nodes": layout.nodes,
-        "ntasks_per_node": layout.tasks_per_node,
+        "nodes": layout.nodes_text if layout.max_nodes else layout.nodes,  # 2, or 2-4: Slurm gives 2 to 4
+        "ntasks_per_node": layout.tasks_per_node,  # never --ntasks: the tasks follow the nodes Slurm gives
         "cpus_per_task": layout.cpus_per_task,
         "time": minutes,
         "signal_delay_s": int(cfg.launcher.signal_delay_s),
@@ -214,8 +215,23 @@ def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
     import submitit  # submitit (~50 ms): only to submit; a dry run renders the script without it
 
     executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
-    executor.update_parameters(**params)
+    executor.update_parameters(**submitit_parameters(params))
     return executor
+
+
+def submitit_parameters(params: Dict[str, Any]) -> Dict[str, Any]:
+    """`params` as submitit takes them: a range of nodes (``2-4``) goes in as the ``--nodes`` sbatch option.
+
+    submitit multiplies ``nodes`` by the tasks per node to number the job's tasks (its results), so it is given the
+    range's least, whose tasks every allocation has, and its additional parameters write ``--nodes=2-4`` in place of
+    that line: the script is the one ``render_sbatch`` shows.
+    """
+    nodes = params.get("nodes")
+    if not isinstance(nodes, str):
+        return params
+    least, _ = count_range(nodes)
+    extra = {**(params.get("additional_parameters") or {}), "nodes": nodes}
+    return {**params, "nodes": least, "additional_parameters": extra}
 
 
 # The submitit parameters slurm_parameters() produces that become `#SBATCH --<key>=<value>` lines.

@@ -12,12 +12,13 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+import math
 import os
 import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from hpc_train import hang as hang_watch
 from hpc_train import logger_table, rundir
@@ -37,8 +38,9 @@ def normalize_precision(value: object) -> str:
     return str(value).lower()
 
 
-def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
-    """What the types alone do not say: training stops, the global batch splits evenly, the recipe's keys agree."""
+def check_trainer(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = ()) -> None:
+    """What the types alone do not say: training stops, the global batch splits evenly, the recipe's keys agree.
+    `every`: each node count's parallelism, for a range of nodes (the batch must split at every count)."""
     trainer = cfg.trainer
     if trainer.epochs is None and trainer.max_steps is None:
         raise ConfigError(
@@ -46,7 +48,7 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
             "both trainer.epochs and trainer.max_steps are null, so training would never stop.",
             "set trainer.epochs=5 or trainer.max_steps=1000.",
         )
-    _check_batch_split(trainer, parallel)
+    _check_batch_split(trainer, parallel, every)
     _check_schedule(trainer)
     if trainer.ema_decay is not None and parallel.kind.staged:
         raise ConfigError(
@@ -56,9 +58,15 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism) -> None:
         )
 
 
-def _check_batch_split(trainer: ConfigView, parallel: Parallelism) -> None:
+def batch_divisor(trainer: ConfigView, parallel: Parallelism) -> int:
+    """What the global batch must be a multiple of: data-parallel ranks x accumulation steps x pipeline micro-batches."""
+    return parallel.data_parallel_size * parallel.chunks * int(trainer.grad_accum_steps)
+
+
+def _check_batch_split(trainer: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = ()) -> None:
     """The global batch splits over the data-parallel ranks, then into trainer.grad_accum_steps micro-batches (then
-    into strategy.chunks pipeline micro-batches)."""
+    into strategy.chunks pipeline micro-batches); at every node count of a range (`every`), whose suggested batch
+    splits at all of them."""
     batch = trainer.batch_size
     accum = int(trainer.grad_accum_steps)
     replicas, chunks = parallel.data_parallel_size, parallel.chunks
@@ -74,8 +82,9 @@ def _check_batch_split(trainer: ConfigView, parallel: Parallelism) -> None:
                 else "."
             ),
         )
-    divisor = replicas * chunks * accum
+    divisor = batch_divisor(trainer, parallel)
     if batch % divisor != 0:
+        divisor = math.lcm(divisor, *(batch_divisor(trainer, other) for other in every))
         parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
         if accum > 1:
             parts.append(f"trainer.grad_accum_steps={accum}")
@@ -386,6 +395,13 @@ def check_script(cfg: ConfigView, parallel: Parallelism) -> None:
                 "give a Python file that exists, relative to the directory hpc-train is started in (or script.cwd),"
                 " e.g. hpc-train ... -- train.py ARGS, or -- -m package.module ARGS.",
             )
+    if parallel.layout.max_nodes is not None:
+        raise ConfigError(
+            "resources.nodes",
+            f"a script job runs on a fixed number of nodes, but resources.nodes={parallel.layout.nodes_text} lets"
+            " Slurm choose one (a range is for hpc-train's own trainer, whose checkpoints resume at any node count).",
+            f"set resources.nodes=N, e.g. resources.nodes={parallel.layout.nodes}.",
+        )
     launcher = str(cfg.script.launcher)
     if launcher == "torchrun" and parallel.layout.strategy not in ("ddp", "fsdp", "mesh"):
         raise ConfigError(
@@ -413,16 +429,24 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
         check_script(cfg, parallel)
         check_output_dir(run_dir)
         return
-    check_strategy(cfg, parallel)
     check_timeouts(cfg)
-    check_activation_checkpointing(cfg, parallel)
-    check_trainer(cfg, parallel)
+    check_layout(cfg, parallel)
     check_data(cfg)
     check_targets(cfg)
     check_resume(cfg)
     check_logger(cfg)
     check_objective(cfg)
     check_output_dir(run_dir)
+
+
+def check_layout(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = ()) -> None:
+    """The cross-key checks that read the layout; a range of nodes runs them at every count, `every` being each
+    count's parallelism (parallelism.resolve_node_range)."""
+    if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
+        return
+    check_strategy(cfg, parallel)
+    check_activation_checkpointing(cfg, parallel)
+    check_trainer(cfg, parallel, every)
 
 
 def check_resume_compatible(spec: dict, run_dir: Path) -> None:

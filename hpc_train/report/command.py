@@ -124,7 +124,8 @@ def read_job(
     layout = (spec or {}).get("job", {}).get("layout") if isinstance(spec, dict) else None
     if isinstance(layout, dict):
         job.strategy = layout.get("strategy")
-        job.layout = f"{layout.get('nodes')}x{layout.get('tasks_per_node')}x{layout.get('gpus_per_task')}"
+        nodes = f"{layout.get('nodes')}-{layout['max_nodes']}" if layout.get("max_nodes") else layout.get("nodes")
+        job.layout = f"{nodes}x{layout.get('tasks_per_node')}x{layout.get('gpus_per_task')}"
         job.world_size = layout.get("world_size")
     summary = rundir.read_summary(run_dir)
     if summary is not None:

@@ -110,6 +110,7 @@ LAYOUT = {
     "gpus_per_task": 1,
     "cpus_per_task": 1,
     "mesh": None,
+    "max_nodes": None,
     "world_size": 2,
     "data_parallel_size": 2,
 }

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -16,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from hpc_train import run_claim
 from hpc_train.compute.entry.script_job import ScriptFailed, run_script
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
-from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks, world_mismatch
+from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_layout
+from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, section
@@ -115,10 +117,13 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     from hpc_train.compute.training.trainer import Trainer
     from hpc_train.compute.user.instantiate import add_code_dirs
 
-    # The job spec read once into the settings of the rank's parts; nothing below reads the spec.
+    # The job spec read once into the settings of the rank's parts; nothing below reads the spec. The layout is the
+    # allocation's: a job planned for a range of nodes runs on the count Slurm gave it.
+    planned = section(JobSettings, cfg.job)
+    job = replace(planned, layout=settle_layout(planned.layout, cfg.strategy, ranks.world_size))
     settings = TrainingSettings(
         run=section(RunSettings, cfg),
-        job=section(JobSettings, cfg.job),
+        job=job,
         trainer=section(TrainerSettings, cfg.trainer),
         optim=section(OptimSettings, cfg.trainer),
         checkpointing=section(CheckpointSettings, cfg.trainer),
@@ -145,7 +150,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
             attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
 
     try:
-        problem = world_mismatch(ranks, int(layout.world_size))
+        problem = allocation_mismatch(planned.layout, ranks)
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
         distributed.init_process_group(

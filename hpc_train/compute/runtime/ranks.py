@@ -45,8 +45,9 @@ id not below its node's task count) raise ValueError, which the worker turns int
 at start ("cannot tell this process's rank ..."): never a guessed local world size.
 
 Decision for a job spec planned for another world: every job spec fixes its world
-(``resources.nodes`` x tasks per node; no path lets the world follow the allocation), so a step
-whose task count differs is refused by :func:`world_mismatch` before any process group forms,
+(``resources.nodes`` x tasks per node), or, for a range of nodes (``resources.nodes=2-4``), the worlds
+of every count of the range (the job follows the allocation Slurm gave, see ``allocation.py``), so a step
+whose task count is none of them is refused by :func:`world_mismatch` before any process group forms,
 naming the plan and the step's real layout, e.g. "this job was planned for 4 rank(s), but this
 srun step runs 3 task(s) (2 on hpcnode1, 1 on hpcnode2); ...", and the fix. A step whose task count
 equals the plan runs, however Slurm spread its tasks: a job spec planned for 3 ranks runs with
@@ -262,19 +263,28 @@ def detect_ranks(env: Optional[Mapping[str, str]] = None) -> RankInfo:
     return RankInfo(0, 0, 1, 1, "127.0.0.1", 29500, "single")
 
 
-def world_mismatch(info: RankInfo, planned: int, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """Why this process cannot be a rank of a job planned for `planned` ranks; None when it can."""
-    if info.world_size == planned:
+def world_mismatch(
+    info: RankInfo,
+    planned: int,
+    env: Optional[Mapping[str, str]] = None,
+    most: Optional[int] = None,
+    per_node: int = 1,
+) -> Optional[str]:
+    """Why this process cannot be a rank of a job planned for `planned` ranks, or (a range of nodes) for any multiple
+    of `per_node` from `planned` to `most`; None when it can."""
+    world = info.world_size
+    if world == planned or (most is not None and planned <= world <= most and world % per_node == 0):
         return None
     env = os.environ if env is None else env
+    worlds = str(planned) if most is None else f"{planned} to {most}" + (f", {per_node} a node," if per_node > 1 else "")
     if info.source == "slurm":
         message = (
-            f"this job was planned for {planned} rank(s), but this srun step runs {info.world_size} task(s)"
-            f" ({info.tasks_layout or 'layout unknown'}); this process is rank {info.rank} of {info.world_size}"
+            f"this job was planned for {worlds} rank(s), but this srun step runs {world} task(s)"
+            f" ({info.tasks_layout or 'layout unknown'}); this process is rank {info.rank} of {world}"
         )
     else:
         message = (
-            f"this job was planned for {planned} rank(s), but this process is rank {info.rank} of {info.world_size}"
+            f"this job was planned for {worlds} rank(s), but this process is rank {info.rank} of {world}"
             f" ({info.origin if info.source == 'single' else 'started by ' + info.origin})"
         )
     if info.source == "single" and env.get("SLURM_JOB_ID"):

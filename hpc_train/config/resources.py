@@ -15,7 +15,7 @@ RULES: Tuple[Rule, ...] = (
         1,
         required=True,
         fix=(
-            "set resources.nodes=N (1 or more), or a range MIN-MAX with 1 <= MIN < MAX such as resources.nodes=2-4"
+            "set resources.nodes=1 or more, or a range MIN-MAX with 1 <= MIN < MAX such as resources.nodes=2-4"
             " (strategy=ddp, fsdp or mesh)."
         ),
         doc=(

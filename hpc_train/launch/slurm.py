@@ -29,6 +29,7 @@ from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
 from hpc_train.launch import capacity
 from hpc_train.launch.errors import Interrupted
+from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.plan import RunPlan
 from hpc_train.launch.sweep_limits import array_chunk
 from hpc_train.rank_env import unset_line
@@ -121,8 +122,8 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     minutes = time_minutes(cfg.resources.time if cfg.resources.time is not None else cluster.time, time_key(cfg))
     params: Dict[str, Any] = {
         "job_name": str(cfg.job_name),
-        "nodes": layout.nodes_text if layout.max_nodes else layout.nodes,  # 2, or 2-4: Slurm gives 2 to 4
-        "ntasks_per_node": layout.tasks_per_node,  # never --ntasks: the tasks follow the nodes Slurm gives
+        "nodes": layout.nodes,
+        "ntasks_per_node": layout.tasks_per_node,
         "cpus_per_task": layout.cpus_per_task,
         "time": minutes,
         "signal_delay_s": int(cfg.launcher.signal_delay_s),
@@ -158,7 +159,24 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
     if throttle:
         params["array_parallelism"] = int(throttle)  # submitit: --array=0-N%P when jobs go in as an array
-    return params
+    return node_range_parameters(params, layout) if layout.max_nodes else params
+
+
+def node_range_parameters(params: Dict[str, Any], layout: JobLayout) -> Dict[str, Any]:
+    """A range of nodes (resources.nodes=2-4): ``--nodes=2-4`` and each node's CPUs as one batch task's, the tasks
+    per node given to srun (``--ntasks-per-node``, ``--cpus-per-task``), so the world is the nodes Slurm gave x the
+    tasks per node.
+
+    Not sbatch's ``--ntasks-per-node``: given it, sbatch sets the job's task count to the range's least x the tasks
+    per node, and a node cannot join a job without a task of it, so Slurm allocates the least count whatever is free
+    (measured on Slurm 22.05; see docs/architecture.md, Decisions).
+    """
+    ranged = {key: value for key, value in params.items() if key != "ntasks_per_node"}
+    ranged["nodes"] = layout.nodes_text
+    ranged["cpus_per_task"] = layout.cpus_per_task * layout.tasks_per_node  # the node's share: every task's CPUs
+    per_node = [f"--ntasks-per-node={layout.tasks_per_node}", f"--cpus-per-task={layout.cpus_per_task}"]
+    ranged["srun_args"] = [*per_node, *params["srun_args"]]
+    return ranged
 
 
 def requeue_signal(cfg: ConfigView) -> str:

@@ -54,6 +54,13 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["trainer.loss=5"], "trainer.loss", "trainer.loss._target_="),
         (["launcher.master_port=99999999999999999999"], "launcher.master_port", "launcher.master_port=29500"),
         (["resources.nodes=abc"], "resources.nodes", "resources.nodes=1"),
+        # a range of nodes: MIN-MAX with 1 <= MIN < MAX, for the strategies whose checkpoints resume at another world
+        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=4-2"], "resources.nodes", "resources.nodes=2-4"),
+        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=0-3"], "resources.nodes", "resources.nodes=2-4"),
+        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=a-b"], "resources.nodes", "resources.nodes=2-4"),
+        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=2-"], "resources.nodes", "resources.nodes=2-4"),
+        (["launcher=slurm", "dry_run=true", "strategy=hybrid", "resources.nodes=2-4"], "resources.nodes", "strategy=ddp, fsdp or mesh"),
+        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=2-4", "resources.gpus_per_node=1", "trainer.batch_size=16"], "trainer.batch_size", "resources.nodes=2."),
         (["trainer.lr=nan"], "trainer.lr", "trainer.lr=0.05"),
         # training recipes: each key's range, and the keys that must agree
         (["trainer.optimizer=lion"], "trainer.optimizer", "_target_: torch.optim.AdamW"),

@@ -104,13 +104,20 @@ def test_a_local_run_is_refused_a_range(tmp_path):
 
 
 # -- the script Slurm gets --------------------------------------------------------------------
-def test_the_job_asks_for_the_range_and_tasks_per_node_never_a_task_count(tmp_path):
-    ddp = plan(["strategy=ddp", "resources.nodes=2-4", "trainer.batch_size=24"], tmp_path)
-    params = slurm_parameters(ddp)
-    assert params["nodes"] == "2-4" and params["ntasks_per_node"] == 1 and "ntasks" not in params
+def test_the_job_asks_for_the_range_and_srun_for_the_tasks_of_each_node_it_gets(tmp_path):
+    """sbatch gets --nodes=2-4 and each node's CPUs as one task's; srun starts --ntasks-per-node on every node the job
+    got. Never a task count: sbatch's --ntasks-per-node would fix one (the least count x the tasks per node)."""
+    fsdp = plan(["strategy=fsdp", "resources.nodes=2-4", "resources.gpus_per_node=2", "cluster.cpus_per_gpu=3", "trainer.batch_size=24"], tmp_path)
+    params = slurm_parameters(fsdp)
+    assert params["nodes"] == "2-4" and params["cpus_per_task"] == 6 and params["gres"] == "gpu:2"
+    assert "ntasks_per_node" not in params and "ntasks" not in params
+    assert params["srun_args"][:2] == ["--ntasks-per-node=2", "--cpus-per-task=3"]
     script = render_sbatch(tmp_path / "slurm", params)
-    assert "#SBATCH --nodes=2-4\n" in script and "#SBATCH --ntasks-per-node=1\n" in script and "--ntasks=" not in script
-    assert ddp.layout.describe().startswith("ddp: 2-4 nodes x 1 task/node (world size 2-4)")
+    assert "#SBATCH --nodes=2-4\n" in script and "#SBATCH --cpus-per-task=6\n" in script and "--ntasks" not in script.split("# command")[0]
+    assert "srun --unbuffered" in script and "--ntasks-per-node=2 --cpus-per-task=3 --kill-on-bad-exit=1" in script
+    assert fsdp.layout.describe().startswith("fsdp: 2-4 nodes x 2 tasks/node (world size 4-8)")
+    fixed = slurm_parameters(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path))
+    assert (fixed["nodes"], fixed["ntasks_per_node"], fixed["srun_args"]) == (2, 1, ["--kill-on-bad-exit=1"])
 
 
 def test_submitit_gets_the_least_count_and_writes_the_range(tmp_path):

@@ -1,5 +1,6 @@
 """strategy=fsdp (FSDP2) and HSDP with real gloo ranks: the same training as one process, sharded
-checkpoints that survive kill -9 and reshard to another number of ranks, export, disk full.
+checkpoints that survive kill -9 and reshard to another number of ranks (4 to 2 and 2 to 4 with AdamW, a schedule
+and clipping: test_elastic_resume.py), export, disk full.
 
 "Same loss" is within 1e-4 after 5 steps: sharding changes only the order of floating-point
 reductions. Models with batch norm (ResNet-18) normalise over each rank's share of the batch, so
@@ -139,35 +140,10 @@ def test_kill9_during_a_sharded_write_resumes_from_the_previous_checkpoint(unint
     assert_bit_identical(uninterrupted, run_dir)
 
 
-def resume_from(checkpoint: Path, args, run_dir: Path) -> None:
-    proc = run_cli([*args, f"resume={checkpoint}"], run_dir)
-    assert_ok(proc)
-    assert "resharding" in proc.stdout + proc.stderr
-
-
 def max_difference(a: Path, b: Path) -> float:
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys()
     return max((wa[k].double() - wb[k].double()).abs().max().item() for k in wa)
-
-
-def test_four_ranks_reshard_to_two_and_continue(tmp_path):
-    """4 ranks to step 10, then 2 ranks to step 20: the same as a second 2-rank resume of the same state (to
-    1e-6), and as 4 ranks uninterrupted (to 1e-4: reductions over 2 and 4 shards round differently)."""
-    args = [*TINY, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.keep_checkpoints=10", *FSDP]
-    four = tmp_path / "four"
-    assert_ok(run_cli([*args, "trainer.max_steps=10", *ranks(4)], four))
-    step10 = four / "checkpoints" / "step_000000010"
-    saved = tmp_path / "step10"
-    shutil.copytree(step10, saved)
-    assert_ok(run_cli([*args, *ranks(2)], four))  # resumes from step 10 in place, at 2 ranks
-    assert read_summary(four)["resumed_from_step"] == 10
-    again = tmp_path / "again"
-    resume_from(saved, [*args, *ranks(2)], again)
-    uninterrupted = tmp_path / "uninterrupted"
-    assert_ok(run_cli([*args, *ranks(4)], uninterrupted))
-    assert max_difference(four, again) <= 1e-6
-    assert max_difference(four, uninterrupted) <= 1e-4
 
 
 @pytest.mark.parametrize(

@@ -250,9 +250,8 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys)
     )
     if fitting < nodes:
         each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
-        fix = (
-            f"{_fewer(keys.nodes, fitting, most > nodes)}, or ask for less per node" if fitting else "ask for less per node"
-        )
+        fewer = f"{_fewer(keys.nodes, fitting, most > nodes)}, or " if fitting else ""
+        fix = f"{fewer}ask for less per node"
         return (
             keys.nodes,
             f"the job asks for {asks} with {each} each, but only {fitting} node(s) of {{where}} have that much.",

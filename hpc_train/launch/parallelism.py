@@ -10,7 +10,7 @@ sbatch parameters and the job spec all read that object instead of the raw confi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import micro_batches, strategy_id
@@ -121,7 +121,7 @@ def resolve_node_range(
     may not split over 3), which is given each count's parallelism and every count's. A refusal names the count that
     failed, and the narrower range that works."""
     check_node_range(known_kind(strategy_id(strategy)), nodes, max_nodes)
-    every = []
+    every: List[Parallelism] = []
     for count in range(nodes, max_nodes + 1):
         try:
             every.append(resolve_parallelism(strategy, count, gpus_per_node, cpus_per_gpu, local))

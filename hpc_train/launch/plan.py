@@ -91,12 +91,12 @@ def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
             f"launcher=local runs on this machine only, but resources.nodes={view.resources.nodes}.",
             "use launcher=slurm for several nodes, or set resources.nodes=1.",
         )
-    sizes = dict(gpus_per_node=resolve_gpus_per_node(view), cpus_per_gpu=int(view.cluster.get("cpus_per_gpu") or 1))
+    gpus, cpus_per_gpu = resolve_gpus_per_node(view), int(view.cluster.get("cpus_per_gpu") or 1)
     if max_nodes > nodes:  # every count of the range resolved and checked, here, before anything is queued
         check = functools.partial(check_layout, view)
-        parallel = resolve_node_range(view.strategy, nodes, max_nodes, **sizes, local=local, check=check)
+        parallel = resolve_node_range(view.strategy, nodes, max_nodes, gpus, cpus_per_gpu, local, check)
     else:
-        parallel = resolve_parallelism(view.strategy, nodes=nodes, **sizes, local=local)
+        parallel = resolve_parallelism(view.strategy, nodes, gpus, cpus_per_gpu, local)
     if is_script_job(view) and view.script.get("launcher") == "torchrun":  # one torchrun per node starts its ranks
         parallel = replace(parallel, layout=torchrun_layout(parallel.layout))
     layout = parallel.layout

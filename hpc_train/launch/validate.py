@@ -59,7 +59,7 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parall
 
 
 def batch_divisor(trainer: ConfigView, parallel: Parallelism) -> int:
-    """What the global batch must be a multiple of: data-parallel ranks x accumulation steps x pipeline micro-batches."""
+    """What the global batch must be a multiple of: data-parallel ranks x accumulation steps x micro-batches."""
     return parallel.data_parallel_size * parallel.chunks * int(trainer.grad_accum_steps)
 
 

@@ -276,7 +276,8 @@ def world_mismatch(
     if world == planned or (most is not None and planned <= world <= most and world % per_node == 0):
         return None
     env = os.environ if env is None else env
-    worlds = str(planned) if most is None else f"{planned} to {most}" + (f", {per_node} a node," if per_node > 1 else "")
+    each = f", {per_node} a node," if per_node > 1 else ""
+    worlds = str(planned) if most is None else f"{planned} to {most}{each}"
     if info.source == "slurm":
         message = (
             f"this job was planned for {worlds} rank(s), but this srun step runs {world} task(s)"

@@ -259,6 +259,13 @@ RULES: Tuple[Rule, ...] = (
         doc="The newest checkpoints kept in <run dir>/checkpoints.",
     ),
     R(
+        "trainer.async_checkpoint",
+        flag,
+        "true",
+        required=True,
+        doc="Write checkpoints in the background: the loop waits only while the state is copied to CPU memory.",
+    ),
+    R(
         "trainer.max_requeues",
         whole(0),
         3,

@@ -9,6 +9,7 @@ they are compared with ddp at the same number of ranks, not with one process.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -225,8 +226,10 @@ def test_disk_full_during_a_checkpoint_is_one_message_and_keeps_the_previous_one
     assert str(run_dir / "checkpoints") in out and "trainer.keep_checkpoints" in out, out
     assert checkpoint_steps(run_dir) == [3, 6], "the previous checkpoints stay"
     assert not list((run_dir / "checkpoints").glob(".*")), "no temporary file is left"
-    # The last line says the job stopped mid-run, at the step it reached (its checkpoint of step 9 failed).
-    assert last_line(proc).startswith("hpc-train: the job stopped mid-run at step 9: a rank refused to go on"), out
+    # The last line says the job stopped mid-run, at the step it reached: the checkpoint of step 9 failed in the
+    # background, which the loop learns at a step boundary after it.
+    stopped = re.match(r"hpc-train: the job stopped mid-run at step (\d+): a rank refused to go on", last_line(proc))
+    assert stopped and 9 < int(stopped.group(1)) <= 12, out
     if "strategy=single" in strategy:  # then a refusal at the start, in the same run dir: not the earlier step
         for ckpt in (run_dir / "checkpoints").iterdir():
             ckpt.write_bytes(b"HPCTRAIN-CKPT 1 " + ckpt.read_bytes()[len(b"HPCTRAIN-CKPT 2 "):])

@@ -2,8 +2,9 @@
 collective.
 
 What must hold: the signal handler writes nothing (it only sets a flag); the write in progress
-completes, and the job stops right after it, at that step, within the signal's lead time, with
-one complete checkpoint of that step and no temporary left behind; the same command (or, on
+completes, and the job stops within the signal's lead time with no temporary left behind: right after the write,
+at that step, when checkpoints are written in the loop; at the next step boundary, with a checkpoint of that step
+too, when they are written in the background (trainer.async_checkpoint, the default); the same command (or, on
 Slurm, the requeued job: tests/slurm/test_stop_during_checkpoint_on_slurm.py) resumes from it, and the final weights are bit-identical to those of
 the same run never interrupted.
 
@@ -154,13 +155,32 @@ def signal_during_a_checkpoint_write(args: List[str], run_dir: Path, signum: int
     return code, EVERY, took, sent_wall
 
 
+def stop_checkpoints(run_dir: Path, writing: int, layout: str, background: bool) -> int:
+    """Check the checkpoints a stop during the write of `writing` left; the step the run stopped at.
+
+    Written in the loop (``trainer.async_checkpoint=false``), the write in progress is the stop checkpoint: the run
+    stops at that step, nothing after it. Written in the background, the loop went on while it was written: the stop
+    comes at the next step boundary after the signal, waits for that write, and writes its own checkpoint."""
+    steps = checkpoint_steps(run_dir)
+    assert temporaries(run_dir) == []
+    assert checkpoint_of(run_dir, writing, layout) == {"step": writing, "why": f"every {EVERY} steps"}
+    # Written once (by the loop, or its background thread), not a second time by a handler or by the stop.
+    assert len(writes_logged(run_dir, writing)) == 1, writes_logged(run_dir, writing)
+    if not background:
+        assert steps == [writing]
+        return writing
+    assert len(steps) == 2 and steps[0] == writing and writing < steps[1] < 16, steps
+    assert checkpoint_of(run_dir, steps[1], layout) == {"step": steps[1], "why": "stop signal"}
+    return steps[1]
+
+
 @pytest.mark.parametrize(
-    "layout, signum",
-    [("ddp", signal.SIGUSR2), ("ddp", signal.SIGTERM), ("fsdp", signal.SIGUSR2)],
-    ids=["ddp-SIGUSR2", "ddp-SIGTERM", "fsdp-SIGUSR2"],
+    "layout, signum, background",
+    [("ddp", signal.SIGUSR2, True), ("ddp", signal.SIGTERM, False), ("fsdp", signal.SIGUSR2, True)],
+    ids=["ddp-SIGUSR2-background", "ddp-SIGTERM-in-the-loop", "fsdp-SIGUSR2-background"],
 )
-def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_identical(layout, signum, reference, tmp_path):
-    args = [*ARGS, *LAYOUTS[layout]]
+def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_identical(layout, signum, background, reference, tmp_path):
+    args = [*ARGS, *LAYOUTS[layout], f"trainer.async_checkpoint={str(background).lower()}"]
     run_dir = tmp_path / "run"
     said = tmp_path / "launcher.err"
     code, writing, took, sent_wall = signal_during_a_checkpoint_write(args, run_dir, signum, said)
@@ -168,30 +188,26 @@ def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_
     name = signal.Signals(signum).name
     assert code == 3, f"exit {code}, not 3 (interrupted)\n{said.read_text()}"
     assert took < STOP_WITHIN_S, f"{took:.1f} s from the signal to the exit"
-    # The write in progress completed and is the stop checkpoint: nothing after it, no temporary left.
-    assert checkpoint_steps(run_dir) == [writing]
-    assert temporaries(run_dir) == []
-    assert checkpoint_of(run_dir, writing, layout) == {"step": writing, "why": f"every {EVERY} steps"}
-    # Written once (by the loop, after the step), not a second time by a handler or by the stop.
-    assert len(writes_logged(run_dir, writing)) == 1, writes_logged(run_dir, writing)
+    stopped_at = stop_checkpoints(run_dir, writing, layout, background)
     # Every rank got the signal (rank 0's stderr is the launcher's; the others' go to logs/rank<r>.out).
     assert f"received {name}: checkpointing after the current step" in said.read_text()
     assert f"received {name}: checkpointing after the current step" in (run_dir / "logs" / "rank1.out").read_text()
     end = attempt_records(run_dir)[-1]
-    assert end["event"] == "end" and end["step"] == writing, end
+    assert end["event"] == "end" and end["step"] == stopped_at, end
     assert end["how"].startswith("terminated" if signum == signal.SIGTERM else f"stop signal ({name})"), end
     assert end["time"] - sent_wall < STOP_WITHIN_S
 
     proc = run_cli(args, run_dir)  # the same command, the same run dir
     assert_ok(proc)
     summary = read_summary(run_dir)
-    assert summary["resumed_from_step"] == writing and summary["global_step"] == 16 and summary["attempts"] == 2
+    assert summary["resumed_from_step"] == stopped_at and summary["global_step"] == 16 and summary["attempts"] == 2
     assert_bit_identical(reference(layout), run_dir)
     assert train_steps(run_dir) == train_steps(reference(layout))  # each step once, as if never stopped
 
 
 def test_a_checkpoint_write_longer_than_the_stop_grace_is_not_cut_short(tmp_path):
-    """The stop grace ends a step that hangs after a stop signal; a checkpoint being written is not a hang."""
+    """The stop grace ends a step that hangs after a stop signal; a checkpoint being written (the stop waiting for a
+    background write included) is not a hang."""
     args = [*ARGS, *LAYOUTS["ddp"], "trainer.stop_grace_s=2"]
     run_dir = tmp_path / "run"
     said = tmp_path / "launcher.err"
@@ -199,9 +215,9 @@ def test_a_checkpoint_write_longer_than_the_stop_grace_is_not_cut_short(tmp_path
     for rank_said in (said.read_text(), (run_dir / "logs" / "rank1.out").read_text()):
         assert "stopping now" not in rank_said and "Traceback" not in rank_said, rank_said
     assert code == 3
-    assert checkpoint_steps(run_dir) == [writing] and temporaries(run_dir) == []
+    stopped_at = stop_checkpoints(run_dir, writing, "ddp", background=True)
     end = attempt_records(run_dir)[-1]
-    assert end["how"] == "stop signal (SIGUSR2)" and end["step"] == writing, end
+    assert end["how"] == "stop signal (SIGUSR2)" and end["step"] == stopped_at, end
 
 
 def test_a_stop_signal_while_rank_0_waits_in_a_collective_stops_at_that_step_and_resumes_bit_identical(reference, tmp_path):

@@ -1,5 +1,5 @@
-"""The requeue signal during a checkpoint write on the Slurm test cluster: the job requeues after the write and resumes
-bit-identical."""
+"""The requeue signal during a background checkpoint write on the Slurm test cluster: the loop stops at the next step
+boundary, waits for the write, checkpoints that step, requeues, and the job resumes from it bit-identical."""
 
 from __future__ import annotations
 
@@ -56,13 +56,14 @@ def test_the_requeue_signal_during_a_checkpoint_write_requeues_and_resumes_bit_i
     assert scontrol_job(job)["Restarts"] == "1"
     records = attempt_records(run_dir)
     first_end = [r for r in records if r["event"] == "end" and r["attempt"] == 1]
-    # Stopped right after the write in progress (not a step later): the signal came during that write.
-    assert first_end and first_end[0]["step"] == EVERY, records
+    # Written in the background, the save of step EVERY did not hold the loop: the stop came at a later step boundary.
+    assert first_end and EVERY < first_end[0]["step"] < 16, records
+    stopped_at = first_end[0]["step"]
     assert first_end[0]["time"] - sent_wall < 30, "the stop took longer than launcher.signal_delay_s"
     assert [a for a, _ in attempt_endings(run_dir)] == [1, 2] and attempt_endings(run_dir)[-1] == (2, "finish")
     summary = read_summary(run_dir)
-    assert summary["attempts"] == 2 and summary["resumed_from_step"] == EVERY and summary["global_step"] == 16
-    assert len(writes_logged(run_dir, EVERY)) == 1, writes_logged(run_dir, EVERY)  # one write, by the loop
+    assert summary["attempts"] == 2 and summary["resumed_from_step"] == stopped_at and summary["global_step"] == 16
+    assert len(writes_logged(run_dir, EVERY)) == 1, writes_logged(run_dir, EVERY)  # one write, completed
     assert temporaries(run_dir) == []
     assert "received SIGUSR2" in (run_dir / "slurm" / f"{job}_0_log.err").read_text()
     assert_bit_identical(reference("ddp"), run_dir)

@@ -164,7 +164,7 @@ def test_a_completed_spec_reads_into_every_settings(overrides):
 
 
 def test_a_missing_key_is_an_error_naming_it_not_a_default():
-    node = {"checkpoint_every": 10, "keep_checkpoints": 2}
+    node = {"checkpoint_every": 10, "keep_checkpoints": 2, "async_checkpoint": True}
     with pytest.raises(KeyError, match="max_requeues"):
         section(CheckpointSettings, node)
-    assert section(CheckpointSettings, {**node, "max_requeues": 3, "other": 1}) == CheckpointSettings(10, 2, 3)
+    assert section(CheckpointSettings, {**node, "max_requeues": 3, "other": 1}) == CheckpointSettings(10, 2, 3, True)

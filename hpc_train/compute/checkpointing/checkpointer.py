@@ -8,6 +8,10 @@ stream's read position), saved for every rank. Every rank adds its RNG states. R
 (hpc_train.compute.checkpointing.files); on resume every rank reads the same file, checks the
 fingerprint, and loads its own part.
 
+Written in the loop or in the background (``trainer.async_checkpoint``): in the background the loop only waits
+while the state is staged (hpc_train.compute.checkpointing.staging), and a thread (background.py) writes it;
+:meth:`Checkpointer.finished`, called at step boundaries, says when it is done or raises its error on every rank.
+
 Resume modes (the top-level ``resume`` key; targets resolved by hpc_train.rundir):
   * ``auto``: the newest checkpoint of the run dir that verifies (a torn or corrupt newest one
     is skipped with a warning); none: start from scratch.
@@ -22,13 +26,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
 from hpc_train import rundir
 from hpc_train.compute.runtime import distributed
+from hpc_train.compute.checkpointing.background import FAILURE_WAIT_S, BackgroundWrite, Ticket
 from hpc_train.compute.checkpointing.files import (
     FORMAT,
     CheckpointError,
+    DiskFull,
     capture_rng,
     newest_valid,
     read_checkpoint,
@@ -36,6 +42,7 @@ from hpc_train.compute.checkpointing.files import (
     to_cpu,
     write_checkpoint,
 )
+from hpc_train.compute.checkpointing.staging import Stager
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.fingerprint import differences
 
@@ -48,11 +55,13 @@ log = logging.getLogger("hpc_train")
 @dataclass(frozen=True)
 class CheckpointSettings:
     """The trainer keys of checkpointing: every how many steps, how many are kept, how often a stopped job is requeued
-    to resume from one (read by the requeue, hpc_train.compute.runtime.requeue)."""
+    to resume from one (read by the requeue, hpc_train.compute.runtime.requeue), whether saves are written in the
+    background."""
 
     checkpoint_every: int
     keep_checkpoints: int
     max_requeues: int
+    async_checkpoint: bool
 
 
 class Checkpointer:
@@ -84,55 +93,127 @@ class Checkpointer:
         self.folder = rundir.checkpoint_dir(run_dir)
         self.last_saved_step: Optional[int] = None
         self.resharded_from: Optional[int] = None  # the world size that wrote the checkpoint, when another one
+        self.background = bool(settings.async_checkpoint)
+        self.stager = Stager()
+        self.in_flight: Optional[BackgroundWrite] = None  # the save being written in the background
 
     # -- saving -------------------------------------------------------------------------
     def due(self, global_step: int) -> bool:
         return self.every > 0 and global_step % self.every == 0
 
-    def save(self, global_step: int, why: str) -> Optional[Path]:
-        """Write a checkpoint of the current state (a collective: every rank calls it)."""
+    def save(self, global_step: int, why: str) -> Optional[Ticket]:
+        """Checkpoint the current state (a collective: every rank calls it); None when this step has one already.
+
+        Synchronous: written and installed when this returns. In the background (``trainer.async_checkpoint``): the
+        state is staged (copied to CPU memory) and written by a thread; :meth:`finished` says when it is done. The
+        caller has collected the previous save first (at most one is in flight)."""
         if self.last_saved_step == global_step:
             return None
+        assert self.in_flight is None, "the previous checkpoint is still being written"
         started = time.perf_counter()
+        path, write = self._prepare(global_step, why)
+        ticket = Ticket(global_step, path, background=self.background, started=started)
+        if self.background:
+            self.in_flight = BackgroundWrite(ticket, write)
+        else:
+            write()
+            ticket.total_s = time.perf_counter() - ticket.started
+        self.last_saved_step = global_step
+        return ticket
+
+    def finished(self, wait: bool) -> Optional[Ticket]:
+        """The save in flight, once it is written on every rank (None while it is not, or when none is in flight);
+        `wait`: block until it is. A collective while a save is in flight, so every rank calls it at the same
+        points of the loop. A save that failed on any rank raises its error on every rank."""
+        flight = self.in_flight
+        if flight is None:
+            return None
+        if wait:
+            flight.wait()
+        running, failed = distributed.all_reduce_max_ints([int(not flight.done()), int(flight.error is not None)])
+        if failed:
+            self.in_flight = None
+            raise self._background_error(flight)
+        if running:
+            return None
+        self.in_flight = None
+        return flight.ticket
+
+    def finish_on_failure(self) -> None:
+        """The run is failing on this rank: let the save in flight finish (no collective; at most FAILURE_WAIT_S), so
+        that the state it staged becomes the resume target; one that does not finish is removed at the next start."""
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return
+        if flight.wait(FAILURE_WAIT_S) and flight.error is None:
+            log.info("the checkpoint of step %d, written in the background, was completed", flight.ticket.step)
+        else:
+            log.warning("the checkpoint of step %d, written in the background, was not completed", flight.ticket.step)
+
+    def _background_error(self, flight: BackgroundWrite) -> BaseException:
+        """This rank's own error, else rank 0's (the writer of a single-file checkpoint) as a CheckpointError."""
+        main = distributed.broadcast_from_main(
+            None if flight.error is None else (isinstance(flight.error, DiskFull), str(flight.error))
+        )
+        if flight.error is not None:
+            return flight.error
+        if main is None:
+            return CheckpointError(
+                f"checkpoint step {flight.ticket.step} was not written: another rank failed to write it (see its log)"
+            )
+        disk_full, message = main
+        return DiskFull(message) if disk_full else CheckpointError(message)
+
+    def _copy(self, state: Any) -> Any:
+        """A state dict as it is saved: staged (a copy training cannot change) when written in the background,
+        moved to the CPU when written now."""
+        return self.stager.stage(state) if self.background else to_cpu(state)
+
+    def _prepare(self, global_step: int, why: str) -> Tuple[Path, Callable[[], None]]:
+        """Gather what the checkpoint holds (blocking); the file it becomes and the write, run now or in the
+        background. Rank 0 writes the one file; a synchronous save ends with every rank waiting for it."""
         part = self._rank_part()
         if self.owns_shard:
-            part["shard"] = (
-                self.shard_key,
-                {name: to_cpu(holder.state_dict()) for name, holder in self.sharded.items()},
-            )
+            part["shard"] = (self.shard_key, {name: self._copy(holder.state_dict()) for name, holder in self.sharded.items()})
         parts = distributed.gather_to_main(part)
         path = rundir.checkpoint_path(self.run_dir, global_step)
-        if parts is not None:  # rank 0
-            payload = {
-                "format": FORMAT,
-                "fingerprint": self.fingerprint,
-                **{name: holder.state_dict() for name, holder in self.shared.items()},
-                "rng": [p["rng"] for p in parts],
-                "per_rank": [p.get("own", {}) for p in parts],
-                "shards": dict(p["shard"] for p in parts if "shard" in p),
-                "world_size": self.ranks.world_size,
-                "written": time.time(),
-                "why": why,
-            }
+        if parts is None:  # not rank 0: nothing to write
+            return path, (lambda: None) if self.background else distributed.control_barrier
+        payload = {
+            "format": FORMAT,
+            "fingerprint": self.fingerprint,
+            **{name: self._copy(holder.state_dict()) for name, holder in self.shared.items()},
+            "rng": [p["rng"] for p in parts],
+            "per_rank": [p.get("own", {}) for p in parts],
+            "shards": dict(p["shard"] for p in parts if "shard" in p),
+            "world_size": self.ranks.world_size,
+            "written": time.time(),
+            "why": why,
+        }
+        started = time.perf_counter()
+
+        def write() -> None:
             write_checkpoint(payload, path, self.keep)
             log.info(
-                "checkpoint %s written (%s, step %d, %.2f s)",
+                "checkpoint %s written (%s, step %d, %.2f s%s)",
                 path.name,
                 why,
                 global_step,
                 time.perf_counter() - started,
+                ", in the background" if self.background else "",
             )
-        # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit
-        # would kill rank 0 mid-write) before the file is complete.
-        distributed.control_barrier()
-        self.last_saved_step = global_step
-        return path
+            if not self.background:
+                # No rank moves on (or exits after a stop signal, which under srun --kill-on-bad-exit would kill
+                # rank 0 mid-write) before the file is complete.
+                distributed.control_barrier()
+
+        return path, write
 
     def _rank_part(self) -> Dict[str, Any]:
         """What every rank contributes to a checkpoint: its RNG states and its per-rank holders' state."""
         part: Dict[str, Any] = {"rng": capture_rng()}
         if self.per_rank:
-            part["own"] = {name: to_cpu(holder.state_dict()) for name, holder in self.per_rank.items()}
+            part["own"] = {name: self._copy(holder.state_dict()) for name, holder in self.per_rank.items()}
         return part
 
     # -- loading ------------------------------------------------------------------------
@@ -155,6 +236,7 @@ class Checkpointer:
         self._agree(payload)
         if payload is not None:
             self._check_fingerprint(path, payload)
+            payload["path"] = str(path)
         return path, payload
 
     may_change = ""  # what a checkpoint of this kind lets change, for the refusal's fix
@@ -223,4 +305,4 @@ class Checkpointer:
                 holder.load_state_dict(shard[name])
         for name, holder in self.shared.items():
             holder.load_state_dict(payload[name])
-        self._restore_rank_parts(payload, path_name=str(payload.get("path", "the checkpoint")))
+        self._restore_rank_parts(payload, path_name=payload["path"])

@@ -139,6 +139,7 @@ def save_dcp(
     barrier: Callable[[], None],
     agree: Callable[[bool], bool],
     gather: Callable[[Any], Optional[List[Any]]],
+    process_group: Any = None,
 ) -> Path:
     """Write `state` as ``<folder>/step_<N:09d>/`` (a collective: every rank calls it the same way).
 
@@ -147,7 +148,8 @@ def save_dcp(
     `agree(failed)` is an all-reduce that is True on every rank if any rank passed True (so
     a rank that fails alone never leaves the others waiting); `gather(obj)` returns every
     rank's picklable `obj` in rank order on rank 0 (None elsewhere): each rank hashes the
-    files it wrote and rank 0 gathers those entries for the manifest. The dir appears by one rename
+    files it wrote and rank 0 gathers those entries for the manifest; `process_group`: the group DCP plans on (None:
+    the default one; a save written in the background passes the group its other collectives use). The dir appears by one rename
     once every file and the manifest are on disk: a kill at any moment leaves the previous
     complete checkpoint the newest one. A full disk raises :class:`DiskFull` on every rank
     after rank 0 removed this save's temporary dir.
@@ -172,7 +174,7 @@ def save_dcp(
     writer = _Writer(str(tmp))
     own: Optional[Entries] = None
     try:
-        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer, process_group=process_group)
         faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits a save half-done
         own = file_entries(tmp, writer.written)
     except (Exception, CheckpointException) as err:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -28,7 +28,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from hpc_train import rundir
 from hpc_train.compute.runtime import distributed
+from hpc_train.compute.runtime.distributed import SideGroup
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
+from hpc_train.compute.checkpointing.dcp_dirs import step_dir
 from hpc_train.compute.checkpointing.dcp_load import load_dcp, read_loop
 from hpc_train.compute.checkpointing.dcp_manifest import MANIFEST_FORMAT
 from hpc_train.compute.checkpointing.dcp_save import save_dcp
@@ -107,46 +109,62 @@ class ShardedCheckpointer(Checkpointer):
     def _loop_state(self) -> LoopState:
         return LoopState(self.shared, self.sharded.get("scaler"))
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A background save's collectives (DCP's planning, the manifest's gathering, the install) run on a group of
+        # their own: the main thread goes on using its groups meanwhile.
+        self.side = SideGroup() if self.background else None
+
     # -- saving -------------------------------------------------------------------------
-    def save(self, global_step: int, why: str) -> Optional[Path]:
-        if self.last_saved_step == global_step:
-            return None
-        started = time.perf_counter()
+    def _prepare(self, global_step: int, why: str) -> Tuple[Path, Callable[[], None]]:
         parts = distributed.gather_to_main(self._rank_part())
         loop: Dict[str, Any] = {}
         if parts is not None:  # rank 0
             loop = {
                 "format": MANIFEST_FORMAT,
                 "fingerprint": self.fingerprint,
-                **self._loop_state().state_dict(),
+                **self._copy(self._loop_state().state_dict()),
                 "rng": [p["rng"] for p in parts],
                 "per_rank": [p.get("own", {}) for p in parts],
                 "world_size": self.ranks.world_size,
                 "written": time.time(),
                 "why": why,
             }
-        path = save_dcp(
-            self._shards().state_dict(),
-            self.folder,
-            global_step,
-            loop,
-            self.keep,
-            is_main=self.ranks.is_main,
-            barrier=distributed.control_barrier,
-            agree=lambda failed: distributed.all_reduce_max_int(int(failed)) > 0,
-            gather=distributed.gather_to_main,  # each rank's hashes of its own shard files, for the manifest
-        )
-        if self.ranks.is_main:
-            log.info(
-                "checkpoint %s/ written (%s, step %d, %d ranks' shards, %.2f s)",
-                path.name,
-                why,
+        state = self._shards().state_dict()
+        if self.side is not None:
+            state = self.stager.stage(state)
+            barrier, agree, gather, group = self.side.barrier, self.side.any, self.side.gather_to_main, self.side.group
+        else:
+            group = None
+            barrier, gather = distributed.control_barrier, distributed.gather_to_main
+            agree = lambda failed: distributed.all_reduce_max_int(int(failed)) > 0  # noqa: E731
+        started = time.perf_counter()
+
+        def write() -> None:
+            path = save_dcp(
+                state,
+                self.folder,
                 global_step,
-                self.ranks.world_size,
-                time.perf_counter() - started,
+                loop,
+                self.keep,
+                is_main=self.ranks.is_main,
+                barrier=barrier,
+                agree=agree,
+                gather=gather,  # each rank's hashes of its own shard files, for the manifest
+                process_group=group,
             )
-        self.last_saved_step = global_step
-        return path
+            if self.ranks.is_main:
+                log.info(
+                    "checkpoint %s/ written (%s, step %d, %d ranks' shards, %.2f s%s)",
+                    path.name,
+                    why,
+                    global_step,
+                    self.ranks.world_size,
+                    time.perf_counter() - started,
+                    ", in the background" if self.background else "",
+                )
+
+        return step_dir(self.folder, global_step), write
 
     # -- loading ------------------------------------------------------------------------
     def find(self) -> Tuple[Optional[Path], Optional[Dict[str, Any]]]:

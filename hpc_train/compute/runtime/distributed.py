@@ -133,12 +133,27 @@ def collective_device(device: torch.device) -> torch.device:
 
 def all_reduce_max_int(value: int) -> int:
     """Maximum of a small integer over all ranks, on the CPU control group."""
+    return all_reduce_max_ints([value])[0]
+
+
+def all_reduce_max_ints(values: List[int]) -> List[int]:
+    """Element-wise maximum of a few small integers over all ranks, in one collective on the CPU control group."""
     if not is_initialized():
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64)
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.int64)
     with heartbeat.phase(COLLECTIVE):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
-    return int(tensor.item())
+    return [int(v) for v in tensor.tolist()]
+
+
+def broadcast_from_main(obj: object) -> object:
+    """Rank 0's picklable `obj` on every rank, over the CPU control group."""
+    if not is_initialized():
+        return obj
+    box = [obj]
+    with heartbeat.phase(COLLECTIVE):
+        dist.broadcast_object_list(box, src=0, group=_control_group)
+    return box[0]
 
 
 def gather_to_main(obj: object) -> Optional[List[object]]:
@@ -150,3 +165,35 @@ def gather_to_main(obj: object) -> Optional[List[object]]:
     with heartbeat.phase(COLLECTIVE):
         dist.gather_object(obj, out, dst=0, group=_control_group)
     return out
+
+
+class SideGroup:
+    """A gloo group of its own, for collectives made off the main thread (a checkpoint written in the background).
+
+    A group runs its collectives in the order they are called, so a second thread may not share the main thread's
+    groups: its calls would interleave with the training step's. Not marked in the heartbeat either: a rank's
+    progress (what the hang watchdog reads) is its main thread's. Without a process group every call is local.
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo") if is_initialized() else None  # a collective: every rank makes it
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when any rank passed True."""
+        if self.group is None:
+            return bool(flag)
+        tensor = torch.tensor([int(bool(flag))], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(tensor.item())
+
+    def gather_to_main(self, obj: object) -> Optional[List[object]]:
+        """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere)."""
+        if self.group is None:
+            return [obj]
+        out: Optional[List[object]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out

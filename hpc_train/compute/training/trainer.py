@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from hpc_train import hang, rundir
+from hpc_train.compute.checkpointing.background import Ticket
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.checkpointing.files import save_atomic, size_on_disk
 from hpc_train.compute.data.batch import to_device
@@ -210,6 +211,20 @@ class Trainer:
         )
         self.model.train()
         settle_garbage_collector()
+        try:
+            self._train_steps(progress, meter)
+        except BaseException:
+            self.checkpointer.finish_on_failure()  # a save still being written in the background may finish
+            raise
+        progress.close()
+        self._sync()
+        meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
+        self._save(state.global_step, "end of training", settle=True)
+        return self._finish(meter)
+
+    def _train_steps(self, progress: Progress, meter: Throughput) -> None:
+        """The loop: from the restored position to the last step (evaluations and checkpoints when due)."""
+        state = self.state
         while state.global_step < self.total_steps:
             epoch = self.epochs.open(state.epoch, state.step_in_epoch)  # from the position: mid-epoch after a resume
             for batch in self._marked(epoch):  # this rank's progress marked: waiting for data, then the step
@@ -230,11 +245,6 @@ class Trainer:
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
             self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended
-        progress.close()
-        self._sync()
-        meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
-        self._save(state.global_step, "end of training")
-        return self._finish(meter)
 
     @notes_time_of_death
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
@@ -468,10 +478,11 @@ class Trainer:
         faults.step_sleep(resumed=self.resumed_from_step is not None)
         now = time.perf_counter()
         step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
+        self._last_step_s = step_s
+        self._collect(wait=False)  # a save written in the background: recorded once done (its error raised)
         if self.checkpointer.due(step):
             self._flush_before_checkpoint()
             self._save(step, "every %d steps" % self.checkpointer.every)
-            self._check_signal_lead(step_s, time.perf_counter() - now)
             self._step_ended = time.perf_counter()
         if self.stop_flag is None:
             return
@@ -479,7 +490,7 @@ class Trainer:
         if request != NONE:
             self._flush_owed = False
             self.metrics.flush()  # nothing more is logged in this attempt
-            self._save(step, "stop signal")
+            self._save(step, "stop signal", settle=True)
             reason = self.stop_flag.reason(request, float(self.settings.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
@@ -501,18 +512,50 @@ class Trainer:
 
     checkpoint_blocked_s = 0.0  # the time training waited for checkpoints, this attempt (the summary states it)
 
-    def _save(self, step: int, why: str) -> None:
-        """Write a checkpoint; its metrics.jsonl row says how long training waited for it and how big it is."""
-        started = time.perf_counter()
+    def _save(self, step: int, why: str, settle: bool = False) -> None:
+        """Checkpoint this step. The loop waits for the previous save if it is still being written, then while this
+        one is staged (``trainer.async_checkpoint``) or written; `settle`: until it is written in any case (a stop,
+        the end of training: nothing exits before its checkpoint is durable)."""
         with heartbeat.phase(hang.CHECKPOINT):
-            path = self.checkpointer.save(step, why)
-        if path is None:  # this step's checkpoint exists already
+            self._collect(wait=True)  # at most one save in flight: the previous one first
+            started = time.perf_counter()
+            ticket = self.checkpointer.save(step, why)
+            if ticket is not None:
+                ticket.blocked_s = time.perf_counter() - started
+                if not ticket.background:  # written: the whole save blocked training
+                    ticket.total_s = ticket.blocked_s
+                    self._record(ticket)
+            if settle:
+                self._collect(wait=True)
+
+    def _collect(self, wait: bool) -> None:
+        """Record the save in flight once it is written everywhere (`wait`: wait for it; that wait counts as time the
+        save blocked training). A save that failed in the background raises its error here, on every rank."""
+        started = time.perf_counter()
+        ticket = self.checkpointer.finished(wait)
+        if ticket is None:
             return
-        blocked = time.perf_counter() - started
-        self.checkpoint_blocked_s += blocked
+        if wait:
+            ticket.blocked_s += time.perf_counter() - started
+        self._record(ticket)
+
+    def _record(self, ticket: Ticket) -> None:
+        """A written checkpoint's metrics.jsonl row: how long training waited for it, how long it took, its size."""
+        self.checkpoint_blocked_s += ticket.blocked_s
+        ticket.total_s = max(ticket.total_s or 0.0, ticket.blocked_s)  # a waited-for save: done when the wait ended
         if self.is_main:
-            row = {"kind": "checkpoint", "step": step, "blocked_s": round(blocked, 6), "total_s": round(blocked, 6)}
-            self.metrics.write({**row, "bytes": size_on_disk(path), "async": False, "time": time.time()})
+            self.metrics.write(
+                {
+                    "kind": "checkpoint",
+                    "step": ticket.step,
+                    "blocked_s": round(ticket.blocked_s, 6),
+                    "total_s": round(ticket.total_s, 6),
+                    "bytes": size_on_disk(ticket.path),
+                    "async": ticket.background,
+                    "time": time.time(),
+                }
+            )
+        self._check_signal_lead(ticket)
 
     def _marked(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The batches, with this rank's progress marked: waiting for data, then each step's duration."""
@@ -533,27 +576,31 @@ class Trainer:
             yield batch
 
     _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
+    _last_step_s: Optional[float] = None  # the duration of the last step before a checkpoint
     _lead_checked = False
 
-    def _check_signal_lead(self, step_s: Optional[float], checkpoint_s: float) -> None:
-        """At the first periodic checkpoint after a measured step: warn when Slurm's stop signal comes too late to
+    def _check_signal_lead(self, ticket: Ticket) -> None:
+        """At the first checkpoint written after a measured step: warn when Slurm's stop signal comes too late to
         finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
-        the stop waits for the end of the current step)."""
-        launcher = self.settings.launcher
+        the stop waits for the end of the current step). With saves in the background the stop may also have to
+        wait for the one in flight: twice a save's duration."""
+        launcher, step_s = self.settings.launcher, self._last_step_s
         if self._lead_checked or step_s is None or str(launcher.name) not in ("slurm", "sbatch"):
             return
         self._lead_checked = True
         lead = float(launcher.signal_delay_s)
+        checkpoint_s = (ticket.total_s or 0.0) * (2 if ticket.background else 1)
         needed = step_s + checkpoint_s
         if self.is_main and lead < needed:
             log.warning(
                 "launcher.signal_delay_s=%d is shorter than one step plus a checkpoint (measured %.0f s: step %.1f s +"
-                " checkpoint %.1f s): at the time limit the job may be killed before its stop checkpoint. Fix: raise"
-                " launcher.signal_delay_s (e.g. to %d).",
+                " checkpoint %.1f s%s): at the time limit the job may be killed before its stop checkpoint. Fix:"
+                " raise launcher.signal_delay_s (e.g. to %d).",
                 lead,
                 needed,
                 step_s,
                 checkpoint_s,
+                ", the one in flight and the stop's own" if ticket.background else "",
                 int(2 * needed) + 30,
             )
 

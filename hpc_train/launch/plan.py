@@ -93,7 +93,7 @@ def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
         )
     gpus, cpus_per_gpu = resolve_gpus_per_node(view), int(view.cluster.get("cpus_per_gpu") or 1)
     if max_nodes > nodes:  # every count of the range resolved and checked, here, before anything is queued
-        check = functools.partial(check_layout, view)
+        check = functools.partial(check_layout, view, run_dir=run_dir)
         parallel = resolve_node_range(view.strategy, nodes, max_nodes, gpus, cpus_per_gpu, local, check)
     else:
         parallel = resolve_parallelism(view.strategy, nodes, gpus, cpus_per_gpu, local)

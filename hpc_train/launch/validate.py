@@ -38,9 +38,12 @@ def normalize_precision(value: object) -> str:
     return str(value).lower()
 
 
-def check_trainer(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = ()) -> None:
+def check_trainer(
+    cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = (), run_dir: Optional[Path] = None
+) -> None:
     """What the types alone do not say: training stops, the global batch splits evenly, the recipe's keys agree.
-    `every`: each node count's parallelism, for a range of nodes (the batch must split at every count)."""
+    `every`: each node count's parallelism, for a range of nodes (the batch must split at every count); `run_dir`:
+    where a checkpoint this run continues is looked for (its global batch is the one that must split)."""
     trainer = cfg.trainer
     if trainer.epochs is None and trainer.max_steps is None:
         raise ConfigError(
@@ -48,6 +51,8 @@ def check_trainer(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parall
             "both trainer.epochs and trainer.max_steps are null, so training would never stop.",
             "set trainer.epochs=5 or trainer.max_steps=1000.",
         )
+    if run_dir is not None:
+        _check_continued_batch_split(cfg, parallel, run_dir)
     _check_batch_split(trainer, parallel, every)
     _check_schedule(trainer)
     if trainer.ema_decay is not None and parallel.kind.staged:
@@ -98,6 +103,34 @@ def _check_batch_split(trainer: ConfigView, parallel: Parallelism, every: Sequen
             f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}"
             + (", or change trainer.grad_accum_steps." if accum > 1 else "."),
         )
+
+
+def _check_continued_batch_split(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
+    """A run that continues a checkpoint keeps its global batch, so when that batch does not split over this run's
+    data-parallel ranks the fix is another number of ranks (or a fresh start): another trainer.batch_size would be
+    refused next, as a setting the checkpoint does not share."""
+    target = rundir.newest_checkpoint(str(cfg.resume), Path(run_dir))
+    saved = read_header_fingerprint(target) if target is not None else None
+    if not saved or "trainer.batch_size" not in saved:
+        return
+    batch, accum, chunks = int(saved["trainer.batch_size"]), int(cfg.trainer.grad_accum_steps), parallel.chunks
+    replicas = parallel.data_parallel_size
+    if batch % (replicas * chunks * accum) == 0:
+        return
+    sizes = [str(n) for n in range(1, batch + 1) if batch % (n * chunks * accum) == 0]
+    parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
+    if accum > 1:
+        parts.append(f"trainer.grad_accum_steps={accum}")
+    if chunks > 1:
+        parts.append(f"strategy.chunks={chunks}")
+    raise ConfigError(
+        "resources.gpus_per_node",
+        f"this run continues the checkpoint {target}, whose global batch of {batch} (trainer.batch_size, kept by a"
+        f" resumed run) does not split evenly over the {' x '.join(parts)} ({parallel.layout.describe()}).",
+        f"resume on a data-parallel size of {', '.join(sizes[:-1])} or {sizes[-1]} ranks (resources.nodes x"
+        " resources.gpus_per_node)" + (", or change trainer.grad_accum_steps" if accum > 1 else "")
+        + ", or start over with resume=never.",
+    )
 
 
 def _check_schedule(trainer: ConfigView) -> None:
@@ -430,7 +463,7 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
         check_output_dir(run_dir)
         return
     check_timeouts(cfg)
-    check_layout(cfg, parallel)
+    check_layout(cfg, parallel, run_dir=run_dir)
     check_data(cfg)
     check_targets(cfg)
     check_resume(cfg)
@@ -439,14 +472,16 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     check_output_dir(run_dir)
 
 
-def check_layout(cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = ()) -> None:
+def check_layout(
+    cfg: ConfigView, parallel: Parallelism, every: Sequence[Parallelism] = (), run_dir: Optional[Path] = None
+) -> None:
     """The cross-key checks that read the layout; a range of nodes runs them at every count, `every` being each
-    count's parallelism (parallelism.resolve_node_range)."""
+    count's parallelism (parallelism.resolve_node_range); `run_dir`: where a checkpoint the run continues is found."""
     if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
         return
     check_strategy(cfg, parallel)
     check_activation_checkpointing(cfg, parallel)
-    check_trainer(cfg, parallel, every)
+    check_trainer(cfg, parallel, every, run_dir)
 
 
 def check_resume_compatible(spec: dict, run_dir: Path) -> None:

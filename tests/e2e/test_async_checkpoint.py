@@ -4,9 +4,9 @@ What must hold: a run whose saves are written in the background ends with the sa
 synchronously (bit-identical: staging copies the state exactly); a kill -9 while a save is being written in the
 background, training going on meanwhile, leaves the previous checkpoint the resume target, and the rerun removes the
 torn write and ends equal to the uninterrupted run. The write is slowed by the fault hook HPC_TRAIN_SLOW_CHECKPOINT
-(it pauses half-way, in the background thread); single-file checkpoints of one process are covered the same way by
-tests/e2e/test_checkpoint.py, a full disk by tests/e2e/test_fsdp.py, a stop signal by
-tests/e2e/test_stop_during_checkpoint.py.
+(it pauses half-way, in the background thread). Here: HSDP and the pipelining engine; single and ddp are covered the
+same way by tests/e2e/test_checkpoint.py, fsdp by tests/e2e/test_fsdp.py (whose references save in the loop), a full
+disk by tests/e2e/test_fsdp.py, a stop signal by tests/e2e/test_stop_during_checkpoint.py.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from tests.support.cli import (
 
 # 512 samples / batch 64 = 8 steps per epoch, 2 epochs; checkpoints every 3 steps.
 ARGS = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
-STRATEGIES = {
-    "ddp": ["strategy=ddp", "resources.gpus_per_node=2"],
-    "fsdp": ["strategy=fsdp", "resources.gpus_per_node=2"],
+STRATEGIES = {  # single and ddp: tests/e2e/test_checkpoint.py; fsdp: tests/e2e/test_fsdp.py (the same test)
     "hsdp": ["strategy=fsdp", "resources.gpus_per_node=4", "strategy.replicate=2"],
     "pipelining": ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.chunks=2"],
 }

@@ -39,11 +39,12 @@ LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpu
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The reference runs, one per layout, computed once."""
+    """The reference runs, one per layout, computed once, saving in the loop: every resumed run below writes its
+    checkpoints in the background (the default), so each comparison also shows both ways save the same state."""
     runs = {}
     for name, layout in LAYOUTS.items():
         run_dir = tmp_path_factory.mktemp(f"reference-{name}")
-        assert_ok(run_cli([*RESUME, *layout], run_dir))
+        assert_ok(run_cli([*RESUME, *layout, "trainer.async_checkpoint=false"], run_dir))
         runs[name] = run_dir
     return runs
 
@@ -74,16 +75,22 @@ def test_kill9_after_second_checkpoint_then_rerun_is_bit_identical(layout, unint
     assert steps == reference
 
 
-def test_kill9_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted, tmp_path):
-    args = [*RESUME, *LAYOUTS["single"]]
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layout, uninterrupted, tmp_path):
+    args = [*RESUME, *LAYOUTS[layout]]
     run_dir = tmp_path / "run"
     folder = run_dir / "checkpoints"
-    proc = start_background(args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "3"})
+    # Writes pause 2 s half-way, in the background thread; the first attempt's steps are slowed so that the loop
+    # goes on training meanwhile (3 steps between saves outlast a write).
+    proc = start_background(args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "2", "HPC_TRAIN_STEP_SLEEP": "0.8"})
     try:
-        # The first checkpoint (step 3) completes after 3 s; then kill inside the second write.
+        # The first checkpoint (step 3) completes in the background; then kill inside the second write.
         wait_for(lambda: checkpoint_steps(run_dir) == [3] and any(p.name.startswith(".step_000000006") for p in folder.iterdir()), 120, "the second checkpoint write to start")
     finally:
         kill_group(proc)
+    first = next(json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "checkpoint")
+    assert first["step"] == 3 and first["async"] is True
+    assert first["blocked_s"] < first["total_s"] - 1, first  # the loop did not wait for the write
     torn = [p for p in folder.iterdir() if p.name.startswith(".")]
     assert torn, "the kill should have left the half-written temporary file"
     assert checkpoint_steps(run_dir) == [3], "a torn write must never appear under a checkpoint name"
@@ -94,7 +101,8 @@ def test_kill9_during_a_checkpoint_write_keeps_the_previous_one(uninterrupted, t
 
     assert_ok(run_cli(args, run_dir))
     assert read_summary(run_dir)["resumed_from_step"] == 3
-    assert_bit_identical(uninterrupted["single"], run_dir)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")], "the torn write's leftovers are removed"
+    assert_bit_identical(uninterrupted[layout], run_dir)
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted, tmp_path):

@@ -9,6 +9,7 @@ they are compared with ddp at the same number of ranks, not with one process.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -101,7 +102,8 @@ RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp-2")
-    assert_ok(run_cli([*RESUME, *ranks(2)], run_dir))
+    # Saving in the loop: the runs compared with it save in the background (the default), the same state.
+    assert_ok(run_cli([*RESUME, *ranks(2), "trainer.async_checkpoint=false"], run_dir))
     return run_dir
 
 
@@ -126,18 +128,22 @@ def test_kill9_mid_training_then_rerun_is_bit_identical(uninterrupted, tmp_path)
     assert_bit_identical(uninterrupted, run_dir)
 
 
-def test_kill9_during_a_sharded_write_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path):
+def test_kill9_during_a_background_sharded_write_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    proc = start_background([*RESUME, *ranks(2)], run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "30"})
-    try:  # the first save (step 3) pauses half-way: its temporary dir exists, no step_* dir does
-        wait_for(lambda: list((run_dir / "checkpoints").glob(".step_000000003*")), 120, "a checkpoint being written")
+    # Every rank's write pauses 2 s half-way in its background thread; the slowed steps go on meanwhile.
+    proc = start_background([*RESUME, *ranks(2)], run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "2", "HPC_TRAIN_STEP_SLEEP": "0.8"})
+    try:  # step 3's save was installed while training went on; step 6's is half-written: its temporary dir exists
+        wait_for(lambda: checkpoint_steps(run_dir) == [3] and list((run_dir / "checkpoints").glob(".step_000000006*")), 120, "the second background write")
     finally:
         kill_group(proc)
-    assert checkpoint_steps(run_dir) == []
+    assert checkpoint_steps(run_dir) == [3]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(row for row in rows if row["kind"] == "checkpoint")
+    assert first["step"] == 3 and first["async"] is True and first["blocked_s"] < first["total_s"] - 1, first
     proc = run_cli([*RESUME, *ranks(2)], run_dir)
     assert_ok(proc)
     assert not list((run_dir / "checkpoints").glob(".step_*")), "the killed write's temporary dir is removed"
-    assert read_summary(run_dir)["resumed_from_step"] is None
+    assert read_summary(run_dir)["resumed_from_step"] == 3
     assert_bit_identical(uninterrupted, run_dir)
 
 

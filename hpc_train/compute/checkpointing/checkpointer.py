@@ -173,9 +173,10 @@ class Checkpointer:
         """Gather what the checkpoint holds (blocking); the file it becomes and the write, run now or in the
         background. Rank 0 writes the one file; a synchronous save ends with every rank waiting for it."""
         part = self._rank_part()
-        if self.owns_shard:
-            part["shard"] = (self.shard_key, {name: self._copy(holder.state_dict()) for name, holder in self.sharded.items()})
-        parts = distributed.gather_to_main(part)
+        shard = {name: self._copy(holder.state_dict()) for name, holder in self.sharded.items()} if self.owns_shard else None
+        if shard is not None and not self.ranks.is_main:  # another stage's owner (the pipelining engine) sends its own
+            part["shard"] = (self.shard_key, shard)
+        parts = distributed.gather_to_main(part)  # rank 0's shard stays out: it would be pickled to itself
         path = rundir.checkpoint_path(self.run_dir, global_step)
         if parts is None:  # not rank 0: nothing to write
             return path, (lambda: None) if self.background else distributed.control_barrier
@@ -185,7 +186,7 @@ class Checkpointer:
             **{name: self._copy(holder.state_dict()) for name, holder in self.shared.items()},
             "rng": [p["rng"] for p in parts],
             "per_rank": [p.get("own", {}) for p in parts],
-            "shards": dict(p["shard"] for p in parts if "shard" in p),
+            "shards": {**dict(p["shard"] for p in parts if "shard" in p), **({self.shard_key: shard} if shard else {})},
             "world_size": self.ranks.world_size,
             "written": time.time(),
             "why": why,

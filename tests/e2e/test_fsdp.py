@@ -162,9 +162,8 @@ def test_resharding_keeps_step_and_parameters(first, second, tmp_path):
     args = [*TINY, "trainer.batch_size=48", "trainer.max_steps=8", "trainer.checkpoint_every=4", "trainer.lr_schedule=constant", *FSDP]
     reference = tmp_path / "reference"
     assert_ok(run_cli([*args, *first], reference))
-    run_dir = tmp_path / "run"
-    assert_ok(run_cli([*args, "trainer.max_steps=4", *first], run_dir))
-    proc = run_cli([*args, *second], run_dir)
+    run_dir = tmp_path / "run"  # continues the reference's checkpoint of step 4 at the second layout
+    proc = run_cli([*args, *second, f"resume={reference / 'checkpoints' / 'step_000000004'}"], run_dir)
     assert_ok(proc)
     assert read_summary(run_dir)["resumed_from_step"] == 4 and "resharding" in proc.stdout + proc.stderr
     assert max_difference(reference, run_dir) <= 1e-4

@@ -140,14 +140,14 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     buffer = io.BytesIO()
     buffer.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
     torch.save(payload, buffer)
-    body = buffer.getvalue()
+    body = buffer.getbuffer()  # a view: a checkpoint's bytes are never copied on their way to the file
     header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
     try:
-        rundir.write_bytes_atomic(header + body, path, halfway=faults.slow_checkpoint_write)
+        rundir.write_bytes_atomic([header, body], path, halfway=faults.slow_checkpoint_write)
     except OSError as err:
         rundir.remove_stale_temporaries(path.parent)  # this write's temporary file (the only writer: rank 0)
         if err.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(path.parent, f"checkpoint {path.name}", len(header) + len(body)) from None
+            raise disk_full_error(path.parent, f"checkpoint {path.name}", len(header) + body.nbytes) from None
         raise
     for old in rundir.list_checkpoints(path.parent)[max(1, keep) :]:
         try:

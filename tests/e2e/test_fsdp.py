@@ -216,7 +216,8 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], capture_output=True)
 
 
-@pytest.mark.parametrize("strategy", [["strategy=single"], [*FSDP, *ranks(2)]], ids=["file-checkpoint", "sharded"])
+# ddp: rank 0 writes the file in the background and the other rank learns of the failure from it.
+@pytest.mark.parametrize("strategy", [["strategy=ddp", *ranks(2)], [*FSDP, *ranks(2)]], ids=["file-checkpoint", "sharded"])
 def test_disk_full_during_a_checkpoint_is_one_message_and_keeps_the_previous_one(strategy, small_disk, tmp_path):
     args = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=10", "logger=jsonl", *strategy]
     probe = tmp_path / "probe"
@@ -235,7 +236,7 @@ def test_disk_full_during_a_checkpoint_is_one_message_and_keeps_the_previous_one
     # background, which the loop learns at a step boundary after it.
     stopped = re.match(r"hpc-train: the job stopped mid-run at step (\d+): a rank refused to go on", last_line(proc))
     assert stopped and 9 < int(stopped.group(1)) <= 12, out
-    if "strategy=single" in strategy:  # then a refusal at the start, in the same run dir: not the earlier step
+    if "strategy=ddp" in strategy:  # then a refusal at the start, in the same run dir: not the earlier step
         for ckpt in (run_dir / "checkpoints").iterdir():
             ckpt.write_bytes(b"HPCTRAIN-CKPT 1 " + ckpt.read_bytes()[len(b"HPCTRAIN-CKPT 2 "):])
         again = run_cli(args, run_dir)

@@ -1,5 +1,7 @@
 """Every strategy computes what single-device training computes (real processes, gloo on CPU)."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
@@ -51,15 +53,19 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def losses(tmp_path_factory):
+    """Each variant's summary. Two runs at a time: a run is mostly process start-up, and the other test worker's
+    Slurm tests mostly wait on the cluster."""
     base = tmp_path_factory.mktemp("strategies")
-    found = {}
-    for name, overrides in VARIANTS.items():
-        proc = run_cli([*COMMON, *overrides], base / name)
+
+    def run(name: str) -> dict:
+        proc = run_cli([*COMMON, *VARIANTS[name]], base / name)
         assert_ok(proc)
         summary = read_summary(base / name)
         assert summary["global_step"] == 20
-        found[name] = summary
-    return found
+        return summary
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(VARIANTS, pool.map(run, VARIANTS)))
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n != "single"])

@@ -198,8 +198,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
 def write_bytes_atomic(
     data: Union[bytes, memoryview, Sequence[Union[bytes, memoryview]]], path: Path, halfway: Optional[Callable[[], None]] = None
 ) -> None:
-    """`data` (bytes, or chunks written one after the other, never joined: a checkpoint's header and its body) under
-    `path`, atomically (write_atomic). `halfway` runs half-way through the write (a test hook that widens the window
+    """`data` (bytes, or chunks written one after the other, never joined) under `path`, atomically (write_atomic). `halfway` runs half-way through the write (a test hook that widens the window
     in which a kill can hit mid-write)."""
     chunks = [memoryview(data)] if isinstance(data, (bytes, bytearray, memoryview)) else [memoryview(c) for c in data]
     half = sum(c.nbytes for c in chunks) // 2

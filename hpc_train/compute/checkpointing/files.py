@@ -135,19 +135,51 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 
 # -- checkpoint files -----------------------------------------------------------------------
+class _HashingWriter:
+    """Writes through to a file and hashes what passes: a checkpoint is hashed as it is written, never held in memory
+    as a whole (torch.save needs ``write`` and ``flush`` only)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.digest.update(view)
+        self.size += view.nbytes
+        return self.handle.write(view)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _header(digest: str) -> bytes:
+    return b"%s %d %s\n" % (MAGIC, FORMAT, digest.encode())
+
+
 def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
-    """Write `payload` atomically, then delete all but the newest `keep` checkpoints beside it."""
-    buffer = io.BytesIO()
-    buffer.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
-    torch.save(payload, buffer)
-    body = buffer.getbuffer()  # a view: a checkpoint's bytes are never copied on their way to the file
-    header = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(body).hexdigest().encode())
+    """Write `payload` atomically, then delete all but the newest `keep` checkpoints beside it.
+
+    Streamed: the header's place is kept (its length is fixed), the body is serialized straight into the file and
+    hashed on the way, then the header is written over its place; the file is flushed, fsynced and renamed."""
+    written = _HashingWriter(None)
+
+    def write(handle: Any) -> None:
+        handle.write(_header("0" * 64))
+        written.handle = handle
+        written.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
+        torch.save(payload, written)
+        faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits the write
+        handle.seek(0)
+        handle.write(_header(written.digest.hexdigest()))
+
     try:
-        rundir.write_bytes_atomic([header, body], path, halfway=faults.slow_checkpoint_write)
+        rundir.write_atomic(path, write)
     except OSError as err:
         rundir.remove_stale_temporaries(path.parent)  # this write's temporary file (the only writer: rank 0)
         if err.errno in DISK_FULL_ERRNOS:
-            raise disk_full_error(path.parent, f"checkpoint {path.name}", len(header) + body.nbytes) from None
+            previous = [p.stat().st_size for p in rundir.list_checkpoints(path.parent)[:1]]
+            needed = max([len(_header("0" * 64)) + written.size, *previous])
+            raise disk_full_error(path.parent, f"checkpoint {path.name}", needed) from None
         raise
     for old in rundir.list_checkpoints(path.parent)[max(1, keep) :]:
         try:

@@ -166,6 +166,11 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(
             f"hpc-train: done: {data['global_step']} steps, train_loss {data['train_loss']:.4f}, "
             f"eval_accuracy {acc_text}, {data['samples_per_sec']:.1f} samples/s"
+            + (
+                f", checkpoints blocked training {data['checkpoint_blocked_s']:.1f} s"
+                if data.get("checkpoint_blocked_s") is not None
+                else ""
+            )
         )
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")

@@ -82,7 +82,8 @@ def test_main_job_learns_digits(tmp_path):
 def test_each_checkpoint_logs_what_it_cost_and_the_summary_totals_the_time_training_waited(tmp_path, background):
     run_dir = tmp_path / "run"
     args = [*TINY, "strategy=single", "trainer.max_steps=6", "trainer.checkpoint_every=3", "trainer.eval=false"]
-    assert_ok(run_cli([*args, f"trainer.async_checkpoint={str(background).lower()}"], run_dir))
+    proc = run_cli([*args, f"trainer.async_checkpoint={str(background).lower()}"], run_dir)
+    assert_ok(proc)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     saves = [row for row in rows if row["kind"] == "checkpoint"]
     assert [row["step"] for row in saves] == [3, 6]
@@ -91,4 +92,6 @@ def test_each_checkpoint_logs_what_it_cost_and_the_summary_totals_the_time_train
         if not background:  # a save written in the loop blocks it for all its duration
             assert row["blocked_s"] == row["total_s"]
         assert row["bytes"] == (run_dir / "checkpoints" / f"step_{row['step']:09d}.ckpt").stat().st_size
-    assert read_summary(run_dir)["checkpoint_blocked_s"] == pytest.approx(sum(r["blocked_s"] for r in saves), abs=1e-5)
+    blocked = read_summary(run_dir)["checkpoint_blocked_s"]
+    assert blocked == pytest.approx(sum(r["blocked_s"] for r in saves), abs=1e-5)
+    assert f", checkpoints blocked training {blocked:.1f} s" in proc.stdout  # the run's closing line says it too

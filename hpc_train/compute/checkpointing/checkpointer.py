@@ -117,7 +117,6 @@ class Checkpointer:
             self.in_flight = BackgroundWrite(ticket, write)
         else:
             write()
-            ticket.total_s = time.perf_counter() - ticket.started
         self.last_saved_step = global_step
         return ticket
 

@@ -522,8 +522,7 @@ class Trainer:
             ticket = self.checkpointer.save(step, why)
             if ticket is not None:
                 ticket.blocked_s = time.perf_counter() - started
-                if not ticket.background:  # written: the whole save blocked training
-                    ticket.total_s = ticket.blocked_s
+                if not ticket.background:  # written: the whole save blocked training (its total, _record)
                     self._record(ticket)
             if settle:
                 self._collect(wait=True)
@@ -542,7 +541,8 @@ class Trainer:
     def _record(self, ticket: Ticket) -> None:
         """A written checkpoint's metrics.jsonl row: how long training waited for it, how long it took, its size."""
         self.checkpoint_blocked_s += ticket.blocked_s
-        ticket.total_s = max(ticket.total_s or 0.0, ticket.blocked_s)  # a waited-for save: done when the wait ended
+        # A save written in the loop, or one waited for: done when the wait ended.
+        ticket.total_s = max(ticket.total_s or 0.0, ticket.blocked_s)
         if self.is_main:
             self.metrics.write(
                 {
@@ -576,7 +576,7 @@ class Trainer:
             yield batch
 
     _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
-    _last_step_s: Optional[float] = None  # the duration of the last step before a checkpoint
+    _last_step_s: Optional[float] = None  # the duration of the last step (the lead-time check reads it)
     _lead_checked = False
 
     def _check_signal_lead(self, ticket: Ticket) -> None:

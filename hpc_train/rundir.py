@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 JOB_CONFIG = "job_config.yaml"
 SUMMARY = "summary.json"
@@ -195,25 +195,17 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
     fsync_path(path.parent)
 
 
-def write_bytes_atomic(
-    data: Union[bytes, memoryview, Sequence[Union[bytes, memoryview]]], path: Path, halfway: Optional[Callable[[], None]] = None
-) -> None:
-    """`data` (bytes, or chunks written one after the other, never joined) under `path`, atomically (write_atomic). `halfway` runs half-way through the write (a test hook that widens the window
-    in which a kill can hit mid-write)."""
-    chunks = [memoryview(data)] if isinstance(data, (bytes, bytearray, memoryview)) else [memoryview(c) for c in data]
-    half = sum(c.nbytes for c in chunks) // 2
+def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
+    """`data` under `path`, atomically (write_atomic). `halfway` runs between the two halves of the write (a test
+    hook that widens the window in which a kill can hit mid-write)."""
+    view = memoryview(data)  # its slices copy nothing
 
     def write(handle: BinaryIO) -> None:
-        written = 0
-        for chunk in chunks:
-            cut = half - written
-            if halfway is not None and 0 <= cut < chunk.nbytes:  # memoryview slices copy nothing
-                handle.write(chunk[:cut])
-                halfway()
-                handle.write(chunk[cut:])
-            else:
-                handle.write(chunk)
-            written += chunk.nbytes
+        half = view.nbytes // 2
+        handle.write(view[:half])
+        if halfway is not None:
+            halfway()
+        handle.write(view[half:])
 
     write_atomic(path, write)
 

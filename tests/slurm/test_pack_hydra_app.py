@@ -37,7 +37,7 @@ def main(cfg) -> float:
     seen["hydra_job_id"] = HydraConfig.get().job.id
     with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:
         json.dump(seen, handle)
-    if value == cfg.fail_value:
+    if HydraConfig.get().job.num == cfg.fail_job:
         raise RuntimeError(f"my_app will not compute {value}")
     return value
 
@@ -45,7 +45,7 @@ def main(cfg) -> float:
 if __name__ == "__main__":
     main()
 '''
-CONFIG = "x: 1\ny: 1\ngpus: 1\nfail_value: null\n"
+CONFIG = "x: 1\ny: 1\ngpus: 1\nfail_job: null\n"
 PACKED = [
     "hydra/launcher=hpc_train_slurm",
     "hydra.launcher.cpus_per_task=1",
@@ -108,20 +108,30 @@ def slurm_jobs_run_from(folder: Path, since: str, count: int) -> dict:
 def test_six_jobs_run_in_two_slurm_jobs_and_their_values_reach_the_sweeper(slurm_cluster, app, tmp_path):
     sweep_dir = tmp_path / "sweep"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
-    proc = sweep(app, [*PACKED, *OPTUNA_GRID, "fail_value=22"], sweep_dir)
+    # The job that fails is the first one asked, so it is told first. Optuna's grid sampler stops the study when its
+    # last grid point is told, and the Optuna sweeper tolerates that stop only for a completed trial: a failure told
+    # last ends the sweep with "Study.stop is supposed to be invoked inside an objective function". The grid's order
+    # is random, so a failure chosen by value would be told last one run in six.
+    proc = sweep(app, [*PACKED, *OPTUNA_GRID, "fail_job=0"], sweep_dir)
     assert proc.returncode == 0, proc.stderr
     assert "6 job(s): 5 completed, 1 failed" in proc.stderr
-    assert "Failed experiment: my_app will not compute 22" in proc.stdout + proc.stderr  # Optuna got the failure
-    # Optuna chose from the values the jobs returned: the largest, x*10+y for x=3, y=2
-    assert yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text()) == {
-        "name": "optuna",
-        "best_params": {"x": 3, "y": 2},
-        "best_value": 32.0,
-    }
     rows = job_table(sweep_dir)
     assert sorted(row["overrides"] for row in rows) == sorted(
-        f"x={x} y={y} fail_value=22" for x in (1, 2, 3) for y in (1, 2)
+        f"x={x} y={y} fail_job=0" for x in (1, 2, 3) for y in (1, 2)
     )
+    values = {
+        row["job"]: {key: int(value) for key, value in (item.split("=") for item in row["overrides"].split())}
+        for row in rows
+    }
+    failed = values["0"]["x"] * 10 + values["0"]["y"]
+    assert f"Failed experiment: my_app will not compute {failed}" in proc.stdout + proc.stderr  # Optuna got it
+    # Optuna chose from the values the jobs returned: the largest of the five that completed
+    best = max((v for job, v in values.items() if job != "0"), key=lambda v: v["x"] * 10 + v["y"])
+    assert yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text()) == {
+        "name": "optuna",
+        "best_params": {"x": best["x"], "y": best["y"]},
+        "best_value": float(best["x"] * 10 + best["y"]),
+    }
     allocations = {row["job_id"].split(":")[0] for row in rows}
     assert len(allocations) == 2
     failing = None
@@ -131,12 +141,11 @@ def test_six_jobs_run_in_two_slurm_jobs_and_their_values_reach_the_sweeper(slurm
         seen = json.loads((sweep_dir / row["job"] / "seen.json").read_text())
         assert seen["SLURM_JOB_ID"] == allocation and seen["hydra_job_id"] == row["job_id"]
         assert seen["SLURM_STEP_ID"] is not None
-        values = dict(item.split("=") for item in row["overrides"].split())
-        value = int(values["x"]) * 10 + int(values["y"])
+        value = values[row["job"]]["x"] * 10 + values[row["job"]]["y"]
         ret = cloudpickle.loads((app_step.run_folder(sweep_dir, row["job"]) / app_step.RETURN_FILE).read_bytes())
-        if value == 22:
+        if row["job"] == "0":
             failing = allocation
-            assert ret.status.name == "FAILED" and "my_app will not compute 22" in str(ret._return_value)
+            assert ret.status.name == "FAILED" and f"my_app will not compute {failed}" in str(ret._return_value)
         else:
             assert ret.status.name == "COMPLETED" and ret.return_value == value
     # exactly these 2 Slurm jobs ran from the app's folder; the one with the failed job says FAILED

@@ -11,8 +11,10 @@ script, the requeue signal makes rank 0 requeue the job itself (``scontrol reque
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -66,18 +68,22 @@ def run_spec(spec: DictConfig) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Exit without the interpreter's normal shutdown when the rank failed.
+    """Leave without the interpreter's finalization, which a finished rank does not need.
 
-    A failed rank's process group may still own communication threads whose peers are going
-    away at the same moment; destroying them at shutdown can abort the process ("terminate
-    called without an active exception", exit -6) and hide the real exit code. The traceback is
-    already written, so flush and leave.
+    Every rank first does what Python does at exit before finalizing: it waits for its non-daemon
+    threads and runs the exit handlers (logging's, the trackers', the user's); then it flushes and
+    leaves. Finalization proper (tearing down thousands of modules and libtorch's static
+    destructors) takes about a second per rank at the end of every job, and with process groups
+    still alive it can abort a finished rank ("terminate called without an active exception").
+    A failed rank skips the threads and handlers too: its process group may own communication
+    threads whose peers are going away at the same moment, and its traceback is already written.
     """
-    if code == EXIT_FAILED:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    if code != EXIT_FAILED:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first
+        atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -29,7 +29,7 @@ class Ticket:
     step: int
     path: Path
     background: bool
-    started: float = field(default_factory=time.perf_counter)
+    started: float  # time.perf_counter() when the save began
     blocked_s: float = 0.0
     total_s: Optional[float] = None
 

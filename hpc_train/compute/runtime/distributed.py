@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import ContextManager, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from hpc_train import rundir
 from hpc_train.compute.runtime import heartbeat
@@ -117,11 +119,16 @@ def barrier() -> None:
             dist.barrier()
 
 
-def control_barrier() -> None:
-    """A barrier on the CPU control group (no GPU work involved)."""
+def _collective(marked: bool) -> ContextManager[object]:
+    """The heartbeat's mark for a collective of the main thread; none for another thread's (a side group's)."""
+    return heartbeat.phase(COLLECTIVE) if marked else contextlib.nullcontext()
+
+
+def control_barrier(group: Optional[ProcessGroup] = None, marked: bool = True) -> None:
+    """A barrier on the CPU control group, or on `group` (no GPU work involved)."""
     if is_initialized():
-        with heartbeat.phase(COLLECTIVE):
-            dist.barrier(group=_control_group)
+        with _collective(marked):
+            dist.barrier(group=group or _control_group)
 
 
 def collective_device(device: torch.device) -> torch.device:
@@ -136,13 +143,14 @@ def all_reduce_max_int(value: int) -> int:
     return all_reduce_max_ints([value])[0]
 
 
-def all_reduce_max_ints(values: List[int]) -> List[int]:
-    """Element-wise maximum of a few small integers over all ranks, in one collective on the CPU control group."""
+def all_reduce_max_ints(values: List[int], group: Optional[ProcessGroup] = None, marked: bool = True) -> List[int]:
+    """Element-wise maximum of a few small integers over all ranks, in one collective on the CPU control group
+    (or on `group`)."""
     if not is_initialized():
         return list(values)
     tensor = torch.tensor(values, dtype=torch.int64)
-    with heartbeat.phase(COLLECTIVE):
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_control_group)
+    with _collective(marked):
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group or _control_group)
     return [int(v) for v in tensor.tolist()]
 
 
@@ -156,14 +164,14 @@ def broadcast_from_main(obj: object) -> object:
     return box[0]
 
 
-def gather_to_main(obj: object) -> Optional[List[object]]:
-    """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere)."""
+def gather_to_main(obj: object, group: Optional[ProcessGroup] = None, marked: bool = True) -> Optional[List[object]]:
+    """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere); on the CPU control group or `group`."""
     if not is_initialized():
         return [obj]
     rank = dist.get_rank()
     out: Optional[List[object]] = [None] * dist.get_world_size() if rank == 0 else None
-    with heartbeat.phase(COLLECTIVE):
-        dist.gather_object(obj, out, dst=0, group=_control_group)
+    with _collective(marked):
+        dist.gather_object(obj, out, dst=0, group=group or _control_group)
     return out
 
 
@@ -179,21 +187,12 @@ class SideGroup:
         self.group = dist.new_group(backend="gloo") if is_initialized() else None  # a collective: every rank makes it
 
     def barrier(self) -> None:
-        if self.group is not None:
-            dist.barrier(group=self.group)
+        control_barrier(self.group, marked=False)
 
     def any(self, flag: bool) -> bool:
         """True on every rank when any rank passed True."""
-        if self.group is None:
-            return bool(flag)
-        tensor = torch.tensor([int(bool(flag))], dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(tensor.item())
+        return bool(all_reduce_max_ints([int(bool(flag))], self.group, marked=False)[0])
 
     def gather_to_main(self, obj: object) -> Optional[List[object]]:
         """Every rank's picklable `obj`, in rank order, on rank 0 (None elsewhere)."""
-        if self.group is None:
-            return [obj]
-        out: Optional[List[object]] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(obj, out, dst=0, group=self.group)
-        return out
+        return gather_to_main(obj, self.group, marked=False)

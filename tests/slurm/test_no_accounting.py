@@ -85,17 +85,19 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
     everyone: List[str] = []
     watch = None
     try:
-        native_ids = submit(native, NATIVE, env=dict(os.environ, **NATIVE_ENV))
-        everyone += native_ids
         script_ids = submit(script, SCRIPT)
         everyone += script_ids
         held_ids = submit(held, ["+cluster.extra.hold=true", "+script.overrides.end=complete", *SCRIPT[1:]])
         everyone += held_ids
+        subprocess.run(["scancel", *held_ids], check=True)  # never started: leaves nothing in its run dir
+        # The native sweep last: nothing but the watch's start stands between its job 2's first step and the cancel
+        # (a submission takes seconds on a loaded machine, as long as job 2's way to its step 5).
+        native_ids = submit(native, NATIVE, env=dict(os.environ, **NATIVE_ENV))
+        everyone += native_ids
         watch = subprocess.Popen(
             [sys.executable, "-m", "hpc_train.report.command", str(native), "--watch", "--every", "1"],
             cwd=REPO, env=accounting_off, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
-        subprocess.run(["scancel", *held_ids], check=True)  # never started: leaves nothing in its run dir
         metrics = native / "2" / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"train"' in metrics.read_text(), 90, "a step of native job 2")
         subprocess.run(["scancel", native_ids[2]], check=True)  # at once: it would fail at its step 5 (the fault)

@@ -24,7 +24,6 @@ from tests.support.cli import (
     assert_ok,
     checkpoint_steps,
     final_weights,
-    kill9_after_checkpoints,
     kill_group,
     read_summary,
     run_cli,
@@ -34,7 +33,14 @@ from tests.support.cli import (
 
 # 512 samples / batch 64 = 8 steps per epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
 RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
-LAYOUTS = {"single": ["strategy=single"], "ddp": ["strategy=ddp", "resources.gpus_per_node=2"]}
+LAYOUTS = {
+    "single": ["strategy=single"],
+    "ddp": ["strategy=ddp", "resources.gpus_per_node=2"],
+    # With more than two ranks the all-reduce's order of additions depends on DDP's bucket layout, which DDP changes
+    # after the first backward of every process: a resumed attempt must take its steps on the same layout as the
+    # uninterrupted run (hpc_train/compute/parallel/ddp.py, settle).
+    "ddp-4": ["strategy=ddp", "resources.gpus_per_node=4"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +55,7 @@ def uninterrupted(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", ["single", "ddp-4"])
 def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layout, uninterrupted, tmp_path):
     args = [*RESUME, *LAYOUTS[layout]]
     run_dir = tmp_path / "run"
@@ -347,20 +353,6 @@ def test_a_checkpoint_of_the_older_format_is_refused_with_what_to_do(one_epoch, 
     assert "was written by an older hpc-train (checkpoint format 1" in output and "resume=never" in output, output
     assert "Traceback" not in output and not (run_dir / "summary.json").exists()
     assert_ok(run_cli([*args, "resume=never"], run_dir))  # the way out the message names
-
-
-def test_ddp_over_four_ranks_resumes_bit_identical(tmp_path):
-    """With more than two ranks the all-reduce's order of additions depends on DDP's bucket layout, which DDP
-    changes after the first backward of every process: a resumed attempt must take its steps on the same layout as
-    the uninterrupted run (hpc_train/compute/parallel/ddp.py, settle)."""
-    args = [*RESUME, "strategy=ddp", "resources.gpus_per_node=4", "trainer.batch_size=64"]
-    reference = tmp_path / "reference"
-    assert_ok(run_cli(args, reference))
-    run_dir = tmp_path / "run"
-    killed_at = kill9_after_checkpoints(args, run_dir, count=2)
-    assert_ok(run_cli(args, run_dir))
-    assert read_summary(run_dir)["resumed_from_step"] == killed_at
-    assert_bit_identical(reference, run_dir)
 
 
 def test_a_ddp_checkpoint_resumes_on_fewer_ranks_equal_to_the_uninterrupted_run(tmp_path):

@@ -25,7 +25,6 @@ from tests.support.cli import (
     assert_ok,
     checkpoint_steps,
     final_weights,
-    kill9_after_checkpoints,
     kill_group,
     read_summary,
     run_cli,
@@ -116,16 +115,6 @@ def test_checkpoints_are_dcp_directories_and_export_to_one_file(uninterrupted, t
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exported, final = torch.load(out, weights_only=True), final_weights(uninterrupted)
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
-
-
-def test_kill9_mid_training_then_rerun_is_bit_identical(uninterrupted, tmp_path):
-    run_dir = tmp_path / "run"
-    killed_at = kill9_after_checkpoints([*RESUME, *ranks(2)], run_dir, count=2)
-    assert 0 < killed_at < 24
-    proc = run_cli([*RESUME, *ranks(2)], run_dir)
-    assert_ok(proc)
-    assert read_summary(run_dir)["resumed_from_step"] == killed_at
-    assert_bit_identical(uninterrupted, run_dir)
 
 
 def test_kill9_during_a_background_sharded_write_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path):

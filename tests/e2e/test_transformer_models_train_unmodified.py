@@ -145,7 +145,6 @@ RESUME = ["trainer.max_steps=12", "trainer.checkpoint_every=3", "trainer.keep_ch
     "name, args, cwd, says",
     [
         ("hf-dict-batches", [*GPT2, *RESUME], HF, None),
-        ("stream-with-state", [*GPT, "data=chars_stream", "data.train.num_windows=96", *RESUME], NANOGPT, None),
         ("stream-without-state", [*GPT, "data=chars_stream_nostate", "data.train.num_windows=96", *RESUME], NANOGPT, "skipping the"),
         ("stream-with-state-2-ranks", [*GPT, "data=chars_stream", "data.train.num_windows=96", *RESUME, *DDP], NANOGPT, None),
     ],

@@ -26,9 +26,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
-from hpc_train import rundir, slurm_cli
+from hpc_train import procfs, rundir, slurm_cli
 
 log = logging.getLogger("hpc_train")
 
@@ -60,18 +60,8 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def _stat(pid: int) -> Optional[List[str]]:
-    """The fields of /proc/<pid>/stat after the command name (state first); None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            stat = handle.read()
-        return stat[stat.rfind(")") + 2 :].split()
-    except OSError:
-        return None
-
-
 def _start_ticks(pid: int) -> Optional[int]:
-    fields = _stat(pid)
+    fields = procfs.stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
@@ -80,7 +70,7 @@ def _process_alive(host: str, pid: int, pid_start: Optional[int]) -> Optional[bo
     from here)."""
     if host != socket.gethostname():
         return None
-    fields = _stat(pid)
+    fields = procfs.stat_fields(pid)
     if not fields or fields[0] == "Z":
         return False
     return pid_start is None or (len(fields) > 19 and int(fields[19]) == pid_start)

@@ -82,7 +82,7 @@ LAYERS = (
     ("compute",),
     ("strategy_table", "mesh_dims", "logger_table", "fingerprint"),
     ("config", "jobs", "pack"),
-    ("run_claim", "metrics_log", "hang", "rank_errors", "rank_env", "script_command", "slurm_cli", "slurm_time", "hostlist", "rundir", "conf"),
+    ("run_claim", "metrics_log", "hang", "rank_errors", "rank_env", "script_command", "slurm_cli", "slurm_time", "hostlist", "procfs", "rundir", "conf"),
 )
 COMPUTE_LAYERS = (
     ("worker",),

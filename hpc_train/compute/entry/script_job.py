@@ -36,7 +36,7 @@ from typing import IO, Any, Deque, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train import hang, rundir, strategy_table
+from hpc_train import hang, procfs, rundir, strategy_table
 from hpc_train.compute.runtime import attempts, heartbeat
 from hpc_train.compute.runtime.attempts import attempt_key
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
@@ -363,20 +363,7 @@ class _StartupReads:
 
 def _bytes_read(pid: int) -> Dict[int, int]:
     """Bytes read so far (``rchar``) by `pid` and every process below it (torchrun's ranks, data loader workers)."""
-    parents: Dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    stat = handle.read()
-                parents[int(entry)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    tree, todo = [], [pid]
-    while todo:
-        here = todo.pop()
-        tree.append(here)
-        todo.extend(child for child, parent in parents.items() if parent == here)
+    tree = procfs.descendants(pid)
     read = {}
     for member in tree:
         try:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Deque, Iterator, List, Optional, Union
 
-from hpc_train import hang, rundir
+from hpc_train import hang, procfs, rundir
 from hpc_train.compute.runtime import attempts, pyspy, watchdog
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import log_to_file
@@ -257,7 +257,7 @@ class Heartbeat:
         )
         out.flush()
         faulthandler.dump_traceback(file=out, all_threads=True)
-        for child in _children(os.getpid()):
+        for child in procfs.children(os.getpid()):
             out.write(hang.WORKER_HEADER.format(pid=child, rank=rank) + "\n")
             out.flush()
             try:
@@ -359,7 +359,7 @@ class Heartbeat:
     def _exit(self, code: int) -> None:
         """Leave at once, from this thread: the main thread is stuck; flush what was said first. The rank's own
         children (data loader workers, which may be stuck too) go with it."""
-        for child in _children(os.getpid()):
+        for child in procfs.children(os.getpid()):
             with contextlib.suppress(OSError):
                 os.kill(child, signal.SIGKILL)
         for handler in log.handlers:
@@ -369,23 +369,6 @@ class Heartbeat:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
-
-
-def _children(pid: int) -> List[int]:
-    """The processes whose parent is `pid` (its data loader workers), from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            found.append(int(entry))
-    return found
 
 
 # -- the module-level entry points the training code calls --------------------------------------------

@@ -22,7 +22,7 @@ from hpc_train.compute.checkpointing.files import CheckpointError
 log = logging.getLogger("hpc_train")
 
 # Temporaries of both formats: ".step_000000010.dcp.tmp" (this module, also "-replaced"/"-pruned")
-# and ".step_000000010.ckpt.tmp<pid>" (rundir.write_bytes_atomic for today's single-file checkpoints).
+# and ".step_000000010.ckpt.tmp<pid>" (rundir.write_atomic, under files.write_checkpoint, for single-file checkpoints).
 
 
 def step_dir(folder: Path, step: int) -> Path:

@@ -161,10 +161,11 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
 
     Streamed: the header's place is kept (its length is fixed), the body is serialized straight into the file and
     hashed on the way, then the header is written over its place; the file is flushed, fsynced and renamed."""
+    placeholder = _header("0" * 64)  # the header's fixed length, written over once the body's digest is known
     written = _HashingWriter(None)
 
     def write(handle: Any) -> None:
-        handle.write(_header("0" * 64))
+        handle.write(placeholder)
         written.handle = handle
         written.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
         torch.save(payload, written)
@@ -178,7 +179,7 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
         rundir.remove_stale_temporaries(path.parent)  # this write's temporary file (the only writer: rank 0)
         if err.errno in DISK_FULL_ERRNOS:
             previous = [p.stat().st_size for p in rundir.list_checkpoints(path.parent)[:1]]
-            needed = max([len(_header("0" * 64)) + written.size, *previous])
+            needed = max([len(placeholder) + written.size, *previous])
             raise disk_full_error(path.parent, f"checkpoint {path.name}", needed) from None
         raise
     for old in rundir.list_checkpoints(path.parent)[max(1, keep) :]:

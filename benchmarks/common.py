@@ -23,8 +23,10 @@ REPO = HERE.parent
 def import_root(tree: Path) -> Path:
     """The directory to put on PYTHONPATH to import a checkout's hpc_train: the checkout itself, or src/ for a src-layout one."""
     return tree / "src" if (tree / "src" / "hpc_train").is_dir() else tree
+
+
 RESULTS = HERE / "results"
-SOURCES = ("src", "hpc_train", "conf", "hydra_plugins")  
+SOURCES = ("hpc_train", "conf", "hydra_plugins")  # the product's source folders (a run on a dirty tree says so)
 PYTHON = sys.executable
 
 

@@ -25,7 +25,6 @@ What fails, each named as file:line:
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
+from tests.support import gitignore
 from tests.support.paths import REPO as ROOT
 PLACES = ("README.md", "docs", "hpc_train", "hydra_plugins", "conf", "benchmarks", "scripts", "examples", "notebooks", "sbatch")
 SKIPPED = ("benchmarks/results/", "docs/javascripts/")
@@ -45,15 +45,8 @@ COUNT_BEFORE = re.compile(rf"(?i)\b{COUNTED}\s*$")
 MACHINE_PATH = re.compile(r"(?<![\w.~$}\-/])/(?:(?:home|Users)/[A-Za-z_][\w.-]*|root/|work/)")
 
 
-def ignored_folders() -> List[str]:
-    """The folder patterns of .gitignore (``outputs/``, ``*.egg-info/``): what runs and builds leave behind."""
-    lines = (ROOT / ".gitignore").read_text().splitlines()
-    return [line.strip().strip("/") for line in lines if line.strip().endswith("/") and not line.startswith("#")]
-
-
 def checked_files() -> List[Path]:
     """Every text file of the checked places, outside ignored and skipped folders."""
-    ignored = ignored_folders()
     found = []
     for place in PLACES:
         top = ROOT / place
@@ -61,7 +54,7 @@ def checked_files() -> List[Path]:
             found.append(top)
             continue
         for folder, subfolders, names in os.walk(top):  # links are not followed: hpc_train/conf is conf/
-            subfolders[:] = sorted(d for d in subfolders if not any(fnmatch.fnmatch(d, pattern) for pattern in ignored))
+            subfolders[:] = sorted(d for d in subfolders if not gitignore.ignored(Path(folder) / d))
             found += [Path(folder) / name for name in sorted(names) if Path(name).suffix in SUFFIXES]
     return [path for path in found if not path.relative_to(ROOT).as_posix().startswith(SKIPPED)]
 

@@ -177,17 +177,21 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], before: Optional[Callable[[str], None]] = None) -> None:
     """`write` into a temporary file beside `path`, flush, fsync, rename, fsync the folder: never a torn file under
-    `path`; the temporary file is removed when `write` fails. The one atomic writer of hpc_train."""
+    `path`; the temporary file is removed when any of it fails. The one atomic writer of hpc_train. `before` is
+    called with ``"fsync"`` and ``"rename"`` just before each (a test hook that injects a failure there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    hook = before or (lambda point: None)
     try:
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
+            hook("fsync")
             os.fsync(handle.fileno())
+        hook("rename")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -1,5 +1,6 @@
 """Reads what went wrong in a DCP collective, because DCP hands every rank one ``CheckpointException`` holding
-pickled copies of each failing rank's error: the first failing rank, our own error among them, a full disk.
+pickled copies of each failing rank's error: the first failing rank, our own error among them (a full disk among
+them: hpc_train.compute.checkpointing.files.is_disk_full).
 """
 
 from __future__ import annotations
@@ -8,24 +9,7 @@ from typing import Optional
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hpc_train.compute.checkpointing.files import DISK_FULL_ERRNOS, CheckpointError
-
-
-def is_disk_full(err: Optional[BaseException]) -> bool:
-    """ENOSPC or EDQUOT anywhere in `err`'s chain or among the failures DCP collected."""
-    seen = set()
-    todo = [err]
-    while todo:
-        exc = todo.pop()
-        if exc is None or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
-            return True
-        todo += [exc.__cause__, exc.__context__]
-        if isinstance(exc, CheckpointException):
-            todo += [failure[0] for failure in exc.failures.values()]
-    return False
+from hpc_train.compute.checkpointing.files import CheckpointError
 
 
 def describe(err: BaseException) -> str:

@@ -36,9 +36,9 @@ from hpc_train.compute.checkpointing.dcp_dirs import (
     step_dir,
     temporary,
 )
-from hpc_train.compute.checkpointing.dcp_failures import describe, is_disk_full
+from hpc_train.compute.checkpointing.dcp_failures import describe
 from hpc_train.compute.checkpointing.dcp_manifest import LOOP, Entries, file_entries, merged_entries, write_manifest
-from hpc_train.compute.checkpointing.files import CheckpointError, disk_full_error
+from hpc_train.compute.checkpointing.files import CheckpointError, disk_full_error, is_disk_full
 from hpc_train.compute.runtime import faults
 
 
@@ -76,6 +76,7 @@ def _write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: Opti
     buffer = io.BytesIO()
     torch.save(extra, buffer)
     rundir.write_durable(tmp / LOOP, buffer.getvalue())
+    faults.disk_full_at("manifest", step)
     write_manifest(tmp, step, extra, hashed)
     rundir.fsync_path(tmp)
 
@@ -189,10 +190,12 @@ def save_dcp(
         raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
     if is_main:
         try:
+            faults.disk_full_at("install", step)
             install(tmp, final)
-            prune(folder, keep)
         except OSError as err:
-            error = err
+            error, disk_full = err, is_disk_full(err)
     if agree(error is not None):
-        raise _failure(error, step)
+        raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
+    if is_main:
+        prune(folder, keep)  # logs what it cannot delete: the checkpoint is installed
     return final

@@ -73,10 +73,10 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
 
 
 def _save_atomic(obj: object, out: Path) -> None:
-    """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt."""
-    import torch  # heavy: only once the arguments parsed
+    """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt; a full disk is one message."""
+    from hpc_train.compute.checkpointing.files import save_atomic  # heavy (torch): only once the arguments parsed
 
-    rundir.write_atomic(out, lambda handle: torch.save(obj, handle))
+    save_atomic(obj, out, f"the export {out.name}", f"Nothing was written to {out}. Fix: free space there or export to another path.")
 
 
 def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:

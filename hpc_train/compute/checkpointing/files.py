@@ -38,7 +38,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +105,26 @@ def unsafe_checkpoint(path: Path, what: str) -> UnsafeCheckpoint:
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
+def is_disk_full(err: Optional[BaseException]) -> bool:
+    """Whether `err` comes from a full disk: ENOSPC or EDQUOT anywhere in its chain (torch.save's zip writer raises a
+    RuntimeError whose ``__context__`` is the OSError) or among the failures a DCP collective gathered from every rank
+    (``CheckpointException.failures``: rank -> (error, traceback)). The one test of both checkpoint formats."""
+    seen = set()
+    todo = [err]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return True
+        todo += [exc.__cause__, exc.__context__]
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            todo += [failure[0] if isinstance(failure, tuple) else failure for failure in failures.values()]
+    return False
+
+
 def human_size(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -113,37 +133,56 @@ def human_size(n: float) -> str:
     return f"{n} bytes"
 
 
-def disk_full_error(folder: Path, what: str, needed: int) -> DiskFull:
-    """The one message for a full disk: where, how much the checkpoint needs, how much is free, what to do."""
+RESUME_AFTER_FREEING = (
+    "The previous checkpoint is kept and stays the resume target. Fix: free space on that file system or lower"
+    " trainer.keep_checkpoints, then run the same command again to resume."
+)
+
+
+def disk_full_error(folder: Path, what: str, needed: int, after: str = RESUME_AFTER_FREEING) -> DiskFull:
+    """The one message for a full disk: where, how much `what` needs, how much is free, what to do (`after`)."""
     try:
         free = human_size(shutil.disk_usage(folder).free)
     except OSError:
         free = "unknown"
-    return DiskFull(
-        f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. The previous"
-        " checkpoint is kept and stays the resume target. Fix: free space on that file system or lower"
-        " trainer.keep_checkpoints, then run the same command again to resume."
-    )
+    return DiskFull(f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. {after}")
 
 
 # -- atomic files ---------------------------------------------------------------------------
-def save_atomic(obj: Any, path: Path) -> None:
-    """``torch.save`` with the atomic write above (final weights, per-stage weights)."""
+def save_atomic(obj: Any, path: Path, what: str, after: str = RESUME_AFTER_FREEING) -> None:
+    """``torch.save`` with the atomic write above (final weights, per-stage weights, an export); a full disk is
+    :class:`DiskFull` naming `what`, with `after` as its fix."""
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    rundir.write_bytes_atomic(buffer.getvalue(), path, halfway=faults.slow_checkpoint_write)
+    try:
+        rundir.write_bytes_atomic(buffer.getvalue(), path, halfway=faults.slow_checkpoint_write)
+    except Exception as err:
+        if is_disk_full(err):
+            raise disk_full_error(path.parent, what, buffer.getbuffer().nbytes, after) from None
+        raise
 
 
 # -- checkpoint files -----------------------------------------------------------------------
+_TENSOR_WRITE = 4096  # torch.save writes a tensor's bytes in one call; its other writes are a few bytes each
+
+
+def _nothing() -> None:
+    pass
+
+
 class _HashingWriter:
     """Writes through to a file and hashes what passes: a checkpoint is hashed as it is written, never held in memory
     as a whole (torch.save needs ``write`` and ``flush`` only)."""
 
     def __init__(self, handle: Any) -> None:
         self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+        self.check: Callable[[], None] = _nothing
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
+        if view.nbytes >= _TENSOR_WRITE:
+            check, self.check = self.check, _nothing
+            check()  # a test hook (faults.disk_full_at): the first tensor's write fails as on a full disk, once
         self.digest.update(view)
         self.size += view.nbytes
         return self.handle.write(view)
@@ -160,24 +199,29 @@ def write_checkpoint(payload: Dict[str, Any], path: Path, keep: int) -> None:
     """Write `payload` atomically, then delete all but the newest `keep` checkpoints beside it.
 
     Streamed: the header's place is kept (its length is fixed), the body is serialized straight into the file and
-    hashed on the way, then the header is written over its place; the file is flushed, fsynced and renamed."""
+    hashed on the way, then the header is written over its place; the file is flushed, fsynced and renamed. A full
+    disk at any point of it (wherever the error surfaces: see is_disk_full) is :class:`DiskFull`, the temporary file
+    removed and the previous checkpoint kept."""
     placeholder = _header("0" * 64)  # the header's fixed length, written over once the body's digest is known
+    step = rundir.checkpoint_step(path) or 0
     written = _HashingWriter(None)
 
     def write(handle: Any) -> None:
         handle.write(placeholder)
         written.handle = handle
         written.write(json.dumps(payload["fingerprint"]).encode() + b"\n")
+        written.check = lambda: faults.disk_full_at("write", step)  # a test hook: a write inside torch.save's stream
         torch.save(payload, written)
         faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits the write
         handle.seek(0)
+        faults.disk_full_at("header", step)
         handle.write(_header(written.digest.hexdigest()))
 
     try:
-        rundir.write_atomic(path, write)
-    except OSError as err:
+        rundir.write_atomic(path, write, before=lambda point: faults.disk_full_at(point, step))
+    except Exception as err:
         rundir.remove_stale_temporaries(path.parent)  # this write's temporary file (the only writer: rank 0)
-        if err.errno in DISK_FULL_ERRNOS:
+        if is_disk_full(err):
             previous = [p.stat().st_size for p in rundir.list_checkpoints(path.parent)[:1]]
             needed = max([len(placeholder) + written.size, *previous])
             raise disk_full_error(path.parent, f"checkpoint {path.name}", needed) from None

@@ -7,6 +7,11 @@
 * ``HPC_TRAIN_STEP_SLEEP=SECONDS``: sleep after every optimizer step of an attempt that started
   from scratch, so a test can act between two checkpoints of a tiny model; an attempt that
   resumed runs at full speed (the tests interrupt first attempts only, and wait for the rest).
+* ``HPC_TRAIN_DISK_FULL_AT=POINT:STEP``: the checkpoint of step STEP fails with ENOSPC at POINT, where a test
+  cannot make a real full disk fail (a tmpfs fills on a write, never on an fsync or a rename): ``write`` (a write
+  of the stream, inside torch.save), ``header`` (the header written over its place once the body is hashed),
+  ``fsync``, ``rename`` (single-file checkpoints), ``manifest`` and ``install`` (a sharded checkpoint's manifest
+  and the rename that installs its dir). See :data:`DISK_FULL_POINTS`.
 * ``HPC_TRAIN_STEP_SLEEP_RANK=RANK``: with HPC_TRAIN_STEP_SLEEP, only that rank sleeps (the rank
   from ``RANK`` or ``SLURM_PROCID``), so the other ranks wait for it inside the next collective:
   a test can deliver a stop signal while rank 0 is blocked in one.
@@ -16,8 +21,11 @@ Environment variables reach every rank, locally and through sbatch's ``--export=
 
 from __future__ import annotations
 
+import errno
 import os
 import time
+
+DISK_FULL_POINTS = ("write", "header", "fsync", "rename", "manifest", "install")
 
 
 class InjectedFailure(RuntimeError):
@@ -38,6 +46,17 @@ def maybe_fail(rank: int, steps_done: int) -> None:
     fail_rank, _, fail_step = spec.partition(":")
     if int(fail_rank) == rank and int(fail_step) == steps_done:
         raise InjectedFailure(f"HPC_TRAIN_FAIL_AT={spec}: rank {rank} fails after {steps_done} steps (injected fault)")
+
+
+def disk_full_at(point: str, step: int) -> None:
+    """Raise ENOSPC here when HPC_TRAIN_DISK_FULL_AT names this point of the checkpoint of `step`."""
+    spec = os.environ.get("HPC_TRAIN_DISK_FULL_AT", "")
+    if not spec:
+        return
+    where, _, at = spec.partition(":")
+    assert where in DISK_FULL_POINTS, f"HPC_TRAIN_DISK_FULL_AT={spec}: the point is one of {DISK_FULL_POINTS}"
+    if where == point and int(at) == step:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected: HPC_TRAIN_DISK_FULL_AT={spec})")
 
 
 def slow_checkpoint_write() -> None:

@@ -693,7 +693,7 @@ class Trainer:
             log.info("final parameter digest %s", parameter_digest(weights))
         weights_name = self.strategy.weights_file()
         if weights_name:
-            save_atomic(weights, self.run_dir / weights_name)
+            save_atomic(weights, self.run_dir / weights_name, f"the final weights {weights_name}")
         if self.is_main:
             rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
         self.metrics.close()

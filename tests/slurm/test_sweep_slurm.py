@@ -160,6 +160,11 @@ def watch(sweep_dir: Path, timeout: float) -> subprocess.CompletedProcess:
 # Job 2 of 3 trains 6 steps and its rank 0 fails after 5 (HPC_TRAIN_FAIL_AT); the others stop at 4.
 FAILING = ["trainer.max_steps=4,6,4", "trainer.log_every=1", "trainer.eval=false"]
 FAIL_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.7"}
+# On Slurm the three run at once, and the ETA shows only while some job has ended and another has not: there job 2
+# fails after 9 steps and the others stop at 2, so that moment lasts about 5 s (with 4 steps against 5, it lasted the
+# 0.7 s of one step, which a watch refreshing every second could miss).
+FAILING_AT_ONCE = ["trainer.max_steps=2,10,2", "trainer.log_every=1", "trainer.eval=false"]
+FAIL_LATE_ENV = {**FAIL_ENV, "HPC_TRAIN_FAIL_AT": "0:9"}
 
 
 def _check_watch_output(proc: subprocess.CompletedProcess, failed_job: str) -> None:
@@ -175,8 +180,8 @@ def _check_watch_output(proc: subprocess.CompletedProcess, failed_job: str) -> N
 
 def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    env = dict(os.environ, **FAIL_ENV)
-    proc = run_cli(["-m", *SLURM, "strategy=single", *FAILING, f"hydra.sweep.dir={sweep_dir}"], env=env)
+    env = dict(os.environ, **FAIL_LATE_ENV)
+    proc = run_cli(["-m", *SLURM, "strategy=single", *FAILING_AT_ONCE, f"hydra.sweep.dir={sweep_dir}"], env=env)
     assert_ok(proc)
     _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
     report = subprocess.run(

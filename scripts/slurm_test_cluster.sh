@@ -5,6 +5,7 @@
 # =============================================================================
 #
 # USAGE
+#   scripts/slurm_test_cluster.sh install  # only install the Debian packages that are missing
 #   scripts/slurm_test_cluster.sh start    # install pkgs if missing, start all
 #   scripts/slurm_test_cluster.sh start --nodes 16   # the same with 16 nodes
 #                                          # (see NODES below; plain `start`
@@ -866,6 +867,7 @@ case "$COMMAND" in
 esac
 
 case "$COMMAND" in
+  install) take_lock; install_packages ;;
   start) take_lock; cmd_start ;;
   stop) take_lock; cmd_stop ;;
   restart) take_lock; cmd_stop; cmd_start ;;

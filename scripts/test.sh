@@ -10,8 +10,19 @@ args=()
 for arg in "$@"; do
     if [[ $arg == --fast ]]; then fast=true; else args+=("$arg"); fi
 done
+packages=""
+if ! $fast && [[ $(id -u) == 0 ]] && [[ ${#args[@]} == 0 || " ${args[*]} " == *slurm* || " ${args[*]} " == *" -m "* ]]; then
+    # The whole suite (or its Slurm tests): the Slurm test cluster's Debian packages install while pip installs (both
+    # mostly wait on downloads), not inside pytest's time; the suite's fixture starts the cluster. Its log:
+    # /tmp/hpc-train-slurm-apt.log.
+    bash scripts/slurm_test_cluster.sh install &
+    packages=$!
+fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+if [[ -n $packages ]] && ! wait "$packages"; then
+    echo "scripts/test.sh: the Slurm test cluster's packages did not install; the Slurm tests will say why" >&2
+fi
 if $fast; then
     # No test of this tier shares anything with another (no cluster, no group): each test goes to the free worker.
     exec .venv/bin/python -m pytest -n 2 --dist load tests/unit ${args[@]+"${args[@]}"}

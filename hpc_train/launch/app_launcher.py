@@ -48,7 +48,7 @@ from hpc_train import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch import capacity, hydra_internals, pack, slurm
+from hpc_train.launch import capacity, hydra_internals, pack, slurm, slurm_follow
 from hpc_train.launch.objective import sweeper_target
 from hpc_train.launch.slurm import cluster_account, cluster_qos, time_minutes
 from hpc_train.launch.sweep_limits import check_sweep_fits
@@ -316,7 +316,8 @@ class AppLauncher(Launcher):
         if shape is not None:
             returns = _packed_results(sweep_dir, jobs, handles)
         else:
-            returns = [_result(handle, overrides) for (_, overrides, _, _), handle in zip(jobs, handles)]
+            since = time.time()
+            returns = [_result(handle, overrides, since, self.local) for (_, overrides, _, _), handle in zip(jobs, handles)]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
@@ -324,7 +325,7 @@ class AppLauncher(Launcher):
     def _submit_local(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """submitit's local executor, one per set of resources (each job a process of its own); the job table
         and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
-        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
+        submitit = slurm.submitit_module()  # (~50 ms): every Hydra app imports this module (our plugin)
 
         groups: Dict[str, List[int]] = {}
         for index, (_, _, launcher, _) in enumerate(jobs):
@@ -686,9 +687,15 @@ def _failed(overrides: List[str], error: BaseException) -> JobReturn:
     return ret
 
 
-def _result(handle: Any, overrides: List[str]) -> JobReturn:
-    """The job's JobReturn; a failed job's (its exception inside) from the file it left, else one made here."""
+def _result(handle: Any, overrides: List[str], since: float, local: bool) -> JobReturn:
+    """The job's JobReturn; a failed job's (its exception inside) from the file it left, else one made here. A Slurm
+    job is followed to the end of its last attempt (hpc_train.launch.slurm_follow: a requeued job's first attempt
+    leaves a failed result while the job goes on)."""
     try:
+        if not local:
+            ending = slurm_follow.follow(handle, None, since)
+            if ending.error is not None:
+                raise ending.error
         return handle.results()[0]
     except Exception as err:  # the job failed: its task function raised, or it was killed or timed out
         path = Path(handle.paths.folder) / RETURN_FILE.format(job_id=handle.job_id)

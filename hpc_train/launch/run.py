@@ -5,13 +5,13 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from omegaconf import DictConfig
 
 from hpc_train import hang, run_claim, rundir
 from hpc_train.jobs import job_states, submissions
-from hpc_train.launch import slurm
+from hpc_train.launch import slurm, slurm_follow
 from hpc_train.launch.errors import JobFailed, StoppedWaiting
 from hpc_train.launch.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.local import run_local
@@ -100,17 +100,18 @@ def describe_script(spec: Dict[str, Any]) -> str:
 
 
 def follow(handle: Any, run_dir: Path) -> int:
-    """Wait for a submitted job and report how it ended."""
+    """Wait for a submitted job to end (its last attempt, when Slurm requeued it) and report how it ended."""
     submitted = time.time()
     try:
-        err = _job_error(handle)
+        ending = slurm_follow.follow(handle, run_dir, since=_launched_at(run_dir))
     except KeyboardInterrupt:  # Ctrl-C while waiting: the job is Slurm's now, and goes on
         raise StoppedWaiting(str(handle.job_id), run_dir) from None
-    if err is None:
+    if ending.error is None:
         code = 0
     else:  # submitit re-raises the remote failure; its traceback is in the Slurm log
         verdict = hang.read_request(run_dir, since=submitted)
-        refused = refusal_words(job_states.rank_error(run_dir, submitted)[1])
+        rank, error = job_states.rank_error(run_dir, submitted)
+        refused = refusal_words(error)
         if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
             print(verdict.get("message", ""))
             code = rundir.EXIT_HUNG
@@ -118,39 +119,24 @@ def follow(handle: Any, run_dir: Path) -> int:
             print(f"hpc-train: {refused}")
             code = rundir.EXIT_REFUSED
         else:
-            print(
-                f"hpc-train: job {handle.job_id} failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
-            )
+            print(f"hpc-train: job {handle.job_id} failed: {_why(ending, rank, error)}")
             code = 1
     report_summary(run_dir, code)
     return code
 
 
-REQUEUE_POLL_S = 2.0  # how often a waiting login process asks Slurm about a job whose attempt ended but not the job
-
-
-def _job_error(handle: Any) -> Optional[BaseException]:
-    """The job's failure as submitit raises it; None when it succeeded.
-
-    An attempt that Slurm requeued (``scontrol requeue``, a node failure, a preemption) leaves a failed result file
-    while the job goes on: submitit would take it for the job's end. The job ended only when Slurm says so; if it
-    says COMPLETED, the result file is the last attempt's and is read again.
-    """
-    try:
-        handle.results()
-        return None
-    except Exception as err:
-        state = job_states.slurm_states([str(handle.job_id)]).get(str(handle.job_id))
-        while state is not None and state not in job_states.ENDED:
-            time.sleep(REQUEUE_POLL_S)
-            state = job_states.slurm_states([str(handle.job_id)]).get(str(handle.job_id))
-        if state != "COMPLETED":
-            return err
-    try:
-        handle.results()
-        return None
-    except Exception as err:
-        return err
+def _why(ending: slurm_follow.Ending, rank: Any, error: Any) -> str:
+    """One line for a failed job: its failing rank's error, else the run dir's or Slurm's word, else submitit's first
+    line that says something (its "failed during processing with trace:" says nothing)."""
+    if error:
+        return f"rank {rank}: {error}"
+    if ending.detail:
+        return f"{ending.state or 'ended'}: {ending.detail}"
+    lines = [line.strip(" -") for line in str(ending.error).splitlines()]
+    words = [line for line in lines if line and not line.endswith("with trace:")]
+    return (ending.state + ": " if ending.state and ending.state != "COMPLETED" else "") + (
+        words[0] if words else type(ending.error).__name__
+    )
 
 
 def report_summary(run_dir: Path, code: int) -> None:

@@ -228,10 +228,31 @@ def check_slurm_commands() -> None:
         )
 
 
+def submitit_module() -> Any:
+    """submitit, imported on first use (~50 ms: only to submit; a dry run renders the script without it), with its log
+    lines said once: its logger has a handler on stdout and one on stderr and also hands each record to the root
+    logger, where Hydra has one more, so each of its warnings came out three times. On the login side it gets one
+    handler, on stderr, for warnings and worse."""
+    import logging
+
+    import submitit
+
+    logger = logging.getLogger("submitit")
+    if not getattr(logger, "hpc_train_one_handler", False):
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        once = logging.StreamHandler(sys.stderr)
+        once.setLevel(logging.WARNING)
+        once.setFormatter(logging.Formatter("submitit %(levelname)s: %(message)s"))
+        logger.addHandler(once)
+        logger.propagate = False
+        logger.hpc_train_one_handler = True  # type: ignore[attr-defined]
+    return submitit
+
+
 def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
     """submitit's Slurm executor for these parameters (it submits; ``render_sbatch`` shows the script)."""
-    import submitit  # submitit (~50 ms): only to submit; a dry run renders the script without it
-
+    submitit = submitit_module()
     executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
     executor.update_parameters(**submitit_parameters(params))
     return executor

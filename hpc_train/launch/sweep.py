@@ -185,7 +185,7 @@ class SweepLauncher(Launcher):
                 overrides, run_dir = batch[i][1], job.plan.run_dir
                 code = follow(handle, run_dir)
                 if not optimising:
-                    returns[i] = _job_return(overrides, run_dir, handle.job_id)
+                    returns[i] = _followed(overrides, run_dir, str(handle.job_id), code)
                 elif code != 0:
                     returns[i] = _job_return(
                         overrides, run_dir, JobFailed(f"Slurm job {handle.job_id} failed; see {run_dir / 'logs'}")
@@ -195,6 +195,8 @@ class SweepLauncher(Launcher):
                         returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
                     except JobFailed as err:
                         returns[i] = _job_return(overrides, run_dir, err)
+            if wait and not optimising:
+                _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
         for i, job in prepared:
             if returns[i] is None:
                 returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[id(job)].job_id)
@@ -249,7 +251,7 @@ class SweepLauncher(Launcher):
                 continue
             code = pack.follow(sweep_dir, run_dir)
             if not optimising:
-                returns[i] = _job_return(overrides, run_dir, packed)
+                returns[i] = _followed(overrides, run_dir, packed, code)
             elif code != 0:
                 returns[i] = _job_return(overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}"))
             else:
@@ -257,7 +259,30 @@ class SweepLauncher(Launcher):
                     returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
                 except JobFailed as err:
                     returns[i] = _job_return(overrides, run_dir, err)
+        if wait and not optimising:
+            _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
         return returns  # type: ignore[return-value]
+
+
+def _followed(overrides: Sequence[str], run_dir: Path, job_id: str, code: int) -> JobReturn:
+    """A job followed to its end (launcher.wait): COMPLETED with its job id, or FAILED with its exit code, which the
+    sweep then exits with (Hydra's sweeper raises the first failed job's error once the batch is back; what failed
+    was printed already)."""
+    if code == 0:
+        return _job_return(overrides, run_dir, job_id)
+    return _job_return(
+        overrides, run_dir, JobFailed(f"job {job_id} did not complete (exit code {code})", exit_code=code, reported=True)
+    )
+
+
+def _say_how_they_ended(followed: List[Tuple[int, Optional[JobReturn]]], sweep_dir: Path) -> None:
+    """The sweep's closing line once every job was followed (each one's number and return): how many completed, which
+    did not."""
+    failed = [num for num, ret in followed if ret is None or ret.status == JobStatus.FAILED]
+    ended = f"{len(followed) - len(failed)} completed" + (
+        f", {len(failed)} did not (#{', #'.join(map(str, failed))})" if failed else ""
+    )
+    print(f"hpc-train: sweep of {len(followed)} job(s) ended: {ended}; compare them with: hpc-train-report {sweep_dir}")
 
 
 class Progress:

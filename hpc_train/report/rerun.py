@@ -41,7 +41,7 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
 def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple[int, Optional[str]]:
     """Resubmit, each as it was, the jobs of `rows` (job number -> job id, overrides, layout) that did not complete."""
     # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
-    from hpc_train.launch.slurm import make_executor
+    from hpc_train.launch.slurm import make_executor, submitit_module
 
     recorded = submissions(sweep_dir)
     if any(entry.get("local") for entry in recorded.values()):
@@ -63,7 +63,7 @@ def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple
             f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
             " submitted by an hpc-train older than --rerun-failed; rerun those jobs with their overrides by hand"
         )
-    import submitit  # submitit (~50 ms): only a rerun submits; hpc-train-report and the API import this module
+    submitit = submitit_module()  # (~50 ms): only a rerun submits; hpc-train-report and the API import this module
 
     new_rows, entries = [], []
     for number, (job_id, overrides, layout) in sorted(failed.items(), key=lambda item: int(item[0])):

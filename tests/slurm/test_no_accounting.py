@@ -142,3 +142,50 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
     resubmitted = re.findall(r"job #(\d) \(.*?\): (\w+) as \S+, resubmitted as (\S+)", rerun.stdout)
     subprocess.run(["scancel", *(job for _, _, job in resubmitted)], capture_output=True)
     assert [(number, state) for number, state, _ in resubmitted] == [("1", "FAILED"), ("2", "CANCELLED")], rerun.stdout
+
+
+# Job 0 is requeued from outside (what a preemption with PreemptMode=REQUEUE does) while it runs; its second attempt
+# runs to the end. The training's steps are slow on a first attempt only (HPC_TRAIN_STEP_SLEEP), the script sleeps.
+REQUEUED = {
+    "training": (
+        [*TINY, "trainer.max_steps=6", "trainer.log_every=1", "trainer.eval=false", "trainer.lr=0.1,0.05"],
+        {"HPC_TRAIN_STEP_SLEEP": "1.0"},
+    ),
+    "script": (["+script.overrides.sleep=6,1", "--", "tests/support/scripts/ends_as_told.py"], {}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REQUEUED))
+def test_a_job_requeued_from_outside_is_followed_to_the_end_of_its_last_attempt(accounting_off, tmp_path, what):
+    """launcher.wait on a cluster without accounting: the requeued job's end is its last attempt's (not the stopped
+    attempt's result), said in one line; submitit's sacct warnings never reach the terminal."""
+    sweep_dir = tmp_path / "sweep"
+    args, extra = REQUEUED[what]
+    split = args.index("--") if "--" in args else len(args)
+    command = [sys.executable, "-m", "hpc_train.cli", "-m", *SLURM, "launcher.wait=true", *args[:split],
+               f"hydra.sweep.dir={sweep_dir}", *args[split:]]
+    env = dict(accounting_off, CUDA_VISIBLE_DEVICES="", **extra)
+    cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        started = sweep_dir / "0" / ("metrics.jsonl" if what == "training" else "started")
+        wait_for(lambda: started.exists() and (what == "script" or '"train"' in started.read_text()), 120, "job 0 to run")
+        first = job_ids(sweep_dir)[0]
+        subprocess.run(["scontrol", "requeue", first], check=True)
+        out, _ = cli.communicate(timeout=300)
+    finally:
+        cli.kill()
+    assert cli.returncode == 0, out
+    lines = out.strip().splitlines()
+    assert [line for line in lines if "was requeued" in line] == [
+        f"hpc-train: job {first} was requeued by Slurm (attempt 2); following it to the end of its last attempt"
+    ], out
+    assert "failed" not in out and "sacct" not in out and "storage is disabled" not in out, out
+    assert sum("accounting" in line for line in lines) <= 1, out
+    if what == "training":
+        assert out.count("hpc-train: done: 6 steps") == 2, out
+    else:
+        assert "finished (attempt 2)" in out and "finished (attempt 1)" in out, out
+    assert lines[-1].startswith("hpc-train: sweep of 2 job(s) ended: 2 completed"), lines[-1]
+    # Slurm's accounting (the cluster's own config) agrees: both completed, job 0 in two attempts
+    assert statuses(states(sweep_dir, os.environ)) == ["COMPLETED", "COMPLETED"]
+    assert json.loads((sweep_dir / "0" / "summary.json").read_text())["attempts"] == 2

@@ -83,6 +83,9 @@ def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate_one_job_requeued(s
     subprocess.run(["scontrol", "requeue", first[0]], check=True)
     out, _ = cli.communicate(timeout=400)
     assert cli.returncode == 0, out
+    # the printed end of job 0 is its last attempt's (the first one's result file said it failed)
+    assert f"hpc-train: job {first[0]} was requeued by Slurm (attempt 2)" in out and "failed" not in out, out
+    assert out.strip().splitlines()[-1].startswith("hpc-train: sweep of 2 job(s) ended: 2 completed"), out
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]
     assert len(rows) == 2
     for row in rows:

@@ -1,6 +1,7 @@
 """Big sweeps within Slurm's limits, and watching a sweep, on the real Slurm test cluster.
 
-The test cluster runs Slurm's defaults MaxArraySize=1001 and MaxJobCount=10000. Jobs that only
+The suite's test cluster cuts arrays at 200 tasks (MaxArraySize=201; the 16-node cluster of the scale tests keeps
+Slurm's default 1001) and runs Slurm's default MaxJobCount=10000. Jobs that only
 need to be queued (not run) are submitted held (``+cluster.extra.hold=true`` is sbatch --hold)
 and cancelled at the end.
 """
@@ -41,30 +42,46 @@ def queued(user: str = "root") -> int:
     return len(out.stdout.split())
 
 
-def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cluster, tmp_path):
-    """1,100 jobs with MaxArraySize=1001: arrays of 1,000 and 100 tasks, throttled to 16, every job in jobs.tsv."""
+def sweep_sizes(jobs: int) -> list:
+    """The arrays a sweep of `jobs` goes in as: as many of MaxArraySize - 1 tasks as fit, then the rest."""
+    from hpc_train.launch.sweep_limits import array_chunk, controller_config
+
+    controller_config.cache_clear()  # the cluster this test runs on (a scale run restarts it with another size)
+    chunk = array_chunk()
+    return [chunk] * (jobs // chunk) + ([jobs % chunk] if jobs % chunk else [])
+
+
+# The suite's cluster cuts arrays at 200 tasks (MaxArraySize=201), so 220 held jobs show the cut in the default run;
+# the 1,100-job sweep (two arrays at Slurm's default 1001, and the composing progress lines) is a scale test.
+@pytest.mark.parametrize("jobs", [220, pytest.param(1100, marks=pytest.mark.scale)])
+def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cluster, tmp_path, jobs):
+    """Arrays cut under MaxArraySize, throttled to 16, chained, every job in jobs.tsv and counted by the report."""
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(["-m", *HELD, "seed=range(0,1100)", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"])
+    sizes = sweep_sizes(jobs)
+    proc = run_cli(["-m", *HELD, f"seed=range(0,{jobs})", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"])
     ids = table_ids(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
     try:
         assert_ok(proc)
-        assert "composed 1,000 of 1,100 jobs" in proc.stderr and "validated and laid out 1,100 of 1,100" in proc.stderr
+        assert len(sizes) >= 2, f"{jobs} jobs fit one array of this cluster: nothing to cut"
+        if jobs >= 1000:  # a progress line every 1,000 jobs
+            assert f"composed 1,000 of {jobs:,} jobs" in proc.stderr and f"laid out {jobs:,} of {jobs:,}" in proc.stderr
         arrays = sorted({i.split("_")[0] for i in ids}, key=int)
-        assert len(ids) == 1100 == len(set(ids)) and len(arrays) == 2
+        assert len(ids) == jobs == len(set(ids)) and len(arrays) == len(sizes)
         tasks = {a: sorted(int(i.split("_")[1]) for i in ids if i.startswith(a + "_")) for a in arrays}
-        assert tasks[arrays[0]] == list(range(1000)) and tasks[arrays[1]] == list(range(100))
+        assert [tasks[a] for a in arrays] == [list(range(size)) for size in sizes]
         # Slurm's own view: the task ranges and the throttle it really got
-        assert scontrol_job(arrays[0])["ArrayTaskId"] == "0-999%16"
-        assert scontrol_job(arrays[1])["ArrayTaskId"] == "0-99%16"
+        for array, size in zip(arrays, sizes):
+            assert scontrol_job(array)["ArrayTaskId"] == f"0-{size - 1}%16"
         assert scontrol_job(arrays[0])["ArrayTaskThrottle"] == "16"
         # throttled arrays run one after the other: the sweep as a whole runs at most 16 jobs at once
-        assert scontrol_job(arrays[1])["Dependency"].startswith(f"afterany:{arrays[0]}")
-        # the report counts the states of all 1,100 jobs
+        for before, after in zip(arrays, arrays[1:]):
+            assert scontrol_job(after)["Dependency"].startswith(f"afterany:{before}")
+        # the report counts the states of all the jobs
         report = subprocess.run(
             [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
         )
         assert report.returncode == 0, report.stderr
-        assert "states: 1,100 PENDING" in report.stdout
+        assert f"states: {jobs:,} PENDING" in report.stdout
     finally:
         cancel(ids)
 

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
@@ -308,9 +309,19 @@ def read_attempts(run_dir: Path) -> List[Dict[str, Any]]:
     return records[fresh[-1] :] if fresh else records
 
 
-def attempts_started(run_dir: Path) -> int:
-    """How many attempts this run has started so far (0: none, or no attempt log)."""
-    return sum(1 for r in read_attempts(run_dir) if r.get("event") == "start")
+def attempts_started(run_dir: Path, since: float = 0.0) -> int:
+    """How many attempts this run has started so far (0: none, or no attempt log); `since` (a time.time()): only
+    those started after it (this launch's, see launched_at)."""
+    return sum(1 for r in read_attempts(run_dir) if r.get("event") == "start" and float(r.get("time", 0)) >= since)
+
+
+def launched_at(run_dir: Path) -> float:
+    """When the launch now in this run dir wrote its job spec (every launcher writes it before its ranks start, or as
+    soon as sbatch returned): the attempts recorded after it are this launch's."""
+    try:
+        return (Path(run_dir) / JOB_CONFIG).stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def steps_trained_to(run_dir: Path, since: float) -> Optional[int]:

@@ -299,10 +299,19 @@ FOLLOW_POLL_S = 2.0  # how often a waiting login process reads a packed run's re
 
 def follow(sweep_dir: Path, run_dir: Path) -> int:
     """Wait for one packed run to end; its closing lines, and its exit code (0 when it completed)."""
-    job, state = run_dir.name, None
+    job, state, said, since = run_dir.name, None, False, rundir.launched_at(run_dir)
     try:
         while True:
             state = status.packed_states(sweep_dir).get(job)
+            # interrupted now, or it was while an earlier run was followed (its attempt log counts a second start)
+            again = state is not None and (state.state == records.INTERRUPTED or rundir.attempts_started(run_dir, since) > 1)
+            if again and not said:
+                said = True
+                print(
+                    f"hpc-train: packed run {records.packed_id(str(state.job_id), job)} was interrupted (its allocation"
+                    " was requeued); following it to the end of its last attempt",
+                    flush=True,
+                )
             if state is not None and state.state in records.ENDED_STATES:
                 break
             time.sleep(FOLLOW_POLL_S)

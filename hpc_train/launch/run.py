@@ -103,7 +103,7 @@ def follow(handle: Any, run_dir: Path) -> int:
     """Wait for a submitted job to end (its last attempt, when Slurm requeued it) and report how it ended."""
     submitted = time.time()
     try:
-        ending = slurm_follow.follow(handle, run_dir, since=_launched_at(run_dir))
+        ending = slurm_follow.follow(handle, run_dir, since=rundir.launched_at(run_dir))
     except KeyboardInterrupt:  # Ctrl-C while waiting: the job is Slurm's now, and goes on
         raise StoppedWaiting(str(handle.job_id), run_dir) from None
     if ending.error is None:
@@ -162,13 +162,4 @@ def report_summary(run_dir: Path, code: int) -> None:
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")
         print(f"hpc-train: logs    {run_dir / rundir.LOGS}")
     else:
-        print(rundir.closing_line(code, run_dir, since=_launched_at(run_dir)))
-
-
-def _launched_at(run_dir: Path) -> float:
-    """When this launch wrote the job spec (every launcher writes it before its ranks start): the attempts recorded
-    after it are this launch's."""
-    try:
-        return (Path(run_dir) / rundir.JOB_CONFIG).stat().st_mtime
-    except OSError:
-        return time.time()
+        print(rundir.closing_line(code, run_dir, since=rundir.launched_at(run_dir)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import re
 import shlex
@@ -228,20 +229,30 @@ def check_slurm_commands() -> None:
         )
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when a record comes (a notebook or a test replaces it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def submitit_module() -> Any:
     """submitit, imported on first use (~50 ms: only to submit; a dry run renders the script without it), with its log
     lines said once: its logger has a handler on stdout and one on stderr and also hands each record to the root
     logger, where Hydra has one more, so each of its warnings came out three times. On the login side it gets one
     handler, on stderr, for warnings and worse."""
-    import logging
-
-    import submitit
+    import submitit  # submitit (~50 ms): only to submit; a dry run renders the script without it
 
     logger = logging.getLogger("submitit")
     if not getattr(logger, "hpc_train_one_handler", False):
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
-        once = logging.StreamHandler(sys.stderr)
+        once = _CurrentStderr()
         once.setLevel(logging.WARNING)
         once.setFormatter(logging.Formatter("submitit %(levelname)s: %(message)s"))
         logger.addHandler(once)

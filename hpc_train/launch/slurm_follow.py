@@ -84,8 +84,7 @@ class _Follower:
         if state is not None:
             self.last_state = state
         if self.run_dir is not None:
-            started = [r for r in rundir.read_attempts(self.run_dir) if r.get("event") == "start"]
-            seen = max(seen, sum(1 for r in started if float(r.get("time", 0)) >= self.since) - 1)
+            seen = max(seen, rundir.attempts_started(self.run_dir, self.since) - 1)
         if seen > self.requeues:
             self.requeues = seen
             print(

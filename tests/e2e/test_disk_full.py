@@ -80,7 +80,8 @@ def test_disk_full_in_a_streamed_checkpoint_is_one_message_and_resumes_once_spac
     assert_one_message(proc, run_dir, "step_000000020.ckpt")
     assert checkpoint_steps(run_dir) == [10], "the previous checkpoint stays"
     stopped = re.match(r"hpc-train: the job stopped mid-run at step (\d+): a rank refused to go on", last_line(proc))
-    assert stopped and 20 <= int(stopped.group(1)) <= 21, proc.stdout  # in the background: learnt a step later
+    # in the loop: at step 20; in the background: at a step boundary after the write failed, before the run's end
+    assert stopped and (20 <= int(stopped.group(1)) <= 30 if background else int(stopped.group(1)) == 20), proc.stdout
     small_disk(int(3.5 * single_size / 1024) + 128)  # space freed: the same command resumes from step 10
     again = run_cli(args, run_dir)
     assert_ok(again)

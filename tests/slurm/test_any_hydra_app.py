@@ -133,11 +133,14 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
 
 
-def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_cluster, tmp_path):
+@pytest.mark.parametrize(
+    "stop", [["scancel", "--signal", "USR2"], ["scontrol", "requeue"]], ids=["time-limit-signal", "scontrol-requeue"]
+)
+def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_cluster, tmp_path, stop):
     """As with the submitit launcher: the signal Slurm sends before the time limit (submitit's USR2, sent here
     with scancel as submitit's own _interrupt sends it, not waiting for the limit) makes the job requeue itself
     while hydra.launcher.max_num_timeout allows; the requeued attempt runs in the same job dir and the sweep
-    ends with its result."""
+    ends with its result. A requeue from outside (a preemption) is followed the same way, said in one line."""
     sweep_dir = tmp_path / "sweep"
     command = [sys.executable, "my_app.py", "-m", *SLURM, "hydra.launcher.max_num_timeout=1", "sleep_s=300", "gpus=2", f"hydra.sweep.dir={sweep_dir}"]
     launcher = subprocess.Popen(command, cwd=APP, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -149,13 +152,14 @@ def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_clu
             assert time.monotonic() < deadline, "the job never started"
             time.sleep(0.5)
         job_id = attempts.read_text().split()[0]
-        subprocess.run(["scancel", job_id, "--signal", "USR2"], check=True)
+        subprocess.run([*stop, job_id], check=True)
         out, err = launcher.communicate(timeout=180)
     finally:
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode == 0, err
     assert "1 job(s): 1 completed, 0 failed" in err
+    assert out.count("was requeued by Slurm (attempt 2); following it to the end of its last attempt") == 1, out
     assert attempts.read_text().split("\n")[:2] == [f"{job_id} 0", f"{job_id} 1"]  # requeued: same job, restart 1
     assert sacct(job_id)["state"] == "COMPLETED"
     assert json.loads((sweep_dir / "0" / "seen.json").read_text())["SLURM_JOB_ID"] == job_id

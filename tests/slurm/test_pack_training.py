@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 
 from hpc_train.pack import records, status
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.slurm
 
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
-DDP_SIX = [*TINY, "trainer.max_steps=6", "trainer.eval=false", "strategy=ddp", "resources.gpus_per_node=2"]
-SEEDS = "seed=1,2,3,4,5,6"
+DDP_FOUR = [*TINY, "trainer.max_steps=6", "trainer.eval=false", "strategy=ddp", "resources.gpus_per_node=2"]
+SEEDS = "seed=1,2,3,4"
 # Two quick runs (#0, #1: 2 steps) then two long ones (#2, #3: 40 steps, a checkpoint every 3) in one allocation with
 # room for two runs at a time: the long ones start once the quick ones have finished.
 MIXED = [
@@ -61,16 +63,16 @@ def overlapping(events: List[dict]) -> int:
     return most
 
 
-def test_six_ddp_runs_packed_in_one_allocation_train_as_their_own_jobs_do(slurm_cluster, tmp_path):
+def test_four_ddp_runs_packed_in_one_allocation_train_as_their_own_jobs_do(slurm_cluster, tmp_path):
     packed, own = tmp_path / "packed", tmp_path / "own"
-    sweep([*DDP_SIX, SEEDS, "launcher.pack.allocations=1", "launcher.pack.gpus_per_node=4"], packed)
-    sweep([*DDP_SIX, SEEDS], own)  # one job each (an array)
-    states = wait_until_all_ended(packed, 6, timeout=300)
+    sweep([*DDP_FOUR, SEEDS, "launcher.pack.allocations=1", "launcher.pack.gpus_per_node=4"], packed)
+    sweep([*DDP_FOUR, SEEDS], own)  # one job each (an array)
+    states = wait_until_all_ended(packed, 4, timeout=300)
     assert {s.state for s in states.values()} == {records.COMPLETED}
     plans = records.read_plans(packed)
-    assert len(plans) == 1 and {s.job_id for s in states.values()} == {plans[0].job_id}  # one Slurm job ran all six
+    assert len(plans) == 1 and {s.job_id for s in states.values()} == {plans[0].job_id}  # one Slurm job ran all four
     assert overlapping(records.read_events(packed, 0)) == 2  # two 2-GPU runs at a time in 4 GPUs
-    for job in map(str, range(6)):
+    for job in map(str, range(4)):
         wait_for(lambda: (own / job / "summary.json").exists(), 300, f"run {job} as its own job")
         mine, theirs = read_summary(packed / job), read_summary(own / job)
         assert mine["train_loss"] == theirs["train_loss"] and mine["world_size"] == theirs["world_size"] == 2
@@ -86,13 +88,18 @@ def mixed_uninterrupted(tmp_path_factory) -> Path:
     return sweep_dir
 
 
-def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> str:
-    """Start the mixed sweep slowed down; once the long runs have a checkpoint, run `stop` on the allocation."""
-    sweep([*MIXED, *PACK_ONE], sweep_dir, HPC_TRAIN_STEP_SLEEP="0.3")
+def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> Tuple[str, subprocess.Popen]:
+    """Start the mixed sweep slowed down, followed to its end (launcher.wait=true); once the long runs have a
+    checkpoint, run `stop` on the allocation. Its job id, and the following command (running)."""
+    command = [sys.executable, "-m", "hpc_train.cli", "-m", *SLURM, *MIXED, *PACK_ONE, "launcher.wait=true",
+               f"hydra.sweep.dir={sweep_dir}"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.3")
+    cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: records.read_plans(sweep_dir), 120, "the allocation to be queued")
     job_id = str(records.read_plans(sweep_dir)[0].job_id)
     wait_for(lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"), 240, "the long runs' checkpoints")
     subprocess.run([*stop, job_id], check=True)
-    return job_id
+    return job_id, cli
 
 
 @pytest.mark.parametrize(
@@ -104,9 +111,18 @@ def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_oth
     stop, slurm_cluster, mixed_uninterrupted, tmp_path
 ):
     sweep_dir = tmp_path / "sweep"
-    job_id = _stop_mid_sweep(sweep_dir, stop)
-    states = wait_until_all_ended(sweep_dir, 4, timeout=360)
+    job_id, cli = _stop_mid_sweep(sweep_dir, stop)
+    try:
+        out, _ = cli.communicate(timeout=360)
+    finally:
+        cli.kill()
+    states = wait_until_all_ended(sweep_dir, 4, timeout=30)
     assert {s.state for s in states.values()} == {records.COMPLETED}
+    # launcher.wait followed each run to the end of its last attempt: the two interrupted ones said so, none failed
+    assert cli.returncode == 0 and "failed" not in out, out
+    interrupted = [line for line in out.splitlines() if "was interrupted (its allocation was requeued)" in line]
+    assert [line.split()[3] for line in interrupted] == [f"{job_id}:2", f"{job_id}:3"], out
+    assert out.strip().splitlines()[-1].startswith("hpc-train: sweep of 4 job(s) ended: 4 completed"), out
     events = records.read_events(sweep_dir, 0)
     began = [e for e in events if e["event"] == "began"]
     assert [e["restart"] for e in began] == [0, 1] and {e["job_id"] for e in began} == {job_id}

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -141,10 +142,18 @@ def test_resume_never_starts_over_and_keeps_the_old_checkpoints(uninterrupted, t
     assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["step_000000003.ckpt", "step_000000006.ckpt", "step_000000008.ckpt"]
 
 
-def test_resume_from_an_explicit_checkpoint_path(uninterrupted, tmp_path):
-    source = tmp_path / "source"
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory) -> Path:
+    """A single-process run of one epoch with its checkpoints: the source the resume tests below start from (each
+    works on its own copy)."""
+    source = tmp_path_factory.mktemp("one_epoch") / "run"
+    assert_ok(run_cli([*RESUME, *LAYOUTS["single"], "trainer.epochs=1"], source))
+    return source
+
+
+def test_resume_from_an_explicit_checkpoint_path(uninterrupted, one_epoch, tmp_path):
+    source = one_epoch
     args = [*RESUME, *LAYOUTS["single"]]
-    assert_ok(run_cli([*args, "trainer.epochs=1"], source))
     run_dir = tmp_path / "continued"
     assert_ok(run_cli([*args, f"resume={source / 'checkpoints' / 'step_000000006.ckpt'}"], run_dir))
     assert read_summary(run_dir)["resumed_from_step"] == 6
@@ -159,9 +168,9 @@ def test_resume_from_an_explicit_checkpoint_path(uninterrupted, tmp_path):
         (["strategy=ddp", "resources.gpus_per_node=2"], "strategy.name: checkpoint 'single', this run 'ddp'"),
     ],
 )
-def test_incompatible_checkpoint_is_refused_before_anything_runs(change, expected, tmp_path):
+def test_incompatible_checkpoint_is_refused_before_anything_runs(change, expected, one_epoch, tmp_path):
     run_dir = tmp_path / "run"
-    assert_ok(run_cli([*RESUME, *LAYOUTS["single"], "trainer.epochs=1"], run_dir))
+    shutil.copytree(one_epoch, run_dir)
     attempts_before = (run_dir / "attempts.jsonl").read_text()
     proc = run_cli([*RESUME, *LAYOUTS["single"], *change], run_dir)
     assert proc.returncode == 2

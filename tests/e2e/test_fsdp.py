@@ -77,7 +77,7 @@ def test_activation_checkpointing_changes_no_loss(single_loss, tmp_path):
 
 
 def test_a_resnet18_with_batch_norm_trains_like_ddp(tmp_path):
-    resnet = [*TINY, "model=resnet18", "data.image_size=32", "trainer.batch_size=16", "trainer.max_steps=5", "trainer.eval=false"]
+    resnet = [*TINY, "model=resnet18", "data.image_size=16", "trainer.batch_size=16", "trainer.max_steps=3", "trainer.eval=false"]
     ddp = loss_after([*resnet, "strategy=ddp", *ranks(2)], tmp_path / "ddp")
     fsdp = loss_after([*resnet, *FSDP, *ranks(2)], tmp_path / "fsdp")
     assert fsdp == pytest.approx(ddp, abs=1e-4)

@@ -29,7 +29,7 @@ from hpc_train.jobs import job_states
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
 STATE_POLL_S = 5.0  # how often Slurm is asked while no result says the attempt failed (a job that ended without one)
 UNKNOWN_GRACE_S = 30.0  # nobody lists the job (no accounting, no run dir to read): how long before it counts as ended
-_BACK_IN_QUEUE = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})
+_REQUEUED = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})  # only a job that was requeued is ever in these
 _RUNNING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED"})
 
 
@@ -77,9 +77,11 @@ class _Follower:
 
     def note_requeue(self, state: Optional[str]) -> None:
         """One line per attempt after the first: the run dir's attempt log counts them (hpc_train's jobs and script
-        jobs write one), Slurm's state going back to the queue counts them where there is none."""
+        jobs write one), Slurm's states count them where there is none (REQUEUED, or PENDING again after it ran)."""
         seen = self.requeues
-        if state in _BACK_IN_QUEUE and self.last_state in _RUNNING:
+        if (state in _REQUEUED and self.last_state not in _REQUEUED) or (
+            state == "PENDING" and self.last_state in _RUNNING
+        ):  # one requeue: seen as such, or as a job back in the queue after it ran
             seen += 1
         if state is not None:
             self.last_state = state

@@ -95,7 +95,7 @@ def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> Tuple[str, subprocess.P
                f"hydra.sweep.dir={sweep_dir}"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.3")
     cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: records.read_plans(sweep_dir), 120, "the allocation to be queued")
+    wait_for(lambda: [plan for plan in records.read_plans(sweep_dir) if plan.job_id], 120, "the allocation to be queued")
     job_id = str(records.read_plans(sweep_dir)[0].job_id)
     wait_for(lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"), 240, "the long runs' checkpoints")
     subprocess.run([*stop, job_id], check=True)

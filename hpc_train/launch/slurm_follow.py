@@ -12,8 +12,8 @@ poll; neither holds on a real cluster:
   sacct's own "accounting storage is disabled". Here states come from ``hpc_train.jobs.job_states`` (squeue, then
   the run dir's records), and that accounting does not answer is said once per process.
 
-One line says that a job was requeued (per new attempt: its attempt log, or Slurm's state going back to PENDING);
-the caller reports how the last attempt ended.
+One line says that a job was requeued (per new attempt: its attempt log, Slurm's state going back to the queue, or,
+once it ended, accounting's record of each attempt); the caller reports how the last attempt ended.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from hpc_train import rundir
+from hpc_train import rundir, slurm_cli
 from hpc_train.jobs import job_states
 
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
@@ -75,6 +75,22 @@ class _Follower:
         self.note_requeue(found.state if found is not None else None)
         return found
 
+    def note_accounted_requeues(self) -> None:
+        """The job ended: Slurm's accounting keeps a record per attempt (``sacct -D``: REQUEUED, NODE_FAIL, PREEMPTED,
+        ..., then the last one), so a requeue the polls missed (all of it between two) is counted and said now;
+        nothing where accounting is off."""
+        rows = slurm_cli.sacct_answer([self.job_id], "JobID,State", every_run=True) or []
+        self.say_requeues(sum(1 for row in rows if row and row[0] == self.job_id) - 1)
+
+    def say_requeues(self, seen: int) -> None:
+        if seen > self.requeues:
+            self.requeues = seen
+            print(
+                f"hpc-train: job {self.job_id} was requeued by Slurm (attempt {seen + 1}); following it to the end of"
+                " its last attempt",
+                flush=True,
+            )
+
     def note_requeue(self, state: Optional[str]) -> None:
         """One line per attempt after the first: the run dir's attempt log counts them (hpc_train's jobs and script
         jobs write one), Slurm's states count them where there is none (REQUEUED, or PENDING again after it ran)."""
@@ -87,13 +103,7 @@ class _Follower:
             self.last_state = state
         if self.run_dir is not None:
             seen = max(seen, rundir.attempts_started(self.run_dir, self.since) - 1)
-        if seen > self.requeues:
-            self.requeues = seen
-            print(
-                f"hpc-train: job {self.job_id} was requeued by Slurm (attempt {seen + 1}); following it to the end of"
-                " its last attempt",
-                flush=True,
-            )
+        self.say_requeues(seen)
 
     def read_result(self) -> Optional[BaseException]:
         """The result file's outcome: None for success, else submitit's exception (the file exists: no sacct call)."""
@@ -111,6 +121,7 @@ class _Follower:
                 failure = self.read_result()
                 if failure is None:
                     self.note_requeue(None)
+                    self.note_accounted_requeues()
                     return Ending(None, "COMPLETED", requeues=self.requeues)
             if failure is not None or time.monotonic() >= next_state_at:  # a failed attempt: has the job ended?
                 next_state_at = time.monotonic() + STATE_POLL_S
@@ -129,6 +140,7 @@ class _Follower:
     def ended(self, found: job_states.SlurmState) -> Ending:
         """The job ended: the last attempt's result file says how (read again: it may be newer than the one that
         was there a moment ago); without one, Slurm's state and the run dir's reason."""
+        self.note_accounted_requeues()
         if self.result.exists():
             failure = self.read_result()
             return Ending(failure, found.state, found.error if failure is not None else None, self.requeues)

@@ -48,7 +48,7 @@ from hpc_train import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch import capacity, hydra_internals, pack, slurm, slurm_follow
+from hpc_train.launch import capacity, hydra_internals, pack, slurm, slurm_follow, submitit_import
 from hpc_train.launch.objective import sweeper_target
 from hpc_train.launch.slurm import cluster_account, cluster_qos, time_minutes
 from hpc_train.launch.sweep_limits import check_sweep_fits
@@ -325,7 +325,7 @@ class AppLauncher(Launcher):
     def _submit_local(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
         """submitit's local executor, one per set of resources (each job a process of its own); the job table
         and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
-        submitit = slurm.submitit_module()  # (~50 ms): every Hydra app imports this module (our plugin)
+        submitit = submitit_import.submitit_module()  # (~50 ms): every Hydra app imports this module (our plugin)
 
         groups: Dict[str, List[int]] = {}
         for index, (_, _, launcher, _) in enumerate(jobs):

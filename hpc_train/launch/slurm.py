@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import shlex
@@ -32,6 +31,7 @@ from hpc_train.launch import capacity
 from hpc_train.launch.errors import Interrupted
 from hpc_train.launch.layout import JobLayout
 from hpc_train.launch.plan import RunPlan
+from hpc_train.launch.submitit_import import submitit_module
 from hpc_train.launch.sweep_limits import array_chunk
 from hpc_train.rank_env import unset_line
 from hpc_train.slurm_time import limit_minutes
@@ -229,41 +229,9 @@ def check_slurm_commands() -> None:
         )
 
 
-class _CurrentStderr(logging.StreamHandler):
-    """A handler on whatever ``sys.stderr`` is when a record comes (a notebook or a test replaces it)."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-def submitit_module() -> Any:
-    """submitit, imported on first use (~50 ms: only to submit; a dry run renders the script without it), with its log
-    lines said once: its logger has a handler on stdout and one on stderr and also hands each record to the root
-    logger, where Hydra has one more, so each of its warnings came out three times. On the login side it gets one
-    handler, on stderr, for warnings and worse."""
-    import submitit  # submitit (~50 ms): only to submit; a dry run renders the script without it
-
-    logger = logging.getLogger("submitit")
-    if not getattr(logger, "hpc_train_one_handler", False):
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        once = _CurrentStderr()
-        once.setLevel(logging.WARNING)
-        once.setFormatter(logging.Formatter("submitit %(levelname)s: %(message)s"))
-        logger.addHandler(once)
-        logger.propagate = False
-        logger.hpc_train_one_handler = True  # type: ignore[attr-defined]
-    return submitit
-
-
 def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
     """submitit's Slurm executor for these parameters (it submits; ``render_sbatch`` shows the script)."""
-    submitit = submitit_module()
+    submitit = submitit_module()  # (~50 ms): only to submit; a dry run renders the script without it
     executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
     executor.update_parameters(**submitit_parameters(params))
     return executor

@@ -41,7 +41,8 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
 def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple[int, Optional[str]]:
     """Resubmit, each as it was, the jobs of `rows` (job number -> job id, overrides, layout) that did not complete."""
     # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
-    from hpc_train.launch.slurm import make_executor, submitit_module
+    from hpc_train.launch.slurm import make_executor
+    from hpc_train.launch.submitit_import import submitit_module
 
     recorded = submissions(sweep_dir)
     if any(entry.get("local") for entry in recorded.values()):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from hpc_train.launch import slurm
+from hpc_train.launch import submitit_import
 
 
 def test_a_submitit_warning_is_printed_once(capsys):
@@ -16,8 +16,8 @@ def test_a_submitit_warning_is_printed_once(capsys):
     handler.emit = caught.append  # type: ignore[method-assign]
     root.addHandler(handler)  # as Hydra's handler on the root logger
     try:
-        slurm.submitit_module()
-        slurm.submitit_module()  # a second submission in the same process adds nothing
+        submitit_import.submitit_module()
+        submitit_import.submitit_module()  # a second submission in the same process adds nothing
         logging.getLogger("submitit").warning("Call #1 - Bypassing sacct error")
     finally:
         root.removeHandler(handler)

@@ -115,15 +115,21 @@ class _Follower:
 
     def follow(self) -> Ending:
         next_state_at = time.monotonic() + STATE_POLL_S
+        failure: Optional[BaseException] = None
+        read_at: Optional[float] = None  # the result file's mtime when it was last read
         while True:
-            failure: Optional[BaseException] = None
-            if self.result.exists():
+            fresh = False
+            if self.result.exists() and self.result.stat().st_mtime != read_at:  # new or rewritten: read it once
+                read_at, fresh = self.result.stat().st_mtime, True
                 failure = self.read_result()
                 if failure is None:
                     self.note_requeue(None)
                     self.note_accounted_requeues()
                     return Ending(None, "COMPLETED", requeues=self.requeues)
-            if failure is not None or time.monotonic() >= next_state_at:  # a failed attempt: has the job ended?
+            # a failed attempt: has the job ended? Asked every RESULT_POLL_S, but only every STATE_POLL_S once it is
+            # back in the queue (a requeued job may wait there for hours)
+            waiting = self.last_state == "PENDING" or self.last_state in _REQUEUED
+            if fresh or (failure is not None and not waiting) or time.monotonic() >= next_state_at:
                 next_state_at = time.monotonic() + STATE_POLL_S
                 found = self.state()
                 if found is not None and found.state in job_states.ENDED:

@@ -52,7 +52,7 @@ MB = 1e6
 # The save is dcp_save.save_dcp; the manifest's names and hashing are dcp_manifest's (split out of dcp.py).
 def old_write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
     """The old ``_write_manifest``: rank 0 reads back and hashes every file of the dir."""
-    from hpc_train import rundir
+    from hpc_train.records import rundir
     from hpc_train.compute.checkpointing import dcp_manifest
 
     files = {}
@@ -72,7 +72,7 @@ def old_write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: A
     import io
 
     import torch
-    from hpc_train import rundir
+    from hpc_train.records import rundir
     from hpc_train.compute.checkpointing import dcp_manifest
 
     buffer = io.BytesIO()

@@ -44,7 +44,7 @@ from fsdp_memory import MIB, _count, _maxrss_kib, _reset_peak_rss, _status_kib, 
 
 LLAMA_PROJECT = REPO / "examples" / "llama_project"  # the user's package `llama` lives here
 WORLD = 4
-CASES = {  # name -> (pp, dp_replicate, dp_shard, tp), hpc_train.mesh_dims.ORDER
+CASES = {  # name -> (pp, dp_replicate, dp_shard, tp), hpc_train.contracts.mesh_dims.ORDER
     "fsdp": (1, 1, 4, 1),
     "tp2": (1, 1, 2, 2),
     "pp2": (2, 1, 2, 1),
@@ -75,7 +75,7 @@ def build_model(args: argparse.Namespace):
 
 def layout_settings(dims: tuple, world: int):
     from hpc_train.compute.settings import LayoutSettings
-    from hpc_train.mesh_dims import MeshDims
+    from hpc_train.contracts.mesh_dims import MeshDims
 
     mesh = MeshDims(*dims)
     return LayoutSettings(strategy="mesh", nodes=1, tasks_per_node=world, gpus_per_node=world, gpus_per_task=1, cpus_per_task=1,

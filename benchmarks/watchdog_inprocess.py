@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from hpc_train import hang  # noqa: E402
+from hpc_train.records import hang  # noqa: E402
 from hpc_train.compute.runtime import heartbeat  # noqa: E402
 
 MARKS = (hang.DATA, hang.FORWARD, hang.BACKWARD, hang.OPTIMIZER, hang.COLLECTIVE, hang.OPTIMIZER, hang.DATA)

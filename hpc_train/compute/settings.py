@@ -34,7 +34,7 @@ def section(cls: Type[T], node: Mapping[str, Any]) -> T:
 
 @dataclass(frozen=True)
 class LayoutSettings:
-    """``job.layout``: the job's shape as the launch side laid it out (hpc_train.launch.layout.JobLayout)."""
+    """``job.layout``: the job's shape as the launch side laid it out (hpc_train.launch.planning.layout.JobLayout)."""
 
     strategy: str
     nodes: int
@@ -50,7 +50,7 @@ class LayoutSettings:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The ``job`` section the launch side adds to the spec (hpc_train.launch.jobspec): where the run lives, its
+    """The ``job`` section the launch side adds to the spec (hpc_train.launch.planning.jobspec): where the run lives, its
     layout, the config-group options it was composed from, and the folders the user's code is imported from."""
 
     run_dir: str

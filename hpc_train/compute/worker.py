@@ -2,7 +2,7 @@
 
 The local launcher and the plain sbatch scripts start it once per task.
 
-Exit codes (hpc_train.rundir): EXIT_OK; EXIT_FAILED (traceback in logs/rank<r>.log and on
+Exit codes (hpc_train.records.rundir): EXIT_OK; EXIT_FAILED (traceback in logs/rank<r>.log and on
 stderr); EXIT_REFUSED (one message, no traceback: e.g. the job was planned for another number
 of ranks, or the checkpoint is unsafe or from an older hpc-train); EXIT_INTERRUPTED (stopped by
 a signal after a checkpoint: re-run the same command to resume). Under a plain sbatch
@@ -26,7 +26,7 @@ from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.requeue import requeue_after_stop
 from hpc_train.pack.records import PACKED_ENV
-from hpc_train.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
+from hpc_train.records.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Tuple
 
-from hpc_train.slurm_time import limit_minutes
+from hpc_train.slurm.slurm_time import limit_minutes
 
 Problem = Optional[str]  # None: the value is fine; else what is wrong, as a sentence fragment
 Checker = Callable[[Any], Problem]

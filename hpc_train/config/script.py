@@ -18,7 +18,7 @@ from hpc_train.config.checks import (
     whole,
 )
 from hpc_train.config.rule import R, Rule
-from hpc_train.script_command import ARG_STYLES
+from hpc_train.processes.script_command import ARG_STYLES
 
 RULES: Tuple[Rule, ...] = (
     R(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from hpc_train import hang
+from hpc_train.records import hang
 from hpc_train.config.checks import auto_or, flag, name_or_target, number, one_of, target_node, whole
 from hpc_train.config.rule import R, Rule
 

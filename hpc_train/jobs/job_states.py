@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from hpc_train import rundir, slurm_cli
-from hpc_train.rank_errors import read_records, root_cause
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
+from hpc_train.records.rank_errors import read_records, root_cause
 
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
 # Not in squeue, no accounting to ask, and its run dir does not say how it ended: it never started (cancelled while

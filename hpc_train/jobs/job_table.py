@@ -12,7 +12,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.jobs.text_table import format_table
 
 HEADER = ("job_id", "job", "overrides", "layout")

@@ -3,7 +3,7 @@
 At submission every Slurm job of a sweep (hpc-train's own or a Hydra app's) leaves one line in
 ``<sweep dir>/.hpc_train/submissions.jsonl``: its Slurm id, job number, submitit folder, sbatch
 parameters and requeue budget. ``hpc-train-report --rerun-failed`` resubmits from it
-(hpc_train.report.rerun). No torch here: a login node reads it.
+(hpc_train.launch.backends.rerun). No torch here: a login node reads it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 
 SUBMISSIONS = Path(".hpc_train") / "submissions.jsonl"
 

@@ -3,7 +3,7 @@
 Without it, ``hpc-train-report --watch`` on a sweep that will never run (refused as a whole
 before anything was queued, or a local sweep whose launching process was killed) shows its jobs
 PENDING for ever. The launchers (hpc-train's sweeps and any Hydra app's,
-hpc_train.launch.sweep and hpc_train.launch.app_launcher) write ``running`` with their pid and
+hpc_train.launch.hydra.sweep and hpc_train.launch.hydra.app_launcher) write ``running`` with their pid and
 host when they start a batch of jobs, ``done`` when it has ended (or been queued), ``refused``
 with the message when they refuse it; the report and the watch read it (:func:`never_running`).
 Both sides use it: no torch here.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 
 STATUS = Path(".hpc_train") / "sweep.json"
 RUNNING, DONE, REFUSED = "running", "done", "refused"

@@ -1,6 +1,6 @@
 """`python -m hpc_train.pack.app_step RUN_FOLDER`: one packed run of a Hydra app's sweep, as a job step.
 
-The app launcher (hpc_train.launch.app_launcher, ``hydra.launcher.pack.*``) pickles each job's task (an AppTask:
+The app launcher (hpc_train.launch.hydra.app_launcher, ``hydra.launcher.pack.*``) pickles each job's task (an AppTask:
 the app's task function, the job's overrides, what every job of the launch shares) into the run's folder; this step
 runs it as a submitit job runs it (Hydra's run_job: the job's composed config, working dir and ``.hydra/`` files),
 with the packed run's id as ``hydra.job.id``, and leaves the JobReturn beside the task for the waiting launcher.
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.pack import records
 
 TASK_FILE = "task.pkl"  # the run's AppTask (cloudpickle), written by the login side before sbatch

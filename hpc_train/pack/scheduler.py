@@ -27,16 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train import rundir, slurm_cli
-from hpc_train.hostlist import expand_hostlist
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
+from hpc_train.slurm.hostlist import expand_hostlist
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
-from hpc_train.rank_env import port_for_job
+from hpc_train.processes.rank_env import port_for_job
 
 POLL_S = 0.2
 PORTS = 500  # the rendezvous ports a step may take after the allocation's own (port_for_job + 1 + slot)
 _SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
-# A step's exit code -> the run's state (the worker's codes: hpc_train.rundir).
+# A step's exit code -> the run's state (the worker's codes: hpc_train.records.rundir).
 _ENDINGS = {rundir.EXIT_OK: records.COMPLETED, rundir.EXIT_INTERRUPTED: records.INTERRUPTED}
 
 

@@ -25,7 +25,7 @@ from hpc_train.jobs.text_table import format_table
 from hpc_train.pack import app_step, records, status
 from hpc_train.report import packed_runs
 
-APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.app_launcher leaves in <sweep dir>/.hpc_train
+APP_TASK_GLOB = "app_task_*.pkl"  # what hpc_train.launch.hydra.app_launcher leaves in <sweep dir>/.hpc_train
 
 
 def is_app_sweep(sweep_dir: Path) -> bool:

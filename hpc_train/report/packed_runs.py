@@ -13,7 +13,7 @@ import pickle
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.jobs.job_states import rank_error
 from hpc_train.pack import app_step, records
 from hpc_train.pack.records import RunState

@@ -1,8 +1,8 @@
 """Registers hpc_train's launchers with Hydra.
 
-* `hydra/launcher=hpc_train`: hpc-train's own sweeps (`hpc_train.launch.sweep.SweepLauncher`);
+* `hydra/launcher=hpc_train`: hpc-train's own sweeps (`hpc_train.launch.hydra.sweep.SweepLauncher`);
 * `hydra/launcher=hpc_train_slurm` and `hpc_train_local`: any Hydra app's sweeps, a drop-in for
-  hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.app_launcher`).
+  hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.hydra.app_launcher`).
 
 Hydra only instantiates launchers that live under the `hydra_plugins` package, so these are
 thin shims. Hydra's plugin scan finds this package in a normal install and in an editable one
@@ -14,8 +14,8 @@ from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from hpc_train.launch.app_launcher import AppLauncher, AppLauncherConf, AppLocalLauncherConf
-from hpc_train.launch.sweep import SweepLauncher
+from hpc_train.launch.hydra.app_launcher import AppLauncher, AppLauncherConf, AppLocalLauncherConf
+from hpc_train.launch.hydra.sweep import SweepLauncher
 
 
 class HpcTrainLauncher(SweepLauncher):
@@ -52,7 +52,7 @@ def _make_sweeper_class() -> type:
     sharing compositions between jobs, and reports bad overrides in Hydra's own words.
     Built after Hydra's plugin scan, which re-executes the module defining BasicSweeper.
     """
-    from hpc_train.launch.hydra_internals import basic_sweeper_class
+    from hpc_train.launch.hydra.hydra_internals import basic_sweeper_class
 
     BasicSweeper = basic_sweeper_class()
 

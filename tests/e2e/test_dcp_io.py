@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing import dcp_manifest, dcp_save
 from hpc_train.compute.checkpointing.dcp_consolidate import consolidate, model_entries
 from hpc_train.compute.checkpointing.dcp_dirs import checkpoint_bytes, list_dcp_checkpoints, newest_complete
@@ -527,7 +527,7 @@ _KILLED_SAVE = """
 import os, signal, sys
 from pathlib import Path
 import torch
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing import dcp_save
 
 folder, where = Path(sys.argv[1]), sys.argv[2]

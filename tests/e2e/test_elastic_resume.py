@@ -125,7 +125,7 @@ def test_a_world_size_that_cannot_split_the_checkpoints_global_batch_is_refused_
     """32 samples do not split over 3 ranks. A resumed run keeps its global batch, so the fix is another number of
     ranks (or starting over), not another trainer.batch_size: that would be refused next, as another global batch."""
     # Needs the login node's batch-split check to read the global batch of the checkpoint the run continues
-    # (hpc_train/launch/validate.py); without it the refusal names trainer.batch_size and advises 30.
+    # (hpc_train/launch/planning/validate.py); without it the refusal names trainer.batch_size and advises 30.
     run_dir = tmp_path / "run"
     proc = run_cli([*ELASTIC, "resources.gpus_per_node=3", f"resume={checkpoint(reference, 4)}"], run_dir)
     out = proc.stdout + proc.stderr

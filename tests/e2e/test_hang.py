@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import hang, rundir
+from hpc_train.records import hang, rundir
 from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import REPO, SUPPORT
 

@@ -12,29 +12,29 @@ LAUNCH_MODULES = [
     "hpc_train",  # the public Python API, loaded from the package root on first use
     "hpc_train.api",
     "hpc_train.cli",
-    "hpc_train.launch.run",
-    "hpc_train.launch.plan",
-    "hpc_train.launch.layout",
-    "hpc_train.launch.validate",
-    "hpc_train.launch.local",
-    "hpc_train.launch.jobspec",
-    "hpc_train.launch.slurm",
-    "hpc_train.launch.capacity",
-    "hpc_train.launch.sweep",
-    "hpc_train.launch.sweep_configs",
-    "hpc_train.launch.sweep_limits",
-    "hpc_train.launch.parallelism",
+    "hpc_train.launch.backends.run",
+    "hpc_train.launch.planning.plan",
+    "hpc_train.launch.planning.layout",
+    "hpc_train.launch.planning.validate",
+    "hpc_train.launch.backends.local",
+    "hpc_train.launch.planning.jobspec",
+    "hpc_train.launch.backends.slurm",
+    "hpc_train.launch.planning.capacity",
+    "hpc_train.launch.hydra.sweep",
+    "hpc_train.launch.hydra.sweep_configs",
+    "hpc_train.launch.planning.sweep_limits",
+    "hpc_train.launch.planning.parallelism",
     "hpc_train.config",  # the declarations, which the ranks read too
     "hpc_train.config.engine",
     "hpc_train.config.view",
-    "hpc_train.cli_child",
+    "hpc_train.launch.hydra.cli_child",
     "hpc_train.jobs.job_states",
     "hpc_train.report.command",
     "hpc_train.report.watch",
-    "hpc_train.rank_errors",
-    "hpc_train.logger_table",
-    "hpc_train.script_command",  # a script job's command, rendered by the dry run too
-    "hpc_train.metrics_log",  # hpc_train.log_metrics, for a user's script
+    "hpc_train.records.rank_errors",
+    "hpc_train.contracts.logger_table",
+    "hpc_train.processes.script_command",  # a script job's command, rendered by the dry run too
+    "hpc_train.records.metrics_log",  # hpc_train.log_metrics, for a user's script
     "hpc_train.compute.entry.job",  # pickled by the login node for submitit
     "submitit",
 ]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from hpc_train import run_claim
+from hpc_train.records import run_claim
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 

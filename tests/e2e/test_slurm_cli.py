@@ -1,4 +1,4 @@
-"""hpc_train.slurm_cli: how every Slurm command is run (a missing command, a failure and a hang are answers, not
+"""hpc_train.slurm.slurm_cli: how every Slurm command is run (a missing command, a failure and a hang are answers, not
 exceptions). The Slurm commands themselves are exercised on the test cluster by the Slurm tests (job states,
 attempts, requeue on hang, capacity and sweep limits)."""
 
@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from hpc_train import slurm_cli
+from hpc_train.slurm import slurm_cli
 
 
 def test_a_command_that_hangs_is_stopped_at_its_timeout():

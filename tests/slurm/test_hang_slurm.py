@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import rundir
-from hpc_train.hostlist import expand_hostlist
+from hpc_train.records import rundir
+from hpc_train.slurm.hostlist import expand_hostlist
 from tests.support.cli import TINY, assert_ok, run_cli, wait_for
 from tests.support.slurm import scontrol_job, wait_for_job_end
 

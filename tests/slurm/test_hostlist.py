@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import pytest
 
-from hpc_train.hostlist import HostlistError, expand_hostlist
+from hpc_train.slurm.hostlist import HostlistError, expand_hostlist
 
 
 # -- differential test against Slurm's own parser --------------------------------------------

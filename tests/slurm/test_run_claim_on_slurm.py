@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hpc_train import run_claim
+from hpc_train.records import run_claim
 from tests.e2e.test_run_claim import PACED, starts
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.slurm import wait_for_job_end

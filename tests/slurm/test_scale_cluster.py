@@ -19,7 +19,7 @@ from typing import Callable, Dict, List
 import pytest
 import torch
 
-from hpc_train.hostlist import expand_hostlist, first_host
+from hpc_train.slurm.hostlist import expand_hostlist, first_host
 from tests.support.cli import (
     TINY,
     assert_bit_identical,

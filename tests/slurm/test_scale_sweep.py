@@ -17,9 +17,9 @@ import pytest
 
 from hpc_train import compose
 from hpc_train.jobs import job_table
-from hpc_train.launch import slurm
-from hpc_train.launch.jobspec import build_job_spec
-from hpc_train.launch.plan import make_plan
+from hpc_train.launch.backends import slurm
+from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.plan import make_plan
 from tests.support.cli import TINY
 from tests.support.paths import REPO
 from tests.support.sweep_probe import Probe

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import slurm_cli
-from hpc_train.launch import capacity
+from hpc_train.slurm import slurm_cli
+from hpc_train.launch.planning import capacity
 from hpc_train.config.errors import ConfigError
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO

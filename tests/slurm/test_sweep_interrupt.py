@@ -24,9 +24,9 @@ from typing import Callable, Dict, List, Optional
 import pytest
 
 from hpc_train import compose
-from hpc_train.launch import slurm
-from hpc_train.launch.jobspec import build_job_spec
-from hpc_train.launch.plan import make_plan
+from hpc_train.launch.backends import slurm
+from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.plan import make_plan
 from tests.support.cli import wait_for
 from tests.support.paths import REPO, SCRIPTS
 

@@ -44,7 +44,7 @@ def queued(user: str = "root") -> int:
 
 def sweep_sizes(jobs: int) -> list:
     """The arrays a sweep of `jobs` goes in as: as many of MaxArraySize - 1 tasks as fit, then the rest."""
-    from hpc_train.launch.sweep_limits import array_chunk, controller_config
+    from hpc_train.launch.planning.sweep_limits import array_chunk, controller_config
 
     controller_config.cache_clear()  # the cluster this test runs on (a scale run restarts it with another size)
     chunk = array_chunk()

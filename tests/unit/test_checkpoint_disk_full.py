@@ -12,7 +12,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_consolidate import consolidate
 from hpc_train.compute.checkpointing.dcp_dirs import list_dcp_checkpoints
 from hpc_train.compute.checkpointing.dcp_save import save_dcp

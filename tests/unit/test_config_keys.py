@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpc_train import config, fingerprint, strategy_table
+from hpc_train import config
+from hpc_train.contracts import fingerprint, strategy_table
 from hpc_train.config import checks, engine, launcher, targets
 from hpc_train.config.strategy import micro_batches
 

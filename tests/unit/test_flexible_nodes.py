@@ -17,14 +17,14 @@ from hpc_train.compute.settings import LayoutSettings
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.checks import count_or_range, count_range
 from hpc_train.config.errors import ConfigError
-from hpc_train.fingerprint import differences, fingerprint
-from hpc_train.launch import capacity
-from hpc_train.launch.jobspec import build_job_spec
-from hpc_train.launch.parallelism import resolve_parallelism
-from hpc_train.launch.plan import RunPlan, make_plan
-from hpc_train.launch.sbatch import check_allocation
-from hpc_train.launch.slurm import render_sbatch, slurm_parameters, submitit_parameters
-from hpc_train.strategy_table import KINDS
+from hpc_train.contracts.fingerprint import differences, fingerprint
+from hpc_train.launch.planning import capacity
+from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.parallelism import resolve_parallelism
+from hpc_train.launch.planning.plan import RunPlan, make_plan
+from hpc_train.launch.backends.sbatch import check_allocation
+from hpc_train.launch.backends.slurm import render_sbatch, slurm_parameters, submitit_parameters
+from hpc_train.contracts.strategy_table import KINDS
 
 TINY = ["model=toy_mlp", "data=synthetic", "data.image_size=8", "data.num_samples=64", "trainer.progress=false"]
 SLURM = ["launcher=slurm", "dry_run=true", "cluster.cpus_per_gpu=1", "resources.gpus_per_node=1"]

@@ -29,12 +29,12 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import MAPPING_KEYS
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch import slurm
-from hpc_train.launch.hydra_errors import translate
-from hpc_train.launch.jobspec import build_job_spec
-from hpc_train.launch.objective import check_objective
-from hpc_train.launch.plan import make_plan
-from hpc_train.logger_table import TRACKERS
+from hpc_train.launch.backends import slurm
+from hpc_train.launch.hydra.hydra_errors import translate
+from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.objective import check_objective
+from hpc_train.launch.planning.plan import make_plan
+from hpc_train.contracts.logger_table import TRACKERS
 
 GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
 TOP_LEVEL = ("seed", "job_name", "dry_run", "resume", "objective")

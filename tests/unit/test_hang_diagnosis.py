@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train import hang
+from hpc_train.records import hang
 from hpc_train.compute.runtime import pyspy
 
 
@@ -157,7 +157,7 @@ def test_the_auto_timeout_is_five_minutes_or_twenty_steps_below_the_process_grou
 
 
 def test_the_rank_that_died_first_is_blamed_by_its_time_of_death_not_its_report(tmp_path):
-    from hpc_train.rank_errors import note_time_of_death, read_records, root_cause, write_error_record
+    from hpc_train.records.rank_errors import note_time_of_death, read_records, root_cause, write_error_record
 
     culprit = ValueError("the real cause")
     note_time_of_death(culprit)  # it left the step first ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_train.hostlist import HostlistError, expand_hostlist, first_host
+from hpc_train.slurm.hostlist import HostlistError, expand_hostlist, first_host
 
 
 @pytest.mark.parametrize(

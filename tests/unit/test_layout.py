@@ -3,8 +3,8 @@
 import pytest
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.layout import compute_layout
-from hpc_train.launch.slurm import time_minutes
+from hpc_train.launch.planning.layout import compute_layout
+from hpc_train.launch.backends.slurm import time_minutes
 from hpc_train.config.strategy import strategy_id
 
 # strategy, engine, N, G, S -> nodes, tasks/node, gpus/node (gres), gpus/task

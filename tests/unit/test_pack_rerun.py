@@ -1,4 +1,4 @@
-"""--rerun-failed on a packed sweep (hpc_train.report.packed_rerun): only the FAILED and CANCELLED runs, together in
+"""--rerun-failed on a packed sweep (hpc_train.launch.backends.packed_rerun): only the FAILED and CANCELLED runs, together in
 one new allocation of the same shape and sbatch parameters, with the next index; jobs.tsv and submissions.jsonl
 extended. sbatch is a stand-in here (launch.pack.submit patched), as is Slurm's word (job_states.slurm_states)."""
 
@@ -7,11 +7,11 @@ import json
 from hpc_train.jobs import job_states, job_table
 from hpc_train.jobs.job_table import JobRow
 from hpc_train.jobs.submissions import submissions
-from hpc_train.launch import pack
+from hpc_train.launch.backends import packed as pack
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun, RunState
-from hpc_train.report import packed_rerun
-from hpc_train.report.rerun import rerun_failed
+from hpc_train.launch.backends import packed_rerun
+from hpc_train.launch.backends.rerun import rerun_failed
 
 PARAMS = {
     "job_name": "hpc-train-pack1",

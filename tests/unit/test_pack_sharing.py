@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from hpc_train.launch.pack import PackShape, share_out
+from hpc_train.launch.backends.packed import PackShape, share_out
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.pack.scheduler import Scheduler

@@ -2,7 +2,7 @@
 
 import os
 
-from hpc_train import procfs
+from hpc_train.processes import procfs
 
 
 def test_stat_fields_give_this_process_state_and_parent():

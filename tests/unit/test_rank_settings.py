@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hpc_train import strategy_table
+from hpc_train.contracts import strategy_table
 from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
 from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.entry.script_job import ScriptJobSettings, ScriptSettings
@@ -30,7 +30,7 @@ from hpc_train.compute.training.tracker_common import LoggerSettings
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import declared, engine
 from hpc_train.config.strategy import strategy_id
-from hpc_train.launch.layout import JobLayout
+from hpc_train.launch.planning.layout import JobLayout
 
 # Each config section the ranks read -> the settings classes that read it, between them.
 READERS = {
@@ -42,10 +42,10 @@ READERS = {
     "logger": (LoggerSettings,),
 }
 # Declared keys a spec may leave out (Rule.left_out) that a rank still reads, and the field that holds them:
-# logger.trackers, with logger.name, is read through hpc_train.logger_table as the trackers chosen.
+# logger.trackers, with logger.name, is read through hpc_train.contracts.logger_table as the trackers chosen.
 READ_THROUGH = {"logger": {"trackers"}}
 # Nodes of a section that only some of its options have, which no rank reads: launcher.pack.* (launcher=slurm only)
-# says how the login node packs a sweep's runs into allocations (hpc_train.launch.pack).
+# says how the login node packs a sweep's runs into allocations (hpc_train.launch.backends.packed).
 LOGIN_ONLY = {"launcher": {"pack"}}
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hpc_train import run_claim
+from hpc_train.records import run_claim
 
 
 def test_a_claim_from_another_host_is_live_until_it_goes_stale(tmp_path):

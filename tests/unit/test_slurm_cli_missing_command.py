@@ -1,6 +1,6 @@
-"""hpc_train.slurm_cli: a missing command is a failed process and no answer, not an exception."""
+"""hpc_train.slurm.slurm_cli: a missing command is a failed process and no answer, not an exception."""
 
-from hpc_train import slurm_cli
+from hpc_train.slurm import slurm_cli
 
 
 def test_a_missing_command_is_a_failed_process_and_no_answer():

@@ -15,10 +15,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from hpc_train.cli_child import hydra_initialized as _hydra
+from hpc_train.launch.hydra.cli_child import hydra_initialized as _hydra
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.sweep_configs import SweepConfigs
+from hpc_train.launch.hydra.sweep_configs import SweepConfigs
 
 
 @pytest.fixture

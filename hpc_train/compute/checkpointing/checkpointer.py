@@ -12,7 +12,7 @@ Written in the loop or in the background (``trainer.async_checkpoint``): in the 
 while the state is staged (hpc_train.compute.checkpointing.staging), and a thread (background.py) writes it;
 :meth:`Checkpointer.finished`, called at step boundaries, says when it is done or raises its error on every rank.
 
-Resume modes (the top-level ``resume`` key; targets resolved by hpc_train.rundir):
+Resume modes (the top-level ``resume`` key; targets resolved by hpc_train.records.rundir):
   * ``auto``: the newest checkpoint of the run dir that verifies (a torn or corrupt newest one
     is skipped with a warning); none: start from scratch.
   * ``never``: start from scratch; existing checkpoints are moved aside to
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.runtime import distributed
 from hpc_train.compute.checkpointing.background import FAILURE_WAIT_S, BackgroundWrite, Ticket
 from hpc_train.compute.checkpointing.files import (
@@ -44,7 +44,7 @@ from hpc_train.compute.checkpointing.files import (
 )
 from hpc_train.compute.checkpointing.staging import Stager
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.fingerprint import differences
+from hpc_train.contracts.fingerprint import differences
 
 if TYPE_CHECKING:  # only named in annotations: importing torch.distributed.checkpoint costs about a second per rank
     from torch.distributed.checkpoint.stateful import Stateful

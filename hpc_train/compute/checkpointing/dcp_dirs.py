@@ -3,7 +3,7 @@ rename, pruning, size), so that a kill at any moment leaves the newest complete 
 
 A save writes into ``.step_<N>.dcp.tmp/`` and renames it to ``step_<N>/`` once complete; a replaced
 or pruned dir is renamed to ``.step_<N>.dcp.tmp-replaced`` / ``-pruned`` before it is deleted. What
-a kill leaves of those is removed at the next start (hpc_train.rundir.remove_stale_temporaries).
+a kill leaves of those is removed at the next start (hpc_train.records.rundir.remove_stale_temporaries).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_manifest import is_complete, verify
 from hpc_train.compute.checkpointing.files import CheckpointError
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_metadata import METADATA, bare_name, read_metadata, referenced_files
 from hpc_train.compute.checkpointing.files import CheckpointError, IncompleteCheckpoint, unsafe_checkpoint
 

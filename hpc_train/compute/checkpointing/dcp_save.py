@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_dirs import (
     checkpoint_bytes,
     install,

@@ -11,7 +11,7 @@ and DCP's allow-listed metadata classes (hpc_train.compute.checkpointing.dcp_met
 dir or from the single-file checkpoints (``step_<N>.ckpt``) of the other strategies; its keys
 are the model's parameter names (buffers are not averaged: take them from the model).
 
-Errors are one line on stderr and exit code 2 (``hpc_train.rundir.EXIT_REFUSED``).
+Errors are one line on stderr and exit code 2 (``hpc_train.records.rundir.EXIT_REFUSED``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 
 
 class ExportError(RuntimeError):

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.runtime import faults
 from hpc_train.compute.runtime.refusal import Refusal
 
@@ -67,7 +67,7 @@ class CheckpointRefused(CheckpointError, Refusal):
 class DiskFull(CheckpointError, Refusal):
     """A checkpoint could not be written for lack of space (ENOSPC/EDQUOT); the previous one stays.
 
-    A :class:`Refusal` (exit code hpc_train.rundir.EXIT_REFUSED, one message, no traceback): the
+    A :class:`Refusal` (exit code hpc_train.records.rundir.EXIT_REFUSED, one message, no traceback): the
     user has to free space, there is nothing to debug. The run resumes from the previous
     checkpoint when the same command runs again.
     """

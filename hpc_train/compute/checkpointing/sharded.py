@@ -26,7 +26,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.runtime import distributed
 from hpc_train.compute.runtime.distributed import SideGroup
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer

@@ -4,7 +4,7 @@ The task computes the rank's environment from the launcher's (Slurm's ``SLURM_PR
 ``SLURM_LOCALID`` / ``SLURM_NODEID`` in the step itself, the local launcher's variables), so no
 value is expanded once for the whole job in a batch shell, then runs the script as a child
 process. A one-process layout (``single``, ``dp``, ``model_parallel``, ``pipeline``) gives it no
-torchrun variable at all (hpc_train.rank_env), as ``python script.py`` would; a one-rank-per-GPU
+torchrun variable at all (hpc_train.processes.rank_env), as ``python script.py`` would; a one-rank-per-GPU
 layout gives it torchrun's, for this rank. Every script gets ``OMP_NUM_THREADS`` = the task's
 CPUs, ``HPC_TRAIN_RUN_DIR`` and ``HPC_TRAIN_ATTEMPT``; ``CUDA_VISIBLE_DEVICES`` is left as Slurm
 binds it. With ``script.launcher=torchrun`` the node's one task runs torchrun instead, which
@@ -36,7 +36,9 @@ from typing import IO, Any, Deque, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train import hang, procfs, rundir, strategy_table
+from hpc_train.records import hang, rundir
+from hpc_train.processes import procfs
+from hpc_train.contracts import strategy_table
 from hpc_train.compute.runtime import attempts, heartbeat
 from hpc_train.compute.runtime.attempts import attempt_key
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
@@ -51,10 +53,10 @@ from hpc_train.compute.runtime.interrupts import (
 )
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.settings import JobSettings, LayoutSettings, section
-from hpc_train.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE, RUN_DIR_VARIABLE
-from hpc_train.rank_env import is_torchrun_variable
-from hpc_train.rank_errors import death_cause
-from hpc_train.script_command import direct_command, torchrun_command
+from hpc_train.records.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.processes.rank_env import is_torchrun_variable
+from hpc_train.records.rank_errors import death_cause
+from hpc_train.processes.script_command import direct_command, torchrun_command
 
 log = logging.getLogger("hpc_train")
 

@@ -1,4 +1,4 @@
-"""Parallel strategies, one module per strategy, looked up by its identity (hpc_train.strategy_table); the staged model (stages)."""
+"""Parallel strategies, one module per strategy, looked up by its identity (hpc_train.contracts.strategy_table); the staged model (stages)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hpc_train.compute.parallel.pipeline import PipelineStrategy
 from hpc_train.compute.parallel.single import SingleStrategy
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.settings import LayoutSettings
-from hpc_train.mesh_dims import MeshDims
+from hpc_train.contracts.mesh_dims import MeshDims
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
     cls.name: cls
@@ -37,7 +37,7 @@ def rank_data_shard(layout: LayoutSettings, ranks: RankInfo) -> Tuple[int, int]:
 
     The launch side declared ``data_parallel_size`` D; the ranks of one model replica are consecutive
     (a pipelining engine's S = W / D stages; one rank per replica elsewhere), so rank r reads shard
-    r // (W / D); a mesh's data-parallel coordinate says it (hpc_train.mesh_dims). The trainer needs its data, then one batch through the user's step, before it can
+    r // (W / D); a mesh's data-parallel coordinate says it (hpc_train.contracts.mesh_dims). The trainer needs its data, then one batch through the user's step, before it can
     build the strategy that runs that step; the strategy then checks it agrees (:func:`build_strategy`).
     """
     if layout.strategy == "mesh":

@@ -8,7 +8,7 @@ A strategy owns three decisions and nothing else:
 
 The trainer is written against this interface only, so new strategies plug in without
 touching the loop. Job layouts (tasks, GPUs per task) are declared on the launch side in
-``hpc_train.launch.layout``, because the login node must know them without torch.
+``hpc_train.launch.planning.layout``, because the login node must know them without torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 import torch
 import torch.nn as nn
 
-from hpc_train import hang, rundir
+from hpc_train.records import hang, rundir
 from hpc_train.compute.data.batch import batch_size, split_batch
 from hpc_train.compute.parallel.gradients import clip_to_norm, total_norm
 from hpc_train.compute.parallel.precision import autocast, grad_scaler
@@ -44,7 +44,7 @@ class StrategySettings:
 
     @property
     def node(self) -> Dict[str, Any]:
-        """These settings as the strategy node hpc_train.strategy_table reads (both sides share its functions)."""
+        """These settings as the strategy node hpc_train.contracts.strategy_table reads (both sides share its functions)."""
         return asdict(self)
 
     @property

@@ -21,8 +21,8 @@ import torch.nn as nn
 from hpc_train.compute.parallel.base import StrategySettings, StrategySetup
 from hpc_train.compute.parallel.mesh import MeshStrategy
 from hpc_train.compute.parallel.sharding import shard_units
-from hpc_train.mesh_dims import MeshDims
-from hpc_train.strategy_table import fsdp_mesh
+from hpc_train.contracts.mesh_dims import MeshDims
+from hpc_train.contracts.strategy_table import fsdp_mesh
 
 log = logging.getLogger("hpc_train")
 

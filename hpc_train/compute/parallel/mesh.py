@@ -1,6 +1,6 @@
 """`mesh`: pipeline stages, data replicas, FSDP2 shards and tensor parallel composed on one DeviceMesh.
 
-The dimensions come resolved from the launch side (hpc_train.mesh_dims: ``pp x dp_replicate x dp_shard x
+The dimensions come resolved from the launch side (hpc_train.contracts.mesh_dims: ``pp x dp_replicate x dp_shard x
 tp``, pp outermost, tp innermost) and are built here as one ``init_device_mesh`` whose named slices
 each part uses. The model is composed as torchtitan composes it:
 
@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hpc_train import hang, rundir
+from hpc_train.records import hang, rundir
 from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
 from hpc_train.compute.parallel import sharding
 from hpc_train.compute.parallel.gradients import total_norm
@@ -43,7 +43,7 @@ from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.parallel.tensor_parallel import apply_plan, check_plan
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
-from hpc_train.mesh_dims import KEYS, ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
+from hpc_train.contracts.mesh_dims import KEYS, ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
 
 log = logging.getLogger("hpc_train")
 
@@ -90,7 +90,7 @@ class MeshStrategy(Strategy):
 
     # -- the mesh ---------------------------------------------------------------------
     def mesh_dims(self, setup: StrategySetup) -> MeshDims:
-        """The dimensions the launch side resolved (hpc_train.mesh_dims); a preset may derive them from its keys."""
+        """The dimensions the launch side resolved (hpc_train.contracts.mesh_dims); a preset may derive them from its keys."""
         return MeshDims(*setup.layout.mesh)
 
     def _slice(self, *names: str) -> Any:

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from hpc_train.compute.parallel.base import Strategy, StrategySettings
 from hpc_train.compute.parallel.staged_model import build_staged
-from hpc_train.strategy_table import SplitSettings, split_settings
+from hpc_train.contracts.strategy_table import SplitSettings, split_settings
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ModelParallelStrategy(Strategy):
 
     @property
     def split(self) -> SplitSettings:
-        """How the model is cut (hpc_train.strategy_table reads the stage keys for both sides)."""
+        """How the model is cut (hpc_train.contracts.strategy_table reads the stage keys for both sides)."""
         return split_settings(self.settings.node)
 
     @property

@@ -6,8 +6,8 @@ The login node checked every count of the range and wrote the layout of the leas
 ``--ntasks-per-node`` tasks on each, so the step's task count (``SLURM_STEP_NUM_TASKS``, the rank's world) says how
 many nodes it got. :func:`settle_layout` turns the planned layout into that count's: nodes, world size,
 data-parallel size and the sharded strategies' dimensions (fsdp's replicas, HSDP's ``strategy.replicate=nodes``,
-mesh's ``dp_shard=-1``), resolved by the same functions the login node used (``hpc_train.strategy_table``,
-``hpc_train.mesh_dims``). Only ddp, fsdp and mesh may have a range (their checkpoints resume at another world).
+mesh's ``dp_shard=-1``), resolved by the same functions the login node used (``hpc_train.contracts.strategy_table``,
+``hpc_train.contracts.mesh_dims``). Only ddp, fsdp and mesh may have a range (their checkpoints resume at another world).
 
 Pure Python (no torch), so it is tested without a process group.
 """
@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 from hpc_train.compute.runtime.ranks import RankInfo, world_mismatch
 from hpc_train.compute.settings import LayoutSettings
-from hpc_train.mesh_dims import resolve_mesh_dims
-from hpc_train.strategy_table import fsdp_mesh
+from hpc_train.contracts.mesh_dims import resolve_mesh_dims
+from hpc_train.contracts.strategy_table import fsdp_mesh
 
 
 def settle_layout(layout: LayoutSettings, strategy: Any, world: int) -> LayoutSettings:

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 from hpc_train.compute.runtime import heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.hang import COLLECTIVE
+from hpc_train.records.hang import COLLECTIVE
 
 
 def task_devices(info: RankInfo, gpus_per_task: int) -> List[torch.device]:

@@ -11,7 +11,7 @@ Python-level handler cannot run. The thread:
   EXIT_HUNG when the watcher says so;
 * on rank 0 (and on the last rank, should rank 0 stop publishing) is the watcher itself: when no
   rank has advanced for the hang timeout it asks for every rank's stacks, names the culprits
-  (hpc_train.hang) and ends the job, requeueing it once on Slurm with ``trainer.requeue_on_hang``;
+  (hpc_train.records.hang) and ends the job, requeueing it once on Slurm with ``trainer.requeue_on_hang``;
 * after a first stop signal (SIGTERM, SIGINT, the requeue signal), which asks for a checkpoint
   after the current step, stops this rank at once, after dumping its stacks, on a second one
   (1 s or more later: Ctrl-C reaches the launcher and every rank at the same moment, and the
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Deque, Iterator, List, Optional, Union
 
-from hpc_train import hang, procfs, rundir
+from hpc_train.records import hang, rundir
+from hpc_train.processes import procfs
 from hpc_train.compute.runtime import attempts, pyspy, watchdog
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import log_to_file

@@ -3,7 +3,7 @@
 hpc_train's own ranks dump their stacks with ``faulthandler`` from inside; a user's script is a
 program hpc_train does not run code in, so its task (the script's parent, which Linux lets trace
 its children) asks py-spy. The output is rewritten in faulthandler's layout, so one parser
-(hpc_train.hang.parse_stacks) reads both.
+(hpc_train.records.hang.parse_stacks) reads both.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train import hang
+from hpc_train.records import hang
 
 _PROCESS = re.compile(r"^Process (\d+): ")
 _THREAD = re.compile(r"^Thread (?:0x)?([0-9a-fA-F]+)\b")

@@ -1,5 +1,5 @@
 """Errors whose message is the whole story: a rank reports them as one line and exits with
-hpc_train.rundir.EXIT_REFUSED, no traceback.
+hpc_train.records.rundir.EXIT_REFUSED, no traceback.
 
 Raised for what the user must change rather than what broke (a world size the job was not
 planned for, a checkpoint that is unsafe or from an older hpc-train). A traceback would only

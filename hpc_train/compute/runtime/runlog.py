@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 from tqdm import tqdm
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 
 
 def setup_logging(run_dir: Path, rank: int) -> logging.Logger:

@@ -1,7 +1,7 @@
 """What the watching rank does once no rank has advanced for the hang timeout (hpc_train.compute.runtime.heartbeat).
 
-1. asks every rank for its stacks (``logs/hang.json``) and waits for them (hpc_train.hang.STACKS_WAIT_S);
-2. names the culprits and the ranks that only wait for them (hpc_train.hang.diagnose), in one
+1. asks every rank for its stacks (``logs/hang.json``) and waits for them (hpc_train.records.hang.STACKS_WAIT_S);
+2. names the culprits and the ranks that only wait for them (hpc_train.records.hang.diagnose), in one
    message: on the job's output, in the rank's log, in ``attempts.jsonl`` (``how: hang``) and as
    the culprit's failure record (``logs/rank<r>.error.json``, timed at its last advance, so
    hpc-train-report and the launcher blame it and not a peer that timed out later);
@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from hpc_train import hang, rundir, slurm_cli
+from hpc_train.records import hang, rundir
+from hpc_train.slurm import slurm_cli
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
-from hpc_train.hostlist import expand_hostlist
-from hpc_train.metrics_log import LOCAL_LAUNCHER_VARIABLE
+from hpc_train.slurm.hostlist import expand_hostlist
+from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.pack.records import PACKED_ENV
-from hpc_train.rank_errors import write_record
+from hpc_train.records.rank_errors import write_record
 
 log = logging.getLogger("hpc_train")
 

@@ -4,7 +4,7 @@ The trainer writes one record per logged step (``"kind": "train"``) and per eval
 (``"kind": "eval"``); the writer here keeps the JSONL file (reports and tests read it) and sends
 the same numbers to each tracker: TensorBoard (``tracker_tensorboard``), Weights & Biases
 (``tracker_wandb``), MLflow (``tracker_mlflow``); ``logger=[tensorboard,mlflow]`` runs several
-(``hpc_train.logger_table`` reads the choice). Only rank 0 builds trackers, and a tracker
+(``hpc_train.contracts.logger_table`` reads the choice). Only rank 0 builds trackers, and a tracker
 imports its package only then: the login node and the other ranks never import them.
 
 A tracker has ``write(record)`` (train and eval records only), ``flush()`` (before every checkpoint
@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from hpc_train import logger_table
+from hpc_train.contracts import logger_table
 from hpc_train.compute.runtime.runlog import MetricsWriter
 from hpc_train.compute.training.tracker_common import KINDS, LoggerSettings, in_run_dir
 

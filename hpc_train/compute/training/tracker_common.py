@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from hpc_train import rundir
+from hpc_train.records import rundir
 
 # The record kinds sent to trackers: every number of the record (the loss, lr, accuracy and the metrics of a
 # user's trainer.step) as a scalar named after its kind and key, except these bookkeeping keys.
@@ -19,7 +19,7 @@ NOT_SCALARS = ("kind", "step", "epoch", "time", "samples")
 @dataclass(frozen=True)
 class LoggerSettings:
     """The ``logger`` section: the trackers it picks beside metrics.jsonl (logger.name and logger.trackers, read by
-    hpc_train.logger_table as on the login side) and the trackers' own keys."""
+    hpc_train.contracts.logger_table as on the login side) and the trackers' own keys."""
 
     trackers: Tuple[str, ...]
     name: str

@@ -1,0 +1,178 @@
+"""Start a job's processes on this machine, torchrun-style, and watch them.
+
+Each task of the layout becomes one ``python -m hpc_train.compute.worker`` process with
+RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, marked ``HPC_TRAIN_LOCAL_LAUNCHER=1``
+(rank detection trusts those variables only with a marker: see hpc_train.compute.runtime.ranks). Rank 0
+keeps the console (progress bar); the others write to ``logs/rank<r>.out``. If one process fails, the others are
+stopped so a broken run never hangs; a hung job is ended by the ranks' own watchdog (hpc_train.records.hang), whose
+message this launcher prints.
+
+Stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) sent to the launcher are forwarded to every rank. Ctrl-C
+reaches the ranks twice (from the terminal, which signals the whole process group, and forwarded): a rank
+takes two stop signals less than a second apart as one (hpc_train.compute.runtime.heartbeat.REPEAT_WINDOW_S).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from hpc_train.records import hang, rundir
+from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
+from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.records.rank_errors import death_cause, read_records, root_cause
+
+GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = "") -> Dict[str, str]:
+    env = dict(os.environ)
+    # A stale Slurm/torchrun environment (e.g. running inside an allocation) must not leak in.
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
+        del env[key]
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PYTHONUNBUFFERED="1",
+    )
+    env[LOCAL_LAUNCHER_VARIABLE] = "1"
+    env[LAUNCH_ID_VARIABLE] = launch_id  # names this attempt on every rank (a script job counts its attempts)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
+    """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
+    world = plan.layout.world_size
+    port = master_port or free_port()
+    threads = max(1, (os.cpu_count() or 1) // world)
+    run_dir = plan.run_dir
+    (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+    procs: List[subprocess.Popen] = []
+    files = []
+    command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
+    launch_id = f"{os.getpid()}-{time.time_ns()}"
+    forwarded = _forward_stop_signals(procs)
+    try:
+        for rank in range(world):
+            if rank == 0:
+                out = None
+            else:
+                out = open(rundir.rank_output(run_dir, rank), "w")
+                files.append(out)
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=worker_env(rank, world, port, threads, launch_id),
+                    stdout=out,
+                    stderr=subprocess.STDOUT if out else None,
+                )
+            )
+        return _watch(procs, run_dir, started=time.time())
+    except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
+        _stop(procs, signal.SIGINT)
+        return rundir.EXIT_CTRL_C
+    finally:
+        for signum, previous in forwarded.items():
+            signal.signal(signum, previous)
+        _stop(procs)
+        for handle in files:
+            handle.close()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
+    """Stop signals sent to the launcher reach every rank: they checkpoint after the current step and stop (a second
+    one stops them at once). A third SIGINT stops the launcher itself (KeyboardInterrupt), killing the ranks."""
+    received: Dict[int, int] = {}
+
+    def forward(signum: int, frame: object) -> None:
+        received[signum] = received.get(signum, 0) + 1
+        if signum == signal.SIGINT and received[signum] > 2:
+            raise KeyboardInterrupt
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+    return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+
+
+def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
+    """Wait for all ranks; on the first failure stop the rest and report which rank failed first."""
+    while True:
+        codes = [proc.poll() for proc in procs]
+        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            if code == rundir.EXIT_REFUSED:  # the rank said why in one line (on the console already)
+                _stop(procs)
+                return code
+            if code == rundir.EXIT_HUNG:  # the watchdog's verdict: print it, the ranks are leaving by themselves
+                verdict = hang.read_request(run_dir, since=started) or {}
+                print(verdict.get("message") or "hpc-train: the job hung (see logs/rank<r>.log)", file=sys.stderr)
+                _stop(procs)
+                return code
+            if code == rundir.EXIT_INTERRUPTED:  # the others stop at the same step
+                print(f"hpc-train: rank {rank} stopped (signal).", file=sys.stderr)
+                deadline = time.monotonic() + GRACE_S
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.1)
+                _stop(procs)
+                return code
+            # The process that exits first is often a peer that lost its connection: name the root cause.
+            first, record = root_cause(failed, read_records(run_dir, len(procs), since=started))
+            if record is not None:
+                print(
+                    f"hpc-train: rank {first} failed first ({record['error']}); stopping the other ranks. "
+                    f"Its traceback: {rundir.rank_log(run_dir, first)}",
+                    file=sys.stderr,
+                )
+            else:  # died without a word of its own: a signal (the OOM killer, a segfault) or a bare exit status
+                peers = sorted(rank for rank, _ in failed if rank != first)
+                consequence = (
+                    f" (rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))} then lost the connection:"
+                    " a consequence, not the cause)"
+                    if peers
+                    else ""
+                )
+                print(
+                    f"hpc-train: rank {first} (pid {procs[first].pid}) {death_cause(codes[first])}{consequence};"
+                    f" stopping the other ranks. Its log: {rundir.rank_log(run_dir, first)}",
+                    file=sys.stderr,
+                )
+            _stop(procs)
+            return code if code > 0 else 1
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(0.2)

@@ -1,0 +1,99 @@
+"""`launcher=sbatch`: the first command of a plain sbatch script (see ``sbatch/*.slurm``).
+
+It runs once, inside the allocation and before ``srun``: it composes and validates the config
+exactly as ``launcher=slurm`` would, checks that the allocation Slurm granted has the shape the
+strategy needs (nodes, tasks, GPUs per node: a script edited on one side only fails here, with
+the fix, instead of training with the wrong ranks), and writes ``<run dir>/job_config.yaml``.
+The script then starts every rank with
+
+    srun python -m hpc_train.compute.worker <run dir>/job_config.yaml
+
+where each task reads its rank from srun's variables (``SLURM_PROCID``, ``SLURM_LOCALID``,
+``SLURM_STEP_NUM_TASKS``; no torchrun). Login-node safe: no torch import.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from omegaconf import DictConfig
+
+from hpc_train.config.errors import ConfigError
+from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec
+from hpc_train.launch.planning.layout import JobLayout
+from hpc_train.launch.planning.plan import make_plan
+
+WORKER = "python -m hpc_train.compute.worker"
+
+
+def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
+    for name in names:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
+    """Raise ConfigError when the allocation cannot run `layout`; return warnings for harmless differences."""
+    if "SLURM_JOB_ID" not in env:
+        return ["not inside a Slurm allocation (no SLURM_JOB_ID): the allocation was not checked"]
+    how = (
+        "the #SBATCH lines (or sbatch's command-line options) and the hpc-train overrides of the script must describe"
+        " the same job"
+    )
+    nodes = _int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+    if nodes is not None and nodes not in layout.node_counts:
+        raise ConfigError(
+            "resources.nodes",
+            f"the allocation has {nodes} node(s), but the overrides plan {layout.nodes_text} ({layout.describe()});"
+            f" {how}.",
+            f"use `#SBATCH --nodes={layout.nodes_text}`, or pass resources.nodes={nodes} to hpc-train in the script.",
+        )
+    tasks = _int(env, "SLURM_NTASKS")
+    planned = (nodes if nodes is not None and layout.max_nodes else layout.nodes) * layout.tasks_per_node
+    if tasks is not None and tasks != planned:
+        raise ConfigError(
+            "strategy",
+            f"the allocation has {tasks} task(s), but the overrides plan {planned} ranks"
+            f" ({layout.describe()}); {how}.",
+            f"use `#SBATCH --nodes={layout.nodes_text}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the"
+            " dry run `hpc-train launcher=slurm dry_run=true ...` prints them).",
+        )
+    gpus = _int(env, "SLURM_GPUS_ON_NODE")
+    if gpus is not None and gpus < layout.gpus_per_node:
+        raise ConfigError(
+            "resources.gpus_per_node",
+            f"the allocation has {gpus} GPU(s) per node, but the overrides plan {layout.gpus_per_node}"
+            f" ({layout.describe()}); {how}.",
+            f"use `#SBATCH --gres=gpu:{layout.gpus_per_node}`, or pass resources.gpus_per_node={gpus}.",
+        )
+    warnings = []
+    cpus = _int(env, "SLURM_CPUS_PER_TASK")
+    if cpus is not None and cpus != layout.cpus_per_task:
+        warnings.append(
+            f"the allocation gives {cpus} CPU(s) per task, the cluster profile plans {layout.cpus_per_task}; training"
+            f" uses {cpus}"
+        )
+    return warnings
+
+
+def prepare(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = None) -> int:
+    """Validate, check the allocation and write job_config.yaml; returns the exit code."""
+    env = os.environ if env is None else env
+    plan = make_plan(cfg, run_dir)
+    spec = build_job_spec(plan)
+    warnings = check_allocation(plan.layout, env)
+    for warning in warnings:
+        print(f"hpc-train: warning: {warning}", file=sys.stderr)
+    if cfg.dry_run:
+        print(f"hpc-train (dry run, sbatch): {plan.layout.describe()}")
+        return 0
+    path = write_job_spec(spec, run_dir)
+    print(f"hpc-train: {plan.layout.describe()}")
+    print(f"hpc-train: run dir {run_dir}")
+    print(f"hpc-train: job spec {path}; every rank: srun {WORKER} {path}")
+    return 0

@@ -1,0 +1,297 @@
+"""The public API's plumbing: the real `hpc-train` CLI run in a child process, and what it printed read back.
+
+``hpc_train.api`` shows the calls users make; this module holds how they are carried out:
+Hydra initialised as the CLI initialises it (for ``compose``), the command line, the child's
+output pumped to a file (and the terminal), waiting for a job to start, turning the CLI's
+exit-code-2 message back into a ConfigError, and reading a sweep's ``jobs.tsv``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import yaml
+
+from hpc_train.conf import CONFIG_DIR
+from hpc_train.config.errors import ConfigError
+from hpc_train.jobs.job_states import rank_error
+from hpc_train.launch.hydra import hydra_internals
+from hpc_train.records.rank_errors import refusal_words
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+PathLike = Union[str, "os.PathLike[str]"]
+OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
+START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
+
+
+@contextlib.contextmanager
+def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
+    """Hydra initialised as the CLI initialises it: the shipped conf/, then ``config_dir`` as --config-dir adds it.
+
+    What ``hydra.initialize_config_dir`` does, plus the search-path entry Hydra adds for
+    ``--config-dir`` (same provider, same place). Hydra's global state is restored on exit.
+    """
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without composing
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.errors import SearchPathException
+    from hydra.version import VersionBase, setbase
+
+    # hpc_train's Hydra plugin (its launchers, put in Hydra's ConfigStore as it loads): only when composing
+    import hydra_plugins.hpc_train_launcher as plugin
+
+    plugin.register()
+    base = VersionBase.instance().getbase()  # a process-wide singleton: the caller's Hydra app keeps its own
+    setbase("1.3")
+    search_path = hydra_internals.config_search_path(CONFIG_DIR)
+    if config_dir is not None:
+        path = os.path.abspath(os.fspath(config_dir))
+        if not os.path.isdir(path):
+            raise SearchPathException(f"Additional config directory '{path}' not found")
+        search_path.prepend(provider="command-line", path=f"file://{path}", anchor=SearchPathQuery(provider="schema"))
+    backup = hydra_internals.global_hydra_backup()
+    hydra_internals.create_main_hydra("hpc-train", search_path)
+    try:
+        yield
+    finally:
+        hydra_internals.restore_global_hydra(backup)
+        VersionBase.instance().version_base = base  # hydra.version has no public way back to "unspecified"
+
+
+def compose(overrides: List[str], config_dir: Optional[PathLike]) -> Tuple["DictConfig", Dict[str, str]]:
+    """(resolved job config, {"run": run dir, "sweep": sweep dir} as Hydra would name them now)."""
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without composing
+    from hydra import compose as hydra_compose
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import setup_globals
+    from omegaconf import OmegaConf, open_dict
+
+    from hpc_train.config.engine import whole_mappings  # the key table (OmegaConf): only when composing
+
+    setup_globals()  # Hydra's resolvers (${now:...}, ${hydra:...}), as a @hydra.main app has them
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    try:
+        with hydra_initialized(config_dir):
+            cfg = hydra_compose("config", overrides=whole_mappings(overrides), return_hydra_config=True)
+            hydra_config.set_config(cfg)  # ${hydra:...} in the job config resolves as in a run
+            dirs = {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir)}
+            with open_dict(cfg):
+                del cfg["hydra"]
+            OmegaConf.resolve(cfg)
+            return cfg, dirs
+    except Exception as err:
+        raise as_config_error(err) from None
+    finally:
+        hydra_config.cfg = before
+
+
+def as_config_error(err: BaseException) -> BaseException:
+    """The ConfigError the CLI would print for `err` (see hpc_train.cli._fail), else `err` itself."""
+    # Hydra (~0.2 s), also through hydra_errors: only after composing or expanding has failed
+    from hydra.errors import CompactHydraException, HydraException
+
+    from hpc_train.launch.hydra.hydra_errors import translate
+
+    translated = translate(err)
+    if translated is not None:
+        return translated
+    if isinstance(err, (CompactHydraException, HydraException)):  # Hydra's own words, as the CLI prints them
+        cause = f"\n{err.__cause__}" if err.__cause__ is not None else ""
+        return CliWords(f"hpc-train: {err}{cause}")
+    return err
+
+
+class CliWords(ConfigError):
+    """Bad input the CLI reported in words of its own (Hydra's, or a rank's refusal): the message is that text."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text.strip()
+        key = re.search(r"`([^`]+)`", self._text)
+        super().__init__(key.group(1) if key else "", self._text, "")
+
+    @property
+    def message(self) -> str:
+        return self._text
+
+
+def checked(overrides: Sequence[str]) -> List[str]:
+    if isinstance(overrides, (str, bytes)):
+        raise TypeError(f"overrides must be a list of 'key=value' strings, not one string: [{overrides!r}]")
+    checked = [str(o) for o in overrides]
+    for override in checked:
+        if override.startswith("-"):
+            raise ConfigError(
+                "overrides",
+                f"{override!r} is a command-line flag, not an override.",
+                "pass key=value overrides only; use config_dir=... for --config-dir, sweep() for -m, compose() for"
+                " --cfg job.",
+            )
+    return checked
+
+
+def cli_command(overrides: Sequence[str], config_dir: Optional[PathLike], multirun: bool = False) -> List[str]:
+    command = [sys.executable, "-m", "hpc_train.cli"]
+    if multirun:
+        command.append("--multirun")
+    if config_dir is not None:
+        command += ["--config-dir", os.path.abspath(os.fspath(config_dir))]
+    return command + list(overrides)
+
+
+def path_value(path: Path) -> str:
+    """A path as an override value (quoted when Hydra's grammar would split or reinterpret it)."""
+    text = str(path)
+    if re.fullmatch(r"[\w/.\-+@~:]+", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def own_dir(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> Path:
+    """Where the job writes: `given`, else the dir named by a `key=` override, else a fresh default dir."""
+    if given is not None:
+        return Path(given).resolve()
+    composed_path = Path(composed).resolve()
+    if any(o.split("=", 1)[0].lstrip("+") == key for o in overrides):
+        return composed_path
+    candidate, n = composed_path, 0
+    while True:  # reserve a new dir: mkdir fails if another call (or process) took it first
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = composed_path.with_name(f"{composed_path.name}-{n}")
+
+
+def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> None:
+    """Copy a child's output as it comes (progress bars' carriage returns included)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in iter(lambda: source.read1(65536), b""):  # type: ignore[attr-defined]
+        text = decoder.decode(chunk)
+        keep.append(text)
+        for sink in sinks:
+            sink.write(text)
+            sink.flush()
+    source.close()
+
+
+def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, str]:
+    """Run the CLI to its end: (exit code, stdout, stderr); both also go to `output` and, with echo, to ours."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    out: List[str] = []
+    err: List[str] = []
+    with output.open("w") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        pumps = [
+            threading.Thread(
+                target=pump_output, args=(proc.stdout, [log, sys.stdout] if echo else [log], out), daemon=True
+            ),
+            threading.Thread(
+                target=pump_output, args=(proc.stderr, [log, sys.stderr] if echo else [log], err), daemon=True
+            ),
+        ]
+        for pump in pumps:
+            pump.start()
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # what Ctrl-C does to hpc-train: local ranks stop, a queued Slurm job stays
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        finally:
+            for pump in pumps:
+                pump.join(timeout=10)
+    return code, "".join(out), "".join(err)
+
+
+def background(command: List[str], output: Path) -> subprocess.Popen:
+    """Start the CLI detached from our terminal (Ctrl-C here does not reach it), its output into `output`."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("w") as log:
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+
+def bad_input(printed: str, run_dir: Optional[Path] = None, since: float = 0.0) -> ConfigError:
+    """The ConfigError for a CLI that exited with code 2, from what it printed."""
+    start = printed.rfind("hpc-train: invalid configuration for `")
+    if start >= 0:
+        text = printed[start:].strip()
+        match = re.fullmatch(r"hpc-train: invalid configuration for `([^`]*)`: (.*?) Fix: (.*)", text, flags=re.S)
+        if match:
+            return ConfigError(match.group(1), match.group(2), match.group(3))
+        return CliWords(text)
+    if run_dir is not None:
+        refused = refusal_words(rank_error(run_dir, since)[1])
+        if refused:  # a rank refused: what it printed
+            return CliWords("hpc-train: " + refused)
+    lines = printed.strip().splitlines()
+    first = max((i for i, line in enumerate(lines) if line.startswith("hpc-train: ")), default=0)
+    return CliWords("\n".join(lines[first:]) or "hpc-train: bad input (exit code 2)")
+
+
+def wait_for_start(process: subprocess.Popen, marks: List[Path], since: float) -> None:
+    """Until the process exits or one of `marks` is (re)written, so that refused input is seen here."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while process.poll() is None and time.monotonic() < deadline:
+        if any(written_since(mark, since) for mark in marks):
+            return
+        time.sleep(0.1)
+
+
+def written_since(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since - 1.0
+    except OSError:
+        return False
+
+
+def expand(overrides: List[str]) -> List[List[str]]:
+    """Each job's overrides, in the order Hydra numbers the jobs (its basic sweeper's expansion)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # Hydra (~0.2 s): only to expand a sweep
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        if any(
+            o.is_sweep_override() and not o.is_discrete_sweep() for o in parsed
+        ):  # interval(), ...: for an optimising sweeper
+            parsed = [o for o in parsed if not o.is_sweep_override() or o.is_discrete_sweep()]
+        return [
+            job for batch in hydra_internals.basic_sweeper_class().split_arguments(parsed, None) for job in batch
+        ] or [[]]
+    except Exception as err:
+        raise as_config_error(err) from None
+
+
+def overrides_of(run_dir: Path, fallback: List[str]) -> List[str]:
+    """A sweep job's overrides as Hydra recorded them (.hydra/overrides.yaml), else `fallback`."""
+    try:
+        listed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return fallback
+    return [str(o) for o in listed] if isinstance(listed, list) else fallback
+
+
+def launcher_of(job: List[str], default: str) -> str:
+    for override in job:
+        key, _, value = override.partition("=")
+        if key.lstrip("+") == "launcher":
+            return value
+    return default

@@ -1,0 +1,314 @@
+"""Hydra launcher for `hpc-train -m ...`: every Slurm job of a sweep gets its own layout.
+
+Registered as hydra/launcher=hpc_train by hydra_plugins.hpc_train_launcher.
+
+hydra-submitit-launcher builds one executor from `hydra.launcher` for the whole sweep, so
+sweeping `strategy=ddp,pipeline` or `resources.gpus_per_node=2,4` cannot change --gres or
+--ntasks-per-node per job. This launcher composes each job's config, validates and lays out
+every job before anything is queued (one bad job: nothing submitted), groups jobs with
+identical sbatch parameters into one job array, and saves a job table in the sweep dir.
+Local jobs run one after another in this process, as with Hydra's basic launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Tuple
+
+from hydra.core.utils import (
+    JobReturn,
+    JobStatus,
+    configure_log,
+    filter_overrides,
+    run_job,
+    setup_globals,
+)
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from hpc_train.config.errors import ConfigError
+from hpc_train.jobs import job_table, submissions, sweep_status
+from hpc_train.launch.backends import packed as pack, slurm
+from hpc_train.launch.planning.errors import JobFailed
+from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
+from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
+from hpc_train.launch.planning.plan import make_plan
+from hpc_train.launch.backends.run import follow
+from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
+from hpc_train.launch.planning.sweep_limits import check_sweep_fits
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 1000  # jobs between two progress lines of a big sweep
+
+
+class SweepLauncher(Launcher):
+    def __init__(self) -> None:
+        self._configs: Optional[SweepConfigs] = None
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self._configs = SweepConfigs(hydra_context.config_loader, config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        setup_globals()
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        assert self._configs is not None
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        sweep_status.mark_running(sweep_dir)
+        try:
+            returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
+        except ConfigError as err:  # refused as a whole: say so to hpc-train-report --watch too
+            sweep_status.mark_refused(sweep_dir, err.message)
+            raise
+        sweep_status.mark_done(sweep_dir)
+        return returns
+
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
+        assert self._configs is not None
+        progress = Progress(len(job_overrides), "composed")
+        jobs: List[JobConfig] = []
+        for i, overrides in enumerate(job_overrides):
+            jobs.append(self._configs.resolved(overrides, initial_job_idx + i))
+            progress.tick()
+        slurm_idx = [i for i, job in enumerate(jobs) if job.view.launcher.name == "slurm"]
+        returns: List[Optional[JobReturn]] = [None] * len(jobs)
+        if slurm_idx:
+            batch = [(initial_job_idx + i, job_overrides[i], jobs[i]) for i in slurm_idx]
+            for i, ret in zip(slurm_idx, self._submit(batch, sweep_dir)):
+                returns[i] = ret
+        dry_run = bool(jobs[0].view.dry_run) if jobs else False
+        local_idx = [i for i in range(len(jobs)) if returns[i] is None]
+        del jobs  # a local job composes its whole config when it runs
+        for i in local_idx:
+            sweep_config = self._configs.full(job_overrides[i], initial_job_idx + i)
+            # printed, not logged: Hydra reconfigures logging per job (this line's prefix would change after job #0)
+            print(
+                f"hpc-train: sweep job #{sweep_config.hydra.job.num}: {' '.join(filter_overrides(job_overrides[i]))}",
+                flush=True,
+            )
+            returns[i] = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=sweep_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        if local_idx and not dry_run:
+            print(f"hpc-train: sweep dir {sweep_dir}; compare its jobs with: hpc-train-report {sweep_dir}")
+        return returns  # type: ignore[return-value]
+
+    def _submit(self, batch: List[Tuple[int, Sequence[str], JobConfig]], sweep_dir: Path) -> List[JobReturn]:
+        """Validate, submit and (when asked, or when the sweeper optimises) follow this batch's Slurm jobs.
+
+        Under hpc-train's own sweeper one bad job stops the whole sweep before anything is
+        queued. Under a sweeper that reads return values (Optuna, ...) each trial stands alone:
+        a trial whose sampled values fail validation, or whose job fails, comes back FAILED and
+        the sweeper decides (hydra.sweeper.max_failure_rate).
+        """
+        assert self.config is not None
+        optimising = sweeper_wants_objective(self.config.hydra)
+        returns: List[Optional[JobReturn]] = [None] * len(batch)
+        prepared = []
+        laid_out = Progress(len(batch), "validated and laid out")
+        for i, (num, overrides, job) in enumerate(batch):
+            label = " ".join(filter_overrides(overrides))
+            try:
+                plan = make_plan(job.view, job.run_dir)
+                prepared.append((i, slurm.prepare(plan, build_job_spec(plan, job.choices), label)))
+            except ConfigError as err:
+                if optimising:
+                    print(f"hpc-train: trial #{num} ({label}) not submitted: {err.message}", file=sys.stderr)
+                    returns[i] = _job_return(overrides, job.run_dir, err)
+                    continue
+                raise ConfigError(
+                    err.key,
+                    f"sweep job #{num} ({label}): {err.problem} Because of it, nothing was submitted.",
+                    err.fix,
+                ) from None
+            laid_out.tick()
+        shape = pack.pack_shape(batch[0][2].view) if prepared else None
+        if shape is not None:
+            return self._submit_packed(batch, prepared, shape, sweep_dir, returns, optimising)
+        if prepared:
+            check_sweep_fits(
+                len(prepared),
+                {job.params.get("account") for _, job in prepared},
+                prepared[0][1].params.get("array_parallelism"),
+            )
+        if batch[0][2].view.dry_run:
+            for _, job in prepared:
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+            return [_job_return(o, job.run_dir, None) for _, o, job in batch]
+        if not prepared:
+            return returns  # type: ignore[return-value]
+        # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
+        # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
+        with slurm.Queueing(len(prepared)) as queueing:  # Ctrl-C until jobs.tsv lists them: all cancelled
+            submitted = queueing.submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
+            for i, job in prepared:
+                write_job_spec(job.spec, job.plan.run_dir)
+                hydra_dir = job.plan.run_dir / ".hydra"
+                hydra_dir.mkdir(parents=True, exist_ok=True)
+                write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
+            handles = {id(job): handle for job, handle in submitted}
+            rows = [
+                job_table.JobRow(
+                    str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()
+                )
+                for _, job in prepared
+            ]
+            job_table.print_and_append(sweep_dir, rows)
+            numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
+            submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+        wait = bool(batch[0][2].view.launcher.wait)
+        objective = str(batch[0][2].view.objective)
+        if optimising or wait:
+            if optimising:
+                print(
+                    f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {objective}"
+                )
+            for i, job in prepared:
+                handle = handles[id(job)]
+                overrides, run_dir = batch[i][1], job.plan.run_dir
+                code = follow(handle, run_dir)
+                if not optimising:
+                    returns[i] = _followed(overrides, run_dir, str(handle.job_id), code)
+                elif code != 0:
+                    returns[i] = _job_return(
+                        overrides, run_dir, JobFailed(f"Slurm job {handle.job_id} failed; see {run_dir / 'logs'}")
+                    )
+                else:
+                    try:
+                        returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
+                    except JobFailed as err:
+                        returns[i] = _job_return(overrides, run_dir, err)
+            if wait and not optimising:
+                _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
+        for i, job in prepared:
+            if returns[i] is None:
+                returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[id(job)].job_id)
+        return returns  # type: ignore[return-value]
+
+
+    def _submit_packed(
+        self,
+        batch: List[Tuple[int, Sequence[str], JobConfig]],
+        prepared: List[Tuple[int, slurm.PreparedJob]],
+        shape: pack.PackShape,
+        sweep_dir: Path,
+        returns: List[Optional[JobReturn]],
+        optimising: bool,
+    ) -> List[JobReturn]:
+        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.backends.packed), each run a job step."""
+        view = batch[0][2].view
+        jobs = [job for _, job in prepared]
+        plans = pack.plan_allocations(
+            jobs, shape, sweep_dir, slurm.requeue_signal(view), int(view.launcher.signal_delay_s)
+        )
+        check_sweep_fits(len(plans), {job.params.get("account") for job in jobs}, None)
+        if view.dry_run:
+            for plan, params in plans:
+                print(pack.describe(plan, params, sweep_dir))
+            for job in jobs:
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+            return [_job_return(o, job.run_dir, None) for _, o, job in batch]
+        for i, job in prepared:  # before sbatch: an allocation may start its first step at once
+            write_job_spec(job.spec, job.plan.run_dir)
+            hydra_dir = job.plan.run_dir / ".hydra"
+            hydra_dir.mkdir(parents=True, exist_ok=True)
+            write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
+        try:
+            rows = [(job.plan.run_dir.name, job.label, job.plan.layout.describe()) for job in jobs]
+            submitted, ids = pack.queue(plans, sweep_dir, rows)
+        except ConfigError:
+            for job in jobs:  # nothing queued: no job spec a later resume would misread
+                (job.plan.run_dir / "job_config.yaml").unlink(missing_ok=True)
+            raise
+        print(
+            f"hpc-train: {len(jobs)} runs packed into {len(submitted)} allocation(s):"
+            f" {', '.join(str(plan.job_id) for plan in submitted)}"
+        )
+        wait = bool(view.launcher.wait)
+        objective = str(view.objective)
+        for i, job in prepared:
+            run_dir, overrides = job.plan.run_dir, batch[i][1]
+            packed = ids[run_dir.name]
+            if not (optimising or wait):
+                returns[i] = _job_return(overrides, run_dir, packed)
+                continue
+            code = pack.follow(sweep_dir, run_dir)
+            if not optimising:
+                returns[i] = _followed(overrides, run_dir, packed, code)
+            elif code != 0:
+                returns[i] = _job_return(overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}"))
+            else:
+                try:
+                    returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
+                except JobFailed as err:
+                    returns[i] = _job_return(overrides, run_dir, err)
+        if wait and not optimising:
+            _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
+        return returns  # type: ignore[return-value]
+
+
+def _followed(overrides: Sequence[str], run_dir: Path, job_id: str, code: int) -> JobReturn:
+    """A job followed to its end (launcher.wait): COMPLETED with its job id, or FAILED with its exit code, which the
+    sweep then exits with (Hydra's sweeper raises the first failed job's error once the batch is back; what failed
+    was printed already)."""
+    if code == 0:
+        return _job_return(overrides, run_dir, job_id)
+    return _job_return(
+        overrides, run_dir, JobFailed(f"job {job_id} did not complete (exit code {code})", exit_code=code, reported=True)
+    )
+
+
+def _say_how_they_ended(followed: List[Tuple[int, Optional[JobReturn]]], sweep_dir: Path) -> None:
+    """The sweep's closing line once every job was followed (each one's number and return): how many completed, which
+    did not."""
+    failed = [num for num, ret in followed if ret is None or ret.status == JobStatus.FAILED]
+    ended = f"{len(followed) - len(failed)} completed" + (
+        f", {len(failed)} did not (#{', #'.join(map(str, failed))})" if failed else ""
+    )
+    print(f"hpc-train: sweep of {len(followed)} job(s) ended: {ended}; compare them with: hpc-train-report {sweep_dir}")
+
+
+class Progress:
+    """A line on stderr every PROGRESS_EVERY jobs of a big sweep (a 10,000-job sweep takes seconds to lay out)."""
+
+    def __init__(self, total: int, what: str) -> None:
+        self.total, self.what, self.done = total, what, 0
+        self.start = time.perf_counter()
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.total >= PROGRESS_EVERY and (self.done % PROGRESS_EVERY == 0 or self.done == self.total):
+            elapsed = time.perf_counter() - self.start
+            print(f"hpc-train: {self.what} {self.done:,} of {self.total:,} jobs ({elapsed:.1f} s)", file=sys.stderr)
+
+
+def _job_return(overrides: Sequence[str], run_dir: Path, value: Any) -> JobReturn:
+    """A finished trial: COMPLETED with `value` (job id or objective), FAILED when `value` is an exception.
+
+    It carries no config: a sweep of thousands of jobs keeps none in memory (sweepers read
+    the return value and the status).
+    """
+    ret = JobReturn()
+    ret.overrides = list(overrides)
+    ret.working_dir = str(run_dir)
+    ret.task_name = "hpc-train"
+    ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+    ret.return_value = value
+    return ret

@@ -1,0 +1,47 @@
+"""The exceptions the launch side raises once a config is accepted, and how they are shown.
+
+A refused config is ``hpc_train.config.errors.ConfigError``, raised below the launch side too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from hpc_train.records.rundir import EXIT_CTRL_C
+
+
+class JobFailed(Exception):
+    """A job that started (or was queued) and did not finish.
+
+    ``exit_code`` is what the CLI exits with: the worker's code locally (3: stopped after a
+    checkpoint), 1 for a failed Slurm job. ``error`` holds the failing rank's one-line cause
+    when one is known.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1, error: Optional[str] = None, reported: bool = False) -> None:
+        self.exit_code = exit_code
+        self.error = error
+        self.reported = reported  # the launcher already printed what failed and where the logs are
+        super().__init__(message)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C on the login side, said in one line: the ``hpc-train`` command prints ``str()`` and exits with
+    ``exit_code``. Still a KeyboardInterrupt, so Hydra, a notebook and the Python API let it through as Ctrl-C."""
+
+    exit_code = EXIT_CTRL_C
+
+
+class StoppedWaiting(Interrupted):
+    """Ctrl-C while hpc-train waited for a Slurm job (``launcher.wait``): the job goes on."""
+
+    def __init__(self, job_id: str, run_dir: Path) -> None:
+        super().__init__(job_id, run_dir)
+        self.job_id, self.run_dir = job_id, run_dir
+
+    def __str__(self) -> str:
+        return (
+            f"hpc-train: stopped waiting (Ctrl-C); Slurm job {self.job_id} goes on. Watch it with hpc-train-report"
+            f" {self.run_dir} --watch, or stop it with scancel {self.job_id}"
+        )

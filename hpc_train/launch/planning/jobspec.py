@@ -1,0 +1,62 @@
+"""The resolved, self-contained job description handed from the launch side to every rank.
+
+It is the composed config with interpolations resolved plus a ``job`` section (run dir and
+layout), saved as ``job_config.yaml`` in the run dir so a rank (or a user reading the run
+later) needs nothing but that file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import yaml
+from hydra.core.hydra_config import HydraConfig
+
+from hpc_train.records import rundir
+from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.launch.planning.validate import check_resume_compatible, code_dirs, normalize_precision, script_cwd
+from hpc_train.processes.script_command import is_script_job
+
+
+def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """The job spec of a validated plan; `choices` (the config-group options) are read from Hydra when not given."""
+    spec = plan.config.plain()
+    spec["trainer"]["precision"] = normalize_precision(spec["trainer"]["precision"])
+    if plan.parallel.stages is not None:
+        spec["strategy"]["stages"] = plan.parallel.stages
+    layout = asdict(plan.layout)
+    layout["world_size"] = plan.layout.world_size
+    layout["data_parallel_size"] = plan.parallel.data_parallel_size
+    spec["job"] = {
+        "run_dir": str(plan.run_dir.resolve()),
+        "layout": layout,
+        "choices": dict(choices) if choices is not None else hydra_choices(),
+        "code_dirs": code_dirs(),
+    }
+    if is_script_job(spec):  # the script's folder, fixed where hpc-train was started
+        spec["script"]["cwd"] = str(script_cwd(plan.config))
+    else:
+        check_resume_compatible(spec, plan.run_dir)
+    return spec
+
+
+def hydra_choices() -> Dict[str, str]:
+    """The config-group options this job was composed from (model=resnet18, ...): how runs name their model and data."""
+    if not HydraConfig.initialized():
+        return {}
+    choices = HydraConfig.get().runtime.choices
+    return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra/") and v is not None}
+
+
+def write_yaml(data: Any, path: Path) -> Path:
+    """Plain data as YAML with libyaml's emitter when present (a 10,000-job sweep writes 10,000 of these)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    path.write_text(yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    return path
+
+
+def write_job_spec(spec: Dict[str, Any], run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return write_yaml(spec, run_dir / rundir.JOB_CONFIG)

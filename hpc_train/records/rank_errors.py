@@ -1,0 +1,114 @@
+"""Which rank failed first: each failing rank leaves a small record, the launcher reads them.
+
+When one rank raises, its peers fail moments later with connection errors ("Connection closed
+by peer") that say nothing about the cause. Every failing rank writes
+``logs/rank<r>.error.json`` (time, exception) before tearing anything down, so the local
+launcher can name the rank that failed *first* and its exception, whichever process happens to
+exit first (see :func:`root_cause`). Shared by both sides: no torch here.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+from hpc_train.records import rundir
+
+
+DIED_AT = "_hpc_train_died_at"  # the attribute an exception carries from where it was first seen
+
+
+def note_time_of_death(error: BaseException) -> None:
+    """Stamp `error` with the time it left the training step, once: its record is timed by it, not by the moment
+    the record is written after unwinding (closing data loader workers, loggers) that may take seconds."""
+    if getattr(error, DIED_AT, None) is None:
+        try:
+            setattr(error, DIED_AT, time.time())
+        except AttributeError:  # an exception type without a __dict__
+            pass
+
+
+def notes_time_of_death(function: F) -> F:
+    """Decorator: exceptions leaving `function` carry their time of death (see :func:`note_time_of_death`)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except BaseException as error:
+            note_time_of_death(error)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def write_error_record(run_dir: Path, rank: int, error: BaseException, when: Optional[float] = None) -> None:
+    """Record this rank's failure, timed at its death (best effort: a failing rank must not fail again here)."""
+    text = f"{type(error).__name__}: {error}".strip()
+    when = getattr(error, DIED_AT, None) if when is None else when
+    write_record(run_dir, rank, text.splitlines()[0] if text else type(error).__name__, when)
+
+
+REFUSAL_PREFIX = "Refusal: "  # a record of a rank's refusal (compute.runtime.refusal.Refusal): one message, no bug
+
+
+def refusal_words(error: Optional[str]) -> Optional[str]:
+    """The refusal's message when the record is a rank's refusal, else None."""
+    return error[len(REFUSAL_PREFIX) :] if error and error.startswith(REFUSAL_PREFIX) else None
+
+
+def write_record(run_dir: Path, rank: int, text: str, when: Optional[float] = None) -> None:
+    """A failure record in words; `when` is the time of death (default: now)."""
+    record = {"rank": rank, "time": time.time() if when is None else when, "error": text[:500]}
+    try:
+        rundir.write_json_atomic(rundir.rank_error(run_dir, rank), record)
+    except OSError:
+        pass
+
+
+def read_records(run_dir: Path, world_size: int, since: float) -> Dict[int, Dict[str, Any]]:
+    """The failure records written after `since` (a time.time()), by rank."""
+    records = {}
+    for rank in range(world_size):
+        record = rundir.read_json(rundir.rank_error(run_dir, rank))
+        if isinstance(record, dict) and float(record.get("time", 0)) >= since:
+            records[rank] = record
+    return records
+
+
+def root_cause(
+    failed: List[Tuple[int, int]], records: Dict[int, Dict[str, Any]]
+) -> Tuple[int, Optional[Dict[str, Any]]]:
+    """Which rank to blame, given the (rank, exit code) pairs seen failed so far and the records.
+
+    A rank that died without a record (SIGKILL, the OOM killer, a segfault) comes first: peers
+    that fail *because* of it raise an exception and leave a record. Otherwise the earliest
+    record names the rank whose exception started it all: records are timed at the death (the
+    exception leaving the training step, a hung rank's last advance), not when they were written.
+    """
+    silent = [rank for rank, _ in failed if rank not in records]
+    if silent:
+        return silent[0], None
+    rank = min(records, key=lambda r: float(records[r]["time"]))
+    return rank, records[rank]
+
+
+def death_cause(code: int) -> str:
+    """How a process with this exit status ended, in words, with where to look for a signal's cause."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    cause = f"was killed by {name} (signal {-code})"
+    if -code == signal.SIGKILL:
+        cause += ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
+    elif -code == signal.SIGSEGV:
+        cause += ": a crash in native code (a C/CUDA extension, a driver)"
+    return cause

@@ -1,0 +1,351 @@
+"""The run directory's contract, written once: file names, exit codes, atomic writes, resume targets, attempts.
+
+The launcher, every rank and ``hpc-train-report`` read and write run dirs only through this
+module (no torch here: the login node uses it too)::
+
+    <run dir>/
+      job_config.yaml              the resolved job spec every rank runs (launcher)
+      summary.json                 rank 0, at the end of training
+      metrics.jsonl                rank 0, one line per logged step and per evaluation
+      attempts.jsonl               rank 0, start and end of every attempt
+      checkpoints/step_<N>.ckpt    rank 0, the newest `trainer.keep_checkpoints`
+      checkpoints/step_<N>/        the same for fsdp: a torch.distributed.checkpoint directory, every rank's shard
+      model.pt | model_stage<s>.pt final weights
+      logs/rank<r>.log             every rank; rank<r>.error.json (a failing rank), rank<r>.out (local ranks > 0)
+      logs/rank<r>.progress.json   every rank, every heartbeat: step, phase, last advance (hpc_train.records.hang)
+      logs/hang.json               the hang watchdog's request to every rank, then its verdict
+      slurm/                       submitit's scripts and logs
+    <sweep dir>/jobs.tsv           the sweep launcher's job table (Slurm sweeps)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
+
+JOB_CONFIG = "job_config.yaml"
+SUMMARY = "summary.json"
+METRICS = "metrics.jsonl"
+ATTEMPTS = "attempts.jsonl"
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+SLURM_LOGS = "slurm"
+WEIGHTS = "model.pt"
+SHARDED_MANIFEST = "manifest.json"  # written last into a sharded (fsdp) checkpoint dir: its files and fingerprint
+JOB_TABLE = "jobs.tsv"
+HYDRA_OVERRIDES = ".hydra/overrides.yaml"
+
+# How a rank (python -m hpc_train.compute.worker) and the hpc-train command exit.
+EXIT_OK = 0
+EXIT_FAILED = 1  # an exception: the traceback is in logs/rank<r>.log
+EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for config errors too)
+EXIT_INTERRUPTED = 3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
+EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.records.hang)
+EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
+
+# hpc-train's closing line for each way a job ends, one table for every launcher (local, torchrun, a followed Slurm
+# job): see closing_line. EXIT_REFUSED has two: a rank refused before this launch trained a step, or later.
+REFUSED_MID_RUN = "refused mid-run"
+CLOSING_LINES: Dict[Any, str] = {
+    EXIT_INTERRUPTED: "stopped by a signal (after a checkpoint, unless a second signal stopped it at once); run the"
+    " same command again (same hydra.run.dir={run_dir}) to continue from the last checkpoint",
+    EXIT_HUNG: "the job hung and its watchdog stopped it (exit code {code}): the stuck ranks and their stacks are named"
+    " above and in {logs}; re-run the same command to resume from the last checkpoint",
+    EXIT_REFUSED: "the job refused to start (exit code {code}): the reason is printed above and in {logs}",
+    REFUSED_MID_RUN: "the job stopped mid-run at step {step}: a rank refused to go on (exit code {code}); the reason is"
+    " printed above and in {logs}. Fix it, then run the same command again (same hydra.run.dir={run_dir}) to resume"
+    " from the last checkpoint",
+    EXIT_FAILED: "the job failed (exit code {code}); see the logs in {logs}",
+}
+
+RESUME_WORDS = ("auto", "never")
+_CHECKPOINT = re.compile(r"^step_(\d+)(?:\.ckpt)?$")  # a file (step_<N>.ckpt) or a sharded directory (step_<N>/)
+
+
+# -- names ------------------------------------------------------------------------------------
+def stage_weights(stage: int) -> str:
+    return f"model_stage{stage}.pt"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.log"
+
+
+def rank_error(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.error.json"
+
+
+def rank_progress(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.progress.json"
+
+
+def hang_file(run_dir: Path) -> Path:
+    return Path(run_dir) / LOGS / "hang.json"
+
+
+def rank_output(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS / f"rank{rank}.out"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def step_name(global_step: int) -> str:
+    """``step_<N>`` (9 digits): a sharded checkpoint's directory; a file checkpoint adds ``.ckpt``."""
+    return f"step_{global_step:09d}"
+
+
+def checkpoint_path(run_dir: Path, global_step: int, sharded: bool = False) -> Path:
+    """checkpoints/step_<N>.ckpt, or the directory checkpoints/step_<N>/ of a sharded (fsdp) checkpoint."""
+    return checkpoint_dir(run_dir) / (step_name(global_step) if sharded else f"{step_name(global_step)}.ckpt")
+
+
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step of a checkpoint file or directory named by step_name (with or without .ckpt); None for any other."""
+    found = _CHECKPOINT.match(Path(path).name)
+    return int(found.group(1)) if found else None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint's directory (with the manifest its save writes last), by any name."""
+    path = Path(path)
+    return path.is_file() or (path / SHARDED_MANIFEST).is_file()
+
+
+def list_checkpoints(folder: Path) -> List[Path]:
+    """Checkpoints (files and sharded directories) in `folder`, newest (highest step) first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name)) and is_checkpoint(p)]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+_TEMPORARY = re.compile(r"^\.step_.*\.tmp")  # .step_<N>.ckpt.tmp<pid> files, .step_<N>.dcp.tmp* dirs
+
+
+def remove_stale_temporaries(folder: Path) -> List[Path]:
+    """Delete what interrupted checkpoint writes left in `folder`; returns what was removed.
+
+    Only while no write is running: at the start of an attempt (rank 0), or by the writer itself.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.iterdir()):
+        if not _TEMPORARY.match(path.name):
+            continue
+        remove_path(path)
+        removed.append(path)
+    return removed
+
+
+def remove_path(path: Path) -> None:
+    """A file, or a directory with everything in it (a link is removed, not followed); gone already is fine."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((Path(path) / name).exists() for name in (SUMMARY, JOB_CONFIG, METRICS, HYDRA_OVERRIDES))
+
+
+# -- atomic writes ------------------------------------------------------------------------------
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder, best effort (a rename survives a power cut only once its folder is synced)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], None], before: Optional[Callable[[str], None]] = None) -> None:
+    """`write` into a temporary file beside `path`, flush, fsync, rename, fsync the folder: never a torn file under
+    `path`; the temporary file is removed when any of it fails. The one atomic writer of hpc_train. `before` is
+    called with ``"fsync"`` and ``"rename"`` just before each (a test hook that injects a failure there)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    hook = before or (lambda point: None)
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            hook("fsync")
+            os.fsync(handle.fileno())
+        hook("rename")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
+    """`data` under `path`, atomically (write_atomic). `halfway` runs between the two halves of the write (a test
+    hook that widens the window in which a kill can hit mid-write)."""
+    view = memoryview(data)  # its slices copy nothing
+
+    def write(handle: BinaryIO) -> None:
+        half = view.nbytes // 2
+        handle.write(view[:half])
+        if halfway is not None:
+            halfway()
+        handle.write(view[half:])
+
+    write_atomic(path, write)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """`data` written in place, flushed and fsynced: for the files of a temporary folder that is renamed whole."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def append_line_durable(path: Path, line: str) -> None:
+    """One line appended and fsynced (a record that must survive the process being killed right after)."""
+    with open(path, "a") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(text.encode(), path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """JSON that readers never see half-written."""
+    write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def read_json(path: Path) -> Optional[Any]:
+    """The JSON in `path`, or None when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
+    summary = read_json(Path(run_dir) / SUMMARY)
+    return summary if isinstance(summary, dict) else None
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """Every whole JSON line of `path` (a line torn by a kill is skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+# -- what a run resumes from --------------------------------------------------------------------
+def resume_target(resume: str, run_dir: Path) -> Optional[Path]:
+    """Where `resume` points: a checkpoint file or a folder of checkpoints; None for resume=never.
+
+    ``auto`` is this run dir's checkpoints; a run dir means its checkpoints/ folder; a folder
+    without one is taken as a folder of checkpoints; anything else is a file path.
+    """
+    resume = str(resume)
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return checkpoint_dir(run_dir)
+    target = Path(resume).expanduser()
+    if target.is_dir() and checkpoint_dir(target).is_dir():
+        return checkpoint_dir(target)
+    return target  # a checkpoint (file or sharded directory), or a folder of checkpoints
+
+
+def newest_checkpoint(resume: str, run_dir: Path) -> Optional[Path]:
+    """The newest checkpoint file `resume` names (unverified), or None when there is none."""
+    target = resume_target(resume, run_dir)
+    if target is None:
+        return None
+    if is_checkpoint(target):
+        return target
+    if target.is_dir():
+        files = list_checkpoints(target)
+        return files[0] if files else None
+    return None
+
+
+# -- the attempt log ----------------------------------------------------------------------------
+def read_attempts(run_dir: Path) -> List[Dict[str, Any]]:
+    """The attempt records of the current count: everything after the last fresh start."""
+    records = read_jsonl(Path(run_dir) / ATTEMPTS)
+    fresh = [i for i, r in enumerate(records) if r.get("event") == "start" and r.get("fresh")]
+    return records[fresh[-1] :] if fresh else records
+
+
+def attempts_started(run_dir: Path, since: float = 0.0) -> int:
+    """How many attempts this run has started so far (0: none, or no attempt log); `since` (a time.time()): only
+    those started after it (this launch's, see launched_at)."""
+    return sum(1 for r in read_attempts(run_dir) if r.get("event") == "start" and float(r.get("time", 0)) >= since)
+
+
+def launched_at(run_dir: Path) -> float:
+    """When the launch now in this run dir wrote its job spec (every launcher writes it before its ranks start, or as
+    soon as sbatch returned): the attempts recorded after it are this launch's."""
+    try:
+        return (Path(run_dir) / JOB_CONFIG).stat().st_mtime
+    except OSError:
+        return time.time()
+
+
+def steps_trained_to(run_dir: Path, since: float) -> Optional[int]:
+    """The step the last attempt started after `since` (a time.time()) ended at, when it trained past where it began;
+    None when no attempt started since, it recorded no end, or it ended where it began (nothing trained).
+
+    Rank 0 records an attempt's start (with resumed_from_step) once training is set up and its end with the step
+    reached, whatever ends it: this tells a refusal mid-run from one at the start."""
+    records = read_attempts(run_dir)
+    starts = [r for r in records if r.get("event") == "start" and float(r.get("time", 0)) >= since]
+    if not starts:
+        return None
+    start = starts[-1]
+    ends = [r for r in records if r.get("event") == "end" and r.get("attempt") == start.get("attempt")]
+    step = ends[-1].get("step") if ends else None
+    if not isinstance(step, int) or step <= int(start.get("resumed_from_step") or 0):
+        return None
+    return step
+
+
+def closing_line(code: int, run_dir: Path, since: float = 0.0) -> str:
+    """hpc-train's last line for a job that ended with `code` without a summary, from CLOSING_LINES; a refusal names
+    the step reached when the attempt started after `since` had trained past its start."""
+    step = steps_trained_to(run_dir, since) if code == EXIT_REFUSED else None
+    key = REFUSED_MID_RUN if step is not None else (code if code in CLOSING_LINES else EXIT_FAILED)
+    words = CLOSING_LINES[key].format(run_dir=run_dir, logs=Path(run_dir) / LOGS, code=code, step=step)
+    return f"hpc-train: {words}"

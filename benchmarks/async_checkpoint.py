@@ -41,12 +41,46 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import PYTHON, REPO, RESULTS, cpu_env, fmt_stats, foreign_cpu, hpc_train_cmd, import_root, load, machine_info, run_checked, stats, write_result  # noqa: E402
+from common import (
+    PYTHON,
+    REPO,
+    RESULTS,
+    cpu_env,
+    fmt_stats,
+    foreign_cpu,
+    hpc_train_cmd,
+    import_root,
+    load,
+    machine_info,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 from fsdp_memory import build_model  # noqa: E402  the model of the FSDP memory benchmark
 
-SIZES = {"25M": {"dim": 512, "layers": 12}, "100M": {"dim": 1024, "layers": 12}, "3M": {"dim": 256, "layers": 4}}  # 3M: quick
-FULL = {"sizes": ["25M", "100M"], "strategies": ["ddp", "fsdp"], "every": 6, "saves": 4, "batch": 16, "warmup": 2, "ref_repeats": 3}
-QUICK = {"sizes": ["3M"], "strategies": ["ddp", "fsdp"], "every": 3, "saves": 3, "batch": 16, "warmup": 1, "ref_repeats": 2}
+SIZES = {
+    "25M": {"dim": 512, "layers": 12},
+    "100M": {"dim": 1024, "layers": 12},
+    "3M": {"dim": 256, "layers": 4},
+}  # 3M: quick
+FULL = {
+    "sizes": ["25M", "100M"],
+    "strategies": ["ddp", "fsdp"],
+    "every": 6,
+    "saves": 4,
+    "batch": 16,
+    "warmup": 2,
+    "ref_repeats": 3,
+}
+QUICK = {
+    "sizes": ["3M"],
+    "strategies": ["ddp", "fsdp"],
+    "every": 3,
+    "saves": 3,
+    "batch": 16,
+    "warmup": 1,
+    "ref_repeats": 2,
+}
 IMAGE_SIZE, CLASSES = 32, 10
 TARGET = 0.2  # async blocked <= TARGET x sync blocked
 MB = 1e6
@@ -71,12 +105,26 @@ def total_steps(params: Dict[str, Any]) -> int:
 def train_args(size: str, strategy: str, async_save: bool, params: Dict[str, Any], run_dir: Path) -> List[str]:
     model, steps = SIZES[size], total_steps(params)
     return [
-        f"strategy={strategy}", "resources.gpus_per_node=2",
-        "model=toy_mlp", "model._target_=async_checkpoint.image_tinylm", f"model.hidden={model['dim']}", f"+model.layers={model['layers']}",
-        "data=synthetic", f"data.image_size={IMAGE_SIZE}", f"data.num_classes={CLASSES}", f"data.num_samples={max(512, steps * params['batch'])}",
-        f"trainer.max_steps={steps}", "trainer.epochs=null", f"trainer.batch_size={params['batch']}", "trainer.eval=false",
-        "trainer.progress=false", "trainer.log_every=1", f"trainer.checkpoint_every={params['every']}", "trainer.keep_checkpoints=2",
-        f"trainer.async_checkpoint={str(async_save).lower()}", f"hydra.run.dir={run_dir}",
+        f"strategy={strategy}",
+        "resources.gpus_per_node=2",
+        "model=toy_mlp",
+        "model._target_=async_checkpoint.image_tinylm",
+        f"model.hidden={model['dim']}",
+        f"+model.layers={model['layers']}",
+        "data=synthetic",
+        f"data.image_size={IMAGE_SIZE}",
+        f"data.num_classes={CLASSES}",
+        f"data.num_samples={max(512, steps * params['batch'])}",
+        f"trainer.max_steps={steps}",
+        "trainer.epochs=null",
+        f"trainer.batch_size={params['batch']}",
+        "trainer.eval=false",
+        "trainer.progress=false",
+        "trainer.log_every=1",
+        f"trainer.checkpoint_every={params['every']}",
+        "trainer.keep_checkpoints=2",
+        f"trainer.async_checkpoint={str(async_save).lower()}",
+        f"hydra.run.dir={run_dir}",
     ]
 
 
@@ -90,16 +138,33 @@ def run_once(size: str, strategy: str, async_save: bool, params: Dict[str, Any],
     """One training run; its checkpoint rows, train row times, wall time and the other processes' CPU meanwhile."""
     load_before = load()
     started = time.perf_counter()
-    _, foreign = foreign_cpu(lambda: run_checked(hpc_train_cmd(train_args(size, strategy, async_save, params, run_dir)), env=bench_env(), cwd=REPO, timeout=1800))
+    _, foreign = foreign_cpu(
+        lambda: run_checked(
+            hpc_train_cmd(train_args(size, strategy, async_save, params, run_dir)),
+            env=bench_env(),
+            cwd=REPO,
+            timeout=1800,
+        )
+    )
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
-        "size": size, "strategy": strategy, "async": async_save, "wall_s": round(wall, 1), "foreign_cores": foreign,
-        "load_before": load_before, "load_after": load(), "checkpoint_blocked_s": summary.get("checkpoint_blocked_s"),
+        "size": size,
+        "strategy": strategy,
+        "async": async_save,
+        "wall_s": round(wall, 1),
+        "foreign_cores": foreign,
+        "load_before": load_before,
+        "load_after": load(),
+        "checkpoint_blocked_s": summary.get("checkpoint_blocked_s"),
         "last_step": summary["global_step"],
         "train_times": {r["step"]: r["time"] for r in rows if r["kind"] == "train"},
-        "checkpoints": [{k: r[k] for k in ("step", "blocked_s", "total_s", "bytes", "async", "time")} for r in rows if r["kind"] == "checkpoint"],
+        "checkpoints": [
+            {k: r[k] for k in ("step", "blocked_s", "total_s", "bytes", "async", "time")}
+            for r in rows
+            if r["kind"] == "checkpoint"
+        ],
     }
 
 
@@ -111,7 +176,8 @@ def periodic_saves(run: Dict[str, Any], every: int) -> List[Dict[str, Any]]:
     last = run["last_step"]
     return [
         {**c, "next": min(c["step"] + every, last), "waited": c["time"] >= times[min(c["step"] + every, last)]}
-        for c in run["checkpoints"] if c["step"] < last
+        for c in run["checkpoints"]
+        if c["step"] < last
     ]
 
 
@@ -124,7 +190,11 @@ def classify_steps(run: Dict[str, Any], every: int, warmup: int) -> Dict[str, An
     saves = periodic_saves(run, every)
     shift = {c["step"] + 1: c["blocked_s"] for c in saves if not c["waited"]}
     excluded = {s for c in saves if c["waited"] for s in (c["step"] + 1, c["next"] + 1)}
-    writes = [(times[c["step"]] + shift.get(c["step"] + 1, 0.0), times[c["step"]] + c["total_s"]) for c in saves] if run["async"] else []
+    writes = (
+        [(times[c["step"]] + shift.get(c["step"] + 1, 0.0), times[c["step"]] + c["total_s"]) for c in saves]
+        if run["async"]
+        else []
+    )
     out: Dict[str, List[float]] = {"during": [], "partial": [], "partial_covered": [], "clear": []}
     for step in sorted(times):
         if step <= warmup or step in excluded or step - 1 not in times:
@@ -151,10 +221,13 @@ def summarise_case(sync: Dict[str, Any], asyn: Dict[str, Any], every: int, warmu
     overlapped, clear = _stats(a_steps["during"] + a_steps["partial"]), _stats(a_steps["clear"])
     ratio = a_blocked["median"] / s_blocked["median"] if a_blocked else None
     return {
-        "size": sync["size"], "strategy": sync["strategy"],
+        "size": sync["size"],
+        "strategy": sync["strategy"],
         "checkpoint_mb": s_saves[0]["bytes"] / MB,
-        "sync_blocked_s": s_blocked, "async_blocked_s": a_blocked,
-        "blocked_ratio": ratio, "meets_target": ratio is not None and ratio <= TARGET,
+        "sync_blocked_s": s_blocked,
+        "async_blocked_s": a_blocked,
+        "blocked_ratio": ratio,
+        "meets_target": ratio is not None and ratio <= TARGET,
         "async_waited_saves": len(a_saves) - len(a_free),
         "async_waited_blocked_s": [c["blocked_s"] for c in a_saves if c["waited"]],
         "async_write_s": stats([c["total_s"] for c in a_saves]),
@@ -164,9 +237,15 @@ def summarise_case(sync: Dict[str, Any], asyn: Dict[str, Any], every: int, warmu
         "async_step_partial_s": _stats(a_steps["partial"]),
         "async_partial_covered": _stats(a_steps["partial_covered"]),
         "step_slowdown_overlapped": overlapped["median"] / clear["median"] if overlapped and clear else None,
-        "step_slowdown_during_write": a_steps["during"] and clear and statistics.median(a_steps["during"]) / clear["median"] or None,
+        "step_slowdown_during_write": a_steps["during"]
+        and clear
+        and statistics.median(a_steps["during"]) / clear["median"]
+        or None,
         "sync_step_s": _stats(s_steps["clear"]),
-        "final_save_blocked_s": {"sync": sync["checkpoints"][-1]["blocked_s"], "async": asyn["checkpoints"][-1]["blocked_s"]},
+        "final_save_blocked_s": {
+            "sync": sync["checkpoints"][-1]["blocked_s"],
+            "async": asyn["checkpoints"][-1]["blocked_s"],
+        },
         # all costs together: the time from the end of the warm-up to the last step (every periodic save in it)
         "train_s": {"sync": train_seconds(sync, warmup), "async": train_seconds(asyn, warmup)},
         "saved_per_save_s": (train_seconds(sync, warmup) - train_seconds(asyn, warmup)) / len(s_saves),
@@ -207,20 +286,43 @@ def reference_worker(args: argparse.Namespace) -> None:
         size = path.stat().st_size
         path.unlink()
         start = time.perf_counter()
-        copy = {k: v.clone() for k, v in model.state_dict().items()}, {k: {n: t.clone() for n, t in s.items()} for k, s in optimizer.state.items()}
+        copy = (
+            {k: v.clone() for k, v in model.state_dict().items()},
+            {k: {n: t.clone() for n, t in s.items()} for k, s in optimizer.state.items()},
+        )
         record["clone_s"].append(time.perf_counter() - start)
         del copy
-    Path(args.out).write_text(json.dumps({**record, "bytes": size, "params": sum(p.numel() for p in model.parameters())}))
+    Path(args.out).write_text(
+        json.dumps({**record, "bytes": size, "params": sum(p.numel() for p in model.parameters())})
+    )
 
 
 def reference(size: str, params: Dict[str, Any], folder: Path) -> Dict[str, Any]:
     out = folder / f"ref-{size}.json"
     model = SIZES[size]
-    run_checked([PYTHON, str(Path(__file__).resolve()), "--reference", f"--dim={model['dim']}", f"--layers={model['layers']}",
-                 f"--batch={params['batch'] // 2}", f"--repeats={params['ref_repeats']}", f"--folder={folder / 'ref'}", f"--out={out}"],
-                env=bench_env(), cwd=REPO, timeout=900)
+    run_checked(
+        [
+            PYTHON,
+            str(Path(__file__).resolve()),
+            "--reference",
+            f"--dim={model['dim']}",
+            f"--layers={model['layers']}",
+            f"--batch={params['batch'] // 2}",
+            f"--repeats={params['ref_repeats']}",
+            f"--folder={folder / 'ref'}",
+            f"--out={out}",
+        ],
+        env=bench_env(),
+        cwd=REPO,
+        timeout=900,
+    )
     raw = json.loads(out.read_text())
-    return {"size": size, "params": raw["params"], "file_mb": raw["bytes"] / MB, **{k: stats(raw[k]) for k in ("torch_save_s", "torch_save_fsync_s", "clone_s")}}
+    return {
+        "size": size,
+        "params": raw["params"],
+        "file_mb": raw["bytes"] / MB,
+        **{k: stats(raw[k]) for k in ("torch_save_s", "torch_save_fsync_s", "clone_s")},
+    }
 
 
 # -- the driver ---------------------------------------------------------------------------------------------
@@ -236,7 +338,11 @@ def table(cases: List[Dict[str, Any]], refs: Dict[str, Dict[str, Any]]) -> List[
         inflight = fmt_stats(c["async_step_overlapped_s"])
         if c["async_step_overlapped_s"]:
             n_during = c["async_step_during_write_s"]["n"] if c["async_step_during_write_s"] else 0
-            inflight += f" [{n_during} whole, {c['async_step_overlapped_s']['n'] - n_during} part" + (f" ~{covered['median']:.0%}" if covered else "") + "]"
+            inflight += (
+                f" [{n_during} whole, {c['async_step_overlapped_s']['n'] - n_during} part"
+                + (f" ~{covered['median']:.0%}" if covered else "")
+                + "]"
+            )
         lines.append(
             f"| {c['size']} | {c['strategy']} | {c['checkpoint_mb']:.0f} MB | {fmt_stats(c['sync_blocked_s'])} | {fmt_stats(c['async_blocked_s'])}"
             f" | {'-' if ratio is None else f'{ratio:.2f}'} | {fmt_stats(c['async_write_s'])} | {fmt_stats(c['async_step_clear_s'])} | {inflight}"
@@ -278,13 +384,28 @@ def run(quick: bool = False, **overrides: Any) -> Dict[str, Any]:
                     record = run_once(size, strategy, async_save, params, Path(tmp) / tag)
                     runs.append(record)
                     blocked = [c["blocked_s"] for c in record["checkpoints"]]
-                    print(f"  {tag:20s} {record['wall_s']:6.1f} s, blocked per save {[round(b, 2) for b in blocked]},"
-                          f" other processes {record['foreign_cores']} cores, load {record['load_before']}", flush=True)
+                    print(
+                        f"  {tag:20s} {record['wall_s']:6.1f} s, blocked per save {[round(b, 2) for b in blocked]},"
+                        f" other processes {record['foreign_cores']} cores, load {record['load_before']}",
+                        flush=True,
+                    )
             refs[size] = reference(size, params, Path(tmp))
-            print(f"  {size} reference: torch.save {fmt_stats(refs[size]['torch_save_s'])} s, clone {fmt_stats(refs[size]['clone_s'])} s", flush=True)
+            print(
+                f"  {size} reference: torch.save {fmt_stats(refs[size]['torch_save_s'])} s, clone {fmt_stats(refs[size]['clone_s'])} s",
+                flush=True,
+            )
     cases = summarise_runs(runs, params)
-    record = {"params": params, "sizes": {s: SIZES[s] for s in params["sizes"]}, "target": TARGET, "machine": info,
-              "load_avg_after": load(), "wall_s": round(time.perf_counter() - started, 1), "cases": cases, "references": refs, "runs": runs}
+    record = {
+        "params": params,
+        "sizes": {s: SIZES[s] for s in params["sizes"]},
+        "target": TARGET,
+        "machine": info,
+        "load_avg_after": load(),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "cases": cases,
+        "references": refs,
+        "runs": runs,
+    }
     print("\n".join(table(cases, refs)))
     path = write_result("async_checkpoint" + ("_quick" if quick else ""), record)
     print(f"{record['wall_s']:.0f} s; wrote {path}")
@@ -295,7 +416,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a ~3 M-parameter model, 3 saves a run (about a minute)")
     parser.add_argument("--sizes", default="", help="comma-separated: 25M,100M (full mode's)")
-    parser.add_argument("--table", action="store_true", help="no run: figures and table again from results/async_checkpoint.json's raw runs")
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="no run: figures and table again from results/async_checkpoint.json's raw runs",
+    )
     parser.add_argument("--reference", action="store_true", help=argparse.SUPPRESS)
     for name in ("dim", "layers", "batch", "repeats"):
         parser.add_argument(f"--{name}", type=int, default=0, help=argparse.SUPPRESS)

@@ -52,8 +52,8 @@ MB = 1e6
 # The save is dcp_save.save_dcp; the manifest's names and hashing are dcp_manifest's (split out of dcp.py).
 def old_write_manifest(folder: Path, step: int, extra: Dict[str, Any]) -> None:
     """The old ``_write_manifest``: rank 0 reads back and hashes every file of the dir."""
-    from hpc_train.records import rundir
     from hpc_train.compute.checkpointing import dcp_manifest
+    from hpc_train.records import rundir
 
     files = {}
     for file in sorted(Path(folder).iterdir()):
@@ -72,8 +72,9 @@ def old_write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: A
     import io
 
     import torch
-    from hpc_train.records import rundir
+
     from hpc_train.compute.checkpointing import dcp_manifest
+    from hpc_train.records import rundir
 
     buffer = io.BytesIO()
     torch.save(extra, buffer)
@@ -84,7 +85,7 @@ def old_write_rank0_files(tmp: Path, step: int, extra: Dict[str, Any], hashed: A
 
 @contextmanager
 def code_path(mode: str) -> Iterator[None]:
-    """"before": the old rank-0-hashes-all manifest and no per-rank hashing; "after": src as it is.
+    """ "before": the old rank-0-hashes-all manifest and no per-rank hashing; "after": src as it is.
 
     save_dcp looks both up in dcp_save's namespace (file_entries is imported there from dcp_manifest),
     so that is where they are replaced.
@@ -130,6 +131,7 @@ def hashing_meter(meter: Dict[str, float]) -> Iterator[None]:
 # -- the worker (one rank) ---------------------------------------------------------------
 def _fsdp_model(args: argparse.Namespace, info: Any) -> Any:
     import torch
+
     from hpc_train.compute.parallel.base import StrategySetup
     from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy
     from hpc_train.compute.settings import LayoutSettings
@@ -159,6 +161,7 @@ def _one_step(model: Any, vocab: int) -> Any:
 def _timed_save(model: Any, optimizer: Any, folder: Path, step: int, is_main: bool) -> Dict[str, float]:
     """One save as ShardedCheckpointer makes it; ready (entering the last-but-one agreement) and total seconds."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
+
     from hpc_train.compute.checkpointing import dcp_save
     from hpc_train.compute.runtime import distributed
 
@@ -180,8 +183,17 @@ def _timed_save(model: Any, optimizer: Any, folder: Path, step: int, is_main: bo
     distributed.control_barrier()
     start = time.perf_counter()
     with hashing_meter(meter):
-        dcp_save.save_dcp({"model": model_state, "optim": optim_state}, folder, step, loop, 1, is_main,
-                          distributed.control_barrier, agree, gather)
+        dcp_save.save_dcp(
+            {"model": model_state, "optim": optim_state},
+            folder,
+            step,
+            loop,
+            1,
+            is_main,
+            distributed.control_barrier,
+            agree,
+            gather,
+        )
     total = time.perf_counter() - start
     # Own part done: rank 0 when it enters the 2nd agreement (its loop.pt and manifest written); another
     # rank when it enters the gather of the hashes (after it, it only waits for rank 0 and the rename).
@@ -203,6 +215,7 @@ def _timed_verify(path: Path, spread: bool) -> Dict[str, float]:
 
 def worker(args: argparse.Namespace) -> None:
     import torch
+
     from hpc_train.compute.checkpointing import dcp_dirs, dcp_manifest
     from hpc_train.compute.runtime import distributed
     from hpc_train.compute.runtime.ranks import RankInfo
@@ -223,10 +236,14 @@ def worker(args: argparse.Namespace) -> None:
             with code_path(mode):
                 saves.append({"mode": mode, "repeat": repeat, **_timed_save(model, optimizer, folder, step, is_main)})
             path = dcp_dirs.step_dir(folder, step)
-            for spread in ((False, True) if mode == "after" else ()):
-                verifies.append({"mode": "after" if spread else "before", "repeat": repeat, **_timed_verify(path, spread)})
+            for spread in (False, True) if mode == "after" else ():
+                verifies.append(
+                    {"mode": "after" if spread else "before", "repeat": repeat, **_timed_verify(path, spread)}
+                )
     final = dcp_dirs.step_dir(folder, step)
-    manifest = dcp_manifest.verify(final, deep=True, peers=dcp_manifest.process_group_peers())  # the last save is correct
+    manifest = dcp_manifest.verify(
+        final, deep=True, peers=dcp_manifest.process_group_peers()
+    )  # the last save is correct
     record = {
         "rank": args.rank,
         "world": args.world,
@@ -250,9 +267,22 @@ def launch(world: int, params: Dict[str, Any], tmp: Path, timeout: float = 900.0
     model_args = [f"--{k}={params[k]}" for k in ("dim", "vocab", "layers", "repeats")]
     procs = [
         subprocess.Popen(
-            [PYTHON, str(Path(__file__).resolve()), "--worker", f"--world={world}", f"--rank={r}", f"--port={port}",
-             f"--folder={tmp / f'w{world}' / 'checkpoints'}", f"--out={outs[r]}", *model_args],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                PYTHON,
+                str(Path(__file__).resolve()),
+                "--worker",
+                f"--world={world}",
+                f"--rank={r}",
+                f"--port={port}",
+                f"--folder={tmp / f'w{world}' / 'checkpoints'}",
+                f"--out={outs[r]}",
+                *model_args,
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for r in range(world)
     ]
@@ -265,18 +295,28 @@ def launch(world: int, params: Dict[str, Any], tmp: Path, timeout: float = 900.0
 def summarise(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Per mode: rank 0's and the slowest other rank's ready time, total save time, hashed bytes, deep verify."""
     world = len(ranks)
-    out: Dict[str, Any] = {"world": world, "checkpoint_mb": ranks[0]["checkpoint_bytes"] / MB, "files": ranks[0]["files"]}
+    out: Dict[str, Any] = {
+        "world": world,
+        "checkpoint_mb": ranks[0]["checkpoint_bytes"] / MB,
+        "files": ranks[0]["files"],
+    }
     for mode in MODES:
         per_rank = [[s for s in r["saves"] if s["mode"] == mode] for r in ranks]
         repeats = len(per_rank[0])
         verify = [[v for v in r["verifies"] if v["mode"] == mode] for r in ranks]
         out[mode] = {
             "rank0_ready_s": stats([per_rank[0][i]["ready_s"] for i in range(repeats)]),
-            "slowest_other_ready_s": stats([max(per_rank[r][i]["ready_s"] for r in range(1, world)) for i in range(repeats)]),
+            "slowest_other_ready_s": stats(
+                [max(per_rank[r][i]["ready_s"] for r in range(1, world)) for i in range(repeats)]
+            ),
             "total_s": stats([max(per_rank[r][i]["total_s"] for r in range(world)) for i in range(repeats)]),
             "rank0_hashed_mb": stats([per_rank[0][i]["hashed_bytes"] / MB for i in range(repeats)]),
-            "max_other_hashed_mb": stats([max(per_rank[r][i]["hashed_bytes"] for r in range(1, world)) / MB for i in range(repeats)]),
-            "deep_verify_s": stats([max(verify[r][i]["verify_s"] for r in range(world)) for i in range(len(verify[0]))]),
+            "max_other_hashed_mb": stats(
+                [max(per_rank[r][i]["hashed_bytes"] for r in range(1, world)) / MB for i in range(repeats)]
+            ),
+            "deep_verify_s": stats(
+                [max(verify[r][i]["verify_s"] for r in range(world)) for i in range(len(verify[0]))]
+            ),
         }
     return out
 

@@ -33,7 +33,13 @@ PYTHON = sys.executable
 def stats(values: Sequence[float]) -> Dict[str, float]:
     """Median, min and max of repeated measurements (plus the raw values)."""
     values = [float(v) for v in values]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values), "values": values}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "values": values,
+    }
 
 
 def fmt_stats(s: Optional[Dict[str, float]], digits: int = 2) -> str:
@@ -51,7 +57,9 @@ def cpu_env(threads: int) -> Dict[str, str]:
     return env
 
 
-def run_checked(cmd: List[str], env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+def run_checked(
+    cmd: List[str], env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None, timeout: Optional[float] = None
+) -> subprocess.CompletedProcess:
     """Run a command, capture its output, and fail with the tail of that output if it fails.
 
     For an hpc-train run (a `hydra.run.dir=` argument) the tails of its per-rank logs are added.
@@ -96,12 +104,16 @@ def _cpu_model() -> str:
 def git_commit(tree: Path = REPO, mark_dirty: bool = True) -> Optional[str]:
     """Short commit of a checkout, `+dirty` when its sources differ from it (if mark_dirty)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, timeout=10
+        )
         if out.returncode != 0:
             return None
         if not mark_dirty:
             return out.stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *SOURCES], cwd=tree, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *SOURCES], cwd=tree, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -119,6 +131,7 @@ def cpu_busy(seconds: float = 1.0) -> Optional[float]:
 
     Counts every process of the machine, also those in other containers that `ps` cannot see.
     """
+
     def sample():
         fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
@@ -160,9 +173,29 @@ def write_result(name: str, record: dict) -> Path:
     return path
 
 
-def row(benchmark: str, measured: str, value: Optional[dict], reference: str, ref_value: Optional[dict], figure: str, unit: str, target: str = "", note: str = "") -> dict:
+def row(
+    benchmark: str,
+    measured: str,
+    value: Optional[dict],
+    reference: str,
+    ref_value: Optional[dict],
+    figure: str,
+    unit: str,
+    target: str = "",
+    note: str = "",
+) -> dict:
     """One line of run.py's table: a measurement next to its reference in the same run."""
-    return {"benchmark": benchmark, "measured": measured, "value": value, "reference": reference, "ref_value": ref_value, "figure": figure, "unit": unit, "target": target, "note": note}
+    return {
+        "benchmark": benchmark,
+        "measured": measured,
+        "value": value,
+        "reference": reference,
+        "ref_value": ref_value,
+        "figure": figure,
+        "unit": unit,
+        "target": target,
+        "note": note,
+    }
 
 
 def paired_ratios(a: Sequence[float], b: Sequence[float]) -> List[float]:
@@ -231,7 +264,9 @@ def clean_run(fn, max_foreign: float = FOREIGN_MAX, attempts: int = CLEAN_ATTEMP
         if foreign is None or foreign <= max_foreign:
             return value, {"foreign_cores": tries, "clean": True}
         if log:
-            log(f"  other processes used {foreign:.2f} cores during this run: discarded, repeating (try {attempt + 2} of {attempts})")
+            log(
+                f"  other processes used {foreign:.2f} cores during this run: discarded, repeating (try {attempt + 2} of {attempts})"
+            )
         wait_for_quiet()
     return value, {"foreign_cores": tries, "clean": False}
 

@@ -47,11 +47,50 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, import_root, wait_ranks, machine_info, paired_ratios, row, stats, write_result  # noqa: E402
+from common import (
+    PYTHON,
+    REPO,
+    cpu_env,
+    fmt_stats,
+    foreign_cpu,
+    import_root,
+    machine_info,
+    paired_ratios,
+    row,
+    stats,
+    wait_ranks,
+    write_result,
+)  # noqa: E402
 
 TARGET = 1.1  # fsdp state <= TARGET x ddp state / W
-FULL = {"dim": 768, "vocab": 8192, "layers": 8, "batch": 8, "seq": 64, "pairs": 3, "warmup": 2, "steps": 4, "mem_repeats": 2, "mem_warmup": 1, "mem_steps": 2, "mmap_runs": 1}
-QUICK = {"dim": 352, "vocab": 4096, "layers": 8, "batch": 8, "seq": 64, "pairs": 2, "warmup": 1, "steps": 2, "mem_repeats": 1, "mem_warmup": 1, "mem_steps": 1, "mmap_runs": 0}
+FULL = {
+    "dim": 768,
+    "vocab": 8192,
+    "layers": 8,
+    "batch": 8,
+    "seq": 64,
+    "pairs": 3,
+    "warmup": 2,
+    "steps": 4,
+    "mem_repeats": 2,
+    "mem_warmup": 1,
+    "mem_steps": 2,
+    "mmap_runs": 1,
+}
+QUICK = {
+    "dim": 352,
+    "vocab": 4096,
+    "layers": 8,
+    "batch": 8,
+    "seq": 64,
+    "pairs": 2,
+    "warmup": 1,
+    "steps": 2,
+    "mem_repeats": 1,
+    "mem_warmup": 1,
+    "mem_steps": 1,
+    "mmap_runs": 0,
+}
 MODEL_KEYS = ("dim", "vocab", "layers")
 MIB = 1024 * 1024
 # glibc: every allocation of 128 KiB or more gets its own mapping, returned to the OS when freed, so
@@ -127,7 +166,12 @@ def _count(tensors) -> dict:
         storage = local.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
         count += 1
-    return {"storage_bytes": sum(storages.values()), "numel_bytes": numel_bytes, "tensors": count, "storages": len(storages)}
+    return {
+        "storage_bytes": sum(storages.values()),
+        "numel_bytes": numel_bytes,
+        "tensors": count,
+        "storages": len(storages),
+    }
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -136,12 +180,13 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     rss = {"start": _status_kib("VmRSS")}
     import torch.distributed.fsdp  # noqa: F401  imported by every case before the baseline, so the code is not counted as model memory
-    from hpc_train.compute.runtime import distributed
-    from hpc_train.compute.runtime.ranks import RankInfo
+
     from hpc_train.compute.parallel.base import StrategySetup
     from hpc_train.compute.parallel.ddp import DDPSettings, DDPStrategy
     from hpc_train.compute.parallel.fsdp import FSDPSettings, FSDPStrategy
     from hpc_train.compute.parallel.sharding import shard_units
+    from hpc_train.compute.runtime import distributed
+    from hpc_train.compute.runtime.ranks import RankInfo
     from hpc_train.compute.settings import LayoutSettings
 
     world, rank = args.world, args.rank
@@ -155,7 +200,9 @@ def worker(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     rss["after_build"] = _status_kib("VmRSS")
     units = None
-    layout = LayoutSettings(args.case, 1, world, world, 1, 1, [1, world] if args.case == "fsdp" else None, world, world)  # the job's shape, as the launch side lays it out
+    layout = LayoutSettings(
+        args.case, 1, world, world, 1, 1, [1, world] if args.case == "fsdp" else None, world, world
+    )  # the job's shape, as the launch side lays it out
     if args.case == "fsdp":
         settings = FSDPSettings("fsdp", "auto", replicate=1, reshard_after_forward=True, cpu_offload=False, wrap=None)
         units = len(shard_units(model))
@@ -227,19 +274,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(case: str, world: int, params: dict, warmup: int, steps: int, tmp: Path, tag: str, extra_env: dict = None, timeout: float = 900.0) -> dict:
+def launch(
+    case: str,
+    world: int,
+    params: dict,
+    warmup: int,
+    steps: int,
+    tmp: Path,
+    tag: str,
+    extra_env: dict = None,
+    timeout: float = 900.0,
+) -> dict:
     """One run: `world` fresh rank processes; the per-rank records and the per-run summary."""
     port = free_port()
-    env = cpu_env(1) | (extra_env or {}) | {"PYTHONPATH": os.pathsep.join(x for x in (str(import_root(REPO)), os.environ.get("PYTHONPATH", "")) if x)}
+    env = (
+        cpu_env(1)
+        | (extra_env or {})
+        | {"PYTHONPATH": os.pathsep.join(x for x in (str(import_root(REPO)), os.environ.get("PYTHONPATH", "")) if x)}
+    )
     outs = [tmp / f"{tag}-rank{r}.json" for r in range(world)]
     model_args = [f"--{k}={params[k]}" for k in (*MODEL_KEYS, "batch", "seq")]
 
     def run_ranks() -> None:
         procs = [
             subprocess.Popen(
-                [PYTHON, str(Path(__file__).resolve()), "--worker", f"--case={case}", f"--world={world}", f"--rank={r}", f"--port={port}",
-                 f"--warmup={warmup}", f"--steps={steps}", f"--out={outs[r]}", *model_args],
-                env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    PYTHON,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    f"--case={case}",
+                    f"--world={world}",
+                    f"--rank={r}",
+                    f"--port={port}",
+                    f"--warmup={warmup}",
+                    f"--steps={steps}",
+                    f"--out={outs[r]}",
+                    *model_args,
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for r in range(world)
         ]
@@ -290,16 +366,33 @@ def summarise(runs: list) -> dict:
     }
 
 
-def measure(dim: int, vocab: int, layers: int, batch: int, seq: int, pairs: int, warmup: int, steps: int, mem_repeats: int, mem_warmup: int, mem_steps: int, mmap_runs: int, log=print) -> dict:
+def measure(
+    dim: int,
+    vocab: int,
+    layers: int,
+    batch: int,
+    seq: int,
+    pairs: int,
+    warmup: int,
+    steps: int,
+    mem_repeats: int,
+    mem_warmup: int,
+    mem_steps: int,
+    mmap_runs: int,
+    log=print,
+) -> dict:
     params = {"dim": dim, "vocab": vocab, "layers": layers, "batch": batch, "seq": seq}
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-fsdp-") as tmp:
+
         def go(case: str, world: int, w: int, s: int, tag: str, extra_env: dict = None) -> dict:
             record = launch(case, world, params, w, s, Path(tmp), tag, extra_env)
             record["tag"], record["env"] = tag, extra_env or {}
             runs.append(record)
-            log(f"  {tag:14s} {case:5s} W={world}: state {record['state_bytes'] / MIB:7.1f} MiB, peak RSS {record['peak_rss_kib'] / 1024:7.1f} MiB,"
-                f" {1000 * record['step_s']:7.0f} ms/step, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s")
+            log(
+                f"  {tag:14s} {case:5s} W={world}: state {record['state_bytes'] / MIB:7.1f} MiB, peak RSS {record['peak_rss_kib'] / 1024:7.1f} MiB,"
+                f" {1000 * record['step_s']:7.0f} ms/step, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s"
+            )
             return record
 
         go("plain", 1, mem_warmup, mem_steps, "ref-W1")
@@ -314,7 +407,9 @@ def measure(dim: int, vocab: int, layers: int, batch: int, seq: int, pairs: int,
         mmap = {}
         for i in range(mmap_runs):  # diagnostic: RSS without the allocator's cache
             for case, world in (("plain", 1), ("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)):
-                mmap.setdefault(f"{case}_W{world}", []).append(go(case, world, mem_warmup, mem_steps, f"mmap{i}-W{world}", MMAP_ENV))
+                mmap.setdefault(f"{case}_W{world}", []).append(
+                    go(case, world, mem_warmup, mem_steps, f"mmap{i}-W{world}", MMAP_ENV)
+                )
 
     ref = summarise([runs[0]])
     cases = {"plain_W1": ref}
@@ -333,8 +428,20 @@ def measure(dim: int, vocab: int, layers: int, batch: int, seq: int, pairs: int,
     mmap_cases = {key: summarise(group) for key, group in mmap.items()}
     ratio = stats(paired_ratios([r["step_s"] for r in timing["fsdp"]], [r["step_s"] for r in timing["ddp"]]))
     return {
-        "config": params | {"pairs": pairs, "warmup": warmup, "steps": steps, "mem_repeats": mem_repeats, "mem_warmup": mem_warmup, "mem_steps": mem_steps,
-                            "threads_per_rank": 1, "backend": "gloo", "optimizer": "AdamW(lr=1e-4)", "precision": "fp32", "target": f"fsdp state <= {TARGET} x ddp state / W"},
+        "config": params
+        | {
+            "pairs": pairs,
+            "warmup": warmup,
+            "steps": steps,
+            "mem_repeats": mem_repeats,
+            "mem_warmup": mem_warmup,
+            "mem_steps": mem_steps,
+            "threads_per_rank": 1,
+            "backend": "gloo",
+            "optimizer": "AdamW(lr=1e-4)",
+            "precision": "fp32",
+            "target": f"fsdp state <= {TARGET} x ddp state / W",
+        },
         "cases": cases,
         "cases_mmap_threshold_128k": mmap_cases,
         "target": verdict,
@@ -348,47 +455,85 @@ def rows(result: dict) -> list:
     out = []
     for world in (2, 4):
         v = result["target"][f"W{world}"]
-        out.append(row("fsdp memory", f"fsdp W={world}: params+grads+AdamW state per rank", {"median": v["fsdp_state_mib"], "min": v["fsdp_state_mib"], "max": v["fsdp_state_mib"]},
-                       f"ddp W={world}", {"median": v["ddp_state_mib"], "min": v["ddp_state_mib"], "max": v["ddp_state_mib"]},
-                       f"x W / ddp = {v['fsdp_x_W_over_ddp']:.3f} ({'PASS' if v['pass'] else 'FAIL'})", "MiB", f"<= {TARGET}"))
-    out.append(row("fsdp memory", "fsdp W=2 step time", c["fsdp_W2"]["ms_per_step"], "ddp W=2 (alternating)", c["ddp_W2"]["ms_per_step"],
-                   f"ratio {fmt_stats(ratio, 3)}", "ms/step"))
+        out.append(
+            row(
+                "fsdp memory",
+                f"fsdp W={world}: params+grads+AdamW state per rank",
+                {"median": v["fsdp_state_mib"], "min": v["fsdp_state_mib"], "max": v["fsdp_state_mib"]},
+                f"ddp W={world}",
+                {"median": v["ddp_state_mib"], "min": v["ddp_state_mib"], "max": v["ddp_state_mib"]},
+                f"x W / ddp = {v['fsdp_x_W_over_ddp']:.3f} ({'PASS' if v['pass'] else 'FAIL'})",
+                "MiB",
+                f"<= {TARGET}",
+            )
+        )
+    out.append(
+        row(
+            "fsdp memory",
+            "fsdp W=2 step time",
+            c["fsdp_W2"]["ms_per_step"],
+            "ddp W=2 (alternating)",
+            c["ddp_W2"]["ms_per_step"],
+            f"ratio {fmt_stats(ratio, 3)}",
+            "ms/step",
+        )
+    )
     return out
 
 
 def print_table(result: dict) -> None:
     c = result["cases"]
-    print(f"\nmodel: {c['plain_W1']['model_params'] / 1e6:.1f} M parameters, fp32, AdamW; fsdp shard units: {c['fsdp_W2']['shard_units']} blocks + root")
+    print(
+        f"\nmodel: {c['plain_W1']['model_params'] / 1e6:.1f} M parameters, fp32, AdamW; fsdp shard units: {c['fsdp_W2']['shard_units']} blocks + root"
+    )
     mmap = result.get("cases_mmap_threshold_128k") or {}
-    head = (f"{'case':6s} {'W':>2s} {'runs':>4s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'state':>7s} {'xW/ref':>6s} {'RSS before model':>17s}"
-            f" {'peak RSS':>18s} {'peak - before':>15s} {'mmap: peak - before':>20s}")
+    head = (
+        f"{'case':6s} {'W':>2s} {'runs':>4s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'state':>7s} {'xW/ref':>6s} {'RSS before model':>17s}"
+        f" {'peak RSS':>18s} {'peak - before':>15s} {'mmap: peak - before':>20s}"
+    )
     print(head + "\n" + "-" * len(head))
     ref = c["plain_W1"]["state_mib"]
     for key in ("plain_W1", "ddp_W2", "fsdp_W2", "ddp_W4", "fsdp_W4"):
         s = c[key]
         m = fmt_stats(mmap[key]["peak_minus_before_mib"], 0) if key in mmap else "-"
-        print(f"{s['case']:6s} {s['world']:>2d} {s['runs']:>4d} {s['params_mib']:7.1f} {s['grads_mib']:7.1f} {s['optimizer_mib']:7.1f} {s['state_mib']:7.1f} {s['state_mib'] * s['world'] / ref:6.3f}"
-              f" {fmt_stats(s['rss_before_model_mib'], 0):>17s} {fmt_stats(s['peak_rss_mib'], 0):>18s} {fmt_stats(s['peak_minus_before_mib'], 0):>15s} {m:>20s}")
-    print("(MiB per rank, max over ranks; RSS median (min-max) over runs; xW/ref = state x W / plain single-process state;"
-          " mmap: runs with MALLOC_MMAP_THRESHOLD_=131072, RSS without glibc's cache of freed blocks)")
+        print(
+            f"{s['case']:6s} {s['world']:>2d} {s['runs']:>4d} {s['params_mib']:7.1f} {s['grads_mib']:7.1f} {s['optimizer_mib']:7.1f} {s['state_mib']:7.1f} {s['state_mib'] * s['world'] / ref:6.3f}"
+            f" {fmt_stats(s['rss_before_model_mib'], 0):>17s} {fmt_stats(s['peak_rss_mib'], 0):>18s} {fmt_stats(s['peak_minus_before_mib'], 0):>15s} {m:>20s}"
+        )
+    print(
+        "(MiB per rank, max over ranks; RSS median (min-max) over runs; xW/ref = state x W / plain single-process state;"
+        " mmap: runs with MALLOC_MMAP_THRESHOLD_=131072, RSS without glibc's cache of freed blocks)"
+    )
     for world in (2, 4):
         v = result["target"][f"W{world}"]
-        print(f"target W={world}: fsdp {v['fsdp_state_mib']:.1f} MiB <= {TARGET} x ddp {v['ddp_state_mib']:.1f} / {world} = {v['bound_mib']:.1f} MiB"
-              f" (fsdp x W / ddp = {v['fsdp_x_W_over_ddp']:.3f}): {'PASS' if v['pass'] else 'FAIL'}")
+        print(
+            f"target W={world}: fsdp {v['fsdp_state_mib']:.1f} MiB <= {TARGET} x ddp {v['ddp_state_mib']:.1f} / {world} = {v['bound_mib']:.1f} MiB"
+            f" (fsdp x W / ddp = {v['fsdp_x_W_over_ddp']:.3f}): {'PASS' if v['pass'] else 'FAIL'}"
+        )
     r = result["step_ratio_fsdp_over_ddp_W2"]
-    print(f"step time W=2 (1 thread per rank): ddp {fmt_stats(c['ddp_W2']['ms_per_step'], 0)} ms, fsdp {fmt_stats(c['fsdp_W2']['ms_per_step'], 0)} ms;"
-          f" fsdp/ddp per pair {fmt_stats(r, 3)} over {r['n']} pairs")
+    print(
+        f"step time W=2 (1 thread per rank): ddp {fmt_stats(c['ddp_W2']['ms_per_step'], 0)} ms, fsdp {fmt_stats(c['fsdp_W2']['ms_per_step'], 0)} ms;"
+        f" fsdp/ddp per pair {fmt_stats(r, 3)} over {r['n']} pairs"
+    )
 
 
 def run(quick: bool = False, **overrides) -> dict:
-    params = dict(QUICK if quick else FULL) | {k: v for k, v in overrides.items() if v is not None and (v or k == "mmap_runs")}
+    params = dict(QUICK if quick else FULL) | {
+        k: v for k, v in overrides.items() if v is not None and (v or k == "mmap_runs")
+    }
     before = machine_info(busy_seconds=1.0)
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     start = time.perf_counter()
     result = measure(**params)
     after = machine_info(busy_seconds=1.0)
-    result.update(benchmark="fsdp_memory", mode="quick" if quick else "full", machine=before | {"uptime": uptime},
-                  load_after=after["load_avg_1_5_15"], cpu_busy_after=after["cpu_busy_before"], wall_s=time.perf_counter() - start)
+    result.update(
+        benchmark="fsdp_memory",
+        mode="quick" if quick else "full",
+        machine=before | {"uptime": uptime},
+        load_after=after["load_avg_1_5_15"],
+        cpu_busy_after=after["cpu_busy_before"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = rows(result)
     write_result("fsdp_memory", result)  # "mode" says quick or full, as in the other scripts
     return result
@@ -399,7 +544,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="~11 M parameters, fewer runs and steps (< 2 min)")
     parser.add_argument("--pairs", type=int, default=0, help="ddp/fsdp pairs at W=2 (step time)")
     parser.add_argument("--mem-repeats", type=int, default=0, help="runs of each case at W=4")
-    parser.add_argument("--mmap-runs", type=int, default=-1, help="diagnostic runs of every case with MALLOC_MMAP_THRESHOLD_=131072 (full: 1, quick: 0)")
+    parser.add_argument(
+        "--mmap-runs",
+        type=int,
+        default=-1,
+        help="diagnostic runs of every case with MALLOC_MMAP_THRESHOLD_=131072 (full: 1, quick: 0)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for name in ("case", "out"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -409,7 +559,12 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    result = run(args.quick, pairs=args.pairs, mem_repeats=args.mem_repeats, mmap_runs=args.mmap_runs if args.mmap_runs >= 0 else None)
+    result = run(
+        args.quick,
+        pairs=args.pairs,
+        mem_repeats=args.mem_repeats,
+        mmap_runs=args.mmap_runs if args.mmap_runs >= 0 else None,
+    )
     print_table(result)
     print(f"{result['wall_s']:.0f} s; {result['mode']} run; results in benchmarks/results/fsdp_memory.json")
 

@@ -34,7 +34,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, RESULTS, fmt_stats, hpc_train_cmd, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    HERE,
+    PYTHON,
+    RESULTS,
+    fmt_stats,
+    hpc_train_cmd,
+    machine_info,
+    read_json,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 NOT_MEASURED = "not measured (no GPU)"
 
@@ -48,7 +60,7 @@ PUBLISHED = [
         "precision": "mixed precision (fp16 AMP), NHWC",
         "batch": 256,
         "source": "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
-                  "'Training performance: NVIDIA DGX A100 (8x A100 80GB)', 1-GPU row",
+        "'Training performance: NVIDIA DGX A100 (8x A100 80GB)', 1-GPU row",
         "conditions": "pytorch-21.03 NGC container; benchmark_training mode on ImageNet; TF32 on the same row: 938 img/s",
     },
     {
@@ -81,8 +93,18 @@ def gpu_probe() -> dict:
         return {"cuda": False}
     if info.get("cuda"):
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm", "--format=csv,noheader", "-i", "0"],
-                                 capture_output=True, text=True, timeout=30).stdout.strip()
+            smi = subprocess.run(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm",
+                    "--format=csv,noheader",
+                    "-i",
+                    "0",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.strip()
             info["nvidia_smi"] = smi
             info["driver"] = smi.split(",")[1].strip() if "," in smi else None
         except (OSError, subprocess.SubprocessError):
@@ -99,10 +121,21 @@ def _peak(directory: Path) -> dict:
     return {k + "_gib": v / 2**30 for k, v in best.items()}
 
 
-def measure(compile_modes, repeats: int, steps: int, warmup: int, batch: int, workers: int, model: str = "resnet50", image_size: int = 224, device: str = "cuda") -> dict:
+def measure(
+    compile_modes,
+    repeats: int,
+    steps: int,
+    warmup: int,
+    batch: int,
+    workers: int,
+    model: str = "resnet50",
+    image_size: int = 224,
+    device: str = "cuda",
+) -> dict:
     samples = batch * 8
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
+
         def env_for(tag: str) -> dict:
             peak_dir = Path(tmp) / f"peak-{tag}"
             peak_dir.mkdir()
@@ -115,19 +148,62 @@ def measure(compile_modes, repeats: int, steps: int, warmup: int, batch: int, wo
         for compiled in compile_modes:
             tag = "compile" if compiled else "eager"
             cases = {
-                "hpc_train": lambda i, out: [*hpc_train_cmd([
-                    "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
-                    f"data.num_workers={workers}", "data.pin_memory=true", f"trainer.batch_size={batch}", "trainer.precision=bf16",
-                    "trainer.channels_last=true", f"trainer.compile={str(compiled).lower()}", f"trainer.max_steps={steps}", "trainer.epochs=null",
-                    "trainer.eval=false", f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={out}",
-                ])],
-                "plain_loader": lambda i, out: [PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
-                                                f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--device={device}", "--data=loader",
-                                                f"--workers={workers}", "--pin-memory", "--precision=bf16", "--channels-last",
-                                                *(["--compile"] if compiled else []), f"--out={out}"],
-                "plain_device": lambda i, out: [PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
-                                                f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--device={device}", "--data=device",
-                                                "--precision=bf16", "--channels-last", *(["--compile"] if compiled else []), f"--out={out}"],
+                "hpc_train": lambda i, out: [
+                    *hpc_train_cmd(
+                        [
+                            "strategy=single",
+                            f"model={model}",
+                            "data=synthetic",
+                            f"data.image_size={image_size}",
+                            f"data.num_samples={samples}",
+                            f"data.num_workers={workers}",
+                            "data.pin_memory=true",
+                            f"trainer.batch_size={batch}",
+                            "trainer.precision=bf16",
+                            "trainer.channels_last=true",
+                            f"trainer.compile={str(compiled).lower()}",
+                            f"trainer.max_steps={steps}",
+                            "trainer.epochs=null",
+                            "trainer.eval=false",
+                            f"trainer.throughput_warmup_steps={warmup}",
+                            f"hydra.run.dir={out}",
+                        ]
+                    )
+                ],
+                "plain_loader": lambda i, out: [
+                    PYTHON,
+                    str(HERE / "plain_train.py"),
+                    f"--model={model}",
+                    f"--image-size={image_size}",
+                    f"--num-samples={samples}",
+                    f"--batch={batch}",
+                    f"--steps={steps}",
+                    f"--warmup={warmup}",
+                    f"--device={device}",
+                    "--data=loader",
+                    f"--workers={workers}",
+                    "--pin-memory",
+                    "--precision=bf16",
+                    "--channels-last",
+                    *(["--compile"] if compiled else []),
+                    f"--out={out}",
+                ],
+                "plain_device": lambda i, out: [
+                    PYTHON,
+                    str(HERE / "plain_train.py"),
+                    f"--model={model}",
+                    f"--image-size={image_size}",
+                    f"--num-samples={samples}",
+                    f"--batch={batch}",
+                    f"--steps={steps}",
+                    f"--warmup={warmup}",
+                    f"--device={device}",
+                    "--data=device",
+                    "--precision=bf16",
+                    "--channels-last",
+                    *(["--compile"] if compiled else []),
+                    f"--out={out}",
+                ],
             }
             ips = {name: [] for name in cases}
             peaks = {name: [] for name in cases}
@@ -147,17 +223,35 @@ def measure(compile_modes, repeats: int, steps: int, warmup: int, batch: int, wo
                 }
                 for name in cases
             }
-            results[tag]["ratio_hpc_over_plain_loader"] = stats([a / b for a, b in zip(ips["hpc_train"], ips["plain_loader"])])
-            results[tag]["ratio_hpc_over_plain_device"] = stats([a / b for a, b in zip(ips["hpc_train"], ips["plain_device"])])
+            results[tag]["ratio_hpc_over_plain_loader"] = stats(
+                [a / b for a, b in zip(ips["hpc_train"], ips["plain_loader"])]
+            )
+            results[tag]["ratio_hpc_over_plain_device"] = stats(
+                [a / b for a, b in zip(ips["hpc_train"], ips["plain_device"])]
+            )
     return results
 
 
-LABELS = {"hpc_train": "hpc-train strategy=single", "plain_loader": "plain loop, same DataLoader", "plain_device": "plain loop, data on the GPU"}
+LABELS = {
+    "hpc_train": "hpc-train strategy=single",
+    "plain_loader": "plain loop, same DataLoader",
+    "plain_device": "plain loop, data on the GPU",
+}
 
 
 def table_rows(result: dict) -> list:
     if "skipped" in result:
-        return [row("gpu", "ResNet-50 bf16 channels_last, hpc-train single", None, "plain PyTorch loop", None, result["skipped"], "images/s")]
+        return [
+            row(
+                "gpu",
+                "ResNet-50 bf16 channels_last, hpc-train single",
+                None,
+                "plain PyTorch loop",
+                None,
+                result["skipped"],
+                "images/s",
+            )
+        ]
     out = []
     for tag in ("eager", "compile"):
         r = result["results"].get(tag)
@@ -165,16 +259,39 @@ def table_rows(result: dict) -> list:
             continue
         for ref in ("plain_loader", "plain_device"):
             q = r[f"ratio_hpc_over_{ref}"]
-            out.append(row("gpu", f"hpc-train single, ResNet-50 bf16 CL, {tag}", r["hpc_train"]["images_per_sec"], f"{LABELS[ref]}, {tag}", r[ref]["images_per_sec"],
-                           f"ratio {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f})", "images/s",
-                           note=f"peak alloc {r['hpc_train']['peak_allocated_gib']['median']:.1f} vs {r[ref]['peak_allocated_gib']['median']:.1f} GiB"))
+            out.append(
+                row(
+                    "gpu",
+                    f"hpc-train single, ResNet-50 bf16 CL, {tag}",
+                    r["hpc_train"]["images_per_sec"],
+                    f"{LABELS[ref]}, {tag}",
+                    r[ref]["images_per_sec"],
+                    f"ratio {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f})",
+                    "images/s",
+                    note=f"peak alloc {r['hpc_train']['peak_allocated_gib']['median']:.1f} vs {r[ref]['peak_allocated_gib']['median']:.1f} GiB",
+                )
+            )
     return out
 
 
-def run(quick: bool = False, repeats: int = 0, compile_mode: str = "both", steps: int = 60, warmup: int = 20, batch: int = 256, workers: int = 8) -> dict:
+def run(
+    quick: bool = False,
+    repeats: int = 0,
+    compile_mode: str = "both",
+    steps: int = 60,
+    warmup: int = 20,
+    batch: int = 256,
+    workers: int = 8,
+) -> dict:
     before = machine_info()
     probe = gpu_probe()
-    record = {"benchmark": "gpu_throughput", "mode": "quick" if quick else "full", "machine": before, "gpu": probe, "published": PUBLISHED}
+    record = {
+        "benchmark": "gpu_throughput",
+        "mode": "quick" if quick else "full",
+        "machine": before,
+        "gpu": probe,
+        "published": PUBLISHED,
+    }
     if not probe.get("cuda"):
         record["skipped"] = NOT_MEASURED
         record["table"] = table_rows(record)
@@ -192,9 +309,21 @@ def run(quick: bool = False, repeats: int = 0, compile_mode: str = "both", steps
         if old.get("gpu", {}).get("name") == probe.get("name") and "results" in old:
             merged = old["results"]
     merged.update(measure(modes, repeats, steps, warmup, batch, workers))
-    record.update(config={"model": "resnet50", "image_size": 224, "batch": batch, "steps": steps, "warmup": warmup, "loader_workers": workers,
-                          "precision": "bf16 autocast", "channels_last": True, "repeats": repeats},
-                  results=merged, wall_s=time.perf_counter() - start)
+    record.update(
+        config={
+            "model": "resnet50",
+            "image_size": 224,
+            "batch": batch,
+            "steps": steps,
+            "warmup": warmup,
+            "loader_workers": workers,
+            "precision": "bf16 autocast",
+            "channels_last": True,
+            "repeats": repeats,
+        },
+        results=merged,
+        wall_s=time.perf_counter() - start,
+    )
     record["table"] = table_rows(record)
     write_result("gpu_throughput", record)
     return record
@@ -209,7 +338,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", type=int, default=8, help="DataLoader workers on the loader rows")
-    parser.add_argument("--smoke-cpu", action="store_true", help="check the plumbing on a CPU machine (ResNet-18, 32 px, a few steps); writes nothing")
+    parser.add_argument(
+        "--smoke-cpu",
+        action="store_true",
+        help="check the plumbing on a CPU machine (ResNet-18, 32 px, a few steps); writes nothing",
+    )
     args = parser.parse_args()
     if args.smoke_cpu:
         r = measure([False], 1, 4, 2, 16, 0, model="resnet18", image_size=32, device="cpu")
@@ -224,9 +357,13 @@ def main() -> None:
     print(f"{'row':44s} {'images/s median (min-max)':>28s} {'peak alloc GiB':>15s}")
     for tag, r in result["results"].items():
         for name, label in LABELS.items():
-            print(f"{label + ', ' + tag:44s} {fmt_stats(r[name]['images_per_sec'], 0):>28s} {r[name]['peak_allocated_gib']['median']:15.1f}")
+            print(
+                f"{label + ', ' + tag:44s} {fmt_stats(r[name]['images_per_sec'], 0):>28s} {r[name]['peak_allocated_gib']['median']:15.1f}"
+            )
     for p in PUBLISHED:
-        print(f"published: {p['gpu']}: {p['images_per_sec']} img/s ({p['precision']}, batch {p['batch']}; {p['source']})")
+        print(
+            f"published: {p['gpu']}: {p['images_per_sec']} img/s ({p['precision']}, batch {p['batch']}; {p['source']})"
+        )
 
 
 if __name__ == "__main__":

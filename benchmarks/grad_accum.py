@@ -59,14 +59,32 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, clean_run, cpu_env, fmt_stats, foreign_cpu, hpc_train_cmd, load, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    HERE,
+    PYTHON,
+    clean_run,
+    cpu_env,
+    fmt_stats,
+    foreign_cpu,
+    hpc_train_cmd,
+    load,
+    machine_info,
+    paired_ratios,
+    read_json,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 PROBE = HERE / "accumprobe"
 FULL = {"repeats": 6, "steps": 30, "warmup": 5}
 QUICK = {"repeats": 3, "steps": 16, "warmup": 4}
 MODEL = {"image_size": 32, "hidden": 1024, "batch": 128, "accum": 4, "world": 2}
 SIDES = ("hpc", "plain_sync", "plain_nosync")
-CONTROL = "plain_nosync_ctl"  # --control-side: the no_sync loop plus hpc-train's per-step 8-byte all-reduce (diagnostic)
+CONTROL = (
+    "plain_nosync_ctl"  # --control-side: the no_sync loop plus hpc-train's per-step 8-byte all-reduce (diagnostic)
+)
 NAMES = {
     CONTROL: "plain DDP with no_sync + a control all-reduce a step",
     "hpc": "hpc-train ddp, grad_accum_steps={accum}",
@@ -87,7 +105,9 @@ def worker(args: argparse.Namespace) -> None:
     per_rank = args.batch // world
     torch.manual_seed(args.seed)
     in_features = 3 * args.image_size * args.image_size
-    model = nn.Sequential(nn.Flatten(), nn.Linear(in_features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.num_classes))
+    model = nn.Sequential(
+        nn.Flatten(), nn.Linear(in_features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.num_classes)
+    )
     model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
@@ -98,7 +118,9 @@ def worker(args: argparse.Namespace) -> None:
     dataset = torch.utils.data.TensorDataset(images, labels)
     sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
     loader = torch.utils.data.DataLoader(dataset, batch_size=per_rank, sampler=sampler, drop_last=True)
-    control = dist.new_group(backend="gloo") if args.control_all_reduce else None  # diagnostic: hpc-train's per-step stop-signal agreement
+    control = (
+        dist.new_group(backend="gloo") if args.control_all_reduce else None
+    )  # diagnostic: hpc-train's per-step stop-signal agreement
 
     warmup = min(args.warmup, args.steps - 1)
     step, epoch, start, last_loss = 0, 0, None, None
@@ -132,10 +154,20 @@ def worker(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - start
     dist.destroy_process_group()
     if rank == 0 and args.out:
-        Path(args.out).write_text(json.dumps({
-            "samples_per_sec": (args.steps - warmup) * args.batch / seconds, "timed_steps": args.steps - warmup, "train_loss": last_loss,
-            "mode": args.mode, "world_size": world, "threads": torch.get_num_threads(), "args": vars(args),
-        }, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "samples_per_sec": (args.steps - warmup) * args.batch / seconds,
+                    "timed_steps": args.steps - warmup,
+                    "train_loss": last_loss,
+                    "mode": args.mode,
+                    "world_size": world,
+                    "threads": torch.get_num_threads(),
+                    "args": vars(args),
+                },
+                indent=2,
+            )
+        )
 
 
 # -- reading the probe ------------------------------------------------------------------
@@ -143,7 +175,9 @@ def probe_records(probe_dir: Path, world: int) -> list:
     files = sorted(Path(probe_dir).glob("accum-rank*.json"))
     records = sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])
     if [r["rank"] for r in records] != list(range(world)):
-        raise RuntimeError(f"expected one probed training process per rank 0..{world - 1}, found {[f.name for f in files]} in {probe_dir}")
+        raise RuntimeError(
+            f"expected one probed training process per rank 0..{world - 1}, found {[f.name for f in files]} in {probe_dir}"
+        )
     return records
 
 
@@ -168,21 +202,47 @@ def analyse(records: list, steps: int, warmup: int) -> dict:
     if records[0]["counting"]:
         buckets = [c for r in records for c in per_step(r["bucket_calls"])[warmup:]]
         nbytes = [c for r in records for c in per_step(r["bucket_bytes"])[warmup:]]
-        others = [a - b for r in records for a, b in zip(per_step(r["all_reduce_calls"])[warmup:], per_step(r["bucket_calls"])[warmup:])]
+        others = [
+            a - b
+            for r in records
+            for a, b in zip(per_step(r["all_reduce_calls"])[warmup:], per_step(r["bucket_calls"])[warmup:])
+        ]
         out |= {
             "ddp_models_hooked": [r["ddp_hooked"] for r in records],
-            "grad_all_reduces_per_step": {"median": statistics.median(buckets), "min": min(buckets), "max": max(buckets)},
-            "grad_mb_per_step": {"median": statistics.median(nbytes) / 1e6, "min": min(nbytes) / 1e6, "max": max(nbytes) / 1e6},
+            "grad_all_reduces_per_step": {
+                "median": statistics.median(buckets),
+                "min": min(buckets),
+                "max": max(buckets),
+            },
+            "grad_mb_per_step": {
+                "median": statistics.median(nbytes) / 1e6,
+                "min": min(nbytes) / 1e6,
+                "max": max(nbytes) / 1e6,
+            },
             "other_all_reduces_per_step": {"mean": statistics.mean(others), "min": min(others), "max": max(others)},
             "grad_all_reduces_every_step_rank0": per_step(records[0]["bucket_calls"]),  # warm-up steps included
-            "other_all_reduces_every_step_rank0": [a - b for a, b in zip(per_step(records[0]["all_reduce_calls"]), per_step(records[0]["bucket_calls"]))],
+            "other_all_reduces_every_step_rank0": [
+                a - b for a, b in zip(per_step(records[0]["all_reduce_calls"]), per_step(records[0]["bucket_calls"]))
+            ],
         }
     return out
 
 
 # -- the benchmark ------------------------------------------------------------------------
-def measure(repeats: int, steps: int, warmup: int, image_size: int, hidden: int, batch: int, accum: int, world: int,
-            count: bool = True, clean: bool = False, hook_in_timing: bool = False, control_side: bool = False) -> dict:
+def measure(
+    repeats: int,
+    steps: int,
+    warmup: int,
+    image_size: int,
+    hidden: int,
+    batch: int,
+    accum: int,
+    world: int,
+    count: bool = True,
+    clean: bool = False,
+    hook_in_timing: bool = False,
+    control_side: bool = False,
+) -> dict:
     used = SIDES + ((CONTROL,) if control_side else ())
     env = cpu_env(1)  # 1 intra-op thread a rank (hpc-train's local launcher would pick cpus // world = 1 on 2 cores)
     samples = batch * steps  # one epoch: no epoch boundary inside the window
@@ -194,34 +254,77 @@ def measure(repeats: int, steps: int, warmup: int, image_size: int, hidden: int,
         def probed(name: str, counting: bool) -> tuple:
             probe_dir = Path(tmp) / f"probe-{name}"
             probe_dir.mkdir()
-            return env | {"PYTHONPATH": str(PROBE), "HPC_BENCH_ACCUMPROBE_DIR": str(probe_dir), "HPC_BENCH_ACCUMPROBE_HOOK": "1" if counting else "0"}, probe_dir
+            return env | {
+                "PYTHONPATH": str(PROBE),
+                "HPC_BENCH_ACCUMPROBE_DIR": str(probe_dir),
+                "HPC_BENCH_ACCUMPROBE_HOOK": "1" if counting else "0",
+            }, probe_dir
 
         def run_hpc(name: str, counting: bool) -> dict:
             run_dir = Path(tmp) / name
             run_env, probe_dir = probed(name, counting)
-            run_checked(hpc_train_cmd([
-                "strategy=ddp", f"resources.gpus_per_node={world}", f"trainer.grad_accum_steps={accum}", "model=toy_mlp", f"model.hidden={hidden}",
-                "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}", f"trainer.batch_size={batch}",
-                f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false", f"trainer.throughput_warmup_steps={warmup}",
-                f"hydra.run.dir={run_dir}",
-            ]), env=run_env)
+            run_checked(
+                hpc_train_cmd(
+                    [
+                        "strategy=ddp",
+                        f"resources.gpus_per_node={world}",
+                        f"trainer.grad_accum_steps={accum}",
+                        "model=toy_mlp",
+                        f"model.hidden={hidden}",
+                        "data=synthetic",
+                        f"data.image_size={image_size}",
+                        f"data.num_samples={samples}",
+                        f"trainer.batch_size={batch}",
+                        f"trainer.max_steps={steps}",
+                        "trainer.epochs=null",
+                        "trainer.eval=false",
+                        f"trainer.throughput_warmup_steps={warmup}",
+                        f"hydra.run.dir={run_dir}",
+                    ]
+                ),
+                env=run_env,
+            )
             summary = read_json(run_dir / "summary.json")
             result = analyse(probe_records(probe_dir, world), steps, warmup)
-            result |= {"summary_samples_per_sec": summary["samples_per_sec"], "summary_step_ms": 1e3 * batch / summary["samples_per_sec"],
-                       "summary_timed_steps": summary.get("timed_steps")}
+            result |= {
+                "summary_samples_per_sec": summary["samples_per_sec"],
+                "summary_step_ms": 1e3 * batch / summary["samples_per_sec"],
+                "summary_timed_steps": summary.get("timed_steps"),
+            }
             return result
 
         def run_plain(mode: str, name: str, counting: bool, *extra: str) -> dict:
             out = Path(tmp) / f"{name}.json"
             run_env, probe_dir = probed(name, counting)
-            run_checked([
-                PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", str(Path(__file__).resolve()), "--worker",
-                f"--mode={mode}", f"--image-size={image_size}", f"--hidden={hidden}", f"--num-samples={samples}", f"--batch={batch}",
-                f"--accum={accum}", f"--steps={steps}", f"--warmup={warmup}", "--threads=1", f"--out={out}", *extra,
-            ], env=run_env)
+            run_checked(
+                [
+                    PYTHON,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc-per-node={world}",
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    f"--mode={mode}",
+                    f"--image-size={image_size}",
+                    f"--hidden={hidden}",
+                    f"--num-samples={samples}",
+                    f"--batch={batch}",
+                    f"--accum={accum}",
+                    f"--steps={steps}",
+                    f"--warmup={warmup}",
+                    "--threads=1",
+                    f"--out={out}",
+                    *extra,
+                ],
+                env=run_env,
+            )
             plain = read_json(out)
             result = analyse(probe_records(probe_dir, world), steps, warmup)
-            result |= {"summary_samples_per_sec": plain["samples_per_sec"], "summary_step_ms": 1e3 * batch / plain["samples_per_sec"]}
+            result |= {
+                "summary_samples_per_sec": plain["samples_per_sec"],
+                "summary_step_ms": 1e3 * batch / plain["samples_per_sec"],
+            }
             return result
 
         sides = {
@@ -234,8 +337,15 @@ def measure(repeats: int, steps: int, warmup: int, image_size: int, hidden: int,
         if count:  # one counting run of each side (comm hook on), kept apart from the timed rounds (hook off)
             for side in used:
                 counted[side] = sides[side](f"count-{side}", True)
-            print("  counting runs: " + ", ".join(f"{side} {counted[side]['grad_all_reduces_per_step']['median']:g} gradient all-reduces/step "
-                                                   f"({counted[side]['median_step_ms']:.1f} ms/step with the hook)" for side in used), flush=True)
+            print(
+                "  counting runs: "
+                + ", ".join(
+                    f"{side} {counted[side]['grad_all_reduces_per_step']['median']:g} gradient all-reduces/step "
+                    f"({counted[side]['median_step_ms']:.1f} ms/step with the hook)"
+                    for side in used
+                ),
+                flush=True,
+            )
         # every rotation of the sides, forwards and backwards (for 3 sides: all 6 orders)
         orders = [used[k:] + used[:k] for k in range(len(used))]
         orders += [tuple(reversed(o)) for o in orders]
@@ -251,16 +361,38 @@ def measure(repeats: int, steps: int, warmup: int, image_size: int, hidden: int,
                 record = {"foreign_cores": [foreign], "clean": None}
             for side, value in zip(order, values):
                 runs[side].append(value)
-            rounds.append({"order": list(order), "load_before": before, "wall_s": round(time.perf_counter() - t0, 1)} | record)
-            print(f"  round {i + 1}/{repeats} ({', '.join(order)}): " + ", ".join(
-                f"{side} {v['median_step_ms']:.1f} ms" for side, v in zip(order, values)) + f"; other processes {record['foreign_cores'][-1]} cores", flush=True)
+            rounds.append(
+                {"order": list(order), "load_before": before, "wall_s": round(time.perf_counter() - t0, 1)} | record
+            )
+            print(
+                f"  round {i + 1}/{repeats} ({', '.join(order)}): "
+                + ", ".join(f"{side} {v['median_step_ms']:.1f} ms" for side, v in zip(order, values))
+                + f"; other processes {record['foreign_cores'][-1]} cores",
+                flush=True,
+            )
 
     step = {side: [r["median_step_ms"] for r in runs[side]] for side in used}
     result = {
-        "config": {"model": "toy_mlp", "image_size": image_size, "hidden": hidden, "parameters": 3 * image_size * image_size * hidden + hidden + hidden * 10 + 10,
-                   "global_batch": batch, "grad_accum_steps": accum, "world_size": world, "micro_batch_per_rank": batch // world // accum,
-                   "steps": steps, "warmup": warmup, "repeats": repeats, "threads_per_rank": 1, "backend": "gloo", "precision": "32",
-                   "counting": count, "clean_rounds": clean, "hook_in_timed_rounds": hook_in_timing, "sides": list(used)},
+        "config": {
+            "model": "toy_mlp",
+            "image_size": image_size,
+            "hidden": hidden,
+            "parameters": 3 * image_size * image_size * hidden + hidden + hidden * 10 + 10,
+            "global_batch": batch,
+            "grad_accum_steps": accum,
+            "world_size": world,
+            "micro_batch_per_rank": batch // world // accum,
+            "steps": steps,
+            "warmup": warmup,
+            "repeats": repeats,
+            "threads_per_rank": 1,
+            "backend": "gloo",
+            "precision": "32",
+            "counting": count,
+            "clean_rounds": clean,
+            "hook_in_timed_rounds": hook_in_timing,
+            "sides": list(used),
+        },
         "median_step_ms": {side: stats(step[side]) for side in used},
         "window_step_ms": {side: stats([r["window_step_ms"] for r in runs[side]]) for side in used},
         "summary_step_ms": {side: stats([r["summary_step_ms"] for r in runs[side]]) for side in used},
@@ -295,17 +427,38 @@ def rows(result: dict) -> list:
     s, r = result["median_step_ms"], result["ratio_sync_over_nosync"]
     h = result["ratio_sync_over_hpc"]
     return [
-        row("grad accum", f"plain DDP 2 proc, accum {c['grad_accum_steps']} without no_sync ({_count(result, 'plain_sync')} all-reduces/step)", s["plain_sync"],
-            f"same with no_sync ({_count(result, 'plain_nosync')} all-reduces/step)", s["plain_nosync"],
-            f"ratio {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})", "ms/step"),
-        row("grad accum", f"plain DDP without no_sync ({_count(result, 'plain_sync')} all-reduces/step)", s["plain_sync"],
-            f"hpc-train ddp grad_accum_steps={c['grad_accum_steps']} ({_count(result, 'hpc')} all-reduces/step)", s["hpc"],
-            f"ratio {h['median']:.2f} ({h['min']:.2f}-{h['max']:.2f})", "ms/step"),
+        row(
+            "grad accum",
+            f"plain DDP 2 proc, accum {c['grad_accum_steps']} without no_sync ({_count(result, 'plain_sync')} all-reduces/step)",
+            s["plain_sync"],
+            f"same with no_sync ({_count(result, 'plain_nosync')} all-reduces/step)",
+            s["plain_nosync"],
+            f"ratio {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
+            "ms/step",
+        ),
+        row(
+            "grad accum",
+            f"plain DDP without no_sync ({_count(result, 'plain_sync')} all-reduces/step)",
+            s["plain_sync"],
+            f"hpc-train ddp grad_accum_steps={c['grad_accum_steps']} ({_count(result, 'hpc')} all-reduces/step)",
+            s["hpc"],
+            f"ratio {h['median']:.2f} ({h['min']:.2f}-{h['max']:.2f})",
+            "ms/step",
+        ),
     ]
 
 
-def run(quick: bool = False, repeats: int = 0, steps: int = 0, count: bool = True, clean: bool = False, hook_in_timing: bool = False,
-        control_side: bool = False, name: str = "grad_accum", **model) -> dict:
+def run(
+    quick: bool = False,
+    repeats: int = 0,
+    steps: int = 0,
+    count: bool = True,
+    clean: bool = False,
+    hook_in_timing: bool = False,
+    control_side: bool = False,
+    name: str = "grad_accum",
+    **model,
+) -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params["repeats"] = repeats
@@ -313,9 +466,16 @@ def run(quick: bool = False, repeats: int = 0, steps: int = 0, count: bool = Tru
         params["steps"] = steps
     before = machine_info(busy_seconds=1.0)
     start = time.perf_counter()
-    result = measure(count=count, clean=clean, hook_in_timing=hook_in_timing, control_side=control_side, **params, **(MODEL | model))
-    result.update(benchmark="grad_accum", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"],
-                  wall_s=time.perf_counter() - start)
+    result = measure(
+        count=count, clean=clean, hook_in_timing=hook_in_timing, control_side=control_side, **params, **(MODEL | model)
+    )
+    result.update(
+        benchmark="grad_accum",
+        mode="quick" if quick else "full",
+        machine=before,
+        load_after=machine_info()["load_avg_1_5_15"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = rows(result)
     write_result(name, result)
     return result
@@ -323,16 +483,34 @@ def run(quick: bool = False, repeats: int = 0, steps: int = 0, count: bool = Tru
 
 def print_table(result: dict) -> None:
     c = result["config"]
-    print(f"toy_mlp {c['parameters'] / 1e6:.2f} M parameters, global batch {c['global_batch']}, {c['world_size']} ranks x 1 thread (gloo), "
-          f"grad_accum_steps={c['grad_accum_steps']} (micro-batch {c['micro_batch_per_rank']} a rank), {c['repeats']} rounds x {c['steps']} steps ({c['warmup']} warm-up)")
-    head = ["side", "ms/step median (min-max)", "grad all-reduces/step", "MB all-reduced/step", "other all-reduces/step", "summary ms/step"]
+    print(
+        f"toy_mlp {c['parameters'] / 1e6:.2f} M parameters, global batch {c['global_batch']}, {c['world_size']} ranks x 1 thread (gloo), "
+        f"grad_accum_steps={c['grad_accum_steps']} (micro-batch {c['micro_batch_per_rank']} a rank), {c['repeats']} rounds x {c['steps']} steps ({c['warmup']} warm-up)"
+    )
+    head = [
+        "side",
+        "ms/step median (min-max)",
+        "grad all-reduces/step",
+        "MB all-reduced/step",
+        "other all-reduces/step",
+        "summary ms/step",
+    ]
     body = []
     for side in c.get("sides", SIDES):
         mb = result.get("grad_mb_per_step", {}).get(side)
         other = result.get("other_all_reduces_per_step", {}).get(side)
-        body.append([NAMES[side].format(accum=c["grad_accum_steps"]), fmt_stats(result["median_step_ms"][side], 1), _count(result, side),
-                     "-" if not mb else (f"{mb['min']:.1f}" if mb["min"] == mb["max"] else f"{mb['min']:.1f}-{mb['max']:.1f}"),
-                     "-" if not other else f"{other['mean']:.2f}", fmt_stats(result["summary_step_ms"][side], 1)])
+        body.append(
+            [
+                NAMES[side].format(accum=c["grad_accum_steps"]),
+                fmt_stats(result["median_step_ms"][side], 1),
+                _count(result, side),
+                "-"
+                if not mb
+                else (f"{mb['min']:.1f}" if mb["min"] == mb["max"] else f"{mb['min']:.1f}-{mb['max']:.1f}"),
+                "-" if not other else f"{other['mean']:.2f}",
+                fmt_stats(result["summary_step_ms"][side], 1),
+            ]
+        )
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     for line in [head, ["-" * w for w in widths], *body]:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)))
@@ -340,28 +518,61 @@ def print_table(result: dict) -> None:
     print(f"step time, plain without no_sync / hpc-train:            {fmt_stats(result['ratio_sync_over_hpc'], 3)}")
     print(f"step time, hpc-train / plain with no_sync:               {fmt_stats(result['ratio_hpc_over_nosync'], 3)}")
     if "ratio_control_over_nosync" in result:
-        print(f"step time, no_sync loop + control all-reduce / no_sync loop: {fmt_stats(result['ratio_control_over_nosync'], 3)}")
-        print(f"step time, hpc-train / no_sync loop + control all-reduce:     {fmt_stats(result['ratio_hpc_over_control'], 3)}")
+        print(
+            f"step time, no_sync loop + control all-reduce / no_sync loop: {fmt_stats(result['ratio_control_over_nosync'], 3)}"
+        )
+        print(
+            f"step time, hpc-train / no_sync loop + control all-reduce:     {fmt_stats(result['ratio_hpc_over_control'], 3)}"
+        )
     if "counting_runs" in result:
-        print("with the counting hook (one run each, not in the figures above): "
-              + ", ".join(f"{side} {result['counting_runs'][side]['median_step_ms']:.1f} ms/step" for side in c.get("sides", SIDES)))
+        print(
+            "with the counting hook (one run each, not in the figures above): "
+            + ", ".join(
+                f"{side} {result['counting_runs'][side]['median_step_ms']:.1f} ms/step"
+                for side in c.get("sides", SIDES)
+            )
+        )
     if "hpc_count_equals_no_sync_loop" in result:
-        print(f"hpc-train's gradient all-reduces per step equal the no_sync loop's: {result['hpc_count_equals_no_sync_loop']}")
+        print(
+            f"hpc-train's gradient all-reduces per step equal the no_sync loop's: {result['hpc_count_equals_no_sync_loop']}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK['repeats']} rounds x {QUICK['steps']} steps (default {FULL['repeats']} x {FULL['steps']})")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK['repeats']} rounds x {QUICK['steps']} steps (default {FULL['repeats']} x {FULL['steps']})",
+    )
     parser.add_argument("--repeats", type=int, default=0, help="rounds (one run of each side per round)")
     parser.add_argument("--steps", type=int, default=0)
-    parser.add_argument("--hidden", type=int, default=MODEL["hidden"], help="toy_mlp hidden width (parameters ~ 3 x S^2 x hidden)")
+    parser.add_argument(
+        "--hidden", type=int, default=MODEL["hidden"], help="toy_mlp hidden width (parameters ~ 3 x S^2 x hidden)"
+    )
     parser.add_argument("--image-size", type=int, default=MODEL["image_size"])
     parser.add_argument("--batch", type=int, default=MODEL["batch"], help="global batch per optimizer step")
     parser.add_argument("--accum", type=int, default=MODEL["accum"], help="micro-batches per optimizer step")
-    parser.add_argument("--no-count", action="store_true", help="timed rounds only: skip the counting runs (comm hook on) that come first")
-    parser.add_argument("--hook-in-timing", action="store_true", help="the timed rounds run with the counting comm hook too (to measure what the hook costs)")
-    parser.add_argument("--control-side", action="store_true", help="a 4th side: the no_sync loop plus an 8-byte all-reduce on a second gloo group after every step (what hpc-train does to agree on stop signals)")
-    parser.add_argument("--clean", action="store_true", help="repeat a round while other processes use more than 0.1 cores (common.clean_run)")
+    parser.add_argument(
+        "--no-count",
+        action="store_true",
+        help="timed rounds only: skip the counting runs (comm hook on) that come first",
+    )
+    parser.add_argument(
+        "--hook-in-timing",
+        action="store_true",
+        help="the timed rounds run with the counting comm hook too (to measure what the hook costs)",
+    )
+    parser.add_argument(
+        "--control-side",
+        action="store_true",
+        help="a 4th side: the no_sync loop plus an 8-byte all-reduce on a second gloo group after every step (what hpc-train does to agree on stop signals)",
+    )
+    parser.add_argument(
+        "--clean",
+        action="store_true",
+        help="repeat a round while other processes use more than 0.1 cores (common.clean_run)",
+    )
     parser.add_argument("--name", default="grad_accum", help="result file benchmarks/results/<name>.json")
     # the plain loop, one rank (started by torchrun from measure())
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -380,9 +591,20 @@ def main() -> None:
         worker(args)
         return
     name = args.name
-    result = run(args.quick, args.repeats, args.steps, count=not args.no_count, clean=args.clean,
-                 hook_in_timing=args.hook_in_timing, control_side=args.control_side, name=name,
-                 image_size=args.image_size, hidden=args.hidden, batch=args.batch, accum=args.accum)
+    result = run(
+        args.quick,
+        args.repeats,
+        args.steps,
+        count=not args.no_count,
+        clean=args.clean,
+        hook_in_timing=args.hook_in_timing,
+        control_side=args.control_side,
+        name=name,
+        image_size=args.image_size,
+        hidden=args.hidden,
+        batch=args.batch,
+        accum=args.accum,
+    )
     print()
     print_table(result)
     print(f"\n{result['wall_s']:.0f} s; results/{name}.json")

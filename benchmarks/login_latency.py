@@ -40,15 +40,35 @@ from pathlib import Path
 from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, REPO, fmt_stats, git_commit, hpc_train_cmd, import_root, machine_info, row, stats, write_result  # noqa: E402
+from common import (
+    HERE,
+    PYTHON,
+    REPO,
+    fmt_stats,
+    git_commit,
+    hpc_train_cmd,
+    import_root,
+    machine_info,
+    row,
+    stats,
+    write_result,
+)  # noqa: E402
 
 FULL = {"repeats": 7, "sweep_repeats": 5}
 QUICK = {"repeats": 3, "sweep_repeats": 3}
 SWEEP_STRATEGIES = "single,dp,ddp,model_parallel"
 SWEEP_SEEDS = 8  # x 4 strategies = 32 jobs
 # The same 32-job sweep as a dry run: composed, checked and laid out, every job's sbatch script rendered, nothing queued.
-SWEEP_DRY_RUN = ["-m", "launcher=slurm", "dry_run=true", "model=toy_mlp", "data=synthetic", "resources.gpus_per_node=2",
-                 f"strategy={SWEEP_STRATEGIES}", f"seed=range(0,{SWEEP_SEEDS})"]
+SWEEP_DRY_RUN = [
+    "-m",
+    "launcher=slurm",
+    "dry_run=true",
+    "model=toy_mlp",
+    "data=synthetic",
+    "resources.gpus_per_node=2",
+    f"strategy={SWEEP_STRATEGIES}",
+    f"seed=range(0,{SWEEP_SEEDS})",
+]
 POLL_S = 0.1
 SUBMIT_TIMEOUT_S = 180
 
@@ -68,7 +88,7 @@ def slurm_env(start: bool = False) -> Optional[Dict[str, str]]:
     env = dict(os.environ)
     for line in subprocess.run(["bash", str(script), "env"], capture_output=True, text=True).stdout.splitlines():
         if line.startswith("export ") and "=" in line:
-            key, value = line[len("export "):].split("=", 1)
+            key, value = line[len("export ") :].split("=", 1)
             env[key] = value.strip("'\"")
     for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_")) and k != "SLURM_CONF"]:
         del env[key]
@@ -138,12 +158,33 @@ def measure_sweep(repeats: int, env: Dict[str, str], baseline_tree: str = "") ->
 
         def hpc_sweep(i: int, tree: str = "") -> Dict[str, float]:
             name = f"bench-hpc-{uuid.uuid4().hex[:8]}"
-            return submit(hpc_train_cmd([
-                "-m", "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "+cluster.extra.hold=true", f"job_name={name}",
-                "model=toy_mlp", "data=synthetic", "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
-                f"strategy={SWEEP_STRATEGIES}", "resources.gpus_per_node=2", f"seed=range(0,{SWEEP_SEEDS})",
-                f"hydra.sweep.dir={cwd}/hpc{'-base' if tree else ''}{i}",
-            ]), name, jobs, in_tree(env, tree) if tree else env, Path(tree) if tree else cwd, wait_exit=True)
+            return submit(
+                hpc_train_cmd(
+                    [
+                        "-m",
+                        "launcher=slurm",
+                        "cluster.cpus_per_gpu=1",
+                        "cluster.time=5",
+                        "+cluster.extra.hold=true",
+                        f"job_name={name}",
+                        "model=toy_mlp",
+                        "data=synthetic",
+                        "data.image_size=8",
+                        "trainer.max_steps=2",
+                        "trainer.epochs=null",
+                        "trainer.batch_size=16",
+                        f"strategy={SWEEP_STRATEGIES}",
+                        "resources.gpus_per_node=2",
+                        f"seed=range(0,{SWEEP_SEEDS})",
+                        f"hydra.sweep.dir={cwd}/hpc{'-base' if tree else ''}{i}",
+                    ]
+                ),
+                name,
+                jobs,
+                in_tree(env, tree) if tree else env,
+                Path(tree) if tree else cwd,
+                wait_exit=True,
+            )
 
         for i in range(repeats):
             r = hpc_sweep(i)
@@ -152,19 +193,38 @@ def measure_sweep(repeats: int, env: Dict[str, str], baseline_tree: str = "") ->
             if baseline_tree:
                 base.append(hpc_sweep(i, baseline_tree)["all_queued_s"])
             name = f"bench-hsl-{uuid.uuid4().hex[:8]}"
-            r = submit([
-                PYTHON, str(HERE / "hsl_app" / "app.py"), "-m", f"strategy={SWEEP_STRATEGIES}", f"seed=range(0,{SWEEP_SEEDS})",
-                f"hydra.launcher.name={name}", "+hydra.launcher.additional_parameters.hold=true", f"hydra.sweep.dir={cwd}/hsl{i}",
-            ], name, jobs, env, cwd, wait_exit=False)
+            r = submit(
+                [
+                    PYTHON,
+                    str(HERE / "hsl_app" / "app.py"),
+                    "-m",
+                    f"strategy={SWEEP_STRATEGIES}",
+                    f"seed=range(0,{SWEEP_SEEDS})",
+                    f"hydra.launcher.name={name}",
+                    "+hydra.launcher.additional_parameters.hold=true",
+                    f"hydra.sweep.dir={cwd}/hsl{i}",
+                ],
+                name,
+                jobs,
+                env,
+                cwd,
+                wait_exit=False,
+            )
             hsl.append(r["all_queued_s"])
     return {
         "jobs": jobs,
         "sweep": f"strategy={SWEEP_STRATEGIES} x seed=range(0,{SWEEP_SEEDS}), resources.gpus_per_node=2, toy_mlp",
         "hpc_train_all_queued_s": stats(hpc),
-        "hpc_train_command_exit_s": stats([x for x in hpc_exit if x is not None]) if any(x is not None for x in hpc_exit) else None,
+        "hpc_train_command_exit_s": stats([x for x in hpc_exit if x is not None])
+        if any(x is not None for x in hpc_exit)
+        else None,
         "hydra_submitit_launcher_all_queued_s": stats(hsl),
         "ratio_hsl_over_hpc": stats([b / a for a, b in zip(hpc, hsl)]),
-        **({"baseline_all_queued_s": stats(base), "this_over_baseline": stats([a / b for a, b in zip(hpc, base)])} if base else {}),
+        **(
+            {"baseline_all_queued_s": stats(base), "this_over_baseline": stats([a / b for a, b in zip(hpc, base)])}
+            if base
+            else {}
+        ),
     }
 
 
@@ -174,7 +234,10 @@ def wall(command, env, cwd=None) -> Dict[str, float]:
     cpu0, start = os.times(), time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=cwd)
     elapsed, cpu1 = time.perf_counter() - start, os.times()
-    return {"wall": elapsed, "cpu": (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)}
+    return {
+        "wall": elapsed,
+        "cpu": (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system),
+    }
 
 
 def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") -> dict:
@@ -212,7 +275,9 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
             "this_over_baseline_wall": stats([a / b for a, b in zip(seconds["dry_run"], seconds["baseline"])]),
             "this_over_baseline_cpu": stats([a["cpu"] / b["cpu"] for a, b in zip(times["dry_run"], times["baseline"])]),
             "sweep_dry_run_s": stats(seconds["baseline_sweep"]),
-            "sweep_this_over_baseline_wall": stats([a / b for a, b in zip(seconds["sweep_dry_run"], seconds["baseline_sweep"])]),
+            "sweep_this_over_baseline_wall": stats(
+                [a / b for a, b in zip(seconds["sweep_dry_run"], seconds["baseline_sweep"])]
+            ),
         }
     return out
 
@@ -220,16 +285,44 @@ def measure_dry_run(repeats: int, env: Dict[str, str], baseline_tree: str = "") 
 def table_rows(result: dict) -> list:
     d = result["dry_run"]
     r = d["torch_import_over_dry_run"]
-    out = [row("login latency", "hpc-train launcher=slurm dry_run=true", d["dry_run_s"], 'python -c "import torch"', d["import_torch_s"],
-               f"{r['median']:.1f}x faster ({r['min']:.1f}-{r['max']:.1f})", "s", note="" if result["slurm_up"] else "sinfo not answering (no test cluster)")]
+    out = [
+        row(
+            "login latency",
+            "hpc-train launcher=slurm dry_run=true",
+            d["dry_run_s"],
+            'python -c "import torch"',
+            d["import_torch_s"],
+            f"{r['median']:.1f}x faster ({r['min']:.1f}-{r['max']:.1f})",
+            "s",
+            note="" if result["slurm_up"] else "sinfo not answering (no test cluster)",
+        )
+    ]
     s = result.get("sweep")
     if s and "skipped" not in s:
         q = s["ratio_hsl_over_hpc"]
-        out.append(row("login latency", f"hpc-train -m: {s['jobs']}-job sweep queued", s["hpc_train_all_queued_s"], "hydra-submitit-launcher, same sweep",
-                       s["hydra_submitit_launcher_all_queued_s"], f"{q['median']:.2f}x faster ({q['min']:.2f}-{q['max']:.2f})", "s"))
+        out.append(
+            row(
+                "login latency",
+                f"hpc-train -m: {s['jobs']}-job sweep queued",
+                s["hpc_train_all_queued_s"],
+                "hydra-submitit-launcher, same sweep",
+                s["hydra_submitit_launcher_all_queued_s"],
+                f"{q['median']:.2f}x faster ({q['min']:.2f}-{q['max']:.2f})",
+                "s",
+            )
+        )
     else:
-        out.append(row("login latency", "hpc-train -m: 32-job sweep queued", None, "hydra-submitit-launcher, same sweep", None,
-                       (s or {}).get("skipped", "not measured"), "s"))
+        out.append(
+            row(
+                "login latency",
+                "hpc-train -m: 32-job sweep queued",
+                None,
+                "hydra-submitit-launcher, same sweep",
+                None,
+                (s or {}).get("skipped", "not measured"),
+                "s",
+            )
+        )
     return out
 
 
@@ -240,11 +333,18 @@ def run(quick: bool = False, repeats: int = 0, start_cluster: bool = False, base
     before = machine_info()
     start = time.perf_counter()
     env = slurm_env(start_cluster)
-    result = {"benchmark": "login_latency", "mode": "quick" if quick else "full", "machine": before, "slurm_up": env is not None}
+    result = {
+        "benchmark": "login_latency",
+        "mode": "quick" if quick else "full",
+        "machine": before,
+        "slurm_up": env is not None,
+    }
     baseline_tree = str(Path(baseline_tree).resolve()) if baseline_tree else ""
     result["dry_run"] = measure_dry_run(params["repeats"], env or dict(os.environ), baseline_tree)
     if env is None:
-        result["sweep"] = {"skipped": "not measured (Slurm test cluster not running: bash scripts/slurm_test_cluster.sh start)"}
+        result["sweep"] = {
+            "skipped": "not measured (Slurm test cluster not running: bash scripts/slurm_test_cluster.sh start)"
+        }
     else:
         if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
             result["sweep"] = {"skipped": "not measured (pip install -r benchmarks/requirements.txt)"}
@@ -261,8 +361,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root)")
-    parser.add_argument("--baseline-tree", default="", help="also time another checkout's hpc-train, interleaved (e.g. `git worktree add "
-                        "/tmp/before <commit>`)")
+    parser.add_argument(
+        "--baseline-tree",
+        default="",
+        help="also time another checkout's hpc-train, interleaved (e.g. `git worktree add /tmp/before <commit>`)",
+    )
     args = parser.parse_args()
     result = run(args.quick, args.repeats, args.start_cluster, args.baseline_tree)
     d = result["dry_run"]
@@ -274,7 +377,9 @@ def main() -> None:
     if "baseline" in d:
         b = d["baseline"]
         print(f"{'the same dry run at ' + b['commit']:48s} {fmt_stats(b['dry_run_s']):>22s}")
-        print(f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU {fmt_stats(b['this_over_baseline_cpu'], 3)}")
+        print(
+            f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU {fmt_stats(b['this_over_baseline_cpu'], 3)}"
+        )
         print(f"{'the same sweep dry run at ' + b['commit']:48s} {fmt_stats(b['sweep_dry_run_s']):>22s}")
         print(f"this / {b['commit']}: wall {fmt_stats(b['sweep_this_over_baseline_wall'], 3)}")
     s = result["sweep"]
@@ -283,7 +388,9 @@ def main() -> None:
     else:
         print(f"{'hpc-train -m, 32 jobs queued':48s} {fmt_stats(s['hpc_train_all_queued_s']):>22s}")
         print(f"{'hpc-train -m, command exit':48s} {fmt_stats(s['hpc_train_command_exit_s']):>22s}")
-        print(f"{'hydra-submitit-launcher, 32 jobs queued':48s} {fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}")
+        print(
+            f"{'hydra-submitit-launcher, 32 jobs queued':48s} {fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}"
+        )
         if "baseline_all_queued_s" in s:
             print(f"{'hpc-train -m at the baseline, 32 jobs queued':48s} {fmt_stats(s['baseline_all_queued_s']):>22s}")
             print(f"this / baseline: {fmt_stats(s['this_over_baseline'], 3)}")

@@ -39,7 +39,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PYTHON, REPO, cpu_env, fmt_stats, foreign_cpu, import_root, machine_info, paired_ratios, row, stats, wait_ranks, write_result  # noqa: E402
+from common import (
+    PYTHON,
+    REPO,
+    cpu_env,
+    fmt_stats,
+    foreign_cpu,
+    import_root,
+    machine_info,
+    paired_ratios,
+    row,
+    stats,
+    wait_ranks,
+    write_result,
+)  # noqa: E402
 from fsdp_memory import MIB, _count, _maxrss_kib, _reset_peak_rss, _status_kib, free_port  # noqa: E402
 
 LLAMA_PROJECT = REPO / "examples" / "llama_project"  # the user's package `llama` lives here
@@ -61,7 +74,18 @@ TP_PLAN = {
     "output": "colwise_gather",
 }
 PIPELINE = {"chunks": 4, "balance": "params", "schedule": "gpipe"}
-FULL = {"dim": 256, "vocab": 4096, "layers": 4, "heads": 8, "hidden": 704, "batch": 16, "seq": 64, "rounds": 3, "warmup": 2, "steps": 6}
+FULL = {
+    "dim": 256,
+    "vocab": 4096,
+    "layers": 4,
+    "heads": 8,
+    "hidden": 704,
+    "batch": 16,
+    "seq": 64,
+    "rounds": 3,
+    "warmup": 2,
+    "steps": 6,
+}
 QUICK = FULL | {"rounds": 1, "warmup": 1, "steps": 3}
 MODEL_KEYS = ("dim", "vocab", "layers", "heads", "hidden", "batch", "seq")
 
@@ -78,8 +102,17 @@ def layout_settings(dims: tuple, world: int):
     from hpc_train.contracts.mesh_dims import MeshDims
 
     mesh = MeshDims(*dims)
-    return LayoutSettings(strategy="mesh", nodes=1, tasks_per_node=world, gpus_per_node=world, gpus_per_task=1, cpus_per_task=1,
-                          mesh=list(dims), world_size=world, data_parallel_size=mesh.data_parallel_size)
+    return LayoutSettings(
+        strategy="mesh",
+        nodes=1,
+        tasks_per_node=world,
+        gpus_per_node=world,
+        gpus_per_task=1,
+        cpus_per_task=1,
+        mesh=list(dims),
+        world_size=world,
+        data_parallel_size=mesh.data_parallel_size,
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -87,11 +120,13 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(LLAMA_PROJECT))
+    import torch.distributed.fsdp  # noqa: F401,E401  code, not model memory
+    import torch.distributed.pipelining
+    import torch.distributed.tensor.parallel
     from llama.loss import next_token_loss
+
     from hpc_train.compute.runtime import distributed
     from hpc_train.compute.runtime.ranks import RankInfo
-
-    import torch.distributed.fsdp, torch.distributed.pipelining, torch.distributed.tensor.parallel  # noqa: F401,E401  code, not model memory
 
     world, rank = args.world, args.rank
     info = RankInfo(rank, rank, world, world, "127.0.0.1", args.port, "local")
@@ -115,9 +150,20 @@ def worker(args: argparse.Namespace) -> None:
         from hpc_train.compute.parallel.mesh import MeshSettings, MeshStrategy
 
         dims = CASES[args.case]
-        settings = MeshSettings("mesh", "auto", dp_replicate=dims[1], dp_shard=dims[2], tp=dims[3], pp=dims[0],
-                                tp_plan=TP_PLAN if dims[3] > 1 else None, split_points=None, **PIPELINE)
-        setup = StrategySetup(settings, info, [device], "32", False, next_token_loss, None, (), layout_settings(dims, world))
+        settings = MeshSettings(
+            "mesh",
+            "auto",
+            dp_replicate=dims[1],
+            dp_shard=dims[2],
+            tp=dims[3],
+            pp=dims[0],
+            tp_plan=TP_PLAN if dims[3] > 1 else None,
+            split_points=None,
+            **PIPELINE,
+        )
+        setup = StrategySetup(
+            settings, info, [device], "32", False, next_token_loss, None, (), layout_settings(dims, world)
+        )
         strategy = MeshStrategy(setup)
         shard, shards = strategy.data_parallel_rank, strategy.data_parallel_size
     per_rank = args.batch // shards
@@ -188,9 +234,24 @@ def launch(case: str, params: dict, tmp: Path, tag: str, timeout: float = 900.0)
 
     def run_ranks() -> None:
         procs = [
-            subprocess.Popen([PYTHON, str(Path(__file__).resolve()), "--worker", f"--case={case}", f"--world={world}", f"--rank={r}",
-                              f"--port={port}", f"--out={outs[r]}", *model_args],
-                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                [
+                    PYTHON,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    f"--case={case}",
+                    f"--world={world}",
+                    f"--rank={r}",
+                    f"--port={port}",
+                    f"--out={outs[r]}",
+                    *model_args,
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             for r in range(world)
         ]
         failed = wait_ranks(procs, timeout)
@@ -201,7 +262,11 @@ def launch(case: str, params: dict, tmp: Path, tag: str, timeout: float = 900.0)
     _, foreign = foreign_cpu(run_ranks)
     ranks = [json.loads(p.read_text()) for p in outs]
     return {
-        "case": case, "tag": tag, "world": world, "wall_s": round(time.perf_counter() - start, 2), "foreign_cores": foreign,
+        "case": case,
+        "tag": tag,
+        "world": world,
+        "wall_s": round(time.perf_counter() - start, 2),
+        "foreign_cores": foreign,
         "state_bytes": [r["state_bytes"] for r in ranks],
         "peak_rss_kib": [r["peak_rss_kib"] for r in ranks],
         "step_s": max(r["step_s"] for r in ranks),
@@ -227,7 +292,9 @@ def summarise(runs: list, ideal_bytes: float) -> dict:
         "state_mib_max": max(state),
         "state_max_over_ideal": max(state) * MIB / ideal_bytes,
         "peak_rss_mib_max": stats([max(r["peak_rss_kib"]) / 1024 for r in runs]),
-        "peak_minus_before_mib_max": stats([max(k["peak_rss_kib"] - k["rss_kib"]["before_model"] for k in r["ranks"]) / 1024 for r in runs]),
+        "peak_minus_before_mib_max": stats(
+            [max(k["peak_rss_kib"] - k["rss_kib"]["before_model"] for k in r["ranks"]) / 1024 for r in runs]
+        ),
         "peak_rss_mib_per_rank_first_run": [k / 1024 for k in first["peak_rss_kib"]],
         "rss_before_model_mib_max": max(r["rss_kib"]["before_model"] for r in first["ranks"]) / 1024,
         "ms_per_step": stats([1000 * r["step_s"] for r in runs]),
@@ -237,15 +304,40 @@ def summarise(runs: list, ideal_bytes: float) -> dict:
     }
 
 
-def measure(dim: int, vocab: int, layers: int, heads: int, hidden: int, batch: int, seq: int, rounds: int, warmup: int, steps: int, log=print) -> dict:
-    params = {"dim": dim, "vocab": vocab, "layers": layers, "heads": heads, "hidden": hidden, "batch": batch, "seq": seq, "warmup": warmup, "steps": steps}
+def measure(
+    dim: int,
+    vocab: int,
+    layers: int,
+    heads: int,
+    hidden: int,
+    batch: int,
+    seq: int,
+    rounds: int,
+    warmup: int,
+    steps: int,
+    log=print,
+) -> dict:
+    params = {
+        "dim": dim,
+        "vocab": vocab,
+        "layers": layers,
+        "heads": heads,
+        "hidden": hidden,
+        "batch": batch,
+        "seq": seq,
+        "warmup": warmup,
+        "steps": steps,
+    }
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-mesh-") as tmp:
+
         def go(case: str, tag: str, p: dict) -> dict:
             record = launch(case, p, Path(tmp), tag)
             runs.append(record)
-            log(f"  {tag:7s} {case:5s}: state max {max(record['state_bytes']) / MIB:6.1f} MiB, peak RSS max {max(record['peak_rss_kib']) / 1024:6.0f} MiB,"
-                f" {1000 * record['step_s']:6.0f} ms/step, last loss {record['last_loss']:.5f}, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s")
+            log(
+                f"  {tag:7s} {case:5s}: state max {max(record['state_bytes']) / MIB:6.1f} MiB, peak RSS max {max(record['peak_rss_kib']) / 1024:6.0f} MiB,"
+                f" {1000 * record['step_s']:6.0f} ms/step, last loss {record['last_loss']:.5f}, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s"
+            )
             return record
 
         ref = go("plain", "ref", params)
@@ -258,12 +350,30 @@ def measure(dim: int, vocab: int, layers: int, heads: int, hidden: int, batch: i
     ideal = ref_state / WORLD
     cases = {case: summarise(group, ideal) for case, group in timed.items()}
     fsdp_steps = [r["step_s"] for r in timed["fsdp"]]
-    ratios = {case: stats(paired_ratios([r["step_s"] for r in timed[case]], fsdp_steps)) for case in CASES if case != "fsdp"}
+    ratios = {
+        case: stats(paired_ratios([r["step_s"] for r in timed[case]], fsdp_steps)) for case in CASES if case != "fsdp"
+    }
     return {
-        "config": params | {"rounds": rounds, "world": WORLD, "threads_per_rank": 1, "backend": "gloo", "optimizer": "AdamW(lr=1e-4)", "precision": "fp32",
-                            "tp_plan": TP_PLAN, "pipeline": PIPELINE, "model": "examples/llama_project llama.model.Transformer", "fsdp_case": "strategy=mesh, dp_shard=4"},
-        "plain_W1": {"model_params": ref["ranks"][0]["model_params"], "state_mib": ref_state / MIB, "peak_rss_mib": ref["peak_rss_kib"][0] / 1024,
-                     "rss_before_model_mib": ref["ranks"][0]["rss_kib"]["before_model"] / 1024, "params_mib": ref["ranks"][0]["state"]["params"]["storage_bytes"] / MIB},
+        "config": params
+        | {
+            "rounds": rounds,
+            "world": WORLD,
+            "threads_per_rank": 1,
+            "backend": "gloo",
+            "optimizer": "AdamW(lr=1e-4)",
+            "precision": "fp32",
+            "tp_plan": TP_PLAN,
+            "pipeline": PIPELINE,
+            "model": "examples/llama_project llama.model.Transformer",
+            "fsdp_case": "strategy=mesh, dp_shard=4",
+        },
+        "plain_W1": {
+            "model_params": ref["ranks"][0]["model_params"],
+            "state_mib": ref_state / MIB,
+            "peak_rss_mib": ref["peak_rss_kib"][0] / 1024,
+            "rss_before_model_mib": ref["ranks"][0]["rss_kib"]["before_model"] / 1024,
+            "params_mib": ref["ranks"][0]["state"]["params"]["storage_bytes"] / MIB,
+        },
         "ideal_state_mib_per_rank": ideal / MIB,
         "cases": cases,
         "step_ratio_over_fsdp": ratios,
@@ -276,24 +386,46 @@ def rows(result: dict) -> list:
     out = []
     for case in CASES:
         s = c[case]
-        out.append(row("mesh memory", f"{case}: params+grads+AdamW per rank (max)", {"median": s["state_mib_max"], "min": min(s["state_mib_per_rank"]), "max": s["state_mib_max"]},
-                       "plain state / 4", {"median": ideal, "min": ideal, "max": ideal}, f"x ideal {s['state_max_over_ideal']:.3f}", "MiB"))
+        out.append(
+            row(
+                "mesh memory",
+                f"{case}: params+grads+AdamW per rank (max)",
+                {"median": s["state_mib_max"], "min": min(s["state_mib_per_rank"]), "max": s["state_mib_max"]},
+                "plain state / 4",
+                {"median": ideal, "min": ideal, "max": ideal},
+                f"x ideal {s['state_max_over_ideal']:.3f}",
+                "MiB",
+            )
+        )
     for case, ratio in result["step_ratio_over_fsdp"].items():
-        out.append(row("mesh memory", f"{case} step time (4 ranks, 2 cores)", c[case]["ms_per_step"], "fsdp (mesh dp_shard 4), same rounds", c["fsdp"]["ms_per_step"],
-                       f"ratio {fmt_stats(ratio, 2)}", "ms/step"))
+        out.append(
+            row(
+                "mesh memory",
+                f"{case} step time (4 ranks, 2 cores)",
+                c[case]["ms_per_step"],
+                "fsdp (mesh dp_shard 4), same rounds",
+                c["fsdp"]["ms_per_step"],
+                f"ratio {fmt_stats(ratio, 2)}",
+                "ms/step",
+            )
+        )
     return out
 
 
 def print_table(result: dict) -> None:
     ref, c = result["plain_W1"], result["cases"]
-    print(f"\nmodel: {ref['model_params'] / 1e6:.2f} M parameters, fp32, AdamW; plain state {ref['state_mib']:.1f} MiB; ideal per rank (/4) {result['ideal_state_mib_per_rank']:.2f} MiB")
+    print(
+        f"\nmodel: {ref['model_params'] / 1e6:.2f} M parameters, fp32, AdamW; plain state {ref['state_mib']:.1f} MiB; ideal per rank (/4) {result['ideal_state_mib_per_rank']:.2f} MiB"
+    )
     head = f"{'case':5s} {'state per rank (MiB)':>28s} {'max/ideal':>9s} {'peak RSS max (MiB)':>20s} {'peak - before':>16s} {'ms/step':>18s} {'/ fsdp':>16s}"
     print(head + "\n" + "-" * len(head))
     for case in CASES:
         s = c[case]
         ratio = fmt_stats(result["step_ratio_over_fsdp"].get(case), 2) if case != "fsdp" else "1"
-        print(f"{case:5s} {' / '.join(f'{x:.2f}' for x in s['state_mib_per_rank']):>28s} {s['state_max_over_ideal']:9.3f} {fmt_stats(s['peak_rss_mib_max'], 0):>20s} {fmt_stats(s['peak_minus_before_mib_max'], 0):>16s}"
-              f" {fmt_stats(s['ms_per_step'], 0):>18s} {ratio:>16s}")
+        print(
+            f"{case:5s} {' / '.join(f'{x:.2f}' for x in s['state_mib_per_rank']):>28s} {s['state_max_over_ideal']:9.3f} {fmt_stats(s['peak_rss_mib_max'], 0):>20s} {fmt_stats(s['peak_minus_before_mib_max'], 0):>16s}"
+            f" {fmt_stats(s['ms_per_step'], 0):>18s} {ratio:>16s}"
+        )
 
 
 def run(quick: bool = False, rounds: int = 0) -> dict:
@@ -303,8 +435,14 @@ def run(quick: bool = False, rounds: int = 0) -> dict:
     start = time.perf_counter()
     result = measure(**params)
     after = machine_info(busy_seconds=1.0)
-    result.update(benchmark="mesh_memory", mode="quick" if quick else "full", machine=before | {"uptime": uptime},
-                  load_after=after["load_avg_1_5_15"], cpu_busy_after=after["cpu_busy_before"], wall_s=time.perf_counter() - start)
+    result.update(
+        benchmark="mesh_memory",
+        mode="quick" if quick else "full",
+        machine=before | {"uptime": uptime},
+        load_after=after["load_avg_1_5_15"],
+        cpu_busy_after=after["cpu_busy_before"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = rows(result)
     write_result("mesh_memory", result)
     return result

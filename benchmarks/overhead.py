@@ -24,15 +24,34 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, git_commit, hpc_train_cmd, import_root, load, machine_info, paired_ratios, probe_record, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    HERE,
+    PYTHON,
+    STEPPROBE,
+    clean_run,
+    cpu_env,
+    fmt_stats,
+    git_commit,
+    hpc_train_cmd,
+    import_root,
+    load,
+    machine_info,
+    paired_ratios,
+    probe_record,
+    read_json,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 TARGET = 0.98
 FULL = {"repeats": 10, "steps": 30, "warmup": 5}
@@ -45,13 +64,23 @@ def median_step_s(probe_dir: Path, warmup: int) -> float:
     return statistics.median(b - a for a, b in zip(ends[warmup - 1 :], ends[warmup:]))
 
 
-def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18", baseline_tree: str = "") -> dict:
+def measure(
+    repeats: int,
+    steps: int,
+    warmup: int,
+    batch: int = 64,
+    image_size: int = 64,
+    threads: int = 0,
+    model: str = "resnet18",
+    baseline_tree: str = "",
+) -> dict:
     threads = threads or os.cpu_count() or 1
     samples = batch * steps  # one epoch: no epoch boundary inside the timed window
     env = cpu_env(threads)
     hpc, plain, base, loads, rounds = [], [], [], [], []
     hpc_step, plain_step, base_step = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+
         def probed(name: str, tree: str = "") -> tuple:
             """Environment and probe dir of one run: the step probe first on PYTHONPATH (then `tree`)."""
             probe_dir = Path(tmp) / f"probe-{name}"
@@ -63,11 +92,25 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
             name = f"hpc{'-base' if tree else ''}{i}"
             run_dir = Path(tmp) / name
             run_env, probe_dir = probed(name, tree)
-            run_checked(hpc_train_cmd([
-                "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
-                f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
-                f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={run_dir}",
-            ]), env=run_env, cwd=Path(tree) if tree else None)
+            run_checked(
+                hpc_train_cmd(
+                    [
+                        "strategy=single",
+                        f"model={model}",
+                        "data=synthetic",
+                        f"data.image_size={image_size}",
+                        f"data.num_samples={samples}",
+                        f"trainer.batch_size={batch}",
+                        f"trainer.max_steps={steps}",
+                        "trainer.epochs=null",
+                        "trainer.eval=false",
+                        f"trainer.throughput_warmup_steps={warmup}",
+                        f"hydra.run.dir={run_dir}",
+                    ]
+                ),
+                env=run_env,
+                cwd=Path(tree) if tree else None,
+            )
             return read_json(run_dir / "summary.json")["images_per_sec"], median_step_s(probe_dir, warmup)
 
         def run_hpc(i: int) -> tuple:
@@ -79,16 +122,34 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
         def run_plain(i: int) -> tuple:
             out = Path(tmp) / f"plain{i}.json"
             run_env, probe_dir = probed(f"plain{i}")
-            run_checked([
-                PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
-                f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--threads={threads}", "--device=cpu", f"--out={out}",
-            ], env=run_env)
+            run_checked(
+                [
+                    PYTHON,
+                    str(HERE / "plain_train.py"),
+                    f"--model={model}",
+                    f"--image-size={image_size}",
+                    f"--num-samples={samples}",
+                    f"--batch={batch}",
+                    f"--steps={steps}",
+                    f"--warmup={warmup}",
+                    f"--threads={threads}",
+                    "--device=cpu",
+                    f"--out={out}",
+                ],
+                env=run_env,
+            )
             return read_json(out)["images_per_sec"], median_step_s(probe_dir, warmup)
 
-        orders = list(itertools.permutations((run_hpc, run_plain, run_base))) if baseline_tree else [(run_hpc, run_plain), (run_plain, run_hpc)]
+        orders = (
+            list(itertools.permutations((run_hpc, run_plain, run_base)))
+            if baseline_tree
+            else [(run_hpc, run_plain), (run_plain, run_hpc)]
+        )
         lists = {run_hpc: hpc, run_plain: plain, run_base: base}
         step_lists = {run_hpc: hpc_step, run_plain: plain_step, run_base: base_step}
-        for i in range(repeats):  # ABBA order (with a baseline: every order of the three in turn), so a drift favours no side
+        for i in range(
+            repeats
+        ):  # ABBA order (with a baseline: every order of the three in turn), so a drift favours no side
             loads.append(load())
             order = orders[i % len(orders)]
             # a round during which other processes used the CPUs is repeated (common.clean_run)
@@ -99,33 +160,62 @@ def measure(repeats: int, steps: int, warmup: int, batch: int = 64, image_size: 
                 step_lists[side].append(step_s)
     ratios = paired_ratios(hpc, plain)
     result = {
-        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "threads": threads, "precision": "32", "repeats": repeats, "data": "synthetic TensorDataset, DataLoader(shuffle, num_workers=0)"},
+        "config": {
+            "model": model,
+            "image_size": image_size,
+            "batch": batch,
+            "steps": steps,
+            "warmup": warmup,
+            "threads": threads,
+            "precision": "32",
+            "repeats": repeats,
+            "data": "synthetic TensorDataset, DataLoader(shuffle, num_workers=0)",
+        },
         "hpc_train_images_per_sec": stats(hpc),
         "plain_images_per_sec": stats(plain),
         "ratio": stats(ratios),
         "hpc_train_median_step_s": stats(hpc_step),
         "plain_median_step_s": stats(plain_step),
-        "median_step_ratio": stats(paired_ratios(plain_step, hpc_step)),  # plain / hpc-train step time = hpc-train / plain speed
+        "median_step_ratio": stats(
+            paired_ratios(plain_step, hpc_step)
+        ),  # plain / hpc-train step time = hpc-train / plain speed
         "target": TARGET,
         "load_before_each_round": loads,
         "foreign_cores_per_round": rounds,  # other processes' CPU use during each try of each round; a round is repeated above common.FOREIGN_MAX
     }
     if baseline_tree:
-        result["baseline"] = {"tree": str(Path(baseline_tree).resolve()), "commit": git_commit(Path(baseline_tree), mark_dirty=False), "images_per_sec": stats(base),
-                              "ratio": stats(paired_ratios(base, plain)), "this_over_baseline": stats(paired_ratios(hpc, base)),
-                              "median_step_ratio": stats(paired_ratios(plain_step, base_step))}
+        result["baseline"] = {
+            "tree": str(Path(baseline_tree).resolve()),
+            "commit": git_commit(Path(baseline_tree), mark_dirty=False),
+            "images_per_sec": stats(base),
+            "ratio": stats(paired_ratios(base, plain)),
+            "this_over_baseline": stats(paired_ratios(hpc, base)),
+            "median_step_ratio": stats(paired_ratios(plain_step, base_step)),
+        }
     return result
 
 
 def rows(result: dict) -> list:
     if "skipped" in result:
-        return [row("overhead", "hpc-train strategy=single", None, "plain PyTorch loop", None, result["skipped"], "images/s")]
+        return [
+            row(
+                "overhead", "hpc-train strategy=single", None, "plain PyTorch loop", None, result["skipped"], "images/s"
+            )
+        ]
     c = result["config"]
     r = result["ratio"]
-    return [row(
-        "overhead", f"hpc-train strategy=single ({c['model']}, CPU, {c['threads']} threads)", result["hpc_train_images_per_sec"],
-        "plain PyTorch loop", result["plain_images_per_sec"], f"ratio {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})", "images/s", f">= {TARGET}",
-    )]
+    return [
+        row(
+            "overhead",
+            f"hpc-train strategy=single ({c['model']}, CPU, {c['threads']} threads)",
+            result["hpc_train_images_per_sec"],
+            "plain PyTorch loop",
+            result["plain_images_per_sec"],
+            f"ratio {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})",
+            "images/s",
+            f">= {TARGET}",
+        )
+    ]
 
 
 def run(quick: bool = False, repeats: int = 0, threads: int = 0, baseline_tree: str = "") -> dict:
@@ -135,7 +225,13 @@ def run(quick: bool = False, repeats: int = 0, threads: int = 0, baseline_tree: 
     before = machine_info()
     start = time.perf_counter()
     result = measure(threads=threads, baseline_tree=baseline_tree, **params)
-    result.update(benchmark="overhead", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
+    result.update(
+        benchmark="overhead",
+        mode="quick" if quick else "full",
+        machine=before,
+        load_after=machine_info()["load_avg_1_5_15"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = rows(result)
     write_result("overhead", result)
     return result
@@ -146,7 +242,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads on both sides (default: all CPUs)")
-    parser.add_argument("--baseline-tree", default="", help="also run another checkout's hpc-train (e.g. `git worktree add /tmp/before <commit>`), interleaved with the other two")
+    parser.add_argument(
+        "--baseline-tree",
+        default="",
+        help="also run another checkout's hpc-train (e.g. `git worktree add /tmp/before <commit>`), interleaved with the other two",
+    )
     args = parser.parse_args()
     result = run(args.quick, args.repeats, args.threads, args.baseline_tree)
     print(f"{'side':28s} {'images/s median (min-max)':>28s}")
@@ -158,7 +258,9 @@ def main() -> None:
     print(f"ratio hpc-train / plain: {fmt_stats(result['ratio'], 3)}  (target >= {TARGET})")
     print(f"ratio of median step times, plain / hpc-train: {fmt_stats(result['median_step_ratio'], 3)}")
     if "baseline" in result:
-        print(f"ratio hpc-train at {b['commit']} / plain: {fmt_stats(b['ratio'], 3)}; this checkout / {b['commit']}: {fmt_stats(b['this_over_baseline'], 3)}")
+        print(
+            f"ratio hpc-train at {b['commit']} / plain: {fmt_stats(b['ratio'], 3)}; this checkout / {b['commit']}: {fmt_stats(b['this_over_baseline'], 3)}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,20 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import HERE, PYTHON, STEPPROBE, clean_run, cpu_env, hpc_train_cmd, load, machine_info, probe_record, read_json, run_checked, write_result  # noqa: E402
-
+from common import (
+    HERE,
+    PYTHON,
+    STEPPROBE,
+    clean_run,
+    cpu_env,
+    hpc_train_cmd,
+    load,
+    machine_info,
+    probe_record,
+    read_json,
+    run_checked,
+    write_result,
+)  # noqa: E402
 
 
 def _steps(record: dict) -> list:
@@ -42,7 +54,16 @@ def _steps(record: dict) -> list:
     out = []
     for k in range(n):
         nxt = fs[k + 1] if k + 1 < len(fs) else oe[k]
-        out.append({"fetch": fe[k] - fs[k], "compute": os_[k] - fe[k], "optimizer": oe[k] - os_[k], "between": max(0.0, nxt - oe[k]), "end": oe[k], "start": fs[k]})
+        out.append(
+            {
+                "fetch": fe[k] - fs[k],
+                "compute": os_[k] - fe[k],
+                "optimizer": oe[k] - os_[k],
+                "between": max(0.0, nxt - oe[k]),
+                "end": oe[k],
+                "start": fs[k],
+            }
+        )
     return out
 
 
@@ -54,9 +75,20 @@ def _one(cmd, env, probe_dir: Path) -> list:
     return _steps(record) + [{"hpc_train": record.get("hpc_train")}]
 
 
-def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: int = 64, threads: int = 0, model: str = "resnet18", extra=()) -> dict:
+def measure(
+    pairs: int,
+    steps: int,
+    warmup: int,
+    batch: int = 64,
+    image_size: int = 64,
+    threads: int = 0,
+    model: str = "resnet18",
+    extra=(),
+) -> dict:
     threads = threads or os.cpu_count() or 1
-    env = cpu_env(threads) | {"PYTHONPATH": os.pathsep.join([str(STEPPROBE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = cpu_env(threads) | {
+        "PYTHONPATH": os.pathsep.join([str(STEPPROBE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    }
     samples = batch * steps
     runs = {"hpc": [], "plain": []}
     reported = {"hpc": [], "plain": []}
@@ -68,23 +100,61 @@ def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: in
 
         def hpc(i):
             run_dir = Path(tmp) / f"hpc{i}"
-            return "hpc", _one(hpc_train_cmd([
-                "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={samples}",
-                f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
-                f"trainer.throughput_warmup_steps={warmup}", f"hydra.run.dir={run_dir}", *extra,
-            ]), env, probe_dir), read_json(run_dir / "summary.json")["images_per_sec"]
+            return (
+                "hpc",
+                _one(
+                    hpc_train_cmd(
+                        [
+                            "strategy=single",
+                            f"model={model}",
+                            "data=synthetic",
+                            f"data.image_size={image_size}",
+                            f"data.num_samples={samples}",
+                            f"trainer.batch_size={batch}",
+                            f"trainer.max_steps={steps}",
+                            "trainer.epochs=null",
+                            "trainer.eval=false",
+                            f"trainer.throughput_warmup_steps={warmup}",
+                            f"hydra.run.dir={run_dir}",
+                            *extra,
+                        ]
+                    ),
+                    env,
+                    probe_dir,
+                ),
+                read_json(run_dir / "summary.json")["images_per_sec"],
+            )
 
         def plain(i):
             out = Path(tmp) / f"plain{i}.json"
-            return "plain", _one([
-                PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}", f"--num-samples={samples}",
-                f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}", f"--threads={threads}", "--device=cpu", f"--out={out}",
-            ], env, probe_dir), read_json(out)["images_per_sec"]
+            return (
+                "plain",
+                _one(
+                    [
+                        PYTHON,
+                        str(HERE / "plain_train.py"),
+                        f"--model={model}",
+                        f"--image-size={image_size}",
+                        f"--num-samples={samples}",
+                        f"--batch={batch}",
+                        f"--steps={steps}",
+                        f"--warmup={warmup}",
+                        f"--threads={threads}",
+                        "--device=cpu",
+                        f"--out={out}",
+                    ],
+                    env,
+                    probe_dir,
+                ),
+                read_json(out)["images_per_sec"],
+            )
 
         for i in range(pairs):
             loads.append(load())
             order = (hpc, plain) if i % 2 == 0 else (plain, hpc)
-            pair, record = clean_run(lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True))  # repeated if others used the CPUs
+            pair, record = clean_run(
+                lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True)
+            )  # repeated if others used the CPUs
             foreign.append(record)
             for side, steps_of_run, ips in pair:
                 runs[side].append(steps_of_run)
@@ -93,12 +163,27 @@ def measure(pairs: int, steps: int, warmup: int, batch: int = 64, image_size: in
     per_step = {}
     for side, side_runs in runs.items():
         per_step[side] = [
-            {part: statistics.median(r[k][part] for r in side_runs) for part in ("fetch", "compute", "optimizer", "between")}
+            {
+                part: statistics.median(r[k][part] for r in side_runs)
+                for part in ("fetch", "compute", "optimizer", "between")
+            }
             for k in range(steps)
         ]
-    window = {side: [batch * (steps - warmup) / (r[-1]["end"] - r[warmup - 1]["end"]) for r in side_runs] for side, side_runs in runs.items()}
+    window = {
+        side: [batch * (steps - warmup) / (r[-1]["end"] - r[warmup - 1]["end"]) for r in side_runs]
+        for side, side_runs in runs.items()
+    }
     return {
-        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "threads": threads, "pairs": pairs, "extra": list(extra)},
+        "config": {
+            "model": model,
+            "image_size": image_size,
+            "batch": batch,
+            "steps": steps,
+            "warmup": warmup,
+            "threads": threads,
+            "pairs": pairs,
+            "extra": list(extra),
+        },
         "hpc_train_imported_from": imported,
         "per_step_median_s": per_step,
         "probe_window_images_per_sec": window,
@@ -129,11 +214,19 @@ def main() -> None:
     for k in range(args.steps):
         h, p = result["per_step_median_s"]["hpc"][k], result["per_step_median_s"]["plain"][k]
         th, tp = sum(h.values()), sum(p.values())
-        print(f"{k + 1:4d} | {ms(h['fetch'])} {ms(h['compute'])} {ms(h['optimizer'])} {ms(h['between'])} | "
-              f"{ms(p['fetch'])} {ms(p['compute'])} {ms(p['optimizer'])} {ms(p['between'])} | {ms(th - tp)}")
+        print(
+            f"{k + 1:4d} | {ms(h['fetch'])} {ms(h['compute'])} {ms(h['optimizer'])} {ms(h['between'])} | "
+            f"{ms(p['fetch'])} {ms(p['compute'])} {ms(p['optimizer'])} {ms(p['between'])} | {ms(th - tp)}"
+        )
     for side in ("hpc", "plain"):
-        print(f"{side:6s} reported images/s {['%.1f' % x for x in result['reported_images_per_sec'][side]]}, probe window {['%.1f' % x for x in result['probe_window_images_per_sec'][side]]}")
-    print("paired ratios (reported):", ["%.3f" % x for x in result["ratios_reported"]], "median %.3f" % statistics.median(result["ratios_reported"]))
+        print(
+            f"{side:6s} reported images/s {['%.1f' % x for x in result['reported_images_per_sec'][side]]}, probe window {['%.1f' % x for x in result['probe_window_images_per_sec'][side]]}"
+        )
+    print(
+        "paired ratios (reported):",
+        ["%.3f" % x for x in result["ratios_reported"]],
+        "median %.3f" % statistics.median(result["ratios_reported"]),
+    )
     print("hpc_train imported from:", result["hpc_train_imported_from"])
     print("load before each pair:", result["load_before_pairs"], "after:", result["load_after"])
 

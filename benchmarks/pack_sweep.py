@@ -45,9 +45,22 @@ SIDES = ("packed", "array")
 POLL_S = 0.25
 QUEUE_POLL_S = 1.0
 SLURM_SETTINGS = (
-    "SLURM_VERSION", "SchedulerType", "SchedulerParameters", "SelectType", "SelectTypeParameters", "PriorityType",
-    "BatchStartTimeout", "MessageTimeout", "KillWait", "MinJobAge", "ProctrackType", "TaskPlugin", "PrologFlags",
-    "JobAcctGatherType", "MaxArraySize", "MaxJobCount",
+    "SLURM_VERSION",
+    "SchedulerType",
+    "SchedulerParameters",
+    "SelectType",
+    "SelectTypeParameters",
+    "PriorityType",
+    "BatchStartTimeout",
+    "MessageTimeout",
+    "KillWait",
+    "MinJobAge",
+    "ProctrackType",
+    "TaskPlugin",
+    "PrologFlags",
+    "JobAcctGatherType",
+    "MaxArraySize",
+    "MaxJobCount",
 )
 TASK = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"
 
@@ -56,11 +69,15 @@ TASK = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"
 def slurm_settings() -> dict[str, object]:
     """The controller's settings that decide how fast jobs and steps start, and the nodes."""
     settings: dict[str, object] = {}
-    for line in subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout.splitlines():
+    for line in subprocess.run(
+        ["scontrol", "show", "config"], capture_output=True, text=True, check=False
+    ).stdout.splitlines():
         key, _, value = line.partition("=")
         if key.strip() in SLURM_SETTINGS:
             settings[key.strip()] = value.strip()
-    nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %c %G %m"], capture_output=True, text=True, check=False)
+    nodes = subprocess.run(
+        ["sinfo", "-h", "-N", "-p", "debug", "-o", "%N %c %G %m"], capture_output=True, text=True, check=False
+    )
     settings["nodes"] = nodes.stdout.split("\n")[:-1]
     return settings
 
@@ -95,15 +112,37 @@ def accounting(name: str, allocations: int) -> list[dict[str, object]]:
     """sacct's allocations (no steps) of the sweep's jobs: times, state, GPUs."""
     names = ",".join([name, *(f"{name}-pack{k}" for k in range(allocations))])
     out = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "--name", names, "-S", "now-1hour", "-o", "JobID,Submit,Start,End,State,Elapsed,AllocTRES"],
-        capture_output=True, text=True, check=False,
+        [
+            "sacct",
+            "-n",
+            "-P",
+            "-X",
+            "--name",
+            names,
+            "-S",
+            "now-1hour",
+            "-o",
+            "JobID,Submit,Start,End,State,Elapsed,AllocTRES",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     rows = []
     for line in out.splitlines():
         job, submit, start, end, state, elapsed, tres = line.split("|")
         gpus = next((int(t.split("=")[1]) for t in tres.split(",") if t.startswith("gres/gpu=")), 0)
-        rows.append({"job": job, "submit": _epoch(submit), "start": _epoch(start), "end": _epoch(end), "state": state,
-                     "elapsed_s": _seconds(elapsed), "gpus": gpus})
+        rows.append(
+            {
+                "job": job,
+                "submit": _epoch(submit),
+                "start": _epoch(start),
+                "end": _epoch(end),
+                "state": state,
+                "elapsed_s": _seconds(elapsed),
+                "gpus": gpus,
+            }
+        )
     return rows
 
 
@@ -169,8 +208,14 @@ def dist(values: Sequence[float], digits: int = 3) -> dict[str, float] | None:
     if not values:
         return None
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
-    return {"n": len(values), "median": round(statistics.median(values), digits), "p90": round(pick(0.9), digits),
-            "min": round(values[0], digits), "max": round(values[-1], digits), "mean": round(statistics.mean(values), digits)}
+    return {
+        "n": len(values),
+        "median": round(statistics.median(values), digits),
+        "p90": round(pick(0.9), digits),
+        "min": round(values[0], digits),
+        "max": round(values[-1], digits),
+        "mean": round(statistics.mean(values), digits),
+    }
 
 
 # -- one side ------------------------------------------------------------------------------------
@@ -208,10 +253,20 @@ def wait_for_empty_queue(limit_s: float) -> dict[str, object]:
 
 def run_side(side: str, tag: str, work: Path, args: argparse.Namespace) -> dict:
     name, sweep = f"pb{os.getpid()}-{tag}", work / tag
-    overrides = ["-m", "launcher=slurm", "strategy=single", f"seed=range(0,{args.runs})", f"job_name={name}",
-                 f"cluster.time={args.time}", f"hydra.sweep.dir={sweep}"]
+    overrides = [
+        "-m",
+        "launcher=slurm",
+        "strategy=single",
+        f"seed=range(0,{args.runs})",
+        f"job_name={name}",
+        f"cluster.time={args.time}",
+        f"hydra.sweep.dir={sweep}",
+    ]
     if side == "packed":
-        overrides += [f"launcher.pack.allocations={args.allocations}", f"launcher.pack.gpus_per_node={args.gpus_per_node}"]
+        overrides += [
+            f"launcher.pack.allocations={args.allocations}",
+            f"launcher.pack.gpus_per_node={args.gpus_per_node}",
+        ]
     command = hpc_train_cmd([*overrides, "--", "task.py", str(args.seconds)])
     idle = wait_for_empty_queue(args.idle_wait)
     pool = PoolCpu(sweep)
@@ -252,15 +307,27 @@ def run_side(side: str, tag: str, work: Path, args: argparse.Namespace) -> dict:
         time.sleep(POLL_S)
     wall = time.time() - t0
     busy = (_busy_seconds() - busy0) / wall / (os.cpu_count() or 1)
-    return summarise(side, name, sweep, t0, args, {
-        "command": " ".join(command[2:]), "job_name": name, "queue_before": idle,
-        "command_exit_s": round(cmd_exit, 2) if cmd_exit is not None else None,
-        "all_runs_ended_s": round(all_ended, 2) if all_ended is not None else None,
-        "queue_empty_s": round(queue_empty, 2) if queue_empty is not None else None,
-        "runs_ended": len(done), "timed_out": all_ended is None,
-        "other_jobs_seen": len(others_seen), "other_jobs_running_max": others_running,
-        "machine_cpu_busy": round(busy, 3), "pool_cpu_s": pool.total() if side == "packed" else None,
-    })
+    return summarise(
+        side,
+        name,
+        sweep,
+        t0,
+        args,
+        {
+            "command": " ".join(command[2:]),
+            "job_name": name,
+            "queue_before": idle,
+            "command_exit_s": round(cmd_exit, 2) if cmd_exit is not None else None,
+            "all_runs_ended_s": round(all_ended, 2) if all_ended is not None else None,
+            "queue_empty_s": round(queue_empty, 2) if queue_empty is not None else None,
+            "runs_ended": len(done),
+            "timed_out": all_ended is None,
+            "other_jobs_seen": len(others_seen),
+            "other_jobs_running_max": others_running,
+            "machine_cpu_busy": round(busy, 3),
+            "pool_cpu_s": pool.total() if side == "packed" else None,
+        },
+    )
 
 
 def summarise(side: str, name: str, sweep: Path, t0: float, args: argparse.Namespace, record: dict) -> dict:
@@ -270,44 +337,60 @@ def summarise(side: str, name: str, sweep: Path, t0: float, args: argparse.Names
     run_seconds = [r["end"] - r["start"] for r in runs.values() if r["start"] and r["end"]]
     time.sleep(2)  # sacct sees the last End a moment after the job left the queue
     jobs = accounting(name, args.allocations)
-    record.update({
-        "last_run_end_s": round(max(ends) - t0, 2) if ends else None,
-        "first_run_start_s": round(min(starts), 2) if starts else None,
-        "run_s": dist(run_seconds),
-        "turnaround_s": dist(turnaround(list(runs.values()))),
-        "runs_start_end_s": [[round(r["start"] - t0, 2) if r["start"] else None, round(r["end"] - t0, 2) if r["end"] else None]
-                             for r in runs.values()],
-        "gpu_s_in_runs": round(sum(run_seconds), 1),
-        "gpu_s_held": sum(j["elapsed_s"] * j["gpus"] for j in jobs),
-        "slurm_jobs": len(jobs),
-        "slurm_states": {s: sum(j["state"] == s for j in jobs) for s in sorted({j["state"] for j in jobs})},
-    })
+    record.update(
+        {
+            "last_run_end_s": round(max(ends) - t0, 2) if ends else None,
+            "first_run_start_s": round(min(starts), 2) if starts else None,
+            "run_s": dist(run_seconds),
+            "turnaround_s": dist(turnaround(list(runs.values()))),
+            "runs_start_end_s": [
+                [round(r["start"] - t0, 2) if r["start"] else None, round(r["end"] - t0, 2) if r["end"] else None]
+                for r in runs.values()
+            ],
+            "gpu_s_in_runs": round(sum(run_seconds), 1),
+            "gpu_s_held": sum(j["elapsed_s"] * j["gpus"] for j in jobs),
+            "slurm_jobs": len(jobs),
+            "slurm_states": {s: sum(j["state"] == s for j in jobs) for s in sorted({j["state"] for j in jobs})},
+        }
+    )
     if side == "array":
         by_task = {j["job"].rsplit("_", 1)[-1]: j for j in jobs if "_" in j["job"]}
         record["queue_wait_s"] = dist([j["start"] - j["submit"] for j in jobs if j["start"] and j["submit"]], 1)
         record["job_start_to_run_start_s"] = dist(
-            [runs[int(k)]["start"] - j["start"] for k, j in by_task.items() if k.isdigit() and int(k) in runs
-             and runs[int(k)]["start"] and j["start"]], 2)
+            [
+                runs[int(k)]["start"] - j["start"]
+                for k, j in by_task.items()
+                if k.isdigit() and int(k) in runs and runs[int(k)]["start"] and j["start"]
+            ],
+            2,
+        )
         return record
     events = pack_events(sweep)
     per = {k: refill(ev) for k, ev in events.items()}
     started = {e["run"]: e["time"] for ev in events.values() for e in ev if e["event"] == "started"}
-    record.update({
-        "allocations": [
-            {"index": k, "job": next((e.get("job_id") for e in ev if e["event"] == "began"), None),
-             "began_s": round(next(e["time"] for e in ev if e["event"] == "began") - t0, 2),
-             "finished_s": round(max(e["time"] for e in ev) - t0, 2),
-             "runs": sum(e["event"] == "started" for e in ev),
-             "refill_gap_s": dist(per[k]["gaps"]), "initial_start_after_began_s": dist(per[k]["initial_start_after_began"]),
-             "not_completed": next((e.get("not_completed") for e in ev if e["event"] == "finished"), None)}
-            for k, ev in sorted(events.items())
-        ],
-        "queue_wait_s": dist([j["start"] - j["submit"] for j in jobs if j["start"] and j["submit"]], 1),
-        "refill_gap_s": dist([g for p in per.values() for g in p["gaps"]]),
-        "start_after_began_s": dist([s for p in per.values() for s in p["start_after_began"]], 2),
-        "step_start_to_run_start_s": dist(
-            [runs[int(job)]["start"] - at for job, at in started.items() if runs.get(int(job), {}).get("start")], 2),
-    })
+    record.update(
+        {
+            "allocations": [
+                {
+                    "index": k,
+                    "job": next((e.get("job_id") for e in ev if e["event"] == "began"), None),
+                    "began_s": round(next(e["time"] for e in ev if e["event"] == "began") - t0, 2),
+                    "finished_s": round(max(e["time"] for e in ev) - t0, 2),
+                    "runs": sum(e["event"] == "started" for e in ev),
+                    "refill_gap_s": dist(per[k]["gaps"]),
+                    "initial_start_after_began_s": dist(per[k]["initial_start_after_began"]),
+                    "not_completed": next((e.get("not_completed") for e in ev if e["event"] == "finished"), None),
+                }
+                for k, ev in sorted(events.items())
+            ],
+            "queue_wait_s": dist([j["start"] - j["submit"] for j in jobs if j["start"] and j["submit"]], 1),
+            "refill_gap_s": dist([g for p in per.values() for g in p["gaps"]]),
+            "start_after_began_s": dist([s for p in per.values() for s in p["start_after_began"]], 2),
+            "step_start_to_run_start_s": dist(
+                [runs[int(job)]["start"] - at for job, at in started.items() if runs.get(int(job), {}).get("start")], 2
+            ),
+        }
+    )
     return record
 
 
@@ -318,14 +401,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="each run's task: sleep this long")
     parser.add_argument("--allocations", type=int, default=4)
     parser.add_argument("--gpus-per-node", type=int, default=4)
-    parser.add_argument("--time", type=int, default=30, help="minutes: cluster.time of both sides (the allocations' too)")
+    parser.add_argument(
+        "--time", type=int, default=30, help="minutes: cluster.time of both sides (the allocations' too)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both sides; the first side alternates")
-    parser.add_argument("--idle-wait", type=float, default=120, help="seconds to wait for other jobs to leave the queue")
+    parser.add_argument(
+        "--idle-wait", type=float, default=120, help="seconds to wait for other jobs to leave the queue"
+    )
     parser.add_argument("--side-timeout", type=float, default=400)
     parser.add_argument("--out", default="pack_sweep")
     args = parser.parse_args()
-    record = {"benchmark": "pack_sweep", "config": vars(args), "machine": machine_info(busy_seconds=1.0),
-              "slurm": slurm_settings(), "rounds": []}
+    record = {
+        "benchmark": "pack_sweep",
+        "config": vars(args),
+        "machine": machine_info(busy_seconds=1.0),
+        "slurm": slurm_settings(),
+        "rounds": [],
+    }
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="pack_sweep") as tmp:
         work = Path(tmp)
@@ -336,9 +428,24 @@ def main() -> None:
             for side in order:
                 print(f"round {r + 1}: {side} ({args.runs} runs x {args.seconds:g} s)", flush=True)
                 round_record[side] = run_side(side, f"{side}{r}", work, args)
-                print(json.dumps({k: round_record[side][k] for k in
-                                  ("command_exit_s", "all_runs_ended_s", "last_run_end_s", "queue_empty_s", "timed_out",
-                                   "other_jobs_seen", "machine_cpu_busy", "turnaround_s")}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: round_record[side][k]
+                            for k in (
+                                "command_exit_s",
+                                "all_runs_ended_s",
+                                "last_run_end_s",
+                                "queue_empty_s",
+                                "timed_out",
+                                "other_jobs_seen",
+                                "machine_cpu_busy",
+                                "turnaround_s",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
             round_record["order"] = list(order)
             record["rounds"].append(round_record)
     record["total_s"] = round(time.time() - started, 1)

@@ -133,7 +133,6 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     import torchvision
-
     from omegaconf import OmegaConf
 
     from hpc_train.compute.data.loaders import train_loader
@@ -146,11 +145,19 @@ def _worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)(weights=None, num_classes=10)
     split = [int(x) for x in args.split.split(",")] if args.split else "params"
-    stages = split_model(model, STAGES, split, args.split_points.split(",") if args.split_points else None, torch.randn(2, 3, args.image_size, args.image_size))
+    stages = split_model(
+        model,
+        STAGES,
+        split,
+        args.split_points.split(",") if args.split_points else None,
+        torch.randn(2, 3, args.image_size, args.image_size),
+    )
     mine = stages[rank]
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(1)
-    images = torch.randn(args.batch * (args.iters + 1), 3, args.image_size, args.image_size, generator=gen)  # one batch per timed step
+    images = torch.randn(
+        args.batch * (args.iters + 1), 3, args.image_size, args.image_size, generator=gen
+    )  # one batch per timed step
     labels = torch.randint(0, 10, (args.batch * (args.iters + 1),), generator=gen)
     result: dict = {"micro": {}, "split": split, "activation_shapes": {}}
 
@@ -200,7 +207,9 @@ def _worker(args: argparse.Namespace) -> None:
                 wall, cpu = time.perf_counter(), time.process_time()
             dist.barrier()
             if rank != r:
-                result.setdefault("waiting_cpu_fraction", []).append((time.process_time() - cpu) / max(1e-9, time.perf_counter() - wall))
+                result.setdefault("waiting_cpu_fraction", []).append(
+                    (time.process_time() - cpu) / max(1e-9, time.perf_counter() - wall)
+                )
         dist.barrier()
         together = fn(*a)
         dist.barrier()
@@ -251,7 +260,9 @@ def _worker(args: argparse.Namespace) -> None:
         p.grad = torch.randn_like(p)
 
     def outside() -> float:
-        loader = train_loader(dataset, OmegaConf.create({"num_workers": 0, "pin_memory": False}), args.batch, 1, 0, seed=0)
+        loader = train_loader(
+            dataset, OmegaConf.create({"num_workers": 0, "pin_memory": False}), args.batch, 1, 0, seed=0
+        )
         it, times = iter(loader), []
         for i in range(args.iters + 1):
             t0 = time.perf_counter()
@@ -293,8 +304,16 @@ def _worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def measure(model: str = "resnet18", image_size: int = 64, batch: int = 64, split: Optional[Sequence[int]] = None, split_points: Optional[Sequence[str]] = None,
-            micro=(1, 2, 4, 8), iters: int = 5, out_dir: Optional[Path] = None) -> dict:
+def measure(
+    model: str = "resnet18",
+    image_size: int = 64,
+    batch: int = 64,
+    split: Optional[Sequence[int]] = None,
+    split_points: Optional[Sequence[str]] = None,
+    micro=(1, 2, 4, 8),
+    iters: int = 5,
+    out_dir: Optional[Path] = None,
+) -> dict:
     """Run the two measuring processes; return their measurements and the bounds built from them."""
     import socket
     import tempfile
@@ -304,15 +323,29 @@ def measure(model: str = "resnet18", image_size: int = 64, batch: int = 64, spli
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="bench-bound-") as tmp:
         out = Path(out_dir or tmp) / "bound.json"
-        cmd = [PYTHON, str(Path(__file__).resolve()), "--worker", f"--model={model}", f"--image-size={image_size}", f"--batch={batch}",
-               f"--micro={','.join(map(str, micro))}", f"--iters={iters}", f"--out={out}"]
+        cmd = [
+            PYTHON,
+            str(Path(__file__).resolve()),
+            "--worker",
+            f"--model={model}",
+            f"--image-size={image_size}",
+            f"--batch={batch}",
+            f"--micro={','.join(map(str, micro))}",
+            f"--iters={iters}",
+            f"--out={out}",
+        ]
         if split:
             cmd.append(f"--split={','.join(map(str, split))}")
         if split_points:
             cmd.append(f"--split-points={','.join(split_points)}")
         procs = []
         for rank in range(STAGES):
-            env = cpu_env(1) | {"RANK": str(rank), "WORLD_SIZE": str(STAGES), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            env = cpu_env(1) | {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(STAGES),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outputs = [p.communicate(timeout=1800)[0] for p in procs]
         if any(p.returncode for p in procs):
@@ -320,23 +353,39 @@ def measure(model: str = "resnet18", image_size: int = 64, batch: int = 64, spli
         measured = json.loads(out.read_text())
     measured["micro"] = {int(k): v for k, v in measured["micro"].items()}
     measured["bounds"] = bounds(measured)
-    measured["config"] = {"model": model, "image_size": image_size, "batch": batch, "split": list(split) if split else None, "split_points": list(split_points) if split_points else None, "iters": iters, "threads_per_process": 1}
+    measured["config"] = {
+        "model": model,
+        "image_size": image_size,
+        "batch": batch,
+        "split": list(split) if split else None,
+        "split_points": list(split_points) if split_points else None,
+        "iters": iters,
+        "threads_per_process": 1,
+    }
     return measured
 
 
 def print_table(measured: dict) -> None:
     ms = lambda x: f"{x * 1000:7.1f}"  # noqa: E731
-    print(f"sequential (both stages, full batch, 1 process): 1 thread {ms(measured['sequential_1t_s'])} ms, 2 threads {ms(measured['sequential_2t_s'])} ms")
+    print(
+        f"sequential (both stages, full batch, 1 process): 1 thread {ms(measured['sequential_1t_s'])} ms, 2 threads {ms(measured['sequential_2t_s'])} ms"
+    )
     o = measured["outside"]
-    print(f"outside the schedule per step (fetch + zero_grad + SGD step), stage 0/1: alone {ms(o['alone'][0])} {ms(o['alone'][1])}, together {ms(o['together'][0])} {ms(o['together'][1])} ms")
-    print(f"{'M':>3s} {'mb':>4s} | {'alone f0 b0 f1 b1 (ms)':^32s} | {'together f0 b0 f1 b1 (ms)':^32s} | {'xfer':>6s} | {'GPipe bound':>12s} {'1F1B bound':>12s} (together / alone, ms)")
+    print(
+        f"outside the schedule per step (fetch + zero_grad + SGD step), stage 0/1: alone {ms(o['alone'][0])} {ms(o['alone'][1])}, together {ms(o['together'][0])} {ms(o['together'][1])} ms"
+    )
+    print(
+        f"{'M':>3s} {'mb':>4s} | {'alone f0 b0 f1 b1 (ms)':^32s} | {'together f0 b0 f1 b1 (ms)':^32s} | {'xfer':>6s} | {'GPipe bound':>12s} {'1F1B bound':>12s} (together / alone, ms)"
+    )
     for m, parts in measured["micro"].items():
         b = measured["bounds"][m]
         a, t = parts["alone"], parts["together"]
-        print(f"{m:3d} {parts['micro_batch']:4d} | {ms(a[0]['fwd_s'])} {ms(a[0]['bwd_s'])} {ms(a[1]['fwd_s'])} {ms(a[1]['bwd_s'])} | "
-              f"{ms(t[0]['fwd_s'])} {ms(t[0]['bwd_s'])} {ms(t[1]['fwd_s'])} {ms(t[1]['bwd_s'])} | {parts['transfer_s'] * 1000:6.2f} | "
-              f"{ms(b['gpipe_together_s'])}/{ms(b['gpipe_alone_s'])} "
-              + (f"{ms(b['1f1b_together_s'])}/{ms(b['1f1b_alone_s'])}" if "1f1b_together_s" in b else "-"))
+        print(
+            f"{m:3d} {parts['micro_batch']:4d} | {ms(a[0]['fwd_s'])} {ms(a[0]['bwd_s'])} {ms(a[1]['fwd_s'])} {ms(a[1]['bwd_s'])} | "
+            f"{ms(t[0]['fwd_s'])} {ms(t[0]['bwd_s'])} {ms(t[1]['fwd_s'])} {ms(t[1]['bwd_s'])} | {parts['transfer_s'] * 1000:6.2f} | "
+            f"{ms(b['gpipe_together_s'])}/{ms(b['gpipe_alone_s'])} "
+            + (f"{ms(b['1f1b_together_s'])}/{ms(b['1f1b_alone_s'])}" if "1f1b_together_s" in b else "-")
+        )
 
 
 def main() -> None:
@@ -355,8 +404,15 @@ def main() -> None:
     if args.worker:
         _worker(args)
         return
-    measured = measure(args.model, args.image_size, args.batch, [int(x) for x in args.split.split(",")] if args.split else None,
-                       args.split_points.split(",") if args.split_points else None, tuple(args.micro), args.iters)
+    measured = measure(
+        args.model,
+        args.image_size,
+        args.batch,
+        [int(x) for x in args.split.split(",")] if args.split else None,
+        args.split_points.split(",") if args.split_points else None,
+        tuple(args.micro),
+        args.iters,
+    )
     print_table(measured)
 
 

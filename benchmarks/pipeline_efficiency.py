@@ -29,7 +29,19 @@ from typing import List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipeline_bound  # noqa: E402
-from common import PYTHON, clean_run, cpu_env, hpc_train_cmd, load, machine_info, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    PYTHON,
+    clean_run,
+    cpu_env,
+    hpc_train_cmd,
+    load,
+    machine_info,
+    read_json,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 STAGES = 2
 TARGET = 0.9
@@ -63,20 +75,45 @@ def _ideal(m: int) -> float:
     return m / (m + STAGES - 1) * STAGES
 
 
-def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedules=("gpipe", "1f1b"), model: str = "resnet18", image_size: int = 64,
-            batch: int = 64, micro=(1, 2, 4, 8), balance: str = "time", split=None, split_points=None) -> dict:
+def measure(
+    repeats: int,
+    steps: int,
+    warmup: int,
+    probe_iters: int = 5,
+    schedules=("gpipe", "1f1b"),
+    model: str = "resnet18",
+    image_size: int = 64,
+    batch: int = 64,
+    micro=(1, 2, 4, 8),
+    balance: str = "time",
+    split=None,
+    split_points=None,
+) -> dict:
     if split_points:  # cut at named modules (strategy.split_points), e.g. inside a residual block
         split = None
     elif split is None and not isinstance(balance, str):
         split = [int(x) for x in balance]
-    elif split is None and balance == "time":  # at the micro-batch size of the largest M, as the engine would cut for it
+    elif (
+        split is None and balance == "time"
+    ):  # at the micro-batch size of the largest M, as the engine would cut for it
         split = time_balanced_split(model, image_size, batch // max(micro))
     common = [
-        f"model={model}", "data=synthetic", f"data.image_size={image_size}", f"data.num_samples={max(1024, batch * steps)}",
-        f"trainer.batch_size={batch}", f"trainer.max_steps={steps}", "trainer.epochs=null", "trainer.eval=false",
-        "trainer.progress=false", f"trainer.throughput_warmup_steps={warmup}", f"strategy.stages={STAGES}",
-        f"strategy.split_points=[{','.join(split_points)}]" if split_points
-        else f"strategy.balance=[{','.join(map(str, split))}]" if split else f"strategy.balance={balance}",
+        f"model={model}",
+        "data=synthetic",
+        f"data.image_size={image_size}",
+        f"data.num_samples={max(1024, batch * steps)}",
+        f"trainer.batch_size={batch}",
+        f"trainer.max_steps={steps}",
+        "trainer.epochs=null",
+        "trainer.eval=false",
+        "trainer.progress=false",
+        f"trainer.throughput_warmup_steps={warmup}",
+        f"strategy.stages={STAGES}",
+        f"strategy.split_points=[{','.join(split_points)}]"
+        if split_points
+        else f"strategy.balance=[{','.join(map(str, split))}]"
+        if split
+        else f"strategy.balance={balance}",
         f"resources.gpus_per_node={STAGES}",
     ]
     cases = {"sequential": (["strategy=model_parallel"], 1), "sequential_2t": (["strategy=model_parallel"], 2)}
@@ -84,14 +121,27 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
         for m in micro:
             if schedule == "1f1b" and m < STAGES:
                 continue  # Schedule1F1B needs chunks >= stages
-            cases[f"{schedule} M={m}"] = (["strategy=pipeline", "strategy.engine=pipelining", f"strategy.chunks={m}", f"strategy.schedule={schedule}"], 1)
+            cases[f"{schedule} M={m}"] = (
+                [
+                    "strategy=pipeline",
+                    "strategy.engine=pipelining",
+                    f"strategy.chunks={m}",
+                    f"strategy.schedule={schedule}",
+                ],
+                1,
+            )
     times = {name: [] for name in cases}
     probes, loads, foreign = [], [], {}
     with tempfile.TemporaryDirectory(prefix="bench-pipe-") as tmp:
         for i in range(repeats):
             loads.append(load())
             # every measurement during which other processes used the CPUs is repeated (common.clean_run)
-            probe, record = clean_run(lambda: pipeline_bound.measure(model, image_size, batch, split, split_points, tuple(micro), probe_iters), log=say)
+            probe, record = clean_run(
+                lambda: pipeline_bound.measure(
+                    model, image_size, batch, split, split_points, tuple(micro), probe_iters
+                ),
+                log=say,
+            )
             probes.append(probe)
             foreign.setdefault("probe", []).append(record)
             for name, (overrides, threads) in cases.items():
@@ -116,25 +166,45 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
             t = times[name]
             together = [p["bounds"][m][f"{schedule}_together_s"] for p in probes]
             alone = [p["bounds"][m][f"{schedule}_alone_s"] for p in probes]
-            rows_out.append({
-                "schedule": schedule,
-                "micro_batches": m,
-                "micro_batch_size": batch // m,
-                "step_s": stats(t),
-                "bound_together_s": stats(together),
-                "bound_alone_s": stats(alone),
-                "efficiency": stats([b / x for b, x in zip(together, t)]),  # per round: bound and run of the same round
-                "efficiency_vs_alone_bound": stats([b / x for b, x in zip(alone, t)]),
-                "speedup": stats([r / x for r, x in zip(seq, t)]),
-                "speedup_vs_2_threads": stats([r / x for r, x in zip(seq2, t)]),
-                "bound_speedup": stats([r / b for r, b in zip(seq, together)]),
-                "ideal": _ideal(m),
-            })
+            rows_out.append(
+                {
+                    "schedule": schedule,
+                    "micro_batches": m,
+                    "micro_batch_size": batch // m,
+                    "step_s": stats(t),
+                    "bound_together_s": stats(together),
+                    "bound_alone_s": stats(alone),
+                    "efficiency": stats(
+                        [b / x for b, x in zip(together, t)]
+                    ),  # per round: bound and run of the same round
+                    "efficiency_vs_alone_bound": stats([b / x for b, x in zip(alone, t)]),
+                    "speedup": stats([r / x for r, x in zip(seq, t)]),
+                    "speedup_vs_2_threads": stats([r / x for r, x in zip(seq2, t)]),
+                    "bound_speedup": stats([r / b for r, b in zip(seq, together)]),
+                    "ideal": _ideal(m),
+                }
+            )
     return {
-        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "stages": STAGES, "balance": balance,
-                   "split_layers": split, "split_points": split_points, "threads_per_process": 1, "repeats": repeats, "probe_iters": probe_iters, "schedules": list(schedules)},
+        "config": {
+            "model": model,
+            "image_size": image_size,
+            "batch": batch,
+            "steps": steps,
+            "warmup": warmup,
+            "stages": STAGES,
+            "balance": balance,
+            "split_layers": split,
+            "split_points": split_points,
+            "threads_per_process": 1,
+            "repeats": repeats,
+            "probe_iters": probe_iters,
+            "schedules": list(schedules),
+        },
         "sequential": {"step_s": stats(seq)},
-        "sequential_2_threads": {"step_s": stats(seq2), "speedup_over_1_thread": stats([a / b for a, b in zip(seq, seq2)])},
+        "sequential_2_threads": {
+            "step_s": stats(seq2),
+            "speedup_over_1_thread": stats([a / b for a, b in zip(seq, seq2)]),
+        },
         "rows": rows_out,
         "probes": probes,
         "load_before_rounds_and_after": loads,
@@ -144,29 +214,56 @@ def measure(repeats: int, steps: int, warmup: int, probe_iters: int = 5, schedul
 
 def table_rows(result: dict) -> list:
     if "skipped" in result:
-        return [row("pipeline", "engine=pipelining", None, "sequential model_parallel", None, result["skipped"], "ms/step")]
+        return [
+            row("pipeline", "engine=pipelining", None, "sequential model_parallel", None, result["skipped"], "ms/step")
+        ]
     ms = lambda s: {k: (v * 1000 if k in ("median", "min", "max") else v) for k, v in s.items()}  # noqa: E731
     c = result["config"]
     out = []
     s2 = result["sequential_2_threads"]
     sp2 = s2["speedup_over_1_thread"]
-    out.append(row(
-        "pipeline", f"sequential model_parallel, 1 proc x 2 threads ({c['image_size']} px, batch {c['batch']})", ms(s2["step_s"]),
-        "same, 1 thread", ms(result["sequential"]["step_s"]), f"threads speed-up {sp2['median']:.2f} ({sp2['min']:.2f}-{sp2['max']:.2f})", "ms/step",
-    ))
+    out.append(
+        row(
+            "pipeline",
+            f"sequential model_parallel, 1 proc x 2 threads ({c['image_size']} px, batch {c['batch']})",
+            ms(s2["step_s"]),
+            "same, 1 thread",
+            ms(result["sequential"]["step_s"]),
+            f"threads speed-up {sp2['median']:.2f} ({sp2['min']:.2f}-{sp2['max']:.2f})",
+            "ms/step",
+        )
+    )
     for r in result["rows"]:
         e, sp = r["efficiency"], r["speedup"]
-        out.append(row(
-            "pipeline", f"engine=pipelining {r['schedule']}, 2 proc x 1 thread, M={r['micro_batches']}", ms(r["step_s"]),
-            f"bound from measured stages + transfer ({r['schedule']})", ms(r["bound_together_s"]),
-            f"efficiency {e['median']:.2f} ({e['min']:.2f}-{e['max']:.2f}); {sp['median']:.2f}x sequential 1 thread, "
-            f"{r['speedup_vs_2_threads']['median']:.2f}x 2 threads", "ms/step", f">= {TARGET}",
-        ))
+        out.append(
+            row(
+                "pipeline",
+                f"engine=pipelining {r['schedule']}, 2 proc x 1 thread, M={r['micro_batches']}",
+                ms(r["step_s"]),
+                f"bound from measured stages + transfer ({r['schedule']})",
+                ms(r["bound_together_s"]),
+                f"efficiency {e['median']:.2f} ({e['min']:.2f}-{e['max']:.2f}); {sp['median']:.2f}x sequential 1 thread, "
+                f"{r['speedup_vs_2_threads']['median']:.2f}x 2 threads",
+                "ms/step",
+                f">= {TARGET}",
+            )
+        )
     return out
 
 
-def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str = "time", image_size: int = 64, batch: int = 64, steps: int = 0,
-        schedules=None, name: str = "pipeline_efficiency", warmup: int = 0, split_points=None) -> dict:
+def run(
+    quick: bool = False,
+    repeats: int = 0,
+    micro=(1, 2, 4, 8),
+    balance: str = "time",
+    image_size: int = 64,
+    batch: int = 64,
+    steps: int = 0,
+    schedules=None,
+    name: str = "pipeline_efficiency",
+    warmup: int = 0,
+    split_points=None,
+) -> dict:
     params = dict(QUICK if quick else FULL)
     if repeats:
         params["repeats"] = repeats
@@ -178,8 +275,16 @@ def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str 
         params["schedules"] = tuple(schedules)
     before = machine_info()
     start = time.perf_counter()
-    result = measure(micro=tuple(micro), balance=balance, image_size=image_size, batch=batch, split_points=split_points, **params)
-    result.update(benchmark="pipeline_efficiency", mode="quick" if quick else "full", machine=before, load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
+    result = measure(
+        micro=tuple(micro), balance=balance, image_size=image_size, batch=batch, split_points=split_points, **params
+    )
+    result.update(
+        benchmark="pipeline_efficiency",
+        mode="quick" if quick else "full",
+        machine=before,
+        load_after=machine_info()["load_avg_1_5_15"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = table_rows(result)
     write_result(name, result)
     return result
@@ -188,18 +293,26 @@ def run(quick: bool = False, repeats: int = 0, micro=(1, 2, 4, 8), balance: str 
 def print_result(result: dict) -> None:
     seq, seq2 = result["sequential"]["step_s"], result["sequential_2_threads"]["step_s"]
     c = result["config"]
-    print(f"{c['model']}, {c['image_size']} px, global batch {c['batch']}, split {c['split_layers']}, {c['repeats']} rounds of {c['steps']} steps; "
-          f"load before each round and after: {result['load_before_rounds_and_after']}")
-    print(f"sequential model-parallel: 1 thread {seq['median']*1000:.0f} ms/step ({seq['min']*1000:.0f}-{seq['max']*1000:.0f}), "
-          f"2 threads {seq2['median']*1000:.0f} ms/step ({seq2['min']*1000:.0f}-{seq2['max']*1000:.0f})")
+    print(
+        f"{c['model']}, {c['image_size']} px, global batch {c['batch']}, split {c['split_layers']}, {c['repeats']} rounds of {c['steps']} steps; "
+        f"load before each round and after: {result['load_before_rounds_and_after']}"
+    )
+    print(
+        f"sequential model-parallel: 1 thread {seq['median'] * 1000:.0f} ms/step ({seq['min'] * 1000:.0f}-{seq['max'] * 1000:.0f}), "
+        f"2 threads {seq2['median'] * 1000:.0f} ms/step ({seq2['min'] * 1000:.0f}-{seq2['max'] * 1000:.0f})"
+    )
     print("last round's measured parts:")
     pipeline_bound.print_table(result["probes"][-1])
-    print(f"{'schedule':>8s} {'M':>3s} {'ms/step':>8s} {'bound ms':>9s} {'(alone)':>8s} {'efficiency':>18s} {'speed-up vs seq 1t':>20s} {'vs seq 2t':>10s} {'bound speed-up':>15s} {'ideal':>6s}")
+    print(
+        f"{'schedule':>8s} {'M':>3s} {'ms/step':>8s} {'bound ms':>9s} {'(alone)':>8s} {'efficiency':>18s} {'speed-up vs seq 1t':>20s} {'vs seq 2t':>10s} {'bound speed-up':>15s} {'ideal':>6s}"
+    )
     for r in result["rows"]:
         s, e, sp = r["step_s"], r["efficiency"], r["speedup"]
-        print(f"{r['schedule']:>8s} {r['micro_batches']:3d} {s['median']*1000:8.0f} {r['bound_together_s']['median']*1000:9.0f} {r['bound_alone_s']['median']*1000:8.0f} "
-              f"{e['median']:6.2f} ({e['min']:.2f}-{e['max']:.2f}) {sp['median']:8.2f} ({sp['min']:.2f}-{sp['max']:.2f}) {r['speedup_vs_2_threads']['median']:10.2f} "
-              f"{r['bound_speedup']['median']:15.2f} {r['ideal']:6.2f}")
+        print(
+            f"{r['schedule']:>8s} {r['micro_batches']:3d} {s['median'] * 1000:8.0f} {r['bound_together_s']['median'] * 1000:9.0f} {r['bound_alone_s']['median'] * 1000:8.0f} "
+            f"{e['median']:6.2f} ({e['min']:.2f}-{e['max']:.2f}) {sp['median']:8.2f} ({sp['min']:.2f}-{sp['max']:.2f}) {r['speedup_vs_2_threads']['median']:10.2f} "
+            f"{r['bound_speedup']['median']:15.2f} {r['ideal']:6.2f}"
+        )
 
 
 def main() -> None:
@@ -212,14 +325,31 @@ def main() -> None:
     parser.add_argument("--schedules", default="", help="gpipe,1f1b (default: both in full mode, gpipe in quick mode)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--balance", default="time", help="stage split for both sides: time (hpc-train's balance=time at the micro-batch size "
-                        "of the largest M), params, or layer counts a,b")
-    parser.add_argument("--split-points", default="", help="cut at these modules instead (strategy.split_points), e.g. layer2.1.conv2")
+    parser.add_argument(
+        "--balance",
+        default="time",
+        help="stage split for both sides: time (hpc-train's balance=time at the micro-batch size "
+        "of the largest M), params, or layer counts a,b",
+    )
+    parser.add_argument(
+        "--split-points", default="", help="cut at these modules instead (strategy.split_points), e.g. layer2.1.conv2"
+    )
     parser.add_argument("--name", default="pipeline_efficiency", help="results/<name>.json")
     args = parser.parse_args()
     balance = [int(x) for x in args.balance.split(",")] if args.balance[0].isdigit() else args.balance
-    result = run(args.quick, args.repeats, [int(x) for x in args.micro.split(",")], balance, args.image_size, args.batch, args.steps,
-                 [s for s in args.schedules.split(",") if s], args.name, args.warmup, [p for p in args.split_points.split(",") if p] or None)
+    result = run(
+        args.quick,
+        args.repeats,
+        [int(x) for x in args.micro.split(",")],
+        balance,
+        args.image_size,
+        args.batch,
+        args.steps,
+        [s for s in args.schedules.split(",") if s],
+        args.name,
+        args.warmup,
+        [p for p in args.split_points.split(",") if p] or None,
+    )
     print_result(result)
 
 

@@ -96,12 +96,20 @@ def main(argv=None) -> dict:
         if world > 1:
             sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=per_rank, shuffle=sampler is None, sampler=sampler, drop_last=True,
-            num_workers=args.workers, pin_memory=args.pin_memory and use_cuda, persistent_workers=args.workers > 0,
+            dataset,
+            batch_size=per_rank,
+            shuffle=sampler is None,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=args.workers,
+            pin_memory=args.pin_memory and use_cuda,
+            persistent_workers=args.workers > 0,
         )
     else:
         batch = (
-            torch.randn(per_rank, 3, args.image_size, args.image_size, device=device).contiguous(memory_format=memory_format),
+            torch.randn(per_rank, 3, args.image_size, args.image_size, device=device).contiguous(
+                memory_format=memory_format
+            ),
             torch.randint(0, args.num_classes, (per_rank,), device=device),
         )
         loader = [batch] * max(1, args.num_samples // args.batch)

@@ -44,9 +44,29 @@ def _digits(unit: str) -> int:
 
 
 def render(rows, markdown: bool) -> str:
-    head = ["benchmark", "measured", "median (min-max)", "reference (same run)", "median (min-max)", "unit", "figure", "target"]
-    body = [[r["benchmark"], r["measured"], fmt_stats(r["value"], _digits(r["unit"])), r["reference"], fmt_stats(r["ref_value"], _digits(r["unit"])),
-             r["unit"], r["figure"], r["target"] or ""] for r in rows]
+    head = [
+        "benchmark",
+        "measured",
+        "median (min-max)",
+        "reference (same run)",
+        "median (min-max)",
+        "unit",
+        "figure",
+        "target",
+    ]
+    body = [
+        [
+            r["benchmark"],
+            r["measured"],
+            fmt_stats(r["value"], _digits(r["unit"])),
+            r["reference"],
+            fmt_stats(r["ref_value"], _digits(r["unit"])),
+            r["unit"],
+            r["figure"],
+            r["target"] or "",
+        ]
+        for r in rows
+    ]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in body]
@@ -67,10 +87,20 @@ def saved_rows(names) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and steps (about 5 minutes on 2 quiet cores)")
-    parser.add_argument("--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}")
-    parser.add_argument("--start-cluster", action="store_true", help="start the Slurm test cluster first (root), for the sweep submission figure")
-    parser.add_argument("--table", action="store_true", help="run nothing: print the markdown table from the saved JSON")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repeats and steps (about 5 minutes on 2 quiet cores)"
+    )
+    parser.add_argument(
+        "--only", default=",".join(BENCHMARKS), help=f"comma-separated subset of {','.join(BENCHMARKS)}"
+    )
+    parser.add_argument(
+        "--start-cluster",
+        action="store_true",
+        help="start the Slurm test cluster first (root), for the sweep submission figure",
+    )
+    parser.add_argument(
+        "--table", action="store_true", help="run nothing: print the markdown table from the saved JSON"
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = parser.parse_args()
     names = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -83,10 +113,16 @@ def main() -> None:
 
     busy = cpu_busy(2.0)
     machine = machine_info() | {"cpu_busy_before": busy}
-    print(f"{machine['date']}: {machine['cpus']} x {machine['cpu']}, Python {machine['python']}, torch {machine['torch']}, "
-          f"load {machine['load_avg_1_5_15']}, CPU busy before start {busy}", flush=True)
+    print(
+        f"{machine['date']}: {machine['cpus']} x {machine['cpu']}, Python {machine['python']}, torch {machine['torch']}, "
+        f"load {machine['load_avg_1_5_15']}, CPU busy before start {busy}",
+        flush=True,
+    )
     if busy is not None and busy > BUSY_WARN:
-        print(f"WARNING: the machine is {busy:.0%} busy before anything started: these numbers are contaminated; rerun at a quiet moment.", flush=True)
+        print(
+            f"WARNING: the machine is {busy:.0%} busy before anything started: these numbers are contaminated; rerun at a quiet moment.",
+            flush=True,
+        )
     start = time.perf_counter()
     rows, walls = [], {}
     for key in names:
@@ -106,10 +142,24 @@ def main() -> None:
     busy_after = cpu_busy(1.0)
     print()
     print(render(rows, markdown=args.markdown))
-    print(f"\n{len(names)} benchmark(s) in {total:.0f} s ({'quick' if args.quick else 'full'}); per benchmark {walls}; CPU busy after: {busy_after}")
+    print(
+        f"\n{len(names)} benchmark(s) in {total:.0f} s ({'quick' if args.quick else 'full'}); per benchmark {walls}; CPU busy after: {busy_after}"
+    )
     if busy_after is not None and busy_after > BUSY_WARN:
-        print(f"WARNING: the machine was {busy_after:.0%} busy right after the run (other processes): check the spreads before publishing.")
-    write_result("run", {"mode": "quick" if args.quick else "full", "machine": machine, "cpu_busy_after": busy_after, "wall_s": total, "wall_s_per_benchmark": walls, "table": rows})
+        print(
+            f"WARNING: the machine was {busy_after:.0%} busy right after the run (other processes): check the spreads before publishing."
+        )
+    write_result(
+        "run",
+        {
+            "mode": "quick" if args.quick else "full",
+            "machine": machine,
+            "cpu_busy_after": busy_after,
+            "wall_s": total,
+            "wall_s_per_benchmark": walls,
+            "table": rows,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,25 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import FOREIGN_MAX, HERE, PYTHON, REPO, clean_run, foreign_cpu, cpu_env, fmt_stats, hpc_train_cmd, load, machine_info, paired_ratios, read_json, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    FOREIGN_MAX,
+    HERE,
+    PYTHON,
+    REPO,
+    clean_run,
+    cpu_env,
+    fmt_stats,
+    foreign_cpu,
+    hpc_train_cmd,
+    load,
+    machine_info,
+    paired_ratios,
+    read_json,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 PROBE = HERE / "scriptprobe" / "train.py"
 FULL = {"repeats": 7, "steps": 500, "warmup": 50}
@@ -55,7 +73,9 @@ def command(side: str, run_dir: Path, out: Path, steps: int, warmup: int) -> Lis
     if side == "torchrun":
         return [str(Path(PYTHON).parent / "torchrun"), "--standalone", f"--nproc-per-node={WORLD}", *script]
     extra = ["script.launcher=torchrun"] if side == "hpc_train_torchrun" else []
-    return hpc_train_cmd(["strategy=ddp", f"resources.gpus_per_node={WORLD}", *extra, f"hydra.run.dir={run_dir}", "--", *script])
+    return hpc_train_cmd(
+        ["strategy=ddp", f"resources.gpus_per_node={WORLD}", *extra, f"hydra.run.dir={run_dir}", "--", *script]
+    )
 
 
 def one_run(side: str, tmp: Path, i: int, steps: int, warmup: int) -> Dict[str, float]:
@@ -105,21 +125,39 @@ def measure(repeats: int, steps: int, warmup: int, attempts: int) -> dict:
                     record = {"foreign_cores": [foreign], "clean": foreign is None or foreign <= FOREIGN_MAX}
                 runs[side].append(value)
                 records.append({"round": i, "side": side, **record})
-                print(f"round {i} {side:20s} start {value['start_s']:.2f} s, per step {value['per_step_ms']:.3f} ms", flush=True)
+                print(
+                    f"round {i} {side:20s} start {value['start_s']:.2f} s, per step {value['per_step_ms']:.3f} ms",
+                    flush=True,
+                )
     keys = runs["torchrun"][0].keys()
     result = {
-        "config": {"world": WORLD, "threads_per_rank": 1, "steps": steps, "warmup": warmup, "repeats": repeats,
-                   "model": "MLP 256-256-256-1, batch 32 a rank, gloo, SGD", "probe": str(PROBE.relative_to(REPO))},
+        "config": {
+            "world": WORLD,
+            "threads_per_rank": 1,
+            "steps": steps,
+            "warmup": warmup,
+            "repeats": repeats,
+            "model": "MLP 256-256-256-1, batch 32 a rank, gloo, SGD",
+            "probe": str(PROBE.relative_to(REPO)),
+        },
         "sides": {side: {key: stats([r[key] for r in runs[side]]) for key in keys} for side in SIDES},
         "load_before_each_round": loads,
         "foreign_cores_per_run": records,
     }
     for side in ("hpc_train", "hpc_train_torchrun"):
-        result[f"{side}_minus_torchrun_start_s"] = stats([a["start_s"] - b["start_s"] for a, b in zip(runs[side], runs["torchrun"])])
-        result[f"{side}_minus_torchrun_ready_s"] = stats([a["ready_s"] - b["ready_s"] for a, b in zip(runs[side], runs["torchrun"])])
-        result[f"{side}_minus_torchrun_wall_s"] = stats([a["wall_s"] - b["wall_s"] for a, b in zip(runs[side], runs["torchrun"])])
+        result[f"{side}_minus_torchrun_start_s"] = stats(
+            [a["start_s"] - b["start_s"] for a, b in zip(runs[side], runs["torchrun"])]
+        )
+        result[f"{side}_minus_torchrun_ready_s"] = stats(
+            [a["ready_s"] - b["ready_s"] for a, b in zip(runs[side], runs["torchrun"])]
+        )
+        result[f"{side}_minus_torchrun_wall_s"] = stats(
+            [a["wall_s"] - b["wall_s"] for a, b in zip(runs[side], runs["torchrun"])]
+        )
         for key in ("median_step_ms", "per_step_ms"):
-            result[f"{side}_over_torchrun_{key}"] = stats(paired_ratios([r[key] for r in runs[side]], [r[key] for r in runs["torchrun"]]))
+            result[f"{side}_over_torchrun_{key}"] = stats(
+                paired_ratios([r[key] for r in runs[side]], [r[key] for r in runs["torchrun"]])
+            )
     return result
 
 
@@ -128,10 +166,29 @@ def rows(result: dict) -> list:
     out = []
     for side in ("hpc_train", "hpc_train_torchrun"):
         d, r = result[f"{side}_minus_torchrun_start_s"], result[f"{side}_over_torchrun_median_step_ms"]
-        out.append(row("script start", NAMES[side], s[side]["start_s"], NAMES["torchrun"], s["torchrun"]["start_s"],
-                       f"+{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})", "s to the last rank's first line"))
-        out.append(row("script step", NAMES[side], s[side]["median_step_ms"], NAMES["torchrun"], s["torchrun"]["median_step_ms"],
-                       f"ratio {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})", "ms/step", "1.00"))
+        out.append(
+            row(
+                "script start",
+                NAMES[side],
+                s[side]["start_s"],
+                NAMES["torchrun"],
+                s["torchrun"]["start_s"],
+                f"+{d['median']:.2f} s ({d['min']:.2f}-{d['max']:.2f})",
+                "s to the last rank's first line",
+            )
+        )
+        out.append(
+            row(
+                "script step",
+                NAMES[side],
+                s[side]["median_step_ms"],
+                NAMES["torchrun"],
+                s["torchrun"]["median_step_ms"],
+                f"ratio {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})",
+                "ms/step",
+                "1.00",
+            )
+        )
     return out
 
 
@@ -142,8 +199,13 @@ def run(quick: bool = False, repeats: int = 0, attempts: int = 4) -> dict:
     before = machine_info(busy_seconds=1.0)
     start = time.perf_counter()
     result = measure(attempts=attempts, **params)
-    result.update(benchmark="script_start", mode="quick" if quick else "full", machine=before,
-                  load_after=machine_info()["load_avg_1_5_15"], wall_s=time.perf_counter() - start)
+    result.update(
+        benchmark="script_start",
+        mode="quick" if quick else "full",
+        machine=before,
+        load_after=machine_info()["load_avg_1_5_15"],
+        wall_s=time.perf_counter() - start,
+    )
     result["table"] = rows(result)
     write_result("script_start", result)
     return result
@@ -153,19 +215,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
-    parser.add_argument("--attempts", type=int, default=4, help="tries per run when other processes use the CPUs (1: keep every run)")
+    parser.add_argument(
+        "--attempts", type=int, default=4, help="tries per run when other processes use the CPUs (1: keep every run)"
+    )
     args = parser.parse_args()
     result = run(args.quick, args.repeats, args.attempts)
-    columns = [("start_s", "start s", 2), ("ready_s", "ready s", 2), ("wall_s", "wall s", 2), ("median_step_ms", "median ms/step", 3),
-               ("per_step_ms", "mean ms/step", 3), ("launcher_cpu_s", "launcher CPU s", 2), ("launcher_cores_in_steps", "launcher cores in steps", 3)]
+    columns = [
+        ("start_s", "start s", 2),
+        ("ready_s", "ready s", 2),
+        ("wall_s", "wall s", 2),
+        ("median_step_ms", "median ms/step", 3),
+        ("per_step_ms", "mean ms/step", 3),
+        ("launcher_cpu_s", "launcher CPU s", 2),
+        ("launcher_cores_in_steps", "launcher cores in steps", 3),
+    ]
     for key, title, digits in columns:
         print(f"\n{title}")
         for side in SIDES:
             print(f"  {NAMES[side]:52s} {fmt_stats(result['sides'][side][key], digits):>24s}")
     for side in ("hpc_train", "hpc_train_torchrun"):
-        print(f"{NAMES[side]}: start {fmt_stats(result[f'{side}_minus_torchrun_start_s'])} s later than torchrun,"
-              f" median step x {fmt_stats(result[f'{side}_over_torchrun_median_step_ms'], 3)},"
-              f" mean step x {fmt_stats(result[f'{side}_over_torchrun_per_step_ms'], 3)}")
+        print(
+            f"{NAMES[side]}: start {fmt_stats(result[f'{side}_minus_torchrun_start_s'])} s later than torchrun,"
+            f" median step x {fmt_stats(result[f'{side}_over_torchrun_median_step_ms'], 3)},"
+            f" mean step x {fmt_stats(result[f'{side}_over_torchrun_per_step_ms'], 3)}"
+        )
 
 
 if __name__ == "__main__":

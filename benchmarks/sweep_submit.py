@@ -26,8 +26,15 @@ from typing import List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 COMMON = [
-    "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "model=toy_mlp", "data=synthetic",
-    "data.image_size=8", "trainer.max_steps=2", "trainer.epochs=null", "trainer.batch_size=16",
+    "launcher=slurm",
+    "cluster.cpus_per_gpu=1",
+    "cluster.time=5",
+    "model=toy_mlp",
+    "data=synthetic",
+    "data.image_size=8",
+    "trainer.max_steps=2",
+    "trainer.epochs=null",
+    "trainer.batch_size=16",
 ]
 
 
@@ -51,8 +58,17 @@ def _timed(cmd: List[str], env: Optional[dict] = None) -> Tuple[float, float]:
 
 
 def sweep(jobs: int, sweep_dir: Path, dry_run: bool) -> Tuple[float, float]:
-    cmd = [sys.executable, "-m", "hpc_train.cli", "-m", *COMMON, "strategy=single,ddp", "resources.gpus_per_node=1,2",
-           f"seed=range(0,{jobs // 4})", f"hydra.sweep.dir={sweep_dir}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *COMMON,
+        "strategy=single,ddp",
+        "resources.gpus_per_node=1,2",
+        f"seed=range(0,{jobs // 4})",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     cmd += ["dry_run=true"] if dry_run else ["+cluster.extra.hold=true"]
     elapsed, rss = _timed(cmd, _without_slurm() if dry_run else None)
     if not dry_run:
@@ -86,14 +102,26 @@ def main() -> None:
         times = [t for t, _ in runs]
         median = statistics.median(times)
         count = int(label.split()[0].replace(",", ""))
-        print(f"{label:32s} {median:9.2f} {min(times):6.2f}-{max(times):<6.2f} {1000 * median / count:7.2f}"
-              f" {max(r for _, r in runs):8.0f}")
+        print(
+            f"{label:32s} {median:9.2f} {min(times):6.2f}-{max(times):<6.2f} {1000 * median / count:7.2f}"
+            f" {max(r for _, r in runs):8.0f}"
+        )
         results.append({"case": label, "times_s": times, "median_s": median, "peak_rss_mb": max(r for _, r in runs)})
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / ("sweep_submit_dry_run.json" if args.dry_run else "sweep_submit.json")).write_text(json.dumps({
-        "benchmark": "sweep_submit", "date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
-        "cpus": os.cpu_count(), "dry_run": args.dry_run, "results": results}, indent=2))
+    (out / ("sweep_submit_dry_run.json" if args.dry_run else "sweep_submit.json")).write_text(
+        json.dumps(
+            {
+                "benchmark": "sweep_submit",
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": platform.node(),
+                "cpus": os.cpu_count(),
+                "dry_run": args.dry_run,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
-from hpc_train.records import hang  # noqa: E402
 from hpc_train.compute.runtime import heartbeat  # noqa: E402
+from hpc_train.records import hang  # noqa: E402
 
 MARKS = (hang.DATA, hang.FORWARD, hang.BACKWARD, hang.OPTIMIZER, hang.COLLECTIVE, hang.OPTIMIZER, hang.DATA)
 
@@ -32,7 +32,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--steps", type=int, default=60, help="steps per block")
-    parser.add_argument("--timeout", default="10", help="trainer.hang_timeout_s: 10 (a beat every 0.5 s) or auto (15 s)")
+    parser.add_argument(
+        "--timeout", default="10", help="trainer.hang_timeout_s: 10 (a beat every 0.5 s) or auto (15 s)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -72,7 +74,11 @@ def main() -> None:
         order = (True, False) if pair % 2 == 0 else (False, True)
         medians = {}
         for on in order:
-            beat = heartbeat.Heartbeat(run_dir, ranks, {"hang_timeout_s": timeout, "dist_timeout_s": 1800}).start() if on else None
+            beat = (
+                heartbeat.Heartbeat(run_dir, ranks, {"hang_timeout_s": timeout, "dist_timeout_s": 1800}).start()
+                if on
+                else None
+            )
             medians[on] = block(on)
             if beat is not None:
                 beat.close()
@@ -81,16 +87,25 @@ def main() -> None:
         off_s.append(medians[False])
     result = {
         "benchmark": "watchdog_inprocess",
-        "config": {"pairs": args.pairs, "steps_per_block": args.steps, "model": "MLP 512-1024-10, batch 256, 1 thread", "hang_timeout_s": args.timeout},
+        "config": {
+            "pairs": args.pairs,
+            "steps_per_block": args.steps,
+            "model": "MLP 512-1024-10, batch 256, 1 thread",
+            "hang_timeout_s": args.timeout,
+        },
         "median_step_s_on": statistics.median(on_s),
         "median_step_s_off": statistics.median(off_s),
         "overhead": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
         "beat_s": heartbeat.beat_seconds(hang.timeout_s(timeout, None, 1800)),
     }
     write_result(f"watchdog_inprocess_{args.timeout}", result)
-    print(f"median step: watchdog on {result['median_step_s_on'] * 1e3:.3f} ms, off {result['median_step_s_off'] * 1e3:.3f} ms")
+    print(
+        f"median step: watchdog on {result['median_step_s_on'] * 1e3:.3f} ms, off {result['median_step_s_off'] * 1e3:.3f} ms"
+    )
     o = result["overhead"]
-    print(f"overhead (on / off - 1), median over {args.pairs} block pairs: {o['median']:+.4f} ({o['min']:+.4f} to {o['max']:+.4f})")
+    print(
+        f"overhead (on / off - 1), median over {args.pairs} block pairs: {o['median']:+.4f} ({o['min']:+.4f} to {o['max']:+.4f})"
+    )
 
 
 if __name__ == "__main__":

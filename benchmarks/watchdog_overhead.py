@@ -27,7 +27,24 @@ import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import FOREIGN_MAX, HERE, PYTHON, STEPPROBE, clean_run, cpu_env, fmt_stats, hpc_train_cmd, load, machine_info, paired_ratios, probe_record, row, run_checked, stats, write_result  # noqa: E402
+from common import (
+    FOREIGN_MAX,
+    HERE,
+    PYTHON,
+    STEPPROBE,
+    clean_run,
+    cpu_env,
+    fmt_stats,
+    hpc_train_cmd,
+    load,
+    machine_info,
+    paired_ratios,
+    probe_record,
+    row,
+    run_checked,
+    stats,
+    write_result,
+)  # noqa: E402
 
 TARGET = 0.01  # the bar: at most 1 % of step time
 FULL = {"repeats": 6, "steps": 40, "warmup": 5}
@@ -55,7 +72,12 @@ def mark_cost_ns() -> float:
 
 
 def measure(
-    repeats: int, steps: int, warmup: int, batch: int = 32, image_size: int = 32, model: str = "resnet18",
+    repeats: int,
+    steps: int,
+    warmup: int,
+    batch: int = 32,
+    image_size: int = 32,
+    model: str = "resnet18",
     max_foreign: float = FOREIGN_MAX,
 ) -> dict:
     threads = os.cpu_count() or 1
@@ -71,21 +93,45 @@ def measure(
 
         def hpc(side: str, hang: str, i: int) -> float:
             run_env, probe_dir = probed(f"{side}{i}")
-            run_checked(hpc_train_cmd([
-                "strategy=single", f"model={model}", "data=synthetic", f"data.image_size={image_size}",
-                f"data.num_samples={batch * steps}", f"trainer.batch_size={batch}", f"trainer.max_steps={steps}",
-                "trainer.epochs=null", "trainer.eval=false", "trainer.progress=false", f"trainer.hang_timeout_s={hang}",
-                f"hydra.run.dir={Path(tmp) / f'{side}{i}'}",
-            ]), env=run_env)
+            run_checked(
+                hpc_train_cmd(
+                    [
+                        "strategy=single",
+                        f"model={model}",
+                        "data=synthetic",
+                        f"data.image_size={image_size}",
+                        f"data.num_samples={batch * steps}",
+                        f"trainer.batch_size={batch}",
+                        f"trainer.max_steps={steps}",
+                        "trainer.epochs=null",
+                        "trainer.eval=false",
+                        "trainer.progress=false",
+                        f"trainer.hang_timeout_s={hang}",
+                        f"hydra.run.dir={Path(tmp) / f'{side}{i}'}",
+                    ]
+                ),
+                env=run_env,
+            )
             return median_step_s(probe_dir, warmup)
 
         def plain(i: int) -> float:
             run_env, probe_dir = probed(f"plain{i}")
-            run_checked([
-                PYTHON, str(HERE / "plain_train.py"), f"--model={model}", f"--image-size={image_size}",
-                f"--num-samples={batch * steps}", f"--batch={batch}", f"--steps={steps}", f"--warmup={warmup}",
-                f"--threads={threads}", "--device=cpu", f"--out={Path(tmp) / f'plain{i}.json'}",
-            ], env=run_env)
+            run_checked(
+                [
+                    PYTHON,
+                    str(HERE / "plain_train.py"),
+                    f"--model={model}",
+                    f"--image-size={image_size}",
+                    f"--num-samples={batch * steps}",
+                    f"--batch={batch}",
+                    f"--steps={steps}",
+                    f"--warmup={warmup}",
+                    f"--threads={threads}",
+                    "--device=cpu",
+                    f"--out={Path(tmp) / f'plain{i}.json'}",
+                ],
+                env=run_env,
+            )
             return median_step_s(probe_dir, warmup)
 
         sides = {"on": lambda i: hpc("on", "10", i), "off": lambda i: hpc("off", "null", i), "plain": plain}
@@ -94,7 +140,9 @@ def measure(
             loads.append(load())
             order = orders[i % len(orders)]
             values, record = clean_run(
-                lambda: [sides[name](i) for name in order], max_foreign, attempts=1 if max_foreign > FOREIGN_MAX else 4,
+                lambda: [sides[name](i) for name in order],
+                max_foreign,
+                attempts=1 if max_foreign > FOREIGN_MAX else 4,
                 log=lambda m: print(m, flush=True),
             )
             rounds.append(record)
@@ -102,7 +150,16 @@ def measure(
                 times[name].append(value)
     overhead = [r - 1 for r in paired_ratios(times["on"], times["off"])]
     return {
-        "config": {"model": model, "image_size": image_size, "batch": batch, "steps": steps, "warmup": warmup, "threads": threads, "repeats": repeats, "max_foreign_cores": max_foreign},
+        "config": {
+            "model": model,
+            "image_size": image_size,
+            "batch": batch,
+            "steps": steps,
+            "warmup": warmup,
+            "threads": threads,
+            "repeats": repeats,
+            "max_foreign_cores": max_foreign,
+        },
         "median_step_s": {name: stats(values) for name, values in times.items()},
         "overhead_on_vs_off": stats(overhead),
         "off_vs_plain": stats([r - 1 for r in paired_ratios(times["off"], times["plain"])]),
@@ -118,7 +175,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument(
-        "--max-foreign", type=float, default=FOREIGN_MAX,
+        "--max-foreign",
+        type=float,
+        default=FOREIGN_MAX,
         help="accept rounds during which other processes used up to this many cores (recorded per round; the"
         " interleaved pairs still compare like with like)",
     )
@@ -128,15 +187,32 @@ def main() -> None:
         params["repeats"] = args.repeats
     before, start = machine_info(), time.perf_counter()
     result = measure(**params, max_foreign=args.max_foreign)
-    result.update(benchmark="watchdog_overhead", mode="quick" if args.quick else "full", machine=before, wall_s=time.perf_counter() - start)
+    result.update(
+        benchmark="watchdog_overhead",
+        mode="quick" if args.quick else "full",
+        machine=before,
+        wall_s=time.perf_counter() - start,
+    )
     steps = result["median_step_s"]
-    result["table"] = [row(
-        "watchdog_overhead", "hpc-train, hang watchdog on (beat 0.5 s)", steps["on"], "hang_timeout_s=null", steps["off"],
-        f"overhead {fmt_stats(result['overhead_on_vs_off'], 4)}", "s/step", f"<= {TARGET}",
-    )]
+    result["table"] = [
+        row(
+            "watchdog_overhead",
+            "hpc-train, hang watchdog on (beat 0.5 s)",
+            steps["on"],
+            "hang_timeout_s=null",
+            steps["off"],
+            f"overhead {fmt_stats(result['overhead_on_vs_off'], 4)}",
+            "s/step",
+            f"<= {TARGET}",
+        )
+    ]
     write_result("watchdog_overhead", result)
     print(f"{'side':34s} {'median step s (min-max)':>28s}")
-    for name, label in (("on", "hpc-train, watchdog on (0.5 s beat)"), ("off", "hpc-train, hang_timeout_s=null"), ("plain", "plain PyTorch loop")):
+    for name, label in (
+        ("on", "hpc-train, watchdog on (0.5 s beat)"),
+        ("off", "hpc-train, hang_timeout_s=null"),
+        ("plain", "plain PyTorch loop"),
+    ):
         print(f"{label:34s} {fmt_stats(steps[name], 4):>28s}")
     print(f"watchdog overhead (on / off - 1): {fmt_stats(result['overhead_on_vs_off'], 4)}  (target <= {TARGET})")
     print(f"hpc-train off / plain - 1: {fmt_stats(result['off_vs_plain'], 4)}")

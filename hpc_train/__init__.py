@@ -48,7 +48,8 @@ def __getattr__(name: str) -> Any:
 
         return data_shard
     if name == "log_metrics":  # for a script of your own (hpc-train ... -- train.py): no torch, no Hydra
-        from hpc_train.records.metrics_log import log_metrics  # on first use (PEP 562): `import hpc_train` loads no submodule
+        # on first use (PEP 562): `import hpc_train` loads no submodule
+        from hpc_train.records.metrics_log import log_metrics
 
         return log_metrics
     if name in __all__:

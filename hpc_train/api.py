@@ -44,10 +44,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
-from hpc_train.launch.hydra import cli_child as child
-from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
-from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.config import default_of
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import micro_batches
@@ -55,9 +51,13 @@ from hpc_train.jobs import job_states as states
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
 from hpc_train.jobs.submissions import newest_submission
+from hpc_train.launch.hydra import cli_child as child
+from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.pack.records import is_packed_id, split_packed_id
 from hpc_train.pack.status import SharedPackedStates
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -36,16 +36,17 @@ import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import whole_mappings  # noqa: E402
 from hpc_train.config.errors import ConfigError  # noqa: E402
-from hpc_train.launch.planning import objective  # noqa: E402
 from hpc_train.launch.backends import torchrun_client
-from hpc_train.launch.planning.errors import Interrupted, JobFailed  # noqa: E402
-from hpc_train.launch.hydra.hydra_callbacks import Refused  # noqa: E402
-from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.backends.run import run_job  # noqa: E402
 from hpc_train.launch.backends.sbatch import prepare  # noqa: E402
 from hpc_train.launch.backends.torchrun_client import rank_argv  # noqa: E402
-from hpc_train.records.rundir import EXIT_CTRL_C, EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
+from hpc_train.launch.hydra.hydra_callbacks import Refused  # noqa: E402
+from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
+from hpc_train.launch.planning import objective  # noqa: E402
+from hpc_train.launch.planning.errors import Interrupted, JobFailed  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
+from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
+from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT
 
 
 def _task(cfg: DictConfig) -> Optional[float]:

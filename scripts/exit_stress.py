@@ -24,9 +24,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = [
-    "model=toy_mlp", "data=synthetic", "data.image_size=8", "data.num_samples=256", "data.val_samples=64",
-    "trainer.progress=false", "trainer.epochs=null", "trainer.max_steps=6", "trainer.batch_size=32",
-    "trainer.checkpoint_every=3", "resources.gpus_per_node=2",
+    "model=toy_mlp",
+    "data=synthetic",
+    "data.image_size=8",
+    "data.num_samples=256",
+    "data.val_samples=64",
+    "trainer.progress=false",
+    "trainer.epochs=null",
+    "trainer.max_steps=6",
+    "trainer.batch_size=32",
+    "trainer.checkpoint_every=3",
+    "resources.gpus_per_node=2",
 ]
 
 
@@ -52,10 +60,15 @@ def main() -> int:
                 run_dir = Path(scratch) / f"run{index}"
                 proc = subprocess.run(
                     [sys.executable, "-m", "hpc_train.cli", f"strategy={strategy}", *JOB, f"hydra.run.dir={run_dir}"],
-                    capture_output=True, text=True, cwd=REPO, env=env,
+                    capture_output=True,
+                    text=True,
+                    cwd=REPO,
+                    env=env,
                 )
-                output = proc.stdout + proc.stderr + "".join(
-                    p.read_text(errors="replace") for p in (run_dir / "logs").glob("rank*.out")
+                output = (
+                    proc.stdout
+                    + proc.stderr
+                    + "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("rank*.out"))
                 )
                 row = results[strategy]
                 row[0] += 1

@@ -126,5 +126,3 @@ def pytest_collection_finish(session):
     lost = [item.nodeid for item in session.items if "@" not in item.nodeid.rpartition("]")[2].rpartition("::")[2]]
     if lost:
         raise pytest.UsageError(f"pytest-xdist lost the test groups of {len(lost)} tests, e.g. {lost[0]}")
-
-

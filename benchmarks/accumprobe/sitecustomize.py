@@ -107,8 +107,19 @@ def _write() -> None:
         threads = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()} if torch else None
         with open(os.path.join(_DIR, f"accum-rank{rank}-{os.getpid()}.json"), "w") as handle:
             hpc = sys.modules.get("hpc_train")
-            json.dump({"pid": os.getpid(), "rank": int(rank), "argv": sys.argv, "hpc_train": getattr(hpc, "__file__", None),
-                       "counting": _COUNT, "threads": threads, "ddp_hooked": _counts["ddp_hooked"], **_events}, handle)
+            json.dump(
+                {
+                    "pid": os.getpid(),
+                    "rank": int(rank),
+                    "argv": sys.argv,
+                    "hpc_train": getattr(hpc, "__file__", None),
+                    "counting": _COUNT,
+                    "threads": threads,
+                    "ddp_hooked": _counts["ddp_hooked"],
+                    **_events,
+                },
+                handle,
+            )
     except Exception:  # never break the measured process
         pass
 

@@ -17,11 +17,16 @@ def train(cfg: DictConfig) -> float:
 
     torch.manual_seed(cfg.seed)
     features = 3 * cfg.image_size * cfg.image_size
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(features, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     loss = torch.tensor(0.0)
     for _ in range(cfg.max_steps):
-        images, labels = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size), torch.randint(0, 10, (cfg.batch_size,))
+        images, labels = (
+            torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size),
+            torch.randint(0, 10, (cfg.batch_size,)),
+        )
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(images), labels)
         loss.backward()

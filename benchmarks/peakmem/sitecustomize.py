@@ -22,7 +22,10 @@ def _write_peak() -> None:
         if not torch.cuda.is_initialized():
             return
         peaks = {
-            str(i): {"max_allocated": torch.cuda.max_memory_allocated(i), "max_reserved": torch.cuda.max_memory_reserved(i)}
+            str(i): {
+                "max_allocated": torch.cuda.max_memory_allocated(i),
+                "max_reserved": torch.cuda.max_memory_reserved(i),
+            }
             for i in range(torch.cuda.device_count())
         }
         with open(os.path.join(directory, f"peak-{os.getpid()}.json"), "w") as handle:

@@ -48,7 +48,9 @@ def main() -> None:
     torch.manual_seed(0)
     w = args.width
     model = DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, 1))
+        torch.nn.Sequential(
+            torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, w), torch.nn.ReLU(), torch.nn.Linear(w, 1)
+        )
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(rank)

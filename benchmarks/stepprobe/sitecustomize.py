@@ -69,7 +69,9 @@ def _write() -> None:
     try:
         with open(os.path.join(_DIR, f"steps-{os.getpid()}.json"), "w") as handle:
             hpc = sys.modules.get("hpc_train")
-            json.dump({"pid": os.getpid(), "argv": sys.argv, "hpc_train": getattr(hpc, "__file__", None), **_events}, handle)
+            json.dump(
+                {"pid": os.getpid(), "argv": sys.argv, "hpc_train": getattr(hpc, "__file__", None), **_events}, handle
+            )
     except Exception:  # never break the measured process
         pass
 

@@ -228,7 +228,10 @@ def reference() -> str:
             inherited = next((e for e in entries if e["path"] == "defaults"), None)
             if inherited:
                 parents = [v for v, _ in inherited["list"] if v != "_self_"]
-                lines += [f"Starts from {', '.join(f'`{group}={p}`' for p in parents)}; the keys below replace or add to its keys.", ""]
+                lines += [
+                    f"Starts from {', '.join(f'`{group}={p}`' for p in parents)}; the keys below replace or add to its keys.",
+                    "",
+                ]
             keys = [e for e in entries if e["path"] != "defaults"]
             if keys:
                 lines += table(f"{group}.", keys)

@@ -235,8 +235,8 @@ RULES: Tuple[Rule, ...] = (
         null="no tensor-parallel plan (only with strategy.tp=1)",
         fix=(
             "give a mapping of module-name patterns (fnmatch over model.named_modules()) to colwise, rowwise or"
-            " colwise_gather, e.g. in your strategy option: tp_plan: {\"layers.*.attn.wq\": colwise,"
-            " \"layers.*.attn.wo\": rowwise}, or {_target_: mypkg.plan} naming a function (model, tp_mesh)."
+            ' colwise_gather, e.g. in your strategy option: tp_plan: {"layers.*.attn.wq": colwise,'
+            ' "layers.*.attn.wo": rowwise}, or {_target_: mypkg.plan} naming a function (model, tp_mesh).'
         ),
         doc=(
             "mesh: the tensor-parallel plan: {module-name pattern: colwise | rowwise | colwise_gather | {_target_: fn}},"

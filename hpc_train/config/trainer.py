@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from hpc_train.records import hang
 from hpc_train.config.checks import auto_or, flag, name_or_target, number, one_of, target_node, whole
 from hpc_train.config.rule import R, Rule
+from hpc_train.records import hang
 
 PRECISIONS = ("32", "bf16", "16")
 # trainer.hang_timeout_s=auto, in words, from the constants hang.timeout_s computes it with

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from hpc_train.records import rundir
 from hpc_train.config import DEFAULTS
+from hpc_train.records import rundir
 
 SECTIONS = ("model", "strategy", "data")
 # A sharded (fsdp, mesh) checkpoint loads at any number of ranks and mesh shape, and into the other of the two: these
@@ -21,7 +21,6 @@ SECTIONS = ("model", "strategy", "data")
 RESHARDABLE = (
     "world_size",
     "strategy.name",  # fsdp is a preset of mesh: their checkpoints are the same DCP directories
-
     "strategy.replicate",
     "strategy.reshard_after_forward",
     "strategy.cpu_offload",
@@ -38,7 +37,9 @@ RESHARDABLE = (
 )
 
 
-def fingerprint(spec: Mapping[str, Any], world_size: int, sharded: bool = False, any_world: bool = False) -> Dict[str, Any]:
+def fingerprint(
+    spec: Mapping[str, Any], world_size: int, sharded: bool = False, any_world: bool = False
+) -> Dict[str, Any]:
     """Flattened ``key -> value`` of the settings that must match; `spec` is the job spec (a plain dict).
 
     `sharded`: a torch.distributed.checkpoint of fsdp, which any layout can load, so the layout

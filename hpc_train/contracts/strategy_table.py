@@ -56,7 +56,14 @@ KINDS = {
     kind.id: kind
     for kind in (
         StrategyKind(
-            "single", "strategy=single", False, False, False, single_gpu=True, multi_node_hint=_USE_DDP, one_process=True
+            "single",
+            "strategy=single",
+            False,
+            False,
+            False,
+            single_gpu=True,
+            multi_node_hint=_USE_DDP,
+            one_process=True,
         ),
         StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP, one_process=True),
         StrategyKind("ddp", "strategy=ddp", True, True, False, any_world=True),
@@ -72,7 +79,14 @@ KINDS = {
             one_process=True,
         ),
         StrategyKind(
-            "pipeline", "strategy=pipeline", False, False, False, staged=True, multi_node_hint=_ONE_NODE, one_process=True
+            "pipeline",
+            "strategy=pipeline",
+            False,
+            False,
+            False,
+            staged=True,
+            multi_node_hint=_ONE_NODE,
+            one_process=True,
         ),
         StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
         StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.records.rank_errors import read_records, root_cause
+from hpc_train.slurm import slurm_cli
 
 EXIT_STOPPED = rundir.EXIT_INTERRUPTED  # stopped by a signal after a checkpoint
 # Not in squeue, no accounting to ask, and its run dir does not say how it ended: it never started (cancelled while
@@ -186,9 +186,7 @@ def _squeue(batch: List[str]) -> Optional[Dict[str, str]]:
     return {} if "Invalid job id" in (done.stderr or "") else None  # every id of the batch is gone: an answer
 
 
-def slurm_job_states(
-    job_ids: Iterable[str], run_dirs: Optional[Mapping[str, Path]] = None
-) -> Dict[str, SlurmState]:
+def slurm_job_states(job_ids: Iterable[str], run_dirs: Optional[Mapping[str, Path]] = None) -> Dict[str, SlurmState]:
     """The state of each job id (``123`` or array task ``123_7``), asked per array, not per job.
 
     sacct (with accounting) knows every job, live or ended, with its run time: one call per

@@ -12,8 +12,8 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List
 
-from hpc_train.records import rundir
 from hpc_train.jobs.text_table import format_table
+from hpc_train.records import rundir
 
 HEADER = ("job_id", "job", "overrides", "layout")
 _DIALECT = dict(delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None, lineterminator="\n")

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train.records import rundir
 from hpc_train.pack import records
+from hpc_train.records import rundir
 
 TASK_FILE = "task.pkl"  # the run's AppTask (cloudpickle), written by the login side before sbatch
 RETURN_FILE = "return.pkl"  # its JobReturn (cloudpickle), written by the step's first task
@@ -33,7 +33,11 @@ def run_folder(sweep_dir: Path, job: str) -> Path:
 
 def _interrupted(number: int, _frame: object) -> None:
     name = signal.Signals(number).name
-    print(f"hpc-train: packed run stopped by {name}; it runs again if its allocation is requeued", file=sys.stderr, flush=True)
+    print(
+        f"hpc-train: packed run stopped by {name}; it runs again if its allocation is requeued",
+        file=sys.stderr,
+        flush=True,
+    )
     sys.stdout.flush()
     os._exit(rundir.EXIT_INTERRUPTED)
 

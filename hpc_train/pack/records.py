@@ -188,7 +188,9 @@ def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = No
                 continue
             current = listed[job]
             if event["event"] == "started":
-                listed[job] = RunState(RUNNING, plan.index, plan.job_id, None, event["time"], None, event.get("hosts", ""))
+                listed[job] = RunState(
+                    RUNNING, plan.index, plan.job_id, None, event["time"], None, event.get("hosts", "")
+                )
             elif event["event"] == "ended":
                 listed[job] = RunState(
                     event["state"],

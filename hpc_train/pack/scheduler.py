@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
-from hpc_train.slurm.hostlist import expand_hostlist
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.processes.rank_env import port_for_job
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
+from hpc_train.slurm.hostlist import expand_hostlist
 
 POLL_S = 0.2
 PORTS = 500  # the rendezvous ports a step may take after the allocation's own (port_for_job + 1 + slot)
@@ -138,7 +138,12 @@ class Scheduler:
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)  # the submission's directory, as a job's
         self.running.append(Step(run, process, [n.name for n in nodes], slot))
         records.append_event(
-            self.sweep_dir, self.plan.index, "started", run=run.job, hosts=",".join(n.name for n in nodes), pid=process.pid
+            self.sweep_dir,
+            self.plan.index,
+            "started",
+            run=run.job,
+            hosts=",".join(n.name for n in nodes),
+            pid=process.pid,
         )
 
     def _reap(self) -> None:
@@ -191,7 +196,9 @@ class Scheduler:
         self.stopping = True
         self.terminated = number == signal.SIGTERM
         name = signal.Signals(number).name
-        records.append_event(self.sweep_dir, self.plan.index, "signal", signal=name, running=[s.run.job for s in self.running])
+        records.append_event(
+            self.sweep_dir, self.plan.index, "signal", signal=name, running=[s.run.job for s in self.running]
+        )
         for step in self.running:  # srun passes the signal on to the step's tasks: they checkpoint and exit
             try:
                 step.process.send_signal(number)
@@ -217,7 +224,11 @@ class Scheduler:
             if done.returncode == 0:
                 return 0
         mine = {run.job for run in self.plan.runs}
-        failed = [job for job, state in records.run_states(self.sweep_dir).items() if job in mine and state.state != records.COMPLETED]
+        failed = [
+            job
+            for job, state in records.run_states(self.sweep_dir).items()
+            if job in mine and state.state != records.COMPLETED
+        ]
         records.append_event(self.sweep_dir, self.plan.index, "finished", not_completed=failed)
         print(
             f"hpc-train: allocation {self.plan.index} (job {self.job_id}) ended: "

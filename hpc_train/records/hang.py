@@ -38,7 +38,12 @@ from hpc_train.records import rundir
 # Phases, in the order a training step goes through them; "collective" (waiting for the other
 # ranks) and "setup" (before the first step) stand apart. A script job's ranks are "running".
 SETUP, DATA, FORWARD, BACKWARD, FORWARD_BACKWARD, OPTIMIZER = (
-    "setup", "data", "forward", "backward", "forward-backward", "optimizer"
+    "setup",
+    "data",
+    "forward",
+    "backward",
+    "forward-backward",
+    "optimizer",
 )
 EVAL, CHECKPOINT, COLLECTIVE, RUNNING, DONE = "eval", "checkpoint", "collective", "running", "done"
 _ORDER = {SETUP: 0, DATA: 1, FORWARD: 2, FORWARD_BACKWARD: 2, BACKWARD: 3, OPTIMIZER: 4, EVAL: 5, CHECKPOINT: 6}
@@ -55,7 +60,9 @@ SOURCE_WAIT_S = 2.0  # how long the watcher reads source lines (the file system 
 STACKS_BEGIN = "=== hpc-train: stacks of rank {rank} (pid {pid}, host {host}, main thread 0x{main:016x}) {stamp} ==="
 STACKS_END = "=== hpc-train: end of stacks of rank {rank} {stamp} ==="
 WORKER_HEADER = "--- child process (pid {pid}) of rank {rank} ---"  # a data loader worker, a script's rank
-_BEGIN = re.compile(r"^=== hpc-train: stacks of rank (\d+) \(pid (\d+), host (\S+), main thread 0x([0-9a-f]+)\) .* ===$")
+_BEGIN = re.compile(
+    r"^=== hpc-train: stacks of rank (\d+) \(pid (\d+), host (\S+), main thread 0x([0-9a-f]+)\) .* ===$"
+)
 _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _WORKER = re.compile(r"^--- child process \(pid (\d+)\) of rank \d+ ---$")
@@ -287,7 +294,8 @@ def describe(
     everyone = len(verdict.culprits) == len(ranks) and len(ranks) > 1
     lines = [
         f"hpc-train: hang: no rank advanced for {verdict.stalled_s:.0f} s (trainer.hang_timeout_s={timeout:.0f});"
-        + (" every rank is stuck" if everyone else f" {_ranks(verdict.culprits)} stuck") + ":"
+        + (" every rank is stuck" if everyone else f" {_ranks(verdict.culprits)} stuck")
+        + ":"
     ]
     shown = {rank: _shown_stacks(stacks.get(rank)) for rank in verdict.culprits}
     sources = source_lines(

@@ -19,7 +19,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 from hpc_train.records import rundir
 
-
 DIED_AT = "_hpc_train_died_at"  # the attribute an exception carries from where it was first seen
 
 

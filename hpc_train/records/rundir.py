@@ -44,7 +44,9 @@ HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 EXIT_OK = 0
 EXIT_FAILED = 1  # an exception: the traceback is in logs/rank<r>.log
 EXIT_REFUSED = 2  # bad input, one message and no traceback (the CLI uses it for config errors too)
-EXIT_INTERRUPTED = 3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
+EXIT_INTERRUPTED = (
+    3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
+)
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.records.hang)
 EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
 

@@ -115,7 +115,9 @@ def rows(sweep_dir: Path) -> List[Dict[str, Any]]:
     return out
 
 
-def packed_row(sweep_dir: Path, number: str, run: Optional[records.RunState]) -> Tuple[str, Optional[str], Optional[str]]:
+def packed_row(
+    sweep_dir: Path, number: str, run: Optional[records.RunState]
+) -> Tuple[str, Optional[str], Optional[str]]:
     """(state, result, stderr log) of a packed job: its records' state; the value its JobReturn holds, or its error
     (why it left none, once it ended without completing)."""
     folder = app_step.run_folder(sweep_dir, number)

@@ -26,14 +26,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from hpc_train.records import rundir
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
 from hpc_train.jobs.sweep_status import never_running
 from hpc_train.jobs.text_table import format_table
-from hpc_train.pack import records, status
-from hpc_train.report import app_report, packed_runs
 from hpc_train.launch.backends.rerun import rerun_failed
+from hpc_train.pack import records, status
+from hpc_train.records import rundir
+from hpc_train.report import app_report, packed_runs
 from hpc_train.report.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"

@@ -13,10 +13,10 @@ import pickle
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hpc_train.records import rundir
 from hpc_train.jobs.job_states import rank_error
 from hpc_train.pack import app_step, records
 from hpc_train.pack.records import RunState
+from hpc_train.records import rundir
 
 
 def step_logs(run_dir: Path, allocation_job_id: Optional[str]) -> List[Path]:

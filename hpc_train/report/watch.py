@@ -24,12 +24,12 @@ from typing import IO, Dict, List, Optional, Tuple
 
 import yaml
 
-from hpc_train.records import rundir
-from hpc_train.launch.hydra.cli_child import expand
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
 from hpc_train.jobs.sweep_status import never_running
+from hpc_train.launch.hydra.cli_child import expand
 from hpc_train.pack import records, status
+from hpc_train.records import rundir
 from hpc_train.report import app_report, packed_runs
 
 REFRESH_S = 5.0

@@ -13,7 +13,13 @@ import hpc_train
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.unit.test_api_without_a_job import JOB, cpu_here  # noqa: F401  (cpu_here: an autouse fixture)
 
-SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=1"]
+SLURM = [
+    "launcher=slurm",
+    "cluster.cpus_per_gpu=1",
+    "cluster.time=5",
+    "launcher.signal_delay_s=30",
+    "resources.gpus_per_node=1",
+]
 
 
 # -- compose ----------------------------------------------------------------------------------
@@ -33,7 +39,10 @@ def test_compose_is_the_clis_resolved_job_config(tmp_path):
     "overrides, key",
     [
         (["model=resnet19"], "model"),  # Hydra refuses it: raised before any process starts
-        (["strategy=ddp", "trainer.batch_size=63"], "trainer.batch_size"),  # validation refuses it: the CLI's exit code 2
+        (
+            ["strategy=ddp", "trainer.batch_size=63"],
+            "trainer.batch_size",
+        ),  # validation refuses it: the CLI's exit code 2
     ],
 )
 def test_bad_input_raises_config_error_with_the_clis_message(overrides, key, tmp_path):
@@ -69,7 +78,9 @@ def test_a_failing_job_raises_job_failed_naming_the_rank(monkeypatch, tmp_path):
     monkeypatch.setenv("HPC_TRAIN_FAIL_AT", "0:2")
     with pytest.raises(hpc_train.JobFailed) as err:
         hpc_train.run(JOB, run_dir=tmp_path / "run", quiet=True)
-    assert err.value.error.startswith("InjectedFailure: HPC_TRAIN_FAIL_AT=0:2") and "rank 0 failed first" in str(err.value)
+    assert err.value.error.startswith("InjectedFailure: HPC_TRAIN_FAIL_AT=0:2") and "rank 0 failed first" in str(
+        err.value
+    )
     assert err.value.exit_code == 1
     # Two ranks: the one that raised is named, not its peer that lost the connection.
     job = hpc_train.submit([*JOB, "strategy=ddp"], run_dir=tmp_path / "ddp")

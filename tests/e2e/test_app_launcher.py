@@ -48,7 +48,12 @@ def fresh_hydra_version_base(hydra_restore_singletons):
 
 @pytest.mark.parametrize(
     "task_launcher_cfg, extra_flags",
-    [({"defaults": [{"override hydra/launcher": "hpc_train_local"}], "hydra": {"launcher": {"timeout_min": 2}}}, ["-m"])],
+    [
+        (
+            {"defaults": [{"override hydra/launcher": "hpc_train_local"}], "hydra": {"launcher": {"timeout_min": 2}}},
+            ["-m"],
+        )
+    ],
 )
 class TestLocalLauncherIntegration(IntegrationTestSuite):
     pass
@@ -76,12 +81,31 @@ def test_hydras_plugin_scan_finds_the_launchers_in_a_wheel_install(tmp_path):
     """The wheel `pip install .` would install, unpacked on its own: its hydra_plugins/ and its shipped YAML are found
     (python -S: the editable install's .pth is not read, so nothing comes from the checkout)."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO],
-        check=True, capture_output=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            tmp_path / "dist",
+            REPO,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
     )
     (wheel,) = (tmp_path / "dist").glob("hpc_train-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     path = f"{tmp_path / 'site'}:{sysconfig.get_paths()['purelib']}"
-    proc = subprocess.run([sys.executable, "-S", "-c", SCAN], cwd=tmp_path, env={"PYTHONPATH": path}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", SCAN], cwd=tmp_path, env={"PYTHONPATH": path}, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [*LAUNCHERS.split(), str(tmp_path / "site" / "hydra_plugins" / "hpc_train_launcher"), "True"]
+    assert proc.stdout.split() == [
+        *LAUNCHERS.split(),
+        str(tmp_path / "site" / "hydra_plugins" / "hpc_train_launcher"),
+        "True",
+    ]

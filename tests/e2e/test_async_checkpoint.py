@@ -64,9 +64,17 @@ def test_background_saves_end_equal_and_a_kill9_mid_write_resumes_from_the_previ
     assert {row["async"] for row in checkpoint_rows(synchronous)} == {False}
 
     run_dir = tmp_path / "run"
-    proc = start_background(args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": str(SLOW_WRITE_S), "HPC_TRAIN_STEP_SLEEP": str(STEP_SLEEP_S)})
+    proc = start_background(
+        args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": str(SLOW_WRITE_S), "HPC_TRAIN_STEP_SLEEP": str(STEP_SLEEP_S)}
+    )
     try:  # step 3's save completed in the background while training went on; step 6's is half-written
-        wait_for(lambda: checkpoint_steps(run_dir) == [3] and any(t.startswith(".step_000000006") for t in temporaries(run_dir)), 180, "the second background write")
+        wait_for(
+            lambda: (
+                checkpoint_steps(run_dir) == [3] and any(t.startswith(".step_000000006") for t in temporaries(run_dir))
+            ),
+            180,
+            "the second background write",
+        )
     finally:
         kill_group(proc)
     assert checkpoint_steps(run_dir) == [3], "a torn background write never appears under a checkpoint name"
@@ -79,7 +87,9 @@ def test_background_saves_end_equal_and_a_kill9_mid_write_resumes_from_the_previ
     assert temporaries(run_dir) == [], "the killed write's leftovers are removed"
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == 3 and summary["global_step"] == 16
-    assert summary["checkpoint_blocked_s"] == pytest.approx(sum(r["blocked_s"] for r in checkpoint_rows(run_dir) if r["step"] > 3), abs=1e-5)
+    assert summary["checkpoint_blocked_s"] == pytest.approx(
+        sum(r["blocked_s"] for r in checkpoint_rows(run_dir) if r["step"] > 3), abs=1e-5
+    )
     ours, reference = weights(run_dir), weights(synchronous)
     assert ours.keys() == reference.keys()
     for key in reference:

@@ -30,8 +30,16 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         # quotes that would break the command line are refused, not passed on half-parsed
         (['job_name=a"b'], "job_name", "job_name='my value'"),
         # GPU count incompatible with the strategy, chunks that do not divide the batch
-        (["launcher=slurm", "strategy=model_parallel", "strategy.stages=3", "resources.gpus_per_node=2"], "strategy.stages", "resources.gpus_per_node=3"),
-        (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=3"], "trainer.batch_size", "multiple of 3"),
+        (
+            ["launcher=slurm", "strategy=model_parallel", "strategy.stages=3", "resources.gpus_per_node=2"],
+            "strategy.stages",
+            "resources.gpus_per_node=3",
+        ),
+        (
+            ["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=3"],
+            "trainer.batch_size",
+            "multiple of 3",
+        ),
         (["strategy=ddp", "resources.gpus_per_node=0"], "resources.gpus_per_node", "resources.gpus_per_node=1"),
         # checkpoint and requeue settings
         (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every", "trainer.checkpoint_every=100"),
@@ -50,17 +58,52 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["dry_run=maybe"], "dry_run", "dry_run=true"),
         # ... and a few more kinds: non-ASCII where Slurm reads it, a node replaced by a number, huge and wrong-typed numbers
         (["launcher=slurm", "dry_run=true", "job_name='r\u00e9seau'"], "job_name", "job_name=resnet-ddp"),
-        (["launcher=slurm", "dry_run=true", "cluster.partition='gpu \u00e9'"], "cluster.partition", "cluster.partition=gpu"),
+        (
+            ["launcher=slurm", "dry_run=true", "cluster.partition='gpu \u00e9'"],
+            "cluster.partition",
+            "cluster.partition=gpu",
+        ),
         (["trainer.loss=5"], "trainer.loss", "trainer.loss._target_="),
         (["launcher.master_port=99999999999999999999"], "launcher.master_port", "launcher.master_port=29500"),
         (["resources.nodes=abc"], "resources.nodes", "resources.nodes=1"),
         # a range of nodes: MIN-MAX with 1 <= MIN < MAX, for the strategies whose checkpoints resume at another world
-        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=4-2"], "resources.nodes", "resources.nodes=2-4"),
-        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=0-3"], "resources.nodes", "resources.nodes=2-4"),
-        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=a-b"], "resources.nodes", "resources.nodes=2-4"),
-        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=2-"], "resources.nodes", "resources.nodes=2-4"),
-        (["launcher=slurm", "dry_run=true", "strategy=hybrid", "resources.nodes=2-4"], "resources.nodes", "strategy=ddp, fsdp or mesh"),
-        (["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=2-4", "resources.gpus_per_node=1", "trainer.batch_size=16"], "trainer.batch_size", "resources.nodes=2."),
+        (
+            ["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=4-2"],
+            "resources.nodes",
+            "resources.nodes=2-4",
+        ),
+        (
+            ["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=0-3"],
+            "resources.nodes",
+            "resources.nodes=2-4",
+        ),
+        (
+            ["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=a-b"],
+            "resources.nodes",
+            "resources.nodes=2-4",
+        ),
+        (
+            ["launcher=slurm", "dry_run=true", "strategy=ddp", "resources.nodes=2-"],
+            "resources.nodes",
+            "resources.nodes=2-4",
+        ),
+        (
+            ["launcher=slurm", "dry_run=true", "strategy=hybrid", "resources.nodes=2-4"],
+            "resources.nodes",
+            "strategy=ddp, fsdp or mesh",
+        ),
+        (
+            [
+                "launcher=slurm",
+                "dry_run=true",
+                "strategy=ddp",
+                "resources.nodes=2-4",
+                "resources.gpus_per_node=1",
+                "trainer.batch_size=16",
+            ],
+            "trainer.batch_size",
+            "resources.nodes=2.",
+        ),
         (["trainer.lr=nan"], "trainer.lr", "trainer.lr=0.05"),
         # training recipes: each key's range, and the keys that must agree
         (["trainer.optimizer=lion"], "trainer.optimizer", "_target_: torch.optim.AdamW"),
@@ -70,25 +113,74 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["trainer.ema_decay=1"], "trainer.ema_decay", "trainer.ema_decay=0.999"),
         (["trainer.eval_every=0"], "trainer.eval_every", "trainer.eval_every=500"),
         (["trainer.eval_batches=-1"], "trainer.eval_batches", "trainer.eval_batches=20"),
-        (["strategy=ddp", "resources.gpus_per_node=2", "trainer.batch_size=36", "trainer.grad_accum_steps=4"], "trainer.batch_size", "trainer.grad_accum_steps"),
-        (["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps", "strategy.chunks="),
+        (
+            ["strategy=ddp", "resources.gpus_per_node=2", "trainer.batch_size=36", "trainer.grad_accum_steps=4"],
+            "trainer.batch_size",
+            "trainer.grad_accum_steps",
+        ),
+        (
+            [
+                "strategy=pipeline",
+                "strategy.engine=pipelining",
+                "resources.gpus_per_node=2",
+                "trainer.grad_accum_steps=2",
+            ],
+            "trainer.grad_accum_steps",
+            "strategy.chunks=",
+        ),
         (["strategy=pipeline", "trainer.ema_decay=0.9"], "trainer.ema_decay", "trainer.ema_decay=null"),
         (["trainer.lr_schedule=cosine", "trainer.min_lr=0.5"], "trainer.min_lr", "trainer.min_lr=0.01"),
-        (["trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3}", "trainer.lr_warmup_steps=5"], "trainer.lr_warmup_steps", "trainer.lr_warmup_steps=0"),
+        (
+            [
+                "trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3}",
+                "trainer.lr_warmup_steps=5",
+            ],
+            "trainer.lr_warmup_steps",
+            "trainer.lr_warmup_steps=0",
+        ),
         # strategy=mesh: dimensions that do not fit the world, tp across nodes, a missing or unknown plan, the batch
         (["strategy=mesh", "resources.gpus_per_node=4", "strategy.tp=2"], "strategy.tp_plan", "tp_plan:"),
         (["strategy=mesh", "resources.gpus_per_node=4", "strategy.tp=3"], "strategy.dp_shard", "product divides 4"),
-        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.dp_shard=3"], "strategy.dp_shard", "strategy.dp_shard=-1"),
-        (["launcher=slurm", "dry_run=true", "strategy=mesh", "resources.nodes=2", "resources.gpus_per_node=2", "strategy.tp=4", "strategy.dp_shard=1", "strategy.tp_plan={1:colwise}"], "strategy.tp", "divisors of 2"),
+        (
+            ["strategy=mesh", "resources.gpus_per_node=4", "strategy.dp_shard=3"],
+            "strategy.dp_shard",
+            "strategy.dp_shard=-1",
+        ),
+        (
+            [
+                "launcher=slurm",
+                "dry_run=true",
+                "strategy=mesh",
+                "resources.nodes=2",
+                "resources.gpus_per_node=2",
+                "strategy.tp=4",
+                "strategy.dp_shard=1",
+                "strategy.tp_plan={1:colwise}",
+            ],
+            "strategy.tp",
+            "divisors of 2",
+        ),
         (["strategy=mesh", "strategy.tp_plan={1:diagonal}"], "strategy.tp_plan", "colwise, rowwise or colwise_gather"),
         (["strategy=mesh", "strategy.pp=0"], "strategy.pp", "strategy.pp=2"),
-        (["strategy=mesh", "resources.gpus_per_node=4", "strategy.pp=2", "trainer.batch_size=12"], "trainer.batch_size", "multiple of 8"),
-        (["strategy=mesh", "resources.gpus_per_node=2", "strategy.pp=2", "trainer.grad_accum_steps=2"], "trainer.grad_accum_steps", "strategy.chunks=8"),
+        (
+            ["strategy=mesh", "resources.gpus_per_node=4", "strategy.pp=2", "trainer.batch_size=12"],
+            "trainer.batch_size",
+            "multiple of 8",
+        ),
+        (
+            ["strategy=mesh", "resources.gpus_per_node=2", "strategy.pp=2", "trainer.grad_accum_steps=2"],
+            "trainer.grad_accum_steps",
+            "strategy.chunks=8",
+        ),
         # your own script (`-- train.py ARGS` is script.argv; the `--` spelling: test_bad_script_command_is_refused)
         (["script.argv=[no_such_train.py]"], "script.argv", "-- train.py ARGS"),
         (["script.argv=[-m,no_such_module_xyz]"], "script.argv", "pip install -e"),
         (["script.argv=[]"], "script.argv", "after `--`"),
-        (["strategy=single", "script.launcher=torchrun", "script.argv=[tests/support/scripts/ddp_allreduce.py]"], "script.launcher", "strategy=ddp"),
+        (
+            ["strategy=single", "script.launcher=torchrun", "script.argv=[tests/support/scripts/ddp_allreduce.py]"],
+            "script.launcher",
+            "strategy=ddp",
+        ),
     ],
 )
 def test_bad_input_is_refused_with_key_and_fix(overrides, key, fix, tmp_path):
@@ -152,7 +244,11 @@ def test_empty_imagefolder_root_is_refused(tmp_path):
         (["--", "-m", "no_such_package_xyz.train"], "script.argv", "No module named 'no_such_package_xyz'"),
         (["--", "-m"], "script.argv", "-- -m package.module"),
         (["--"], "script.argv", "after `--`"),
-        (["strategy=single", "script.launcher=torchrun", "--", "tests/support/scripts/ddp_allreduce.py"], "script.launcher", "strategy=ddp"),
+        (
+            ["strategy=single", "script.launcher=torchrun", "--", "tests/support/scripts/ddp_allreduce.py"],
+            "script.launcher",
+            "strategy=ddp",
+        ),
     ],
 )
 def test_bad_script_command_is_refused_before_anything_is_queued(args, key, fix, tmp_path):
@@ -173,10 +269,22 @@ PACKED = ["-m", "launcher=slurm", "dry_run=true", "launcher.pack.allocations=2",
 @pytest.mark.parametrize(
     "overrides, key, fix",
     [
-        (["strategy=ddp", "resources.gpus_per_node=4", "seed=1,2"], "launcher.pack.gpus_per_node", "launcher.pack.gpus_per_node=4"),
-        (["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1", "seed=1,2"], "launcher.pack.nodes", "launcher.pack.nodes=2"),
+        (
+            ["strategy=ddp", "resources.gpus_per_node=4", "seed=1,2"],
+            "launcher.pack.gpus_per_node",
+            "launcher.pack.gpus_per_node=4",
+        ),
+        (
+            ["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1", "seed=1,2"],
+            "launcher.pack.nodes",
+            "launcher.pack.nodes=2",
+        ),
         (["strategy=single", "cluster.partition=debug,gpu_p2"], "launcher.pack.allocations", "separate packed sweeps"),
-        (["strategy=single", "launcher.pack.time=abc", "seed=1,2"], "launcher.pack.time", "launcher.pack.time=04:00:00"),
+        (
+            ["strategy=single", "launcher.pack.time=abc", "seed=1,2"],
+            "launcher.pack.time",
+            "launcher.pack.time=04:00:00",
+        ),
     ],
 )
 def test_a_packed_sweep_that_cannot_be_packed_is_refused_before_anything_is_queued(overrides, key, fix, tmp_path):

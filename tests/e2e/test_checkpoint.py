@@ -66,10 +66,20 @@ def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layou
     proc = start_background(args, run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "2", "HPC_TRAIN_STEP_SLEEP": "0.8"})
     try:
         # The first checkpoint (step 3) completes in the background; then kill inside the second write.
-        wait_for(lambda: checkpoint_steps(run_dir) == [3] and any(p.name.startswith(".step_000000006") for p in folder.iterdir()), 120, "the second checkpoint write to start")
+        wait_for(
+            lambda: (
+                checkpoint_steps(run_dir) == [3] and any(p.name.startswith(".step_000000006") for p in folder.iterdir())
+            ),
+            120,
+            "the second checkpoint write to start",
+        )
     finally:
         kill_group(proc)
-    first = next(json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "checkpoint")
+    first = next(
+        json.loads(l)
+        for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(l)["kind"] == "checkpoint"
+    )
     assert first["step"] == 3 and first["async"] is True
     assert first["blocked_s"] < first["total_s"] - 1, first  # the loop did not wait for the write
     torn = [p for p in folder.iterdir() if p.name.startswith(".")]
@@ -89,8 +99,16 @@ def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layou
     assert not [p for p in folder.iterdir() if p.name.startswith(".")], "the torn write's leftovers are removed"
     assert_bit_identical(uninterrupted[layout], run_dir)
     # metrics.jsonl holds each step once, as if the run had never stopped
-    steps = [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "train"]
-    reference = [json.loads(l)["step"] for l in (uninterrupted[layout] / "metrics.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "train"]
+    steps = [
+        json.loads(l)["step"]
+        for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(l)["kind"] == "train"
+    ]
+    reference = [
+        json.loads(l)["step"]
+        for l in (uninterrupted[layout] / "metrics.jsonl").read_text().splitlines()
+        if json.loads(l)["kind"] == "train"
+    ]
     assert steps == reference
 
 
@@ -139,7 +157,11 @@ def test_resume_never_starts_over_and_keeps_the_old_checkpoints(uninterrupted, t
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] is None and summary["attempts"] == 1
     aside = [p for p in run_dir.iterdir() if p.name.startswith("checkpoints.replaced-")]
-    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == ["step_000000003.ckpt", "step_000000006.ckpt", "step_000000008.ckpt"]
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == [
+        "step_000000003.ckpt",
+        "step_000000006.ckpt",
+        "step_000000008.ckpt",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +204,16 @@ def test_incompatible_checkpoint_is_refused_before_anything_runs(change, expecte
 def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path):
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    proc = run_cli([*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=20"], run_dir, env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5"))
+    proc = run_cli(
+        [*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=20"], run_dir, env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5")
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
     assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
     # rank 0 fails too (its peer vanished) and may exit first: the launcher names the root cause
-    assert "rank 1 failed first (InjectedFailure: HPC_TRAIN_FAIL_AT=1:5: rank 1 fails after 5 steps" in proc.stderr, proc.stderr
+    assert "rank 1 failed first (InjectedFailure: HPC_TRAIN_FAIL_AT=1:5: rank 1 fails after 5 steps" in proc.stderr, (
+        proc.stderr
+    )
     rank1 = (run_dir / "logs" / "rank1.log").read_text()
     assert "Traceback" in rank1 and "InjectedFailure: HPC_TRAIN_FAIL_AT=1:5" in rank1
     assert not (run_dir / "summary.json").exists()
@@ -208,7 +234,12 @@ def test_local_rank_killed_by_sigkill_ends_the_job_quickly(tmp_path):
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "launcher.err"
     with open(stderr_path, "w") as stderr:
-        proc = start_background([*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=120"], run_dir, {"HPC_TRAIN_STEP_SLEEP": "0.15"}, stderr=stderr)
+        proc = start_background(
+            [*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=120"],
+            run_dir,
+            {"HPC_TRAIN_STEP_SLEEP": "0.15"},
+            stderr=stderr,
+        )
     try:
         wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
         os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
@@ -253,7 +284,11 @@ def test_sigterm_to_the_local_launcher_checkpoints_and_a_rerun_continues(uninter
     stopped_at = max(checkpoint_steps(run_dir))
     assert checkpoint_steps(run_dir) == [stopped_at] and 2 <= stopped_at < 24, "the stop must write its own checkpoint"
     endings = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
-    assert endings[-1]["event"] == "end" and endings[-1]["how"].startswith("terminated") and endings[-1]["step"] == stopped_at
+    assert (
+        endings[-1]["event"] == "end"
+        and endings[-1]["how"].startswith("terminated")
+        and endings[-1]["step"] == stopped_at
+    )
 
     assert_ok(run_cli(args, run_dir))
     assert read_summary(run_dir)["resumed_from_step"] == stopped_at
@@ -326,14 +361,21 @@ def test_a_forged_checkpoint_runs_nothing_and_is_refused_in_one_message(one_epoc
     forged = forge(real, {"format": 2, "state": RunsCode(marker)}, tmp_path / "shared" / "step_000000008.ckpt")
     # The forgery is a real threat: what an unsafe load of the same bytes would do.
     control = tmp_path / "control-marker"
-    torch.load(io.BytesIO(forge(real, {"state": RunsCode(control)}, tmp_path / "control.ckpt").read_bytes().split(b"\n", 2)[2]), weights_only=False)
+    torch.load(
+        io.BytesIO(
+            forge(real, {"state": RunsCode(control)}, tmp_path / "control.ckpt").read_bytes().split(b"\n", 2)[2]
+        ),
+        weights_only=False,
+    )
     assert control.exists()
 
     proc = run_cli([*RESUME, *LAYOUTS["single"], f"resume={forged}"], tmp_path / "run")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output
     assert not marker.exists(), "loading the checkpoint ran code from it"
-    assert f"refusing to load checkpoint {forged}" in output and "io.open" in output and "Nothing in it was run" in output, output
+    assert (
+        f"refusing to load checkpoint {forged}" in output and "io.open" in output and "Nothing in it was run" in output
+    ), output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -354,7 +396,9 @@ def test_a_checkpoint_of_the_older_format_is_refused_with_what_to_do(one_epoch, 
     for ckpt in (one_epoch / "checkpoints").iterdir():
         data = ckpt.read_bytes()
         assert data.startswith(b"HPCTRAIN-CKPT 2 ")
-        (run_dir / "checkpoints" / ckpt.name).write_bytes(b"HPCTRAIN-CKPT 1 " + data[len(b"HPCTRAIN-CKPT 2 "):])  # digest still valid
+        (run_dir / "checkpoints" / ckpt.name).write_bytes(
+            b"HPCTRAIN-CKPT 1 " + data[len(b"HPCTRAIN-CKPT 2 ") :]
+        )  # digest still valid
     args = [*RESUME, *LAYOUTS["single"]]
     proc = run_cli(args, run_dir)
     output = proc.stdout + proc.stderr

@@ -33,5 +33,3 @@ def test_an_option_set_key_by_key_is_refused_with_a_fix_that_works(tmp_path):
     for override in ("cluster.extra={exclusive:true}", "+cluster.extra.exclusive=true"):
         proc = run_cli(["launcher=slurm", "dry_run=true", override], tmp_path / "run")
         assert proc.returncode == 0 and "#SBATCH --exclusive" in proc.stdout.splitlines(), f"{override}: {proc.stderr}"
-
-

@@ -28,7 +28,6 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-from hpc_train.records import rundir
 from hpc_train.compute.checkpointing import dcp_manifest, dcp_save
 from hpc_train.compute.checkpointing.dcp_consolidate import consolidate, model_entries
 from hpc_train.compute.checkpointing.dcp_dirs import checkpoint_bytes, list_dcp_checkpoints, newest_complete
@@ -43,6 +42,7 @@ from hpc_train.compute.checkpointing.files import (
     UnsafeCheckpoint,
     capture_rng,
 )
+from hpc_train.records import rundir
 from tests.support.paths import REPO
 
 STEP1, STEP2 = "step_000000001", "step_000000002"
@@ -473,15 +473,15 @@ def test_truncated_or_altered_shard_is_refused(copy: Path, run_dir: Path) -> Non
     assert issubclass(IncompleteCheckpoint, CheckpointError) and issubclass(UnsafeCheckpoint, CheckpointError)
 
 
-def test_spread_deep_verification_fails_on_every_rank_with_one_message(
-    run_dir: Path, tmp_path: Path
-) -> None:
+def test_spread_deep_verification_fails_on_every_rank_with_one_message(run_dir: Path, tmp_path: Path) -> None:
     source = run_dir / "checkpoints" / STEP2
     flipped = Path(shutil.copytree(source, tmp_path / "flipped" / STEP2))
     data = (flipped / "__1_0.distcp").read_bytes()
     (flipped / "__1_0.distcp").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
     two = Path(shutil.copytree(source, tmp_path / "two" / STEP2))  # the earlier failure wins, as on one process
-    (two / ".metadata").write_bytes(bytes([(two / ".metadata").read_bytes()[0] ^ 1]) + (two / ".metadata").read_bytes()[1:])
+    (two / ".metadata").write_bytes(
+        bytes([(two / ".metadata").read_bytes()[0] ^ 1]) + (two / ".metadata").read_bytes()[1:]
+    )
     (two / "loop.pt").write_bytes((two / "loop.pt").read_bytes()[:-1])
     forged, marker = Path(shutil.copytree(source, tmp_path / "forged" / STEP2)), tmp_path / "ran"
     (forged / ".metadata").write_bytes(pickle.dumps(_RunsCommand(marker)))
@@ -540,6 +540,7 @@ def die(*args, **kwargs):
 setattr(dcp_save, where, die)
 save(2)
 """
+
 
 @pytest.mark.parametrize("where", ["write_manifest", "install"])
 def test_kill_mid_save_leaves_the_previous_checkpoint(tmp_path: Path, where: str) -> None:

@@ -20,8 +20,13 @@ from tests.support.cli import TINY, assert_ok, checkpoint_steps, read_summary, r
 
 # The command, scaled down: 30 steps, a checkpoint every 10, of a toy MLP on 16x16 images (about 600 KiB).
 SINGLE = [
-    *TINY, "strategy=single", "data.image_size=16", "trainer.max_steps=30", "trainer.checkpoint_every=10",
-    "trainer.eval=false", "logger=jsonl",
+    *TINY,
+    "strategy=single",
+    "data.image_size=16",
+    "trainer.max_steps=30",
+    "trainer.checkpoint_every=10",
+    "trainer.eval=false",
+    "logger=jsonl",
 ]
 FSDP = ["strategy=fsdp", "resources.gpus_per_node=2"]
 
@@ -32,7 +37,9 @@ def last_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def checkpoint_size(run_dir: Path) -> int:
-    return sum(f.stat().st_size for f in (run_dir / "checkpoints").rglob("*") if f.is_file()) // len(checkpoint_steps(run_dir))
+    return sum(f.stat().st_size for f in (run_dir / "checkpoints").rglob("*") if f.is_file()) // len(
+        checkpoint_steps(run_dir)
+    )
 
 
 @pytest.fixture
@@ -43,7 +50,9 @@ def small_disk(tmp_path):
 
     def make(size_kib: int) -> Path:
         options = f"remount,size={size_kib}k" if mount.is_mount() else f"size={size_kib}k"
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here (not root?): {proc.stderr.strip()}")
         return mount
@@ -97,7 +106,9 @@ def test_disk_full_with_two_ranks_is_one_message_and_keeps_the_previous_one(stra
     args = [*SINGLE, "trainer.max_steps=12", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=10", *strategy]
     probe = tmp_path / "probe"
     assert_ok(run_cli([*args, "trainer.max_steps=3"], probe))
-    disk = small_disk(int(2.5 * checkpoint_size(probe) / 1024) + 128)  # two checkpoints and the logs fit, the third does not
+    disk = small_disk(
+        int(2.5 * checkpoint_size(probe) / 1024) + 128
+    )  # two checkpoints and the logs fit, the third does not
     run_dir = disk / "run"
     proc = run_cli(args, run_dir)
     assert_one_message(proc, run_dir, "step_000000009.ckpt" if "strategy=ddp" in strategy else "step 9")
@@ -108,7 +119,7 @@ def test_disk_full_with_two_ranks_is_one_message_and_keeps_the_previous_one(stra
     assert stopped and 9 <= int(stopped.group(1)) <= 12, proc.stdout
     if "strategy=ddp" in strategy:  # then a refusal at the start, in the same run dir: not the earlier step
         for ckpt in (run_dir / "checkpoints").iterdir():
-            ckpt.write_bytes(b"HPCTRAIN-CKPT 1 " + ckpt.read_bytes()[len(b"HPCTRAIN-CKPT 2 "):])
+            ckpt.write_bytes(b"HPCTRAIN-CKPT 1 " + ckpt.read_bytes()[len(b"HPCTRAIN-CKPT 2 ") :])
         again = run_cli(args, run_dir)
         assert again.returncode == 2 and "older hpc-train" in again.stdout + again.stderr, again.stdout + again.stderr
         assert last_line(again).startswith("hpc-train: the job refused to start (exit code 2)"), again.stdout

@@ -43,7 +43,9 @@ def dry_run(cmd: str, cwd: str, tmp: Path) -> subprocess.CompletedProcess:
     words = [str(BIN / "hpc-train"), *words[1:]]
     if "dry_run=true" not in words:
         words.append("dry_run=true")
-    words.append(f"hydra.sweep.dir={tmp}/sweep" if ("-m" in words or "--multirun" in words) else f"hydra.run.dir={tmp}/run")
+    words.append(
+        f"hydra.sweep.dir={tmp}/sweep" if ("-m" in words or "--multirun" in words) else f"hydra.run.dir={tmp}/run"
+    )
     env = {**os.environ, "PATH": str(BIN)}  # no sinfo/sbatch: nothing asks a Slurm cluster
     env.setdefault("IDRPROJ", "abc")  # cluster=jean_zay reads the account from it, as Jean Zay sets it at login
     env.pop("SLURM_JOB_ID", None)
@@ -84,10 +86,12 @@ def test_docs_dry_run_examples(tmp_path):
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(one, enumerate(jobs)))
-    failed = [f"{where}: {cmd}\n{done.stdout[-1500:]}{done.stderr[-1500:]}" for where, cmd, done in results if done.returncode]
+    failed = [
+        f"{where}: {cmd}\n{done.stdout[-1500:]}{done.stderr[-1500:]}" for where, cmd, done in results if done.returncode
+    ]
     assert not failed, "\n\n".join(failed)
     for where, cmd, done in results:
-        printed = done.stdout + done.stderr  # a run's "(dry run, ...)" line, or a sweep's "dry_run=True: <layout>" lines
+        printed = (
+            done.stdout + done.stderr
+        )  # a run's "(dry run, ...)" line, or a sweep's "dry_run=True: <layout>" lines
         assert "dry run" in printed or "dry_run=True:" in printed, f"{where}: {cmd}: no dry-run line\n{printed}"
-
-

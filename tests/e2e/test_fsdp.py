@@ -61,7 +61,15 @@ def single_loss(tmp_path_factory):
         [*FSDP, *ranks(2), "trainer.compile=true"],
         [*FSDP, *ranks(2), "strategy.cpu_offload=true"],
     ],
-    ids=["fsdp-2", "fsdp-4", "hsdp-2x2", "no-reshard-after-forward", "activation-checkpointing", "compiled-blocks", "cpu-offload"],
+    ids=[
+        "fsdp-2",
+        "fsdp-4",
+        "hsdp-2x2",
+        "no-reshard-after-forward",
+        "activation-checkpointing",
+        "compiled-blocks",
+        "cpu-offload",
+    ],
 )
 def test_fsdp_trains_like_one_process(layout, single_loss, tmp_path):
     proc = run_cli([*FIVE, *layout], tmp_path / "run")
@@ -77,7 +85,14 @@ def test_activation_checkpointing_changes_no_loss(single_loss, tmp_path):
 
 
 def test_a_resnet18_with_batch_norm_trains_like_ddp(tmp_path):
-    resnet = [*TINY, "model=resnet18", "data.image_size=16", "trainer.batch_size=16", "trainer.max_steps=3", "trainer.eval=false"]
+    resnet = [
+        *TINY,
+        "model=resnet18",
+        "data.image_size=16",
+        "trainer.batch_size=16",
+        "trainer.max_steps=3",
+        "trainer.eval=false",
+    ]
     ddp = loss_after([*resnet, "strategy=ddp", *ranks(2)], tmp_path / "ddp")
     fsdp = loss_after([*resnet, *FSDP, *ranks(2)], tmp_path / "fsdp")
     assert fsdp == pytest.approx(ddp, abs=1e-4)
@@ -108,9 +123,15 @@ def uninterrupted(tmp_path_factory):
 def test_checkpoints_are_dcp_directories_and_export_to_one_file(uninterrupted, tmp_path):
     step_dirs = sorted((uninterrupted / "checkpoints").iterdir())
     assert [p.name for p in step_dirs][-1] == "step_000000024"
-    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt", "manifest.json"} <= {p.name for p in step_dirs[-1].iterdir()}
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "loop.pt", "manifest.json"} <= {
+        p.name for p in step_dirs[-1].iterdir()
+    }
     out = tmp_path / "exported.pt"
-    proc = subprocess.run([sys.executable, "-m", "hpc_train.compute.checkpointing.export", str(uninterrupted), str(out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train.compute.checkpointing.export", str(uninterrupted), str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     exported, final = torch.load(out, weights_only=True), final_weights(uninterrupted)
     assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
@@ -119,9 +140,15 @@ def test_checkpoints_are_dcp_directories_and_export_to_one_file(uninterrupted, t
 def test_kill9_during_a_background_sharded_write_resumes_from_the_previous_checkpoint(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
     # Every rank's write pauses 2 s half-way in its background thread; the slowed steps go on meanwhile.
-    proc = start_background([*RESUME, *ranks(2)], run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "2", "HPC_TRAIN_STEP_SLEEP": "0.8"})
+    proc = start_background(
+        [*RESUME, *ranks(2)], run_dir, {"HPC_TRAIN_SLOW_CHECKPOINT": "2", "HPC_TRAIN_STEP_SLEEP": "0.8"}
+    )
     try:  # step 3's save was installed while training went on; step 6's is half-written: its temporary dir exists
-        wait_for(lambda: checkpoint_steps(run_dir) == [3] and list((run_dir / "checkpoints").glob(".step_000000006*")), 120, "the second background write")
+        wait_for(
+            lambda: checkpoint_steps(run_dir) == [3] and list((run_dir / "checkpoints").glob(".step_000000006*")),
+            120,
+            "the second background write",
+        )
     finally:
         kill_group(proc)
     assert checkpoint_steps(run_dir) == [3]
@@ -147,7 +174,14 @@ def max_difference(a: Path, b: Path) -> float:
     ids=["2-to-3-ranks", "hsdp-2x2-to-fsdp-4"],
 )
 def test_resharding_keeps_step_and_parameters(first, second, tmp_path):
-    args = [*TINY, "trainer.batch_size=48", "trainer.max_steps=8", "trainer.checkpoint_every=4", "trainer.lr_schedule=constant", *FSDP]
+    args = [
+        *TINY,
+        "trainer.batch_size=48",
+        "trainer.max_steps=8",
+        "trainer.checkpoint_every=4",
+        "trainer.lr_schedule=constant",
+        *FSDP,
+    ]
     reference = tmp_path / "reference"
     assert_ok(run_cli([*args, *first], reference))
     run_dir = tmp_path / "run"  # continues the reference's checkpoint of step 4 at the second layout
@@ -167,7 +201,17 @@ def test_resharding_still_refuses_another_global_batch(uninterrupted, tmp_path):
 
 # -- the login side ---------------------------------------------------------------------------------------
 def test_hsdp_layout_in_the_slurm_dry_run():
-    proc = run_cli([*TINY, *FSDP, "launcher=slurm", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.replicate=nodes", "dry_run=true"])
+    proc = run_cli(
+        [
+            *TINY,
+            *FSDP,
+            "launcher=slurm",
+            "resources.nodes=2",
+            "resources.gpus_per_node=4",
+            "strategy.replicate=nodes",
+            "dry_run=true",
+        ]
+    )
     assert_ok(proc)
     assert "#SBATCH --nodes=2" in proc.stdout and "#SBATCH --ntasks-per-node=4" in proc.stdout
     assert "HSDP: 2 replicas x 4 shards" in proc.stdout

@@ -150,7 +150,9 @@ def test_a_second_sigterm_stops_a_hung_step_at_once_with_every_ranks_stack(tmp_p
 
 def test_a_step_that_does_not_end_within_the_grace_period_is_stopped_after_one_sigterm(tmp_path):
     run_dir = tmp_path / "run"
-    proc = start([*TINY, *DDP, "trainer.hang_timeout_s=null", "trainer.stop_grace_s=3", step("sleeps_on_every_rank")], run_dir)
+    proc = start(
+        [*TINY, *DDP, "trainer.hang_timeout_s=null", "trainer.stop_grace_s=3", step("sleeps_on_every_rank")], run_dir
+    )
     wait_until_stuck(run_dir, proc)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -239,5 +241,3 @@ def test_a_script_jobs_hung_rank_is_named_from_its_py_spy_stack(tmp_path):
     assert "rank 0 is waiting for it (running): not the cause." in message  # py-spy: inside torch.distributed
     left = subprocess.run(["pgrep", "-f", "ddp_allreduce.py --steps 10 --hang-rank"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
-
-

@@ -60,7 +60,9 @@ def test_package_flag_selects_one_node_and_resolve_resolves(flag):
 def test_info_defaults_lists_the_defaults_tree():
     proc = run_cli(["--info", "defaults", "model=toy_mlp"])
     assert_ok(proc)
-    assert "Defaults List" in proc.stdout and "model/toy_mlp" in proc.stdout and "hydra/sweeper/hpc_train" in proc.stdout
+    assert (
+        "Defaults List" in proc.stdout and "model/toy_mlp" in proc.stdout and "hydra/sweeper/hpc_train" in proc.stdout
+    )
 
 
 def test_shell_completion_install_prints_hydras_bash_script():
@@ -96,7 +98,11 @@ def test_deleting_a_required_key_is_refused_without_traceback(tmp_path):
         (["objective=accuracy"], "objective", "eval_accuracy"),
         (["--config-dir", "/no/such/dir"], "--config-dir", "existing folder"),
         (["--config-name", "nope"], "--config-name", "--config-dir"),
-        (["-c", "job", "--info", "defaults"], "--cfg with --info", "at most one of --cfg, --info"),  # Hydra: a traceback
+        (
+            ["-c", "job", "--info", "defaults"],
+            "--cfg with --info",
+            "at most one of --cfg, --info",
+        ),  # Hydra: a traceback
         (["--resolve"], "--resolve", "--resolve only with --cfg"),
     ],
 )
@@ -129,7 +135,9 @@ def _user_conf(root: Path, gpus_per_node: int = 2) -> Path:
 @pytest.mark.parametrize("spelling", ["space", "equals", "short"])
 def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
     conf = _user_conf(tmp_path)
-    flag = {"space": ["--config-dir", str(conf)], "equals": [f"--config-dir={conf}"], "short": ["-cd", str(conf)]}[spelling]
+    flag = {"space": ["--config-dir", str(conf)], "equals": [f"--config-dir={conf}"], "short": ["-cd", str(conf)]}[
+        spelling
+    ]
     proc = run_cli([*flag, *TINY, "launcher=slurm", "cluster=mysite", "dry_run=true"], tmp_path / "run")
     assert_ok(proc)
     sbatch = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
@@ -140,16 +148,31 @@ def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
 
 def test_user_option_is_listed_and_validated_like_a_shipped_one(tmp_path):
     conf = _user_conf(tmp_path, gpus_per_node=0)
-    typo = run_cli(["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysit", "dry_run=true"], tmp_path / "a")
+    typo = run_cli(
+        ["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysit", "dry_run=true"], tmp_path / "a"
+    )
     assert typo.returncode == 2 and "did you mean 'mysite'?" in typo.stderr, typo.stderr
-    bad = run_cli(["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysite", "dry_run=true"], tmp_path / "b")
+    bad = run_cli(
+        ["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysite", "dry_run=true"], tmp_path / "b"
+    )
     assert bad.returncode == 2 and "`cluster.gpus_per_node`" in bad.stderr and "Fix:" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
 
 
 def test_hydra_searchpath_adds_a_config_dir(tmp_path):
     conf = _user_conf(tmp_path)
-    proc = run_cli([*TINY, f"hydra.searchpath=[file://{conf}]", "launcher=slurm", "cluster=mysite", "--cfg", "job", "-p", "cluster"])
+    proc = run_cli(
+        [
+            *TINY,
+            f"hydra.searchpath=[file://{conf}]",
+            "launcher=slurm",
+            "cluster=mysite",
+            "--cfg",
+            "job",
+            "-p",
+            "cluster",
+        ]
+    )
     assert_ok(proc)
     assert _yaml(proc.stdout)["partition"] == "gpu_p2"
 
@@ -157,7 +180,9 @@ def test_hydra_searchpath_adds_a_config_dir(tmp_path):
 # -- hydra/launcher choices ----------------------------------------------------------------------
 @pytest.mark.parametrize("launcher", ["submitit_slurm", "submitit_local", "hpc_train_slurm", "hpc_train_local"])
 def test_submitit_launchers_are_refused_in_one_line(launcher, tmp_path):
-    proc = run_cli(["-m", f"hydra/launcher={launcher}", *TINY, "strategy=single,ddp", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    proc = run_cli(
+        ["-m", f"hydra/launcher={launcher}", *TINY, "strategy=single,ddp", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     message = proc.stderr.strip()
     assert "`hydra/launcher`" in message and "launcher=slurm" in message and "\n" not in message, message
@@ -167,7 +192,9 @@ def test_submitit_launchers_are_refused_in_one_line(launcher, tmp_path):
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_plain_hydra_launchers_run_every_job(launcher, tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(["-m", f"hydra/launcher={launcher}", *ONE_EPOCH, "strategy=single", "seed=1,2", f"hydra.sweep.dir={sweep}"])
+    proc = run_cli(
+        ["-m", f"hydra/launcher={launcher}", *ONE_EPOCH, "strategy=single", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+    )
     assert_ok(proc)
     seeds = sorted(_yaml((sweep / str(n) / "job_config.yaml").read_text())["seed"] for n in (0, 1))
     assert seeds == [1, 2]
@@ -186,7 +213,10 @@ def _eval_losses(sweep: Path) -> list:
 
 def test_optuna_minimises_eval_loss_over_local_trials(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli([*_optuna(sweep, "hydra.sweeper.n_trials=3", "trainer.lr=interval(0.01,0.3)"), *ONE_EPOCH, "strategy=single"], timeout=600)
+    proc = run_cli(
+        [*_optuna(sweep, "hydra.sweeper.n_trials=3", "trainer.lr=interval(0.01,0.3)"), *ONE_EPOCH, "strategy=single"],
+        timeout=600,
+    )
     assert_ok(proc)
     results = _yaml((sweep / "optimization_results.yaml").read_text())
     losses = _eval_losses(sweep)
@@ -196,11 +226,15 @@ def test_optuna_minimises_eval_loss_over_local_trials(tmp_path):
 
 def test_optuna_maximises_another_objective(tmp_path):
     sweep = tmp_path / "sweep"
-    args = _optuna(sweep, "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize", "trainer.lr=interval(0.01,0.3)")
+    args = _optuna(
+        sweep, "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize", "trainer.lr=interval(0.01,0.3)"
+    )
     proc = run_cli([*args, *ONE_EPOCH, "strategy=single", "objective=eval_accuracy"], timeout=600)
     assert_ok(proc)
     accuracies = [json.loads(p.read_text())["eval_accuracy"] for p in sweep.glob("*/summary.json")]
-    assert _yaml((sweep / "optimization_results.yaml").read_text())["best_value"] == pytest.approx(max(accuracies), rel=1e-9)
+    assert _yaml((sweep / "optimization_results.yaml").read_text())["best_value"] == pytest.approx(
+        max(accuracies), rel=1e-9
+    )
 
 
 def test_a_trial_that_fails_validation_does_not_end_the_study(tmp_path):
@@ -210,7 +244,13 @@ def test_a_trial_that_fails_validation_does_not_end_the_study(tmp_path):
     last point fails, so it is not used here.)
     """
     sweep = tmp_path / "sweep"
-    args = _optuna(sweep, "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1", "hydra.sweeper.max_failure_rate=1.0", "trainer.batch_size=choice(31,32)")
+    args = _optuna(
+        sweep,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "trainer.batch_size=choice(31,32)",
+    )
     proc = run_cli([*args, *ONE_EPOCH, "strategy=ddp", "resources.gpus_per_node=2"], timeout=600)
     assert_ok(proc)
     assert "`trainer.batch_size`" in proc.stdout + proc.stderr
@@ -222,7 +262,15 @@ def test_a_trial_that_fails_validation_does_not_end_the_study(tmp_path):
 
 def test_a_null_objective_fails_the_trial_naming_objective(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli([*_optuna(sweep, "hydra.sweeper.n_trials=1", "seed=choice(0,1)"), *ONE_EPOCH, "strategy=single", "trainer.eval=false"], timeout=600)
+    proc = run_cli(
+        [
+            *_optuna(sweep, "hydra.sweeper.n_trials=1", "seed=choice(0,1)"),
+            *ONE_EPOCH,
+            "strategy=single",
+            "trainer.eval=false",
+        ],
+        timeout=600,
+    )
     assert proc.returncode != 0
     assert "`objective`" in proc.stderr and "eval_loss=None" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -238,7 +286,9 @@ def test_a_dry_run_is_refused_under_a_sweeper_that_optimises(tmp_path):
 def test_config_path_and_name_pick_another_primary_config(tmp_path):
     """-cp/-cn: a user's own primary config that starts from the shipped one."""
     (tmp_path / "exp.yaml").write_text("defaults:\n  - config\n  - _self_\n\nseed: 42\n")
-    proc = run_cli(["-cp", str(tmp_path), "-cn", "exp", "hydra.searchpath=[pkg://hpc_train.conf]", "--cfg", "job", "-p", "seed"])
+    proc = run_cli(
+        ["-cp", str(tmp_path), "-cn", "exp", "hydra.searchpath=[pkg://hpc_train.conf]", "--cfg", "job", "-p", "seed"]
+    )
     assert_ok(proc)
     assert proc.stdout.strip().splitlines()[-1] == "42"
 

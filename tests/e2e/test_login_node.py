@@ -41,7 +41,11 @@ LAUNCH_MODULES = [
 
 
 def test_launch_side_does_not_import_torch():
-    code = "import sys\n" + "".join(f"import {m}\n" for m in LAUNCH_MODULES) + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in LAUNCH_MODULES)
+        + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
+    )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -92,7 +96,9 @@ def test_the_command_does_not_load_the_python_api_but_the_package_root_still_exp
         "try:\n    hpc_train.not_a_name\nexcept AttributeError as err:\n    print('OK', err)\n"
     )
     proc = run_python(code)
-    assert proc.returncode == 0 and "OK module 'hpc_train' has no attribute 'not_a_name'" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "OK module 'hpc_train' has no attribute 'not_a_name'" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
 
 
 def test_the_python_api_leaves_the_callers_garbage_collector_alone():
@@ -135,7 +141,13 @@ def run_without_slurm(args, tmp_path) -> subprocess.CompletedProcess:
     from pathlib import Path
 
     env = {"PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": "", "HOME": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={tmp_path}/run"], capture_output=True, text=True, cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={tmp_path}/run"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
 
 
 def test_slurm_dry_run_renders_the_script_without_slurm_installed(tmp_path):
@@ -148,15 +160,26 @@ def test_slurm_dry_run_renders_the_script_without_slurm_installed(tmp_path):
 def test_slurm_submission_without_slurm_commands_is_refused_clearly(tmp_path):
     proc = run_without_slurm(["launcher=slurm"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "`launcher`" in proc.stderr and "`sbatch` and `srun` are not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
+    assert (
+        "`launcher`" in proc.stderr
+        and "`sbatch` and `srun` are not on PATH" in proc.stderr
+        and "dry_run=true" in proc.stderr
+    )
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "job_config.yaml").exists()
 
 
 def test_capacity_check_is_skipped_without_slurm(tmp_path):
     """Without sinfo nothing is known about the nodes: the dry run renders any size, as before."""
-    proc = run_without_slurm(["launcher=slurm", "resources.gpus_per_node=64", "cluster.cpus_per_gpu=64", "trainer.batch_size=64", "dry_run=true"], tmp_path)
+    proc = run_without_slurm(
+        [
+            "launcher=slurm",
+            "resources.gpus_per_node=64",
+            "cluster.cpus_per_gpu=64",
+            "trainer.batch_size=64",
+            "dry_run=true",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "#SBATCH --gres=gpu:64" in proc.stdout and "#SBATCH --cpus-per-task=64" in proc.stdout
-
-

@@ -133,7 +133,13 @@ def test_a_mesh_checkpoint_exports_to_one_ordinary_state_dict(tp_checkpoint, tmp
 def test_a_plan_pattern_that_matches_no_module_is_refused_at_start_naming_it(tmp_path):
     run_dir = tmp_path / "run"
     proc = run_cli(
-        [*TRAIN, *TP, "resources.gpus_per_node=2", "strategy.dp_shard=1", "strategy.tp_plan={output:colwise_gather,attn_out:rowwise}"],
+        [
+            *TRAIN,
+            *TP,
+            "resources.gpus_per_node=2",
+            "strategy.dp_shard=1",
+            "strategy.tp_plan={output:colwise_gather,attn_out:rowwise}",
+        ],
         run_dir,
         cwd=PROJECT,
     )
@@ -144,7 +150,9 @@ def test_a_plan_pattern_that_matches_no_module_is_refused_at_start_naming_it(tmp
 
 
 def test_more_pipeline_stages_than_blocks_are_refused_at_start_naming_strategy_pp(tmp_path):
-    proc = run_cli([*TRAIN, "strategy=mesh", "strategy.pp=4", "resources.gpus_per_node=4"], tmp_path / "run", cwd=PROJECT)
+    proc = run_cli(
+        [*TRAIN, "strategy=mesh", "strategy.pp=4", "resources.gpus_per_node=4"], tmp_path / "run", cwd=PROJECT
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "`strategy.pp`: Transformer's block list 'layers' has 2 blocks to cut, fewer than 4 stages." in proc.stdout
     assert "Fix: use at most strategy.pp=2" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

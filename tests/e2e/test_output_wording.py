@@ -30,4 +30,7 @@ def test_local_sweep_prints_one_prefix_and_ends_with_the_report_command(tmp_path
     assert_ok(proc)
     job_lines = [line for line in proc.stdout.splitlines() if "#0" in line or "#1" in line]
     assert len(job_lines) == 2 and all(line.startswith("hpc-train: sweep job #") for line in job_lines), job_lines
-    assert proc.stdout.rstrip().splitlines()[-1] == f"hpc-train: sweep dir {sweep}; compare its jobs with: hpc-train-report {sweep}"
+    assert (
+        proc.stdout.rstrip().splitlines()[-1]
+        == f"hpc-train: sweep dir {sweep}; compare its jobs with: hpc-train-report {sweep}"
+    )

@@ -25,7 +25,6 @@ from tests.support.cli import (
     TINY,
     assert_bit_identical,
     assert_ok,
-    checkpoint_steps,
     final_weights,
     kill9_after_checkpoints,
     read_summary,
@@ -60,11 +59,25 @@ def warmup_cosine(step: int, lr: float, min_lr: float, warmup: int, total: int) 
 
 def test_lr_follows_warmup_then_cosine_to_min_lr_in_every_group(tmp_path):
     run = tmp_path / "run"
-    assert_ok(run_cli([
-        *TINY, *STEPS, "strategy=single", "trainer.max_steps=12", "trainer.log_every=1", ADAMW_BETAS,
-        "trainer.lr_schedule=cosine", "trainer.lr=0.1", "trainer.min_lr=0.01", "trainer.lr_warmup_steps=3",
-        "trainer.param_groups=no_decay_1d", "trainer.weight_decay=0.1",
-    ], run))
+    assert_ok(
+        run_cli(
+            [
+                *TINY,
+                *STEPS,
+                "strategy=single",
+                "trainer.max_steps=12",
+                "trainer.log_every=1",
+                ADAMW_BETAS,
+                "trainer.lr_schedule=cosine",
+                "trainer.lr=0.1",
+                "trainer.min_lr=0.01",
+                "trainer.lr_warmup_steps=3",
+                "trainer.param_groups=no_decay_1d",
+                "trainer.weight_decay=0.1",
+            ],
+            run,
+        )
+    )
     logged = rows(run)
     assert [r["step"] for r in logged] == list(range(1, 13))
     for r in logged:
@@ -78,11 +91,20 @@ def test_lr_follows_warmup_then_cosine_to_min_lr_in_every_group(tmp_path):
 
 def test_a_torch_scheduler_and_the_users_own_groups(tmp_path):
     run = tmp_path / "run"
-    assert_ok(run_cli([
-        *TINY, *STEPS, "strategy=single", "trainer.max_steps=7", "trainer.log_every=1",
-        "trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3,gamma:0.5}",
-        "trainer.param_groups={_target_:tests.support.recipe_parts.halve_first_layer,_partial_:true}",
-    ], run))
+    assert_ok(
+        run_cli(
+            [
+                *TINY,
+                *STEPS,
+                "strategy=single",
+                "trainer.max_steps=7",
+                "trainer.log_every=1",
+                "trainer.lr_schedule={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:3,gamma:0.5}",
+                "trainer.param_groups={_target_:tests.support.recipe_parts.halve_first_layer,_partial_:true}",
+            ],
+            run,
+        )
+    )
     for r in rows(run):
         assert r["lr"] == pytest.approx(0.1 * 0.5 ** (r["step"] // 3), abs=1e-9)
         assert r["lr_group1"] == pytest.approx(0.025 * 0.5 ** (r["step"] // 3), abs=1e-9)
@@ -91,8 +113,13 @@ def test_a_torch_scheduler_and_the_users_own_groups(tmp_path):
 def test_no_decay_1d_leaves_biases_alone(tmp_path):
     """A loss with zero gradient: only AdamW's decoupled weight decay moves parameters, by (1 - lr * wd) a step."""
     common = [
-        *TINY, *STEPS, "strategy=single", "trainer.optimizer=adamw", "trainer.weight_decay=0.5",
-        "trainer.loss._target_=tests.support.recipe_parts.zero_loss", "+trainer.loss._partial_=true",
+        *TINY,
+        *STEPS,
+        "strategy=single",
+        "trainer.optimizer=adamw",
+        "trainer.weight_decay=0.5",
+        "trainer.loss._target_=tests.support.recipe_parts.zero_loss",
+        "+trainer.loss._partial_=true",
     ]
     weights = {}
     for groups, steps in (("no_decay_1d", 1), ("no_decay_1d", 3), ("single", 3)):
@@ -109,18 +136,30 @@ def test_no_decay_1d_leaves_biases_alone(tmp_path):
 
 
 def test_a_bad_optimizer_argument_is_refused_naming_the_key(tmp_path):
-    proc = run_cli([
-        *TINY, *STEPS, "strategy=single", "trainer.max_steps=2",
-        "trainer.optimizer={_target_:torch.optim.AdamW,_partial_:true,betaz:[0.9,0.99]}",
-    ], tmp_path / "run")
+    proc = run_cli(
+        [
+            *TINY,
+            *STEPS,
+            "strategy=single",
+            "trainer.max_steps=2",
+            "trainer.optimizer={_target_:torch.optim.AdamW,_partial_:true,betaz:[0.9,0.99]}",
+        ],
+        tmp_path / "run",
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "`trainer.optimizer`" in proc.stdout + proc.stderr and "betaz" in proc.stdout + proc.stderr
 
 
 # -- gradient norm and clipping ------------------------------------------------------------------
 ONE_FULL_BATCH = [
-    *TINY, *STEPS, "data.num_samples=64", "trainer.batch_size=64", "trainer.max_steps=1", "trainer.log_every=1",
-    "trainer.momentum=0", "trainer.lr=1.0",
+    *TINY,
+    *STEPS,
+    "data.num_samples=64",
+    "trainer.batch_size=64",
+    "trainer.max_steps=1",
+    "trainer.log_every=1",
+    "trainer.momentum=0",
+    "trainer.lr=1.0",
 ]
 
 
@@ -136,7 +175,8 @@ def reference_gradients():
 
 
 @pytest.mark.parametrize(
-    "name, strategy", [("single", ["strategy=single"]), ("ddp-2", DDP2), ("fsdp-2", FSDP2), ("pipelining-2", PIPELINING2)]
+    "name, strategy",
+    [("single", ["strategy=single"]), ("ddp-2", DDP2), ("fsdp-2", FSDP2), ("pipelining-2", PIPELINING2)],
 )
 def test_grad_norm_is_the_whole_models_and_clipping_bounds_it(name, strategy, tmp_path):
     initial, norm = reference_gradients()
@@ -148,7 +188,9 @@ def test_grad_norm_is_the_whole_models_and_clipping_bounds_it(name, strategy, tm
     if name != "pipelining-2":  # (its weights are saved per stage)
         # SGD without momentum at lr 1: the update is minus the clipped gradient, whose norm is at most `clip`.
         final = final_weights(run)
-        update = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(final[k] - initial[k]) for k in initial]))
+        update = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(final[k] - initial[k]) for k in initial])
+        )
         assert float(update) == pytest.approx(clip, rel=1e-5)
 
 
@@ -183,10 +225,23 @@ def test_accumulation_trains_as_one_big_batch(accumulated, name, reference):
 def test_a_whole_recipe_resumes_bit_identically_after_kill_9(tmp_path):
     """Accumulation, clipping, a user optimizer with groups, cosine to min_lr, eval cadence and EMA, on 2 ranks."""
     args = [
-        *TINY, *DDP2, "trainer.epochs=null", "trainer.max_steps=24", "trainer.checkpoint_every=4",
-        "trainer.batch_size=32", "trainer.grad_accum_steps=2", "trainer.ema_decay=0.9", "trainer.grad_clip=1.0",
-        "trainer.eval_every=8", "trainer.eval_batches=1", ADAMW_BETAS, "trainer.param_groups=no_decay_1d",
-        "trainer.weight_decay=0.1", "trainer.lr_schedule=cosine", "trainer.min_lr=0.01", "trainer.lr_warmup_steps=3",
+        *TINY,
+        *DDP2,
+        "trainer.epochs=null",
+        "trainer.max_steps=24",
+        "trainer.checkpoint_every=4",
+        "trainer.batch_size=32",
+        "trainer.grad_accum_steps=2",
+        "trainer.ema_decay=0.9",
+        "trainer.grad_clip=1.0",
+        "trainer.eval_every=8",
+        "trainer.eval_batches=1",
+        ADAMW_BETAS,
+        "trainer.param_groups=no_decay_1d",
+        "trainer.weight_decay=0.1",
+        "trainer.lr_schedule=cosine",
+        "trainer.min_lr=0.01",
+        "trainer.lr_warmup_steps=3",
     ]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     assert_ok(run_cli(args, straight))
@@ -202,7 +257,9 @@ def test_a_whole_recipe_resumes_bit_identically_after_kill_9(tmp_path):
     exported = tmp_path / "ema.pt"
     export = subprocess.run(
         [sys.executable, "-m", "hpc_train.compute.checkpointing.export", "--ema", str(interrupted), str(exported)],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert export.returncode == 0, export.stderr
     assert all(torch.load(exported, weights_only=True)[k].equal(ema_a[k]) for k in ema_a)
@@ -210,8 +267,15 @@ def test_a_whole_recipe_resumes_bit_identically_after_kill_9(tmp_path):
 
 def test_fsdp_weight_average_survives_kill_9_and_exports(tmp_path):
     args = [
-        *TINY, *FSDP2, "trainer.epochs=null", "trainer.max_steps=20", "trainer.checkpoint_every=4",
-        "trainer.batch_size=32", "trainer.ema_decay=0.8", "trainer.eval_every=10", "trainer.eval_batches=1",
+        *TINY,
+        *FSDP2,
+        "trainer.epochs=null",
+        "trainer.max_steps=20",
+        "trainer.checkpoint_every=4",
+        "trainer.batch_size=32",
+        "trainer.ema_decay=0.8",
+        "trainer.eval_every=10",
+        "trainer.eval_batches=1",
     ]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     assert_ok(run_cli(args, straight))
@@ -221,7 +285,10 @@ def test_fsdp_weight_average_survives_kill_9_and_exports(tmp_path):
     for run in (straight, interrupted):
         out = tmp_path / f"{run.name}-ema.pt"
         proc = subprocess.run(
-            [sys.executable, "-m", "hpc_train.compute.checkpointing.export", "--ema", str(run), str(out)], capture_output=True, text=True, cwd=REPO
+            [sys.executable, "-m", "hpc_train.compute.checkpointing.export", "--ema", str(run), str(out)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
         )
         assert proc.returncode == 0, proc.stderr
         exported[run.name] = torch.load(out, weights_only=True)
@@ -237,10 +304,21 @@ def test_fsdp_weight_average_survives_kill_9_and_exports(tmp_path):
 # -- evaluation cadence ----------------------------------------------------------------------------
 def test_eval_every_n_steps_on_the_first_n_batches(tmp_path):
     run = tmp_path / "run"
-    assert_ok(run_cli([
-        *TINY, "trainer.epochs=null", "strategy=single", "trainer.max_steps=10", "trainer.batch_size=32",
-        "data.val_samples=256", "trainer.eval_every=4", "trainer.eval_batches=2",
-    ], run))
+    assert_ok(
+        run_cli(
+            [
+                *TINY,
+                "trainer.epochs=null",
+                "strategy=single",
+                "trainer.max_steps=10",
+                "trainer.batch_size=32",
+                "data.val_samples=256",
+                "trainer.eval_every=4",
+                "trainer.eval_batches=2",
+            ],
+            run,
+        )
+    )
     evals = rows(run, "eval")
     assert [r["step"] for r in evals] == [4, 8, 10]
     assert all(r["samples"] == 2 * 32 for r in evals)
@@ -249,11 +327,21 @@ def test_eval_every_n_steps_on_the_first_n_batches(tmp_path):
 
 def test_a_validation_stream_without_length_is_evaluated(tmp_path):
     run = tmp_path / "run"
-    assert_ok(run_cli([
-        *TINY, *DDP2, "trainer.epochs=null", "trainer.max_steps=6", "trainer.batch_size=16", "trainer.eval_every=3",
-        "trainer.eval_batches=3",
-        "data.val={_target_:tests.support.recipe_parts.SyntheticStream,num_samples:1000,image_size:8}",
-    ], run))
+    assert_ok(
+        run_cli(
+            [
+                *TINY,
+                *DDP2,
+                "trainer.epochs=null",
+                "trainer.max_steps=6",
+                "trainer.batch_size=16",
+                "trainer.eval_every=3",
+                "trainer.eval_batches=3",
+                "data.val={_target_:tests.support.recipe_parts.SyntheticStream,num_samples:1000,image_size:8}",
+            ],
+            run,
+        )
+    )
     evals = rows(run, "eval")
     assert [r["step"] for r in evals] == [3, 6]
     assert all(r["samples"] == 2 * 3 * 8 for r in evals)  # 2 ranks x 3 batches x 8 samples
@@ -262,10 +350,20 @@ def test_a_validation_stream_without_length_is_evaluated(tmp_path):
 # -- throughput -------------------------------------------------------------------------------------
 def test_tokens_per_sec_counts_every_ranks_tokens(tmp_path):
     run = tmp_path / "run"
-    assert_ok(run_cli([
-        *TINY, *DDP2, *STEPS, "trainer.max_steps=12", "trainer.batch_size=32", "objective=train_loss",
-        "trainer.step={_target_:tests.support.recipe_parts.step_with_tokens,_partial_:true}",
-    ], run))
+    assert_ok(
+        run_cli(
+            [
+                *TINY,
+                *DDP2,
+                *STEPS,
+                "trainer.max_steps=12",
+                "trainer.batch_size=32",
+                "objective=train_loss",
+                "trainer.step={_target_:tests.support.recipe_parts.step_with_tokens,_partial_:true}",
+            ],
+            run,
+        )
+    )
     summary = read_summary(run)
     assert summary["tokens_per_sec"] == pytest.approx(3 * summary["samples_per_sec"], rel=1e-9)
     assert rows(run)[-1]["tokens_per_sec"] > 0

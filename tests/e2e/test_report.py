@@ -32,7 +32,7 @@ def table(stdout: str) -> List[Dict[str, str]]:
     start = next(i for i, line in enumerate(lines) if line.startswith("job "))
     header = re.split(r"\s{2,}", lines[start].strip())
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip() or line.startswith("("):
             break
         rows.append(dict(zip(header, re.split(r"\s{2,}", line.strip()))))

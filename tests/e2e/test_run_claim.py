@@ -19,23 +19,32 @@ from hpc_train.records import run_claim
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 
-PACED = [*TINY, "strategy=single", "trainer.eval=false", "trainer.checkpoint_every=10",
-         "trainer.step={_target_:tests.support.paced_steps.paced,_partial_:true}"]  # 0.2 s a step
+PACED = [
+    *TINY,
+    "strategy=single",
+    "trainer.eval=false",
+    "trainer.checkpoint_every=10",
+    "trainer.step={_target_:tests.support.paced_steps.paced,_partial_:true}",
+]  # 0.2 s a step
 
 
 def launch(args: List[str], run_dir: Path) -> subprocess.Popen:
     """hpc-train in a session of its own (a second terminal), GPUs hidden."""
     command = [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def wait_for_step(run_dir: Path, step: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] if (
-            run_dir / "metrics.jsonl").exists() else []
+        rows = (
+            [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            if (run_dir / "metrics.jsonl").exists()
+            else []
+        )
         if any(isinstance(r.get("step"), int) and r["step"] >= step for r in rows):
             return
         assert time.monotonic() < deadline, f"no step {step} within {timeout} s"
@@ -81,9 +90,10 @@ def test_a_sigkilled_holder_is_taken_over_and_the_relaunch_resumes(tmp_path):
     again = run_cli([*PACED, "trainer.max_steps=30"], run_dir)
     assert_ok(again)
     said = again.stdout + again.stderr
-    assert re.search(rf"taking over run dir {re.escape(str(run_dir))} from pid {first.pid} on .*: its process \(pid"
-                     rf" {first.pid} on .*\) is gone", said), said
+    assert re.search(
+        rf"taking over run dir {re.escape(str(run_dir))} from pid {first.pid} on .*: its process \(pid"
+        rf" {first.pid} on .*\) is gone",
+        said,
+    ), said
     resumed = starts(run_dir)[-1]["resumed_from_step"]
     assert resumed is not None and resumed >= 10 and read_summary(run_dir)["global_step"] == 30
-
-

@@ -68,10 +68,18 @@ RENDER_CASES = {
     "generic": ["launcher=slurm", "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2"],
     "jean_zay": ["launcher=slurm", "cluster=jean_zay", "cluster.gpu_type=a100", "resources.time=30:00:00"],
     "usr1-gpus-per-node": [
-        "launcher=slurm", "launcher.signal=USR1", "launcher.signal_delay_s=45", "cluster.gpu_flag=gpus-per-node",
-        "cluster.mem_gb=64", "cluster.account=proj", "cluster.qos=short", "cluster.partition='gpu,gpu_big'",
-        "cluster.setup=['module load \"py torch\"','export X=1']", "+cluster.extra={exclusive: true, mail-type: END}",
-        "launcher.array_parallelism=3", "job_name=my.job+1",
+        "launcher=slurm",
+        "launcher.signal=USR1",
+        "launcher.signal_delay_s=45",
+        "cluster.gpu_flag=gpus-per-node",
+        "cluster.mem_gb=64",
+        "cluster.account=proj",
+        "cluster.qos=short",
+        "cluster.partition='gpu,gpu_big'",
+        "cluster.setup=['module load \"py torch\"','export X=1']",
+        "+cluster.extra={exclusive: true, mail-type: END}",
+        "launcher.array_parallelism=3",
+        "job_name=my.job+1",
     ],
 }
 
@@ -80,8 +88,8 @@ def _slurm_params(overrides: List[str], run_dir: Path) -> Dict:
     from hydra import compose, initialize_config_dir
 
     from hpc_train.conf import CONFIG_DIR
-    from hpc_train.launch.planning.plan import make_plan
     from hpc_train.launch.backends.slurm import slurm_parameters
+    from hpc_train.launch.planning.plan import make_plan
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=["dry_run=true", *TINY, *overrides])

@@ -21,7 +21,12 @@ def hpc_train(args: List[str], run_dir: Path, script: List[str], timeout: float 
 
 HF_SAMPLES, HF_PER_DEVICE = 32, 4
 
-HF_SCRIPT = [HF, "--output_dir=${hydra:runtime.output_dir}/hf", f"--samples={HF_SAMPLES}", f"--batch_size={HF_PER_DEVICE}"]
+HF_SCRIPT = [
+    HF,
+    "--output_dir=${hydra:runtime.output_dir}/hf",
+    f"--samples={HF_SAMPLES}",
+    f"--batch_size={HF_PER_DEVICE}",
+]
 
 
 def check_hf_run(run_dir: Path, per_node: int) -> List[Dict]:
@@ -36,7 +41,10 @@ def check_hf_run(run_dir: Path, per_node: int) -> List[Dict]:
         assert record["args_world_size"] == record["dist_world_size"] == 2
         assert record["dist_backend"] == "gloo" and record["parallel_mode"] == "ParallelMode.DISTRIBUTED"
         assert record["wrapped"] == "DistributedDataParallel"
-    assert ranks[0]["env"]["MASTER_ADDR"] == ranks[1]["env"]["MASTER_ADDR"] and ranks[0]["env"]["MASTER_PORT"] == ranks[1]["env"]["MASTER_PORT"]
+    assert (
+        ranks[0]["env"]["MASTER_ADDR"] == ranks[1]["env"]["MASTER_ADDR"]
+        and ranks[0]["env"]["MASTER_PORT"] == ranks[1]["env"]["MASTER_PORT"]
+    )
     # Each rank trained on its own half of the data, yet both end with the same weights: the gradients were all-reduced.
     seen = [set(record["samples_seen"]) for record in ranks]
     assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(HF_SAMPLES))
@@ -50,7 +58,9 @@ def check_hf_run(run_dir: Path, per_node: int) -> List[Dict]:
     assert summary["world_size"] == 2 and summary["attempts"] == 1
     assert summary["global_step"] == steps, "the script's log_metrics rows (rank 0's only) reach summary.json"
     assert summary["train_loss"] == [row for row in state["log_history"] if "loss" in row][-1]["loss"]
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(1, steps + 1))
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(
+        range(1, steps + 1)
+    )
     return ranks
 
 

@@ -29,13 +29,31 @@ SHOW_ENV = ["--", "../show_env.py"]
 OBJECTIVE = "script.objective_regex='val loss ([0-9.]+)'"
 # What torchrun sets (less its agent's TORCHELASTIC_*): none of it reaches a one-process layout's script.
 TORCHRUN_KEYS = {
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "NODE_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
 }
 # A login shell left over from a torchrun or an interactive allocation: none of it may reach the script.
 STALE_SHELL = dict(
-    RANK="7", LOCAL_RANK="3", WORLD_SIZE="9", LOCAL_WORLD_SIZE="9", GROUP_RANK="5", NODE_RANK="5",
-    MASTER_ADDR="nowhere", MASTER_PORT="1", TORCHELASTIC_ERROR_FILE="/nowhere/error.json", MY_OWN_SETTING="kept",
+    RANK="7",
+    LOCAL_RANK="3",
+    WORLD_SIZE="9",
+    LOCAL_WORLD_SIZE="9",
+    GROUP_RANK="5",
+    NODE_RANK="5",
+    MASTER_ADDR="nowhere",
+    MASTER_PORT="1",
+    TORCHELASTIC_ERROR_FILE="/nowhere/error.json",
+    MY_OWN_SETTING="kept",
 )
 
 
@@ -71,8 +89,17 @@ def test_each_layout_gives_the_script_what_python_or_torchrun_would(tmp_path):
             port = given.pop("MASTER_PORT")
             assert port.isdigit() and port != STALE_SHELL["MASTER_PORT"]
             assert given == dict(
-                RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", GROUP_WORLD_SIZE="1",
-                NODE_RANK="0", ROLE_RANK="0", ROLE_NAME="default", ROLE_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                RANK="0",
+                LOCAL_RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_WORLD_SIZE="1",
+                GROUP_RANK="0",
+                GROUP_WORLD_SIZE="1",
+                NODE_RANK="0",
+                ROLE_RANK="0",
+                ROLE_NAME="default",
+                ROLE_WORLD_SIZE="1",
+                MASTER_ADDR="127.0.0.1",
             )
 
 
@@ -116,9 +143,16 @@ def test_sweep_overrides_reach_the_script_typed_as_python_writes_them(tmp_path):
 def test_optuna_optimises_what_the_script_prints(tmp_path):
     sweep = tmp_path / "sweep"
     args = [
-        "-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=2",
-        f"hydra.sweep.dir={sweep}", "strategy=single", OBJECTIVE, "+script.overrides.max_iters=4",
-        "+script.overrides.learning_rate=interval(0.001,0.1)", *SCRIPT,
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=1",
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep}",
+        "strategy=single",
+        OBJECTIVE,
+        "+script.overrides.max_iters=4",
+        "+script.overrides.learning_rate=interval(0.001,0.1)",
+        *SCRIPT,
     ]
     assert_ok(run_cli(args, None, cwd=PROJECT, timeout=600))
     losses = [read_summary(path.parent)["eval_loss"] for path in sorted(sweep.glob("*/summary.json"))]

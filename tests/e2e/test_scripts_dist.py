@@ -124,7 +124,9 @@ def test_hydra_app_swept_with_key_equals_value_arguments(tmp_path):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert_ok(proc)
-    job_dirs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))  # .hpc_train: the launcher's own
+    job_dirs = sorted(
+        p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")
+    )  # .hpc_train: the launcher's own
     assert [p.name for p in job_dirs] == ["0", "1"], job_dirs
     lrs = []
     for job_dir in job_dirs:

@@ -43,7 +43,10 @@ ARGS = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every=5", "trainer.keep_c
 EVERY = 5
 LAYOUTS = {
     "ddp": ["strategy=ddp", "resources.gpus_per_node=2"],
-    "fsdp": ["strategy=fsdp", "resources.gpus_per_node=2"],  # sharded checkpoints: every rank writes (checkpointing/dcp_save.py)
+    "fsdp": [
+        "strategy=fsdp",
+        "resources.gpus_per_node=2",
+    ],  # sharded checkpoints: every rank writes (checkpointing/dcp_save.py)
 }
 SLOW_WRITE_S = 3.0  # each checkpoint write pauses this long half-way
 # From the signal to the exit: the write in progress, the rest of the step, the stop, the processes'
@@ -132,7 +135,9 @@ def wchan(pid: int) -> Optional[str]:
     return value if value not in ("", "0") else None
 
 
-def signal_during_a_checkpoint_write(args: List[str], run_dir: Path, signum: int, stderr_path: Path, slow_s: float = SLOW_WRITE_S):
+def signal_during_a_checkpoint_write(
+    args: List[str], run_dir: Path, signum: int, stderr_path: Path, slow_s: float = SLOW_WRITE_S
+):
     """Start the run with slow checkpoint writes, send `signum` to the launcher while the first one
     is half-written; returns (exit code, the step being written, seconds from the signal to the exit,
     the wall time of the signal)."""
@@ -182,7 +187,9 @@ def stop_checkpoints(run_dir: Path, writing: int, layout: str, background: bool)
     [("ddp", signal.SIGUSR2, True), ("ddp", signal.SIGTERM, False), ("fsdp", signal.SIGUSR2, True)],
     ids=["ddp-SIGUSR2-background", "ddp-SIGTERM-in-the-loop", "fsdp-SIGUSR2-background"],
 )
-def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_identical(layout, signum, background, reference, tmp_path):
+def test_a_stop_signal_during_a_checkpoint_write_stops_after_it_and_resumes_bit_identical(
+    layout, signum, background, reference, tmp_path
+):
     args = [*ARGS, *LAYOUTS[layout], f"trainer.async_checkpoint={str(background).lower()}"]
     run_dir = tmp_path / "run"
     said = tmp_path / "launcher.err"
@@ -214,7 +221,9 @@ def test_a_checkpoint_write_longer_than_the_stop_grace_is_not_cut_short(tmp_path
     args = [*ARGS, *LAYOUTS["ddp"], "trainer.stop_grace_s=2"]
     run_dir = tmp_path / "run"
     said = tmp_path / "launcher.err"
-    code, writing, _, _ = signal_during_a_checkpoint_write(args, run_dir, signal.SIGUSR2, said, slow_s=6.0)  # 3 x the grace
+    code, writing, _, _ = signal_during_a_checkpoint_write(
+        args, run_dir, signal.SIGUSR2, said, slow_s=6.0
+    )  # 3 x the grace
     for rank_said in (said.read_text(), (run_dir / "logs" / "rank1.out").read_text()):
         assert "stopping now" not in rank_said and "Traceback" not in rank_said, rank_said
     assert code == 3
@@ -223,7 +232,9 @@ def test_a_checkpoint_write_longer_than_the_stop_grace_is_not_cut_short(tmp_path
     assert end["how"] == "stop signal (SIGUSR2)" and end["step"] == stopped_at, end
 
 
-def test_a_stop_signal_while_rank_0_waits_in_a_collective_stops_at_that_step_and_resumes_bit_identical(reference, tmp_path):
+def test_a_stop_signal_while_rank_0_waits_in_a_collective_stops_at_that_step_and_resumes_bit_identical(
+    reference, tmp_path
+):
     args = [*ARGS, *LAYOUTS["ddp"]]
     run_dir = tmp_path / "run"
     said = tmp_path / "launcher.err"

@@ -106,12 +106,23 @@ def test_only_rank_zero_writes_outputs(runs):
 
 def test_summary_fields(losses):
     summary = losses["ddp-2"]
-    for key in ("strategy", "world_size", "global_step", "train_loss", "eval_accuracy", "samples_per_sec", "images_per_sec", "resumed_from_step"):
+    for key in (
+        "strategy",
+        "world_size",
+        "global_step",
+        "train_loss",
+        "eval_accuracy",
+        "samples_per_sec",
+        "images_per_sec",
+        "resumed_from_step",
+    ):
         assert key in summary
     assert summary["strategy"] == "ddp"
     assert summary["eval_accuracy"] is None  # eval was off
     assert summary["resumed_from_step"] is None
-    assert summary["samples_per_sec"] > 0 and summary["images_per_sec"] == summary["samples_per_sec"]  # the old name, kept
+    assert (
+        summary["samples_per_sec"] > 0 and summary["images_per_sec"] == summary["samples_per_sec"]
+    )  # the old name, kept
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if n != "single"])

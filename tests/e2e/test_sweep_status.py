@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import REPO, SCRIPTS
@@ -26,16 +25,30 @@ def test_a_refused_sweep_is_reported_refused_and_the_watch_ends(tmp_path):
     assert proc.returncode == 2
     watched = report(str(sweep_dir), "--watch", "--every", "0.2")
     assert watched.returncode == 1
-    assert "this sweep was refused before anything ran: hpc-train: invalid configuration for `trainer.lr`" in watched.stdout
+    assert (
+        "this sweep was refused before anything ran: hpc-train: invalid configuration for `trainer.lr`"
+        in watched.stdout
+    )
     plain = report(str(sweep_dir), "--no-png")
     assert plain.returncode == 1 and "this sweep was refused before anything ran" in plain.stderr
 
 
 def test_a_local_sweep_whose_launcher_was_killed_is_reported_abandoned(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    command = [sys.executable, "-m", "hpc_train.cli", "-m", *TINY, "trainer.epochs=50", "seed=1,2,3", f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *TINY,
+        "trainer.epochs=50",
+        "seed=1,2,3",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").exists(), 120, "the first job to train")
     finally:
@@ -49,7 +62,9 @@ def test_a_local_sweep_whose_launcher_was_killed_is_reported_abandoned(tmp_path)
 
 def test_a_finished_sweep_is_not_taken_for_abandoned(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(["-m", *TINY, "trainer.max_steps=2", "trainer.epochs=null", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"])
+    proc = run_cli(
+        ["-m", *TINY, "trainer.max_steps=2", "trainer.epochs=null", "seed=1,2", f"hydra.sweep.dir={sweep_dir}"]
+    )
     assert proc.returncode == 0, proc.stderr
     watched = report(str(sweep_dir), "--watch", "--every", "0.2")
     assert watched.returncode == 0 and "gone" not in watched.stdout and "refused" not in watched.stdout
@@ -60,8 +75,15 @@ def test_a_local_app_sweep_is_reported_job_by_job_and_a_killed_job_is_failed(tmp
     jobs' result files (a job whose process is gone without one is FAILED), --watch ends, --rerun-failed is refused."""
     sweep_dir = tmp_path / "sweep"
     app = SCRIPTS / "plain_app"
-    command = [sys.executable, "my_app.py", "-m", "hydra/launcher=hpc_train_local", "fail=false,true", "sleep_s=0,300",
-               f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "my_app.py",
+        "-m",
+        "hydra/launcher=hpc_train_local",
+        "fail=false,true",
+        "sleep_s=0,300",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     launcher = subprocess.Popen(command, cwd=app, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (sweep_dir / "1" / "attempts.txt").exists(), 60, "the sleeping job to start")

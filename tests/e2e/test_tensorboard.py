@@ -32,18 +32,27 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path):
     assert [r["step"] for r in train] == [4, 8, 12] and len(evals) == 1
     found = scalars(run_dir / "tensorboard")
     assert set(found) == {
-        "train/loss", "train/lr", "train/grad_norm", "train/samples_per_sec", "eval/accuracy", "eval/loss"
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/samples_per_sec",
+        "eval/accuracy",
+        "eval/loss",
     }  # every number of a record ("samples", the evaluation's count, is not a scalar to plot)
     assert [v for _, v in found["train/grad_norm"]] == pytest.approx([r["grad_norm"] for r in train], rel=1e-6)
     assert [s for s, _ in found["train/loss"]] == [4, 8, 12]
-    assert [v for _, v in found["train/loss"]] == pytest.approx([r["loss"] for r in train], rel=1e-6)  # stored as float32
+    assert [v for _, v in found["train/loss"]] == pytest.approx(
+        [r["loss"] for r in train], rel=1e-6
+    )  # stored as float32
     assert [v for _, v in found["train/lr"]] == pytest.approx([r["lr"] for r in train], rel=1e-6)
     assert found["eval/accuracy"] == [(12, pytest.approx(evals[0]["accuracy"], rel=1e-6))]
     assert found["train/loss"][-1][1] == pytest.approx(read_summary(run_dir)["train_loss"], rel=1e-6)
 
 
 def test_absolute_log_dir(tmp_path):
-    proc = run_cli([*TRAIN, "strategy=single", "logger=tensorboard", f"logger.log_dir={tmp_path / 'tb'}"], tmp_path / "run")
+    proc = run_cli(
+        [*TRAIN, "strategy=single", "logger=tensorboard", f"logger.log_dir={tmp_path / 'tb'}"], tmp_path / "run"
+    )
     assert_ok(proc)
     assert [s for s, _ in scalars(tmp_path / "tb")["train/loss"]] == [4, 8, 12]
     assert not (tmp_path / "run" / "tensorboard").exists()
@@ -68,7 +77,11 @@ def test_missing_tensorboard_is_refused_before_anything_runs(launcher, tmp_path)
     assert "invalid configuration for `logger`" in proc.stderr
     assert "pip install 'hpc-train[tensorboard]'" in proc.stderr and "logger=jsonl" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "slurm").exists() and not (run_dir / "logs").exists()
+    assert (
+        not (run_dir / "job_config.yaml").exists()
+        and not (run_dir / "slurm").exists()
+        and not (run_dir / "logs").exists()
+    )
 
 
 def test_unknown_logger_is_refused(tmp_path):

@@ -24,7 +24,12 @@ JOB = [*TINY, "strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1", "
 
 def quiet_env(**extra: str) -> Dict[str, str]:
     """CPU workers, one thread each (torchrun's default), no rank variables leaking in from outside."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "TORCHELASTIC_", "SUBMITIT_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", **extra)
     return env
 
@@ -67,14 +72,18 @@ def test_torchrun_without_a_run_id_needs_hydra_run_dir(tmp_path):
     # A static rendezvous (here: an explicit --master-port) gives the run id "none": nothing to name a shared dir after.
     proc = torchrun(["--nproc_per_node=2", f"--master-port={free_port()}"], JOB, cwd=tmp_path, timeout=120)
     assert proc.returncode != 0
-    assert "torchrun" in proc.stderr and "hydra.run.dir=" in proc.stderr and "hpc-train directly" in proc.stderr, proc.stderr
+    assert "torchrun" in proc.stderr and "hydra.run.dir=" in proc.stderr and "hpc-train directly" in proc.stderr, (
+        proc.stderr
+    )
     assert proc.stderr.count("invalid configuration for `hydra.run.dir`") == 1  # said once, not by every rank
     assert "hpc_train/" not in proc.stderr  # no traceback from our code (torchrun prints its own)
     assert not (tmp_path / "outputs").exists()
 
 
 def test_torchrun_world_must_match_the_plan(tmp_path):
-    proc = torchrun(["--standalone", "--nproc_per_node=3"], [*JOB, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
+    proc = torchrun(
+        ["--standalone", "--nproc_per_node=3"], [*JOB, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120
+    )
     assert proc.returncode != 0
     assert "`resources.gpus_per_node`" in proc.stderr and "--nproc_per_node=2" in proc.stderr, proc.stderr
     assert proc.stderr.count("invalid configuration for") == 1 and "hpc_train/" not in proc.stderr, proc.stderr
@@ -88,8 +97,17 @@ def test_worker_alone_for_a_job_planned_for_two_ranks_is_refused(reference, tmp_
     spec["job"]["run_dir"] = str(tmp_path / "run")
     config = tmp_path / "job_config.yaml"
     config.write_text(yaml.safe_dump(spec))
-    env = quiet_env(SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_JOB_NODELIST="localhost")  # a batch script's own shell
-    proc = subprocess.run([sys.executable, "-m", "hpc_train.compute.worker", str(config)], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    env = quiet_env(
+        SLURM_JOB_ID="4242", SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_JOB_NODELIST="localhost"
+    )  # a batch script's own shell
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train.compute.worker", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     output = proc.stdout + proc.stderr
     assert "planned for 2 rank(s), but this process is rank 0 of 1" in output and "srun -n 2" in output, output

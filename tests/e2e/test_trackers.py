@@ -211,8 +211,14 @@ def test_tensorboard_and_mlflow_at_once(tmp_path):
 
     run_dir = tmp_path / "run"
     proc = run_cli(
-        [*TRAIN, "trainer.max_steps=12", "trainer.log_every=4", "logger=[tensorboard,mlflow]", "logger.log_model=true",
-         "logger.experiment=tiny"],
+        [
+            *TRAIN,
+            "trainer.max_steps=12",
+            "trainer.log_every=4",
+            "logger=[tensorboard,mlflow]",
+            "logger.log_model=true",
+            "logger.experiment=tiny",
+        ],
         run_dir,
     )
     assert_ok(proc)
@@ -276,7 +282,9 @@ def test_several_loggers_compose_into_one_node():
     """Hydra's list syntax for a config group merges the options; `trackers` keeps every one."""
     proc = subprocess.run(
         [sys.executable, "-m", "hpc_train.cli", "--cfg", "job", "-p", "logger", "logger=[tensorboard,wandb,mlflow]"],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert_ok(proc)
     assert "trackers:\n  tensorboard: true\n  wandb: true\n  mlflow: true\n" in proc.stdout

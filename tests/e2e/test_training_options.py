@@ -30,9 +30,24 @@ def test_trainer_options_train(overrides, tmp_path):
 
 
 def test_lr_schedule_is_logged(tmp_path):
-    proc = run_cli([*TINY, *SHORT, "trainer.lr_schedule=step", "trainer.lr_step_every=2", "trainer.lr_step_gamma=0.5", "trainer.log_every=1", "trainer.lr=0.1"], tmp_path / "run")
+    proc = run_cli(
+        [
+            *TINY,
+            *SHORT,
+            "trainer.lr_schedule=step",
+            "trainer.lr_step_every=2",
+            "trainer.lr_step_gamma=0.5",
+            "trainer.log_every=1",
+            "trainer.lr=0.1",
+        ],
+        tmp_path / "run",
+    )
     assert_ok(proc)
-    lrs = [json.loads(line)["lr"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    lrs = [
+        json.loads(line)["lr"]
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        if '"train"' in line
+    ]
     assert lrs == pytest.approx([0.1, 0.05, 0.05, 0.025])  # lr after steps 1..4
 
 
@@ -44,7 +59,19 @@ def test_imagefolder_trains_and_evaluates(tmp_path):
             folder.mkdir(parents=True)
             for i in range(count):
                 Image.new("RGB", (40, 40), colour).save(folder / f"{i}.png")
-    proc = run_cli([*TINY_TRAINER, *SHORT, "data=imagefolder", f"data.root={root}", "data.num_classes=2", "data.image_size=16", "data.num_workers=0", "trainer.eval=true"], tmp_path / "run")
+    proc = run_cli(
+        [
+            *TINY_TRAINER,
+            *SHORT,
+            "data=imagefolder",
+            f"data.root={root}",
+            "data.num_classes=2",
+            "data.image_size=16",
+            "data.num_workers=0",
+            "trainer.eval=true",
+        ],
+        tmp_path / "run",
+    )
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
     assert summary["data"] == "imagefolder" and summary["global_step"] == 4

@@ -47,7 +47,11 @@ def loss_of(args, run_dir, cwd=None, **kwargs) -> float:
 
 @pytest.mark.parametrize(
     "name, args, cwd",
-    [("nanogpt", GPT + ["data=chars"], NANOGPT), ("nanogpt-stream", GPT + ["data=chars_stream"], NANOGPT), ("hf-gpt2", GPT2, HF)],
+    [
+        ("nanogpt", GPT + ["data=chars"], NANOGPT),
+        ("nanogpt-stream", GPT + ["data=chars_stream"], NANOGPT),
+        ("hf-gpt2", GPT2, HF),
+    ],
 )
 def test_language_models_train_the_same_under_single_and_ddp(name, args, cwd, tmp_path):
     """The stream's two ranks each read their half of every global batch (hpc_train.data_shard). The GPT also
@@ -73,7 +77,13 @@ def vit_single(tmp_path_factory):
         ["strategy=fsdp", "resources.gpus_per_node=2"],
         ["strategy=pipeline", "strategy.stages=2", "strategy.chunks=2"],
         ["strategy=pipeline", "strategy.split_points=[blocks.6]", "strategy.chunks=2"],
-        ["strategy=pipeline", "strategy.engine=pipelining", "strategy.split_points=[blocks.6]", "resources.gpus_per_node=2", "strategy.chunks=2"],
+        [
+            "strategy=pipeline",
+            "strategy.engine=pipelining",
+            "strategy.split_points=[blocks.6]",
+            "resources.gpus_per_node=2",
+            "strategy.chunks=2",
+        ],
     ],
     ids=["ddp", "fsdp", "pipeline-auto-2-stages", "pipeline-split-at-blocks.6", "pipelining-engine"],
 )
@@ -100,7 +110,9 @@ def test_dict_items_with_the_built_in_step_are_told_to_use_model_loss(tmp_path):
 
 
 def test_a_stream_without_a_length_needs_max_steps(tmp_path):
-    proc = run_cli([*GPT, "data=chars_stream", "trainer.max_steps=null", "strategy=single"], tmp_path / "run", cwd=NANOGPT)
+    proc = run_cli(
+        [*GPT, "data=chars_stream", "trainer.max_steps=null", "strategy=single"], tmp_path / "run", cwd=NANOGPT
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "`trainer.max_steps`" in out and "Fix:" in out and "Traceback" not in out, out
 
@@ -115,15 +127,31 @@ def test_nanogpt_trains_with_nanogpts_shakespeare_char_recipe(tmp_path):
 
     run = tmp_path / "run"
     short = [
-        "trainer.max_steps=20", "trainer.lr_warmup_steps=4", "trainer.eval_every=10", "trainer.eval_batches=2",
-        "trainer.batch_size=16", "trainer.log_every=5", "trainer.checkpoint_every=10", "trainer.progress=false",
+        "trainer.max_steps=20",
+        "trainer.lr_warmup_steps=4",
+        "trainer.eval_every=10",
+        "trainer.eval_batches=2",
+        "trainer.batch_size=16",
+        "trainer.log_every=5",
+        "trainer.checkpoint_every=10",
+        "trainer.progress=false",
     ]
-    assert_ok(run_cli(["--config-dir", "conf", "model=gpt", "data=chars", "trainer=shakespeare_char", *DDP, *short], run, cwd=NANOGPT))
+    assert_ok(
+        run_cli(
+            ["--config-dir", "conf", "model=gpt", "data=chars", "trainer=shakespeare_char", *DDP, *short],
+            run,
+            cwd=NANOGPT,
+        )
+    )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     for r in train:  # lr 1e-3, warm-up 4 steps, cosine to 1e-4 over 20 steps
         step = r["step"]
-        want = 1e-3 * (step + 1) / 4 if step < 4 else 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * min(1, (step - 4) / 16)))
+        want = (
+            1e-3 * (step + 1) / 4
+            if step < 4
+            else 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * min(1, (step - 4) / 16)))
+        )
         assert r["lr"] == pytest.approx(want, abs=1e-9) and r["lr_group1"] == r["lr"]
         assert r["grad_norm"] > 0
     assert [r["step"] for r in records if r["kind"] == "eval"] == [10, 20]
@@ -138,15 +166,31 @@ def test_nanogpt_trains_with_nanogpts_shakespeare_char_recipe(tmp_path):
 # 12 steps, a checkpoint every 3 (killed after the second), evaluation on: the resumed run must end
 # with the uninterrupted run's weights, bit for bit. The stream's 2048 windows / 16 = 128 steps an
 # epoch; with num_windows=96 an epoch is 6 steps, so the runs also cross epoch boundaries of the stream.
-RESUME = ["trainer.max_steps=12", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=5", "trainer.eval=true", "strategy=single"]
+RESUME = [
+    "trainer.max_steps=12",
+    "trainer.checkpoint_every=3",
+    "trainer.keep_checkpoints=5",
+    "trainer.eval=true",
+    "strategy=single",
+]
 
 
 @pytest.mark.parametrize(
     "name, args, cwd, says",
     [
         ("hf-dict-batches", [*GPT2, *RESUME], HF, None),
-        ("stream-without-state", [*GPT, "data=chars_stream_nostate", "data.train.num_windows=96", *RESUME], NANOGPT, "skipping the"),
-        ("stream-with-state-2-ranks", [*GPT, "data=chars_stream", "data.train.num_windows=96", *RESUME, *DDP], NANOGPT, None),
+        (
+            "stream-without-state",
+            [*GPT, "data=chars_stream_nostate", "data.train.num_windows=96", *RESUME],
+            NANOGPT,
+            "skipping the",
+        ),
+        (
+            "stream-with-state-2-ranks",
+            [*GPT, "data=chars_stream", "data.train.num_windows=96", *RESUME, *DDP],
+            NANOGPT,
+            None,
+        ),
     ],
 )
 def test_kill9_and_rerun_resumes_bit_identically(name, args, cwd, says, tmp_path):

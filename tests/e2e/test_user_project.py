@@ -20,7 +20,15 @@ from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 
 PROJECT = REPO / "examples" / "user_project"
-USER = ["--config-dir", "my_conf", "model=tinynet", "data=blobs", "trainer.progress=false", "trainer.lr_schedule=constant", "trainer.weight_decay=0"]
+USER = [
+    "--config-dir",
+    "my_conf",
+    "model=tinynet",
+    "data=blobs",
+    "trainer.progress=false",
+    "trainer.lr_schedule=constant",
+    "trainer.weight_decay=0",
+]
 assert USER[:2] == ["--config-dir", "my_conf"]  # Hydra's flags come before the overrides
 # 512 samples / batch 64 = 8 steps an epoch; 2 epochs.
 TRAIN = [*USER, "trainer.epochs=2", "trainer.batch_size=64", "trainer.lr=0.1"]
@@ -47,7 +55,12 @@ def single_run(tmp_path_factory):
         ["strategy=ddp", "resources.gpus_per_node=2"],
         ["strategy=pipeline", "strategy.split_points=[head]", "strategy.chunks=4"],
         ["strategy=model_parallel", "strategy.split_points=[mix,head]"],
-        ["strategy=pipeline", "strategy.engine=pipelining", "strategy.split_points=[head]", "resources.gpus_per_node=2"],
+        [
+            "strategy=pipeline",
+            "strategy.engine=pipelining",
+            "strategy.split_points=[head]",
+            "resources.gpus_per_node=2",
+        ],
     ],
     ids=["ddp", "pipeline-split-at-head", "model-parallel-3-stages", "pipelining-engine"],
 )
@@ -67,7 +80,10 @@ def test_the_python_api_runs_the_user_project_to_the_same_loss(single_run, tmp_p
 
     monkeypatch.chdir(PROJECT)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    overrides = [o for o in TRAIN if o not in ("--config-dir", "my_conf")] + ["strategy=ddp", "resources.gpus_per_node=2"]
+    overrides = [o for o in TRAIN if o not in ("--config-dir", "my_conf")] + [
+        "strategy=ddp",
+        "resources.gpus_per_node=2",
+    ]
     summary = hpc_train.run(overrides, config_dir=PROJECT / "my_conf", run_dir=tmp_path / "api", quiet=True)
     assert summary["model"] == "tinynet" and summary["world_size"] == 2
     assert summary["train_loss"] == pytest.approx(final_loss(single_run), rel=1e-4)
@@ -83,7 +99,11 @@ def test_kill9_and_rerun_is_bit_identical_with_the_user_model(single_run, tmp_pa
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
-        cwd=PROJECT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=PROJECT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         end = time.monotonic() + 120
@@ -99,16 +119,26 @@ def test_kill9_and_rerun_is_bit_identical_with_the_user_model(single_run, tmp_pa
     reference = torch.load(single_run / "model.pt", weights_only=True)
     resumed = torch.load(run_dir / "model.pt", weights_only=True)
     assert reference.keys() == resumed.keys()
-    assert all(torch.equal(reference[k], resumed[k]) for k in reference), "resumed weights differ from the uninterrupted run's"
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference), (
+        "resumed weights differ from the uninterrupted run's"
+    )
 
 
 @pytest.mark.parametrize(
     "overrides, key, where",
     [
-        (["model._target_=mynett.TinyNet"], "model._target_", "login"),  # no such package: refused before anything starts
+        (
+            ["model._target_=mynett.TinyNet"],
+            "model._target_",
+            "login",
+        ),  # no such package: refused before anything starts
         (["model._target_=mynet.TinyNett"], "model", "job"),  # the package exists, the class does not
         (["+model.widht=8"], "model", "job"),  # a keyword TinyNet does not take
-        (["data.dim=5", "model.in_features=8"], "data.train", "job"),  # the dataset yields 5 features, the model wants 8
+        (
+            ["data.dim=5", "model.in_features=8"],
+            "data.train",
+            "job",
+        ),  # the dataset yields 5 features, the model wants 8
         (["trainer.loss._target_=torch.nn.MSELoss"], "trainer.loss", "job"),  # (N, 4) outputs against (N,) labels
     ],
 )
@@ -127,9 +157,9 @@ def test_bad_user_code_is_refused_with_the_key_and_no_traceback(overrides, key, 
 def test_a_loss_function_with_partial_and_no_accuracy_for_regression(tmp_path):
     """Float targets and torch.nn.functional.mse_loss: eval_loss is reported, eval_accuracy is null."""
     loss = ["trainer.loss._target_=torch.nn.functional.mse_loss", "+trainer.loss._partial_=true"]
-    proc = run_user([*USER, "data=regression", *loss, "trainer.epochs=1", "strategy=single", "trainer.lr=0.01"], tmp_path / "run")
+    proc = run_user(
+        [*USER, "data=regression", *loss, "trainer.epochs=1", "strategy=single", "trainer.lr=0.01"], tmp_path / "run"
+    )
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
     assert summary["eval_loss"] is not None and summary["eval_accuracy"] is None
-
-

@@ -35,7 +35,10 @@ def sacct(job_id: str) -> dict:
     deadline = time.monotonic() + 60
     while True:
         out = subprocess.run(
-            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AllocTRES"], capture_output=True, text=True, check=True
+            ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,AllocTRES"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         if out:
             state, tres = out.splitlines()[0].split("|")
@@ -97,7 +100,14 @@ def test_a_job_no_node_can_hold_stops_the_sweep_before_anything_is_queued(slurm_
 def test_the_submitit_launchers_example_app_runs_by_changing_one_word(launcher, slurm_cluster, tmp_path):
     """The same app and config under hydra-submitit-launcher and under hpc_train: only hydra/launcher differs."""
     example = SCRIPTS / "submitit_example"
-    command = [sys.executable, "my_app.py", "-m", f"hydra/launcher={launcher}", "task=1,2,3", f"hydra.sweep.dir={tmp_path}"]
+    command = [
+        sys.executable,
+        "my_app.py",
+        "-m",
+        f"hydra/launcher={launcher}",
+        "task=1,2,3",
+        f"hydra.sweep.dir={tmp_path}",
+    ]
     proc = subprocess.run(command, cwd=example, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     records = [json.loads((tmp_path / str(n) / "job.json").read_text()) for n in range(3)]
@@ -115,7 +125,10 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     needed.write_text("now it is there")
     rerun = subprocess.run(
         [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--rerun-failed"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert rerun.returncode == 0, rerun.stderr
     assert "hpc-train-report: 1 job(s) resubmitted" in rerun.stdout
@@ -128,7 +141,10 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     assert seen["SLURM_JOB_ID"] == again["job_id"]
     none_left = subprocess.run(
         [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--rerun-failed"],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
 
@@ -142,7 +158,16 @@ def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_clu
     while hydra.launcher.max_num_timeout allows; the requeued attempt runs in the same job dir and the sweep
     ends with its result. A requeue from outside (a preemption) is followed the same way, said in one line."""
     sweep_dir = tmp_path / "sweep"
-    command = [sys.executable, "my_app.py", "-m", *SLURM, "hydra.launcher.max_num_timeout=1", "sleep_s=300", "gpus=2", f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "my_app.py",
+        "-m",
+        *SLURM,
+        "hydra.launcher.max_num_timeout=1",
+        "sleep_s=300",
+        "gpus=2",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     launcher = subprocess.Popen(command, cwd=APP, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         attempts = sweep_dir / "0" / "attempts.txt"
@@ -175,8 +200,12 @@ def test_a_cluster_profile_of_the_users_supplies_the_defaults(slurm_cluster, tmp
     )
     sweep_dir = tmp_path / "sweep"
     proc = sweep(
-        ["hydra/launcher=hpc_train_slurm", "hydra.launcher.timeout_min=5", f"hydra.launcher.cluster={profile}",
-         "hydra.launcher.gpus_per_node=2"],
+        [
+            "hydra/launcher=hpc_train_slurm",
+            "hydra.launcher.timeout_min=5",
+            f"hydra.launcher.cluster={profile}",
+            "hydra.launcher.gpus_per_node=2",
+        ],
         sweep_dir,
     )
     assert proc.returncode == 0, proc.stderr
@@ -193,7 +222,12 @@ def test_a_big_app_sweep_is_cut_into_arrays_under_max_array_size(slurm_cluster, 
 
     sweep_dir = tmp_path / "sweep"
     sizes = sweep_sizes(jobs)
-    args = [*SLURM, "hydra.launcher.wait=false", "+hydra.launcher.additional_parameters={hold:true}", f"gpus=range(1,{jobs + 1})"]
+    args = [
+        *SLURM,
+        "hydra.launcher.wait=false",
+        "+hydra.launcher.additional_parameters={hold:true}",
+        f"gpus=range(1,{jobs + 1})",
+    ]
     proc = sweep(args, sweep_dir)
     rows = job_table(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
     arrays = sorted({row["job_id"].split("_")[0] for row in rows}, key=int)
@@ -222,7 +256,10 @@ def test_the_report_of_an_app_sweep_shows_each_jobs_state_and_return_value(slurm
     for row in job_table(sweep_dir):
         sacct(row["job_id"])  # ended
     shown = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--json"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert shown.returncode == 0, shown.stderr
     found = json.loads(shown.stdout)

@@ -23,7 +23,14 @@ from tests.support.slurm import scontrol_job, wait_for_job_end
 pytestmark = pytest.mark.slurm
 
 # A global batch of 24 splits over 2, 3 and 4 ranks (every count of the range is checked before submitting).
-TRAIN = [*TINY, "trainer.epochs=null", "trainer.max_steps=12", "trainer.eval=false", "trainer.batch_size=24", "trainer.checkpoint_every=2"]
+TRAIN = [
+    *TINY,
+    "trainer.epochs=null",
+    "trainer.max_steps=12",
+    "trainer.eval=false",
+    "trainer.batch_size=24",
+    "trainer.checkpoint_every=2",
+]
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=ddp", "resources.gpus_per_node=1"]
 
 
@@ -34,13 +41,17 @@ def submit(args, run_dir: Path, **env_extra) -> str:
 
 
 def idle_nodes() -> int:
-    out = subprocess.run(["sinfo", "-h", "-p", "debug", "-t", "idle", "-o", "%D"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", "debug", "-t", "idle", "-o", "%D"], capture_output=True, text=True, check=True
+    ).stdout
     return sum(int(n) for n in out.split())
 
 
 def runs_of(job: str):
     """(nodes, state) of each run of the job, requeued ones included, from accounting."""
-    out = subprocess.run(["sacct", "-j", job, "-D", "-X", "-n", "-P", "-o", "NNodes,State"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-j", job, "-D", "-X", "-n", "-P", "-o", "NNodes,State"], capture_output=True, text=True, check=True
+    ).stdout
     return [(int(nodes), state.split()[0]) for nodes, state in (line.split("|") for line in out.split())]
 
 
@@ -55,12 +66,31 @@ def four_nodes(slurm_cluster, tmp_path_factory):
 
 def test_a_range_starts_on_the_free_nodes_and_resumes_on_more_after_a_requeue(four_nodes, tmp_path):
     run_dir = tmp_path / "run"
-    holder = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", "-p", "debug", "-J", "hold-two-nodes", "--time=5", "--wrap", "sleep 600"], capture_output=True, text=True, check=True).stdout.strip()
+    holder = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-N2",
+            "--exclusive",
+            "-p",
+            "debug",
+            "-J",
+            "hold-two-nodes",
+            "--time=5",
+            "--wrap",
+            "sleep 600",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     job = None
     try:
         wait_for(lambda: scontrol_job(holder).get("JobState") == "RUNNING", 60, "the holding job to run")
         job = submit(["resources.nodes=2-4"], run_dir, HPC_TRAIN_STEP_SLEEP="0.5")
-        wait_for(lambda: scontrol_job(job).get("JobState") == "RUNNING", 60, "the flexible job to start on the free nodes")
+        wait_for(
+            lambda: scontrol_job(job).get("JobState") == "RUNNING", 60, "the flexible job to start on the free nodes"
+        )
         fields = scontrol_job(job)
         assert fields["NumNodes"] == "2" and fields["NumTasks"] == "2", fields
         wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "its first checkpoint")
@@ -68,7 +98,11 @@ def test_a_range_starts_on_the_free_nodes_and_resumes_on_more_after_a_requeue(fo
         subprocess.run(["scancel", holder], check=True)
         wait_for_job_end(holder, timeout=60)
         subprocess.run(["scontrol", "requeuehold", job], check=True)
-        wait_for(lambda: scontrol_job(job).get("JobState") == "PENDING" and idle_nodes() == 4, 90, "the job held and all 4 nodes idle")
+        wait_for(
+            lambda: scontrol_job(job).get("JobState") == "PENDING" and idle_nodes() == 4,
+            90,
+            "the job held and all 4 nodes idle",
+        )
         subprocess.run(["scontrol", "release", job], check=True)
         fields = wait_until_finished_with_summary(job, run_dir, timeout=180)
     finally:

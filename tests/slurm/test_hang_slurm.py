@@ -77,7 +77,9 @@ def test_requeue_on_hang_requeues_once_without_the_culprits_node(slurm_cluster, 
     try:
         wait_for(lambda: scontrol_job(job).get("Restarts") == "1", HANG_S + 120, "the job requeued")
         wait_for(lambda: scontrol_job(job).get("ExcNodeList") == "hpcnode2", 30, "hpcnode2 excluded")
-        wait_for(lambda: away_from_hpcnode2(scontrol_job(job)), 60, "the requeued job pending or running without hpcnode2")
+        wait_for(
+            lambda: away_from_hpcnode2(scontrol_job(job)), 60, "the requeued job pending or running without hpcnode2"
+        )
         verdict = rundir.read_json(rundir.hang_file(run_dir))
         assert verdict["requeued"] is True
         assert f"requeued job {job} once, excluding node hpcnode2" in verdict["message"]

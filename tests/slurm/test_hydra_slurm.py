@@ -26,10 +26,28 @@ def test_readme_walk_own_cluster_profile_to_a_submitted_job(slurm_cluster, tmp_p
     assert_ok(printed)
     assert yaml.safe_load(printed.stdout) == yaml.safe_load((Path(CONFIG_DIR) / "cluster" / "slurm.yaml").read_text())
     profile = yaml.safe_load(printed.stdout)  # the user's edit
-    profile.update(name="mysite", partition="gpu_p2", gpus_per_node=2, cpus_per_gpu=1, time="00:05:00", setup=["echo my-site-setup-ran"])
+    profile.update(
+        name="mysite",
+        partition="gpu_p2",
+        gpus_per_node=2,
+        cpus_per_gpu=1,
+        time="00:05:00",
+        setup=["echo my-site-setup-ran"],
+    )
     (conf / "mysite.yaml").write_text(yaml.safe_dump(profile))
     run_dir = tmp_path / "run"
-    proc = run_cli(["--config-dir", str(tmp_path / "my_conf"), *TRAIN, "launcher=slurm", "cluster=mysite", "strategy=ddp", "launcher.wait=true"], run_dir)
+    proc = run_cli(
+        [
+            "--config-dir",
+            str(tmp_path / "my_conf"),
+            *TRAIN,
+            "launcher=slurm",
+            "cluster=mysite",
+            "strategy=ddp",
+            "launcher.wait=true",
+        ],
+        run_dir,
+    )
     assert_ok(proc)
     job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
     fields = wait_for_job_end(job_id)
@@ -42,9 +60,18 @@ def test_readme_walk_own_cluster_profile_to_a_submitted_job(slurm_cluster, tmp_p
 def test_optuna_study_of_real_slurm_jobs_in_two_batches(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
     args = [
-        "-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
-        "trainer.lr=interval(0.01,0.3)", f"hydra.sweep.dir={sweep}",
-        *TRAIN, "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=single",
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "trainer.lr=interval(0.01,0.3)",
+        f"hydra.sweep.dir={sweep}",
+        *TRAIN,
+        "launcher=slurm",
+        "cluster.cpus_per_gpu=1",
+        "cluster.time=5",
+        "strategy=single",
     ]
     proc = run_cli(args, timeout=600)
     assert_ok(proc)
@@ -68,13 +95,26 @@ def test_optuna_trial_that_fails_validation_is_not_submitted_and_not_fatal(slurm
     """
     sweep = tmp_path / "sweep"
     args = [
-        "-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1",
-        "hydra.sweeper.max_failure_rate=1.0", "trainer.batch_size=choice(31,32)", f"hydra.sweep.dir={sweep}",
-        *[o for o in TRAIN if not o.startswith("trainer.batch_size=")], "launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=ddp", "resources.gpus_per_node=2",
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=1",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.max_failure_rate=1.0",
+        "trainer.batch_size=choice(31,32)",
+        f"hydra.sweep.dir={sweep}",
+        *[o for o in TRAIN if not o.startswith("trainer.batch_size=")],
+        "launcher=slurm",
+        "cluster.cpus_per_gpu=1",
+        "cluster.time=5",
+        "strategy=ddp",
+        "resources.gpus_per_node=2",
     ]
     proc = run_cli(args, timeout=600)
     assert_ok(proc)
     assert "not submitted" in proc.stderr and "`trainer.batch_size`" in proc.stderr
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]
     assert 1 <= len(rows) < 3 and all("trainer.batch_size=32" in row[2] for row in rows), rows
-    assert yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_params"] == {"trainer.batch_size": 32}
+    assert yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_params"] == {
+        "trainer.batch_size": 32
+    }

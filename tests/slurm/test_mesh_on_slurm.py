@@ -67,7 +67,9 @@ def test_tensor_parallel_in_each_node_data_parallel_across_nodes(layout, slurm_c
     assert fields["JobState"] == "COMPLETED", fields
     assert fields["NumNodes"] == "2" and fields["NumTasks"] == "4", fields
     assert tres_gpus(fields) == 4 and "gpu:2" in fields.get("TresPerNode", ""), fields
-    nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True, check=True).stdout.split()
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True, check=True
+    ).stdout.split()
 
     ranks = _rank_lines(run_dir)  # (rank, world, local rank, source, host)
     assert [(r[0], r[1], r[2], r[3]) for r in ranks] == [(rank, 4, rank % 2, "srun") for rank in range(4)], ranks

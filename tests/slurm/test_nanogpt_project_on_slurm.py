@@ -12,7 +12,15 @@ from tests.support.slurm import wait_for_job_end
 
 def test_nanogpt_project_as_a_two_node_slurm_ddp_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    args = [*GPT, "data=chars", "launcher=slurm", "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1", "launcher.wait=true"]
+    args = [
+        *GPT,
+        "data=chars",
+        "launcher=slurm",
+        "strategy=ddp",
+        "resources.nodes=2",
+        "resources.gpus_per_node=1",
+        "launcher.wait=true",
+    ]
     proc = run_cli(args, run_dir, cwd=NANOGPT, timeout=300)
     assert_ok(proc)
     job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
@@ -24,7 +32,16 @@ def test_nanogpt_project_as_a_two_node_slurm_ddp_job(slurm_cluster, tmp_path):
 
 def test_nanogpt_project_as_a_two_job_slurm_sweep_over_the_learning_rate(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", *GPT, "data=chars", "launcher=slurm", "strategy=single", "trainer.lr=0.001,0.003", "launcher.wait=true", f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        *GPT,
+        "data=chars",
+        "launcher=slurm",
+        "strategy=single",
+        "trainer.lr=0.001,0.003",
+        "launcher.wait=true",
+        f"hydra.sweep.dir={sweep}",
+    ]
     proc = run_cli(args, None, cwd=NANOGPT, timeout=600)
     assert_ok(proc)
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]

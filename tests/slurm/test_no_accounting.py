@@ -96,7 +96,11 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
         everyone += native_ids
         watch = subprocess.Popen(
             [sys.executable, "-m", "hpc_train.report.command", str(native), "--watch", "--every", "1"],
-            cwd=REPO, env=accounting_off, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=REPO,
+            env=accounting_off,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         metrics = native / "2" / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and '"train"' in metrics.read_text(), 90, "a step of native job 2")
@@ -121,7 +125,9 @@ def test_states_come_from_the_run_dirs_when_accounting_does_not_answer(accountin
 
     off = states(native, accounting_off)
     assert statuses(off) == ENDS and off.stdout.count(FROM_RUN_DIRS) == 1, off.stdout
-    assert f"#1 {native_ids[1]} FAILED: InjectedFailure: HPC_TRAIN_FAIL_AT=0:5: rank 0 fails after 5 steps" in off.stdout
+    assert (
+        f"#1 {native_ids[1]} FAILED: InjectedFailure: HPC_TRAIN_FAIL_AT=0:5: rank 0 fails after 5 steps" in off.stdout
+    )
     off = states(script, accounting_off)
     assert statuses(off) == ENDS and off.stdout.count(FROM_RUN_DIRS) == 1, off.stdout
     failed = next(line for line in off.stdout.splitlines() if line.startswith(f"  #1 {script_ids[1]} FAILED: "))
@@ -162,13 +168,24 @@ def test_a_job_requeued_from_outside_is_followed_to_the_end_of_its_last_attempt(
     sweep_dir = tmp_path / "sweep"
     args, extra = REQUEUED[what]
     split = args.index("--") if "--" in args else len(args)
-    command = [sys.executable, "-m", "hpc_train.cli", "-m", *SLURM, "launcher.wait=true", *args[:split],
-               f"hydra.sweep.dir={sweep_dir}", *args[split:]]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *SLURM,
+        "launcher.wait=true",
+        *args[:split],
+        f"hydra.sweep.dir={sweep_dir}",
+        *args[split:],
+    ]
     env = dict(accounting_off, CUDA_VISIBLE_DEVICES="", **extra)
     cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         started = sweep_dir / "0" / ("metrics.jsonl" if what == "training" else "started")
-        wait_for(lambda: started.exists() and (what == "script" or '"train"' in started.read_text()), 120, "job 0 to run")
+        wait_for(
+            lambda: started.exists() and (what == "script" or '"train"' in started.read_text()), 120, "job 0 to run"
+        )
         first = job_ids(sweep_dir)[0]
         subprocess.run(["scontrol", "requeue", first], check=True)
         out, _ = cli.communicate(timeout=300)

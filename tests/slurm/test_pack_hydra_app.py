@@ -92,7 +92,10 @@ def slurm_jobs_run_from(folder: Path, since: str, count: int) -> dict:
     deadline = time.monotonic() + 60
     while True:
         out = subprocess.run(
-            ["sacct", "-X", "-n", "-P", "-S", since, "-o", "JobID,State,WorkDir"], capture_output=True, text=True, check=True
+            ["sacct", "-X", "-n", "-P", "-S", since, "-o", "JobID,State,WorkDir"],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         jobs = {}
         for line in out.splitlines():

@@ -58,7 +58,11 @@ def script_in(folder: Path) -> Path:
 
 def hpc_train_report(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hpc_train.report.command", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout
+        [sys.executable, "-m", "hpc_train.report.command", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
     )
 
 
@@ -93,7 +97,18 @@ def test_a_packed_sweep_is_reported_watched_and_its_failed_run_rerun(slurm_clust
     sweep_dir = tmp_path / "sweep"
     script = script_in(tmp_path)
     x = ",".join(str(i) for i in range(RUNS))
-    proc = run_cli(["-m", *PACKED, "launcher.pack.allocations=2", f"+script.overrides.x={x}", f"hydra.sweep.dir={sweep_dir}", "--", str(script)], gpus=True)
+    proc = run_cli(
+        [
+            "-m",
+            *PACKED,
+            "launcher.pack.allocations=2",
+            f"+script.overrides.x={x}",
+            f"hydra.sweep.dir={sweep_dir}",
+            "--",
+            str(script),
+        ],
+        gpus=True,
+    )
     assert_ok(proc)
 
     # --watch follows it to its end from the allocations' records: runs running, an ETA, the failure

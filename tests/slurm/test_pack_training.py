@@ -91,13 +91,28 @@ def mixed_uninterrupted(tmp_path_factory) -> Path:
 def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> Tuple[str, subprocess.Popen]:
     """Start the mixed sweep slowed down, followed to its end (launcher.wait=true); once the long runs have a
     checkpoint, run `stop` on the allocation. Its job id, and the following command (running)."""
-    command = [sys.executable, "-m", "hpc_train.cli", "-m", *SLURM, *MIXED, *PACK_ONE, "launcher.wait=true",
-               f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *SLURM,
+        *MIXED,
+        *PACK_ONE,
+        "launcher.wait=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.3")
     cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: [plan for plan in records.read_plans(sweep_dir) if plan.job_id], 120, "the allocation to be queued")
+    wait_for(
+        lambda: [plan for plan in records.read_plans(sweep_dir) if plan.job_id], 120, "the allocation to be queued"
+    )
     job_id = str(records.read_plans(sweep_dir)[0].job_id)
-    wait_for(lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"), 240, "the long runs' checkpoints")
+    wait_for(
+        lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"),
+        240,
+        "the long runs' checkpoints",
+    )
     subprocess.run([*stop, job_id], check=True)
     return job_id, cli
 

@@ -10,7 +10,13 @@ import pytest
 from tests.e2e.test_report import SWEEP, TRAIN, check_against_summaries, check_json, png_size, report, table
 from tests.support.cli import assert_ok, run_cli
 
-SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30", "resources.gpus_per_node=2"]
+SLURM = [
+    "launcher=slurm",
+    "cluster.cpus_per_gpu=1",
+    "cluster.time=5",
+    "launcher.signal_delay_s=30",
+    "resources.gpus_per_node=2",
+]
 
 
 @pytest.mark.slurm
@@ -42,7 +48,11 @@ def test_report_shows_the_slurm_state_of_queued_jobs(slurm_cluster, tmp_path):
         assert [r["slurm id"] for r in rows] == job_ids
         assert [r["status"] for r in rows] == ["PENDING"] * 3
         assert all(r["samples/s"] == "-" and r["train loss"] == "-" for r in rows)
-        assert [r["strategy"] for r in rows] == ["single", "ddp", "model_parallel"]  # from job_config.yaml, before the job ran
+        assert [r["strategy"] for r in rows] == [
+            "single",
+            "ddp",
+            "model_parallel",
+        ]  # from job_config.yaml, before the job ran
         png_size(sweep_dir / "report.png")
         subprocess.run(["scancel", *bases], check=True)
         deadline = time.monotonic() + 60

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.slurm import scontrol_job, wait_for_job_end
-from tests.e2e.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -48,7 +48,9 @@ def wait_until_finished_with_summary(job_id: str, run_dir: Path, timeout: float)
         if fields.get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
             raise AssertionError(f"job {job_id} ended {fields.get('JobState')}")
         time.sleep(1)
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s (state {scontrol_job(job_id).get('JobState')})")
+    raise AssertionError(
+        f"job {job_id} did not finish within {timeout} s (state {scontrol_job(job_id).get('JobState')})"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,11 @@ def test_a_failing_rank_fails_the_slurm_job_fast_with_its_traceback(slurm_cluste
 
 
 def node_state(node: str) -> str:
-    return subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True, check=False).stdout.split("\n")[0].strip()
+    return (
+        subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True, check=False)
+        .stdout.split("\n")[0]
+        .strip()
+    )
 
 
 def restore_node(node: str) -> None:
@@ -123,7 +129,9 @@ def restore_node(node: str) -> None:
             return
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, check=False)
         time.sleep(1)
-    raise AssertionError(f"node {node} is still {node_state(node)!r}: run `scontrol update nodename={node} state=resume`")
+    raise AssertionError(
+        f"node {node} is still {node_state(node)!r}: run `scontrol update nodename={node} state=resume`"
+    )
 
 
 def test_node_failure_requeues_and_resumes_exactly(slurm_cluster, local_reference, tmp_path):
@@ -134,20 +142,31 @@ def test_node_failure_requeues_and_resumes_exactly(slurm_cluster, local_referenc
     instead would end the step through ``--kill-on-bad-exit`` as a crash, never requeued.)
     """
     run_dir = tmp_path / "run"
-    job = submit([*RESUME, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"], run_dir, HPC_TRAIN_STEP_SLEEP="1.0")
+    job = submit(
+        [*RESUME, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"], run_dir, HPC_TRAIN_STEP_SLEEP="1.0"
+    )
     node, finished = None, False
     try:
         wait_for(lambda: checkpoint_steps(run_dir) != [], 180, "the first checkpoint")
-        hosts = subprocess.run(["scontrol", "show", "hostnames", scontrol_job(job)["NodeList"]], capture_output=True, text=True, check=True).stdout.split()
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", scontrol_job(job)["NodeList"]], capture_output=True, text=True, check=True
+        ).stdout.split()
         assert len(hosts) == 2
         node = hosts[-1]  # rank 1's node; rank 0 (and the rendezvous) sit on the first
         # No other test's job may start there meanwhile; give those already running a moment to end.
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=hpc-train test: node failure next"], check=True)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=drain", "reason=hpc-train test: node failure next"],
+            check=True,
+        )
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and set(subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True).stdout.split()) - {job}:
+        while time.monotonic() < deadline and set(
+            subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True).stdout.split()
+        ) - {job}:
             time.sleep(0.5)
         assert scontrol_job(job)["JobState"] == "RUNNING", "the job ended before its node could fail: slow it down"
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=hpc-train test: node failure"], check=True)
+        subprocess.run(
+            ["scontrol", "update", f"nodename={node}", "state=down", "reason=hpc-train test: node failure"], check=True
+        )
         wait_for(lambda: scontrol_job(job).get("Restarts") == "1", 60, "Slurm to requeue the job")
         restore_node(node)  # the requeued job needs both nodes again
         fields = wait_until_finished_with_summary(job, run_dir, timeout=240)
@@ -166,5 +185,7 @@ def test_node_failure_requeues_and_resumes_exactly(slurm_cluster, local_referenc
     said = [r for r in records if r["event"] == "end" and r.get("source") == "slurm"]
     assert [(r["attempt"], r["how"]) for r in said] == [(1, "node failure (Slurm: NODE_FAIL)")]
     assert attempt_endings(run_dir)[-1] == (2, "finish")
-    assert f"attempt 1 (job {job}) ended: node failure (Slurm: NODE_FAIL)" in (run_dir / "logs" / "rank0.log").read_text()
+    assert (
+        f"attempt 1 (job {job}) ended: node failure (Slurm: NODE_FAIL)" in (run_dir / "logs" / "rank0.log").read_text()
+    )
     assert_bit_identical(local_reference, run_dir)

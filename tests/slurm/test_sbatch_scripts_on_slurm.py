@@ -25,10 +25,21 @@ SHAPES = {"single": (1, 1), "dp": (1, 1), "ddp": (2, 4), "model_parallel": (1, 1
 TRAIN = [*TINY, "trainer.max_steps=6", "trainer.epochs=null", "trainer.batch_size=32", "cluster.cpus_per_gpu=1"]
 
 
-def submit(script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = (), **extra_env: str) -> str:
+def submit(
+    script: str, workdir: Path, run_dir: Path, args: List[str], sbatch_args: List[str] = (), **extra_env: str
+) -> str:
     """`sbatch [options] sbatch/<script>.slurm ARGS` as a user would, with the CPU test overrides."""
     env = dict(os.environ, PYTHON=sys.executable, RUN_DIR=str(run_dir), **extra_env)
-    command = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={workdir}", *sbatch_args, str(REPO / "sbatch" / f"{script}.slurm"), *args]
+    command = [
+        "sbatch",
+        "--parsable",
+        "--cpus-per-task=1",
+        "--time=10",
+        f"--chdir={workdir}",
+        *sbatch_args,
+        str(REPO / "sbatch" / f"{script}.slurm"),
+        *args,
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=workdir, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
@@ -49,7 +60,10 @@ def test_script_runs_on_slurm(name, submitted):
     root, jobs, ended = submitted
     run_dir, job_id = root / name, jobs[name]
     log = root / f"hpc-train-{job_id}.out"
-    assert ended[name]["JobState"] == "COMPLETED", (ended[name].get("JobState"), log.read_text() if log.exists() else "no log")
+    assert ended[name]["JobState"] == "COMPLETED", (
+        ended[name].get("JobState"),
+        log.read_text() if log.exists() else "no log",
+    )
     nodes, tasks_per_node = SHAPES[name]
     world = nodes * tasks_per_node
     assert int(ended[name]["NumNodes"]) == nodes and int(ended[name]["NumTasks"]) == world
@@ -74,7 +88,11 @@ def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
     fields = wait_for_job_end(job_id, timeout=120)
     assert fields["JobState"] == "FAILED"
     log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
-    assert "invalid configuration for `resources.nodes`" in log and "the allocation has 1 node(s), but the overrides plan 2" in log and "Fix:" in log
+    assert (
+        "invalid configuration for `resources.nodes`" in log
+        and "the allocation has 1 node(s), but the overrides plan 2" in log
+        and "Fix:" in log
+    )
     assert "Traceback" not in log
     assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "logs").exists()
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hpc_train.slurm.hostlist import expand_hostlist, first_host
+from tests.slurm.test_requeue_slurm import attempt_endings, restore_node, wait_until_finished_with_summary
 from tests.support.cli import (
     TINY,
     assert_bit_identical,
@@ -32,7 +33,6 @@ from tests.support.cli import (
 )
 from tests.support.slurm import scontrol_job, squeue_ids, tres_gpus, wait_for_job_end
 from tests.support.slurm_cluster import SCALE_NODELIST, SCALE_NODES, SCALE_PARTITIONS
-from tests.slurm.test_requeue_slurm import attempt_endings, restore_node, wait_until_finished_with_summary
 
 pytestmark = [pytest.mark.scale, pytest.mark.slurm]
 

@@ -53,7 +53,10 @@ def test_a_3000_job_sweep_goes_in_as_three_throttled_arrays_and_all_complete(slu
     ids = [str(handle.job_id) for _, handle in submitted]
     job_table.print_and_append(
         sweep_dir,
-        [job_table.JobRow(i, job.plan.run_dir.name, job.label, job.plan.layout.describe()) for i, (job, _) in zip(ids, submitted)],
+        [
+            job_table.JobRow(i, job.plan.run_dir.name, job.label, job.plan.layout.describe())
+            for i, (job, _) in zip(ids, submitted)
+        ],
     )
     arrays = sorted({i.split("_")[0] for i in ids}, key=int)
     try:

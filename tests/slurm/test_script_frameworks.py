@@ -32,12 +32,22 @@ SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher
 @pytest.mark.slurm
 def test_hf_trainer_script_as_a_two_node_slurm_ddp_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    args = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.wait=true", "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"]
+    args = [
+        "launcher=slurm",
+        "cluster.cpus_per_gpu=1",
+        "cluster.time=5",
+        "launcher.wait=true",
+        "strategy=ddp",
+        "resources.nodes=2",
+        "resources.gpus_per_node=1",
+    ]
     proc = hpc_train(args, run_dir, HF_SCRIPT)
     assert_ok(proc)
     ranks = check_hf_run(run_dir, per_node=1)
     job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    hosts = subprocess.run(["scontrol", "show", "hostnames", scontrol_job(job)["NodeList"]], capture_output=True, text=True, check=True).stdout.split()
+    hosts = subprocess.run(
+        ["scontrol", "show", "hostnames", scontrol_job(job)["NodeList"]], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert len(hosts) == 2 and ranks[0]["env"]["MASTER_ADDR"] == ranks[1]["env"]["MASTER_ADDR"] == hosts[0]
 
 
@@ -57,7 +67,9 @@ def test_lightning_script_checkpoints_on_sigusr1_is_requeued_once_and_resumes(sl
     job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
     metrics = run_dir / "metrics.jsonl"
     wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 4, 180, "4 training steps")
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)  # what Slurm sends launcher.signal_delay_s before the time limit
+    subprocess.run(
+        ["scancel", "--signal=USR2", job], check=True
+    )  # what Slurm sends launcher.signal_delay_s before the time limit
 
     fields = wait_until_finished_with_summary(job, run_dir, timeout=240)
     assert fields["Restarts"] == "1", "requeued once: by Lightning's handler, not a second time by hpc_train"
@@ -76,7 +88,10 @@ def test_lightning_script_checkpoints_on_sigusr1_is_requeued_once_and_resumes(sl
         for event in (first, resumed):
             assert event["cluster_environment"] == "SLURMEnvironment"
             assert event["global_rank"] == event["local_rank"] == rank and event["world_size"] == 2
-            assert event["env"]["SLURM_PROCID"] == event["env"]["RANK"] == str(rank) and event["env"]["SLURM_NTASKS"] == "2"
+            assert (
+                event["env"]["SLURM_PROCID"] == event["env"]["RANK"] == str(rank)
+                and event["env"]["SLURM_NTASKS"] == "2"
+            )
         assert (first["attempt"], first["global_step"], first["ckpt_path"]) == ("1", 0, None)
         assert (resumed["attempt"], resumed["ckpt_path"], resumed["global_step"]) == ("2", str(checkpoint), saved_at)
         assert (end["attempt"], end["global_step"], end["epoch"]) == ("2", total, epochs)
@@ -85,4 +100,6 @@ def test_lightning_script_checkpoints_on_sigusr1_is_requeued_once_and_resumes(sl
     summary = read_summary(run_dir)
     assert summary["attempts"] == 2 and summary["global_step"] == total
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
-    assert steps[-(total - saved_at):] == list(range(saved_at + 1, total + 1)), "attempt 2 went on from the checkpoint's step"
+    assert steps[-(total - saved_at) :] == list(range(saved_at + 1, total + 1)), (
+        "attempt 2 went on from the checkpoint's step"
+    )

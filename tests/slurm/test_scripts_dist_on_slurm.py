@@ -23,7 +23,9 @@ def job_nodes(proc: subprocess.CompletedProcess) -> tuple:
     job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
     fields = wait_for_job_end(job_id)
     assert fields["JobState"] == "COMPLETED" and fields["NumNodes"] == "2", fields
-    nodes = subprocess.run(["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True, check=True)
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", fields["NodeList"]], capture_output=True, text=True, check=True
+    )
     return job_id, nodes.stdout.split()
 
 
@@ -43,9 +45,9 @@ def test_ddp_script_as_a_two_node_slurm_job(slurm_cluster, tmp_path):
         port = int(e["MASTER_PORT"])
         assert 1024 < port and port not in EPHEMERAL, port
         assert e["OMP_NUM_THREADS"] == e["SLURM_CPUS_PER_TASK"] == "2"  # cluster.cpus_per_gpu=2 x 1 GPU a task
-        assert e["CUDA_VISIBLE_DEVICES"] == e["GPU_DEVICE_ORDINAL"] and len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 1, (
-            "as Slurm binds the task's one GPU"
-        )
+        assert (
+            e["CUDA_VISIBLE_DEVICES"] == e["GPU_DEVICE_ORDINAL"] and len(e["CUDA_VISIBLE_DEVICES"].split(",")) == 1
+        ), "as Slurm binds the task's one GPU"
         assert e["SLURM_JOB_ID"] == job_id and e["TORCHELASTIC_RUN_ID"] is None
     summary = read_summary(run_dir)
     assert summary["world_size"] == 2 and summary["attempts"] == 1

@@ -68,8 +68,17 @@ def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate_one_job_requeued(s
     fail). One job of the sweep is requeued after its first checkpoint and resumes from it."""
     sweep = tmp_path / "sweep"
     args = [
-        "-m", *SLURM, "launcher.wait=true", OBJECTIVE, *RESUME, "+script.overrides.learning_rate=0.001,0.1",
-        f"hydra.sweep.dir={sweep}", *SCRIPT, "--max_iters=20", "--eval_interval=5", "--step_sleep=0.3",
+        "-m",
+        *SLURM,
+        "launcher.wait=true",
+        OBJECTIVE,
+        *RESUME,
+        "+script.overrides.learning_rate=0.001,0.1",
+        f"hydra.sweep.dir={sweep}",
+        *SCRIPT,
+        "--max_iters=20",
+        "--eval_interval=5",
+        "--step_sleep=0.3",
     ]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     command = [sys.executable, "-m", "hpc_train.cli", *args]
@@ -107,8 +116,13 @@ def test_a_slurm_sweep_gives_each_layout_its_environment(slurm_cluster, tmp_path
     The login shell's stale torchrun variables reach neither."""
     sweep = tmp_path / "sweep"
     args = ["-m", *SLURM[:-2], "launcher.wait=true", "strategy=dp,ddp", "resources.gpus_per_node=2"]
-    proc = run_cli([*args, f"hydra.sweep.dir={sweep}", *SHOW_ENV], None, cwd=PROJECT, timeout=600,
-                   env=dict(os.environ, **STALE_SHELL))
+    proc = run_cli(
+        [*args, f"hydra.sweep.dir={sweep}", *SHOW_ENV],
+        None,
+        cwd=PROJECT,
+        timeout=600,
+        env=dict(os.environ, **STALE_SHELL),
+    )
     assert_ok(proc)
     [dp] = script_envs(sweep / "0")
     assert not TORCHRUN_KEYS & set(dp) and not [key for key in dp if key.startswith("TORCHELASTIC_")], dp
@@ -128,8 +142,13 @@ def test_a_slurm_sweep_gives_each_layout_its_environment(slurm_cluster, tmp_path
 def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
     args = [
-        *SLURM, "script.resume_args=['--init_from=resume']", "script.resume_if=${hydra:runtime.output_dir}/out/ckpt.pt",
-        *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
+        *SLURM,
+        "script.resume_args=['--init_from=resume']",
+        "script.resume_if=${hydra:runtime.output_dir}/out/ckpt.pt",
+        *SCRIPT,
+        "--max_iters=30",
+        "--eval_interval=5",
+        "--step_sleep=0.3",
     ]
     job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scontrol", "requeue", job])
     fields = scontrol_job(job)
@@ -150,8 +169,13 @@ def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_clus
     it (an unhandled USR2 would kill it), hpc_train requeues the job, the next attempt resumes."""
     run_dir = tmp_path / "run"
     args = [
-        *SLURM, "launcher.signal_delay_s=30", "script.resume_args=['--init_from=resume']",
-        *SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3",
+        *SLURM,
+        "launcher.signal_delay_s=30",
+        "script.resume_args=['--init_from=resume']",
+        *SCRIPT,
+        "--max_iters=30",
+        "--eval_interval=5",
+        "--step_sleep=0.3",
     ]
     job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scancel", "--signal=USR2", job])
     assert scontrol_job(job)["Restarts"] == "1"

@@ -38,8 +38,20 @@ ROWS = {
     "dp": (["strategy=dp", "resources.gpus_per_node=2"], (1, 1, 2)),
     "model_parallel": (["strategy=model_parallel", "resources.gpus_per_node=2"], (1, 1, 2)),
     "pipeline": (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=2"], (1, 1, 2)),
-    "pipelining-2x2": (["strategy=pipeline", "strategy.engine=pipelining", "resources.nodes=2", "resources.gpus_per_node=2", "strategy.chunks=2"], (2, 2, 2)),
-    "hybrid-2x2x2": (["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"], (2, 2, 4)),
+    "pipelining-2x2": (
+        [
+            "strategy=pipeline",
+            "strategy.engine=pipelining",
+            "resources.nodes=2",
+            "resources.gpus_per_node=2",
+            "strategy.chunks=2",
+        ],
+        (2, 2, 2),
+    ),
+    "hybrid-2x2x2": (
+        ["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"],
+        (2, 2, 4),
+    ),
 }
 
 
@@ -73,20 +85,43 @@ def test_dry_run_text_matches_layout_table(row, tmp_path):
     proc = run_cli([*SLURM, *TRAIN, *overrides, "dry_run=true"], tmp_path / "run")
     assert_ok(proc)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
-    gpus_per_task = 1 if row.startswith(("single", "ddp", "pipelining")) else (2 if row.startswith("hybrid") else gpus_per_node)
-    for expected in (f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}", f"--gres=gpu:{gpus_per_node}", f"--cpus-per-task={gpus_per_task}"):
+    gpus_per_task = (
+        1 if row.startswith(("single", "ddp", "pipelining")) else (2 if row.startswith("hybrid") else gpus_per_node)
+    )
+    for expected in (
+        f"--nodes={nodes}",
+        f"--ntasks-per-node={tasks_per_node}",
+        f"--gres=gpu:{gpus_per_node}",
+        f"--cpus-per-task={gpus_per_task}",
+    ):
         assert f"#SBATCH {expected}" in lines, (expected, lines)
     assert not (tmp_path / "run" / "slurm").exists()
 
 
 def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*SLURM, *TRAIN, "strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2", "cluster.partition=gpu_p2", "cluster.setup=['echo setup-line-ran']"]
+    overrides = [
+        *SLURM,
+        *TRAIN,
+        "strategy=ddp",
+        "resources.nodes=2",
+        "resources.gpus_per_node=2",
+        "cluster.partition=gpu_p2",
+        "cluster.setup=['echo setup-line-ran']",
+    ]
     before = set(squeue_ids())
     dry = run_cli([*overrides, "dry_run=true"], run_dir)
     assert_ok(dry)
     sbatch_lines = [line for line in dry.stdout.splitlines() if line.startswith("#SBATCH")]
-    for expected in ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1", "--partition=gpu_p2", "--time=5", "--signal=USR2@30"):
+    for expected in (
+        "--nodes=2",
+        "--ntasks-per-node=2",
+        "--gres=gpu:2",
+        "--cpus-per-task=1",
+        "--partition=gpu_p2",
+        "--time=5",
+        "--signal=USR2@30",
+    ):
         assert f"#SBATCH {expected}" in sbatch_lines
     assert "dry run, nothing submitted" in dry.stdout
     assert "echo setup-line-ran" in dry.stdout.splitlines()
@@ -103,7 +138,17 @@ def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
 
 
 def test_gpus_per_node_flag(slurm_cluster, tmp_path):
-    proc = run_cli([*SLURM, *TRAIN, "strategy=ddp", "resources.gpus_per_node=2", "cluster.gpu_flag=gpus-per-node", "launcher.wait=true"], tmp_path / "run")
+    proc = run_cli(
+        [
+            *SLURM,
+            *TRAIN,
+            "strategy=ddp",
+            "resources.gpus_per_node=2",
+            "cluster.gpu_flag=gpus-per-node",
+            "launcher.wait=true",
+        ],
+        tmp_path / "run",
+    )
     assert_ok(proc)
     fields = wait_for_job_end(_job_id(proc.stdout))
     assert fields["JobState"] == "COMPLETED" and tres_gpus(fields) == 2
@@ -111,9 +156,17 @@ def test_gpus_per_node_flag(slurm_cluster, tmp_path):
 
 def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli([
-        "-m", *SLURM, *TRAIN, "strategy=single,ddp", "resources.gpus_per_node=1,2", "launcher.wait=true", f"hydra.sweep.dir={sweep_dir}",
-    ])
+    proc = run_cli(
+        [
+            "-m",
+            *SLURM,
+            *TRAIN,
+            "strategy=single,ddp",
+            "resources.gpus_per_node=1,2",
+            "launcher.wait=true",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     assert_ok(proc)
     table = [line.split("\t") for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
     assert len(table) == 4
@@ -128,7 +181,9 @@ def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
         assert int(fields["NumTasks"]) == tasks and tres_gpus(fields) == gres, (overrides, fields)
         summary = read_summary(sweep_dir / subdir)
         assert summary["strategy"] == strategy and summary["world_size"] == tasks
-        array_ids.setdefault((strategy, gpus if strategy != "single" else 1, tasks), set()).add(fields.get("ArrayJobId"))
+        array_ids.setdefault((strategy, gpus if strategy != "single" else 1, tasks), set()).add(
+            fields.get("ArrayJobId")
+        )
     # The two `single` jobs share a layout: one job array; the others are jobs of their own.
     single_arrays = array_ids[("single", 1, 1)]
     assert len(single_arrays) == 1 and None not in single_arrays
@@ -170,14 +225,27 @@ def test_bad_sweep_job_submits_nothing(slurm_cluster, tmp_path):
 
 def test_sweep_with_a_mistyped_key_submits_nothing(slurm_cluster, tmp_path):
     before = set(squeue_ids())
-    proc = run_cli(["-m", *SLURM, *TRAIN, "strategy=ddp,single", "trainer.batchsize=3", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    proc = run_cli(
+        ["-m", *SLURM, *TRAIN, "strategy=ddp,single", "trainer.batchsize=3", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    )
     assert proc.returncode != 0
     assert "trainer.batchsize" in proc.stderr
     assert set(squeue_ids()) <= before, "a job was queued"  # (a job queued before may end meanwhile)
 
 
 def test_sweep_dry_run_lays_out_every_job(slurm_cluster, tmp_path):
-    proc = run_cli(["-m", *SLURM, *TRAIN, "dry_run=true", "strategy=single,ddp", "resources.gpus_per_node=1,2", "seed=range(0,5)", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    proc = run_cli(
+        [
+            "-m",
+            *SLURM,
+            *TRAIN,
+            "dry_run=true",
+            "strategy=single,ddp",
+            "resources.gpus_per_node=1,2",
+            "seed=range(0,5)",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ]
+    )
     assert_ok(proc)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("#")]
     assert len(lines) == 20

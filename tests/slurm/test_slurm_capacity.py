@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.slurm import slurm_cli
-from hpc_train.launch.planning import capacity
 from hpc_train.config.errors import ConfigError
+from hpc_train.launch.planning import capacity
+from hpc_train.slurm import slurm_cli
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 from tests.support.slurm import wait_for_job_end
@@ -33,8 +33,15 @@ TRAIN = [*TINY, "trainer.max_steps=4", "trainer.epochs=null", "trainer.batch_siz
 
 def _jobs_named(name: str) -> list:
     """Every job of that name Slurm knows, queued or already ended (squeue, then sacct)."""
-    queued = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
-    ended = subprocess.run(["sacct", "-n", "-X", "-P", "--name", name, "-S", "now-1hours", "-o", "JobID"], capture_output=True, text=True, check=True).stdout.split()
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    ended = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "--name", name, "-S", "now-1hours", "-o", "JobID"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return queued + ended
 
 
@@ -52,12 +59,32 @@ def assert_refused(proc: subprocess.CompletedProcess, key: str, fix: str, job_na
 
 # overrides -> (key named, text of the fix): each over what one node or the partition has
 TOO_LARGE = {
-    "cpus-per-node": (["cluster.cpus_per_gpu=5"], "cluster.cpus_per_gpu", "cluster.cpus_per_gpu=4"),  # 4 GPUs x 5 = 20 > 16 CPUs
-    "gpus-per-node": (["resources.gpus_per_node=8", "cluster.cpus_per_gpu=1"], "resources.gpus_per_node", "resources.gpus_per_node=4"),
-    "nodes": (["resources.nodes=5", "cluster.cpus_per_gpu=1", "trainer.batch_size=80"], "resources.nodes", "resources.nodes=4"),
+    "cpus-per-node": (
+        ["cluster.cpus_per_gpu=5"],
+        "cluster.cpus_per_gpu",
+        "cluster.cpus_per_gpu=4",
+    ),  # 4 GPUs x 5 = 20 > 16 CPUs
+    "gpus-per-node": (
+        ["resources.gpus_per_node=8", "cluster.cpus_per_gpu=1"],
+        "resources.gpus_per_node",
+        "resources.gpus_per_node=4",
+    ),
+    "nodes": (
+        ["resources.nodes=5", "cluster.cpus_per_gpu=1", "trainer.batch_size=80"],
+        "resources.nodes",
+        "resources.nodes=4",
+    ),
     "memory": (["cluster.mem_gb=9", "cluster.cpus_per_gpu=1"], "cluster.mem_gb", "cluster.mem_gb=7"),
-    "time": (["cluster.partition=short", "resources.time=02:00:00", "cluster.cpus_per_gpu=1"], "resources.time", "resources.time=30"),
-    "profile-time": (["cluster.partition=short", "cluster.time=45", "cluster.cpus_per_gpu=1"], "cluster.time", "cluster.time=30"),
+    "time": (
+        ["cluster.partition=short", "resources.time=02:00:00", "cluster.cpus_per_gpu=1"],
+        "resources.time",
+        "resources.time=30",
+    ),
+    "profile-time": (
+        ["cluster.partition=short", "cluster.time=45", "cluster.cpus_per_gpu=1"],
+        "cluster.time",
+        "cluster.time=30",
+    ),
 }
 
 
@@ -83,7 +110,17 @@ def test_sbatch_refusal_is_one_message_and_leaves_no_job_files(case, slurm_clust
     overrides, key, fix = SBATCH_REFUSES[case]
     job_name = f"sbr-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
-    proc = run_cli(["launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2", *overrides, f"job_name={job_name}"], run_dir)
+    proc = run_cli(
+        [
+            "launcher=slurm",
+            *TRAIN,
+            "cluster.cpus_per_gpu=1",
+            "resources.gpus_per_node=2",
+            *overrides,
+            f"job_name={job_name}",
+        ],
+        run_dir,
+    )
     assert_refused(proc, key, fix, job_name, run_dir)
     assert "Slurm refused the job" in proc.stderr
 
@@ -94,11 +131,19 @@ def test_refused_resubmission_keeps_the_earlier_job_files(slurm_cluster, tmp_pat
     base = ["launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2", "cluster.time=5"]
     first = run_cli([*base, "launcher.wait=true"], run_dir)
     assert_ok(first)
-    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log")
+    before = sorted(
+        p.relative_to(run_dir)
+        for p in run_dir.rglob("*")
+        if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log"
+    )
     spec = (run_dir / "job_config.yaml").read_text()
     again = run_cli([*base, "cluster.constraint=no_such_feature"], run_dir)
     assert again.returncode == 2 and "`cluster.constraint`" in again.stderr, again.stderr
-    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log")
+    after = sorted(
+        p.relative_to(run_dir)
+        for p in run_dir.rglob("*")
+        if p.is_file() and ".hydra" not in p.parts and p.name != "cli.log"
+    )
     assert after == before
     assert (run_dir / "job_config.yaml").read_text() == spec
 
@@ -106,7 +151,17 @@ def test_refused_resubmission_keeps_the_earlier_job_files(slurm_cluster, tmp_pat
 def test_sweep_with_one_too_large_job_submits_nothing(slurm_cluster, tmp_path):
     job_name = f"capsw-{uuid.uuid4().hex[:8]}"
     sweep_dir = tmp_path / "sweep"
-    proc = run_cli(["-m", "launcher=slurm", *TRAIN, "cluster.cpus_per_gpu=1", "resources.gpus_per_node=2,8", f"job_name={job_name}", f"hydra.sweep.dir={sweep_dir}"])
+    proc = run_cli(
+        [
+            "-m",
+            "launcher=slurm",
+            *TRAIN,
+            "cluster.cpus_per_gpu=1",
+            "resources.gpus_per_node=2,8",
+            f"job_name={job_name}",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "`resources.gpus_per_node`" in proc.stderr and "nothing was submitted" in proc.stderr.lower()
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -153,7 +208,14 @@ def test_sinfo_formats_of_other_sites():
     assert found["gpu_p13"].nodes[0].gpus == 4 and found["gpu_p13"].nodes[0].cores == 40
     assert found["gpu_p5"].nodes[0].gpus == 8 and found["gpu_p5"].max_minutes == 2880
     assert found["cpu"].nodes[0].gpus == 0 and found["cpu"].max_minutes is None
-    ok = {"nodes": 1, "ntasks_per_node": 4, "cpus_per_task": 10, "gres": "gpu:4", "time": 600, "additional_parameters": {"hint": "nomultithread"}}
+    ok = {
+        "nodes": 1,
+        "ntasks_per_node": 4,
+        "cpus_per_task": 10,
+        "gres": "gpu:4",
+        "time": 600,
+        "additional_parameters": {"hint": "nomultithread"},
+    }
     capacity.check_capacity(ok, "resources.time", found)  # 40 cores: fits
     with pytest.raises(ConfigError) as err:
         capacity.check_capacity({**ok, "cpus_per_task": 20}, "resources.time", found)
@@ -200,16 +262,27 @@ def _hidden_default_config() -> list:
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"]
 
 
-def test_no_default_configuration_and_no_configless_controller_is_the_clients_own_quick_failure(slurm_cluster, tmp_path):
+def test_no_default_configuration_and_no_configless_controller_is_the_clients_own_quick_failure(
+    slurm_cluster, tmp_path
+):
     """Without SLURM_CONF, Slurm's client looks for its default file and then configless sources itself, failing at
     once when none answers; hpc-train reads that failure (it does not look for a file the client may not need)."""
     cli = [*_hidden_default_config(), sys.executable, "-m", "hpc_train.cli", "launcher=slurm", *TRAIN]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    dry = subprocess.run([*cli, "dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    dry = subprocess.run(
+        [*cli, "dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert_ok(dry)
     assert "hpc-train (dry run, nothing submitted)" in dry.stdout
     assert "capacity check could not run (sinfo: fatal: Could not establish a configuration source)" in dry.stderr
-    real = subprocess.run([*cli, f"hydra.run.dir={tmp_path / 'real'}"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    real = subprocess.run(
+        [*cli, f"hydra.run.dir={tmp_path / 'real'}"], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
+    )
     assert real.returncode == 2 and "`launcher`" in real.stderr and "configuration source" in real.stderr, real.stderr
     assert len(real.stderr.strip().splitlines()) == 1, real.stderr
 
@@ -225,5 +298,8 @@ def test_what_counts_as_no_configuration():
     configless = "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\nsinfo: error: fetch_config: DNS SRV lookup failed\nsinfo: fatal: Could not establish a configuration source\n"
     down = "slurm_load_node: Unable to contact slurm controller (connect failure)\n"
     assert slurm_cli.unconfigured(subprocess.CompletedProcess(["sinfo"], 1, "", configless))
-    assert slurm_cli.said(subprocess.CompletedProcess(["sinfo"], 1, "", configless)) == "sinfo: fatal: Could not establish a configuration source"
+    assert (
+        slurm_cli.said(subprocess.CompletedProcess(["sinfo"], 1, "", configless))
+        == "sinfo: fatal: Could not establish a configuration source"
+    )
     assert not slurm_cli.unconfigured(subprocess.CompletedProcess(["sinfo"], 1, "", down))

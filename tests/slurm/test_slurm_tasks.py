@@ -40,14 +40,27 @@ REFUSAL = re.compile(
 
 def job_spec(run_dir: Path, planned: int) -> Path:
     """The job spec as `launcher=sbatch` writes it, here on the login side (no allocation to check)."""
-    layout = ["resources.nodes=2", "resources.gpus_per_node=2"] if planned == 4 else ["resources.nodes=1", "resources.gpus_per_node=3"]
+    layout = (
+        ["resources.nodes=2", "resources.gpus_per_node=2"]
+        if planned == 4
+        else ["resources.nodes=1", "resources.gpus_per_node=3"]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     assert_ok(run_cli(["launcher=sbatch", "strategy=ddp", *layout, *TRAIN], run_dir, env=env))
     return run_dir / "job_config.yaml"
 
 
 def sbatch(workdir: Path, options: List[str], script: List[str], env: Dict[str, str] = None) -> str:
-    command = ["sbatch", "--parsable", "--cpus-per-task=1", "--time=10", f"--chdir={workdir}", "--output=job-%j.out", *options, *script]
+    command = [
+        "sbatch",
+        "--parsable",
+        "--cpus-per-task=1",
+        "--time=10",
+        f"--chdir={workdir}",
+        "--output=job-%j.out",
+        *options,
+        *script,
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=workdir, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
@@ -82,7 +95,9 @@ def test_a_three_task_step_of_a_four_rank_job_is_refused_naming_its_layout(jobs,
     assert found, output
     counts, hosts = sorted([int(found.group(1)), int(found.group(3))]), {found.group(2), found.group(4)}
     assert counts == [1, 2] and len(hosts) == 2, found.group(0)
-    assert "Refusal" not in output and "compute/runtime/entry.py" not in output  # one message, no traceback of the refusal
+    assert (
+        "Refusal" not in output and "compute/runtime/entry.py" not in output
+    )  # one message, no traceback of the refusal
     # The refusing ranks wrote it to their own logs too; none reached training.
     logs = [p.read_text() for p in sorted((run_dir / "logs").glob("rank*.log"))]
     assert any(REFUSAL.search(log) for log in logs), logs
@@ -99,7 +114,9 @@ def test_a_three_rank_job_runs_with_world_three_on_an_uneven_step(jobs):
     for rank_log in sorted((run_dir / "logs").glob("rank*.log")):
         text = rank_log.read_text()
         who = re.search(r"rank (\d)/3 \(local (\d), started by srun\) on host (\S+),", text)
-        layout = re.search(r"spreads its 3 tasks unevenly \((.+?)\): local rank (\d) of the (\d) task\(s\) on this node", text)
+        layout = re.search(
+            r"spreads its 3 tasks unevenly \((.+?)\): local rank (\d) of the (\d) task\(s\) on this node", text
+        )
         assert who and layout, text
         assert layout.group(2) == who.group(2)
         ranks[int(who.group(1))] = (who.group(3), int(who.group(2)), int(layout.group(3)))

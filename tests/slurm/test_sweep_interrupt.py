@@ -40,7 +40,9 @@ APP_HELD = [
     "hydra.launcher.wait=false",
     "+hydra.launcher.additional_parameters.hold=true",
 ]
-MESSAGE = re.compile(r"^hpc-train: interrupted while queueing the (sweep|job): (.*); nothing of the \1 is left in Slurm\.")
+MESSAGE = re.compile(
+    r"^hpc-train: interrupted while queueing the (sweep|job): (.*); nothing of the \1 is left in Slurm\."
+)
 
 # sbatch, except that its call number $HANG_AT hangs once Slurm has made the job, before printing the id. The hang is
 # one process that writes the marker itself, SIGINT at its default first, so a Ctrl-C sent once the marker is there
@@ -66,8 +68,12 @@ def hanging_sbatch(folder: Path, hang_at: int) -> Dict[str, str]:
     real = shutil.which("sbatch")
     assert real
     return {
-        "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "REAL_SBATCH": real, "SHIM_DIR": str(folder),
-        "HANG_AT": str(hang_at), "SHIM_PYTHON": sys.executable, "SHIM_HANG": HANG,
+        "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}",
+        "REAL_SBATCH": real,
+        "SHIM_DIR": str(folder),
+        "HANG_AT": str(hang_at),
+        "SHIM_PYTHON": sys.executable,
+        "SHIM_HANG": HANG,
     }
 
 
@@ -94,7 +100,10 @@ def ctrl_c(proc: subprocess.Popen) -> str:
 def jobs_named(name: str, states: str = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED") -> Dict[str, str]:
     """This test's jobs (by their unique name) that the controller knows, id -> state."""
     out = subprocess.run(
-        ["squeue", "--me", "-h", "-r", "-n", name, "-t", states, "-o", "%i %T"], capture_output=True, text=True, check=True
+        ["squeue", "--me", "-h", "-r", "-n", name, "-t", states, "-o", "%i %T"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return dict(line.split() for line in out.splitlines() if line.strip())
 
@@ -133,7 +142,16 @@ def test_ctrl_c_part_way_through_a_sweep_cancels_what_it_queued(slurm_cluster, t
     name = f"intr-{uuid.uuid4().hex[:8]}"
     sweep_dir = tmp_path / "sweep"
     times = ",".join(str(minutes) for minutes in range(1, 31))
-    command = [sys.executable, "-m", "hpc_train.cli", "-m", *HELD, f"job_name={name}", f"resources.time={times}", f"hydra.sweep.dir={sweep_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *HELD,
+        f"job_name={name}",
+        f"resources.time={times}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     proc = start(command)
     try:
         wait_for(lambda: len(jobs_named(name)) >= 8 or proc.poll() is not None, 120, "8 jobs queued")
@@ -153,7 +171,9 @@ def test_a_cut_off_sbatch_whose_job_slurm_made_is_found_and_cancelled(slurm_clus
     name = f"intr-{uuid.uuid4().hex[:8]}"
     env = hanging_sbatch(tmp_path / "shim", hang_at=1)
     run_dir = tmp_path / "run"
-    proc = start([sys.executable, "-m", "hpc_train.cli", *HELD, f"job_name={name}", f"hydra.run.dir={run_dir}"], env=env)
+    proc = start(
+        [sys.executable, "-m", "hpc_train.cli", *HELD, f"job_name={name}", f"hydra.run.dir={run_dir}"], env=env
+    )
     try:
         said = ctrl_c_at_the_hanging_sbatch(proc, tmp_path / "shim", check=lambda: len(jobs_named(name)) == 1)
         assert said.group(1) == "job" and said.group(2) == "Slurm had queued it, and it was cancelled"
@@ -169,8 +189,14 @@ def test_a_hydra_apps_sweep_says_the_same(slurm_cluster, tmp_path):
     env = hanging_sbatch(tmp_path / "shim", hang_at=5)
     sweep_dir = tmp_path / "sweep"
     command = [
-        sys.executable, "my_app.py", "-m", *APP_HELD, f"hydra.launcher.name={name}",
-        "hydra.launcher.timeout_min=${gpus}", "gpus=range(1,11)", f"hydra.sweep.dir={sweep_dir}",
+        sys.executable,
+        "my_app.py",
+        "-m",
+        *APP_HELD,
+        f"hydra.launcher.name={name}",
+        "hydra.launcher.timeout_min=${gpus}",
+        "gpus=range(1,11)",
+        f"hydra.sweep.dir={sweep_dir}",
     ]
     proc = start(command, cwd=APP, env=env)
     try:
@@ -186,8 +212,15 @@ def test_ctrl_c_while_waiting_for_a_job_stops_the_wait_not_the_job(slurm_cluster
     """launcher.wait=true, Ctrl-C once the job is queued: one line naming the job, exit 130; the job stays queued."""
     name = f"intr-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "hpc_train.cli", *HELD, "launcher.wait=true", f"job_name={name}",
-               f"hydra.run.dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        *HELD,
+        "launcher.wait=true",
+        f"job_name={name}",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = start(command)
     try:
         wait_for(lambda: len(jobs_named(name)) == 1 or proc.poll() is not None, 120, "the job queued")
@@ -196,8 +229,10 @@ def test_ctrl_c_while_waiting_for_a_job_stops_the_wait_not_the_job(slurm_cluster
         [job] = jobs_named(name)
         lines = [line for line in out.splitlines() if line.startswith("hpc-train: stopped waiting")]
         assert proc.returncode == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out
-        assert lines == [f"hpc-train: stopped waiting (Ctrl-C); Slurm job {job} goes on. Watch it with"
-                         f" hpc-train-report {run_dir} --watch, or stop it with scancel {job}"], out
+        assert lines == [
+            f"hpc-train: stopped waiting (Ctrl-C); Slurm job {job} goes on. Watch it with"
+            f" hpc-train-report {run_dir} --watch, or stop it with scancel {job}"
+        ], out
     finally:
         cancel_leftovers(name)
 
@@ -228,8 +263,16 @@ def test_ctrl_c_while_the_queued_jobs_are_written_down_cancels_them_all(slurm_cl
 
 def test_ctrl_c_while_a_big_sweep_is_composed_says_so_in_one_line(slurm_cluster, tmp_path):
     """Before any sbatch (20,000 jobs take seconds to compose and lay out): one line, exit 130, no traceback."""
-    command = [sys.executable, "-m", "hpc_train.cli", "-m", *HELD, "dry_run=true", "seed=range(0,20000)",
-               f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "hpc_train.cli",
+        "-m",
+        *HELD,
+        "dry_run=true",
+        "seed=range(0,20000)",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     proc = start(command)
     first = proc.stdout.readline()
     assert first.startswith("hpc-train: composed 1,000 of 20,000 jobs"), first

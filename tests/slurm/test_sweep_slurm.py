@@ -58,7 +58,9 @@ def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cl
     """Arrays cut under MaxArraySize, throttled to 16, chained, every job in jobs.tsv and counted by the report."""
     sweep_dir = tmp_path / "sweep"
     sizes = sweep_sizes(jobs)
-    proc = run_cli(["-m", *HELD, f"seed=range(0,{jobs})", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"])
+    proc = run_cli(
+        ["-m", *HELD, f"seed=range(0,{jobs})", "launcher.array_parallelism=16", f"hydra.sweep.dir={sweep_dir}"]
+    )
     ids = table_ids(sweep_dir) if (sweep_dir / "jobs.tsv").exists() else []
     try:
         assert_ok(proc)
@@ -78,7 +80,10 @@ def test_a_sweep_bigger_than_max_array_size_goes_in_as_throttled_arrays(slurm_cl
             assert scontrol_job(after)["Dependency"].startswith(f"afterany:{before}")
         # the report counts the states of all the jobs
         report = subprocess.run(
-            [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+            [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
         )
         assert report.returncode == 0, report.stderr
         assert f"states: {jobs:,} PENDING" in report.stdout
@@ -202,7 +207,10 @@ def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_p
     assert_ok(proc)
     _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
     report = subprocess.run(
-        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert "states: 2 COMPLETED, 1 FAILED" in report.stdout
 
@@ -211,7 +219,16 @@ def test_watch_follows_a_local_sweep(tmp_path):
     sweep_dir = tmp_path / "sweep"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **FAIL_ENV)
     sweep = subprocess.Popen(
-        [sys.executable, "-m", "hpc_train.cli", "-m", *TINY, "strategy=single", *FAILING, f"hydra.sweep.dir={sweep_dir}"],
+        [
+            sys.executable,
+            "-m",
+            "hpc_train.cli",
+            "-m",
+            *TINY,
+            "strategy=single",
+            *FAILING,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

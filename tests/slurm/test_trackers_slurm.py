@@ -11,15 +11,19 @@ import os
 
 import pytest
 
+from tests.e2e.test_trackers import history, metrics, mlflow_client, wandb_run
 from tests.support.cli import TINY, assert_ok, run_cli
 from tests.support.slurm import wait_for_job_end
-from tests.e2e.test_trackers import history, metrics, mlflow_client, wandb_run
 
 pytestmark = pytest.mark.slurm
 
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
 TRAIN = [
-    *TINY, "strategy=single", "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32",
+    *TINY,
+    "strategy=single",
+    "trainer.max_steps=12",
+    "trainer.epochs=null",
+    "trainer.batch_size=32",
     "trainer.log_every=4",
 ]
 
@@ -27,8 +31,15 @@ TRAIN = [
 def test_a_sweep_of_two_concurrent_jobs_logs_each_to_its_own_mlflow_store_and_wandb_run(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
     proc = run_cli(
-        ["-m", *SLURM, *TRAIN, "seed=0,1", "logger=[wandb,mlflow]", "launcher.wait=true",
-         f"hydra.sweep.dir={sweep_dir}"],
+        [
+            "-m",
+            *SLURM,
+            *TRAIN,
+            "seed=0,1",
+            "logger=[wandb,mlflow]",
+            "launcher.wait=true",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         env=dict(os.environ, HPC_TRAIN_STEP_SLEEP="0.3"),  # long enough for the two jobs to overlap
     )
     assert_ok(proc)

@@ -13,7 +13,18 @@ from tests.support.slurm import wait_for_job_end
 
 def test_user_project_as_a_slurm_job_with_its_own_cluster_profile(slurm_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_user([*TRAIN, "launcher=slurm", "cluster=mysite", "strategy=pipeline", "strategy.split_points=[head]", "launcher.wait=true"], run_dir, timeout=300)
+    proc = run_user(
+        [
+            *TRAIN,
+            "launcher=slurm",
+            "cluster=mysite",
+            "strategy=pipeline",
+            "strategy.split_points=[head]",
+            "launcher.wait=true",
+        ],
+        run_dir,
+        timeout=300,
+    )
     assert_ok(proc)
     job_id = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
     fields = wait_for_job_end(job_id)
@@ -23,7 +34,20 @@ def test_user_project_as_a_slurm_job_with_its_own_cluster_profile(slurm_cluster,
 
 def test_user_project_as_a_four_job_slurm_sweep(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_user(["-m", *TRAIN, "launcher=slurm", "cluster=mysite", "strategy=single,ddp", "trainer.lr=0.05,0.1", "launcher.wait=true", f"hydra.sweep.dir={sweep}"], None, timeout=600)
+    proc = run_user(
+        [
+            "-m",
+            *TRAIN,
+            "launcher=slurm",
+            "cluster=mysite",
+            "strategy=single,ddp",
+            "trainer.lr=0.05,0.1",
+            "launcher.wait=true",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        None,
+        timeout=600,
+    )
     assert_ok(proc)
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]
     assert len(rows) == 4

@@ -13,7 +13,9 @@ def test_a_followed_slurm_job_whose_rank_refuses_ends_with_the_refusal_and_exit_
     """launcher.wait=true: the rank's one message, exit code 2 and a last line saying it refused to start, as a local
     run says, not 'failed (exit code 1)'."""
     slurm = ["launcher=slurm", "launcher.wait=true", "cluster.cpus_per_gpu=1", "cluster.time=5"]
-    proc = run_cli([*TINY, *slurm, "strategy=single", step_node("tests.support.user_steps.no_loss_key")], tmp_path / "run")
+    proc = run_cli(
+        [*TINY, *slurm, "strategy=single", step_node("tests.support.user_steps.no_loss_key")], tmp_path / "run"
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert "`trainer.step`" in out and "without a 'loss' key" in out and "Traceback" not in out, out

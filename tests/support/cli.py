@@ -28,7 +28,14 @@ TINY_DATA = ["data=synthetic", "data.image_size=8", "data.num_samples=512", "dat
 TINY = TINY_TRAINER + TINY_DATA
 
 
-def run_cli(args: List[str], run_dir: Optional[Path] = None, timeout: float = 300, env: Optional[Dict[str, str]] = None, gpus: bool = False, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: List[str],
+    run_dir: Optional[Path] = None,
+    timeout: float = 300,
+    env: Optional[Dict[str, str]] = None,
+    gpus: bool = False,
+    cwd: Optional[Path] = None,
+) -> subprocess.CompletedProcess:
     """Run `hpc-train ARGS` as a user would; returns the finished process (stdout+stderr as text).
 
     Tests are CPU tests (gloo workers) unless they pass gpus=True: GPUs are hidden otherwise, so
@@ -63,12 +70,18 @@ def checkpoint_steps(run_dir: Path) -> List[int]:
     return sorted(int(p.name[5:14]) for p in folder.glob("step_*"))  # step_<N>.ckpt files, fsdp's step_<N>/ dirs
 
 
-def start_background(args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL, cwd: Optional[Path] = None) -> subprocess.Popen:
+def start_background(
+    args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL, cwd: Optional[Path] = None
+) -> subprocess.Popen:
     """`hpc-train ARGS` in its own process group (so kill_group reaches the launcher and every rank)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
     return subprocess.Popen(
         [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
-        cwd=cwd or REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+        cwd=cwd or REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        start_new_session=True,
     )
 
 
@@ -86,7 +99,9 @@ def wait_for(condition, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def kill9_after_checkpoints(args: List[str], run_dir: Path, count: int = 2, cwd: Optional[Path] = None, step_sleep: float = 0.15) -> int:
+def kill9_after_checkpoints(
+    args: List[str], run_dir: Path, count: int = 2, cwd: Optional[Path] = None, step_sleep: float = 0.15
+) -> int:
     """Start a run, kill -9 its whole process group once `count` checkpoints exist; the newest checkpoint's step."""
     proc = start_background(args, run_dir, {"HPC_TRAIN_STEP_SLEEP": str(step_sleep)}, cwd=cwd)
     try:

@@ -7,9 +7,12 @@ import subprocess
 import time
 from typing import Dict, List
 
+
 def scontrol_job(job_id: str) -> Dict[str, str]:
     """`scontrol show job -d` as a dict of KEY=VALUE tokens (first occurrence wins)."""
-    out = subprocess.run(["scontrol", "show", "job", "-d", str(job_id)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-d", str(job_id)], capture_output=True, text=True, check=True
+    ).stdout
     fields: Dict[str, str] = {}
     for token in out.split():
         if "=" in token:

@@ -33,7 +33,9 @@ def start_slurm_cluster(nodes: int = SUITE_NODES) -> None:
 
     In CI a cluster that does not come up fails the tests; elsewhere (no root, say) they skip.
     """
-    proc = subprocess.run(["bash", str(CLUSTER_SCRIPT), "start", "--nodes", str(nodes)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), "start", "--nodes", str(nodes)], capture_output=True, text=True, timeout=900
+    )
     if proc.returncode != 0:
         message = f"the Slurm test cluster did not start:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         if os.environ.get("CI") == "true" or os.geteuid() == 0:
@@ -49,7 +51,18 @@ def reset_association_limits() -> None:
     """No MaxSubmitJobs or MaxJobs on root's hpctest association: a test sets one for itself and lifts it when it ends, but a
     session killed inside that test (kill -9, a CI timeout) leaves it on the running cluster for the next session."""
     subprocess.run(
-        ["sacctmgr", "-i", "modify", "user", "root", "where", "account=hpctest", "set", "maxsubmitjobs=-1", "maxjobs=-1"],
+        [
+            "sacctmgr",
+            "-i",
+            "modify",
+            "user",
+            "root",
+            "where",
+            "account=hpctest",
+            "set",
+            "maxsubmitjobs=-1",
+            "maxjobs=-1",
+        ],
         capture_output=True,
         timeout=60,
     )

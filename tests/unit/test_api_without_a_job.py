@@ -22,7 +22,9 @@ JOB = [*TINY, "strategy=single", "trainer.max_steps=4", "trainer.epochs=null"]
 def test_compose_with_a_users_config_dir(tmp_path):
     conf = tmp_path / "my_conf"
     (conf / "cluster").mkdir(parents=True)
-    (conf / "cluster" / "mysite.yaml").write_text("defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ngpus_per_node: 8\n")
+    (conf / "cluster" / "mysite.yaml").write_text(
+        "defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ngpus_per_node: 8\n"
+    )
     cfg = hpc_train.compose(["launcher=slurm", "cluster=mysite"], config_dir=conf)
     shipped = hpc_train.compose(["launcher=slurm"])
     assert cfg.cluster.name == "mysite" and cfg.cluster.partition == "gpu_p2" and cfg.cluster.gpus_per_node == 8
@@ -44,5 +46,7 @@ def test_staged_model_is_the_strategies_split():
     staged = hpc_train.staged_model(model, ["cpu"], stages=2, chunks=2)
     assert len(staged.stages) == 2 and staged.devices == [torch.device("cpu")] * 2
     x = torch.randn(4, 3, 8, 8)
-    torch.testing.assert_close(staged(x), model(x), rtol=1e-5, atol=1e-6)  # micro-batches: other BLAS blockings, rounding only
+    torch.testing.assert_close(
+        staged(x), model(x), rtol=1e-5, atol=1e-6
+    )  # micro-batches: other BLAS blockings, rounding only
     assert len(hpc_train.staged_model(model, split_points=["2"]).stages) == 2  # named modules, any model

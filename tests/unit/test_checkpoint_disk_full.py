@@ -12,7 +12,6 @@ from typing import Any, List
 import pytest
 import torch
 
-from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_consolidate import consolidate
 from hpc_train.compute.checkpointing.dcp_dirs import list_dcp_checkpoints
 from hpc_train.compute.checkpointing.dcp_save import save_dcp
@@ -24,6 +23,7 @@ from hpc_train.compute.checkpointing.files import (
     write_checkpoint,
 )
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.records import rundir
 
 MESSAGE = ("no space left for checkpoint", "The previous checkpoint is kept", "trainer.keep_checkpoints")
 

@@ -53,5 +53,11 @@ def test_unknown_key_fails_in_compose():
 def test_the_python_api_composes_a_mapping_given_whole():
     from hpc_train import api
 
-    cfg = api.compose(["launcher=slurm", "cluster.extra={exclusive:true}", "trainer.loss={_target_:torch.nn.CrossEntropyLoss,label_smoothing:0.1}"])
+    cfg = api.compose(
+        [
+            "launcher=slurm",
+            "cluster.extra={exclusive:true}",
+            "trainer.loss={_target_:torch.nn.CrossEntropyLoss,label_smoothing:0.1}",
+        ]
+    )
     assert cfg.cluster.extra == {"exclusive": True} and cfg.trainer.loss.label_smoothing == 0.1

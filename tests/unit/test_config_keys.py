@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from hpc_train import config
-from hpc_train.contracts import fingerprint, strategy_table
 from hpc_train.config import checks, engine, launcher, targets
 from hpc_train.config.strategy import micro_batches
-
+from hpc_train.contracts import fingerprint, strategy_table
 from tests.support.paths import REPO
 
 CONF = REPO / "conf"

@@ -34,7 +34,19 @@ import pytest
 
 from tests.support import gitignore
 from tests.support.paths import REPO as ROOT
-PLACES = ("README.md", "docs", "hpc_train", "hydra_plugins", "conf", "benchmarks", "scripts", "examples", "notebooks", "sbatch")
+
+PLACES = (
+    "README.md",
+    "docs",
+    "hpc_train",
+    "hydra_plugins",
+    "conf",
+    "benchmarks",
+    "scripts",
+    "examples",
+    "notebooks",
+    "sbatch",
+)
 SKIPPED = ("benchmarks/results/", "docs/javascripts/")
 SUFFIXES = {".md", ".py", ".yaml", ".yml", ".sh", ".slurm", ".txt", ".toml", ".ipynb"}
 
@@ -82,7 +94,8 @@ def problems(path: Path, root: Path = ROOT) -> List[str]:
             hits += [
                 ("issue reference", m.group(0))
                 for m in BARE_HASH.finditer(line)
-                if not COUNT_BEFORE.search(line[: m.start()]) and not any(w.start() <= m.start() < w.end() for w in worded)
+                if not COUNT_BEFORE.search(line[: m.start()])
+                and not any(w.start() <= m.start() < w.end() for w in worded)
             ]
         hits += [("machine path", m.group(0)) for m in MACHINE_PATH.finditer(line)]
         found += [f"{where}:{number}: {what} {hit!r}: {line.strip()[:160]}" for what, hit in hits]
@@ -93,7 +106,9 @@ def test_no_issue_numbers_or_machine_paths_in_docs_and_code():
     files = checked_files()
     assert any(f.name == "benchmarks.md" for f in files) and any(f.suffix == ".py" for f in files), "nothing to check?"
     found = [problem for path in files for problem in problems(path)]
-    assert not found, "docs and code speak of the product, not of its issues or a developer's machine:\n" + "\n".join(found)
+    assert not found, "docs and code speak of the product, not of its issues or a developer's machine:\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,9 @@ def marked_examples() -> list[tuple[str, str, str]]:
             m = MARK.match(line)
             if not m:
                 continue
-            assert i + 1 < len(lines) and lines[i + 1].startswith("```"), f"{path}:{i + 1}: no code block after the mark"
+            assert i + 1 < len(lines) and lines[i + 1].startswith("```"), (
+                f"{path}:{i + 1}: no code block after the mark"
+            )
             end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
             for cmd in commands("\n".join(lines[i + 2 : end])):
                 if cmd.startswith("cd "):  # the mark's cwd= says where the block runs
@@ -72,7 +74,9 @@ def test_the_architecture_page_names_every_module_and_package():
     page = (ROOT / "docs" / "architecture.md").read_text()
     root = ROOT / "hpc_train"
     folders = [root, *sorted(p for p in root.glob("*/") if (p / "__init__.py").exists())]
-    folders += sorted(p for sub in ("compute", "launch") for p in (root / sub).glob("*/") if (p / "__init__.py").exists())
+    folders += sorted(
+        p for sub in ("compute", "launch") for p in (root / sub).glob("*/") if (p / "__init__.py").exists()
+    )
     unnamed = [
         str(path.relative_to(root))
         for folder in folders

@@ -18,13 +18,13 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.checks import count_or_range, count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.fingerprint import differences, fingerprint
+from hpc_train.contracts.strategy_table import KINDS
+from hpc_train.launch.backends.sbatch import check_allocation
+from hpc_train.launch.backends.slurm import render_sbatch, slurm_parameters, submitit_parameters
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.parallelism import resolve_parallelism
 from hpc_train.launch.planning.plan import RunPlan, make_plan
-from hpc_train.launch.backends.sbatch import check_allocation
-from hpc_train.launch.backends.slurm import render_sbatch, slurm_parameters, submitit_parameters
-from hpc_train.contracts.strategy_table import KINDS
 
 TINY = ["model=toy_mlp", "data=synthetic", "data.image_size=8", "data.num_samples=64", "trainer.progress=false"]
 SLURM = ["launcher=slurm", "dry_run=true", "cluster.cpus_per_gpu=1", "resources.gpus_per_node=1"]
@@ -50,7 +50,16 @@ def test_a_count_or_a_range_is_accepted(value):
 
 @pytest.mark.parametrize(
     "value, problem",
-    [("4-2", "MIN below MAX"), ("0-3", "start at 1"), ("a-b", "range MIN-MAX such as 2-4"), ("2-", "range MIN-MAX"), ("2-100001", "end at 100000"), (0, "at least 1"), (1.5, "whole number or a range"), (True, "whole number or a range")],
+    [
+        ("4-2", "MIN below MAX"),
+        ("0-3", "start at 1"),
+        ("a-b", "range MIN-MAX such as 2-4"),
+        ("2-", "range MIN-MAX"),
+        ("2-100001", "end at 100000"),
+        (0, "at least 1"),
+        (1.5, "whole number or a range"),
+        (True, "whole number or a range"),
+    ],
 )
 def test_bad_spellings_say_what_is_wrong(value, problem):
     assert problem in count_or_range(1, 100_000)(value)
@@ -68,13 +77,22 @@ def test_count_range_reads_both_spellings():
 
 def test_a_range_of_one_count_is_that_count(tmp_path):
     layout = plan(["strategy=ddp", "resources.nodes=3-3", "trainer.batch_size=24"], tmp_path).layout
-    assert (layout.nodes, layout.max_nodes) == (3, None) and slurm_parameters(plan(["strategy=ddp", "resources.nodes=3-3", "trainer.batch_size=24"], tmp_path))["nodes"] == 3
+    assert (layout.nodes, layout.max_nodes) == (3, None) and slurm_parameters(
+        plan(["strategy=ddp", "resources.nodes=3-3", "trainer.batch_size=24"], tmp_path)
+    )["nodes"] == 3
 
 
 # -- which strategies may have a range -----------------------------------------------------------
 @pytest.mark.parametrize(
     "strategy",
-    [["strategy=single"], ["strategy=dp"], ["strategy=model_parallel"], ["strategy=pipeline"], ["strategy=hybrid"], ["strategy=pipeline", "strategy.engine=pipelining", "strategy.stages=2"]],
+    [
+        ["strategy=single"],
+        ["strategy=dp"],
+        ["strategy=model_parallel"],
+        ["strategy=pipeline"],
+        ["strategy=hybrid"],
+        ["strategy=pipeline", "strategy.engine=pipelining", "strategy.stages=2"],
+    ],
     ids=lambda s: " ".join(s),
 )
 def test_strategies_whose_checkpoints_keep_their_world_are_refused_a_range(strategy, tmp_path):
@@ -97,7 +115,10 @@ def test_a_script_job_is_refused_a_range(tmp_path):
 
 def test_a_local_run_is_refused_a_range(tmp_path):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*TINY, "launcher=local", "resources.gpus_per_node=1", "resources.nodes=1-2"])
+        cfg = compose(
+            config_name="config",
+            overrides=[*TINY, "launcher=local", "resources.gpus_per_node=1", "resources.nodes=1-2"],
+        )
     with pytest.raises(ConfigError) as err:
         make_plan(cfg, tmp_path / "run")
     assert err.value.key == "resources.nodes" and "launcher=slurm" in err.value.fix
@@ -107,13 +128,26 @@ def test_a_local_run_is_refused_a_range(tmp_path):
 def test_the_job_asks_for_the_range_and_srun_for_the_tasks_of_each_node_it_gets(tmp_path):
     """sbatch gets --nodes=2-4 and each node's CPUs as one task's; srun starts --ntasks-per-node on every node the job
     got. Never a task count: sbatch's --ntasks-per-node would fix one (the least count x the tasks per node)."""
-    fsdp = plan(["strategy=fsdp", "resources.nodes=2-4", "resources.gpus_per_node=2", "cluster.cpus_per_gpu=3", "trainer.batch_size=24"], tmp_path)
+    fsdp = plan(
+        [
+            "strategy=fsdp",
+            "resources.nodes=2-4",
+            "resources.gpus_per_node=2",
+            "cluster.cpus_per_gpu=3",
+            "trainer.batch_size=24",
+        ],
+        tmp_path,
+    )
     params = slurm_parameters(fsdp)
     assert params["nodes"] == "2-4" and params["cpus_per_task"] == 6 and params["gres"] == "gpu:2"
     assert "ntasks_per_node" not in params and "ntasks" not in params
     assert params["srun_args"][:2] == ["--ntasks-per-node=2", "--cpus-per-task=3"]
     script = render_sbatch(tmp_path / "slurm", params)
-    assert "#SBATCH --nodes=2-4\n" in script and "#SBATCH --cpus-per-task=6\n" in script and "--ntasks" not in script.split("# command")[0]
+    assert (
+        "#SBATCH --nodes=2-4\n" in script
+        and "#SBATCH --cpus-per-task=6\n" in script
+        and "--ntasks" not in script.split("# command")[0]
+    )
     assert "srun --unbuffered" in script and "--ntasks-per-node=2 --cpus-per-task=3 --kill-on-bad-exit=1" in script
     assert fsdp.layout.describe().startswith("fsdp: 2-4 nodes x 2 tasks/node (world size 4-8)")
     fixed = slurm_parameters(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path))
@@ -161,7 +195,9 @@ def test_a_batch_that_splits_at_every_count_is_accepted(tmp_path):
 def test_mesh_dimensions_must_resolve_at_every_count(tmp_path):
     mesh = ["strategy=mesh", "resources.gpus_per_node=2", "trainer.batch_size=48"]
     err = refusal([*mesh, "resources.nodes=2-4", "strategy.dp_shard=4"], tmp_path)
-    assert err.key == "strategy.dp_shard" and err.problem.startswith("with 3 nodes") and "strategy.dp_shard=-1" in err.fix
+    assert (
+        err.key == "strategy.dp_shard" and err.problem.startswith("with 3 nodes") and "strategy.dp_shard=-1" in err.fix
+    )
     layout = plan([*mesh, "resources.nodes=2-4"], tmp_path).layout  # dp_shard=-1: whatever each count leaves
     assert layout.mesh == (1, 1, 4, 1) and "resolved again for the nodes Slurm gives" in layout.describe()
 
@@ -174,7 +210,9 @@ def test_fsdp_replicas_must_divide_every_count(tmp_path):
 
 
 # -- the capacity check -----------------------------------------------------------------------
-PARTITION = {"debug": capacity.Partition("debug", True, None, tuple(capacity.Node(f"n{i}", 16, 16, 8000, 4) for i in range(4)))}
+PARTITION = {
+    "debug": capacity.Partition("debug", True, None, tuple(capacity.Node(f"n{i}", 16, 16, 8000, 4) for i in range(4)))
+}
 REQUEST = {"ntasks_per_node": 1, "cpus_per_task": 1, "gres": "gpu:1", "time": 10}
 
 
@@ -211,7 +249,13 @@ def slurm_ranks(world: int, per_node: int) -> RankInfo:
 
 @pytest.mark.parametrize(
     "overrides",
-    [["strategy=ddp"], ["strategy=fsdp"], ["strategy=fsdp", "strategy.replicate=nodes"], ["strategy=mesh"], ["strategy=mesh", "strategy.tp=2", "strategy.tp_plan={0:colwise}"]],
+    [
+        ["strategy=ddp"],
+        ["strategy=fsdp"],
+        ["strategy=fsdp", "strategy.replicate=nodes"],
+        ["strategy=mesh"],
+        ["strategy=mesh", "strategy.tp=2", "strategy.tp_plan={0:colwise}"],
+    ],
     ids=" ".join,
 )
 def test_each_rank_settles_on_the_layout_the_login_node_checked_for_its_count(overrides, tmp_path):
@@ -229,7 +273,14 @@ def test_each_rank_settles_on_the_layout_the_login_node_checked_for_its_count(ov
 
 
 def test_a_world_outside_the_range_is_refused_naming_the_range(tmp_path):
-    planned = LayoutSettings(**build_job_spec(plan(["strategy=ddp", "resources.nodes=2-4", "resources.gpus_per_node=2", "trainer.batch_size=48"], tmp_path), choices={})["job"]["layout"])
+    planned = LayoutSettings(
+        **build_job_spec(
+            plan(
+                ["strategy=ddp", "resources.nodes=2-4", "resources.gpus_per_node=2", "trainer.batch_size=48"], tmp_path
+            ),
+            choices={},
+        )["job"]["layout"]
+    )
     for world in (2, 5, 10):
         problem = allocation_mismatch(planned, slurm_ranks(world, 2))
         assert problem is not None and "planned for 4 to 8, 2 a node, rank(s)" in problem
@@ -237,7 +288,11 @@ def test_a_world_outside_the_range_is_refused_naming_the_range(tmp_path):
 
 
 def test_a_fixed_layout_is_left_as_it_is(tmp_path):
-    planned = LayoutSettings(**build_job_spec(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path), choices={})["job"]["layout"])
+    planned = LayoutSettings(
+        **build_job_spec(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path), choices={})[
+            "job"
+        ]["layout"]
+    )
     assert settle_layout(planned, {}, 2) == planned and allocation_mismatch(planned, slurm_ranks(2, 1)) is None
     assert "planned for 2 rank(s)" in allocation_mismatch(planned, slurm_ranks(3, 1))
 
@@ -245,7 +300,9 @@ def test_a_fixed_layout_is_left_as_it_is(tmp_path):
 # -- the fingerprint: a resumed run at another count is the same run --------------------------------
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "mesh"])
 def test_the_node_count_a_range_gives_leaves_the_fingerprint_as_it_is(strategy, tmp_path):
-    two = build_job_spec(plan([f"strategy={strategy}", "resources.nodes=2-4", "trainer.batch_size=24"], tmp_path), choices={})
+    two = build_job_spec(
+        plan([f"strategy={strategy}", "resources.nodes=2-4", "trainer.batch_size=24"], tmp_path), choices={}
+    )
     kind = KINDS[strategy]
     at_two = fingerprint(two, 2, sharded=kind.sharded, any_world=kind.any_world)
     at_four = fingerprint(two, 4, sharded=kind.sharded, any_world=kind.any_world)

@@ -29,19 +29,24 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import MAPPING_KEYS
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
+from hpc_train.contracts.logger_table import TRACKERS
 from hpc_train.launch.backends import slurm
 from hpc_train.launch.hydra.hydra_errors import translate
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.launch.planning.plan import make_plan
-from hpc_train.contracts.logger_table import TRACKERS
 
 GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and not p.name.startswith("_"))
 TOP_LEVEL = ("seed", "job_name", "dry_run", "resume", "objective")
 # About a minute in all on 2 cores (a compose is ~0.15 s), the same examples every run (CI stays
 # deterministic); HPC_TRAIN_FUZZ_SCALE=20 fuzzes 20x longer with fresh random examples.
 SCALE = float(os.environ.get("HPC_TRAIN_FUZZ_SCALE", "1"))
-SETTINGS = dict(deadline=None, database=None, derandomize=SCALE == 1, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = dict(
+    deadline=None,
+    database=None,
+    derandomize=SCALE == 1,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 # -- the keys: every key of every option of every group, from the shipped conf/ ----------------
@@ -82,7 +87,11 @@ def _keys(node: Any, prefix: str) -> Iterator[str]:
     for name in node.keys():
         key = f"{prefix}.{name}" if prefix else str(name)
         yield key
-        if not OmegaConf.is_missing(node, name) and not OmegaConf.is_interpolation(node, name) and isinstance(node[name], DictConfig):
+        if (
+            not OmegaConf.is_missing(node, name)
+            and not OmegaConf.is_interpolation(node, name)
+            and isinstance(node[name], DictConfig)
+        ):
             yield from _keys(node[name], key)
 
 
@@ -106,7 +115,15 @@ def targets(tmp_path_factory) -> List[Tuple[Tuple[str, ...], str, Any]]:
                 cfg = compose(config_name="config", overrides=["dry_run=true", *context])
                 for key in _keys(cfg[group], group):
                     found[(context, key)] = OmegaConf.select(cfg, key, throw_on_missing=False)
-    assert {"seed", "trainer.momentum", "cluster.gpu_type", "launcher.master_port", "strategy.schedule", "logger.log_dir", "data.val_fraction"} <= {k for _, k in found}
+    assert {
+        "seed",
+        "trainer.momentum",
+        "cluster.gpu_type",
+        "launcher.master_port",
+        "strategy.schedule",
+        "logger.log_dir",
+        "data.val_fraction",
+    } <= {k for _, k in found}
     return Targets((context, key, value) for (context, key), value in found.items())
 
 
@@ -123,7 +140,9 @@ HUGE = st.sampled_from([2**31, 2**32, 2**63 - 1, 2**63, 2**64, 10**30, -(2**63) 
 INTS = st.one_of(st.integers(-3, 3), st.integers(-(2**70), 2**70), HUGE)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 LISTS = st.lists(st.one_of(INTS, TEXT, st.booleans()), max_size=3)
-MAPPINGS = st.dictionaries(st.from_regex(r"[a-z][a-z_]{0,4}", fullmatch=True), st.one_of(INTS, st.booleans()), max_size=2)
+MAPPINGS = st.dictionaries(
+    st.from_regex(r"[a-z][a-z_]{0,4}", fullmatch=True), st.one_of(INTS, st.booleans()), max_size=2
+)
 
 
 def render(value: Any) -> str:
@@ -145,11 +164,21 @@ def render(value: Any) -> str:
 
 def wrong_kind(default: Any) -> Optional[st.SearchStrategy]:
     """Values no key with this shipped default may take (None: no such class of values for it)."""
-    non_integral = st.floats(allow_nan=True, allow_infinity=True).filter(lambda f: not (math.isfinite(f) and f == int(f)))
+    non_integral = st.floats(allow_nan=True, allow_infinity=True).filter(
+        lambda f: not (math.isfinite(f) and f == int(f))
+    )
     if isinstance(default, bool):
         return st.one_of(INTS, FLOATS, TEXT, st.none(), LISTS, MAPPINGS)
     if isinstance(default, int):
-        return st.one_of(TEXT, st.booleans(), non_integral, LISTS, MAPPINGS, st.integers(max_value=-1), st.integers(min_value=2**63, max_value=2**80))
+        return st.one_of(
+            TEXT,
+            st.booleans(),
+            non_integral,
+            LISTS,
+            MAPPINGS,
+            st.integers(max_value=-1),
+            st.integers(min_value=2**63, max_value=2**80),
+        )
     if isinstance(default, float):
         negative = st.one_of(st.integers(max_value=-1), st.floats(max_value=-1e-9, allow_infinity=True))
         return st.one_of(TEXT, st.booleans(), st.sampled_from([math.nan, math.inf]), LISTS, MAPPINGS, negative)
@@ -174,7 +203,9 @@ def cli_outcome(overrides: List[str], run_dir: Path) -> Tuple[str, Optional[str]
     """("ok" | "refused" | "traceback", the key named, the message) for `hpc-train OVERRIDES`, in-process."""
     try:
         cfg = compose(config_name="config", overrides=whole_mappings(overrides))  # as hpc_train.cli.main passes them
-    except Exception as err:  # Hydra refused the command line: the CLI rewords it (hydra_errors) or prints Hydra's words
+    except (
+        Exception
+    ) as err:  # Hydra refused the command line: the CLI rewords it (hydra_errors) or prints Hydra's words
         from hydra.errors import HydraException
 
         translated = translate(err, overrides)
@@ -255,7 +286,9 @@ def test_a_value_of_the_wrong_kind_is_refused_naming_its_key(data, targets, run_
 def test_found_from_outside(overrides, key, run_dir):
     """The values found by hand, checked the way the fuzz checks: refused naming the key."""
     with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        status, named, message = cli_outcome(overrides if "dry_run=maybe" in overrides else ["dry_run=true", *overrides], run_dir)
+        status, named, message = cli_outcome(
+            overrides if "dry_run=maybe" in overrides else ["dry_run=true", *overrides], run_dir
+        )
     assert status == "refused" and named == key, f"{overrides}: {status} {message}"
     assert "Fix:" in message
 
@@ -290,22 +323,47 @@ SBATCH_OPTIONS = st.dictionaries(
     max_size=3,
 )
 # a user's own _target_ (its package findable, as the login side checks) and arguments the shipped node does not have
-TARGET = st.builds(lambda target, args: {"_target_": target, **args}, st.from_regex(r"hpc_train\.fuzzed\.[a-z]{1,6}", fullmatch=True), st.dictionaries(st.from_regex(r"arg_[a-z]{1,4}", fullmatch=True), st.one_of(st.integers(1, 99), st.booleans()), max_size=2))
-TRACKER_FLAGS = st.dictionaries(st.sampled_from(["tensorboard", "wandb"]), st.booleans(), min_size=1)  # mlflow needs a tracking URI
-PACK = st.fixed_dictionaries({"allocations": st.integers(1, 8)}, optional={"nodes": st.integers(1, 2), "gpus_per_node": st.integers(1, 4)})
-MAPPING_VALUES = {"cluster.extra": SBATCH_OPTIONS, "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3), "logger.trackers": TRACKER_FLAGS, "launcher.pack": PACK}
+TARGET = st.builds(
+    lambda target, args: {"_target_": target, **args},
+    st.from_regex(r"hpc_train\.fuzzed\.[a-z]{1,6}", fullmatch=True),
+    st.dictionaries(
+        st.from_regex(r"arg_[a-z]{1,4}", fullmatch=True), st.one_of(st.integers(1, 99), st.booleans()), max_size=2
+    ),
+)
+TRACKER_FLAGS = st.dictionaries(
+    st.sampled_from(["tensorboard", "wandb"]), st.booleans(), min_size=1
+)  # mlflow needs a tracking URI
+PACK = st.fixed_dictionaries(
+    {"allocations": st.integers(1, 8)}, optional={"nodes": st.integers(1, 2), "gpus_per_node": st.integers(1, 4)}
+)
+MAPPING_VALUES = {
+    "cluster.extra": SBATCH_OPTIONS,
+    "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3),
+    "logger.trackers": TRACKER_FLAGS,
+    "launcher.pack": PACK,
+}
 
 
 def _mapping_cases(targets) -> List[Tuple[Tuple[str, ...], str]]:
     """(context, key) for every mapping key, in every option that ships it (or the base config, where none does)."""
     shipped = {(context, key) for context, key, _ in targets if key in MAPPING_KEYS}
     cases = sorted(shipped) + [((), key) for key in sorted(MAPPING_KEYS) if key not in {k for _, k in shipped}]
-    return [(("launcher=slurm", *context) if key == "cluster.extra" and not context else context, key) for context, key in cases]
+    return [
+        (("launcher=slurm", *context) if key == "cluster.extra" and not context else context, key)
+        for context, key in cases
+    ]
 
 
 def test_the_mapping_keys_are_the_tables(targets):
     assert TRACKERS.keys() >= {"tensorboard", "wandb"}
-    assert {"cluster.extra", "script.overrides", "logger.trackers", "trainer.loss", "data.train", "model"} <= MAPPING_KEYS
+    assert {
+        "cluster.extra",
+        "script.overrides",
+        "logger.trackers",
+        "trainer.loss",
+        "data.train",
+        "model",
+    } <= MAPPING_KEYS
     assert {key for _, key in _mapping_cases(targets)} == MAPPING_KEYS
 
 

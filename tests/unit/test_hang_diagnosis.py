@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_train.records import hang
 from hpc_train.compute.runtime import pyspy
+from hpc_train.records import hang
 
 
 def record(rank: int, step: int, phase: str, since: float = 100.0) -> hang.RankProgress:
@@ -52,7 +52,9 @@ def test_a_rank_importing_torch_distributed_is_not_waiting_in_a_collective():
         Frame("/work/ddp_allreduce.py", 49, "main"),
     ]
     elsewhere = [Frame("/python3.11/dataclasses.py", 433, "_create_fn"), *importing[2:]]  # importing torch._dynamo
-    assert not hang.in_collective(hang.RankStacks(1, {1: importing})) and hang.in_collective(hang.RankStacks(1, {1: waiting}))
+    assert not hang.in_collective(hang.RankStacks(1, {1: importing})) and hang.in_collective(
+        hang.RankStacks(1, {1: waiting})
+    )
     records = {r: record(r, 0, hang.RUNNING) for r in (0, 1)}
     stacks = {0: hang.RankStacks(1, {1: waiting}), 1: hang.RankStacks(1, {1: importing})}
     verdict = hang.diagnose(records, stacks, now=200.0)

@@ -10,7 +10,9 @@ from packaging.requirements import Requirement
 from hpc_train.launch.hydra import hydra_internals
 
 
-@pytest.mark.parametrize("module, attribute", hydra_internals.INTERNALS, ids=[".".join(i) for i in hydra_internals.INTERNALS])
+@pytest.mark.parametrize(
+    "module, attribute", hydra_internals.INTERNALS, ids=[".".join(i) for i in hydra_internals.INTERNALS]
+)
 def test_each_internal_exists_in_the_installed_hydra(module, attribute):
     try:
         found = importlib.import_module(module)
@@ -26,4 +28,7 @@ def test_each_internal_exists_in_the_installed_hydra(module, attribute):
 
 def test_the_installed_hydra_is_in_the_declared_range():
     (declared,) = [Requirement(r) for r in requires("hpc-train") if Requirement(r).name == "hydra-core"]
-    assert str(declared.specifier) and declared.specifier.contains(version("hydra-core")), (declared, version("hydra-core"))
+    assert str(declared.specifier) and declared.specifier.contains(version("hydra-core")), (
+        declared,
+        version("hydra-core"),
+    )

@@ -20,7 +20,9 @@ def _imports_of(path, modules):
 
 def _modules_in_circles(paths):
     """The modules among `paths` that import themselves through the others (at the top or inside a function)."""
-    files = {".".join(path.relative_to(SRC).with_suffix("").parts): path for path in paths if path.name != "__init__.py"}
+    files = {
+        ".".join(path.relative_to(SRC).with_suffix("").parts): path for path in paths if path.name != "__init__.py"
+    }
     graph = {name: _imports_of(path, set(files)) - {name} for name, path in files.items()}
 
     def reaches(start, goal, seen=()):
@@ -70,7 +72,9 @@ def test_every_function_level_import_says_why():
     """An import inside a function is for a heavy or optional dependency kept off a path that does not need it
     (torch off the login node, matplotlib until a figure is drawn, mlflow only with that logger): a one-line comment
     says which. Every other import goes at the top of the module, where a reader looks for it."""
-    unexplained = [hit for path in sorted((SRC / "hpc_train").rglob("*.py")) for hit in _unexplained_function_level_imports(path)]
+    unexplained = [
+        hit for path in sorted((SRC / "hpc_train").rglob("*.py")) for hit in _unexplained_function_level_imports(path)
+    ]
     assert not unexplained, "function-level imports without a reason comment:\n" + "\n".join(unexplained)
 
 

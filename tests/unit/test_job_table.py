@@ -6,8 +6,10 @@ from hpc_train.jobs.job_table import JobRow
 
 
 def test_rows_round_trip_with_quotes_and_interpolations_and_a_rerun_replaces_its_job(tmp_path):
-    first = [JobRow("17_0", "0", "trainer.lr=0.1 'model.name=\"a b\"'", "1 node(s) x 2 task(s)"),
-             JobRow("17_1", "1", "x='${y}'", "1 node(s) x 1 task(s), gres gpu:1")]
+    first = [
+        JobRow("17_0", "0", "trainer.lr=0.1 'model.name=\"a b\"'", "1 node(s) x 2 task(s)"),
+        JobRow("17_1", "1", "x='${y}'", "1 node(s) x 1 task(s), gres gpu:1"),
+    ]
     assert job_table.append(tmp_path, first) is True
     assert job_table.append(tmp_path, [JobRow("18", "1", "x='${y}'", "1 node(s) x 1 task(s), gres gpu:1")]) is False
     text = (tmp_path / "jobs.tsv").read_text()

@@ -3,9 +3,9 @@
 import pytest
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.planning.layout import compute_layout
-from hpc_train.launch.backends.slurm import time_minutes
 from hpc_train.config.strategy import strategy_id
+from hpc_train.launch.backends.slurm import time_minutes
+from hpc_train.launch.planning.layout import compute_layout
 
 # strategy, engine, N, G, S -> nodes, tasks/node, gpus/node (gres), gpus/task
 ROWS = [
@@ -46,7 +46,10 @@ def test_hybrid_stages_must_divide_gpus():
     assert err.value.key == "strategy.stages"
 
 
-@pytest.mark.parametrize("text, minutes", [(30, 30), ("45", 45), ("01:30:00", 90), ("10:30", 11), ("1-00:00:00", 1440), ("2-12", 3600), ("20:00:00", 1200)])
+@pytest.mark.parametrize(
+    "text, minutes",
+    [(30, 30), ("45", 45), ("01:30:00", 90), ("10:30", 11), ("1-00:00:00", 1440), ("2-12", 3600), ("20:00:00", 1200)],
+)
 def test_slurm_time_formats(text, minutes):
     assert time_minutes(text) == minutes
 
@@ -61,7 +64,9 @@ def test_the_distributed_pipeline_has_an_identity_of_its_own():
     assert strategy_id({"name": "pipeline", "engine": "pipelining"}) == "pipelining"
     assert strategy_id({"name": "pipeline", "engine": "native"}) == "pipeline"
     layout = compute_layout("pipelining", 2, 4, stages=2)
-    assert layout.label == "pipeline (engine=pipelining)" and layout.describe().startswith("pipeline (engine=pipelining): 2 nodes")
+    assert layout.label == "pipeline (engine=pipelining)" and layout.describe().startswith(
+        "pipeline (engine=pipelining): 2 nodes"
+    )
 
 
 def test_without_gpus_the_layout_says_cpu_workers():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.planning.parallelism import resolve_parallelism
 from hpc_train.contracts.mesh_dims import MeshDims, resolve_mesh_dims, torch_too_old
+from hpc_train.launch.planning.parallelism import resolve_parallelism
 
 MESH = {
     "name": "mesh",

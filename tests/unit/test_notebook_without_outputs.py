@@ -21,7 +21,17 @@ def test_notebook_is_committed_without_outputs():
     assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
     first = nb.cells[0]
     assert first.cell_type == "code" and "parameters" in first.metadata.get("tags", [])
-    for name in ("MODEL", "IMAGE_SIZE", "BATCH_SIZE", "MICRO_BATCHES", "CPU_SCALE_DOWN", "CPU_BUDGET_S", "SUBMIT", "SLURM_OVERRIDES", "SLURM_CPUS_PER_GPU"):
+    for name in (
+        "MODEL",
+        "IMAGE_SIZE",
+        "BATCH_SIZE",
+        "MICRO_BATCHES",
+        "CPU_SCALE_DOWN",
+        "CPU_BUDGET_S",
+        "SUBMIT",
+        "SLURM_OVERRIDES",
+        "SLURM_CPUS_PER_GPU",
+    ):
         assert re.search(rf"^{name} = ", first.source, flags=re.M), name
     source = "\n".join(cell.source for cell in code)
     # Only the public API: jobs through hpc_train.run/sweep, the timing cell through hpc_train.staged_model.

@@ -14,7 +14,9 @@ def failed_run(tmp_path, name="5", allocation="8050"):
     run_dir = tmp_path / name
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "slurm").mkdir()
-    (run_dir / "logs" / "rank0.error.json").write_text(json.dumps({"rank": 0, "time": 150.0, "error": "ScriptFailed: told to fail"}))
+    (run_dir / "logs" / "rank0.error.json").write_text(
+        json.dumps({"rank": 0, "time": 150.0, "error": "ScriptFailed: told to fail"})
+    )
     older = run_dir / "slurm" / f"{allocation}_0_0_log.err"
     older.write_text("an earlier attempt\n")
     os.utime(older, (1, 1))
@@ -30,18 +32,31 @@ def test_a_failed_runs_why_and_logs_are_its_own(tmp_path):
     assert packed_runs.logs(run_dir, "8050") == [run_dir / "logs/rank0.error.json", run_dir / "slurm/8050_2_0_log.err"]
     # an error record from an earlier attempt is not this one's: the step's stderr says
     assert packed_runs.why(run_dir, RunState(records.FAILED, 1, "8050", 1, 200.0, 210.0)) == "SystemExit: told to fail"
-    assert packed_runs.why(tmp_path / "none", RunState(records.FAILED, 1, "8050", 9, 200.0, 210.0)) == "its job step exited with code 9"
+    assert (
+        packed_runs.why(tmp_path / "none", RunState(records.FAILED, 1, "8050", 9, 200.0, 210.0))
+        == "its job step exited with code 9"
+    )
     cancelled = RunState(records.CANCELLED, 1, "8050")
-    assert packed_runs.why(tmp_path / "none", cancelled, "TIMEOUT") == "its allocation 8050 ended (Slurm: TIMEOUT) before it finished"
+    assert (
+        packed_runs.why(tmp_path / "none", cancelled, "TIMEOUT")
+        == "its allocation 8050 ended (Slurm: TIMEOUT) before it finished"
+    )
 
 
 def report(name, job_id, status="UNKNOWN", run_dir="/nowhere"):
-    return command.JobReport(name=name, run_dir=str(run_dir), overrides=[f"x={name}"], slurm_job_id=job_id, status=status)
+    return command.JobReport(
+        name=name, run_dir=str(run_dir), overrides=[f"x={name}"], slurm_job_id=job_id, status=status
+    )
 
 
 def test_the_report_shows_each_runs_records_state_and_its_allocation(tmp_path):
     run_dir = failed_run(tmp_path)
-    jobs = [report("0", "8049:0", "COMPLETED"), report("1", "8050:1"), report("5", "8050:5", run_dir=run_dir), report("7", "8049:7")]
+    jobs = [
+        report("0", "8049:0", "COMPLETED"),
+        report("1", "8050:1"),
+        report("5", "8050:5", run_dir=run_dir),
+        report("7", "8049:7"),
+    ]
     states = {
         "0": RunState(records.COMPLETED, 0, "8049", 0, 1.0, 2.0),
         "1": RunState(records.RUNNING, 1, "8050", None, 1.0),
@@ -79,11 +94,23 @@ def test_watch_reads_a_packed_runs_state_times_and_failure_from_its_records(tmp_
     run_dir = failed_run(tmp_path)
     allocations = {"8050": "RUNNING"}
     waiting = watch.watched_run(tmp_path / "x", "8050:4", "4", RunState(records.WAITING, 1, "8050"), allocations)
-    running = watch.watched_run(tmp_path / "x", "8050:3", "3", RunState(records.RUNNING, 1, "8050", None, 0.0), allocations)
-    done = watch.watched_run(tmp_path / "x", "8050:1", "1", RunState(records.COMPLETED, 1, "8050", 0, 10.0, 40.0), allocations)
-    failed = watch.watched_run(run_dir, "8050:5", "5", RunState(records.FAILED, 1, "8050", 1, 100.0, 130.0), allocations)
+    running = watch.watched_run(
+        tmp_path / "x", "8050:3", "3", RunState(records.RUNNING, 1, "8050", None, 0.0), allocations
+    )
+    done = watch.watched_run(
+        tmp_path / "x", "8050:1", "1", RunState(records.COMPLETED, 1, "8050", 0, 10.0, 40.0), allocations
+    )
+    failed = watch.watched_run(
+        run_dir, "8050:5", "5", RunState(records.FAILED, 1, "8050", 1, 100.0, 130.0), allocations
+    )
     unlisted = watch.watched_run(tmp_path / "x", "8050:6", "6", None, allocations)
-    assert [j.state for j in (waiting, running, done, failed, unlisted)] == ["WAITING", "RUNNING", "COMPLETED", "FAILED", "WAITING"]
+    assert [j.state for j in (waiting, running, done, failed, unlisted)] == [
+        "WAITING",
+        "RUNNING",
+        "COMPLETED",
+        "FAILED",
+        "WAITING",
+    ]
     assert (done.elapsed_s, failed.elapsed_s, waiting.elapsed_s) == (30.0, 30.0, None)
     assert failed.allocation == "8050" and failed.error == "ScriptFailed: told to fail"
     assert [failed.log, *failed.more_logs] == [run_dir / "logs/rank0.error.json", run_dir / "slurm/8050_2_0_log.err"]
@@ -111,7 +138,10 @@ def test_a_hydra_apps_packed_job_shows_its_records_state_and_its_job_returns_val
         ret.status, ret._return_value = status, value
         return ret
 
-    for number, ret in (("0", job_return(JobStatus.COMPLETED, 21.5)), ("1", job_return(JobStatus.FAILED, RuntimeError("no 12\nnot 12")))):
+    for number, ret in (
+        ("0", job_return(JobStatus.COMPLETED, 21.5)),
+        ("1", job_return(JobStatus.FAILED, RuntimeError("no 12\nnot 12"))),
+    ):
         folder = app_step.run_folder(tmp_path, number)
         folder.mkdir(parents=True)
         (folder / app_step.RETURN_FILE).write_bytes(pickle.dumps(ret))
@@ -125,4 +155,8 @@ def test_a_hydra_apps_packed_job_shows_its_records_state_and_its_job_returns_val
     assert packed_runs.why(app_step.run_folder(tmp_path, "1"), failed) == "error: not 12"  # as --watch says it
     assert app_report.packed_row(tmp_path, "2", RunState(records.WAITING, 0, "60")) == ("WAITING", None, None)
     gone = RunState(records.CANCELLED, 0, "60")
-    assert app_report.packed_row(tmp_path, "3", gone) == ("CANCELLED", "its allocation 60 ended before it finished", None)
+    assert app_report.packed_row(tmp_path, "3", gone) == (
+        "CANCELLED",
+        "its allocation 60 ended before it finished",
+        None,
+    )

@@ -78,15 +78,29 @@ def test_run_seconds_so_far_or_in_all():
 def test_one_reading_gives_every_run_and_allocation_with_one_slurm_call(tmp_path, slurm):
     records.write_plan(tmp_path, plan(0, "41", ["0", "2", "4"]))
     records.write_plan(tmp_path, plan(1, "42", ["1", "3"]))
-    events(tmp_path, 0, {"time": 10, "event": "started", "run": "0"}, {"time": 20, "event": "ended", "run": "0", "state": "COMPLETED", "exit_code": 0})
+    events(
+        tmp_path,
+        0,
+        {"time": 10, "event": "started", "run": "0"},
+        {"time": 20, "event": "ended", "run": "0", "state": "COMPLETED", "exit_code": 0},
+    )
     events(tmp_path, 0, {"time": 21, "event": "started", "run": "2"})
-    events(tmp_path, 1, {"time": 10, "event": "started", "run": "1"}, {"time": 11, "event": "ended", "run": "1", "state": "FAILED", "exit_code": 1})
+    events(
+        tmp_path,
+        1,
+        {"time": 10, "event": "started", "run": "1"},
+        {"time": 11, "event": "ended", "run": "1", "state": "FAILED", "exit_code": 1},
+    )
     events(tmp_path, 1, {"time": 12, "event": "finished", "not_completed": ["1", "3"]})
     slurm["states"] = {"41": "RUNNING", "42": "RUNNING"}  # 42's scheduler has finished; Slurm has not seen it end yet
     found = status.read(tmp_path)
     assert slurm["calls"] == 1 and slurm["squeue"] == 0
     assert {job: state.state for job, state in found.runs.items()} == {
-        "0": "COMPLETED", "2": "RUNNING", "4": "WAITING", "1": "FAILED", "3": "CANCELLED"
+        "0": "COMPLETED",
+        "2": "RUNNING",
+        "4": "WAITING",
+        "1": "FAILED",
+        "3": "CANCELLED",
     }
     assert found.allocations == {"41": "RUNNING", "42": "RUNNING"} and found.indices == {"41": 0, "42": 1}
     assert found.of("41:2").state == "RUNNING" and found.of("41:9") is None
@@ -96,7 +110,12 @@ def test_one_reading_gives_every_run_and_allocation_with_one_slurm_call(tmp_path
 
 def test_a_rerun_allocation_has_its_runs_from_then_on_and_an_old_id_follows_its_run(tmp_path, slurm):
     records.write_plan(tmp_path, plan(0, "41", ["0", "1"]))
-    events(tmp_path, 0, {"time": 10, "event": "started", "run": "1"}, {"time": 11, "event": "ended", "run": "1", "state": "FAILED", "exit_code": 1})
+    events(
+        tmp_path,
+        0,
+        {"time": 10, "event": "started", "run": "1"},
+        {"time": 11, "event": "ended", "run": "1", "state": "FAILED", "exit_code": 1},
+    )
     records.write_plan(tmp_path, plan(1, "50", ["1"]))
     slurm["states"] = {"41": "RUNNING", "50": "PENDING"}
     found = status.read(tmp_path)
@@ -116,7 +135,9 @@ def test_the_shared_states_of_a_sweep_ask_once_per_refresh(tmp_path, slurm):
     assert stale.get("41:0") == "CANCELLED" and slurm["calls"] == 2
 
 
-@pytest.mark.parametrize("squeue, expected", [("RUNNING", "RUNNING"), ("PENDING", "INTERRUPTED"), (None, "INTERRUPTED")])
+@pytest.mark.parametrize(
+    "squeue, expected", [("RUNNING", "RUNNING"), ("PENDING", "INTERRUPTED"), (None, "INTERRUPTED")]
+)
 def test_a_running_runs_allocation_pending_in_accounting_is_asked_of_squeue(tmp_path, slurm, squeue, expected):
     """sacct lags behind a job's start (PENDING a moment after the allocation started its runs): squeue says whether
     it is really back in the queue."""

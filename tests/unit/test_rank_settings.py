@@ -15,7 +15,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from hpc_train.contracts import strategy_table
 from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
 from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.entry.script_job import ScriptJobSettings, ScriptSettings
@@ -30,6 +29,7 @@ from hpc_train.compute.training.tracker_common import LoggerSettings
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import declared, engine
 from hpc_train.config.strategy import strategy_id
+from hpc_train.contracts import strategy_table
 from hpc_train.launch.planning.layout import JobLayout
 
 # Each config section the ranks read -> the settings classes that read it, between them.
@@ -66,7 +66,9 @@ def carried(section_name: str) -> Set[str]:
 def test_each_section_is_read_whole_by_its_settings(section_name):
     read = names(*READERS[section_name])
     assert len(read) == len(set(read)), f"a key of {section_name or 'the top level'} is read by two settings"
-    assert set(read) | LOGIN_ONLY.get(section_name, set()) == carried(section_name) | READ_THROUGH.get(section_name, set())
+    assert set(read) | LOGIN_ONLY.get(section_name, set()) == carried(section_name) | READ_THROUGH.get(
+        section_name, set()
+    )
 
 
 @pytest.mark.parametrize("identity", sorted(strategy_table.KINDS))

@@ -3,18 +3,29 @@
 import pytest
 
 from hpc_train.compute.runtime.ranks import describe_tasks, detect_ranks, tasks_per_node, world_mismatch
-from hpc_train.processes.rank_env import PORT_BASE, PORT_SPAN, port_for_job
 from hpc_train.launch.backends.local import worker_env
+from hpc_train.processes.rank_env import PORT_BASE, PORT_SPAN, port_for_job
 
 # What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).
 SRUN_TASK = {
-    "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
-    "SLURM_JOB_NODELIST": "node[01-03,07]", "SLURM_STEP_NODELIST": "node[01-03,07]",
-    "SLURM_STEP_TASKS_PER_NODE": "2(x4)", "SLURM_JOB_ID": "123456",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "2",
+    "SLURM_NTASKS": "8",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_JOB_NODELIST": "node[01-03,07]",
+    "SLURM_STEP_NODELIST": "node[01-03,07]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+    "SLURM_JOB_ID": "123456",
 }
 TORCHRUN_RANK = {
-    "TORCHELASTIC_RUN_ID": "f00d", "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2",
-    "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511",
+    "TORCHELASTIC_RUN_ID": "f00d",
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "2",
+    "MASTER_ADDR": "10.0.0.5",
+    "MASTER_PORT": "29511",
 }
 
 
@@ -32,7 +43,9 @@ def test_bare_rank_variables_are_ignored_inside_an_srun_step():
 
 
 def test_bare_rank_variables_outside_srun_are_honoured_with_a_warning():
-    info = detect_ranks({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h1", "MASTER_PORT": "29400", "SLURM_JOB_ID": "9"})
+    info = detect_ranks(
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h1", "MASTER_PORT": "29400", "SLURM_JOB_ID": "9"}
+    )
     assert (info.rank, info.world_size, info.master_addr, info.source) == (1, 2, "h1", "environment")
     assert "RANK" in info.note and "WORLD_SIZE" in info.note
 
@@ -61,24 +74,52 @@ def test_slurm_multi_node_task():
     assert info.source == "slurm" and info.note == ""
 
 
-@pytest.mark.parametrize("notation, node, expected", [("3,1", 0, 3), ("3,1", 1, 1), ("4(x2),3", 1, 4), ("4(x2),3", 2, 3), ("2", 0, 2)])
+@pytest.mark.parametrize(
+    "notation, node, expected", [("3,1", 0, 3), ("3,1", 1, 1), ("4(x2),3", 1, 4), ("4(x2),3", 2, 3), ("2", 0, 2)]
+)
 def test_local_world_size_is_this_nodes_task_count(notation, node, expected):
     world = str(sum(tasks_per_node(notation)))
-    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": world, "SLURM_NODEID": str(node), "SLURM_TASKS_PER_NODE": notation, "SLURM_NODELIST": "n[1-3]"}
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NUM_TASKS": world,
+        "SLURM_NODEID": str(node),
+        "SLURM_TASKS_PER_NODE": notation,
+        "SLURM_NODELIST": "n[1-3]",
+    }
     assert detect_ranks(env).local_world_size == expected
-    assert detect_ranks({**env, "SLURM_STEP_TASKS_PER_NODE": notation, "SLURM_TASKS_PER_NODE": "9(x3)"}).local_world_size == expected
+    assert (
+        detect_ranks({**env, "SLURM_STEP_TASKS_PER_NODE": notation, "SLURM_TASKS_PER_NODE": "9(x3)"}).local_world_size
+        == expected
+    )
 
 
 # What srun sets in `sbatch --nodes=2 --ntasks=3` (read on the Slurm test cluster): Slurm puts 2 tasks on the first
 # node and 1 on the second; SLURM_NTASKS_PER_NODE is not set.
-UNEVEN_JOB = {"SLURM_JOB_ID": "31", "SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "hpcnode[1-2]", "SLURM_TASKS_PER_NODE": "2,1"}
-UNEVEN_STEP = {**UNEVEN_JOB, "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NODELIST": "hpcnode[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2,1"}
+UNEVEN_JOB = {
+    "SLURM_JOB_ID": "31",
+    "SLURM_NTASKS": "3",
+    "SLURM_JOB_NODELIST": "hpcnode[1-2]",
+    "SLURM_TASKS_PER_NODE": "2,1",
+}
+UNEVEN_STEP = {
+    **UNEVEN_JOB,
+    "SLURM_STEP_NUM_TASKS": "3",
+    "SLURM_STEP_NODELIST": "hpcnode[1-2]",
+    "SLURM_STEP_TASKS_PER_NODE": "2,1",
+}
 
 
-@pytest.mark.parametrize("procid, localid, nodeid, local_world", [("0", "0", "0", 2), ("1", "1", "0", 2), ("2", "0", "1", 1)])
+@pytest.mark.parametrize(
+    "procid, localid, nodeid, local_world", [("0", "0", "0", 2), ("1", "1", "0", 2), ("2", "0", "1", 1)]
+)
 def test_uneven_step_gives_each_rank_its_real_local_layout(procid, localid, nodeid, local_world):
     info = detect_ranks({**UNEVEN_STEP, "SLURM_PROCID": procid, "SLURM_LOCALID": localid, "SLURM_NODEID": nodeid})
-    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (int(procid), int(localid), 3, local_world)
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (
+        int(procid),
+        int(localid),
+        3,
+        local_world,
+    )
     assert info.master_addr == "hpcnode1" and info.source == "slurm"
     assert info.node_tasks == (2, 1) and info.uneven
     assert info.tasks_layout == "2 on hpcnode1, 1 on hpcnode2"
@@ -94,8 +135,13 @@ def test_cyclic_distribution_keeps_slurms_local_ids():
 
 def test_repeated_tasks_per_node_form_is_even():
     env = {
-        "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_JOB_ID": "8",
-        "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "hpcnode[1-2]",
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_ID": "8",
+        "SLURM_STEP_NUM_TASKS": "4",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+        "SLURM_STEP_NODELIST": "hpcnode[1-2]",
     }
     info = detect_ranks(env)
     assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 4, 2)
@@ -105,8 +151,15 @@ def test_repeated_tasks_per_node_form_is_even():
 
 def test_step_variables_win_over_the_jobs():
     # `srun -n3` inside `--nodes=2 --ntasks-per-node=2`: the job's variables still say 4 tasks, 2 per node.
-    job = {"SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2(x2)",
-           "SLURM_JOB_NODELIST": "hpcnode[1-2]", "SLURM_NODELIST": "hpcnode[1-2]", "SLURM_JOB_NUM_NODES": "2"}
+    job = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_NTASKS": "4",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+        "SLURM_JOB_NODELIST": "hpcnode[1-2]",
+        "SLURM_NODELIST": "hpcnode[1-2]",
+        "SLURM_JOB_NUM_NODES": "2",
+    }
     step = {"SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_STEP_NODELIST": "hpcnode[1-2]"}
     info = detect_ranks({**job, **step, "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
     assert (info.world_size, info.local_world_size, info.node_tasks) == (3, 1, (2, 1))
@@ -120,7 +173,10 @@ def test_step_variables_win_over_the_jobs():
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"SLURM_STEP_TASKS_PER_NODE": "2(x2)"}, "SLURM_STEP_TASKS_PER_NODE=2(x2) adds up to 4 task(s), but SLURM_STEP_NUM_TASKS=3"),
+        (
+            {"SLURM_STEP_TASKS_PER_NODE": "2(x2)"},
+            "SLURM_STEP_TASKS_PER_NODE=2(x2) adds up to 4 task(s), but SLURM_STEP_NUM_TASKS=3",
+        ),
         ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2, but SLURM_STEP_TASKS_PER_NODE=2,1 lists 2 node(s)"),
         ({"SLURM_LOCALID": "1"}, "SLURM_PROCID=2 / SLURM_LOCALID=1 do not fit a step of 3 task(s) with 1 on this node"),
         ({"SLURM_PROCID": "3"}, "SLURM_PROCID=3"),
@@ -180,13 +236,21 @@ def test_rendezvous_ports_stay_below_the_ephemeral_range():
     ports = [port_for_job(str(job)) for job in range(0, 200000, 7)]
     assert min(ports) >= PORT_BASE and max(ports) <= 32767  # Linux's ephemeral range is 32768-60999
     assert port_for_job("1001") != port_for_job("1002")
-    assert len({port_for_job(str(job)) for job in range(5000, 5000 + PORT_SPAN)}) == PORT_SPAN  # neighbours never collide
+    assert (
+        len({port_for_job(str(job)) for job in range(5000, 5000 + PORT_SPAN)}) == PORT_SPAN
+    )  # neighbours never collide
     assert port_for_job("4242_7") == port_for_job("42427")  # array ids use their digits
 
 
 def test_slurm_batch_script_without_srun_is_a_single_process():
     # Inside an sbatch script SLURM_NTASKS says 4 but only one process runs: no srun step, no world of 4.
-    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_ID": "7",
+    }
     info = detect_ranks(env)
     assert (info.world_size, info.source) == (1, "single")
     problem = world_mismatch(info, 4, env)
@@ -199,7 +263,12 @@ def test_world_mismatch_is_none_when_the_world_fits():
 
 
 def test_submitit_local_executor():
-    env = {"SUBMITIT_LOCAL_GLOBALID": "2", "SUBMITIT_LOCAL_LOCALID": "2", "SUBMITIT_LOCAL_NTASKS": "4", "SUBMITIT_LOCAL_JOB_ID": "999"}
+    env = {
+        "SUBMITIT_LOCAL_GLOBALID": "2",
+        "SUBMITIT_LOCAL_LOCALID": "2",
+        "SUBMITIT_LOCAL_NTASKS": "4",
+        "SUBMITIT_LOCAL_JOB_ID": "999",
+    }
     info = detect_ranks(env)
     assert (info.rank, info.local_rank, info.world_size, info.source) == (2, 2, 4, "submitit")
     assert info.master_addr == "127.0.0.1"

@@ -21,7 +21,19 @@ def test_rng_states_survive_a_weights_only_round_trip():
     random.gauss(0, 1)
     buffer = io.BytesIO()
     torch.save(capture_rng(), buffer)
-    expected = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.randint(1 << 30), torch.rand(3))
+    expected = (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.standard_normal(),
+        np.random.randint(1 << 30),
+        torch.rand(3),
+    )
     restore_rng(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
-    again = (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.randint(1 << 30), torch.rand(3))
+    again = (
+        random.random(),
+        random.gauss(0, 1),
+        np.random.standard_normal(),
+        np.random.randint(1 << 30),
+        torch.rand(3),
+    )
     assert expected[:4] == again[:4] and torch.equal(expected[4], again[4])

@@ -13,7 +13,9 @@ from hpc_train.records import run_claim
 def test_a_claim_from_another_host_is_live_until_it_goes_stale(tmp_path):
     """A holder on another host cannot be asked: its refresh time decides (run_claim.STALE_S)."""
     now = time.time()
-    claim = run_claim.Claim("other", "another-host", 4242, None, now - 3600, now - 5, None, ("another-host", 4243, None))
+    claim = run_claim.Claim(
+        "other", "another-host", 4242, None, now - 3600, now - 5, None, ("another-host", 4243, None)
+    )
     (tmp_path / run_claim.CLAIM).write_text(json.dumps(claim.__dict__))
     with pytest.raises(run_claim.RunDirBusy, match=r"pid 4242 on another-host .*refreshed \d+ s ago"):
         run_claim.check_free(tmp_path)

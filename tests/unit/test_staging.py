@@ -10,7 +10,10 @@ from hpc_train.compute.checkpointing.staging import Stager
 
 def test_a_staged_state_shares_no_memory_with_the_original_and_keeps_its_structure():
     weight, moment = torch.arange(6.0).reshape(2, 3), torch.ones(3)
-    state = {"model": {"w": weight}, "optim": {"state": {0: {"exp_avg": moment, "step": 3}}, "groups": [{"lr": 0.1, "params": [0]}]}}
+    state = {
+        "model": {"w": weight},
+        "optim": {"state": {0: {"exp_avg": moment, "step": 3}}, "groups": [{"lr": 0.1, "params": [0]}]},
+    }
     staged = Stager().stage(state)
     weight.add_(100)  # the next optimizer step, in place
     moment.mul_(0)

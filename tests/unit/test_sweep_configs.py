@@ -15,9 +15,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from hpc_train.launch.hydra.cli_child import hydra_initialized as _hydra
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
+from hpc_train.launch.hydra.cli_child import hydra_initialized as _hydra
 from hpc_train.launch.hydra.sweep_configs import SweepConfigs
 
 
@@ -63,7 +63,13 @@ COMMON = ["launcher=slurm", "dry_run=true", "model=toy_mlp", "data=synthetic", "
             [["seed=1"], ["seed=2"]],
         ),
         # list values
-        ([], [["strategy=pipeline", "strategy.balance=[1,1]", "resources.gpus_per_node=2"], ["cluster.setup=[module purge,module load x]"]]),
+        (
+            [],
+            [
+                ["strategy=pipeline", "strategy.balance=[1,1]", "resources.gpus_per_node=2"],
+                ["cluster.setup=[module purge,module load x]"],
+            ],
+        ),
     ],
 )
 def test_each_job_equals_hydras_full_composition(sweep_configs, extra, swept):

@@ -9,7 +9,15 @@ from tests.support.paths import REPO
 
 CARD = {"pyproject.toml", "README.md", "hpc_train", "conf", "sbatch", "notebooks", "tests"}
 DOCUMENTED = {
-    "benchmarks", "docs", "examples", "scripts", "hydra_plugins", ".ci", ".gitignore", "constraints.txt", "mkdocs.yml",
+    "benchmarks",
+    "docs",
+    "examples",
+    "scripts",
+    "hydra_plugins",
+    ".ci",
+    ".gitignore",
+    "constraints.txt",
+    "mkdocs.yml",
 }
 OPTIONAL = {".pre-commit-config.yaml"}  # allowed once there is one
 NOT_CONTENT = {".git"}

@@ -13,8 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 
-from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.parallel.staged_model import split_model
+from hpc_train.compute.runtime.refusal import Refusal
 
 
 def _vit() -> nn.Module:

@@ -14,7 +14,9 @@ from tests.support.no_process import ProcessStarted
 
 
 def test_a_unit_test_that_starts_a_process_fails_at_that_call():
-    with pytest.raises(ProcessStarted, match=r"subprocess.Popen \['true'\]: tests/unit holds tests that start no process"):
+    with pytest.raises(
+        ProcessStarted, match=r"subprocess.Popen \['true'\]: tests/unit holds tests that start no process"
+    ):
         subprocess.run(["true"], check=False)
     with pytest.raises(ProcessStarted, match="os.system 'true'"):
         os.system("true")

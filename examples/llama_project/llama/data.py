@@ -55,11 +55,15 @@ class CharWindows(Dataset):
     vocab_size is the model's vocabulary, checked to hold every character (it may be padded beyond them).
     """
 
-    def __init__(self, seq_len: int, num_windows: int, split: str = "train", seed: int = 0, vocab_size: int = VOCAB_SIZE) -> None:
+    def __init__(
+        self, seq_len: int, num_windows: int, split: str = "train", seed: int = 0, vocab_size: int = VOCAB_SIZE
+    ) -> None:
         assert split in ("train", "val"), f"split must be 'train' or 'val', not {split!r}"
         assert vocab_size >= VOCAB_SIZE, f"vocab_size is {vocab_size}, but the log has {VOCAB_SIZE} characters"
         self.seq_len = seq_len
-        self.ids = encode(make_log(num_windows * seq_len + 1, seed=2 * seed + (split == "val")))  # splits never share text
+        self.ids = encode(
+            make_log(num_windows * seq_len + 1, seed=2 * seed + (split == "val"))
+        )  # splits never share text
 
     def __len__(self) -> int:
         return (len(self.ids) - 1) // self.seq_len

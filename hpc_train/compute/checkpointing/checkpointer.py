@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
-from hpc_train.records import rundir
-from hpc_train.compute.runtime import distributed
 from hpc_train.compute.checkpointing.background import FAILURE_WAIT_S, BackgroundWrite, Ticket
 from hpc_train.compute.checkpointing.files import (
     FORMAT,
@@ -43,8 +41,10 @@ from hpc_train.compute.checkpointing.files import (
     write_checkpoint,
 )
 from hpc_train.compute.checkpointing.staging import Stager
+from hpc_train.compute.runtime import distributed
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.contracts.fingerprint import differences
+from hpc_train.records import rundir
 
 if TYPE_CHECKING:  # only named in annotations: importing torch.distributed.checkpoint costs about a second per rank
     from torch.distributed.checkpoint.stateful import Stateful
@@ -172,7 +172,11 @@ class Checkpointer:
         """Gather what the checkpoint holds (blocking); the file it becomes and the write, run now or in the
         background. Rank 0 writes the one file; a synchronous save ends with every rank waiting for it."""
         part = self._rank_part()
-        shard = {name: self._copy(holder.state_dict()) for name, holder in self.sharded.items()} if self.owns_shard else None
+        shard = (
+            {name: self._copy(holder.state_dict()) for name, holder in self.sharded.items()}
+            if self.owns_shard
+            else None
+        )
         if shard is not None and not self.ranks.is_main:  # another stage's owner (the pipelining engine) sends its own
             part["shard"] = (self.shard_key, shard)
         parts = distributed.gather_to_main(part)  # rank 0's shard stays out: it would be pickled to itself

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_manifest import is_complete, verify
 from hpc_train.compute.checkpointing.files import CheckpointError
+from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 

@@ -23,9 +23,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch.distributed as dist
 
-from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_metadata import METADATA, bare_name, read_metadata, referenced_files
 from hpc_train.compute.checkpointing.files import CheckpointError, IncompleteCheckpoint, unsafe_checkpoint
+from hpc_train.records import rundir
 
 LOOP = "loop.pt"  # rank 0's loop state, RNG states per rank and fingerprint (a complete checkpoint has one)
 MANIFEST = rundir.SHARDED_MANIFEST

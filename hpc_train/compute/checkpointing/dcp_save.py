@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
-from hpc_train.records import rundir
 from hpc_train.compute.checkpointing.dcp_dirs import (
     checkpoint_bytes,
     install,
@@ -40,6 +39,7 @@ from hpc_train.compute.checkpointing.dcp_failures import describe
 from hpc_train.compute.checkpointing.dcp_manifest import LOOP, Entries, file_entries, merged_entries, write_manifest
 from hpc_train.compute.checkpointing.files import CheckpointError, disk_full_error, is_disk_full
 from hpc_train.compute.runtime import faults
+from hpc_train.records import rundir
 
 
 class _Writer(FileSystemWriter):

@@ -76,7 +76,12 @@ def _save_atomic(obj: object, out: Path) -> None:
     """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt; a full disk is one message."""
     from hpc_train.compute.checkpointing.files import save_atomic  # heavy (torch): only once the arguments parsed
 
-    save_atomic(obj, out, f"the export {out.name}", f"Nothing was written to {out}. Fix: free space there or export to another path.")
+    save_atomic(
+        obj,
+        out,
+        f"the export {out.name}",
+        f"Nothing was written to {out}. Fix: free space there or export to another path.",
+    )
 
 
 def export(run_dir: Path, out: Path, step: Optional[int] = None, ema: bool = False) -> Path:

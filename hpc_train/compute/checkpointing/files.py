@@ -43,9 +43,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from hpc_train.records import rundir
 from hpc_train.compute.runtime import faults
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 
@@ -145,7 +145,9 @@ def disk_full_error(folder: Path, what: str, needed: int, after: str = RESUME_AF
         free = human_size(shutil.disk_usage(folder).free)
     except OSError:
         free = "unknown"
-    return DiskFull(f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. {after}")
+    return DiskFull(
+        f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. {after}"
+    )
 
 
 # -- atomic files ---------------------------------------------------------------------------

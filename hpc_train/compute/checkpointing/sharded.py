@@ -26,15 +26,15 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from hpc_train.records import rundir
-from hpc_train.compute.runtime import distributed
-from hpc_train.compute.runtime.distributed import SideGroup
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.checkpointing.dcp_dirs import step_dir
 from hpc_train.compute.checkpointing.dcp_load import load_dcp, read_loop
 from hpc_train.compute.checkpointing.dcp_manifest import MANIFEST_FORMAT
 from hpc_train.compute.checkpointing.dcp_save import save_dcp
 from hpc_train.compute.checkpointing.files import CheckpointError, UnsafeCheckpoint
+from hpc_train.compute.runtime import distributed
+from hpc_train.compute.runtime.distributed import SideGroup
+from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 

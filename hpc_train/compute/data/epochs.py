@@ -105,8 +105,7 @@ class TrainEpochs:
         if steps == 0:
             size = f"{len(self.dataset)} samples" + (" on some rank" if self.stream else "")
             raise ValueError(
-                f"trainer.batch_size={global_batch} is larger than the training set ({size}): lower"
-                " trainer.batch_size."
+                f"trainer.batch_size={global_batch} is larger than the training set ({size}): lower trainer.batch_size."
             )
         return steps
 

@@ -36,9 +36,6 @@ from typing import IO, Any, Deque, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.records import hang, rundir
-from hpc_train.processes import procfs
-from hpc_train.contracts import strategy_table
 from hpc_train.compute.runtime import attempts, heartbeat
 from hpc_train.compute.runtime.attempts import attempt_key
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
@@ -53,10 +50,18 @@ from hpc_train.compute.runtime.interrupts import (
 )
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.settings import JobSettings, LayoutSettings, section
-from hpc_train.records.metrics_log import ATTEMPT_VARIABLE, LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE, RUN_DIR_VARIABLE
+from hpc_train.contracts import strategy_table
+from hpc_train.processes import procfs
 from hpc_train.processes.rank_env import is_torchrun_variable
-from hpc_train.records.rank_errors import death_cause
 from hpc_train.processes.script_command import direct_command, torchrun_command
+from hpc_train.records import hang, rundir
+from hpc_train.records.metrics_log import (
+    ATTEMPT_VARIABLE,
+    LAUNCH_ID_VARIABLE,
+    LOCAL_LAUNCHER_VARIABLE,
+    RUN_DIR_VARIABLE,
+)
+from hpc_train.records.rank_errors import death_cause
 
 log = logging.getLogger("hpc_train")
 

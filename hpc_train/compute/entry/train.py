@@ -14,17 +14,17 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.records import run_claim
 from hpc_train.compute.entry.script_job import ScriptFailed, run_script
-from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_layout
+from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, section
 from hpc_train.config.strategy import strategy_id
-from hpc_train.records.rank_errors import write_error_record
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.records import run_claim
+from hpc_train.records.rank_errors import write_error_record
 
 
 def load_job_spec(path: Path) -> DictConfig:

@@ -20,7 +20,6 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, List, Optional
 import torch
 import torch.nn as nn
 
-from hpc_train.records import hang, rundir
 from hpc_train.compute.data.batch import batch_size, split_batch
 from hpc_train.compute.parallel.gradients import clip_to_norm, total_norm
 from hpc_train.compute.parallel.precision import autocast, grad_scaler
@@ -30,6 +29,7 @@ from hpc_train.compute.settings import LayoutSettings
 from hpc_train.compute.user.building import is_classification
 from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
 from hpc_train.config.strategy import strategy_id
+from hpc_train.records import hang, rundir
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
 

@@ -32,18 +32,18 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hpc_train.records import hang, rundir
-from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
 from hpc_train.compute.parallel import sharding
+from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
 from hpc_train.compute.parallel.gradients import total_norm
 from hpc_train.compute.parallel.partitioning import micro_batch
 from hpc_train.compute.parallel.precision import autocast
 from hpc_train.compute.parallel.staged_model import split_model
-from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.parallel.tensor_parallel import apply_plan, check_plan
+from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.contracts.mesh_dims import KEYS, ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
+from hpc_train.records import hang, rundir
 
 log = logging.getLogger("hpc_train")
 
@@ -199,7 +199,10 @@ class MeshStrategy(Strategy):
         chunks = int(self.settings.chunks)
         schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[str(self.settings.schedule).lower()]
         self.schedule = schedule_cls(
-            self.stage, chunks, loss_fn=lambda out, target: self.loss_fn(out.float(), target) / chunks, scale_grads=False
+            self.stage,
+            chunks,
+            loss_fn=lambda out, target: self.loss_fn(out.float(), target) / chunks,
+            scale_grads=False,
         )
 
     # -- compute ----------------------------------------------------------------------
@@ -278,7 +281,9 @@ class MeshStrategy(Strategy):
             return super().global_metrics(metrics)
         device = distributed.collective_device(self.input_device)
         values = [float(metrics[name]) * float(self.holds_the_loss) for name in self.metric_names]
-        total = distributed.all_reduce_sum(torch.tensor([*values, float(self.holds_the_loss)], dtype=torch.float64).to(device)).cpu()
+        total = distributed.all_reduce_sum(
+            torch.tensor([*values, float(self.holds_the_loss)], dtype=torch.float64).to(device)
+        ).cpu()
         return {name: float(total[i] / total[-1]) for i, name in enumerate(self.metric_names)}
 
     def eval_counts(self, model: nn.Module, batch: Any) -> torch.Tensor:

@@ -191,9 +191,7 @@ def balanced_counts(
     stage count (strategy.stages; a mesh's strategy.pp).
     """
     if stages > n:
-        raise Refusal(
-            f"`{stages_key}`: {what} to cut, fewer than {stages} stages. Fix: use at most {stages_key}={n}."
-        )
+        raise Refusal(f"`{stages_key}`: {what} to cut, fewer than {stages} stages. Fix: use at most {stages_key}={n}.")
     if not isinstance(balance, str):
         counts = [int(c) for c in balance]
         if len(counts) != stages or sum(counts) != n or min(counts) < 1:

@@ -19,7 +19,6 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from hpc_train.records import hang, rundir
 from hpc_train.compute.parallel.base import Strategy, StrategySetup
 from hpc_train.compute.parallel.partitioning import micro_batch
 from hpc_train.compute.parallel.pipeline import PipelineSettings
@@ -28,6 +27,7 @@ from hpc_train.compute.parallel.staged_model import split_model
 from hpc_train.compute.parallel.tracing import stage_inputs
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.contracts.strategy_table import split_settings
+from hpc_train.records import hang, rundir
 
 _DTYPES = [
     torch.float32,

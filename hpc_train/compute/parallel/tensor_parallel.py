@@ -89,7 +89,9 @@ def _check_module(name: str, module: nn.Module, style: str, tp: int) -> None:
     if isinstance(module, nn.Linear):
         width, what = (module.out_features, "output") if style.startswith("colwise") else (module.in_features, "input")
     else:
-        width, what = (module.embedding_dim, "embedding") if style.startswith("colwise") else (module.num_embeddings, "row")
+        width, what = (
+            (module.embedding_dim, "embedding") if style.startswith("colwise") else (module.num_embeddings, "row")
+        )
     if width % tp:
         raise Refusal(
             f"`strategy.tp`: {name!r} has {width} {what} features, which tp={tp} does not divide ({style} gives each"

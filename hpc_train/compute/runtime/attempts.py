@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
+from hpc_train.slurm import slurm_cli
 
 log = logging.getLogger("hpc_train")
 

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from hpc_train.records import rundir
 from hpc_train.compute.runtime import heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.records import rundir
 from hpc_train.records.hang import COLLECTIVE
 
 

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Deque, Iterator, List, Optional, Union
 
-from hpc_train.records import hang, rundir
-from hpc_train.processes import procfs
 from hpc_train.compute.runtime import attempts, pyspy, watchdog
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import log_to_file
+from hpc_train.processes import procfs
+from hpc_train.records import hang, rundir
 
 log = logging.getLogger("hpc_train")
 

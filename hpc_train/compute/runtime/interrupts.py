@@ -23,8 +23,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
-from hpc_train.slurm import slurm_cli
 from hpc_train.config.launcher import signal_name
+from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.slurm_time import slurm_seconds
 
 NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the strongest request wins

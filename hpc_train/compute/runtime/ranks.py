@@ -69,13 +69,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from hpc_train.slurm.hostlist import expand_hostlist
-from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.processes.rank_env import port_for_job
+from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
+from hpc_train.slurm.hostlist import expand_hostlist
 
 # How each source reads in a rank's first log line ("ranks from ...").
 SOURCE_WORDS = {

@@ -15,12 +15,12 @@ import os
 import time
 from pathlib import Path
 
-from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import detect_ranks
 from hpc_train.pack.records import PACKED_ENV
+from hpc_train.records import rundir
 from hpc_train.records.run_claim import slurm_job_id
+from hpc_train.slurm import slurm_cli
 
 log = logging.getLogger("hpc_train")
 

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from hpc_train.records import hang, rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
-from hpc_train.slurm.hostlist import expand_hostlist
-from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.pack.records import PACKED_ENV
+from hpc_train.records import hang, rundir
+from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.records.rank_errors import write_record
+from hpc_train.slurm import slurm_cli
+from hpc_train.slurm.hostlist import expand_hostlist
 
 log = logging.getLogger("hpc_train")
 

@@ -21,9 +21,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from hpc_train.contracts import logger_table
 from hpc_train.compute.runtime.runlog import MetricsWriter
 from hpc_train.compute.training.tracker_common import KINDS, LoggerSettings, in_run_dir
+from hpc_train.contracts import logger_table
 
 
 def logger_settings(node: Optional[Mapping[str, Any]]) -> Optional[LoggerSettings]:
@@ -49,9 +49,7 @@ def metrics_writer(
     )
 
 
-def make_tracker(
-    name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str
-) -> Any:
+def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str) -> Any:
     # each tracker module imports its optional package (tensorboard, wandb, mlflow): only the chosen one loads
     if name == "tensorboard":
         from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker  # optional: tensorboard

@@ -18,8 +18,8 @@ from hpc_train.compute.parallel.base import StrategySettings
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
 from hpc_train.compute.settings import JobSettings
-from hpc_train.compute.training.tracker_common import LoggerSettings
 from hpc_train.compute.training.optim import OptimSettings
+from hpc_train.compute.training.tracker_common import LoggerSettings
 
 
 @dataclass(frozen=True)
@@ -71,4 +71,3 @@ class TrainingSettings:
     logger: Optional[LoggerSettings]  # None: the spec has no logger node (metrics.jsonl only)
     launcher: LauncherSettings
     job_spec: Dict[str, Any]
-

@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
-from hpc_train.records import hang, rundir
 from hpc_train.compute.checkpointing.background import Ticket
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
 from hpc_train.compute.checkpointing.files import save_atomic, size_on_disk
@@ -44,6 +43,7 @@ from hpc_train.compute.user.building import build_datasets, build_loss, build_mo
 from hpc_train.compute.user.step import build_step
 from hpc_train.contracts.fingerprint import fingerprint
 from hpc_train.contracts.strategy_table import KINDS
+from hpc_train.records import hang, rundir
 from hpc_train.records.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")

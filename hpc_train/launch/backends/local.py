@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
-from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.records.rank_errors import death_cause, read_records, root_cause
 
 GRACE_S = 10.0

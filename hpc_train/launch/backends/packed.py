@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table
-from hpc_train.launch.planning import capacity
 from hpc_train.launch.backends import slurm
-from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.backends.slurm import PreparedJob, refusal_error, sbatch_flag, time_minutes
+from hpc_train.launch.planning import capacity
+from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.pack import records, status
 from hpc_train.pack.records import AllocationPlan, PackedRun
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
 
 # The sbatch parameters every run of one allocation must agree on (its layout and time are the allocation's).
 SHARED = ("partition", "account", "qos", "constraint", "mem", "setup", "additional_parameters")
@@ -190,7 +190,12 @@ def render(plan_path: Path, params: Dict[str, Any], log_dir: Path) -> str:
     if params.get("setup"):
         lines += ["", "# setup", *params["setup"]]
     command = [sys.executable, "-u", "-m", "hpc_train.pack.scheduler", str(plan_path)]
-    lines += ["", "# the pool: each run of this allocation a job step (srun --exact)", "exec " + shlex.join(command), ""]
+    lines += [
+        "",
+        "# the pool: each run of this allocation a job step (srun --exact)",
+        "exec " + shlex.join(command),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -223,9 +228,7 @@ def plan_allocations(
     runs = [packed_run(job) for job in jobs]
     params = [job.params for job in jobs]
     requeues = [job.max_requeues for job in jobs]
-    return plan_packed(
-        runs, params, requeues, shape, sweep_dir, signal, signal_delay_s, shares=share_out(jobs, shape)
-    )
+    return plan_packed(runs, params, requeues, shape, sweep_dir, signal, signal_delay_s, shares=share_out(jobs, shape))
 
 
 def plan_packed(
@@ -306,7 +309,9 @@ def follow(sweep_dir: Path, run_dir: Path) -> int:
         while True:
             state = status.packed_states(sweep_dir).get(job)
             # interrupted now, or it was while an earlier run was followed (its attempt log counts a second start)
-            again = state is not None and (state.state == records.INTERRUPTED or rundir.attempts_started(run_dir, since) > 1)
+            again = state is not None and (
+                state.state == records.INTERRUPTED or rundir.attempts_started(run_dir, since) > 1
+            )
             if again and not said:
                 said = True
                 print(
@@ -339,5 +344,7 @@ def queue(
         submitted = submit(plans, sweep_dir)
         queueing.submitted = [(plan, plan) for plan in submitted]
         ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}
-        job_table.print_and_append(sweep_dir, [job_table.JobRow(ids[job], job, label, layout) for job, label, layout in rows])
+        job_table.print_and_append(
+            sweep_dir, [job_table.JobRow(ids[job], job, label, layout) for job, label, layout in rows]
+        )
     return submitted, ids

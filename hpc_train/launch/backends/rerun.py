@@ -16,12 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from hpc_train.records import rundir
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
-from hpc_train.pack.records import is_packed_id
 from hpc_train.launch.backends.packed_rerun import rerun_packed
+from hpc_train.pack.records import is_packed_id
+from hpc_train.records import rundir
 
 
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:

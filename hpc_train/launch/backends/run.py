@@ -9,15 +9,15 @@ from typing import Any, Dict
 
 from omegaconf import DictConfig
 
-from hpc_train.records import hang, run_claim, rundir
 from hpc_train.jobs import job_states, submissions
 from hpc_train.launch.backends import slurm, slurm_follow
+from hpc_train.launch.backends.local import run_local
 from hpc_train.launch.planning.errors import JobFailed, StoppedWaiting
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec
-from hpc_train.launch.backends.local import run_local
 from hpc_train.launch.planning.plan import count_local_gpus, make_plan
-from hpc_train.records.rank_errors import refusal_words
 from hpc_train.processes.script_command import is_script_job, script_args
+from hpc_train.records import hang, run_claim, rundir
+from hpc_train.records.rank_errors import refusal_words
 
 
 def run_job(cfg: DictConfig, run_dir: Path, wait: bool = False) -> int:
@@ -75,7 +75,9 @@ def _slurm(cfg: DictConfig, plan, spec: Dict[str, Any], wait: bool) -> int:
             [(_, handle)] = queueing.submitted = slurm.submit_jobs([job])
             run_claim.note_slurm_job(plan.run_dir, token, str(handle.job_id))
             write_job_spec(spec, plan.run_dir)
-            submissions.record(plan.run_dir, slurm.submission_records([(job, handle)], ["0"]))  # what the Python API reads
+            submissions.record(
+                plan.run_dir, slurm.submission_records([(job, handle)], ["0"])
+            )  # what the Python API reads
     except BaseException:
         run_claim.release(plan.run_dir, token)
         raise

@@ -58,8 +58,7 @@ def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
     if tasks is not None and tasks != planned:
         raise ConfigError(
             "strategy",
-            f"the allocation has {tasks} task(s), but the overrides plan {planned} ranks"
-            f" ({layout.describe()}); {how}.",
+            f"the allocation has {tasks} task(s), but the overrides plan {planned} ranks ({layout.describe()}); {how}.",
             f"use `#SBATCH --nodes={layout.nodes_text}` and `#SBATCH --ntasks-per-node={layout.tasks_per_node}` (the"
             " dry run `hpc-train launcher=slurm dry_run=true ...` prints them).",
         )

@@ -22,19 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
+from hpc_train.launch.backends.submitit_import import submitit_module
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.errors import Interrupted
 from hpc_train.launch.planning.layout import JobLayout
 from hpc_train.launch.planning.plan import RunPlan
-from hpc_train.launch.backends.submitit_import import submitit_module
 from hpc_train.launch.planning.sweep_limits import array_chunk
 from hpc_train.processes.rank_env import unset_line
+from hpc_train.records import rundir
+from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.slurm_time import limit_minutes
 
 _UNSAFE_SETUP = re.compile(r"[\n\r;&|`]|\$\(")
@@ -322,7 +322,9 @@ class PreparedJob:
     max_requeues: int  # submitit's max_num_timeout
     payload: Any = None  # the callable its tasks run; None: made from spec by submit_jobs' `task`
     folder: Optional[Path] = None  # submitit's folder as the user gave it (a Hydra app's submitit_folder, %j and all)
-    submitted_to: Optional[Path] = None  # the folder submit_jobs gave submitit (for a rerun: hpc_train.launch.backends.rerun)
+    submitted_to: Optional[Path] = (
+        None  # the folder submit_jobs gave submitit (for a rerun: hpc_train.launch.backends.rerun)
+    )
 
 
 def prepare(plan: RunPlan, spec: Dict[str, Any], label: str = "") -> PreparedJob:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from hpc_train.jobs import job_states
 from hpc_train.records import rundir
 from hpc_train.slurm import slurm_cli
-from hpc_train.jobs import job_states
 
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
 STATE_POLL_S = 5.0  # how often Slurm is asked while no result says the attempt failed (a job that ended without one)
@@ -139,7 +139,9 @@ class _Follower:
                     self.unknown_since = self.unknown_since or time.monotonic()
                     if failure is not None or time.monotonic() - self.unknown_since > UNKNOWN_GRACE_S:
                         gone = "neither squeue nor sacct knows it any more"
-                        return Ending(failure or NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues)
+                        return Ending(
+                            failure or NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues
+                        )
                 else:
                     self.unknown_since = None
             time.sleep(RESULT_POLL_S)

@@ -28,11 +28,11 @@ from typing import List, Mapping, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.records import rundir
 from hpc_train.config.errors import ConfigError
+from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.planning.plan import make_plan
-from hpc_train.launch.backends.run import report_summary
+from hpc_train.records import rundir
 
 PEER_REFUSAL_WAIT_S = 60.0  # a non-zero local rank's wait for torchrun's SIGTERM after a refusal
 

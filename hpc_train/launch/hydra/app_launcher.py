@@ -44,18 +44,19 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hpc_train.records import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch.planning import capacity
-from hpc_train.launch.hydra import hydra_internals
-from hpc_train.launch.backends import packed as pack, slurm, slurm_follow, submitit_import
-from hpc_train.launch.planning.objective import sweeper_target
+from hpc_train.launch.backends import packed as pack
+from hpc_train.launch.backends import slurm, slurm_follow, submitit_import
 from hpc_train.launch.backends.slurm import cluster_account, cluster_qos, time_minutes
+from hpc_train.launch.hydra import hydra_internals
+from hpc_train.launch.planning import capacity
+from hpc_train.launch.planning.objective import sweeper_target
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
 from hpc_train.pack import app_step, records, status
 from hpc_train.pack.records import PackedRun
+from hpc_train.records import rundir
 from hpc_train.records.rundir import EXIT_CTRL_C, EXIT_REFUSED
 
 log = logging.getLogger(__name__)
@@ -319,7 +320,9 @@ class AppLauncher(Launcher):
             returns = _packed_results(sweep_dir, jobs, handles)
         else:
             since = time.time()
-            returns = [_result(handle, overrides, since, self.local) for (_, overrides, _, _), handle in zip(jobs, handles)]
+            returns = [
+                _result(handle, overrides, since, self.local) for (_, overrides, _, _), handle in zip(jobs, handles)
+            ]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
@@ -430,8 +433,15 @@ class AppLauncher(Launcher):
         first = jobs[0][2]
         try:
             plans = pack.plan_packed(
-                runs, params, requeues, shape, sweep_dir, PACK_SIGNAL, int(first.get("signal_delay_s") or 0),
-                APP_PACK_KEYS, APP_PACK_SHARED,
+                runs,
+                params,
+                requeues,
+                shape,
+                sweep_dir,
+                PACK_SIGNAL,
+                int(first.get("signal_delay_s") or 0),
+                APP_PACK_KEYS,
+                APP_PACK_SHARED,
             )
             check_sweep_fits(len(plans), {p.get("account") for p in params}, None)
         except ConfigError as err:
@@ -489,7 +499,11 @@ def _pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
         return None
     for key in ("allocations", "nodes", "gpus_per_node"):
         if settings.get(key) is not None and int(settings[key]) < 1:
-            raise ConfigError(f"hydra.launcher.pack.{key}", f"{settings[key]} is not a positive count.", f"set hydra.launcher.pack.{key}=1 or more.")
+            raise ConfigError(
+                f"hydra.launcher.pack.{key}",
+                f"{settings[key]} is not a positive count.",
+                f"set hydra.launcher.pack.{key}=1 or more.",
+            )
     profile = cluster_profile(str(launcher["cluster"])) if launcher.get("cluster") else {}
     gpus = settings.get("gpus_per_node") or profile.get("gpus_per_node")
     if not gpus:
@@ -567,7 +581,9 @@ def _packed_results(sweep_dir: Path, jobs: List[Any], ids: List[str]) -> List[Jo
         code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
         logs = app_step.run_folder(sweep_dir, job) / "slurm"
         returns.append(
-            _failed(overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result; see {logs}"))
+            _failed(
+                overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result; see {logs}")
+            )
         )
     return returns
 

@@ -13,12 +13,12 @@ from typing import Any, Union
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from hpc_train.records import run_claim
 from hpc_train.config.errors import ConfigError
 from hpc_train.launch.backends import torchrun_client
 from hpc_train.launch.planning.errors import JobFailed
-from hpc_train.records.rundir import EXIT_REFUSED
 from hpc_train.launch.planning.objective import check_objective
+from hpc_train.records import run_claim
+from hpc_train.records.rundir import EXIT_REFUSED
 
 # Launchers that would wrap hpc-train's own launcher in one more Slurm job of a fixed shape.
 REFUSED_LAUNCHERS = {

@@ -32,13 +32,14 @@ from omegaconf import DictConfig
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch.backends import packed as pack, slurm
+from hpc_train.launch.backends import packed as pack
+from hpc_train.launch.backends import slurm
+from hpc_train.launch.backends.run import follow
+from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
 from hpc_train.launch.planning.plan import make_plan
-from hpc_train.launch.backends.run import follow
-from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,9 @@ class SweepLauncher(Launcher):
             ]
             job_table.print_and_append(sweep_dir, rows)
             numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
-            submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+            submissions.record(
+                sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted])
+            )
         wait = bool(batch[0][2].view.launcher.wait)
         objective = str(batch[0][2].view.objective)
         if optimising or wait:
@@ -201,7 +204,6 @@ class SweepLauncher(Launcher):
             if returns[i] is None:
                 returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[id(job)].job_id)
         return returns  # type: ignore[return-value]
-
 
     def _submit_packed(
         self,
@@ -253,7 +255,9 @@ class SweepLauncher(Launcher):
             if not optimising:
                 returns[i] = _followed(overrides, run_dir, packed, code)
             elif code != 0:
-                returns[i] = _job_return(overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}"))
+                returns[i] = _job_return(
+                    overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}")
+                )
             else:
                 try:
                     returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
@@ -271,7 +275,9 @@ def _followed(overrides: Sequence[str], run_dir: Path, job_id: str, code: int) -
     if code == 0:
         return _job_return(overrides, run_dir, job_id)
     return _job_return(
-        overrides, run_dir, JobFailed(f"job {job_id} did not complete (exit code {code})", exit_code=code, reported=True)
+        overrides,
+        run_dir,
+        JobFailed(f"job {job_id} did not complete (exit code {code})", exit_code=code, reported=True),
     )
 
 

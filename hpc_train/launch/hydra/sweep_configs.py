@@ -12,8 +12,8 @@ Hydra would refuse) goes through Hydra's full composition, so Hydra decides and 
 from __future__ import annotations
 
 import copy
-import os
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple

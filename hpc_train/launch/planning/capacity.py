@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from hpc_train.slurm import slurm_cli
 from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
+from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.slurm_time import slurm_minutes
 
 _FORMAT = "%N|%P|%c|%z|%m|%G|%l"  # node, partition (* = default), CPUs, S:C:T, memory MB, gres, time limit
@@ -224,7 +224,9 @@ def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys)
     if cpus > most_cpus:
         per_gpu = most_cpus // gpus if gpus else 0
         if not keys.cpus_per_gpu:
-            fix = f"set {keys.cpus}={max(1, most_cpus // tasks)} or fewer ({most_cpus} {unit} / {tasks} task(s) per node)"
+            fix = (
+                f"set {keys.cpus}={max(1, most_cpus // tasks)} or fewer ({most_cpus} {unit} / {tasks} task(s) per node)"
+            )
         elif per_gpu:
             fix = f"set {keys.cpus}={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)"
         else:

@@ -14,10 +14,10 @@ from typing import Any, Dict, Optional
 import yaml
 from hydra.core.hydra_config import HydraConfig
 
-from hpc_train.records import rundir
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.launch.planning.validate import check_resume_compatible, code_dirs, normalize_precision, script_cwd
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.records import rundir
 
 
 def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> Dict[str, Any]:

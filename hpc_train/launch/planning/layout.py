@@ -25,7 +25,9 @@ class JobLayout:
     gpus_per_node: int
     gpus_per_task: int
     cpus_per_task: int
-    mesh: Optional[Tuple[int, ...]] = None  # fsdp: (replicas, shards), replicas > 1 is HSDP; mesh: hpc_train.contracts.mesh_dims.ORDER
+    mesh: Optional[Tuple[int, ...]] = (
+        None  # fsdp: (replicas, shards), replicas > 1 is HSDP; mesh: hpc_train.contracts.mesh_dims.ORDER
+    )
     # resources.nodes=MIN-MAX: `nodes` is MIN, the layout's numbers (world size, mesh) are MIN's, and Slurm may give
     # up to max_nodes; the ranks settle on the count they got (compute/runtime/allocation.py). None: a fixed count.
     max_nodes: Optional[int] = None
@@ -56,8 +58,7 @@ class JobLayout:
         task_word = "task" if self.tasks_per_node == 1 else "tasks"
         world = f"{self.world_size}-{self.max_nodes * self.tasks_per_node}" if self.max_nodes else str(self.world_size)
         head = (
-            f"{self.label}: {self.nodes_text} {node_word} x {self.tasks_per_node} {task_word}/node (world size"
-            f" {world})"
+            f"{self.label}: {self.nodes_text} {node_word} x {self.tasks_per_node} {task_word}/node (world size {world})"
         )
         if on_cpus:
             workers = self.world_size

@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from hpc_train.records import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.top import NUMERIC_SUMMARY_KEYS
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.records import rundir
 
 OWN_SWEEPER = "hydra_plugins.hpc_train_launcher.HpcTrainSweeper"
 

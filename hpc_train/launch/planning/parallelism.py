@@ -14,9 +14,16 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import micro_batches, strategy_id
-from hpc_train.launch.planning.layout import JobLayout, check_node_range, compute_layout, known_kind
 from hpc_train.contracts.mesh_dims import MeshDims, resolve_mesh_dims, torch_refusal, torch_too_old
-from hpc_train.contracts.strategy_table import KINDS, SplitSettings, StrategyKind, fsdp_mesh, mesh_split_settings, split_settings
+from hpc_train.contracts.strategy_table import (
+    KINDS,
+    SplitSettings,
+    StrategyKind,
+    fsdp_mesh,
+    mesh_split_settings,
+    split_settings,
+)
+from hpc_train.launch.planning.layout import JobLayout, check_node_range, compute_layout, known_kind
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,7 @@ def _resolve_mesh(
         raise ConfigError(
             "strategy.tp_plan",
             f"strategy.tp={dims.tp} cuts modules across ranks, but no plan says which.",
-            "give strategy.tp_plan in your strategy option (defaults: [mesh, _self_], then tp_plan: {\"layers.*.attn.wq\":"
+            'give strategy.tp_plan in your strategy option (defaults: [mesh, _self_], then tp_plan: {"layers.*.attn.wq":'
             " colwise, ...}), or set strategy.tp=1.",
         )
     if dims.pp == 1:

@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional
 
-from hpc_train.slurm import slurm_cli
 from hpc_train.config.errors import ConfigError
+from hpc_train.slurm import slurm_cli
 
 DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, used when scontrol does not answer
 SWEEP_KEY = "sweep"  # the key a refusal names: the sweep as a whole, not one job's setting

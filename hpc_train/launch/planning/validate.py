@@ -20,16 +20,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from hpc_train.records import hang as hang_watch
-from hpc_train.contracts import logger_table
-from hpc_train.records import rundir
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
+from hpc_train.contracts import logger_table
 from hpc_train.contracts.fingerprint import differences, fingerprint, read_header_fingerprint
+from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.launch.planning.parallelism import Parallelism
 from hpc_train.processes.script_command import is_script_job
-from hpc_train.contracts.strategy_table import KINDS
+from hpc_train.records import hang as hang_watch
+from hpc_train.records import rundir
 
 RESUME_WORDS = ("auto", "never")
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
@@ -129,7 +129,8 @@ def _check_continued_batch_split(cfg: ConfigView, parallel: Parallelism, run_dir
         f"this run continues the checkpoint {target}, whose global batch of {batch} (trainer.batch_size, kept by a"
         f" resumed run) does not split evenly over the {' x '.join(parts)} ({parallel.layout.describe()}).",
         f"resume on a data-parallel size of {', '.join(sizes[:-1])} or {sizes[-1]} ranks (resources.nodes x"
-        " resources.gpus_per_node)" + (", or change trainer.grad_accum_steps" if accum > 1 else "")
+        " resources.gpus_per_node)"
+        + (", or change trainer.grad_accum_steps" if accum > 1 else "")
         + ", or start over with resume=never.",
     )
 
@@ -177,7 +178,9 @@ def check_activation_checkpointing(cfg: ConfigView, parallel: Parallelism) -> No
     """Recomputing blocks in the backward pass needs the whole model in one process."""
     mode = str(cfg.trainer.activation_checkpointing)
     if mode != "none" and (parallel.kind.staged or parallel.stage_ranks):
-        spelling = "strategy=mesh with strategy.pp > 1" if parallel.layout.strategy == "mesh" else parallel.kind.spelling
+        spelling = (
+            "strategy=mesh with strategy.pp > 1" if parallel.layout.strategy == "mesh" else parallel.kind.spelling
+        )
         raise ConfigError(
             "trainer.activation_checkpointing",
             f"{spelling} runs the model's stages itself; activation checkpointing wraps the blocks of a whole model.",

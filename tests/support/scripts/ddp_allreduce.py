@@ -42,7 +42,7 @@ def main() -> None:
     dist.init_process_group("gloo")  # env:// : MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    value = torch.tensor([float(rank + 1), 10.0 ** rank])  # sum: W(W+1)/2 and 1 + 10 + ... + 10^(W-1)
+    value = torch.tensor([float(rank + 1), 10.0**rank])  # sum: W(W+1)/2 and 1 + 10 + ... + 10^(W-1)
     dist.all_reduce(value)
 
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)

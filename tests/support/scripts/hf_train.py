@@ -22,11 +22,24 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 try:  # hpc_train's metrics helper, if installed: rank 0 appends to the run dir's metrics.jsonl (a no-op elsewhere)
     from hpc_train import log_metrics
 except ImportError:  # pragma: no cover - the script runs without hpc_train too
+
     def log_metrics(step, **metrics):
         return None
 
-ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "OMP_NUM_THREADS", "HPC_TRAIN_RUN_DIR", "HPC_TRAIN_ATTEMPT")
+
+ENV_KEYS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "HPC_TRAIN_RUN_DIR",
+    "HPC_TRAIN_ATTEMPT",
+)
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -105,7 +118,9 @@ def main() -> None:
         "checksum": checksum,
     }
     Path(args.output_dir, f"rank{training_args.process_index}.json").write_text(json.dumps(record, indent=1))
-    print(f"hf_train: rank {training_args.process_index} done, global_step {result.global_step}, loss {result.training_loss:.4f}")
+    print(
+        f"hf_train: rank {training_args.process_index} done, global_step {result.global_step}, loss {result.training_loss:.4f}"
+    )
     # Free the DDP model before the process group goes: with gloo, a group torn down at interpreter exit while
     # a DDP reducer still holds it can abort a finished rank ("terminate called without an active exception").
     trainer.accelerator.free_memory()

@@ -16,7 +16,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-
 # Untyped on purpose: each value keeps the type Hydra's own parser gives the text on the command line.
 ConfigStore.instance().store(name="app_config", node={"lr": 0.5, "steps": 2, "flag": True, "name": "app", "dims": [8]})
 

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, TensorDataset
 try:  # hpc_train's metrics helper, if installed: rank 0 appends to the run dir's metrics.jsonl (a no-op elsewhere)
     from hpc_train import log_metrics
 except ImportError:  # pragma: no cover - the script runs without hpc_train too
+
     def log_metrics(step, **metrics):
         return None
 
@@ -67,8 +68,19 @@ class Record(L.Callback):
             "world_size": trainer.world_size,
             "global_step": trainer.global_step,
             "epoch": trainer.current_epoch,
-            "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
-                                                   "SLURM_NTASKS", "SLURM_RESTART_COUNT", "MASTER_PORT")},
+            "env": {
+                k: os.environ.get(k)
+                for k in (
+                    "RANK",
+                    "LOCAL_RANK",
+                    "WORLD_SIZE",
+                    "SLURM_PROCID",
+                    "SLURM_LOCALID",
+                    "SLURM_NTASKS",
+                    "SLURM_RESTART_COUNT",
+                    "MASTER_PORT",
+                )
+            },
             **fields,
         }
         with open(self.root / f"rank{trainer.global_rank}.jsonl", "a") as handle:

@@ -2,10 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Tuple
 
 from hpc_train.config.checks import INT64_MAX, Problem, flag, one_of, show, slurm_time, whole
 from hpc_train.config.rule import R, Rule
+
+
+@dataclass(frozen=True)
+class LauncherKind:
+    """What a launcher is, as the plan, the job spec and the API read it (how it runs jobs is its backend's:
+    hpc_train.launch.backends.registry). Nothing compares a launcher's name: it reads these fields."""
+
+    name: str
+    on_this_machine: bool  # the ranks start on the machine the command runs on: one node, whose GPUs are counted here
+    submits: bool  # the command queues a Slurm job (a job id, the queue, accounting) instead of running the ranks
+    slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its signal, compute nodes without internet
+    requeue: str  # who requeues a job stopped before its time limit: "submitit", "scontrol" (the batch script), "none"
+    prepares_only: bool  # the command only checks its allocation and writes the job spec (a plain sbatch script's step)
+
+    def rank_settings(self) -> Dict[str, Any]:
+        """The job spec's ``backend`` section: what a rank needs to know of how it was started (never the name to
+        branch on; the name is recorded as data)."""
+        return {key: value for key, value in asdict(self).items() if key in ("name", "slurm_job", "requeue")}
+
+
+LAUNCHERS: Dict[str, LauncherKind] = {
+    kind.name: kind
+    for kind in (
+        LauncherKind(
+            "local", on_this_machine=True, submits=False, slurm_job=False, requeue="none", prepares_only=False
+        ),
+        LauncherKind(
+            "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="submitit", prepares_only=False
+        ),
+        LauncherKind(
+            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="scontrol", prepares_only=True
+        ),
+    )
+}
+DEFAULT_LAUNCHER = "local"
+
+
+def launcher_kind(name: Any) -> LauncherKind:
+    """The kind of launcher ``launcher.name`` names (checked against LAUNCHERS before anything reads it)."""
+    return LAUNCHERS[str(name)]
+
 
 PACK_KEYS = ("allocations", "nodes", "gpus_per_node", "time")  # launcher.pack's keys
 
@@ -30,8 +72,8 @@ def signal_name(value: Any) -> str:
 RULES: Tuple[Rule, ...] = (
     R(
         "launcher.name",
-        one_of("local", "slurm", "sbatch"),
-        "local",
+        one_of(*LAUNCHERS),
+        DEFAULT_LAUNCHER,
         required=True,
         fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch.",
         doc="Where the job runs: local (this machine), slurm (submitted with submitit) or sbatch (inside your own sbatch script).",

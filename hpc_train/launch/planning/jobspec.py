@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 import yaml
 from hydra.core.hydra_config import HydraConfig
 
+from hpc_train.config.launcher import launcher_kind
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.launch.planning.validate import check_resume_compatible, code_dirs, normalize_precision, script_cwd
 from hpc_train.processes.script_command import is_script_job
@@ -35,6 +36,7 @@ def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> D
         "choices": dict(choices) if choices is not None else hydra_choices(),
         "code_dirs": code_dirs(),
     }
+    spec["backend"] = launcher_kind(plan.config.launcher.name).rank_settings()  # how the ranks were started
     if is_script_job(spec):  # the script's folder, fixed where hpc-train was started
         spec["script"]["cwd"] = str(script_cwd(plan.config))
     else:

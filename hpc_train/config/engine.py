@@ -8,7 +8,8 @@ so a wrong type never reaches code that would trip over it. How it reads a confi
 * Values are read resolved: a value interpolated from another key is checked where it is
   defined first (the table lists sources before the keys that interpolate them), and an
   interpolation that cannot be resolved is refused naming its key.
-* The arguments of the shipped ``_target_`` s are checked here too (``targets.TARGET_ARGS``).
+* The arguments of the shipped ``_target_`` s are checked here too (``targets.TARGET_ARGS``), and every
+  ``_target_`` under ``hpc_train.`` must name something there (``targets.missing_target``, read from the source).
 
 Cross-key rules (the batch splits over the ranks, stages fit the GPUs, ...) stay in
 ``launch/validate.py``. The login side only: it reads OmegaConf's containers.
@@ -27,7 +28,7 @@ from hpc_train.config.errors import ConfigError
 from hpc_train.config.rule import Rule
 from hpc_train.config.strategy import strategy_id
 from hpc_train.config.table import MAPPING_KEYS, RULES
-from hpc_train.config.targets import TARGET_ARGS, TARGET_NODES
+from hpc_train.config.targets import PUBLIC_TARGETS, TARGET_ARGS, TARGET_NODES, missing_target, public_name
 from hpc_train.config.view import MISSING_TEXT, ConfigView, copy_plain
 
 # -- reading the config ------------------------------------------------------------------------
@@ -174,10 +175,39 @@ def check_target_args(cfg: Any) -> None:
     for node_key in TARGET_NODES:
         for _, node in lookup(cfg, node_key):
             target = node.get("_target_") if isinstance(node, Mapping) else None
-            for arg, (check, example, _) in TARGET_ARGS.get(str(target), {}).items():
+            for arg, (check, example, _) in TARGET_ARGS.get(public_name(str(target)), {}).items():
                 rule = Rule(f"{node_key}.{arg}", check, str(example))
                 for key, value in lookup(cfg, rule.key):
                     _apply(key, value, rule)
+
+
+def check_target_paths(node: Any, prefix: str = "") -> None:
+    """Every `_target_` under hpc_train. in a resolved config (plain data) names a class or function there: a
+    misspelt or moved one is refused here, before anything is queued, not at the first rank's import."""
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            key = f"{prefix}.{name}" if prefix else str(name)
+            if name == "_target_" and isinstance(value, str):
+                _check_target_path(key, value)
+            else:
+                check_target_paths(value, key)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            check_target_paths(value, f"{prefix}[{index}]")
+
+
+def _check_target_path(key: str, target: str) -> None:
+    missing = missing_target(target)
+    if missing is None:
+        return
+    problem, close = missing
+    public = ", ".join(PUBLIC_TARGETS)
+    fix = f"did you mean {key}={close}? " if close else ""
+    raise ConfigError(
+        key,
+        f"{show(target)} names nothing in hpc_train ({problem}).",
+        f"{fix}hpc_train's public names are {public}; or name your own class or function (my_package.MyClass).",
+    )
 
 
 def check_resolvable(node: Any, prefix: str = "") -> None:
@@ -210,6 +240,7 @@ def check_plain(plain: dict) -> None:
     check_profile_type(plain)
     check_table(plain)
     check_target_args(plain)
+    check_target_paths(plain)
 
 
 def _overlaps(pattern: str, changed: Sequence[Tuple[str, ...]]) -> bool:
@@ -235,6 +266,14 @@ def check_changed(plain: dict, changed: Sequence[Sequence[Any]]) -> None:
                 _apply(key, value, rule)
     if any(_overlaps(node_key, paths) for node_key in TARGET_NODES):
         check_target_args(plain)
+    for path in paths:  # the _target_s inside (or at) a changed key
+        node: Any = plain
+        for part in path:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, str) and path[-1] == "_target_":
+            _check_target_path(".".join(path), node)
+        elif node is not None:
+            check_target_paths(node, ".".join(path))
 
 
 def checked_view(cfg: DictConfig) -> ConfigView:

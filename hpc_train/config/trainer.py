@@ -123,11 +123,11 @@ RULES: Tuple[Rule, ...] = (
     R(
         "trainer.step",
         target_node,
-        "hpc_train.compute.training.steps.model_loss",
+        "hpc_train.steps.model_loss",
         null="the built-in step: trainer.loss of the model's output against the target",
         fix=(
             "set trainer.step={_target_: my_package.step, _partial_: true} (a function step(model, batch) returning the"
-            " loss), trainer.step._target_=hpc_train.compute.training.steps.model_loss for a model that computes its own loss, or"
+            " loss), trainer.step._target_=hpc_train.steps.model_loss for a model that computes its own loss, or"
             " trainer.step=null."
         ),
         doc="null: loss(model(input), target) on (input, target) pairs | a partial function step(model, batch) returning the loss (or a dict with loss and metrics).",

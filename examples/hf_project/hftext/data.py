@@ -2,7 +2,7 @@
 
 Each item is a dict {"input_ids", "labels"} with labels equal to input_ids: the model shifts
 the labels itself. PyTorch's default collate stacks the dicts into a dict of [batch, block]
-tensors, which hpc_train.compute.training.steps.model_loss passes as model(**batch).
+tensors, which hpc_train.steps.model_loss passes as model(**batch).
 """
 
 import random

@@ -30,7 +30,10 @@ RULES: Tuple[Rule, ...] = (
         null="the cluster profile's; locally all GPUs",
         required=True,
         fix="set resources.gpus_per_node=1 or more (at most 1024), or null for the cluster profile's value.",
-        doc="GPUs per node the job uses; null: the cluster profile's value (locally: all GPUs, or 2 CPU workers without GPUs).",
+        doc=(
+            "GPUs per node the job uses; null: the cluster profile's value (locally: all GPUs, or 2 CPU workers "
+            "without GPUs)."
+        ),
     ),
     R(
         "resources.time",

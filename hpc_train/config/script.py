@@ -27,7 +27,10 @@ RULES: Tuple[Rule, ...] = (
         "[train.py,--batch_size=32]",
         null="hpc_train's own trainer",
         fix="give the script's command after `--`: hpc-train ... -- train.py ARGS (or -- -m package.module ARGS).",
-        doc="Your script's command (what follows `--`): [train.py, ARGS...] | [-m, package.module, ARGS...]; null: hpc_train's own trainer.",
+        doc=(
+            "Your script's command (what follows `--`): [train.py, ARGS...] | [-m, package.module, ARGS...]; null: "
+            "hpc_train's own trainer."
+        ),
         default=None,
     ),
     R(
@@ -43,7 +46,10 @@ RULES: Tuple[Rule, ...] = (
         one_of("direct", "torchrun"),
         "torchrun",
         fix="use script.launcher=direct (every task runs the script) or script.launcher=torchrun (one per node).",
-        doc="direct: every task runs the script | torchrun: one task per node runs torchrun, which starts the node's ranks.",
+        doc=(
+            "direct: every task runs the script | torchrun: one task per node runs torchrun, which starts the node's "
+            "ranks."
+        ),
         default="direct",
     ),
     R(
@@ -87,7 +93,10 @@ RULES: Tuple[Rule, ...] = (
         "SIGUSR1",
         null="no signal reaches the script; hpc_train requeues the job itself",
         fix="use script.signal=SIGUSR1 (Lightning's), SIGUSR2, SIGTERM or SIGINT, or script.signal=null.",
-        doc="A signal forwarded to every rank before a requeue (e.g. SIGUSR1, Lightning's); null: hpc_train requeues the job itself.",
+        doc=(
+            "A signal forwarded to every rank before a requeue (e.g. SIGUSR1, Lightning's); null: hpc_train requeues "
+            "the job itself."
+        ),
         default=None,
     ),
     R(
@@ -102,8 +111,14 @@ RULES: Tuple[Rule, ...] = (
         regex_with_one_group,
         "'val loss ([0-9.]+)'",
         null="no objective from the script's output",
-        fix="give a regular expression with one group around the number, e.g. script.objective_regex='val loss ([0-9.]+)'.",
-        doc="A regex with one group, e.g. 'val loss ([0-9.]+)': its last match in the script's output is the objective; null: none.",
+        fix=(
+            "give a regular expression with one group around the number, e.g. script.objective_regex='val loss "
+            "([0-9.]+)'."
+        ),
+        doc=(
+            "A regex with one group, e.g. 'val loss ([0-9.]+)': its last match in the script's output is the "
+            "objective; null: none."
+        ),
         default=None,
     ),
 )

@@ -29,7 +29,8 @@ def tp_plan(value: Any) -> Problem:
     if value is None:
         return None
     if not hasattr(value, "items") or not len(value):
-        return f"must be a mapping of module-name patterns to {', '.join(TP_STYLES)} or {{_target_: ...}}, got {show(value)}"
+        styles = ", ".join(TP_STYLES)
+        return f"must be a mapping of module-name patterns to {styles} or {{_target_: ...}}, got {show(value)}"
     if "_target_" in value:
         return None if isinstance(value["_target_"], str) else f"has a _target_ that is not a name: {show(value)}"
     for pattern, style in value.items():
@@ -76,7 +77,10 @@ RULES: Tuple[Rule, ...] = (
         whole(1),
         2,
         null=f"one stage per GPU of the task (hybrid: {HYBRID_STAGES}), or len(split_points) + 1",
-        doc=f"Stages the model is cut into; null: one per GPU of the task (2 on CPUs; hybrid: {HYBRID_STAGES}), or len(split_points) + 1.",
+        doc=(
+            f"Stages the model is cut into; null: one per GPU of the task (2 on CPUs; hybrid: {HYBRID_STAGES}), or "
+            "len(split_points) + 1."
+        ),
         default=None,
         only=("model_parallel", "pipeline", "hybrid", "pipelining"),
     ),
@@ -112,7 +116,10 @@ RULES: Tuple[Rule, ...] = (
         one_of("native", "pipelining"),
         "native",
         fix="use strategy.engine=native (one process, single node) or strategy.engine=pipelining (one rank per stage).",
-        doc="native: one process owns all stages (single node) | pipelining: one rank per stage (torch.distributed.pipelining, spans nodes).",
+        doc=(
+            "native: one process owns all stages (single node) | pipelining: one rank per stage "
+            "(torch.distributed.pipelining, spans nodes)."
+        ),
         default=ENGINE_DEFAULT,
         only=("pipeline", "pipelining"),
     ),
@@ -190,8 +197,14 @@ RULES: Tuple[Rule, ...] = (
         list_of(split_point, "module names", allow_empty=False),
         "[layer1,layer2]",
         null="each block of the model's repeated block list",
-        fix="give module names as in model.named_modules(), e.g. strategy.wrap=[encoder,decoder], or strategy.wrap=null.",
-        doc="Modules sharded as units; null: each block of the model's repeated block list (else each child holding parameters).",
+        fix=(
+            "give module names as in model.named_modules(), e.g. strategy.wrap=[encoder,decoder], or "
+            "strategy.wrap=null."
+        ),
+        doc=(
+            "Modules sharded as units; null: each block of the model's repeated block list (else each child holding "
+            "parameters)."
+        ),
         default=None,
         only=("fsdp",),
     ),
@@ -239,7 +252,8 @@ RULES: Tuple[Rule, ...] = (
             ' "layers.*.attn.wo": rowwise}, or {_target_: mypkg.plan} naming a function (model, tp_mesh).'
         ),
         doc=(
-            "mesh: the tensor-parallel plan: {module-name pattern: colwise | rowwise | colwise_gather | {_target_: fn}},"
+            "mesh: the tensor-parallel plan: {module-name pattern: colwise | rowwise | colwise_gather | "
+            "{_target_: fn}},"
             " or {_target_: fn} called as fn(model, tp_mesh)."
         ),
         default=None,

@@ -47,7 +47,10 @@ RULES: Tuple[Rule, ...] = (
             "use trainer.optimizer=sgd or adamw, or a partial optimizer class, e.g."
             " trainer.optimizer={_target_: torch.optim.AdamW, _partial_: true, betas: [0.9, 0.95]}."
         ),
-        doc="sgd | adamw | a partial optimizer class, called as f(param_groups, lr=trainer.lr, weight_decay=trainer.weight_decay).",
+        doc=(
+            "sgd | adamw | a partial optimizer class, called as f(param_groups, lr=trainer.lr, "
+            "weight_decay=trainer.weight_decay)."
+        ),
         mapping=True,
     ),
     R(
@@ -59,7 +62,10 @@ RULES: Tuple[Rule, ...] = (
             " weights and other 1-D parameters), or {_target_: my_package.groups, _partial_: true}, a function"
             " groups(model) -> list of dicts."
         ),
-        doc="single | no_decay_1d (no weight decay on biases, norm weights, 1-D parameters) | a partial function groups(model).",
+        doc=(
+            "single | no_decay_1d (no weight decay on biases, norm weights, 1-D parameters) | a partial function "
+            "groups(model)."
+        ),
         default="single",
         mapping=True,
     ),
@@ -130,7 +136,10 @@ RULES: Tuple[Rule, ...] = (
             " loss), trainer.step._target_=hpc_train.steps.model_loss for a model that computes its own loss, or"
             " trainer.step=null."
         ),
-        doc="null: loss(model(input), target) on (input, target) pairs | a partial function step(model, batch) returning the loss (or a dict with loss and metrics).",
+        doc=(
+            "null: loss(model(input), target) on (input, target) pairs | a partial function step(model, batch) "
+            "returning the loss (or a dict with loss and metrics)."
+        ),
         default=None,
         mapping=True,
     ),
@@ -224,7 +233,10 @@ RULES: Tuple[Rule, ...] = (
         auto_or(number(0, 7 * 24 * 3600, low_open=True)),
         600,
         null="no hang watchdog",
-        fix=f"set trainer.hang_timeout_s=auto ({HANG_AUTO}), a number of seconds (e.g. 600), or null (no hang watchdog).",
+        fix=(
+            f"set trainer.hang_timeout_s=auto ({HANG_AUTO}), a number of seconds (e.g. 600), or null (no hang "
+            "watchdog)."
+        ),
         doc="No rank advanced for this long: dump every rank's stacks, name the stuck ones, end the job (exit code 4);"
         f" auto: {HANG_AUTO}; null: off.",
         default=hang.AUTO,
@@ -241,7 +253,10 @@ RULES: Tuple[Rule, ...] = (
         number(0, 7 * 24 * 3600, low_open=True),
         60,
         required=True,
-        doc="After a stop signal, a rank that does not advance for this long (at least 3 median steps) stops at once, after dumping its stacks.",
+        doc=(
+            "After a stop signal, a rank that does not advance for this long (at least 3 median steps) stops at once, "
+            "after dumping its stacks."
+        ),
     ),
     R(
         "trainer.checkpoint_every",

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 from hpc_train.records import rundir
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DIED_AT = "_hpc_train_died_at"  # the attribute an exception carries from where it was first seen
 

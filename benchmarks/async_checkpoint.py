@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import (
+from common import (  # noqa: E402  (benchmarks/ on sys.path first)
     PYTHON,
     REPO,
     RESULTS,
@@ -55,7 +55,7 @@ from common import (
     run_checked,
     stats,
     write_result,
-)  # noqa: E402
+)
 from fsdp_memory import build_model  # noqa: E402  the model of the FSDP memory benchmark
 
 SIZES = {
@@ -88,7 +88,8 @@ MB = 1e6
 
 def image_tinylm(image_size: int, num_classes: int, hidden: int, layers: int, in_channels: int = 3) -> Any:
     """fsdp_memory's TinyLM with its token embedding replaced by a linear map of the flattened image (the trainer's
-    built-in step feeds images and class labels); the head maps to the classes. The config names it with ``_target_``."""
+    built-in step feeds images and class labels); the head maps to the classes. The config names it with
+    ``_target_``."""
     import torch.nn as nn
 
     model = build_model(hidden, num_classes, layers)
@@ -328,7 +329,9 @@ def reference(size: str, params: Dict[str, Any], folder: Path) -> Dict[str, Any]
 # -- the driver ---------------------------------------------------------------------------------------------
 def table(cases: List[Dict[str, Any]], refs: Dict[str, Dict[str, Any]]) -> List[str]:
     lines = [
-        "| model | strategy | checkpoint | sync blocked s | async blocked s | async / sync | async write s | step s, no write | step s, write in flight | in flight / no write | torch.save s | torch.save + fsync s | clone s |",
+        "| model | strategy | checkpoint | sync blocked s | async blocked s | async / sync | async write s | step "
+        "s, no write | step s, write in flight | in flight / no write | torch.save s | torch.save + fsync s | "
+        "clone s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cases:
@@ -344,9 +347,12 @@ def table(cases: List[Dict[str, Any]], refs: Dict[str, Dict[str, Any]]) -> List[
                 + "]"
             )
         lines.append(
-            f"| {c['size']} | {c['strategy']} | {c['checkpoint_mb']:.0f} MB | {fmt_stats(c['sync_blocked_s'])} | {fmt_stats(c['async_blocked_s'])}"
-            f" | {'-' if ratio is None else f'{ratio:.2f}'} | {fmt_stats(c['async_write_s'])} | {fmt_stats(c['async_step_clear_s'])} | {inflight}"
-            f" | {'-' if slow is None else f'{slow:.2f}'} | {fmt_stats(ref['torch_save_s']) if ref else '-'} | {fmt_stats(ref['torch_save_fsync_s']) if ref else '-'}"
+            f"| {c['size']} | {c['strategy']} | {c['checkpoint_mb']:.0f} MB | {fmt_stats(c['sync_blocked_s'])} | "
+            f"{fmt_stats(c['async_blocked_s'])}"
+            f" | {'-' if ratio is None else f'{ratio:.2f}'} | {fmt_stats(c['async_write_s'])} | "
+            f"{fmt_stats(c['async_step_clear_s'])} | {inflight}"
+            f" | {'-' if slow is None else f'{slow:.2f}'} | {fmt_stats(ref['torch_save_s']) if ref else '-'} | "
+            f"{fmt_stats(ref['torch_save_fsync_s']) if ref else '-'}"
             f" | {fmt_stats(ref['clone_s']) if ref else '-'} |"
         )
     return lines
@@ -391,7 +397,8 @@ def run(quick: bool = False, **overrides: Any) -> Dict[str, Any]:
                     )
             refs[size] = reference(size, params, Path(tmp))
             print(
-                f"  {size} reference: torch.save {fmt_stats(refs[size]['torch_save_s'])} s, clone {fmt_stats(refs[size]['clone_s'])} s",
+                f"  {size} reference: torch.save {fmt_stats(refs[size]['torch_save_s'])} s, clone "
+                f"{fmt_stats(refs[size]['clone_s'])} s",
                 flush=True,
             )
     cases = summarise_runs(runs, params)

@@ -324,15 +324,18 @@ def summarise(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
 def table(results: List[Dict[str, Any]]) -> List[str]:
     """Markdown rows: one per world size and code path."""
     lines = [
-        "| W | checkpoint | code path | rank 0 ready s | slowest other ready s | save s (total) | rank 0 hashed MB | max other hashed MB | deep verify s |",
+        "| W | checkpoint | code path | rank 0 ready s | slowest other ready s | save s (total) | rank 0 hashed "
+        "MB | max other hashed MB | deep verify s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         for mode in MODES:
             m = res[mode]
             lines.append(
-                f"| {res['world']} | {res['checkpoint_mb']:.0f} MB | {mode} | {fmt_stats(m['rank0_ready_s'])} | {fmt_stats(m['slowest_other_ready_s'])}"
-                f" | {fmt_stats(m['total_s'])} | {m['rank0_hashed_mb']['median']:.0f} | {m['max_other_hashed_mb']['median']:.0f} | {fmt_stats(m['deep_verify_s'])} |"
+                f"| {res['world']} | {res['checkpoint_mb']:.0f} MB | {mode} | {fmt_stats(m['rank0_ready_s'])} | "
+                f"{fmt_stats(m['slowest_other_ready_s'])}"
+                f" | {fmt_stats(m['total_s'])} | {m['rank0_hashed_mb']['median']:.0f} | "
+                f"{m['max_other_hashed_mb']['median']:.0f} | {fmt_stats(m['deep_verify_s'])} |"
             )
     return lines
 

@@ -21,7 +21,8 @@ REPO = HERE.parent
 
 
 def import_root(tree: Path) -> Path:
-    """The directory to put on PYTHONPATH to import a checkout's hpc_train: the checkout itself, or src/ for a src-layout one."""
+    """The directory to put on PYTHONPATH to import a checkout's hpc_train: the checkout itself, or src/ for a
+    src-layout one."""
     return tree / "src" if (tree / "src" / "hpc_train").is_dir() else tree
 
 
@@ -265,7 +266,8 @@ def clean_run(fn, max_foreign: float = FOREIGN_MAX, attempts: int = CLEAN_ATTEMP
             return value, {"foreign_cores": tries, "clean": True}
         if log:
             log(
-                f"  other processes used {foreign:.2f} cores during this run: discarded, repeating (try {attempt + 2} of {attempts})"
+                f"  other processes used {foreign:.2f} cores during this run: discarded, repeating"
+                f" (try {attempt + 2} of {attempts})"
             )
         wait_for_quiet()
     return value, {"foreign_cores": tries, "clean": False}

@@ -180,7 +180,8 @@ def main() -> None:
     ]:
         print(f"{name:40s} {fmt_stats(ips[key], 1):>28s}")
     print(
-        f"weak-scaling efficiency: hpc-train {fmt_stats(eff['hpc_train'])}, plain torch DDP {fmt_stats(eff['plain_torch_ddp'])}"
+        f"weak-scaling efficiency: hpc-train {fmt_stats(eff['hpc_train'])}, plain torch DDP "
+        f"{fmt_stats(eff['plain_torch_ddp'])}"
     )
 
 

@@ -390,8 +390,10 @@ def measure(
             record["tag"], record["env"] = tag, extra_env or {}
             runs.append(record)
             log(
-                f"  {tag:14s} {case:5s} W={world}: state {record['state_bytes'] / MIB:7.1f} MiB, peak RSS {record['peak_rss_kib'] / 1024:7.1f} MiB,"
-                f" {1000 * record['step_s']:7.0f} ms/step, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s"
+                f"  {tag:14s} {case:5s} W={world}: state {record['state_bytes'] / MIB:7.1f} MiB, peak RSS "
+                f"{record['peak_rss_kib'] / 1024:7.1f} MiB,"
+                f" {1000 * record['step_s']:7.0f} ms/step, other processes {record['foreign_cores']} cores, "
+                f"{record['wall_s']:.0f} s"
             )
             return record
 
@@ -484,11 +486,13 @@ def rows(result: dict) -> list:
 def print_table(result: dict) -> None:
     c = result["cases"]
     print(
-        f"\nmodel: {c['plain_W1']['model_params'] / 1e6:.1f} M parameters, fp32, AdamW; fsdp shard units: {c['fsdp_W2']['shard_units']} blocks + root"
+        f"\nmodel: {c['plain_W1']['model_params'] / 1e6:.1f} M parameters, fp32, AdamW; fsdp shard units: "
+        f"{c['fsdp_W2']['shard_units']} blocks + root"
     )
     mmap = result.get("cases_mmap_threshold_128k") or {}
     head = (
-        f"{'case':6s} {'W':>2s} {'runs':>4s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'state':>7s} {'xW/ref':>6s} {'RSS before model':>17s}"
+        f"{'case':6s} {'W':>2s} {'runs':>4s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'state':>7s} "
+        f"{'xW/ref':>6s} {'RSS before model':>17s}"
         f" {'peak RSS':>18s} {'peak - before':>15s} {'mmap: peak - before':>20s}"
     )
     print(head + "\n" + "-" * len(head))
@@ -497,22 +501,27 @@ def print_table(result: dict) -> None:
         s = c[key]
         m = fmt_stats(mmap[key]["peak_minus_before_mib"], 0) if key in mmap else "-"
         print(
-            f"{s['case']:6s} {s['world']:>2d} {s['runs']:>4d} {s['params_mib']:7.1f} {s['grads_mib']:7.1f} {s['optimizer_mib']:7.1f} {s['state_mib']:7.1f} {s['state_mib'] * s['world'] / ref:6.3f}"
-            f" {fmt_stats(s['rss_before_model_mib'], 0):>17s} {fmt_stats(s['peak_rss_mib'], 0):>18s} {fmt_stats(s['peak_minus_before_mib'], 0):>15s} {m:>20s}"
+            f"{s['case']:6s} {s['world']:>2d} {s['runs']:>4d} {s['params_mib']:7.1f} {s['grads_mib']:7.1f} "
+            f"{s['optimizer_mib']:7.1f} {s['state_mib']:7.1f} {s['state_mib'] * s['world'] / ref:6.3f}"
+            f" {fmt_stats(s['rss_before_model_mib'], 0):>17s} {fmt_stats(s['peak_rss_mib'], 0):>18s} "
+            f"{fmt_stats(s['peak_minus_before_mib'], 0):>15s} {m:>20s}"
         )
     print(
-        "(MiB per rank, max over ranks; RSS median (min-max) over runs; xW/ref = state x W / plain single-process state;"
+        "(MiB per rank, max over ranks; RSS median (min-max) over runs; xW/ref = state x W / plain single-process "
+        "state;"
         " mmap: runs with MALLOC_MMAP_THRESHOLD_=131072, RSS without glibc's cache of freed blocks)"
     )
     for world in (2, 4):
         v = result["target"][f"W{world}"]
         print(
-            f"target W={world}: fsdp {v['fsdp_state_mib']:.1f} MiB <= {TARGET} x ddp {v['ddp_state_mib']:.1f} / {world} = {v['bound_mib']:.1f} MiB"
+            f"target W={world}: fsdp {v['fsdp_state_mib']:.1f} MiB <= {TARGET} x ddp {v['ddp_state_mib']:.1f} / "
+            f"{world} = {v['bound_mib']:.1f} MiB"
             f" (fsdp x W / ddp = {v['fsdp_x_W_over_ddp']:.3f}): {'PASS' if v['pass'] else 'FAIL'}"
         )
     r = result["step_ratio_fsdp_over_ddp_W2"]
     print(
-        f"step time W=2 (1 thread per rank): ddp {fmt_stats(c['ddp_W2']['ms_per_step'], 0)} ms, fsdp {fmt_stats(c['fsdp_W2']['ms_per_step'], 0)} ms;"
+        f"step time W=2 (1 thread per rank): ddp {fmt_stats(c['ddp_W2']['ms_per_step'], 0)} ms, fsdp "
+        f"{fmt_stats(c['fsdp_W2']['ms_per_step'], 0)} ms;"
         f" fsdp/ddp per pair {fmt_stats(r, 3)} over {r['n']} pairs"
     )
 

@@ -61,7 +61,9 @@ PUBLISHED = [
         "batch": 256,
         "source": "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
         "'Training performance: NVIDIA DGX A100 (8x A100 80GB)', 1-GPU row",
-        "conditions": "pytorch-21.03 NGC container; benchmark_training mode on ImageNet; TF32 on the same row: 938 img/s",
+        "conditions": (
+            "pytorch-21.03 NGC container; benchmark_training mode on ImageNet; TF32 on the same row: 938 img/s"
+        ),
     },
     {
         "gpu": "V100 16GB (1 GPU of a DGX-1)",
@@ -83,7 +85,8 @@ def gpu_probe() -> dict:
         "if ok:\n"
         "    p = torch.cuda.get_device_properties(0)\n"
         "    info.update(count=torch.cuda.device_count(), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),\n"
-        "                capability=f'{p.major}.{p.minor}', cudnn=torch.backends.cudnn.version(), bf16=torch.cuda.is_bf16_supported())\n"
+        "                capability=f'{p.major}.{p.minor}', cudnn=torch.backends.cudnn.version(), "
+        "bf16=torch.cuda.is_bf16_supported())\n"
         "print(json.dumps(info))\n"
     )
     try:
@@ -148,7 +151,7 @@ def measure(
         for compiled in compile_modes:
             tag = "compile" if compiled else "eager"
             cases = {
-                "hpc_train": lambda i, out: [
+                "hpc_train": lambda i, out, compiled=compiled: [
                     *hpc_train_cmd(
                         [
                             "strategy=single",
@@ -170,7 +173,7 @@ def measure(
                         ]
                     )
                 ],
-                "plain_loader": lambda i, out: [
+                "plain_loader": lambda i, out, compiled=compiled: [
                     PYTHON,
                     str(HERE / "plain_train.py"),
                     f"--model={model}",
@@ -188,7 +191,7 @@ def measure(
                     *(["--compile"] if compiled else []),
                     f"--out={out}",
                 ],
-                "plain_device": lambda i, out: [
+                "plain_device": lambda i, out, compiled=compiled: [
                     PYTHON,
                     str(HERE / "plain_train.py"),
                     f"--model={model}",
@@ -268,7 +271,10 @@ def table_rows(result: dict) -> list:
                     r[ref]["images_per_sec"],
                     f"ratio {q['median']:.3f} ({q['min']:.3f}-{q['max']:.3f})",
                     "images/s",
-                    note=f"peak alloc {r['hpc_train']['peak_allocated_gib']['median']:.1f} vs {r[ref]['peak_allocated_gib']['median']:.1f} GiB",
+                    note=(
+                        f"peak alloc {r['hpc_train']['peak_allocated_gib']['median']:.1f} vs "
+                        f"{r[ref]['peak_allocated_gib']['median']:.1f} GiB"
+                    ),
                 )
             )
     return out
@@ -358,7 +364,8 @@ def main() -> None:
     for tag, r in result["results"].items():
         for name, label in LABELS.items():
             print(
-                f"{label + ', ' + tag:44s} {fmt_stats(r[name]['images_per_sec'], 0):>28s} {r[name]['peak_allocated_gib']['median']:15.1f}"
+                f"{label + ', ' + tag:44s} {fmt_stats(r[name]['images_per_sec'], 0):>28s} "
+                f"{r[name]['peak_allocated_gib']['median']:15.1f}"
             )
     for p in PUBLISHED:
         print(

@@ -176,7 +176,8 @@ def probe_records(probe_dir: Path, world: int) -> list:
     records = sorted((json.loads(f.read_text()) for f in files), key=lambda r: r["rank"])
     if [r["rank"] for r in records] != list(range(world)):
         raise RuntimeError(
-            f"expected one probed training process per rank 0..{world - 1}, found {[f.name for f in files]} in {probe_dir}"
+            f"expected one probed training process per rank 0..{world - 1}, found {[f.name for f in files]} in "
+            f"{probe_dir}"
         )
     return records
 
@@ -353,7 +354,10 @@ def measure(
             order = orders[i % len(orders)]
             t0 = time.perf_counter()
             before = load()
-            do_round = lambda: [sides[side](f"{side}{i}-{next(serial)}", hook_in_timing) for side in order]  # noqa: E731
+
+            def do_round(i=i, order=order):
+                return [sides[side](f"{side}{i}-{next(serial)}", hook_in_timing) for side in order]
+
             if clean:  # repeated while other processes used the CPUs (common.clean_run)
                 values, record = clean_run(do_round, log=lambda msg: print(msg, flush=True))
             else:
@@ -429,7 +433,8 @@ def rows(result: dict) -> list:
     return [
         row(
             "grad accum",
-            f"plain DDP 2 proc, accum {c['grad_accum_steps']} without no_sync ({_count(result, 'plain_sync')} all-reduces/step)",
+            f"plain DDP 2 proc, accum {c['grad_accum_steps']} without no_sync ({_count(result, 'plain_sync')} "
+            "all-reduces/step)",
             s["plain_sync"],
             f"same with no_sync ({_count(result, 'plain_nosync')} all-reduces/step)",
             s["plain_nosync"],
@@ -484,8 +489,10 @@ def run(
 def print_table(result: dict) -> None:
     c = result["config"]
     print(
-        f"toy_mlp {c['parameters'] / 1e6:.2f} M parameters, global batch {c['global_batch']}, {c['world_size']} ranks x 1 thread (gloo), "
-        f"grad_accum_steps={c['grad_accum_steps']} (micro-batch {c['micro_batch_per_rank']} a rank), {c['repeats']} rounds x {c['steps']} steps ({c['warmup']} warm-up)"
+        f"toy_mlp {c['parameters'] / 1e6:.2f} M parameters, global batch {c['global_batch']}, {c['world_size']} "
+        "ranks x 1 thread (gloo), "
+        f"grad_accum_steps={c['grad_accum_steps']} (micro-batch {c['micro_batch_per_rank']} a rank), "
+        f"{c['repeats']} rounds x {c['steps']} steps ({c['warmup']} warm-up)"
     )
     head = [
         "side",
@@ -519,10 +526,12 @@ def print_table(result: dict) -> None:
     print(f"step time, hpc-train / plain with no_sync:               {fmt_stats(result['ratio_hpc_over_nosync'], 3)}")
     if "ratio_control_over_nosync" in result:
         print(
-            f"step time, no_sync loop + control all-reduce / no_sync loop: {fmt_stats(result['ratio_control_over_nosync'], 3)}"
+            "step time, no_sync loop + control all-reduce / no_sync loop: "
+            f"{fmt_stats(result['ratio_control_over_nosync'], 3)}"
         )
         print(
-            f"step time, hpc-train / no_sync loop + control all-reduce:     {fmt_stats(result['ratio_hpc_over_control'], 3)}"
+            "step time, hpc-train / no_sync loop + control all-reduce:     "
+            f"{fmt_stats(result['ratio_hpc_over_control'], 3)}"
         )
     if "counting_runs" in result:
         print(
@@ -534,7 +543,8 @@ def print_table(result: dict) -> None:
         )
     if "hpc_count_equals_no_sync_loop" in result:
         print(
-            f"hpc-train's gradient all-reduces per step equal the no_sync loop's: {result['hpc_count_equals_no_sync_loop']}"
+            "hpc-train's gradient all-reduces per step equal the no_sync loop's: "
+            f"{result['hpc_count_equals_no_sync_loop']}"
         )
 
 
@@ -566,7 +576,10 @@ def main() -> None:
     parser.add_argument(
         "--control-side",
         action="store_true",
-        help="a 4th side: the no_sync loop plus an 8-byte all-reduce on a second gloo group after every step (what hpc-train does to agree on stop signals)",
+        help=(
+            "a 4th side: the no_sync loop plus an 8-byte all-reduce on a second gloo group after every step (what "
+            "hpc-train does to agree on stop signals)"
+        ),
     )
     parser.add_argument(
         "--clean",

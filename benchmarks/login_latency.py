@@ -58,7 +58,8 @@ FULL = {"repeats": 7, "sweep_repeats": 5}
 QUICK = {"repeats": 3, "sweep_repeats": 3}
 SWEEP_STRATEGIES = "single,dp,ddp,model_parallel"
 SWEEP_SEEDS = 8  # x 4 strategies = 32 jobs
-# The same 32-job sweep as a dry run: composed, checked and laid out, every job's sbatch script rendered, nothing queued.
+# The same 32-job sweep as a dry run: composed, checked and laid out, every job's sbatch script rendered, nothing
+# queued.
 SWEEP_DRY_RUN = [
     "-m",
     "launcher=slurm",
@@ -79,7 +80,7 @@ def slurm_env(start: bool = False) -> Optional[Dict[str, str]]:
     script = REPO / "scripts" / "slurm_test_cluster.sh"
     if start:
         subprocess.run(["bash", str(script), "start"], capture_output=True, text=True)
-    for attempt in range(3):  # the test suite may be restarting it right now
+    for _attempt in range(3):  # the test suite may be restarting it right now
         if subprocess.run(["bash", str(script), "status"], capture_output=True, text=True).returncode == 0:
             break
         time.sleep(5)
@@ -378,7 +379,8 @@ def main() -> None:
         b = d["baseline"]
         print(f"{'the same dry run at ' + b['commit']:48s} {fmt_stats(b['dry_run_s']):>22s}")
         print(
-            f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU {fmt_stats(b['this_over_baseline_cpu'], 3)}"
+            f"this / {b['commit']}: wall {fmt_stats(b['this_over_baseline_wall'], 3)}, CPU "
+            f"{fmt_stats(b['this_over_baseline_cpu'], 3)}"
         )
         print(f"{'the same sweep dry run at ' + b['commit']:48s} {fmt_stats(b['sweep_dry_run_s']):>22s}")
         print(f"this / {b['commit']}: wall {fmt_stats(b['sweep_this_over_baseline_wall'], 3)}")
@@ -389,7 +391,8 @@ def main() -> None:
         print(f"{'hpc-train -m, 32 jobs queued':48s} {fmt_stats(s['hpc_train_all_queued_s']):>22s}")
         print(f"{'hpc-train -m, command exit':48s} {fmt_stats(s['hpc_train_command_exit_s']):>22s}")
         print(
-            f"{'hydra-submitit-launcher, 32 jobs queued':48s} {fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}"
+            f"{'hydra-submitit-launcher, 32 jobs queued':48s} "
+            f"{fmt_stats(s['hydra_submitit_launcher_all_queued_s']):>22s}"
         )
         if "baseline_all_queued_s" in s:
             print(f"{'hpc-train -m at the baseline, 32 jobs queued':48s} {fmt_stats(s['baseline_all_queued_s']):>22s}")

@@ -335,8 +335,10 @@ def measure(
             record = launch(case, p, Path(tmp), tag)
             runs.append(record)
             log(
-                f"  {tag:7s} {case:5s}: state max {max(record['state_bytes']) / MIB:6.1f} MiB, peak RSS max {max(record['peak_rss_kib']) / 1024:6.0f} MiB,"
-                f" {1000 * record['step_s']:6.0f} ms/step, last loss {record['last_loss']:.5f}, other processes {record['foreign_cores']} cores, {record['wall_s']:.0f} s"
+                f"  {tag:7s} {case:5s}: state max {max(record['state_bytes']) / MIB:6.1f} MiB, peak RSS max "
+                f"{max(record['peak_rss_kib']) / 1024:6.0f} MiB,"
+                f" {1000 * record['step_s']:6.0f} ms/step, last loss {record['last_loss']:.5f}, other processes "
+                f"{record['foreign_cores']} cores, {record['wall_s']:.0f} s"
             )
             return record
 
@@ -415,15 +417,21 @@ def rows(result: dict) -> list:
 def print_table(result: dict) -> None:
     ref, c = result["plain_W1"], result["cases"]
     print(
-        f"\nmodel: {ref['model_params'] / 1e6:.2f} M parameters, fp32, AdamW; plain state {ref['state_mib']:.1f} MiB; ideal per rank (/4) {result['ideal_state_mib_per_rank']:.2f} MiB"
+        f"\nmodel: {ref['model_params'] / 1e6:.2f} M parameters, fp32, AdamW; plain state {ref['state_mib']:.1f} "
+        f"MiB; ideal per rank (/4) {result['ideal_state_mib_per_rank']:.2f} MiB"
     )
-    head = f"{'case':5s} {'state per rank (MiB)':>28s} {'max/ideal':>9s} {'peak RSS max (MiB)':>20s} {'peak - before':>16s} {'ms/step':>18s} {'/ fsdp':>16s}"
+    head = (
+        f"{'case':5s} {'state per rank (MiB)':>28s} {'max/ideal':>9s} {'peak RSS max (MiB)':>20s}"
+        f" {'peak - before':>16s} {'ms/step':>18s} {'/ fsdp':>16s}"
+    )
     print(head + "\n" + "-" * len(head))
     for case in CASES:
         s = c[case]
         ratio = fmt_stats(result["step_ratio_over_fsdp"].get(case), 2) if case != "fsdp" else "1"
         print(
-            f"{case:5s} {' / '.join(f'{x:.2f}' for x in s['state_mib_per_rank']):>28s} {s['state_max_over_ideal']:9.3f} {fmt_stats(s['peak_rss_mib_max'], 0):>20s} {fmt_stats(s['peak_minus_before_mib_max'], 0):>16s}"
+            f"{case:5s} {' / '.join(f'{x:.2f}' for x in s['state_mib_per_rank']):>28s} "
+            f"{s['state_max_over_ideal']:9.3f} {fmt_stats(s['peak_rss_mib_max'], 0):>20s} "
+            f"{fmt_stats(s['peak_minus_before_mib_max'], 0):>16s}"
             f" {fmt_stats(s['ms_per_step'], 0):>18s} {ratio:>16s}"
         )
 

@@ -153,7 +153,9 @@ def measure(
             loads.append(load())
             order = orders[i % len(orders)]
             # a round during which other processes used the CPUs is repeated (common.clean_run)
-            values, record = clean_run(lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True))
+            values, record = clean_run(
+                lambda i=i, order=order: [side(i) for side in order], log=lambda msg: print(msg, flush=True)
+            )
             rounds.append(record)
             for side, (value, step_s) in zip(order, values):
                 lists[side].append(value)
@@ -181,7 +183,8 @@ def measure(
         ),  # plain / hpc-train step time = hpc-train / plain speed
         "target": TARGET,
         "load_before_each_round": loads,
-        "foreign_cores_per_round": rounds,  # other processes' CPU use during each try of each round; a round is repeated above common.FOREIGN_MAX
+        # other processes' CPU use during each try of each round; a round is repeated above common.FOREIGN_MAX
+        "foreign_cores_per_round": rounds,
     }
     if baseline_tree:
         result["baseline"] = {
@@ -245,7 +248,10 @@ def main() -> None:
     parser.add_argument(
         "--baseline-tree",
         default="",
-        help="also run another checkout's hpc-train (e.g. `git worktree add /tmp/before <commit>`), interleaved with the other two",
+        help=(
+            "also run another checkout's hpc-train (e.g. `git worktree add /tmp/before <commit>`), interleaved with "
+            "the other two"
+        ),
     )
     args = parser.parse_args()
     result = run(args.quick, args.repeats, args.threads, args.baseline_tree)
@@ -259,7 +265,8 @@ def main() -> None:
     print(f"ratio of median step times, plain / hpc-train: {fmt_stats(result['median_step_ratio'], 3)}")
     if "baseline" in result:
         print(
-            f"ratio hpc-train at {b['commit']} / plain: {fmt_stats(b['ratio'], 3)}; this checkout / {b['commit']}: {fmt_stats(b['this_over_baseline'], 3)}"
+            f"ratio hpc-train at {b['commit']} / plain: {fmt_stats(b['ratio'], 3)}; this checkout / "
+            f"{b['commit']}: {fmt_stats(b['this_over_baseline'], 3)}"
         )
 
 

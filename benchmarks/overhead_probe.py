@@ -153,7 +153,7 @@ def measure(
             loads.append(load())
             order = (hpc, plain) if i % 2 == 0 else (plain, hpc)
             pair, record = clean_run(
-                lambda: [side(i) for side in order], log=lambda msg: print(msg, flush=True)
+                lambda i=i, order=order: [side(i) for side in order], log=lambda msg: print(msg, flush=True)
             )  # repeated if others used the CPUs
             foreign.append(record)
             for side, steps_of_run, ips in pair:
@@ -220,7 +220,8 @@ def main() -> None:
         )
     for side in ("hpc", "plain"):
         print(
-            f"{side:6s} reported images/s {['%.1f' % x for x in result['reported_images_per_sec'][side]]}, probe window {['%.1f' % x for x in result['probe_window_images_per_sec'][side]]}"
+            f"{side:6s} reported images/s {['%.1f' % x for x in result['reported_images_per_sec'][side]]}, probe "
+            f"window {['%.1f' % x for x in result['probe_window_images_per_sec'][side]]}"
         )
     print(
         "paired ratios (reported):",

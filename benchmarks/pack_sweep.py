@@ -207,7 +207,10 @@ def dist(values: Sequence[float], digits: int = 3) -> dict[str, float] | None:
     values = sorted(float(v) for v in values)
     if not values:
         return None
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
+
+    def pick(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))]
+
     return {
         "n": len(values),
         "median": round(statistics.median(values), digits),
@@ -220,7 +223,8 @@ def dist(values: Sequence[float], digits: int = 3) -> dict[str, float] | None:
 
 # -- one side ------------------------------------------------------------------------------------
 class PoolCpu:
-    """CPU seconds of the sweep's pool processes (hpc_train.pack.scheduler of its plans), read from /proc while they run."""
+    """CPU seconds of the sweep's pool processes (hpc_train.pack.scheduler of its plans), read from /proc while they
+    run."""
 
     def __init__(self, sweep: Path) -> None:
         self.marker: bytes = str(sweep).encode()

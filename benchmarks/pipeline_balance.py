@@ -39,7 +39,8 @@ TARGET = 1.10
 
 
 def legacy_layer_times(layers, example, repeats: int = 3) -> List[float]:
-    """hpc-train's layer timing before the fix (stages.layer_times at 2bd7e1d, now parallel/partitioning.py), kept to show the difference.
+    """hpc-train's layer timing before the fix (the old stages.layer_times, now parallel/partitioning.py), kept to
+    show the difference.
 
     Each layer alone, `repeats` back-to-back runs (the first ones included), median.
     """
@@ -143,7 +144,7 @@ def one_run(args: argparse.Namespace, log) -> dict:
     methods = ["new", "legacy"] if args.legacy else ["new"]
     for method in methods:
         record[method], record["foreign_cores"][method] = clean_run(
-            lambda: _spawn(args, "choice", method), args.max_foreign, log=log
+            lambda method=method: _spawn(args, "choice", method), args.max_foreign, log=log
         )
     truth, record["foreign_cores"]["truth"] = clean_run(lambda: _spawn(args, "truth"), args.max_foreign, log=log)
     cost = {int(k): max(v) for k, v in truth.items()}

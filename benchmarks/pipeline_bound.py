@@ -170,7 +170,7 @@ def _worker(args: argparse.Namespace) -> None:
         fwd, bwd = [], []
         for it in range(args.iters + 1):
             outs, ins = [], []
-            for j in range(m):
+            for _ in range(m):
                 t0 = time.perf_counter()
                 if rank == 0:
                     out = mine(x)
@@ -368,21 +368,26 @@ def measure(
 def print_table(measured: dict) -> None:
     ms = lambda x: f"{x * 1000:7.1f}"  # noqa: E731
     print(
-        f"sequential (both stages, full batch, 1 process): 1 thread {ms(measured['sequential_1t_s'])} ms, 2 threads {ms(measured['sequential_2t_s'])} ms"
+        f"sequential (both stages, full batch, 1 process): 1 thread {ms(measured['sequential_1t_s'])} ms, 2 "
+        f"threads {ms(measured['sequential_2t_s'])} ms"
     )
     o = measured["outside"]
     print(
-        f"outside the schedule per step (fetch + zero_grad + SGD step), stage 0/1: alone {ms(o['alone'][0])} {ms(o['alone'][1])}, together {ms(o['together'][0])} {ms(o['together'][1])} ms"
+        f"outside the schedule per step (fetch + zero_grad + SGD step), stage 0/1: alone {ms(o['alone'][0])} "
+        f"{ms(o['alone'][1])}, together {ms(o['together'][0])} {ms(o['together'][1])} ms"
     )
     print(
-        f"{'M':>3s} {'mb':>4s} | {'alone f0 b0 f1 b1 (ms)':^32s} | {'together f0 b0 f1 b1 (ms)':^32s} | {'xfer':>6s} | {'GPipe bound':>12s} {'1F1B bound':>12s} (together / alone, ms)"
+        f"{'M':>3s} {'mb':>4s} | {'alone f0 b0 f1 b1 (ms)':^32s} | {'together f0 b0 f1 b1 (ms)':^32s} | "
+        f"{'xfer':>6s} | {'GPipe bound':>12s} {'1F1B bound':>12s} (together / alone, ms)"
     )
     for m, parts in measured["micro"].items():
         b = measured["bounds"][m]
         a, t = parts["alone"], parts["together"]
         print(
-            f"{m:3d} {parts['micro_batch']:4d} | {ms(a[0]['fwd_s'])} {ms(a[0]['bwd_s'])} {ms(a[1]['fwd_s'])} {ms(a[1]['bwd_s'])} | "
-            f"{ms(t[0]['fwd_s'])} {ms(t[0]['bwd_s'])} {ms(t[1]['fwd_s'])} {ms(t[1]['bwd_s'])} | {parts['transfer_s'] * 1000:6.2f} | "
+            f"{m:3d} {parts['micro_batch']:4d} | {ms(a[0]['fwd_s'])} {ms(a[0]['bwd_s'])} {ms(a[1]['fwd_s'])} "
+            f"{ms(a[1]['bwd_s'])} | "
+            f"{ms(t[0]['fwd_s'])} {ms(t[0]['bwd_s'])} {ms(t[1]['fwd_s'])} {ms(t[1]['bwd_s'])} | "
+            f"{parts['transfer_s'] * 1000:6.2f} | "
             f"{ms(b['gpipe_together_s'])}/{ms(b['gpipe_alone_s'])} "
             + (f"{ms(b['1f1b_together_s'])}/{ms(b['1f1b_alone_s'])}" if "1f1b_together_s" in b else "-")
         )

@@ -147,7 +147,7 @@ def measure(
             for name, (overrides, threads) in cases.items():
                 run_dir = Path(tmp) / f"{name.replace('=', '').replace(' ', '_')}-{i}"
 
-                def one() -> float:
+                def one(overrides=overrides, threads=threads, run_dir=run_dir) -> float:
                     run_checked(hpc_train_cmd([*common, *overrides, f"hydra.run.dir={run_dir}"]), env=cpu_env(threads))
                     summary = read_json(run_dir / "summary.json")
                     return summary["global_batch"] / summary["images_per_sec"]  # seconds per step
@@ -242,7 +242,8 @@ def table_rows(result: dict) -> list:
                 ms(r["step_s"]),
                 f"bound from measured stages + transfer ({r['schedule']})",
                 ms(r["bound_together_s"]),
-                f"efficiency {e['median']:.2f} ({e['min']:.2f}-{e['max']:.2f}); {sp['median']:.2f}x sequential 1 thread, "
+                f"efficiency {e['median']:.2f} ({e['min']:.2f}-{e['max']:.2f}); "
+                f"{sp['median']:.2f}x sequential 1 thread, "
                 f"{r['speedup_vs_2_threads']['median']:.2f}x 2 threads",
                 "ms/step",
                 f">= {TARGET}",
@@ -294,23 +295,28 @@ def print_result(result: dict) -> None:
     seq, seq2 = result["sequential"]["step_s"], result["sequential_2_threads"]["step_s"]
     c = result["config"]
     print(
-        f"{c['model']}, {c['image_size']} px, global batch {c['batch']}, split {c['split_layers']}, {c['repeats']} rounds of {c['steps']} steps; "
+        f"{c['model']}, {c['image_size']} px, global batch {c['batch']}, split {c['split_layers']}, "
+        f"{c['repeats']} rounds of {c['steps']} steps; "
         f"load before each round and after: {result['load_before_rounds_and_after']}"
     )
     print(
-        f"sequential model-parallel: 1 thread {seq['median'] * 1000:.0f} ms/step ({seq['min'] * 1000:.0f}-{seq['max'] * 1000:.0f}), "
+        f"sequential model-parallel: 1 thread {seq['median'] * 1000:.0f} ms/step "
+        f"({seq['min'] * 1000:.0f}-{seq['max'] * 1000:.0f}), "
         f"2 threads {seq2['median'] * 1000:.0f} ms/step ({seq2['min'] * 1000:.0f}-{seq2['max'] * 1000:.0f})"
     )
     print("last round's measured parts:")
     pipeline_bound.print_table(result["probes"][-1])
     print(
-        f"{'schedule':>8s} {'M':>3s} {'ms/step':>8s} {'bound ms':>9s} {'(alone)':>8s} {'efficiency':>18s} {'speed-up vs seq 1t':>20s} {'vs seq 2t':>10s} {'bound speed-up':>15s} {'ideal':>6s}"
+        f"{'schedule':>8s} {'M':>3s} {'ms/step':>8s} {'bound ms':>9s} {'(alone)':>8s} {'efficiency':>18s} "
+        f"{'speed-up vs seq 1t':>20s} {'vs seq 2t':>10s} {'bound speed-up':>15s} {'ideal':>6s}"
     )
     for r in result["rows"]:
         s, e, sp = r["step_s"], r["efficiency"], r["speedup"]
         print(
-            f"{r['schedule']:>8s} {r['micro_batches']:3d} {s['median'] * 1000:8.0f} {r['bound_together_s']['median'] * 1000:9.0f} {r['bound_alone_s']['median'] * 1000:8.0f} "
-            f"{e['median']:6.2f} ({e['min']:.2f}-{e['max']:.2f}) {sp['median']:8.2f} ({sp['min']:.2f}-{sp['max']:.2f}) {r['speedup_vs_2_threads']['median']:10.2f} "
+            f"{r['schedule']:>8s} {r['micro_batches']:3d} {s['median'] * 1000:8.0f} "
+            f"{r['bound_together_s']['median'] * 1000:9.0f} {r['bound_alone_s']['median'] * 1000:8.0f} "
+            f"{e['median']:6.2f} ({e['min']:.2f}-{e['max']:.2f}) {sp['median']:8.2f} "
+            f"({sp['min']:.2f}-{sp['max']:.2f}) {r['speedup_vs_2_threads']['median']:10.2f} "
             f"{r['bound_speedup']['median']:15.2f} {r['ideal']:6.2f}"
         )
 

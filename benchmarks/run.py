@@ -114,13 +114,15 @@ def main() -> None:
     busy = cpu_busy(2.0)
     machine = machine_info() | {"cpu_busy_before": busy}
     print(
-        f"{machine['date']}: {machine['cpus']} x {machine['cpu']}, Python {machine['python']}, torch {machine['torch']}, "
+        f"{machine['date']}: {machine['cpus']} x {machine['cpu']}, Python {machine['python']}, torch "
+        f"{machine['torch']}, "
         f"load {machine['load_avg_1_5_15']}, CPU busy before start {busy}",
         flush=True,
     )
     if busy is not None and busy > BUSY_WARN:
         print(
-            f"WARNING: the machine is {busy:.0%} busy before anything started: these numbers are contaminated; rerun at a quiet moment.",
+            f"WARNING: the machine is {busy:.0%} busy before anything started: these numbers are contaminated; "
+            "rerun at a quiet moment.",
             flush=True,
         )
     start = time.perf_counter()
@@ -143,11 +145,13 @@ def main() -> None:
     print()
     print(render(rows, markdown=args.markdown))
     print(
-        f"\n{len(names)} benchmark(s) in {total:.0f} s ({'quick' if args.quick else 'full'}); per benchmark {walls}; CPU busy after: {busy_after}"
+        f"\n{len(names)} benchmark(s) in {total:.0f} s ({'quick' if args.quick else 'full'}); per benchmark "
+        f"{walls}; CPU busy after: {busy_after}"
     )
     if busy_after is not None and busy_after > BUSY_WARN:
         print(
-            f"WARNING: the machine was {busy_after:.0%} busy right after the run (other processes): check the spreads before publishing."
+            f"WARNING: the machine was {busy_after:.0%} busy right after the run (other processes): check the "
+            "spreads before publishing."
         )
     write_result(
         "run",

@@ -117,7 +117,7 @@ def measure(repeats: int, steps: int, warmup: int, attempts: int) -> dict:
             order = SIDES[i % 3 :] + SIDES[: i % 3]  # rotating, so a drift of the machine favours no side
             loads.append(load())
             for side in order:
-                measure_one = lambda: one_run(side, Path(tmp), i, steps, warmup)  # noqa: E731
+                measure_one = lambda side=side, i=i: one_run(side, Path(tmp), i, steps, warmup)  # noqa: E731
                 if attempts > 1:
                     value, record = clean_run(measure_one, attempts=attempts, log=lambda m: print(m, flush=True))
                 else:  # keep every run, noting other processes' CPU use

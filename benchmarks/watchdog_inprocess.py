@@ -100,11 +100,13 @@ def main() -> None:
     }
     write_result(f"watchdog_inprocess_{args.timeout}", result)
     print(
-        f"median step: watchdog on {result['median_step_s_on'] * 1e3:.3f} ms, off {result['median_step_s_off'] * 1e3:.3f} ms"
+        f"median step: watchdog on {result['median_step_s_on'] * 1e3:.3f} ms, "
+        f"off {result['median_step_s_off'] * 1e3:.3f} ms"
     )
     o = result["overhead"]
     print(
-        f"overhead (on / off - 1), median over {args.pairs} block pairs: {o['median']:+.4f} ({o['min']:+.4f} to {o['max']:+.4f})"
+        f"overhead (on / off - 1), median over {args.pairs} block pairs: {o['median']:+.4f} ({o['min']:+.4f} to "
+        f"{o['max']:+.4f})"
     )
 
 

@@ -140,7 +140,7 @@ def measure(
             loads.append(load())
             order = orders[i % len(orders)]
             values, record = clean_run(
-                lambda: [sides[name](i) for name in order],
+                lambda i=i, order=order: [sides[name](i) for name in order],
                 max_foreign,
                 attempts=1 if max_foreign > FOREIGN_MAX else 4,
                 log=lambda m: print(m, flush=True),

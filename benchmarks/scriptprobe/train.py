@@ -5,7 +5,8 @@ FIRST_LINE = time.time()  # the script's first line: what benchmarks/script_star
 # A torchrun-style DDP script that times itself (benchmarks/script_start.py runs it under hpc-train and torchrun).
 # Each rank writes rank<R>.json to --out: the wall-clock time of its first line (above, before any import),
 # of the end of `import torch`, of the end of init_process_group (the rendezvous done) and of the end of the
-# run, its CPU time and its launcher's during the timed steps, and the duration of each of --warmup + --steps steps of a small DDP loop (a 3-layer MLP, gloo, SGD).
+# run, its CPU time and its launcher's during the timed steps, and the duration of each of --warmup + --steps steps
+# of a small DDP loop (a 3-layer MLP, gloo, SGD).
 # Rank 0 prints the per-step time of the steps after the warm-up.
 
 import argparse  # noqa: E402

@@ -8,7 +8,8 @@ hpc-train's worker and the plain loop are timed the same way without a change to
 * `opt`: the optimizer step's start (after forward and backward) and end (global optimizer
   step pre/post hooks).
 
-At exit a process that took optimizer steps writes them (and where it imported hpc_train from) to $HPC_BENCH_STEPPROBE_DIR/steps-<pid>.json.
+At exit a process that took optimizer steps writes them (and where it imported hpc_train from) to
+$HPC_BENCH_STEPPROBE_DIR/steps-<pid>.json.
 The hooks cost about a microsecond a step; processes that never step write nothing.
 """
 

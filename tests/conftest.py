@@ -1,4 +1,5 @@
-"""Fixtures and hooks for every tier (tests/unit, tests/e2e, tests/slurm); the helpers they use live in tests/support."""
+"""Fixtures and hooks for every tier (tests/unit, tests/e2e, tests/slurm); the helpers they use live in
+tests/support."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def slurm_cluster():
 
 @pytest.fixture(scope="session")
 def slurm_cluster_16():
-    """The local Slurm cluster restarted with 16 nodes, hpcnode[01-08] and gpu-a[1-8] (SCALE_* in tests/support/slurm_cluster.py).
+    """The local Slurm cluster restarted with 16 nodes, hpcnode[01-08] and gpu-a[1-8] (SCALE_* in
+    tests/support/slurm_cluster.py).
 
     Any test that uses it is a `scale` test (marked so at collection, deselected unless `-m` names
     scale) and runs after every other test of the session; at the end of the session the default

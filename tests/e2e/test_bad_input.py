@@ -56,7 +56,8 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["cluster=jean_zay", "cluster.gpu_type=b200"], "cluster.gpu_type", "cluster.gpu_type=a100"),
         (["data.image_size=0"], "data.image_size", "data.image_size=32"),
         (["dry_run=maybe"], "dry_run", "dry_run=true"),
-        # ... and a few more kinds: non-ASCII where Slurm reads it, a node replaced by a number, huge and wrong-typed numbers
+        # ... and a few more kinds: non-ASCII where Slurm reads it, a node replaced by a number, huge and wrong-typed
+        # numbers
         (["launcher=slurm", "dry_run=true", "job_name='r\u00e9seau'"], "job_name", "job_name=resnet-ddp"),
         (
             ["launcher=slurm", "dry_run=true", "cluster.partition='gpu \u00e9'"],

@@ -76,9 +76,9 @@ def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layou
     finally:
         kill_group(proc)
     first = next(
-        json.loads(l)
-        for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if json.loads(l)["kind"] == "checkpoint"
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "checkpoint"
     )
     assert first["step"] == 3 and first["async"] is True
     assert first["blocked_s"] < first["total_s"] - 1, first  # the loop did not wait for the write
@@ -100,14 +100,14 @@ def test_kill9_during_a_background_checkpoint_write_keeps_the_previous_one(layou
     assert_bit_identical(uninterrupted[layout], run_dir)
     # metrics.jsonl holds each step once, as if the run had never stopped
     steps = [
-        json.loads(l)["step"]
-        for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if json.loads(l)["kind"] == "train"
+        json.loads(line)["step"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
     ]
     reference = [
-        json.loads(l)["step"]
-        for l in (uninterrupted[layout] / "metrics.jsonl").read_text().splitlines()
-        if json.loads(l)["kind"] == "train"
+        json.loads(line)["step"]
+        for line in (uninterrupted[layout] / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
     ]
     assert steps == reference
 
@@ -283,7 +283,7 @@ def test_sigterm_to_the_local_launcher_checkpoints_and_a_rerun_continues(uninter
     assert proc.wait(timeout=60) == 3
     stopped_at = max(checkpoint_steps(run_dir))
     assert checkpoint_steps(run_dir) == [stopped_at] and 2 <= stopped_at < 24, "the stop must write its own checkpoint"
-    endings = [json.loads(l) for l in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    endings = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert (
         endings[-1]["event"] == "end"
         and endings[-1]["how"].startswith("terminated")
@@ -343,14 +343,6 @@ def forge(real: Path, payload: object, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"HPCTRAIN-CKPT %s %s\n" % (version, hashlib.sha256(body).hexdigest().encode()) + body)
     return path
-
-
-@pytest.fixture(scope="module")
-def one_epoch(tmp_path_factory) -> Path:
-    """A finished one-epoch single-process run: checkpoints at steps 3, 6 and 8."""
-    run_dir = tmp_path_factory.mktemp("one-epoch") / "run"
-    assert_ok(run_cli([*RESUME, *LAYOUTS["single"], "trainer.epochs=1"], run_dir))
-    return run_dir
 
 
 def test_a_forged_checkpoint_runs_nothing_and_is_refused_in_one_message(one_epoch, tmp_path):

@@ -533,7 +533,9 @@ from hpc_train.compute.checkpointing import dcp_save
 folder, where = Path(sys.argv[1]), sys.argv[2]
 def save(step):
     state = {"model": {"w": torch.full((64,), float(step))}}
-    return dcp_save.save_dcp(state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed, lambda obj: [obj])
+    return dcp_save.save_dcp(
+        state, folder, step, {"step": step}, 3, True, lambda: None, lambda failed: failed, lambda obj: [obj]
+    )
 save(1)
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

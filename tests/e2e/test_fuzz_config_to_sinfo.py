@@ -35,7 +35,7 @@ ANY_VALUE = st.one_of(SCALARS, LISTS, MAPPINGS)
 
 @settings(max_examples=int(150 * SCALE), **SETTINGS)
 @given(data=st.data())
-def test_any_value_of_any_key_validates_or_is_refused_naming_a_key(data, targets, run_dir):
+def test_any_value_of_any_key_validates_or_is_refused_naming_a_key(data, targets, run_dir):  # noqa: F811 (fixtures)
     context, key, _default = data.draw(st.sampled_from(targets), label="key")
     value = data.draw(ANY_VALUE, label="value")
     overrides = _overrides(context, key, value)
@@ -68,7 +68,7 @@ SLURM_TEXT_KEYS = [
     ["'gpu\u00e9'", "'\u4e2d\u6587'", "'two\nlines'", "'a b'", "'\U0001f600'"],
     ids=["accent", "cjk", "newline", "space", "emoji"],
 )
-def test_slurm_text_is_plain_ascii_on_one_line(key, value, run_dir):
+def test_slurm_text_is_plain_ascii_on_one_line(key, value, run_dir):  # noqa: F811 (run_dir: a fixture)
     override = f"{key}={{x:{value}}}" if key == "cluster.extra" else f"{key}={value}"
     with _env(**ENV), initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         status, named, message = cli_outcome(["dry_run=true", "launcher=slurm", override], run_dir)

@@ -127,7 +127,8 @@ def _user_conf(root: Path, gpus_per_node: int = 2) -> Path:
     conf = root / "my_conf"
     (conf / "cluster").mkdir(parents=True)
     (conf / "cluster" / "mysite.yaml").write_text(
-        f"defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ncpus_per_gpu: 1\ngpus_per_node: {gpus_per_node}\ntime: '00:05:00'\n"
+        "defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ncpus_per_gpu: 1\ngpus_per_node: "
+        f"{gpus_per_node}\ntime: '00:05:00'\n"
     )
     return conf
 

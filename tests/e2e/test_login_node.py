@@ -44,7 +44,8 @@ def test_launch_side_does_not_import_torch():
     code = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in LAUNCH_MODULES)
-        + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
+        + "heavy = [m for m in ('torch', 'torchvision', 'numpy', 'sklearn', 'tensorboard', 'wandb', 'mlflow') if m in "
+        "sys.modules]\nprint(heavy)\nassert not heavy, heavy\n"
     )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -74,7 +75,8 @@ def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
         "import sys\nimport hpc_train.compute.worker, hpc_train.compute.training.trainer, hpc_train.compute.parallel\n"
         "from hpc_train.compute.parallel.partitioning import flatten_layers\nimport torch\n"
         "assert len(flatten_layers(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))) == 2\n"
-        "heavy = [m for m in ('torchvision', 'torch.distributed.checkpoint') if m in sys.modules]\nassert not heavy, heavy\n"
+        "heavy = [m for m in ('torchvision', 'torch.distributed.checkpoint') if m in sys.modules]\nassert not heavy, "
+        "heavy\n"
         "import torchvision\nassert len(flatten_layers(torchvision.models.resnet18())) == 15\nprint('OK')\n"
     )
     proc = run_python(code)
@@ -82,7 +84,10 @@ def test_a_rank_imports_torchvision_and_dcp_only_for_jobs_that_use_them():
 
 
 def test_api_compose_does_not_import_torch():
-    code = "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert 'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
+    code = (
+        "import sys\nimport hpc_train\ncfg = hpc_train.compose(['launcher=slurm', 'strategy=pipeline'])\nassert "
+        "'torch' not in sys.modules, 'compose imported torch'\nprint('OK')\n"
+    )
     proc = run_python(code)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
@@ -92,7 +97,8 @@ def test_the_command_does_not_load_the_python_api_but_the_package_root_still_exp
     plumbing for jobs run from Python) is loaded only when one of its names is used."""
     code = (
         "import sys\nimport hpc_train.cli\nassert 'hpc_train.api' not in sys.modules, 'the CLI loaded hpc_train.api'\n"
-        "from hpc_train import Job, compose\nimport hpc_train.api\nassert compose is hpc_train.api.compose and hpc_train.run is hpc_train.api.run\n"
+        "from hpc_train import Job, compose\nimport hpc_train.api\nassert compose is hpc_train.api.compose and "
+        "hpc_train.run is hpc_train.api.run\n"
         "try:\n    hpc_train.not_a_name\nexcept AttributeError as err:\n    print('OK', err)\n"
     )
     proc = run_python(code)
@@ -119,7 +125,8 @@ def test_importing_the_command_or_composing_leaves_hydras_version_base_to_the_ca
         "from hydra.version import VersionBase, _UNSPECIFIED_\nimport hpc_train.cli\n"
         "assert VersionBase.instance().getbase() is _UNSPECIFIED_, ('import', VersionBase.instance().getbase())\n"
         "import hpc_train\nhpc_train.compose(['launcher=slurm'])\n"
-        "assert VersionBase.instance().getbase() is _UNSPECIFIED_, ('compose', VersionBase.instance().getbase())\nprint('OK')\n"
+        "assert VersionBase.instance().getbase() is _UNSPECIFIED_, ('compose', "
+        "VersionBase.instance().getbase())\nprint('OK')\n"
     )
     proc = run_python(code)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr

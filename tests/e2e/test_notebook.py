@@ -69,7 +69,8 @@ def fake_slurm(tmp_path: Path, nodes: Optional[List[str]] = None) -> Dict[str, s
 
 
 def slurm_cells(nb) -> List:
-    """The setup cell (imports, out_dir) and every code cell from the Slurm sizing cell on: the Slurm part without the timing."""
+    """The setup cell (imports, out_dir) and every code cell from the Slurm sizing cell on: the Slurm part without the
+    timing."""
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     setup = next(i for i, cell in enumerate(code) if "model_cfg = hpc_train.compose(" in cell.source)
     sizing = next(i for i, cell in enumerate(code) if "def sinfo_nodes(" in cell.source)
@@ -117,13 +118,13 @@ def test_notebook_defaults_on_cpu_scale_down_and_finish_in_time(tmp_path):
     assert elapsed < DEFAULT_RUN_BUDGET_S, f"the notebook took {elapsed:.0f} s"
     assert "No GPU found: ALL 2 stages run on the CPU" in text
     assert (
-        "Scaled down for the CPU (CPU_SCALE_DOWN = True): image size 128 -> 64, warm-up passes 2 -> 1, timed passes 5 -> 3;"
-        in text
+        "Scaled down for the CPU (CPU_SCALE_DOWN = True): image size 128 -> 64, warm-up passes 2 -> 1, timed passes "
+        "5 -> 3;" in text
     )
     assert "the 7 measurements share CPU_BUDGET_S = 60 s" in text and "took about 7.5 minutes on 2 cores" in text
     assert (
-        "model resnet50, batch 64 x 3 x 64 x 64, 2 stages, micro-batches [1, 2, 4, 8, 16], 1 warm-up + 3 timed passes per point"
-        in text
+        "model resnet50, batch 64 x 3 x 64 x 64, 2 stages, micro-batches [1, 2, 4, 8, 16], 1 warm-up + 3 timed "
+        "passes per point" in text
     )
     assert re.search(r"stage 0 on cpu: +\d+ layers", text) and re.search(r"stage 1 on cpu: +\d+ layers", text)
     for label in (
@@ -144,8 +145,8 @@ def test_notebook_defaults_on_cpu_scale_down_and_finish_in_time(tmp_path):
     assert len(images) == 1 and base64.b64decode(images[0]["data"]["image/png"])[:8] == PNG_MAGIC  # shown inline too
     # The Slurm part: the profile's request unchanged, the exact sbatch script of the pipeline job, then no submission.
     assert (
-        "No Slurm cluster answers here: the request stays the profile's, 1 node(s) x 4 GPUs and 4 x 4 = 16 CPUs per task"
-        in text
+        "No Slurm cluster answers here: the request stays the profile's, 1 node(s) x 4 GPUs and 4 x 4 = 16 CPUs per "
+        "task" in text
     )
     assert (
         "#SBATCH --ntasks-per-node=1" in text
@@ -167,8 +168,8 @@ def test_notebook_sizes_the_slurm_request_to_the_partition(tmp_path):
     nodes = [node(n, p, 8, "gpu:4") for n in ("hpcnode1", "hpcnode2") for p in ("debug*", "gpu_p2")]
     _, text, _, _ = run_notebook(tmp_path, {**SMALL, "SUBMIT": "False"}, fake_slurm(tmp_path, nodes), cells=slurm_cells)
     assert (
-        "cluster.cpus_per_gpu=4 would ask for 16 CPUs per task, but the nodes of partition debug (the default) have 8: lowered to 2 (8 CPUs / 4 GPUs)."
-        in text
+        "cluster.cpus_per_gpu=4 would ask for 16 CPUs per task, but the nodes of partition debug (the default) have "
+        "8: lowered to 2 (8 CPUs / 4 GPUs)." in text
     )
     assert "partition debug (the default): 2 node(s) with 8 CPUs and 4 GPUs each (sinfo)." in text
     assert "The request: 1 node(s) x 4 GPUs, 2 x 4 = 8 CPUs per task: fits." in text
@@ -180,7 +181,8 @@ def test_notebook_sizes_the_slurm_request_to_the_partition(tmp_path):
 
 
 def test_notebook_never_submits_what_the_partition_cannot_hold(tmp_path):
-    # Nodes with 8 CPUs and 2 GPUs: 4 GPUs are capped to 2; an explicit SLURM_CPUS_PER_GPU = 8 (16 CPUs) is not lowered, so nothing is queued.
+    # Nodes with 8 CPUs and 2 GPUs: 4 GPUs are capped to 2; an explicit SLURM_CPUS_PER_GPU = 8 (16 CPUs) is not
+    # lowered, so nothing is queued.
     nodes = [node(n, "gpu_p2", 8, "gpu:2") for n in ("hpcnode1", "hpcnode2")] + [node("cpu1", "cpu*", 64, "(null)")]
     params = {
         **SMALL,
@@ -191,8 +193,8 @@ def test_notebook_never_submits_what_the_partition_cannot_hold(tmp_path):
     _, text, _, _ = run_notebook(tmp_path, params, fake_slurm(tmp_path, nodes), cells=slurm_cells)
     assert "resources.gpus_per_node=4 is more than a node of partition gpu_p2 has: asking for 2." in text
     assert (
-        "The request: 1 node(s) x 2 GPUs, 8 x 2 = 16 CPUs per task: does NOT fit (SLURM_CPUS_PER_GPU = 8): nothing will be submitted."
-        in text
+        "The request: 1 node(s) x 2 GPUs, 8 x 2 = 16 CPUs per task: does NOT fit (SLURM_CPUS_PER_GPU = 8): nothing "
+        "will be submitted." in text
     )
     assert (
         "hpc-train refuses this request (its message above): nothing would be queued." in text

@@ -129,6 +129,9 @@ def test_report_refuses_a_folder_without_runs(tmp_path):
 
 
 def test_report_does_not_import_torch():
-    code = "import sys, hpc_train.report.command\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert not heavy, heavy\n"
+    code = (
+        "import sys, hpc_train.report.command\nheavy = [m for m in ('torch', 'numpy') if m in sys.modules]\nassert "
+        "not heavy, heavy\n"
+    )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

@@ -3,7 +3,8 @@
 tests/support/scripts/ddp_allreduce.py is a torchrun-style DDP script (gloo, ranks from the environment)
 that writes each rank's environment and results to ``$HPC_TRAIN_RUN_DIR/rank<R>.json``. It runs
 locally one process per rank and under torchrun (as a 2-node Slurm job both ways:
-tests/slurm/test_scripts_dist_on_slurm.py). Every rank must end with the same all-reduced sum and the same weights (equal to one
+tests/slurm/test_scripts_dist_on_slurm.py). Every rank must end with the same all-reduced sum and the same weights
+(equal to one
 process stepping on the mean of every rank's loss), and carry torchrun's variables, consistent
 across ranks. tests/support/scripts/hydra_app.py is a Hydra app swept by ``+script.overrides.lr=...``
 with ``script.arg_style='{key}={value}'``. The refusals of a bad ``script.argv`` are in
@@ -71,7 +72,7 @@ def check_ranks(records: List[Dict], run_dir: Path, world: int, per_node: int) -
     assert [e["RANK"] for e in envs] == [str(rank) for rank in range(world)]
     assert {e["WORLD_SIZE"] for e in envs} == {str(world)}
     assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {str(per_node)}
-    for r, e in zip(records, envs):
+    for e in envs:
         group = int(e["GROUP_RANK"])
         assert int(e["RANK"]) == group * per_node + int(e["LOCAL_RANK"]), e
         assert 0 <= int(e["LOCAL_RANK"]) < per_node

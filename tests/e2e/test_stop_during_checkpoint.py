@@ -5,7 +5,8 @@ What must hold: the signal handler writes nothing (it only sets a flag); the wri
 completes, and the job stops within the signal's lead time with no temporary left behind: right after the write,
 at that step, when checkpoints are written in the loop; at the next step boundary, with a checkpoint of that step
 too, when they are written in the background (trainer.async_checkpoint, the default); the same command (or, on
-Slurm, the requeued job: tests/slurm/test_stop_during_checkpoint_on_slurm.py) resumes from it, and the final weights are bit-identical to those of
+Slurm, the requeued job: tests/slurm/test_stop_during_checkpoint_on_slurm.py) resumes from it, and the final weights
+are bit-identical to those of
 the same run never interrupted.
 
 The write is slowed by the fault hook HPC_TRAIN_SLOW_CHECKPOINT (hpc_train/compute/runtime/faults.py:

@@ -15,7 +15,7 @@ from tests.support.cli import assert_bit_identical, checkpoint_steps, read_summa
 
 
 @pytest.mark.slurm
-def test_a_two_node_hsdp_job_requeues_resumes_and_completes(slurm_cluster, uninterrupted, tmp_path):
+def test_a_two_node_hsdp_job_requeues_resumes_and_completes(slurm_cluster, uninterrupted, tmp_path):  # noqa: F811
     """HSDP over 2 nodes x 1 task (replicas across nodes, each shard whole): stopped by the requeue signal after
     its first checkpoint, requeued by itself, resumed from its sharded checkpoint and bit-identical to the local
     2-rank fsdp run (the same 2 ranks, one gloo thread each)."""

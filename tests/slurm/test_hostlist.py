@@ -73,7 +73,8 @@ def test_parser_agrees_with_scontrol_show_hostnames(slurm_cluster):
         expected, got = scontrol_hostnames(nodelist), ours(nodelist)
         if expected != got:
             disagreements.append(
-                f"{nodelist!r}: scontrol {expected if expected is None else expected[:6]}, ours {got if got is None else got[:6]}"
+                f"{nodelist!r}: scontrol {expected if expected is None else expected[:6]}, "
+                f"ours {got if got is None else got[:6]}"
             )
     assert not disagreements, f"{len(disagreements)} of {len(lists)} lists differ:\n" + "\n".join(disagreements[:20])
     assert time.monotonic() - started < 30

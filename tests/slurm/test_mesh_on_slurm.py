@@ -77,7 +77,10 @@ def test_tensor_parallel_in_each_node_data_parallel_across_nodes(layout, slurm_c
     for rank in range(4):
         at = {"dp_replicate": 0, "dp_shard": 0, "tp": rank % 2}
         at[across] = rank // 2
-        mesh_line = f"mesh: {across} 2 x tp 2 (this rank at pp=0 dp_replicate={at['dp_replicate']} dp_shard={at['dp_shard']} tp={at['tp']})"
+        mesh_line = (
+            f"mesh: {across} 2 x tp 2 (this rank at pp=0 dp_replicate={at['dp_replicate']} dp_shard={at['dp_shard']} "
+            f"tp={at['tp']})"
+        )
         assert mesh_line in (run_dir / "logs" / f"rank{rank}.log").read_text(), (rank, mesh_line)
 
     summary = read_summary(run_dir)

@@ -24,7 +24,8 @@ def node_cpus() -> int:
 
 
 def check_fits(job_ids: List[str], cpus_per_task: int) -> None:
-    """`scontrol show job`: each job asks for cpus_per_task CPUs (at most a node's), and none pends for a partition limit."""
+    """`scontrol show job`: each job asks for cpus_per_task CPUs (at most a node's), and none pends for a partition
+    limit."""
     most = node_cpus()
     for job_id in job_ids:
         fields = scontrol_job(job_id)
@@ -51,8 +52,8 @@ def test_notebook_submits_to_slurm_when_it_answers(slurm_cluster, tmp_path):
     nb, text, images, elapsed = run_notebook(tmp_path, params, env, timeout=400)
     assert "Scaled down" not in text and "CPU budget" not in text
     assert (
-        "model resnet18, batch 16 x 3 x 32 x 32, 2 stages, micro-batches [1, 2, 4], 1 warm-up + 2 timed passes per point"
-        in text
+        "model resnet18, batch 16 x 3 x 32 x 32, 2 stages, micro-batches [1, 2, 4], 1 warm-up + 2 timed passes per "
+        "point" in text
     )
     assert f"partition debug (the default): {SUITE_NODES} node(s) with 16 CPUs and 4 GPUs each (sinfo)." in text
     assert "The request: 1 node(s) x 2 GPUs, 1 x 2 = 2 CPUs per task: fits." in text
@@ -97,8 +98,8 @@ def test_notebook_lowers_cpus_per_gpu_to_the_test_cluster_nodes(slurm_cluster, t
     job_ids = re.findall(r"^Slurm job (\d+(?:_\d+)?) \(strategy\.chunks=", text, flags=re.M)
     try:
         assert (
-            "cluster.cpus_per_gpu=16 would ask for 32 CPUs per task, but the nodes of partition debug (the default) have 16: lowered to 8 (16 CPUs / 2 GPUs)."
-            in text
+            "cluster.cpus_per_gpu=16 would ask for 32 CPUs per task, but the nodes of partition debug (the default) "
+            "have 16: lowered to 8 (16 CPUs / 2 GPUs)." in text
         )
         assert "The request: 1 node(s) x 2 GPUs, 8 x 2 = 16 CPUs per task: fits." in text
         assert len(job_ids) == 3, text

@@ -42,8 +42,10 @@ from pathlib import Path
 x = int(next(arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("--x=")))
 start = time.time()
 time.sleep(3)
-seen = {{key: os.environ.get(key) for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_ID", "SLURM_STEP_ID")}}
-Path(os.environ["HPC_TRAIN_RUN_DIR"], "seen.json").write_text(json.dumps({{**seen, "x": x, "start": start, "end": time.time()}}))
+KEYS = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_ID", "SLURM_STEP_ID")
+seen = {{key: os.environ.get(key) for key in KEYS}}
+record = {{**seen, "x": x, "start": start, "end": time.time()}}
+Path(os.environ["HPC_TRAIN_RUN_DIR"], "seen.json").write_text(json.dumps(record))
 if x == {failing} and Path(__file__).with_name("FAIL").exists():
     sys.exit("told to fail")
 '''

@@ -73,7 +73,7 @@ def test_four_ddp_runs_packed_in_one_allocation_train_as_their_own_jobs_do(slurm
     assert len(plans) == 1 and {s.job_id for s in states.values()} == {plans[0].job_id}  # one Slurm job ran all four
     assert overlapping(records.read_events(packed, 0)) == 2  # two 2-GPU runs at a time in 4 GPUs
     for job in map(str, range(4)):
-        wait_for(lambda: (own / job / "summary.json").exists(), 300, f"run {job} as its own job")
+        wait_for(lambda job=job: (own / job / "summary.json").exists(), 300, f"run {job} as its own job")
         mine, theirs = read_summary(packed / job), read_summary(own / job)
         assert mine["train_loss"] == theirs["train_loss"] and mine["world_size"] == theirs["world_size"] == 2
         assert_bit_identical(own / job, packed / job)

@@ -295,7 +295,10 @@ def test_what_counts_as_no_configuration():
     assert time.monotonic() - started < 1 and done.returncode == 1 and slurm_cli.unconfigured(done)
     assert slurm_cli.said(done) == f"sinfo was not run: SLURM_CONF={NO_CONF} names no configuration file"
     assert slurm_cli.config_problem({"SLURM_CONF": ""}) and slurm_cli.config_problem({}) is None
-    configless = "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\nsinfo: error: fetch_config: DNS SRV lookup failed\nsinfo: fatal: Could not establish a configuration source\n"
+    configless = (
+        "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\nsinfo: error: fetch_config: DNS "
+        "SRV lookup failed\nsinfo: fatal: Could not establish a configuration source\n"
+    )
     down = "slurm_load_node: Unable to contact slurm controller (connect failure)\n"
     assert slurm_cli.unconfigured(subprocess.CompletedProcess(["sinfo"], 1, "", configless))
     assert (

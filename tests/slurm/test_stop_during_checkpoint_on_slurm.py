@@ -29,7 +29,9 @@ SLURM_SLOW_WRITE_S = 2.5  # scancel's signal goes through slurmctld and slurmd (
 
 @pytest.mark.slurm
 def test_the_requeue_signal_during_a_checkpoint_write_requeues_and_resumes_bit_identical(
-    slurm_cluster, reference, tmp_path
+    slurm_cluster,
+    reference,  # noqa: F811  (a fixture)
+    tmp_path,
 ):
     from tests.slurm.test_requeue_slurm import attempt_endings, wait_until_finished_with_summary
     from tests.support.slurm import scontrol_job

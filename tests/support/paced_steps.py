@@ -1,4 +1,5 @@
-"""A training step that takes a known time (trainer.step=tests.support.paced_steps.paced): the built-in computation, then a
+"""A training step that takes a known time (trainer.step=tests.support.paced_steps.paced): the built-in computation,
+then a
 pause, so a test can act while a run is surely still training."""
 
 import time

@@ -48,7 +48,8 @@ def start_slurm_cluster(nodes: int = SUITE_NODES) -> None:
 
 
 def reset_association_limits() -> None:
-    """No MaxSubmitJobs or MaxJobs on root's hpctest association: a test sets one for itself and lifts it when it ends, but a
+    """No MaxSubmitJobs or MaxJobs on root's hpctest association: a test sets one for itself and lifts it when it ends,
+    but a
     session killed inside that test (kill -9, a CI timeout) leaves it on the running cluster for the next session."""
     subprocess.run(
         [

@@ -58,7 +58,8 @@ def test_torch_saves_wrapped_enospc_is_a_full_disk() -> None:
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
         except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 46370304 vs 46370192")
+            # torch's own error carries the OSError as its context, not its cause
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 46370304 vs 46370192")  # noqa: B904
     except RuntimeError as wrapped:
         assert is_disk_full(wrapped)
         assert is_disk_full(CheckpointException("save failed", {1: (wrapped, None)}))

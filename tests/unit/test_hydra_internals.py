@@ -1,4 +1,5 @@
-"""The Hydra internals hpc_train relies on (hpc_train.launch.hydra.hydra_internals) exist in the installed Hydra, and the
+"""The Hydra internals hpc_train relies on (hpc_train.launch.hydra.hydra_internals) exist in the installed Hydra, and
+the
 installed Hydra is in the range pyproject.toml declares: an upgrade that moves one fails here, naming it."""
 
 import importlib
@@ -21,7 +22,8 @@ def test_each_internal_exists_in_the_installed_hydra(module, attribute):
     except (ImportError, AttributeError) as err:
         pytest.fail(
             f"hydra-core {version('hydra-core')} has no {module}.{attribute} ({err}): hpc_train relies on it"
-            " (hpc_train/launch/hydra/hydra_internals.py); adapt that module to this Hydra or pin hydra-core to the tested range"
+            " (hpc_train/launch/hydra/hydra_internals.py); adapt that module to this Hydra or pin hydra-core to the "
+            "tested range"
         )
     assert callable(found)
 

@@ -119,7 +119,8 @@ def main() -> None:
     }
     Path(args.output_dir, f"rank{training_args.process_index}.json").write_text(json.dumps(record, indent=1))
     print(
-        f"hf_train: rank {training_args.process_index} done, global_step {result.global_step}, loss {result.training_loss:.4f}"
+        f"hf_train: rank {training_args.process_index} done, global_step {result.global_step}, loss "
+        f"{result.training_loss:.4f}"
     )
     # Free the DDP model before the process group goes: with gloo, a group torn down at interpreter exit while
     # a DDP reducer still holds it can abort a finished rank ("terminate called without an active exception").

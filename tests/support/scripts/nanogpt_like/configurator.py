@@ -11,5 +11,5 @@ for arg in sys.argv[1:]:
         parsed = literal_eval(value)
     except (SyntaxError, ValueError):
         parsed = value
-    assert type(parsed) == type(globals()[key]), f"{key}: {parsed!r} is not a {type(globals()[key]).__name__}"
+    assert type(parsed) is type(globals()[key]), f"{key}: {parsed!r} is not a {type(globals()[key]).__name__}"
     globals()[key] = parsed

@@ -6,7 +6,8 @@ takes: the trainer its loop's, the checkpointer the checkpointing's, the strateg
 heartbeat the watchdog's. Each settings class sits beside the part that reads it and lists field
 names only: what a key accepts, means and defaults to is declared once, in hpc_train.config, and
 tests/unit/test_rank_settings.py holds every class's fields to those declarations. Nothing falls
-back to a default here: a declared key missing from a spec is an error naming it.
+back to a default here (save the ``backend`` section of a spec written before the launch side wrote
+one, :func:`backend_section`): a declared key missing from a spec is an error naming it.
 
 Values are taken as the spec carries them: a ``_target_`` node (the model, the datasets, a loss)
 stays a config mapping, which is what Hydra's ``instantiate`` builds from.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, List, Mapping, Optional, Type, TypeVar, get_type_hints
+
+from hpc_train.config.launcher import launcher_kind
 
 T = TypeVar("T")
 
@@ -50,10 +53,29 @@ class LayoutSettings:
 
 @dataclass(frozen=True)
 class JobSettings:
-    """The ``job`` section the launch side adds to the spec (hpc_train.launch.planning.jobspec): where the run lives, its
-    layout, the config-group options it was composed from, and the folders the user's code is imported from."""
+    """The ``job`` section the launch side adds to the spec (hpc_train.launch.planning.jobspec): where the run lives,
+    its layout, the config-group options it was composed from, and the folders the user's code is imported from."""
 
     run_dir: str
     layout: LayoutSettings
     choices: Mapping[str, str]
     code_dirs: List[str]
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The ``backend`` section the launch side adds to the spec (hpc_train.config.launcher.LauncherKind.rank_settings):
+    how the ranks were started. A rank chooses by these fields; the launcher's name is only recorded."""
+
+    name: str
+    slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its stop signal, compute nodes without internet
+    requeue: str  # who requeues a job stopped before its time limit: "submitit", "scontrol" or "none"
+
+
+def backend_section(spec: Mapping[str, Any]) -> BackendSettings:
+    """The job spec's ``backend`` section, typed."""
+    if "backend" in spec:
+        return section(BackendSettings, spec["backend"])
+    # A job_config.yaml written before the launch side wrote this section (a run dir resumed or requeued across the
+    # upgrade) has none: the section its launcher writes today. The one place a rank reads the launcher's name.
+    return section(BackendSettings, launcher_kind(spec["launcher"]["name"]).rank_settings())

@@ -21,7 +21,7 @@ from hpc_train.compute.entry.script_job import ScriptJobSettings, ScriptSettings
 from hpc_train.compute.parallel import strategy_class
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
-from hpc_train.compute.settings import JobSettings, LayoutSettings, section
+from hpc_train.compute.settings import BackendSettings, JobSettings, LayoutSettings, section
 from hpc_train.compute.training.loggers import logger_settings
 from hpc_train.compute.training.optim import OptimSettings
 from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
@@ -92,6 +92,7 @@ ALL_SETTINGS = [
     *(strategy_class(identity).settings_type for identity in strategy_table.KINDS),
     JobSettings,
     LayoutSettings,
+    BackendSettings,
     TrainingSettings,
     ScriptJobSettings,
 ]

@@ -20,7 +20,7 @@ from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
-from hpc_train.compute.settings import JobSettings, section
+from hpc_train.compute.settings import JobSettings, backend_section, section
 from hpc_train.config.strategy import strategy_id
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import run_claim
@@ -132,6 +132,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         data=section(DataSettings, cfg.data),
         logger=logger_settings(cfg.logger if "logger" in cfg else None),
         launcher=section(LauncherSettings, cfg.launcher),
+        backend=backend_section(cfg),
         job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
     )
     add_code_dirs(settings.job.code_dirs)  # the user's package, importable as on the submitting side

@@ -29,7 +29,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 class WeightAverage:
     """The moving average of `model`'s trainable parameters; ``state_dict`` keys are the parameter names.
 
-    A DCP ``Stateful`` by its methods, like the trainer's TrainState (see there for why it does not subclass it)."""
+    A DCP ``Stateful`` by its methods, like the trainer's TrainState (hpc_train.compute.training.state: see there
+    for why it does not subclass it)."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay = float(decay)

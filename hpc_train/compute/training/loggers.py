@@ -38,18 +38,18 @@ def logger_settings(node: Optional[Mapping[str, Any]]) -> Optional[LoggerSetting
 
 
 def metrics_writer(
-    settings: Optional[LoggerSettings], run_dir: Path, enabled: bool, config: Mapping[str, Any], launcher: str
+    settings: Optional[LoggerSettings], run_dir: Path, enabled: bool, config: Mapping[str, Any], slurm_job: bool
 ) -> MetricsWriter:
     """The metrics writer the logger settings ask for (metrics.jsonl alone without a logger node). `config` is the
-    job spec as plain data, which W&B and MLflow record with the run; `launcher` is launcher.name."""
+    job spec as plain data, which W&B and MLflow record with the run; `slurm_job` is its ``backend.slurm_job``."""
     if not enabled or settings is None or not settings.trackers:
         return MetricsWriter(run_dir, enabled)
     return TrackingWriter(
-        run_dir, enabled, [make_tracker(name, settings, run_dir, config, launcher) for name in settings.trackers]
+        run_dir, enabled, [make_tracker(name, settings, run_dir, config, slurm_job) for name in settings.trackers]
     )
 
 
-def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str) -> Any:
+def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], slurm_job: bool) -> Any:
     # each tracker module imports its optional package (tensorboard, wandb, mlflow): only the chosen one loads
     if name == "tensorboard":
         from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker  # optional: tensorboard
@@ -58,7 +58,7 @@ def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Map
     if name == "wandb":
         from hpc_train.compute.training.tracker_wandb import WandbTracker  # optional: wandb
 
-        return WandbTracker(settings, run_dir, config, launcher)
+        return WandbTracker(settings, run_dir, config, slurm_job)
     from hpc_train.compute.training.tracker_mlflow import MlflowTracker  # optional: mlflow
 
     return MlflowTracker(settings, run_dir, config)

@@ -17,7 +17,7 @@ from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.parallel.base import StrategySettings
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
-from hpc_train.compute.settings import JobSettings
+from hpc_train.compute.settings import BackendSettings, JobSettings
 from hpc_train.compute.training.optim import OptimSettings
 from hpc_train.compute.training.tracker_common import LoggerSettings
 
@@ -70,4 +70,5 @@ class TrainingSettings:
     data: DataSettings
     logger: Optional[LoggerSettings]  # None: the spec has no logger node (metrics.jsonl only)
     launcher: LauncherSettings
+    backend: BackendSettings
     job_spec: Dict[str, Any]

@@ -16,7 +16,8 @@ def model_loss(model: Any, batch: Any) -> Any:
     Calls ``model(**batch)`` for a mapping, ``model(*batch)`` for a tuple or list, ``model(batch)``
     otherwise, and returns the output's ``.loss`` attribute or ``["loss"]`` item.
     """
-    # compute side (data.batch imports torch): this runs in a training process; importing hpc_train.compute.training.steps does not
+    # compute side (data.batch imports torch): this runs in a training process; importing
+    # hpc_train.compute.training.steps does not
     from hpc_train.compute.data.batch import describe
     from hpc_train.compute.runtime.refusal import Refusal
 
@@ -32,9 +33,9 @@ def model_loss(model: Any, batch: Any) -> Any:
     if loss is None:
         has_none = hasattr(output, "loss") or (isinstance(output, Mapping) and "loss" in output)
         raise Refusal(
-            f"`trainer.step`: hpc_train.compute.training.steps.model_loss needs an output with a loss, but the model returned"
-            f" {describe(output)}{' whose loss is None' if has_none else ''}. Fix: give the batch what the model needs"
-            " to compute its loss (Hugging Face: a 'labels' key), or set trainer.step to your own function that"
-            " returns the loss (e.g. `_, loss = model(x, y); return loss` for a model returning (logits, loss))."
+            "`trainer.step`: hpc_train.compute.training.steps.model_loss needs an output with a loss, but the model"
+            f" returned {describe(output)}{' whose loss is None' if has_none else ''}. Fix: give the batch what the"
+            " model needs to compute its loss (Hugging Face: a 'labels' key), or set trainer.step to your own function"
+            " that returns the loss (e.g. `_, loss = model(x, y); return loss` for a model returning (logits, loss))."
         )
     return loss

@@ -1,13 +1,14 @@
 """logger=wandb: rank 0's records in a Weights & Biases run, offline by default on Slurm.
 
-Compute nodes of most national clusters have no internet, so on Slurm (``launcher=slurm`` or
-``sbatch``, or any run inside a Slurm job) the run is written offline unless ``logger.mode`` or
-``$WANDB_MODE`` says otherwise; at the end rank 0 logs the ``wandb sync`` command that uploads it
-from a machine with internet (the login node). Each attempt of a requeued or rerun job writes its
-own ``offline-run-<time>-<id>`` folder under the same run id (kept in ``<run dir>/wandb_run.json``,
-passed with ``resume="allow"``); ``wandb sync`` uploads them in order of start time, and W&B keeps
-the first value logged at a step (it drops rows at steps a run already has: a resumed attempt
-repeats, bit-identically, the steps the lost one logged past its checkpoint).
+Compute nodes of most national clusters have no internet, so on Slurm (a launcher whose ranks run in
+a Slurm job, the job spec's ``backend.slurm_job``, or any run inside a Slurm allocation) the run is
+written offline unless ``logger.mode`` or ``$WANDB_MODE`` says otherwise; at the end rank 0 logs the
+``wandb sync`` command that uploads it from a machine with internet (the login node). Each attempt
+of a requeued or rerun job writes its own ``offline-run-<time>-<id>`` folder under the same run id
+(kept in ``<run dir>/wandb_run.json``, passed with ``resume="allow"``); ``wandb sync`` uploads them
+in order of start time, and W&B keeps the first value logged at a step (it drops rows at steps a run
+already has: a resumed attempt repeats, bit-identically, the steps the lost one logged past its
+checkpoint).
 
 W&B has no call that writes its file at once: :meth:`WandbTracker.flush` (before every checkpoint
 and at the stop signal) commits the step W&B holds open, then waits for W&B's next periodic write.
@@ -34,7 +35,6 @@ from hpc_train.compute.training.tracker_common import (
 )
 
 RUN_FILE = "wandb_run.json"
-SLURM_LAUNCHERS = ("slurm", "sbatch")
 # W&B writes its .wandb file every 15 s by default: a kill -9 (node failure, OOM) would lose up to 15 s of
 # rows, and each flush before a checkpoint would wait as long.
 # Every 2 s instead, unless $WANDB__TRANSACTION_LOG_FLUSH_INTERVAL says otherwise (a private setting of wandb
@@ -46,13 +46,14 @@ REACH_S = 0.3
 log = logging.getLogger("hpc_train")
 
 
-def wandb_mode(configured: Optional[str], launcher: Optional[str]) -> Optional[str]:
-    """logger.mode if set, else $WANDB_MODE (None: wandb reads it), else offline on Slurm, else W&B's default."""
+def wandb_mode(configured: Optional[str], slurm_job: bool) -> Optional[str]:
+    """logger.mode if set, else $WANDB_MODE (None: wandb reads it), else offline on Slurm (`slurm_job`: the launcher
+    runs the ranks in a Slurm job; or this process is inside a Slurm allocation), else W&B's default."""
     if configured:
         return str(configured)
     if os.environ.get("WANDB_MODE"):
         return None
-    if launcher in SLURM_LAUNCHERS or os.environ.get("SLURM_JOB_ID"):
+    if slurm_job or os.environ.get("SLURM_JOB_ID"):
         return "offline"
     return None
 
@@ -67,14 +68,15 @@ def new_run_id() -> str:
 
 
 class WandbTracker:
-    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], launcher: str) -> None:
-        """`config`: the job spec as plain data (the run's config in W&B); `launcher`: launcher.name."""
+    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], slurm_job: bool) -> None:
+        """`config`: the job spec as plain data (the run's config in W&B); `slurm_job`: the job spec's
+        ``backend.slurm_job`` (offline by default, :func:`wandb_mode`)."""
         import wandb  # here, before training starts (about 0.3 s), rather than at the first logged step
 
         self._wandb = wandb
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir if settings.dir is None else in_run_dir(settings.dir, self.run_dir)
-        self.mode = wandb_mode(settings.mode, launcher)
+        self.mode = wandb_mode(settings.mode, slurm_job)
         self.init_args: Dict[str, Any] = {
             "project": text_or_none(settings.project),
             "entity": text_or_none(settings.entity),

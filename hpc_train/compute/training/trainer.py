@@ -15,16 +15,14 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from hpc_train.compute.checkpointing.background import Ticket
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
-from hpc_train.compute.checkpointing.files import save_atomic, size_on_disk
+from hpc_train.compute.checkpointing.files import save_atomic
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
@@ -38,7 +36,10 @@ from hpc_train.compute.training.activation_checkpointing import checkpoint_block
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
+from hpc_train.compute.training.saves import Saves
 from hpc_train.compute.training.settings import TrainingSettings
+from hpc_train.compute.training.state import TrainState
+from hpc_train.compute.training.throughput import Throughput
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.compute.user.step import build_step
 from hpc_train.contracts.fingerprint import fingerprint
@@ -48,84 +49,6 @@ from hpc_train.records.rank_errors import note_time_of_death, notes_time_of_deat
 
 log = logging.getLogger("hpc_train")
 _END = object()  # the batches ran out
-
-
-@dataclass
-class TrainState:
-    """Where the loop is; checkpointed (as ``state``) and restored like any other state holder.
-
-    A ``torch.distributed.checkpoint.stateful.Stateful`` by its methods: that class is a runtime-checkable
-    Protocol, so DCP and the Checkpointer's annotations accept it without subclassing, and the import (about a
-    second per rank) is left to the runs that write DCP checkpoints."""
-
-    epoch: int = 0  # epoch in progress
-    step_in_epoch: int = 0  # optimizer steps already taken in that epoch
-    global_step: int = 0
-    last_loss: Optional[float] = None
-    last_metrics: Dict[str, float] = field(default_factory=dict)  # the user step's other metrics, last logged
-    last_eval: Optional[Dict[str, Any]] = field(default=None)
-
-    def state_dict(self) -> Dict[str, Any]:
-        return asdict(self)
-
-    def step_taken(self) -> None:
-        self.global_step += 1
-        self.step_in_epoch += 1
-
-    def next_epoch(self) -> None:
-        self.epoch, self.step_in_epoch = self.epoch + 1, 0
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
-
-
-class Throughput:
-    """Samples (and a user step's tokens) per second over the optimizer steps after the warm-up, evaluation
-    excluded. A step's samples are the global batch (``trainer.batch_size``), whatever the accumulation."""
-
-    def __init__(
-        self, first_step: int, total: int, warmup_steps: int, global_batch: int, sync: Callable[[], None]
-    ) -> None:
-        self.warmup = first_step + min(warmup_steps, max(0, total - first_step - 1))
-        self.global_batch, self.sync = global_batch, sync
-        self.samples, self.seconds, self.started = 0, 0.0, None
-        self.tokens: Optional[torch.Tensor] = None  # this rank's tokens over the timed steps (a user step's count)
-
-    def step_done(self, step: int, tokens: Optional[torch.Tensor] = None) -> None:
-        if step == self.warmup:
-            self.sync()
-            self.started = time.perf_counter()
-        elif step > self.warmup:
-            self.samples += self.global_batch
-            if tokens is not None:
-                tokens = tokens.detach().double()
-                self.tokens = tokens if self.tokens is None else self.tokens + tokens
-            if self.started is None:
-                self.started = time.perf_counter()
-
-    def pause(self) -> None:
-        if self.started is not None:
-            self.seconds += time.perf_counter() - self.started
-            self.started = None
-
-    def resume(self, step: int) -> None:
-        if step > self.warmup:
-            self.started = time.perf_counter()
-
-    @property
-    def elapsed(self) -> float:
-        """Timed seconds so far, the running stretch included."""
-        return self.seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
-
-    def rate(self, amount: float) -> float:
-        """`amount` (of the timed steps) per timed second."""
-        elapsed = self.elapsed
-        return amount / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.rate(self.samples)
 
 
 class Trainer:
@@ -141,7 +64,7 @@ class Trainer:
         self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
         self.is_main = ranks.is_main
         self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks)
-            settings.logger, run_dir, self.is_main, settings.job_spec, settings.launcher.name
+            settings.logger, run_dir, self.is_main, settings.job_spec, settings.backend.slurm_job
         )
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None
@@ -189,12 +112,24 @@ class Trainer:
             settings=settings.checkpointing,
             resume=str(settings.run.resume),
         )
+        self.saves = Saves(
+            self.checkpointer, self.metrics, self.is_main, settings.backend.slurm_job, settings.launcher.signal_delay_s
+        )
         self._resume()
         self.attempt = (
             attempts.begin(run_dir, fresh=str(settings.run.resume) == "never", resumed_from_step=self.resumed_from_step)
             if self.is_main
             else 0
         )
+        self.meter = Throughput(  # from the restored position
+            self.state.global_step,
+            self.total_steps,
+            int(self.loop.throughput_warmup_steps),
+            int(self.loop.batch_size),
+            self._sync,
+        )
+        self._settled = False  # the strategy settled on the first batch of this attempt (_settle_once)
+        self._flush_owed = False  # a checkpoint was written before its step's rows could be flushed
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
@@ -206,9 +141,7 @@ class Trainer:
         progress = Progress(
             self.total_steps, self.is_main and bool(loop.progress), int(loop.log_every), start=state.global_step
         )
-        meter = self.meter = Throughput(
-            state.global_step, self.total_steps, int(loop.throughput_warmup_steps), int(loop.batch_size), self._sync
-        )
+        meter = self.meter
         self.model.train()
         settle_garbage_collector()
         try:
@@ -219,7 +152,7 @@ class Trainer:
         progress.close()
         self._sync()
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
-        self._save(state.global_step, "end of training", settle=True)
+        self.saves.save(state.global_step, "end of training", settle=True)
         return self._finish(meter)
 
     def _train_steps(self, progress: Progress, meter: Throughput) -> None:
@@ -367,8 +300,6 @@ class Trainer:
             truncate_metrics(self.run_dir, self.state.global_step, keep_eval_at_last=keep_eval)
 
     # -- inside the loop --------------------------------------------------------------------
-    _settled = False
-
     def _settle_once(self, batch: Any) -> None:
         """Before the first step of every attempt: every attempt's steps run on the same DDP buckets (see
         DDPStrategy.settle)."""
@@ -476,25 +407,16 @@ class Trainer:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
         faults.step_sleep(resumed=self.resumed_from_step is not None)
-        now = time.perf_counter()
-        step_s, self._step_ended = (now - self._step_ended if self._step_ended else None), now
-        self._last_step_s = step_s
-        self._collect(wait=False)  # a save written in the background: recorded once done (its error raised)
-        if self.checkpointer.due(step):
-            self._flush_before_checkpoint()
-            self._save(step, "every %d steps" % self.checkpointer.every)
-            self._step_ended = time.perf_counter()
+        self.saves.after_step(step, self._flush_before_checkpoint)
         if self.stop_flag is None:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
             self._flush_owed = False
             self.metrics.flush()  # nothing more is logged in this attempt
-            self._save(step, "stop signal", settle=True)
+            self.saves.save(step, "stop signal", settle=True)
             reason = self.stop_flag.reason(request, float(self.settings.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
-
-    _flush_owed = False  # a checkpoint was written before its step's rows could be flushed
 
     def _flush_before_checkpoint(self) -> None:
         """The trackers write out every row up to this step before its checkpoint exists, so that what a checkpoint
@@ -509,53 +431,6 @@ class Trainer:
         if self._flush_owed:
             self._flush_owed = False
             self.metrics.flush()
-
-    checkpoint_blocked_s = 0.0  # the time training waited for checkpoints, this attempt (the summary states it)
-
-    def _save(self, step: int, why: str, settle: bool = False) -> None:
-        """Checkpoint this step. The loop waits for the previous save if it is still being written, then while this
-        one is staged (``trainer.async_checkpoint``) or written; `settle`: until it is written in any case (a stop,
-        the end of training: nothing exits before its checkpoint is durable)."""
-        with heartbeat.phase(hang.CHECKPOINT):
-            self._collect(wait=True)  # at most one save in flight: the previous one first
-            started = time.perf_counter()
-            ticket = self.checkpointer.save(step, why)
-            if ticket is not None:
-                ticket.blocked_s = time.perf_counter() - started
-                if not ticket.background:  # written: the whole save blocked training (its total, _record)
-                    self._record(ticket)
-            if settle:
-                self._collect(wait=True)
-
-    def _collect(self, wait: bool) -> None:
-        """Record the save in flight once it is written everywhere (`wait`: wait for it; that wait counts as time the
-        save blocked training). A save that failed in the background raises its error here, on every rank."""
-        started = time.perf_counter()
-        ticket = self.checkpointer.finished(wait)
-        if ticket is None:
-            return
-        if wait:
-            ticket.blocked_s += time.perf_counter() - started
-        self._record(ticket)
-
-    def _record(self, ticket: Ticket) -> None:
-        """A written checkpoint's metrics.jsonl row: how long training waited for it, how long it took, its size."""
-        self.checkpoint_blocked_s += ticket.blocked_s
-        # A save written in the loop, or one waited for: done when the wait ended.
-        ticket.total_s = max(ticket.total_s or 0.0, ticket.blocked_s)
-        if self.is_main:
-            self.metrics.write(
-                {
-                    "kind": "checkpoint",
-                    "step": ticket.step,
-                    "blocked_s": round(ticket.blocked_s, 6),
-                    "total_s": round(ticket.total_s, 6),
-                    "bytes": size_on_disk(ticket.path),
-                    "async": ticket.background,
-                    "time": time.time(),
-                }
-            )
-        self._check_signal_lead(ticket)
 
     def _marked(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The batches, with this rank's progress marked: waiting for data, then each step's duration."""
@@ -574,35 +449,6 @@ class Trainer:
             if batch is _END:
                 return
             yield batch
-
-    _step_ended: Optional[float] = None  # perf_counter at the end of the previous step (for its duration)
-    _last_step_s: Optional[float] = None  # the duration of the last step (the lead-time check reads it)
-    _lead_checked = False
-
-    def _check_signal_lead(self, ticket: Ticket) -> None:
-        """At the first checkpoint written after a measured step: warn when Slurm's stop signal comes too late to
-        finish a step and write a checkpoint before the time limit (no checkpoint is written in a signal handler:
-        the stop waits for the end of the current step). With saves in the background the stop may also have to
-        wait for the one in flight: twice a save's duration."""
-        launcher, step_s = self.settings.launcher, self._last_step_s
-        if self._lead_checked or step_s is None or str(launcher.name) not in ("slurm", "sbatch"):
-            return
-        self._lead_checked = True
-        lead = float(launcher.signal_delay_s)
-        checkpoint_s = (ticket.total_s or 0.0) * (2 if ticket.background else 1)
-        needed = step_s + checkpoint_s
-        if self.is_main and lead < needed:
-            log.warning(
-                "launcher.signal_delay_s=%d is shorter than one step plus a checkpoint (measured %.0f s: step %.1f s +"
-                " checkpoint %.1f s%s): at the time limit the job may be killed before its stop checkpoint. Fix:"
-                " raise launcher.signal_delay_s (e.g. to %d).",
-                lead,
-                needed,
-                step_s,
-                checkpoint_s,
-                ", the one in flight and the stop's own" if ticket.background else "",
-                int(2 * needed) + 30,
-            )
 
     def _sync(self) -> None:
         if self.strategy.input_device.type == "cuda":
@@ -684,7 +530,7 @@ class Trainer:
             **({"tokens_per_sec": meter.rate(self._global_tokens())} if TOKENS in self.strategy.metric_names else {}),
             "timed_steps": meter.samples // int(self.loop.batch_size),
             "resumed_from_step": self.resumed_from_step,
-            "checkpoint_blocked_s": round(self.checkpoint_blocked_s, 6),
+            "checkpoint_blocked_s": round(self.saves.blocked_s, 6),
             "attempts": self.attempt,
             "torch_version": torch.__version__,
         }

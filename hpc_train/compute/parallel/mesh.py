@@ -37,13 +37,14 @@ from hpc_train.compute.parallel.base import Strategy, StrategySettings, Strategy
 from hpc_train.compute.parallel.gradients import total_norm
 from hpc_train.compute.parallel.partitioning import micro_batch
 from hpc_train.compute.parallel.precision import autocast
+from hpc_train.compute.parallel.schedule_step import schedule_step
 from hpc_train.compute.parallel.staged_model import split_model
 from hpc_train.compute.parallel.tensor_parallel import apply_plan, check_plan
 from hpc_train.compute.parallel.tracing import stage_inputs
-from hpc_train.compute.runtime import distributed, heartbeat
+from hpc_train.compute.runtime import distributed
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.contracts.mesh_dims import KEYS, ORDER, TORCH_NEEDED, MeshDims, torch_refusal, torch_too_old
-from hpc_train.records import hang, rundir
+from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 
@@ -90,7 +91,8 @@ class MeshStrategy(Strategy):
 
     # -- the mesh ---------------------------------------------------------------------
     def mesh_dims(self, setup: StrategySetup) -> MeshDims:
-        """The dimensions the launch side resolved (hpc_train.contracts.mesh_dims); a preset may derive them from its keys."""
+        """The dimensions the launch side resolved (hpc_train.contracts.mesh_dims); a preset may derive them from its
+        keys."""
         return MeshDims(*setup.layout.mesh)
 
     def _slice(self, *names: str) -> Any:
@@ -209,20 +211,12 @@ class MeshStrategy(Strategy):
     def forward_backward(self, model, batch, scaler, loss_weight: float = 1.0):
         if not self.pipelined:
             return super().forward_backward(model, batch, scaler, loss_weight)
-        heartbeat.mark(hang.FORWARD_BACKWARD)  # the schedule interleaves both, with sends and receives
         inputs, labels = batch
-        losses: List[torch.Tensor] = []
-        with autocast(self.precision, self.input_device):
-            if self.is_first and self.is_last:
-                self.schedule.step(inputs, target=labels.to(self.input_device), losses=losses)
-            elif self.is_first:
-                self.schedule.step(inputs)
-            elif self.is_last:
-                self.schedule.step(target=labels.to(self.input_device), losses=losses)
-            else:
-                self.schedule.step()
+        losses = schedule_step(
+            self.schedule, inputs, labels, self.is_first, self.is_last, self.precision, self.input_device
+        )
         if losses:  # each a micro-batch's loss divided by their number: their sum is the batch's mean
-            return torch.stack([l.detach().float() for l in losses]).sum(), {}
+            return torch.stack([loss.detach().float() for loss in losses]).sum(), {}
         return torch.zeros((), device=self.input_device), {}
 
     @contextlib.contextmanager

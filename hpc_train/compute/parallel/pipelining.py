@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -23,11 +23,12 @@ from hpc_train.compute.parallel.base import Strategy, StrategySetup
 from hpc_train.compute.parallel.partitioning import micro_batch
 from hpc_train.compute.parallel.pipeline import PipelineSettings
 from hpc_train.compute.parallel.precision import autocast
+from hpc_train.compute.parallel.schedule_step import schedule_step
 from hpc_train.compute.parallel.staged_model import split_model
 from hpc_train.compute.parallel.tracing import stage_inputs
-from hpc_train.compute.runtime import distributed, heartbeat
+from hpc_train.compute.runtime import distributed
 from hpc_train.contracts.strategy_table import split_settings
-from hpc_train.records import hang, rundir
+from hpc_train.records import rundir
 
 _DTYPES = [
     torch.float32,
@@ -148,25 +149,17 @@ class PipeliningStrategy(Strategy):
         return self.loss_fn(outputs.float(), target)
 
     def forward_backward(self, model, batch, scaler):
-        heartbeat.mark(hang.FORWARD_BACKWARD)  # the schedule interleaves both, with sends and receives
         images, labels = batch
-        losses: List[torch.Tensor] = []
-        with autocast(self.precision, self.input_device):
-            if self.is_first and self.is_last:
-                self.schedule.step(images, target=labels.to(self.input_device), losses=losses)
-            elif self.is_first:
-                self.schedule.step(images)
-            elif self.is_last:
-                self.schedule.step(target=labels.to(self.input_device), losses=losses)
-            else:
-                self.schedule.step()
+        losses = schedule_step(
+            self.schedule, images, labels, self.is_first, self.is_last, self.precision, self.input_device
+        )
         if self.replicas > 1:  # average this stage's gradients over its replicas (what DDP would do)
             for param in model.parameters():
                 if param.grad is not None:
                     dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
                     param.grad /= self.replicas
         if losses:
-            return torch.stack([l.detach().float() for l in losses]).mean(), {}
+            return torch.stack([loss.detach().float() for loss in losses]).mean(), {}
         return torch.zeros((), device=self.input_device), {}
 
     def global_norm(self, local_norm: torch.Tensor) -> torch.Tensor:

@@ -128,44 +128,33 @@ def split_model(
     """
     if split_points:
         groups = trace_split(model, [str(name) for name in split_points])
-    elif (is_torchvision_resnet(model) or isinstance(model, nn.Sequential)) and named:
-        groups = trace_split(model, _flattened_points(model, stages, balance, example, stages_key))
     elif is_torchvision_resnet(model) or isinstance(model, nn.Sequential):
-        groups = _flattened_groups(model, stages, balance, example, stages_key)
+        cut = _flattened_cut(model, stages, balance, example, stages_key)
+        if named:  # traced from the model at the first layer of every stage but the first
+            names = {id(module): name for name, module in model.named_modules()}
+            groups = trace_split(model, [names[id(layers[0])] for layers in cut[1:]])
+        else:
+            groups = [nn.Sequential(*layers) for layers in cut]
     else:
         groups = split_block_list(model, stages, balance, example, stages_key)
     refuse_parameters_shared_across_stages(model, groups)
     return groups
 
 
-def _flattened_groups(
+def _flattened_cut(
     model: nn.Module,
     stages: int,
     balance: Union[str, Sequence[int]],
     example: Optional[torch.Tensor],
     stages_key: str = STAGES_KEY,
-) -> List[nn.Module]:
-    """A ResNet or nn.Sequential as consecutive nn.Sequential stages of its layers."""
+) -> List[List[nn.Module]]:
+    """A ResNet's or nn.Sequential's layers cut into consecutive stages, balanced as `balance` says."""
     layers = flatten_layers(model)
-    groups, start = [], 0
+    cut, start = [], 0
     for count in stage_counts(layers, stages, balance, example, stages_key):
-        groups.append(nn.Sequential(*layers[start : start + count]))
+        cut.append(layers[start : start + count])
         start += count
-    return groups
-
-
-def _flattened_points(
-    model: nn.Module,
-    stages: int,
-    balance: Union[str, Sequence[int]],
-    example: Optional[torch.Tensor],
-    stages_key: str = STAGES_KEY,
-) -> List[str]:
-    """Where the balanced cut of a ResNet's or nn.Sequential's layers begins each stage but the first, by name."""
-    layers = flatten_layers(model)
-    names = {id(module): name for name, module in model.named_modules()}
-    counts = stage_counts(layers, stages, balance, example, stages_key)
-    return [names[id(layers[sum(counts[:k])])] for k in range(1, len(counts))]
+    return cut
 
 
 def refuse_parameters_shared_across_stages(model: nn.Module, groups: Sequence[nn.Module]) -> None:

@@ -1,9 +1,10 @@
 """What a checkpoint must share with the run that resumes from it, readable without torch.
 
-Model, strategy, data, global batch, optimizer (and its parameter groups), a weight average,
-seed and world size shape the weights, the optimizer state and the order of the samples; epochs, max_steps, logging, the time limit and
-the launcher may change between attempts. The fingerprint is stored in the checkpoint's
-header line, so the login node can refuse an incompatible resume before queueing anything.
+Model, strategy, data, global batch, optimizer (and its parameter groups), a weight average, seed
+and world size shape the weights, the optimizer state and the order of the samples; epochs,
+max_steps, logging, the time limit and the launcher may change between attempts. The fingerprint is
+stored in the checkpoint's header line, so the login node can refuse an incompatible resume before
+queueing anything.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def resolve_mesh_dims(strategy: Any, world: int, tasks_per_node: int) -> MeshDim
     if tasks_per_node % dims.tp:
         raise ConfigError(
             KEYS["tp"],
-            f"tensor parallel stays inside a node, but tp={dims.tp} does not divide the {tasks_per_node} GPUs per node.",
+            f"tensor parallel stays inside a node, but tp={dims.tp} does not divide the {tasks_per_node} GPUs per"
+            " node.",
             f"choose strategy.tp among the divisors of {tasks_per_node}, or change resources.gpus_per_node.",
         )
     return dims

@@ -1,10 +1,11 @@
 """Save a training run's full state and put it back: what makes a resumed run exact.
 
 The trainer hands the checkpointer the objects that hold state, each with ``state_dict`` and
-``load_state_dict`` (torch.distributed.checkpoint's ``Stateful`` protocol): *sharded* ones (model, optimizer, GradScaler), whose content differs
-between parameter owners (the first replica of every pipeline stage), and *shared* ones
-(LR schedule, loop position), equal on every rank and saved by rank 0, and *per-rank* ones (a
-stream's read position), saved for every rank. Every rank adds its RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
+``load_state_dict`` (torch.distributed.checkpoint's ``Stateful`` protocol): *sharded* ones (model,
+optimizer, GradScaler), whose content differs between parameter owners (the first replica of every
+pipeline stage), and *shared* ones (LR schedule, loop position), equal on every rank and saved by
+rank 0, and *per-rank* ones (a stream's read position), saved for every rank. Every rank adds its
+RNG states. Rank 0 gathers the parts over the CPU control group and writes one file
 (hpc_train.compute.checkpointing.files); on resume every rank reads the same file, checks the
 fingerprint, and loads its own part.
 

@@ -149,9 +149,9 @@ def save_dcp(
     `agree(failed)` is an all-reduce that is True on every rank if any rank passed True (so
     a rank that fails alone never leaves the others waiting); `gather(obj)` returns every
     rank's picklable `obj` in rank order on rank 0 (None elsewhere): each rank hashes the
-    files it wrote and rank 0 gathers those entries for the manifest; `process_group`: the group DCP plans on (None:
-    the default one; a save written in the background passes the group its other collectives use). The dir appears by one rename
-    once every file and the manifest are on disk: a kill at any moment leaves the previous
+    files it wrote and rank 0 gathers those entries for the manifest; `process_group`: the group DCP plans on
+    (None: the default one; a save written in the background passes the group its other collectives use). The
+    dir appears by one rename once every file and the manifest are on disk: a kill at any moment leaves the previous
     complete checkpoint the newest one. A full disk raises :class:`DiskFull` on every rank
     after rank 0 removed this save's temporary dir.
     """

@@ -73,7 +73,8 @@ def find_checkpoint(run_dir: Path, step: Optional[int] = None) -> Path:
 
 
 def _save_atomic(obj: object, out: Path) -> None:
-    """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt; a full disk is one message."""
+    """``torch.save`` to a temporary file beside `out`, fsync, rename: never a torn OUT.pt; a full disk is one
+    message."""
     from hpc_train.compute.checkpointing.files import save_atomic  # heavy (torch): only once the arguments parsed
 
     save_atomic(

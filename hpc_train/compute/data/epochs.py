@@ -133,7 +133,8 @@ class TrainEpochs:
         return "an epoch ends with the stream" if self.steps_per_epoch is None else f"{self.steps_per_epoch} per epoch"
 
     def inside_epoch(self, step_in_epoch: int) -> bool:
-        """Whether a position is known to be inside its epoch, not at its end (a stream without a length cannot tell)."""
+        """Whether a position is known to be inside its epoch, not at its end (a stream without a length cannot
+        tell)."""
         return self.steps_per_epoch is not None and step_in_epoch < self.steps_per_epoch
 
     def resume_at(self, epoch: int, step_in_epoch: int, resharded: bool) -> None:

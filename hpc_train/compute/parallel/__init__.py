@@ -1,4 +1,5 @@
-"""Parallel strategies, one module per strategy, looked up by its identity (hpc_train.contracts.strategy_table); the staged model (stages)."""
+"""Parallel strategies, one module per strategy, looked up by its identity (hpc_train.contracts.strategy_table); the
+staged model (stages)."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 def rank_data_shard(layout: LayoutSettings, ranks: RankInfo) -> Tuple[int, int]:
     """(this rank's data shard, number of shards) from the job's layout, before any strategy exists.
 
-    The launch side declared ``data_parallel_size`` D; the ranks of one model replica are consecutive
-    (a pipelining engine's S = W / D stages; one rank per replica elsewhere), so rank r reads shard
-    r // (W / D); a mesh's data-parallel coordinate says it (hpc_train.contracts.mesh_dims). The trainer needs its data, then one batch through the user's step, before it can
-    build the strategy that runs that step; the strategy then checks it agrees (:func:`build_strategy`).
+    The launch side declared ``data_parallel_size`` D; the ranks of one model replica are consecutive (a pipelining
+    engine's S = W / D stages; one rank per replica elsewhere), so rank r reads shard r // (W / D); a mesh's
+    data-parallel coordinate says it (hpc_train.contracts.mesh_dims). The trainer needs its data, then one batch
+    through the user's step, before it can build the strategy that runs that step; the strategy then checks it
+    agrees (:func:`build_strategy`).
     """
     if layout.strategy == "mesh":
         return MeshDims(*layout.mesh).data_shard(ranks.rank)

@@ -44,7 +44,8 @@ class StrategySettings:
 
     @property
     def node(self) -> Dict[str, Any]:
-        """These settings as the strategy node hpc_train.contracts.strategy_table reads (both sides share its functions)."""
+        """These settings as the strategy node hpc_train.contracts.strategy_table reads (both sides share its
+        functions)."""
         return asdict(self)
 
     @property

@@ -31,7 +31,8 @@ def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.
             if name not in known or not name:
                 close = difflib.get_close_matches(name, [k for k in known if k], n=1)
                 raise Refusal(
-                    f"`strategy.wrap`: the model has no module {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}."
+                    f"`strategy.wrap`: the model has no module {name!r}"
+                    f"{f' (did you mean {close[0]!r}?)' if close else ''}."
                     " Fix: name modules of model.named_modules(), e.g. strategy.wrap=[encoder,decoder], or"
                     " strategy.wrap=null (each block of the model's block list)."
                 )

@@ -183,7 +183,7 @@ def trace_split(model: nn.Module, split_points: List[str]) -> List[nn.Module]:
             for arg in node.all_input_nodes:
                 if arg.op == "get_attr" and arg not in env:
                     env[arg] = stage_graph.node_copy(arg)
-            env[node] = stage_graph.node_copy(node, lambda n: env[n])
+            env[node] = stage_graph.node_copy(node, env.__getitem__)  # this stage's env, read at once
         if k == n_stages - 1:
             for arg in output_node.all_input_nodes:
                 if arg.op == "get_attr" and arg not in env:

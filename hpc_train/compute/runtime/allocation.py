@@ -7,7 +7,8 @@ The login node checked every count of the range and wrote the layout of the leas
 many nodes it got. :func:`settle_layout` turns the planned layout into that count's: nodes, world size,
 data-parallel size and the sharded strategies' dimensions (fsdp's replicas, HSDP's ``strategy.replicate=nodes``,
 mesh's ``dp_shard=-1``), resolved by the same functions the login node used (``hpc_train.contracts.strategy_table``,
-``hpc_train.contracts.mesh_dims``). Only ddp, fsdp and mesh may have a range (their checkpoints resume at another world).
+``hpc_train.contracts.mesh_dims``). Only ddp, fsdp and mesh may have a range (their checkpoints resume at another
+world).
 
 Pure Python (no torch), so it is tested without a process group.
 """

@@ -100,7 +100,10 @@ def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> s
     elif os.environ.get(PACKED_ENV):
         text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
     elif any(r.get("how") == HANG for r in rundir.read_attempts(run_dir)[:-1] if r.get("event") == "end"):
-        text = "not requeued: an earlier attempt of this run ended in a hang already (trainer.requeue_on_hang requeues once)"
+        text = (
+            "not requeued: an earlier attempt of this run ended in a hang already"
+            " (trainer.requeue_on_hang requeues once)"
+        )
     else:
         text = _scontrol_requeue(job, culprit_hosts if set(culprit_hosts) != set(job_hosts) else [])
     log.warning("%s", text)

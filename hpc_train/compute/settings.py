@@ -16,9 +16,10 @@ stays a config mapping, which is what Hydra's ``instantiate`` builds from.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, List, Mapping, Optional, Type, TypeVar, get_type_hints
+from typing import Any, List, Mapping, Type, TypeVar, get_type_hints
 
 from hpc_train.config.launcher import launcher_kind
+from hpc_train.contracts.job_layout import JobLayout
 
 T = TypeVar("T")
 
@@ -36,28 +37,12 @@ def section(cls: Type[T], node: Mapping[str, Any]) -> T:
 
 
 @dataclass(frozen=True)
-class LayoutSettings:
-    """``job.layout``: the job's shape as the launch side laid it out (hpc_train.launch.planning.layout.JobLayout)."""
-
-    strategy: str
-    nodes: int
-    tasks_per_node: int
-    gpus_per_node: int
-    gpus_per_task: int
-    cpus_per_task: int
-    mesh: Optional[List[int]]
-    max_nodes: Optional[int]  # resources.nodes=MIN-MAX: MAX (nodes is MIN); compute/runtime/allocation.py settles it
-    world_size: int
-    data_parallel_size: int
-
-
-@dataclass(frozen=True)
 class JobSettings:
     """The ``job`` section the launch side adds to the spec (hpc_train.launch.planning.jobspec): where the run lives,
     its layout, the config-group options it was composed from, and the folders the user's code is imported from."""
 
     run_dir: str
-    layout: LayoutSettings
+    layout: JobLayout  # the record the launch side wrote (its world_size is the layout's own)
     choices: Mapping[str, str]
     code_dirs: List[str]
 

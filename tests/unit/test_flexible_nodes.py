@@ -13,11 +13,12 @@ from hydra import compose, initialize_config_dir
 
 from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_layout
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.settings import LayoutSettings
+from hpc_train.compute.settings import section
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.checks import count_or_range, count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.fingerprint import differences, fingerprint
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.launch.backends.sbatch import check_allocation
 from hpc_train.launch.backends.slurm import render_sbatch, slurm_parameters, submitit_parameters
@@ -172,7 +173,7 @@ def test_the_job_spec_carries_the_least_count_and_the_range(tmp_path):
     ddp = plan(["strategy=ddp", "resources.nodes=2-4", "trainer.batch_size=24"], tmp_path)
     layout = build_job_spec(ddp, choices={})["job"]["layout"]
     assert (layout["nodes"], layout["max_nodes"], layout["world_size"], layout["data_parallel_size"]) == (2, 4, 2, 2)
-    assert LayoutSettings(**layout).max_nodes == 4
+    assert section(JobLayout, layout).max_nodes == 4
 
 
 # -- the checks, at every count -----------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_each_rank_settles_on_the_layout_the_login_node_checked_for_its_count(ov
     size, fsdp's replicas (HSDP's replicate=nodes: one replica a node), mesh's dp_shard=-1."""
     ranged = plan([*overrides, "resources.gpus_per_node=2", "resources.nodes=2-4", "trainer.batch_size=48"], tmp_path)
     spec = build_job_spec(ranged, choices={})
-    planned = LayoutSettings(**spec["job"]["layout"])
+    planned = section(JobLayout, spec["job"]["layout"])
     for count in (2, 3, 4):
         login = resolve_parallelism(ranged.config.strategy, count, 2, 1, local=False)
         ranks = settle_layout(planned, spec["strategy"], count * 2)
@@ -273,13 +274,14 @@ def test_each_rank_settles_on_the_layout_the_login_node_checked_for_its_count(ov
 
 
 def test_a_world_outside_the_range_is_refused_naming_the_range(tmp_path):
-    planned = LayoutSettings(
-        **build_job_spec(
+    planned = section(
+        JobLayout,
+        build_job_spec(
             plan(
                 ["strategy=ddp", "resources.nodes=2-4", "resources.gpus_per_node=2", "trainer.batch_size=48"], tmp_path
             ),
             choices={},
-        )["job"]["layout"]
+        )["job"]["layout"],
     )
     for world in (2, 5, 10):
         problem = allocation_mismatch(planned, slurm_ranks(world, 2))
@@ -288,10 +290,11 @@ def test_a_world_outside_the_range_is_refused_naming_the_range(tmp_path):
 
 
 def test_a_fixed_layout_is_left_as_it_is(tmp_path):
-    planned = LayoutSettings(
-        **build_job_spec(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path), choices={})[
+    planned = section(
+        JobLayout,
+        build_job_spec(plan(["strategy=ddp", "resources.nodes=2", "trainer.batch_size=24"], tmp_path), choices={})[
             "job"
-        ]["layout"]
+        ]["layout"],
     )
     assert settle_layout(planned, {}, 2) == planned and allocation_mismatch(planned, slurm_ranks(2, 1)) is None
     assert "planned for 2 rank(s)" in allocation_mismatch(planned, slurm_ranks(3, 1))

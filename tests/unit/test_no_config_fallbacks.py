@@ -19,8 +19,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Iterator, List, Optional, Set, Tuple
 
-from hpc_train.compute.settings import JobSettings, LayoutSettings
+from hpc_train.compute.settings import JobSettings
 from hpc_train.config import RULES
+from hpc_train.contracts.job_layout import JobLayout
 from tests.support.paths import REPO
 
 COMPUTE = REPO / "hpc_train" / "compute"
@@ -31,7 +32,7 @@ CONFIG_NAME = re.compile(r"(cfg|spec|settings|config|node|section)$", re.IGNOREC
 def declared_names() -> Set[str]:
     """The last part of every declared key, and the keys of the job section the launch side writes."""
     names = {rule.key.split(".")[-1] for rule in RULES if not rule.key.endswith("*")}
-    return names | {f.name for f in fields(JobSettings)} | {f.name for f in fields(LayoutSettings)}
+    return names | {f.name for f in fields(JobSettings)} | {f.name for f in fields(JobLayout)} | {"world_size"}
 
 
 def _last_name(node: ast.AST) -> Optional[str]:

@@ -21,7 +21,7 @@ from hpc_train.compute.entry.script_job import ScriptJobSettings, ScriptSettings
 from hpc_train.compute.parallel import strategy_class
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
-from hpc_train.compute.settings import BackendSettings, JobSettings, LayoutSettings, section
+from hpc_train.compute.settings import BackendSettings, JobSettings, section
 from hpc_train.compute.training.loggers import logger_settings
 from hpc_train.compute.training.optim import OptimSettings
 from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
@@ -30,7 +30,7 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import declared, engine
 from hpc_train.config.strategy import strategy_id
 from hpc_train.contracts import strategy_table
-from hpc_train.launch.planning.layout import JobLayout
+from hpc_train.contracts.job_layout import JobLayout
 
 # Each config section the ranks read -> the settings classes that read it, between them.
 READERS = {
@@ -82,8 +82,8 @@ def test_each_strategy_reads_the_keys_declared_for_it(identity):
 
 
 def test_the_job_section_is_what_the_launch_side_writes():
-    # launch/jobspec.py writes the layout (JobLayout and the two sizes computed from it) under job.layout
-    assert set(names(LayoutSettings)) == set(names(JobLayout)) | {"world_size", "data_parallel_size"}
+    # launch/jobspec.py writes the layout (JobLayout, its data-parallel size set, and its world size) under job.layout
+    assert set(names(JobLayout)) | {"world_size"} == set(LAYOUT)
     assert set(names(JobSettings)) == {"run_dir", "layout", "choices", "code_dirs"}
 
 
@@ -91,7 +91,6 @@ ALL_SETTINGS = [
     *(cls for classes in READERS.values() for cls in classes),
     *(strategy_class(identity).settings_type for identity in strategy_table.KINDS),
     JobSettings,
-    LayoutSettings,
     BackendSettings,
     TrainingSettings,
     ScriptJobSettings,
@@ -158,7 +157,9 @@ def test_a_completed_spec_reads_into_every_settings(overrides):
     identity = strategy_id(spec.strategy)
     strategy = section(strategy_class(identity).settings_type, spec.strategy)
     assert strategy.identity == identity
-    assert section(JobSettings, spec.job).layout == LayoutSettings(**LAYOUT)
+    layout = section(JobSettings, spec.job).layout
+    assert layout == JobLayout(**{k: v for k, v in LAYOUT.items() if k != "world_size"})
+    assert layout.world_size == LAYOUT["world_size"]
     logger = logger_settings(spec.logger if "logger" in spec else None)
     if "~logger" in overrides:
         assert logger is None

@@ -49,8 +49,9 @@ from hpc_train.compute.runtime.interrupts import (
     signal_number,
 )
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.settings import JobSettings, LayoutSettings, section
+from hpc_train.compute.settings import JobSettings, section
 from hpc_train.contracts import strategy_table
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.processes import procfs
 from hpc_train.processes.rank_env import is_torchrun_variable
 from hpc_train.processes.script_command import direct_command, torchrun_command
@@ -158,7 +159,7 @@ def script_env(ranks: RankInfo, run_dir: Path, attempt: int, mode: str, threads:
     return env
 
 
-def task_threads(layout: LayoutSettings, per_process: int) -> int:
+def task_threads(layout: JobLayout, per_process: int) -> int:
     """CPUs of this task (Slurm's, else the layout's), shared by the processes it starts."""
     cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS") or layout.cpus_per_task)
     return max(1, cpus // max(1, per_process))

@@ -15,7 +15,7 @@ from hpc_train.compute.parallel.model_parallel import ModelParallelStrategy
 from hpc_train.compute.parallel.pipeline import PipelineStrategy
 from hpc_train.compute.parallel.single import SingleStrategy
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.settings import LayoutSettings
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import MeshDims
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
@@ -33,7 +33,7 @@ STRATEGIES: Dict[str, Type[Strategy]] = {
 }
 
 
-def rank_data_shard(layout: LayoutSettings, ranks: RankInfo) -> Tuple[int, int]:
+def rank_data_shard(layout: JobLayout, ranks: RankInfo) -> Tuple[int, int]:
     """(this rank's data shard, number of shards) from the job's layout, before any strategy exists.
 
     The launch side declared ``data_parallel_size`` D; the ranks of one model replica are consecutive (a pipelining

@@ -25,10 +25,10 @@ from hpc_train.compute.parallel.gradients import clip_to_norm, total_norm
 from hpc_train.compute.parallel.precision import autocast, grad_scaler
 from hpc_train.compute.runtime import distributed, heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.compute.settings import LayoutSettings
 from hpc_train.compute.user.building import is_classification
 from hpc_train.compute.user.step import SupervisedStep, is_builtin, split_result
 from hpc_train.config.strategy import strategy_id
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.records import hang, rundir
 
 TOKENS = "tokens"  # a step's metric that counts (tokens of the batch): summed over micro-batches, not averaged
@@ -68,7 +68,7 @@ class StrategySetup:
     loss_fn: Optional[Callable]
     step: Optional[Callable]
     metric_names: Sequence[str]
-    layout: LayoutSettings
+    layout: JobLayout
 
 
 class Strategy:

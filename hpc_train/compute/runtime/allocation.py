@@ -19,12 +19,12 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from hpc_train.compute.runtime.ranks import RankInfo, world_mismatch
-from hpc_train.compute.settings import LayoutSettings
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import resolve_mesh_dims
 from hpc_train.contracts.strategy_table import fsdp_mesh
 
 
-def settle_layout(layout: LayoutSettings, strategy: Any, world: int) -> LayoutSettings:
+def settle_layout(layout: JobLayout, strategy: Any, world: int) -> JobLayout:
     """`layout` at the node count a world of `world` ranks means; a fixed layout, or a world that is not one of the
     range's (refused by :func:`allocation_mismatch`), is returned as it is. `strategy` is the job spec's node."""
     if layout.max_nodes is None or world % layout.tasks_per_node:
@@ -35,13 +35,13 @@ def settle_layout(layout: LayoutSettings, strategy: Any, world: int) -> LayoutSe
     mesh, data_parallel = layout.mesh, world
     if layout.strategy == "mesh":
         dims = resolve_mesh_dims(strategy, world, layout.tasks_per_node)
-        mesh, data_parallel = list(dims.shape), dims.data_parallel_size
+        mesh, data_parallel = tuple(dims.shape), dims.data_parallel_size
     elif layout.strategy == "fsdp":
-        mesh = list(fsdp_mesh(strategy, nodes, layout.tasks_per_node))
-    return replace(layout, nodes=nodes, world_size=world, data_parallel_size=data_parallel, mesh=mesh)
+        mesh = tuple(fsdp_mesh(strategy, nodes, layout.tasks_per_node))
+    return replace(layout, nodes=nodes, data_parallel_size=data_parallel, mesh=mesh)  # world_size: nodes x tasks
 
 
-def allocation_mismatch(layout: LayoutSettings, ranks: RankInfo) -> Optional[str]:
+def allocation_mismatch(layout: JobLayout, ranks: RankInfo) -> Optional[str]:
     """Why this process cannot be a rank of the planned `layout` (its world, or any world of its range of nodes)."""
     if layout.max_nodes is None:
         return world_mismatch(ranks, int(layout.world_size))

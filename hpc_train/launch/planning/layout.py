@@ -8,79 +8,14 @@ from here, so a strategy's shape is never written twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import HYBRID_STAGES, NAMES
-from hpc_train.contracts.mesh_dims import MeshDims
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.strategy_table import KINDS, StrategyKind
 
-
-@dataclass(frozen=True)
-class JobLayout:
-    strategy: str
-    nodes: int
-    tasks_per_node: int
-    gpus_per_node: int
-    gpus_per_task: int
-    cpus_per_task: int
-    mesh: Optional[Tuple[int, ...]] = (
-        None  # fsdp: (replicas, shards), replicas > 1 is HSDP; mesh: hpc_train.contracts.mesh_dims.ORDER
-    )
-    # resources.nodes=MIN-MAX: `nodes` is MIN, the layout's numbers (world size, mesh) are MIN's, and Slurm may give
-    # up to max_nodes; the ranks settle on the count they got (compute/runtime/allocation.py). None: a fixed count.
-    max_nodes: Optional[int] = None
-
-    @property
-    def world_size(self) -> int:
-        """The world at `nodes` (a range's least)."""
-        return self.nodes * self.tasks_per_node
-
-    @property
-    def node_counts(self) -> range:
-        """Every node count the job may run on (one for a fixed count)."""
-        return range(self.nodes, (self.max_nodes or self.nodes) + 1)
-
-    @property
-    def nodes_text(self) -> str:
-        """resources.nodes as Slurm's --nodes spells it: ``2``, or ``2-4`` for a range."""
-        return f"{self.nodes}-{self.max_nodes}" if self.max_nodes else str(self.nodes)
-
-    @property
-    def label(self) -> str:
-        """The strategy as users name it (`pipeline (engine=pipelining)` for the distributed pipeline)."""
-        return "pipeline (engine=pipelining)" if self.strategy == "pipelining" else self.strategy
-
-    def describe(self, on_cpus: bool = False) -> str:
-        """One line for people; `on_cpus`: a machine without GPUs, where every "GPU" is a CPU worker process."""
-        node_word = "node" if self.nodes == 1 and not self.max_nodes else "nodes"
-        task_word = "task" if self.tasks_per_node == 1 else "tasks"
-        world = f"{self.world_size}-{self.max_nodes * self.tasks_per_node}" if self.max_nodes else str(self.world_size)
-        head = (
-            f"{self.label}: {self.nodes_text} {node_word} x {self.tasks_per_node} {task_word}/node (world size {world})"
-        )
-        if on_cpus:
-            workers = self.world_size
-            stages = f", {self.gpus_per_task} stages each" if self.gpus_per_task > 1 else ""
-            return f"{head}, {workers} CPU worker process{'es' if workers != 1 else ''}{stages} (no GPU){self.sharding}"
-        return (
-            f"{head}, {self.gpus_per_task} GPU/task, gpu:{self.gpus_per_node} per node, {self.cpus_per_task}"
-            f" CPU/task{self.sharding}"
-        )
-
-    @property
-    def sharding(self) -> str:
-        """How fsdp shards the parameters, or mesh's dimensions, for the describe() line ("" for the other strategies)."""
-        if self.mesh is None:
-            return ""
-        at = f" at {self.nodes} nodes, resolved again for the nodes Slurm gives" if self.max_nodes else ""
-        if self.strategy == "mesh":
-            return f", {MeshDims(*self.mesh).describe()}{at}"
-        replicas, shards = self.mesh
-        if replicas == 1:
-            return f", parameters sharded over {shards} ranks{at}"
-        return f", HSDP: {replicas} replicas x {shards} shards{at}"
+__all__ = ["JobLayout", "check_node_range", "compute_layout", "known_kind"]  # JobLayout: the record both sides read
 
 
 def known_kind(strategy: str) -> StrategyKind:
@@ -99,8 +34,8 @@ def compute_layout(
     mesh: Optional[Tuple[int, ...]] = None,
     max_nodes: Optional[int] = None,
 ) -> JobLayout:
-    """The layout of a strategy identity (hpc_train.contracts.strategy_table) on `nodes` nodes, or on any count from `nodes` to
-    `max_nodes` (resources.nodes=MIN-MAX); ConfigError naming the key to change."""
+    """The layout of a strategy identity (hpc_train.contracts.strategy_table) on `nodes` nodes, or on any count from
+    `nodes` to `max_nodes` (resources.nodes=MIN-MAX); ConfigError naming the key to change."""
     shape = known_kind(strategy)
     if not isinstance(nodes, int) or nodes < 1:
         raise ConfigError(

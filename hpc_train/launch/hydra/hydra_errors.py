@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Optional, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException, SearchPathException
@@ -146,63 +146,86 @@ def _missing_option(err) -> ConfigError:
     )
 
 
+def _added_twice(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    key = match.group(1)
+    return ConfigError(
+        key,
+        f"+{key}=... adds a new key, but `{key}` already exists.",
+        f"drop the '+': {key}=<value> (or ++{key}=<value> to add or override).",
+    )
+
+
+def _group_twice(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    group = match.group(1)
+    return ConfigError(
+        group,
+        f"+{group}=... adds a second {group} entry, but the config already selects one.",
+        f"select it without '+': {group}=<option>.",
+    )
+
+
+def _comma_without_multirun(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    override = match.group(1)
+    key = override.split("=", 1)[0]
+    return ConfigError(
+        key,
+        f"{override!r} has a comma, which makes it a sweep over several values.",
+        f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list"
+        f" ({key}=[a,b]).",
+    )
+
+
+def _delete_missing(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    key = match.group(1)
+    return ConfigError(
+        key,
+        f"~{key} deletes a key that the config does not have.",
+        f"check the spelling (print the config with --cfg job), or drop ~{key}.",
+    )
+
+
+def _merge_failed(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    key, value = match.group(1).lstrip("+~"), match.group(2)
+    reason = _first_line(cause) if cause is not None else "the value does not fit the key"
+    return ConfigError(
+        key,
+        f"{key}={value} cannot be merged into the config ({reason}).",
+        f"give {key} a value of the kind it holds (hpc-train --cfg job -p {key} shows it), or set one of its keys,"
+        f" e.g. {key}.<key>=<value>.",
+    )
+
+
+def _nothing_to_override(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
+    group = match.group(1)
+    return ConfigError(
+        group,
+        f"the config does not select any {group} option, so there is nothing to override.",
+        f"add one with +{group}=<option>.",
+    )
+
+
+# Hydra's composition errors that its message alone names: (its words, searched in the message; '^' where they
+# open it) -> the ConfigError, from the match and the error's cause. The first that matches decides.
+_Build = Callable[["re.Match[str]", Optional[BaseException]], ConfigError]
+_COMPOSITION: Tuple[Tuple["re.Pattern[str]", _Build], ...] = (
+    (re.compile(r"An item is already at '([^']+)'"), _added_twice),
+    (re.compile(r"^(\S+) appears more than once in the final defaults list"), _group_twice),
+    (re.compile(r"Ambiguous value for argument '([^']+)'"), _comma_without_multirun),
+    (re.compile(r"Could not delete from config\. '([^']+)' does not exist"), _delete_missing),
+    (re.compile(r"^Error merging override ([^=\s]+)=(.*)"), _merge_failed),
+    (re.compile(r"^Could not override '([^']+)'\. No match in the defaults list"), _nothing_to_override),
+)
+
+
 def _composition(err) -> Optional[ConfigError]:
     text = str(err)
     cause = err.__cause__
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
         return _unknown_key(cause)
-    match = re.search(r"An item is already at '([^']+)'", text)
-    if match:
-        key = match.group(1)
-        return ConfigError(
-            key,
-            f"+{key}=... adds a new key, but `{key}` already exists.",
-            f"drop the '+': {key}=<value> (or ++{key}=<value> to add or override).",
-        )
-    match = re.match(r"(\S+) appears more than once in the final defaults list", text)
-    if match:
-        group = match.group(1)
-        return ConfigError(
-            group,
-            f"+{group}=... adds a second {group} entry, but the config already selects one.",
-            f"select it without '+': {group}=<option>.",
-        )
-    match = re.search(r"Ambiguous value for argument '([^']+)'", text)
-    if match:
-        override = match.group(1)
-        key = override.split("=", 1)[0]
-        return ConfigError(
-            key,
-            f"{override!r} has a comma, which makes it a sweep over several values.",
-            f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list"
-            f" ({key}=[a,b]).",
-        )
-    match = re.search(r"Could not delete from config\. '([^']+)' does not exist", text)
-    if match:
-        key = match.group(1)
-        return ConfigError(
-            key,
-            f"~{key} deletes a key that the config does not have.",
-            f"check the spelling (print the config with --cfg job), or drop ~{key}.",
-        )
-    match = re.match(r"Error merging override ([^=\s]+)=(.*)", text)
-    if match:
-        key, value = match.group(1).lstrip("+~"), match.group(2)
-        reason = _first_line(cause) if cause is not None else "the value does not fit the key"
-        return ConfigError(
-            key,
-            f"{key}={value} cannot be merged into the config ({reason}).",
-            f"give {key} a value of the kind it holds (hpc-train --cfg job -p {key} shows it), or set one of its keys,"
-            f" e.g. {key}.<key>=<value>.",
-        )
-    match = re.match(r"Could not override '([^']+)'\. No match in the defaults list", text)
-    if match:
-        group = match.group(1)
-        return ConfigError(
-            group,
-            f"the config does not select any {group} option, so there is nothing to override.",
-            f"add one with +{group}=<option>.",
-        )
+    for pattern, build in _COMPOSITION:
+        match = pattern.search(text)
+        if match:
+            return build(match, cause)
     return None
 
 

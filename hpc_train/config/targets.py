@@ -141,7 +141,7 @@ def missing_target(target: str) -> Optional[Tuple[str, Optional[str]]]:
         if part in names or anything:
             return None  # an attribute of a module (what lies inside it is known only by importing it)
         known = {f"{module}.{n}" for n in names | _submodules(module) if not n.startswith("_")}
-        close = difflib.get_close_matches(target, sorted(set(PUBLIC_TARGETS) | known), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(target, sorted(set(PUBLIC_TARGETS) | known), n=1, cutoff=0.8)
         return f"{module} has no `{part}`", (public_name(close[0]) if close else None)
-    close = difflib.get_close_matches(target, sorted(PUBLIC_TARGETS), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(target, sorted(PUBLIC_TARGETS), n=1, cutoff=0.8)
     return f"{target} is a module, not a class or function", (close[0] if close else None)

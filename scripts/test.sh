@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install hpc_train into ./.venv and run the whole test suite (the README's test command; .ci/run calls it).
 # The Slurm tests start a real local Slurm cluster through scripts/slurm_test_cluster.sh (installs Debian packages; needs root).
-# --fast: the same install, then only the unit tier (tests/unit: no process started, no Slurm cluster).
+# Both paths check the code with ruff (lint and formatting) right after the install, before pytest.
+# --fast: the same install and ruff checks, then only the unit tier (tests/unit: no process started, no Slurm cluster).
 # Every other argument goes to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,9 @@ if ! $fast && [[ $(id -u) == 0 ]] && [[ ${#args[@]} == 0 || " ${args[*]} " == *s
 fi
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
+# The linter before any test (so CI fails on it too): ruff's settings are in pyproject.toml, its version in constraints.txt.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 if [[ -n $packages ]] && ! wait "$packages"; then
     echo "scripts/test.sh: the Slurm test cluster's packages did not install; the Slurm tests will say why" >&2
 fi

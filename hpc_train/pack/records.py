@@ -2,8 +2,8 @@
 
 Written in ``<sweep dir>/.hpc_train/pack/``:
 
-* ``allocation_<k>.json`` (the login node, at submission): the allocation's shape and its runs, each with its
-  layout and the command its job step runs; ``job_id`` is filled in once sbatch answered;
+* ``allocation_<k>.json`` (the login node, at submission): the allocation's shape, its sbatch parameters and its
+  runs, each with its layout and the command its job step runs; ``job_id`` is filled in once sbatch answered;
 * ``allocation_<k>.events.jsonl`` (the allocation's scheduler, on its batch host, append-only): one line per
   event of a run (``started``, ``ended``) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``;
   ``terminated`` when Slurm's SIGTERM ended it: Slurm's state of the job then says whether it comes back).
@@ -20,7 +20,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 PACKED_ENV = "HPC_TRAIN_PACKED_RUN"  # set on a packed run's job step: the allocation, not the run, requeues
 FOLDER = Path(".hpc_train") / "pack"
@@ -72,6 +72,10 @@ class AllocationPlan:
     max_requeues: int
     runs: List[PackedRun]
     job_id: Optional[str] = None
+    # The sbatch parameters its batch script was rendered from (hpc_train.launch.backends.packed.render: job name,
+    # nodes, tasks, CPUs, GPUs, time, partition, account, QOS, constraint, memory, setup lines, the other flags),
+    # as data: what --rerun-failed renders a new allocation from. None: a plan written before they were recorded.
+    sbatch: Optional[Dict[str, Any]] = None
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
@@ -80,6 +84,40 @@ class AllocationPlan:
     def from_json(data: Dict[str, Any]) -> "AllocationPlan":
         runs = [PackedRun(**run) for run in data["runs"]]
         return AllocationPlan(**{**data, "runs": runs})
+
+
+class Shape(Protocol):
+    """What an allocation is: a PackShape (hpc_train.launch.backends.packed), or an earlier allocation's plan."""
+
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    minutes: int
+
+
+def new_plan(
+    index: int,
+    shape: Shape,
+    signal: str,
+    signal_delay_s: int,
+    max_requeues: int,
+    runs: List[PackedRun],
+    sbatch: Optional[Dict[str, Any]] = None,
+) -> AllocationPlan:
+    """An allocation's plan, not yet submitted: a packed sweep's (launch.backends.packed) and a rerun's
+    (launch.backends.packed_rerun, shaped as an earlier allocation) alike."""
+    return AllocationPlan(
+        index=index,
+        nodes=shape.nodes,
+        gpus_per_node=shape.gpus_per_node,
+        cpus_per_node=shape.cpus_per_node,
+        minutes=shape.minutes,
+        signal=signal,
+        signal_delay_s=signal_delay_s,
+        max_requeues=max_requeues,
+        runs=list(runs),
+        sbatch=sbatch,
+    )
 
 
 def folder(sweep_dir: Path) -> Path:

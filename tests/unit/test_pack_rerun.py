@@ -1,8 +1,13 @@
-"""--rerun-failed on a packed sweep (hpc_train.launch.backends.packed_rerun): only the FAILED and CANCELLED runs, together in
+"""--rerun-failed on a packed sweep (hpc_train.launch.backends.packed_rerun): only the FAILED and CANCELLED runs,
+together in
 one new allocation of the same shape and sbatch parameters, with the next index; jobs.tsv and submissions.jsonl
 extended. sbatch is a stand-in here (launch.pack.submit patched), as is Slurm's word (job_states.slurm_states)."""
 
 import json
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from hpc_train.jobs import job_states, job_table
 from hpc_train.jobs.job_table import JobRow
@@ -12,6 +17,7 @@ from hpc_train.launch.backends import packed_rerun
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun, RunState
+from hpc_train.slurm import slurm_cli
 
 PARAMS = {
     "job_name": "hpc-train-pack1",
@@ -26,22 +32,21 @@ PARAMS = {
 }
 
 
-def test_an_allocations_sbatch_parameters_read_back_from_its_script_render_the_same_script(tmp_path):
-    old = pack.render(tmp_path / "allocation_1.json", PARAMS, tmp_path)
-    params = packed_rerun.params_of_script(old, 1, 12)
-    assert params["job_name"] == "hpc-train-pack12" and params["setup"] == PARAMS["setup"][:3]
-    assert params["comment"] == "two words" and params["requeue"] is True and params["time"] == "30"
-    again = pack.render(tmp_path / "allocation_12.json", params, tmp_path)
-    expected = old.replace("allocation_1.json", "allocation_12.json").replace("pack1\n", "pack12\n")
-    assert again.replace("# a comment\n", "") == expected.replace("# a comment\n", "")
+def test_the_rerun_takes_its_sbatch_parameters_from_the_plan_its_job_name_for_the_new_index():
+    source = plan(1, "41", [run("0")], sbatch=PARAMS)
+    params = packed_rerun.rerun_params(source, 12)
+    assert params == {**PARAMS, "job_name": "hpc-train-pack12"}
+    params["setup"].append("changed")  # a copy: the source plan's record stays as it was
+    assert source.sbatch["setup"] == PARAMS["setup"]
+    assert packed_rerun.rerun_params(plan(1, "41", [run("0")]), 12) is None  # an older hpc-train's plan
 
 
 def run(job: str, gpus: int = 1) -> PackedRun:
     return PackedRun(job, f"/sweep/{job}", f"x={job}", 1, 1, gpus, 1, ["python", "job.py", job], {"A": job})
 
 
-def plan(index, job_id, runs, max_requeues=3) -> AllocationPlan:
-    return AllocationPlan(index, 1, 4, 8, 30, "USR2", 120, max_requeues, runs, job_id)
+def plan(index, job_id, runs, max_requeues=3, sbatch=None) -> AllocationPlan:
+    return AllocationPlan(index, 1, 4, 8, 30, "USR2", 120, max_requeues, runs, job_id, sbatch)
 
 
 def test_the_new_plan_takes_each_run_as_its_newest_plan_lists_it_and_the_first_ones_shape():
@@ -78,14 +83,27 @@ def test_only_failed_and_cancelled_runs_go_again_in_run_order():
     assert packed_rerun.failed_runs(states, ["10", "2", "3", "4", "5", "6", "7"]) == ["2", "10"]
 
 
-def test_rerun_failed_packs_a_packed_sweeps_failed_runs_into_one_new_allocation(tmp_path, monkeypatch, capsys):
-    folder = records.folder(tmp_path)
-    folder.mkdir(parents=True)
-    for k, job_id, jobs in ((0, "41", ["0", "2"]), (1, "42", ["1", "3"])):
-        records.write_plan(tmp_path, plan(k, job_id, [run(j) for j in jobs]))
-        (folder / f"allocation_{k}.sh").write_text(
-            pack.render(records.plan_path(tmp_path, k), {**PARAMS, "job_name": f"hpc-train-pack{k}"}, folder)
-        )
+def sbatch_answering(job_ids, scripts):
+    """slurm_cli.run as sbatch: each script submitted is kept in `scripts`, answered with the next job id."""
+    answers = iter(job_ids)
+
+    def run(command, **kwargs):
+        assert command[:2] == ["sbatch", "--parsable"], command
+        scripts.append(Path(command[2]).read_text())
+        return subprocess.CompletedProcess(command, 0, f"{next(answers)}\n", "")
+
+    return run
+
+
+def failed_sweep(tmp_path, monkeypatch):
+    """A packed sweep submitted as pack.submit submits one (sbatch answering 41 and 42): allocation 0 has runs 0 and
+    2 (2 failed), allocation 1 runs 1 and 3 (never ran: it ran out of time)."""
+    monkeypatch.setattr(slurm_cli, "run", sbatch_answering(["41", "42"], []))
+    plans = [
+        (plan(k, None, [run(j) for j in jobs]), {**PARAMS, "job_name": f"hpc-train-pack{k}"})
+        for k, jobs in ((0, ["0", "2"]), (1, ["1", "3"]))
+    ]
+    pack.submit(plans, tmp_path)
     with records.events_path(tmp_path, 0).open("w") as handle:
         for line in (
             {"time": 1, "event": "started", "run": "2"},
@@ -99,6 +117,10 @@ def test_rerun_failed_packs_a_packed_sweeps_failed_runs_into_one_new_allocation(
         tmp_path,
         [JobRow(f"{a}:{n}", n, f"x={n}", "1x1x1") for a, n in (("41", "0"), ("42", "1"), ("41", "2"), ("42", "3"))],
     )
+
+
+def test_rerun_failed_packs_a_packed_sweeps_failed_runs_into_one_new_allocation(tmp_path, monkeypatch, capsys):
+    failed_sweep(tmp_path, monkeypatch)
     submitted = []
 
     def submit(plans, sweep_dir):
@@ -119,3 +141,34 @@ def test_rerun_failed_packs_a_packed_sweeps_failed_runs_into_one_new_allocation(
     }
     assert submissions(tmp_path)["60:2"] == {"job_id": "60:2", "job": "2", "allocation": 2, "rerun_of": "41:2"}
     assert "failed as 41:2, packed again as 60:2" in capsys.readouterr().out
+
+
+def test_the_rerun_gets_the_same_sbatch_parameters_however_the_scripts_spell_them(tmp_path, monkeypatch):
+    """The parameters come from the plan's record, not from the #SBATCH lines: with the lines rendered in another
+    wording (and the old scripts gone), the rerun's allocation is asked for exactly what the first one was."""
+    monkeypatch.setattr(pack, "sbatch_flag", lambda key, value: f"#SBATCH {key.upper()} := {value!r}  # reworded")
+    failed_sweep(tmp_path, monkeypatch)
+    first = records.read_plan(records.plan_path(tmp_path, 1))
+    assert first.sbatch == {**PARAMS, "job_name": "hpc-train-pack1"}
+    for script in records.folder(tmp_path).glob("allocation_*.sh"):
+        script.unlink()
+    scripts = []
+    monkeypatch.setattr(slurm_cli, "run", sbatch_answering(["60"], scripts))
+    assert rerun_failed(tmp_path) == (3, None)
+    new = records.read_plan(records.plan_path(tmp_path, 2))
+    assert new.job_id == "60" and new.sbatch == {**PARAMS, "job_name": "hpc-train-pack2"}
+    (script,) = scripts
+    assert script == pack.render(records.plan_path(tmp_path, 2), new.sbatch, records.folder(tmp_path))
+    assert "#SBATCH NODES := 1  # reworded" in script
+
+
+def test_a_plan_that_does_not_record_its_sbatch_parameters_is_refused_with_the_fix(tmp_path, monkeypatch):
+    failed_sweep(tmp_path, monkeypatch)
+    for k in (0, 1):  # as an older hpc-train wrote them
+        old = records.read_plan(records.plan_path(tmp_path, k))
+        old.sbatch = None
+        records.write_plan(tmp_path, old)
+    monkeypatch.setattr(pack, "submit", lambda plans, sweep_dir: pytest.fail("nothing may be submitted"))
+    count, refusal = rerun_failed(tmp_path)
+    assert count == 0 and "allocation 1's plan" in refusal and "does not record its sbatch parameters" in refusal
+    assert "by hand with their overrides (runs 1, 2, 3 in" in refusal

@@ -16,14 +16,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.view import ConfigView
+from hpc_train.config.view import wrap
 from hpc_train.jobs import job_table
-from hpc_train.launch.backends import slurm
+from hpc_train.launch.backends import slurm_queueing
 from hpc_train.launch.backends.run import report_summary
-from hpc_train.launch.backends.slurm import PreparedJob, refusal_error, sbatch_flag, time_minutes
+from hpc_train.launch.backends.slurm import PreparedJob
+from hpc_train.launch.backends.slurm_params import time_minutes
+from hpc_train.launch.backends.slurm_refusals import refusal_error
+from hpc_train.launch.backends.slurm_script import sbatch_flag
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.pack import records, status
@@ -45,6 +48,8 @@ class PackKeys:
     cpus_per_gpu: str = "cluster.cpus_per_gpu"  # what sets an allocation's CPUs per GPU
     # the keys of the allocation's capacity check: its nodes and GPUs are launcher.pack.*'s, not a run's
     capacity: capacity.Keys = capacity.Keys(nodes="launcher.pack.nodes", gpus="launcher.pack.gpus_per_node")
+    time: str = "cluster.time"  # what sets an allocation's time when <pack>.time does not
+    profile: str = ""  # where the cluster profile is named, for messages (" (hydra.launcher.cluster)")
 
 
 @dataclass(frozen=True)
@@ -59,24 +64,35 @@ class PackShape:
     time_key: str  # the key the time came from, for messages
 
 
-def pack_shape(cfg: ConfigView) -> Optional[PackShape]:
-    """None when the sweep is not packed (launcher.pack.allocations null, or a launcher without the keys)."""
+def pack_shape(cfg: Mapping[str, Any], keys: PackKeys = PackKeys()) -> Optional[PackShape]:
+    """<pack>.* completed from the cluster's settings; None when the sweep is not packed (<pack>.allocations null,
+    or a launcher without the keys). `cfg`: launcher.pack, the allocations' keys, and cluster, what completes them
+    (its gpus_per_node, cpus_per_gpu, else 1, and time): hpc-train's config, or a Hydra app's hydra.launcher node
+    arranged so, as plain data (hpc_train.launch.hydra.app_launcher); `keys`: the keys its refusals name."""
+    cfg = wrap(cfg)
     pack = cfg.launcher.get("pack")
     if pack is None or pack.get("allocations") is None:
         return None
+    for key in ("allocations", "nodes", "gpus_per_node"):
+        if pack.get(key) is not None and int(pack[key]) < 1:
+            raise ConfigError(
+                f"{keys.pack}.{key}", f"{pack[key]} is not a positive count.", f"set {keys.pack}.{key}=1 or more."
+            )
     cluster = cfg.cluster
     gpus = pack.get("gpus_per_node") or cluster.get("gpus_per_node")
     if not gpus:
         raise ConfigError(
-            "launcher.pack.gpus_per_node",
-            "no GPU count for the packed allocations: neither launcher.pack.gpus_per_node nor the cluster profile's"
-            " gpus_per_node is set.",
-            "set launcher.pack.gpus_per_node=4 (or gpus_per_node in your cluster profile).",
+            f"{keys.pack}.gpus_per_node",
+            f"no GPU count for the packed allocations: neither {keys.pack}.gpus_per_node nor the cluster profile's"
+            f" gpus_per_node{keys.profile} is set.",
+            f"set {keys.pack}.gpus_per_node=4 (the GPUs of each allocation's nodes), or gpus_per_node in your cluster"
+            " profile.",
         )
-    time_key = "launcher.pack.time" if pack.get("time") is not None else "cluster.time"
-    minutes = time_minutes(pack.get("time") if pack.get("time") is not None else cluster.time, time_key)
+    own_time = pack.get("time") is not None
+    time_key = f"{keys.pack}.time" if own_time else keys.time
+    minutes = time_minutes(pack["time"] if own_time else cluster.get("time"), time_key)
     cpus = int(cluster.get("cpus_per_gpu") or 1) * int(gpus)
-    return PackShape(int(pack.allocations), int(pack.nodes), int(gpus), cpus, minutes, time_key)
+    return PackShape(int(pack.allocations), int(pack.get("nodes") or 1), int(gpus), cpus, minutes, time_key)
 
 
 def share_out(jobs: Sequence[PreparedJob], shape: PackShape) -> List[List[int]]:
@@ -204,8 +220,8 @@ def packed_run(job: PreparedJob) -> PackedRun:
     if layout.max_nodes is not None:
         raise ConfigError(
             "resources.nodes",
-            f"sweep job #{run_dir.name} ({job.label or 'no overrides'}) asks for {layout.nodes_text} nodes, but a packed"
-            " run runs on a fixed number of its allocation's nodes.",
+            f"sweep job #{run_dir.name} ({job.label or 'no overrides'}) asks for {layout.nodes_text} nodes, but a"
+            " packed run runs on a fixed number of its allocation's nodes.",
             f"give packed runs resources.nodes=N (e.g. resources.nodes={layout.nodes}), or leave launcher.pack out to"
             " submit each run as its own job.",
         )
@@ -244,25 +260,24 @@ def plan_packed(
     shares: Optional[List[List[int]]] = None,
 ) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
     """plan_allocations for runs already described as PackedRun (a Hydra app's: its own step command), each with
-    its sbatch parameters and requeue budget; refusals name `keys`; `shares`: who goes where (default: share_out_runs)."""
+    its sbatch parameters and requeue budget; refusals name `keys`; `shares`: who goes where (default:
+    share_out_runs)."""
     check_packed_fit(runs, params, shape, keys, shared)
     capacity.check_capacity(packed_allocation_params(params[0], shape, 0, shared), shape.time_key, keys=keys.capacity)
     start = records.next_index(sweep_dir)
     out = []
     for k, taken in enumerate(share_out_runs(runs, shape) if shares is None else shares):
         index = start + k
-        plan = AllocationPlan(
-            index=index,
-            nodes=shape.nodes,
-            gpus_per_node=shape.gpus_per_node,
-            cpus_per_node=shape.cpus_per_node,
-            minutes=shape.minutes,
-            signal=signal,
-            signal_delay_s=signal_delay_s,
-            max_requeues=max(max_requeues[i] for i in taken),
-            runs=[runs[i] for i in taken],
+        plan = records.new_plan(
+            index,
+            shape,
+            signal,
+            signal_delay_s,
+            max(max_requeues[i] for i in taken),
+            [runs[i] for i in taken],
+            packed_allocation_params(params[taken[0]], shape, index, shared),
         )
-        out.append((plan, packed_allocation_params(params[taken[0]], shape, index, shared)))
+        out.append((plan, plan.sbatch))
     return out
 
 
@@ -277,11 +292,13 @@ def describe(plan: AllocationPlan, params: Dict[str, Any], sweep_dir: Path) -> s
 
 
 def submit(plans: List[Tuple[AllocationPlan, Dict[str, Any]]], sweep_dir: Path) -> List[AllocationPlan]:
-    """Write each plan and its script, sbatch it, record its job id; all or nothing (a refusal cancels the rest)."""
+    """Write each plan (with the sbatch parameters its script is rendered from: what --rerun-failed reads) and its
+    script, sbatch it, record its job id; all or nothing (a refusal cancels the rest)."""
     folder = records.folder(sweep_dir)
     folder.mkdir(parents=True, exist_ok=True)
     submitted: List[AllocationPlan] = []
     for plan, params in plans:
+        plan.sbatch = params
         plan_path = records.write_plan(sweep_dir, plan)
         script = folder / f"allocation_{plan.index}.sh"
         script.write_text(render(plan_path, params, folder))
@@ -338,9 +355,9 @@ def queue(
     plans: List[Tuple[AllocationPlan, Dict[str, Any]]], sweep_dir: Path, rows: Sequence[Tuple[str, str, str]]
 ) -> Tuple[List[AllocationPlan], Dict[str, str]]:
     """Submit the allocations and list their runs in jobs.tsv, `rows` being each run's (number, overrides, layout);
-    Ctrl-C meanwhile cancels them all (hpc_train.launch.backends.slurm.Queueing). The plans submitted, and each run's
-    packed id by its number."""
-    with slurm.Queueing(len(plans)) as queueing:
+    Ctrl-C meanwhile cancels them all (hpc_train.launch.backends.slurm_queueing.Queueing). The plans submitted, and
+    each run's packed id by its number."""
+    with slurm_queueing.Queueing(len(plans)) as queueing:
         submitted = submit(plans, sweep_dir)
         queueing.submitted = [(plan, plan) for plan in submitted]
         ids = {run.job: records.packed_id(str(plan.job_id), run.job) for plan in submitted for run in plan.runs}

@@ -2,17 +2,19 @@
 
 Each run goes again as its allocation's plan describes it (hpc_train.pack.records.PackedRun: run dir, layout, its
 step's command and environment), into one allocation of the same shape (nodes, GPUs, CPUs, time, signal) submitted
-as hpc_train.launch.backends.packed submits any: plan written, script rendered, sbatch. Its sbatch parameters are read back
-from the batch script of the allocation that had the first of those runs (pack.render wrote them, so rendering
-them again gives the same script, but for the plan's path and the job name's index). The new plan takes the next
-index: from now on the newest allocation that lists a run says its state (records.run_states), and each run
-resumes in its own run dir (an hpc-train run from its checkpoint). ``jobs.tsv`` gets a row per run with its new
-packed id, ``submissions.jsonl`` a line (``rerun_of``: the old id). No torch here.
+as hpc_train.launch.backends.packed submits any: plan written, script rendered, sbatch. Its sbatch parameters are
+the ones the plan of the allocation that had the first of those runs records (AllocationPlan.sbatch, the data its
+script was rendered from), but for the job name's index; the batch script itself is never read back. A plan
+written before plans recorded them (an older hpc-train's) is refused, with the fix in words, rather than guessed
+from its script. The new plan takes the next index: from now on the newest allocation that lists a run says its
+state (records.run_states), and each run resumes in its own run dir (an hpc-train run from its checkpoint).
+``jobs.tsv`` gets a row per run with its new packed id, ``submissions.jsonl`` a line (``rerun_of``: the old id).
+No torch here.
 """
 
 from __future__ import annotations
 
-import shlex
+import copy
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -21,6 +23,7 @@ from hpc_train.jobs import job_table
 from hpc_train.jobs.submissions import record
 from hpc_train.pack import app_step, records, status
 from hpc_train.pack.records import AllocationPlan, PackedRun
+from hpc_train.records import rundir
 
 RERUN = (records.FAILED, records.CANCELLED)  # a run in any other state has completed, or may still
 
@@ -39,46 +42,21 @@ def rerun_plan(plans: List[AllocationPlan], numbers: List[str], index: int) -> T
         for run in plan.runs:
             newest[run.job] = (plan, run)
     source = newest[numbers[0]][0]
-    plan = AllocationPlan(
-        index=index,
-        nodes=source.nodes,
-        gpus_per_node=source.gpus_per_node,
-        cpus_per_node=source.cpus_per_node,
-        minutes=source.minutes,
-        signal=source.signal,
-        signal_delay_s=source.signal_delay_s,
-        max_requeues=max(newest[n][0].max_requeues for n in numbers),
-        runs=[newest[n][1] for n in numbers],
-    )
+    max_requeues = max(newest[n][0].max_requeues for n in numbers)
+    runs = [newest[n][1] for n in numbers]
+    plan = records.new_plan(index, source, source.signal, source.signal_delay_s, max_requeues, runs)
     return plan, source
 
 
-# What pack.render writes itself, whatever the parameters: not read back.
-_RENDERED = ("output", "error", "open-mode", "open_mode")
-
-
-def params_of_script(text: str, old_index: int, new_index: int) -> Dict[str, Any]:
-    """The sbatch parameters an allocation's script was rendered from (pack.render), its job name for `new_index`."""
-    lines = text.splitlines()
-    params: Dict[str, Any] = {}
-    for line in lines:
-        if not line.startswith("#SBATCH --"):
-            continue
-        flag = line[len("#SBATCH --") :]
-        key, has_value, value = flag.partition("=")
-        if key in _RENDERED:
-            continue
-        params[key.replace("-", "_")] = (shlex.split(value) or [""])[0] if has_value else True
+def rerun_params(source: AllocationPlan, new_index: int) -> Optional[Dict[str, Any]]:
+    """The sbatch parameters `source`'s plan records, its job name for `new_index`; None when its plan does not
+    record them (written by an hpc-train from before plans did)."""
+    if source.sbatch is None:
+        return None
+    params = copy.deepcopy(source.sbatch)
     name = str(params.get("job_name", ""))
-    if name.endswith(f"-pack{old_index}"):
-        params["job_name"] = name[: -len(str(old_index))] + str(new_index)
-    if "# setup" in lines:
-        start = lines.index("# setup") + 1
-        end = max((i for i, line in enumerate(lines) if line.startswith("exec ")), default=len(lines))
-        setup = lines[start:end]
-        while setup and (not setup[-1].strip() or setup[-1].startswith("# ")):
-            setup.pop()  # the blank line and the pool's comment that render puts before its exec line
-        params["setup"] = setup
+    if name.endswith(f"-pack{source.index}"):
+        params["job_name"] = name[: -len(str(source.index))] + str(new_index)
     return params
 
 
@@ -93,11 +71,14 @@ def rerun_packed(sweep_dir: Path, rows: Mapping[str, job_table.JobRow]) -> Tuple
     if not numbers:
         return 0, None
     plan, source = rerun_plan(records.read_plans(sweep_dir), numbers, records.next_index(sweep_dir))
-    script = records.folder(sweep_dir) / f"allocation_{source.index}.sh"
-    try:
-        params = params_of_script(script.read_text(), source.index, plan.index)
-    except OSError:
-        return 0, f"no batch script {script} to take allocation {source.index}'s sbatch parameters from"
+    params = rerun_params(source, plan.index)
+    if params is None:
+        return 0, (
+            f"allocation {source.index}'s plan ({records.plan_path(sweep_dir, source.index)}) does not record its"
+            " sbatch parameters (an older hpc-train wrote it), so its runs cannot be packed again as they were;"
+            " rerun them with the hpc-train version that submitted this sweep, or by hand with their overrides"
+            f" (runs {', '.join(numbers)} in {sweep_dir / rundir.JOB_TABLE})"
+        )
     for run in plan.runs:  # a Hydra app's run: its earlier attempt's JobReturn is not this one's
         (Path(run.run_dir) / app_step.RETURN_FILE).unlink(missing_ok=True)
     try:

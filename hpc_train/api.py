@@ -21,7 +21,9 @@ starts and tells them the launcher and the default run dir.
 
 Errors: bad input raises :class:`ConfigError` with the message the CLI prints (composition
 errors are translated in-process by ``hydra_errors.translate``; later ones, exit code 2 of the
-CLI, are read back from what it printed). A job that fails raises :class:`JobFailed`, whose
+CLI, come back as data: the child writes its refusal's key, problem and fix into
+``hpc-train.result.json`` beside its output, and a rank's refusal is read from the rank's error record;
+no printed line is parsed). A job that fails raises :class:`JobFailed`, whose
 ``error`` is the one-line cause left by the rank that failed first (``logs/rank<r>.error.json``).
 
 Run dirs: without ``run_dir`` (or a ``hydra.run.dir=`` override) a job gets the CLI's default,
@@ -46,18 +48,20 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train.config import default_of
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import DEFAULT_LAUNCHER, launcher_kind
 from hpc_train.config.strategy import micro_batches
 from hpc_train.jobs import job_states as states
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
 from hpc_train.jobs.submissions import newest_submission
+from hpc_train.launch.backends.base import JobRef
+from hpc_train.launch.backends.registry import backend_for
 from hpc_train.launch.hydra import cli_child as child
 from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.launch.planning.errors import JobFailed
-from hpc_train.pack.records import is_packed_id, split_packed_id
+from hpc_train.pack.records import is_packed_id
 from hpc_train.pack.status import SharedPackedStates
 from hpc_train.records import rundir
-from hpc_train.slurm import slurm_cli
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -90,14 +94,15 @@ class Job:
     (run the same overrides with the same run dir to resume it). A run of a packed sweep (its id
     ``<allocation>:<run>``) has its allocation's words: WAITING (in its allocation, not started),
     RUNNING, COMPLETED, FAILED, INTERRUPTED (its allocation requeued), CANCELLED; it follows its
-    run, into the new allocation of a ``--rerun-failed``.
+    run, into the new allocation of a ``--rerun-failed``. Its launcher's backend watches it
+    (hpc_train.launch.backends).
     """
 
     def __init__(
         self,
         job_id: str,
         run_dir: Path,
-        launcher: str = "local",
+        launcher: str = DEFAULT_LAUNCHER,
         overrides: Sequence[str] = (),
         *,
         process: Optional[subprocess.Popen] = None,
@@ -109,17 +114,13 @@ class Job:
     ) -> None:
         self.job_id = str(job_id)
         self.run_dir = Path(run_dir)
-        self.launcher = launcher
+        self.launcher = launcher  # the name, as data (repr); what it means is its backend's
         self.overrides = list(overrides)
-        self._process = process  # local: the hpc-train process running this job (shared by a local sweep's jobs)
-        self._output = output  # what that process printed
+        self._output = output  # what the hpc-train process printed
         self._started = time.time() if started is None else started
-        self._next_run_dir = next_run_dir  # local sweep: the next job's dir; once it starts, this job has ended
-        self._sweep_index = sweep_index
         self._unknown_since: Optional[float] = None
-        self._shared_states = shared_states  # a Slurm sweep's jobs read their states together
-        if shared_states is None and is_packed_id(self.job_id):  # a packed run's state: its sweep's records
-            self._shared_states = SharedPackedStates(self.run_dir.parent)
+        ref = JobRef(self.job_id, self.run_dir, process, sweep_index, next_run_dir, shared_states)
+        self._watch = backend_for(launcher).watch(ref)
 
     def __repr__(self) -> str:
         return f"Job(job_id={self.job_id!r}, run_dir={str(self.run_dir)!r}, launcher={self.launcher!r})"
@@ -129,37 +130,7 @@ class Job:
         return states.read_summary(self.run_dir)
 
     def state(self) -> str:
-        if self.launcher == "slurm":
-            return self._slurm_state()
-        return self._local_state()
-
-    def _slurm_state(self) -> str:
-        shared = self._shared_states
-        if shared is not None:
-            state = shared.get(self.job_id)
-        else:  # no accounting: an ended job's run dir says how it ended
-            state = states.slurm_states([self.job_id], {self.job_id: self.run_dir}).get(self.job_id)
-        if state:
-            return state
-        # Between squeue forgetting a job and sacct recording it.
-        return "COMPLETED" if (self.run_dir / rundir.SUMMARY).exists() else "UNKNOWN"
-
-    def _local_state(self) -> str:
-        code = self._process.poll() if self._process is not None else None
-        has_summary = (self.run_dir / rundir.SUMMARY).exists()
-        if self._sweep_index is None:
-            if self._process is not None and code is None:
-                return "RUNNING"
-            return states.state_of_exit(code, has_summary)
-        started = (self.run_dir / ".hydra").exists()
-        ended = (self._process is None or code is not None) or (
-            self._next_run_dir is not None and (self._next_run_dir / ".hydra").exists()
-        )
-        if not ended:
-            return "RUNNING" if started else "PENDING"
-        if has_summary:
-            return "COMPLETED"
-        return "CANCELLED" if states.stopped(code) else "FAILED"
+        return self._watch.state()
 
     def cancel(self) -> None:
         """Stop the job: ``scancel`` on Slurm; locally SIGTERM to hpc-train, whose ranks checkpoint and stop.
@@ -167,16 +138,7 @@ class Job:
         The jobs of a local sweep share one process: cancelling one stops the sweep. A packed run shares its
         allocation with other runs: cancelling one raises ValueError (scancel the allocation to stop them all).
         """
-        if self.launcher == "slurm" and is_packed_id(self.job_id):
-            allocation = split_packed_id(self.job_id)[0]
-            raise ValueError(
-                f"job {self.job_id} is a run of packed allocation {allocation}, which runs other runs too: only the"
-                f" whole allocation can be cancelled (scancel {allocation})"
-            )
-        if self.launcher == "slurm":
-            slurm_cli.run(["scancel", self.job_id])
-        elif self._process is not None and self._process.poll() is None:
-            self._process.terminate()
+        self._watch.cancel()
 
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Block until the job ends; return its summary.
@@ -201,7 +163,7 @@ class Job:
                 self._unknown_since = None
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.job_id} is still {state} after {timeout} s (run dir {self.run_dir})")
-            pause = 1.0 if self.launcher == "slurm" else 0.2
+            pause = self._watch.poll_s
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
@@ -209,14 +171,15 @@ class Job:
 
     def _result(self, state: str) -> Dict[str, Any]:
         summary = self.summary()
+        own_command = self._watch.command_is_the_job
         if state == "COMPLETED":
             if summary is not None:
                 return summary
-            if self.launcher != "slurm" and self._sweep_index is None:  # a dry run, or launcher=sbatch: nothing trained
+            if own_command:  # a dry run, or a plain sbatch script's step: nothing trained
                 return {}
-        code = self._process.poll() if self._process is not None else None
-        if self.launcher != "slurm" and self._sweep_index is None and code == EXIT_BAD_INPUT:
-            raise child.bad_input(self._printed(), self.run_dir, self._started)
+        code = self._watch.exit_code()
+        if own_command and code == EXIT_BAD_INPUT and self._output is not None:
+            raise child.bad_input(self._output, self.run_dir, self._started)
         rank, error = states.rank_error(self.run_dir, self._started)
         cause = f": rank {rank} failed first ({error})" if error else ""
         where = (
@@ -235,12 +198,6 @@ class Job:
 
     def _error(self) -> Optional[str]:
         return states.rank_error(self.run_dir, self._started)[1]
-
-    def _printed(self) -> str:
-        try:
-            return self._output.read_text(errors="replace") if self._output is not None else ""
-        except OSError:
-            return ""
 
 
 # -- run, submit, sweep -----------------------------------------------------------------------
@@ -262,21 +219,21 @@ def run(
     overrides = child.checked(overrides)
     cfg, dirs = child.compose(overrides, config_dir)
     target = child.own_dir(run_dir, overrides, "hydra.run.dir", dirs["run"])
-    launcher = str(cfg.launcher.name)
-    extra = [f"hydra.run.dir={child.path_value(target)}"] + (["launcher.wait=true"] if launcher == "slurm" else [])
+    kind = launcher_kind(cfg.launcher.name)
+    extra = [f"hydra.run.dir={child.path_value(target)}"] + (["launcher.wait=true"] if kind.submits else [])
     started = time.time()
-    code, out, err = child.foreground(
+    code, out, _ = child.foreground(
         child.cli_command(overrides, config_dir) + extra, target / OUTPUT_NAME, echo=not quiet
     )
     if code == EXIT_BAD_INPUT:
-        raise child.bad_input(err, target, started)
+        raise child.bad_input(target / OUTPUT_NAME, target, started)
     summary = states.read_summary(target)
     if code == 0 and summary is not None:
         return summary
-    if code == 0 and (bool(cfg.dry_run) or launcher == "sbatch"):
+    if code == 0 and (bool(cfg.dry_run) or kind.prepares_only):
         return {"dry_run": bool(cfg.dry_run), "run_dir": str(target), "output": out}
     rank, error = states.rank_error(target, started)
-    submitted = newest_submission(target) if launcher == "slurm" else None
+    submitted = newest_submission(target) if kind.submits else None
     what = f"Slurm job {submitted['job_id']}" if submitted else "the job"
     cause = (
         f": rank {rank} failed first ({error})"
@@ -304,19 +261,20 @@ def submit(
     command = child.cli_command(overrides, config_dir) + [f"hydra.run.dir={child.path_value(target)}"]
     output = target / OUTPUT_NAME
     started = time.time()
-    if str(cfg.launcher.name) == "slurm":
-        code, out, err = child.foreground(command + ["launcher.wait=false"], output, echo=False)
+    launcher = str(cfg.launcher.name)
+    if launcher_kind(launcher).submits:
+        code, _, _ = child.foreground(command + ["launcher.wait=false"], output, echo=False)
         if code == EXIT_BAD_INPUT:
-            raise child.bad_input(err)
+            raise child.bad_input(output)
         submitted = newest_submission(target)
         if code != 0 or submitted is None:
             raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {output}", exit_code=code or 1)
-        return Job(str(submitted["job_id"]), target, "slurm", overrides, output=output, started=started)
+        return Job(str(submitted["job_id"]), target, launcher, overrides, output=output, started=started)
     process = child.background(command, output)
     child.wait_for_start(process, [target / rundir.JOB_CONFIG], started)
     if process.poll() == EXIT_BAD_INPUT:
-        raise child.bad_input(output.read_text(errors="replace"), target, started)
-    return Job(f"local-{process.pid}", target, "local", overrides, process=process, output=output, started=started)
+        raise child.bad_input(output, target, started)
+    return Job(f"local-{process.pid}", target, launcher, overrides, process=process, output=output, started=started)
 
 
 def sweep(
@@ -348,11 +306,11 @@ def sweep(
     optimising = any(
         o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.split("=", 1)[1] != "hpc_train" for o in overrides
     )
-    if launcher == "slurm":
+    if launcher_kind(launcher).submits:
         known = job_table.read(target)
-        code, _, err = child.foreground(command, output, echo=False)
+        code, _, _ = child.foreground(command, output, echo=False)
         if code == EXIT_BAD_INPUT:
-            raise child.bad_input(err)
+            raise child.bad_input(output)
         rows = job_table.read(target)[len(known) :]
         if code != 0 and not rows:
             raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
@@ -363,7 +321,7 @@ def sweep(
             Job(
                 row.job_id,
                 target / row.job,
-                "slurm",
+                launcher,
                 child.overrides_of(target / row.job, row.overrides.split()),
                 output=output,
                 started=started,
@@ -380,12 +338,12 @@ def sweep(
         numbers = list(range(len(jobs)))
         child.wait_for_start(process, [target / "0" / ".hydra" / "overrides.yaml"], started)
     if process.poll() == EXIT_BAD_INPUT and not any((target / str(n) / ".hydra").exists() for n in numbers):
-        raise child.bad_input(output.read_text(errors="replace"))
+        raise child.bad_input(output)
     return [
         Job(
             f"local-{process.pid}_{n}",
             target / str(n),
-            "local",
+            launcher,
             job,
             process=process,
             output=output,

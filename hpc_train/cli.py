@@ -36,17 +36,17 @@ import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import whole_mappings  # noqa: E402
 from hpc_train.config.errors import ConfigError  # noqa: E402
-from hpc_train.launch.backends import torchrun_client
-from hpc_train.launch.backends.run import run_job  # noqa: E402
-from hpc_train.launch.backends.sbatch import prepare  # noqa: E402
+from hpc_train.launch.backends import torchrun_client  # noqa: E402
+from hpc_train.launch.backends.registry import run_configured  # noqa: E402
 from hpc_train.launch.backends.torchrun_client import rank_argv  # noqa: E402
+from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
 from hpc_train.launch.hydra.hydra_callbacks import Refused  # noqa: E402
 from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.planning import objective  # noqa: E402
 from hpc_train.launch.planning.errors import Interrupted, JobFailed  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
 from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
-from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT
+from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 
 
 def _task(cfg: DictConfig) -> Optional[float]:
@@ -70,10 +70,8 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
         if torchrun_client.active():  # started by torchrun: this process is one rank of torchrun's world
             gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             code = torchrun_client.run_rank(cfg, run_dir)
-        elif cfg.launcher.name == "sbatch":  # inside a plain sbatch script: check the allocation, write the job spec
-            code = prepare(cfg, run_dir)
-        else:
-            code = run_job(cfg, run_dir, wait=wants_objective)
+        else:  # the launcher's backend: here, queued on Slurm, or a plain sbatch script's first step
+            code = run_configured(cfg, run_dir, wait=wants_objective)
     except OmegaConfBaseException as err:  # a key our checks read is missing or unresolvable (e.g. ~trainer.lr)
         translated = from_omegaconf(err)
         if translated is None:
@@ -90,17 +88,20 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
     if isinstance(err, JobFailed):
         if not err.reported:
             print(f"hpc-train: {err}", file=sys.stderr)
+        if err.exit_code == EXIT_BAD_INPUT:  # refused (a run dir a live job holds): as data for the Python API
+            write_result(CliWords(f"hpc-train: {err}"))
         sys.exit(err.exit_code)
     translated = translate(err, sys.argv[1:])
     if translated is not None:
         print(translated.message, file=sys.stderr)
+        write_result(translated)
         sys.exit(EXIT_BAD_INPUT)
     if user_wants_traceback:
         raise err
     if isinstance(err, (CompactHydraException, HydraException)):  # Hydra's own words, as Hydra would print them
-        print(f"hpc-train: {err}", file=sys.stderr)
-        if err.__cause__ is not None:
-            print(str(err.__cause__), file=sys.stderr)
+        words = f"hpc-train: {err}" + (f"\n{err.__cause__}" if err.__cause__ is not None else "")
+        print(words, file=sys.stderr)
+        write_result(CliWords(words))
         sys.exit(EXIT_BAD_INPUT)
     traceback.print_exception(type(err), err, err.__traceback__)
     sys.exit(1)

@@ -174,7 +174,8 @@ def every_key() -> list[str]:
         "## Every key",
         "",
         "Each key as `hpc_train/config/` declares it (one module per group). *Left out*: what a job runs with when its",
-        "config has no such key (your own option may leave it out), or why nothing is filled in; *required*: it must be",
+        "config has no such key (your own option may leave it out), or why nothing is filled in; *required*: it must"
+        " be",
         "there.",
         "",
         "| key | type | left out | null | what it is |",
@@ -229,7 +230,8 @@ def reference() -> str:
             if inherited:
                 parents = [v for v, _ in inherited["list"] if v != "_self_"]
                 lines += [
-                    f"Starts from {', '.join(f'`{group}={p}`' for p in parents)}; the keys below replace or add to its keys.",
+                    f"Starts from {', '.join(f'`{group}={p}`' for p in parents)}; the keys below replace or add to"
+                    " its keys.",
                     "",
                 ]
             keys = [e for e in entries if e["path"] != "defaults"]

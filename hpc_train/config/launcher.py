@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, Tuple
 
 from hpc_train.config.checks import INT64_MAX, Problem, flag, one_of, show, slurm_time, whole
+from hpc_train.config.errors import ConfigError
 from hpc_train.config.rule import R, Rule
 
 
@@ -42,11 +43,15 @@ LAUNCHERS: Dict[str, LauncherKind] = {
     )
 }
 DEFAULT_LAUNCHER = "local"
+_PICK_ONE = "pick the launcher with " + ", ".join(f"launcher={name}" for name in LAUNCHERS) + "."
 
 
 def launcher_kind(name: Any) -> LauncherKind:
-    """The kind of launcher ``launcher.name`` names (checked against LAUNCHERS before anything reads it)."""
-    return LAUNCHERS[str(name)]
+    """The kind of launcher ``launcher.name`` names; a name that is none of LAUNCHERS is refused (ConfigError)."""
+    kind = LAUNCHERS.get(str(name))
+    if kind is None:
+        raise ConfigError("launcher.name", f"{name!r} is no launcher.", _PICK_ONE)
+    return kind
 
 
 PACK_KEYS = ("allocations", "nodes", "gpus_per_node", "time")  # launcher.pack's keys
@@ -75,8 +80,11 @@ RULES: Tuple[Rule, ...] = (
         one_of(*LAUNCHERS),
         DEFAULT_LAUNCHER,
         required=True,
-        fix="pick the launcher with launcher=local, launcher=slurm or launcher=sbatch.",
-        doc="Where the job runs: local (this machine), slurm (submitted with submitit) or sbatch (inside your own sbatch script).",
+        fix=_PICK_ONE,
+        doc=(
+            "Where the job runs: local (this machine), slurm (submitted with submitit) or sbatch (inside your own "
+            "sbatch script)."
+        ),
     ),
     R(
         "launcher.wait",
@@ -115,14 +123,20 @@ RULES: Tuple[Rule, ...] = (
         whole(1, INT64_MAX),
         64,
         null="the cluster profile's cluster.array_parallelism, else no throttle",
-        doc="A sweep's arrays run at most this many jobs at once (--array=0-N%P); null: the cluster profile's, else no throttle.",
+        doc=(
+            "A sweep's arrays run at most this many jobs at once (--array=0-N%P); null: the cluster profile's, else "
+            "no throttle."
+        ),
         default=None,
     ),
     R(
         "launcher.pack",
         pack_node,
         "{allocations: 2, gpus_per_node: 4}",
-        fix="set launcher.pack.allocations=N (and launcher.pack.nodes, gpus_per_node, time), or leave launcher.pack out.",
+        fix=(
+            "set launcher.pack.allocations=N (and launcher.pack.nodes, gpus_per_node, time), or leave launcher.pack "
+            "out."
+        ),
         doc="How a sweep's runs are packed into a few allocations (the keys below); launcher=slurm's.",
         left_out="the launchers other than slurm do not pack",
         mapping=True,
@@ -155,7 +169,10 @@ RULES: Tuple[Rule, ...] = (
         slurm_time,
         "04:00:00",
         null="the cluster profile's cluster.time",
-        fix="set launcher.pack.time=04:00:00 (HH:MM:SS, D-HH:MM:SS) or a number of minutes, or null (the cluster profile's).",
+        fix=(
+            "set launcher.pack.time=04:00:00 (HH:MM:SS, D-HH:MM:SS) or a number of minutes, or null (the cluster "
+            "profile's)."
+        ),
         doc="Time limit of each packed allocation; null: the cluster profile's cluster.time.",
         default=None,
     ),

@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from hpc_train.launch.hydra.app_launcher import AppLauncher, AppLauncherConf, AppLocalLauncherConf
+from hpc_train.launch.hydra.app_config import AppLauncherConf, AppLocalLauncherConf
+from hpc_train.launch.hydra.app_launcher import AppLauncher
 from hpc_train.launch.hydra.sweep import SweepLauncher
 
 
@@ -23,11 +24,11 @@ class HpcTrainLauncher(SweepLauncher):
 
 
 class AppSlurmLauncher(AppLauncher):
-    local = False
+    launcher_name = "hpc_train_slurm"
 
 
 class AppLocalLauncher(AppLauncher):
-    local = True
+    launcher_name = "hpc_train_local"
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="hpc_train_slurm", node=AppLauncherConf, provider="hpc_train")

@@ -54,6 +54,26 @@ def test_bad_input_raises_config_error_with_the_clis_message(overrides, key, tmp
     assert not (tmp_path / "api" / "job_config.yaml").exists()
 
 
+REWORDED = """
+from hpc_train.config import errors
+errors.ConfigError.message = property(lambda self: f"refused {self.key!r}; because: {self.problem}; so: {self.fix}")
+"""
+
+
+def test_the_apis_errors_survive_a_change_of_the_clis_wording(tmp_path, monkeypatch):
+    """The child CLI hands its refusal back as data (key, problem, fix), not as the line it prints: with every
+    ConfigError printed in other words, the API still raises the same key, problem and fix."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(REWORDED)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    overrides = [*JOB, "strategy=ddp", "trainer.batch_size=63"]
+    with pytest.raises(hpc_train.ConfigError) as err:
+        hpc_train.run(overrides, run_dir=tmp_path / "api", quiet=True)
+    printed = (tmp_path / "api" / "hpc-train.out").read_text()
+    assert "refused 'trainer.batch_size'; because:" in printed  # the child spoke in the new words
+    assert err.value.key == "trainer.batch_size" and err.value.fix and err.value.problem in printed
+
+
 # -- run --------------------------------------------------------------------------------------
 def test_run_returns_the_summary_with_the_clis_loss(tmp_path):
     summary = hpc_train.run(JOB, run_dir=tmp_path / "api", quiet=True)

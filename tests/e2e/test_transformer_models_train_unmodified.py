@@ -2,7 +2,7 @@
 
 Each runs from its own user project (examples/nanogpt_project, examples/hf_project) or straight
 from its library (timm) with hpc-train's CLI, as their users write them: the model computes its own
-loss (a 3-line trainer.step, or hpc_train.compute.training.steps.model_loss), batches are dicts, data may stream.
+loss (a 3-line trainer.step, or hpc_train.steps.model_loss), batches are dicts, data may stream.
 "Same loss" means equal within 1e-4 after 5 steps: no dropout and no batch norm in these models,
 so every layout computes the single process's steps up to floating-point reduction order.
 """
@@ -105,7 +105,7 @@ def test_nanogpt_with_the_built_in_step_is_told_to_set_trainer_step(tmp_path):
 def test_dict_items_with_the_built_in_step_are_told_to_use_model_loss(tmp_path):
     proc = run_cli([*GPT2, "trainer.step=null", "strategy=single"], tmp_path / "run", cwd=HF)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and "`data.train`" in out and "hpc_train.compute.training.steps.model_loss" in out, out
+    assert proc.returncode == 2 and "`data.train`" in out and "hpc_train.steps.model_loss" in out, out
     assert "item 0 is a dict with keys input_ids, labels" in out and "Traceback" not in out, out
 
 

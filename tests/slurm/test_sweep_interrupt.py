@@ -24,7 +24,7 @@ from typing import Callable, Dict, List, Optional
 import pytest
 
 from hpc_train import compose
-from hpc_train.launch.backends import slurm
+from hpc_train.launch.backends import slurm, slurm_queueing
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from tests.support.cli import wait_for
@@ -49,7 +49,10 @@ MESSAGE = re.compile(
 # always ends it. A marker written by a child of bash would not do: a SIGINT that lands while bash reaps that child
 # (exited 0) is taken by bash as handled by the child (its wait-and-cooperative-exit rule), bash carries on, and the
 # hang it then starts never sees the Ctrl-C: the command waits on the sbatch's pipes until the hang ends.
-HANG = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_DFL); open(sys.argv[1], 'w').close(); time.sleep(120)"
+HANG = (
+    "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_DFL); open(sys.argv[1], 'w').close();"
+    " time.sleep(120)"
+)
 HANGING_SBATCH = """#!/bin/bash
 out=$("$REAL_SBATCH" "$@") || exit $?
 calls=$(( $(cat "$SHIM_DIR/calls" 2>/dev/null || echo 0) + 1 ))
@@ -238,8 +241,8 @@ def test_ctrl_c_while_waiting_for_a_job_stops_the_wait_not_the_job(slurm_cluster
 
 
 def test_ctrl_c_while_the_queued_jobs_are_written_down_cancels_them_all(slurm_cluster, tmp_path, monkeypatch):
-    """After the last sbatch, until the job specs and jobs.tsv are written (slurm.Queueing), Ctrl-C waits for the
-    writing to end, then cancels every job: none stays queued that no job table lists."""
+    """After the last sbatch, until the job specs and jobs.tsv are written (slurm_queueing.Queueing), Ctrl-C waits for
+    the writing to end, then cancels every job: none stays queued that no job table lists."""
     monkeypatch.chdir(REPO)
     name = f"intr-{uuid.uuid4().hex[:8]}"
     cfg = compose([*HELD, f"job_name={name}", "strategy=single", "cluster.time=5"])
@@ -247,8 +250,8 @@ def test_ctrl_c_while_the_queued_jobs_are_written_down_cancels_them_all(slurm_cl
     jobs = [slurm.prepare(plan, build_job_spec(plan, {}), f"n={n}") for n, plan in enumerate(plans)]
     written = False
     try:
-        with pytest.raises(slurm.SubmissionInterrupted) as interrupted:
-            with slurm.Queueing(len(jobs)) as queueing:
+        with pytest.raises(slurm_queueing.SubmissionInterrupted) as interrupted:
+            with slurm_queueing.Queueing(len(jobs)) as queueing:
                 queueing.submitted = slurm.submit_jobs(jobs, log_root=tmp_path / "sweep")
                 assert threading.current_thread() is threading.main_thread(), "SIGINT goes to the main thread"
                 os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the jobs are being written down

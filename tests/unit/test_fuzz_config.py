@@ -30,7 +30,7 @@ from hpc_train.config import MAPPING_KEYS
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.logger_table import TRACKERS
-from hpc_train.launch.backends import slurm
+from hpc_train.launch.backends import slurm, slurm_params, slurm_script
 from hpc_train.launch.hydra.hydra_errors import translate
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.objective import check_objective
@@ -301,7 +301,7 @@ def test_every_shipped_option_validates(targets, run_dir):
             cfg = compose(config_name="config", overrides=["dry_run=true", *context])
             plan = make_plan(cfg, run_dir)
             if cfg.launcher.name == "slurm":
-                slurm.slurm_parameters(plan)
+                slurm_params.slurm_parameters(plan)
 
 
 @pytest.mark.parametrize("override", ["model=5", "model=null", "trainer=[1]"])
@@ -325,7 +325,7 @@ SBATCH_OPTIONS = st.dictionaries(
 # a user's own _target_ (its package findable, as the login side checks) and arguments the shipped node does not have
 TARGET = st.builds(
     lambda target, args: {"_target_": target, **args},
-    st.from_regex(r"hpc_train\.fuzzed\.[a-z]{1,6}", fullmatch=True),
+    st.from_regex(r"tests\.fuzzed\.[a-z]{1,6}", fullmatch=True),  # findable, not under hpc_train. (not looked up)
     st.dictionaries(
         st.from_regex(r"arg_[a-z]{1,4}", fullmatch=True), st.one_of(st.integers(1, 99), st.booleans()), max_size=2
     ),
@@ -380,13 +380,13 @@ def test_a_mapping_given_whole_is_accepted_and_reaches_the_job(key, data, target
             check_objective(cfg)
             plan = make_plan(cfg, run_dir)
             spec = build_job_spec(plan)
-            params = slurm.slurm_parameters(plan) if cfg.launcher.name == "slurm" else None
+            params = slurm_params.slurm_parameters(plan) if cfg.launcher.name == "slurm" else None
         except Exception as err:
             translated = translate(err, overrides)
             pytest.fail(f"{overrides} was refused: {translated.message if translated else repr(err)}")
     node = OmegaConf.select(OmegaConf.create(spec), key)
     assert {k: node[k] for k in value} == value, f"{overrides}: the job spec has {key}={node}"
     if key == "cluster.extra":
-        script = slurm.render_sbatch(run_dir / "slurm", params).splitlines()
+        script = slurm_script.render_sbatch(run_dir / "slurm", params).splitlines()
         for option, given in value.items():
             assert (f"#SBATCH --{option}" if given is True else f"#SBATCH --{option}={given}") in script, overrides

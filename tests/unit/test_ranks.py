@@ -38,7 +38,7 @@ def test_torchrun_marker_wins_even_inside_an_srun_step():
 def test_bare_rank_variables_are_ignored_inside_an_srun_step():
     # RANK/WORLD_SIZE left exported in a shell made every task of the step rank 0 of 1.
     info = detect_ranks({**SRUN_TASK, "RANK": "0", "WORLD_SIZE": "1"})
-    assert (info.rank, info.world_size, info.source) == (5, 8, "slurm")
+    assert (info.rank, info.world_size, info.source) == (5, 8, "srun")
     assert "RANK and WORLD_SIZE" in info.note and "ignored" in info.note
 
 
@@ -71,7 +71,7 @@ def test_slurm_multi_node_task():
     assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (5, 1, 8, 2)
     assert info.master_addr == "node01"
     assert info.master_port == PORT_BASE + 123456 % PORT_SPAN
-    assert info.source == "slurm" and info.note == ""
+    assert info.source == "srun" and info.note == ""
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_uneven_step_gives_each_rank_its_real_local_layout(procid, localid, node
         3,
         local_world,
     )
-    assert info.master_addr == "hpcnode1" and info.source == "slurm"
+    assert info.master_addr == "hpcnode1" and info.source == "srun"
     assert info.node_tasks == (2, 1) and info.uneven
     assert info.tasks_layout == "2 on hpcnode1, 1 on hpcnode2"
     assert "unevenly (2 on hpcnode1, 1 on hpcnode2)" in info.note

@@ -26,6 +26,7 @@ from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.slurm import slurm_cli
 
 log = logging.getLogger("hpc_train")
+FROM_SLURM = "slurm"  # an end record's source when Slurm's accounting said how the attempt ended
 
 
 def _append(run_dir: Path, record: Dict[str, Any]) -> None:
@@ -89,7 +90,7 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str]
         r
         for r in starts
         if r.get("job_id")
-        and ends.get(r.get("attempt"), {}).get("source") != "slurm"
+        and ends.get(r.get("attempt"), {}).get("source") != FROM_SLURM
         and _unsure(ends.get(r.get("attempt"), {}).get("how"))
     ]
     runs = slurm_endings(sorted({str(r["job_id"]) for r in asked}))
@@ -106,7 +107,7 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str]
                     "how": said,
                     "step": (end_record or {}).get("step"),
                     "time": time.time(),
-                    "source": "slurm",
+                    "source": FROM_SLURM,
                 },
             )
             how = said if how is None else f"{said}; rank 0 saw: {how}"

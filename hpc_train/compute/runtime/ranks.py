@@ -81,7 +81,7 @@ from hpc_train.slurm.hostlist import expand_hostlist
 SOURCE_WORDS = {
     "torchrun": "torchrun",
     "local": "the local launcher",
-    "slurm": "srun",
+    "srun": "srun",
     "submitit": "submitit's local executor",
     "environment": "bare RANK/WORLD_SIZE variables",
     "single": "no launcher: one process",
@@ -96,7 +96,7 @@ class RankInfo:
     local_world_size: int
     master_addr: str
     master_port: int
-    source: str  # "torchrun" | "local" | "slurm" | "submitit" | "environment" | "single"
+    source: str  # "torchrun" | "local" | "srun" | "submitit" | "environment" | "single"
     note: str = ""  # a warning for the rank's log (e.g. variables that were ignored or guessed from)
     node_tasks: Tuple[int, ...] = ()  # srun steps: the step's task count on each of its nodes, e.g. (2, 1)
     tasks_layout: str = ""  # srun steps: the same in words, with the hosts ("2 on hpcnode1, 1 on hpcnode2")
@@ -220,7 +220,7 @@ def _from_slurm(env: Mapping[str, str]) -> Optional[RankInfo]:
         local_world_size=counts[node],
         master_addr=env.get("MASTER_ADDR") or hosts[0],
         master_port=port,
-        source="slurm",
+        source="srun",
         note="; ".join(notes),
         node_tasks=tuple(counts),
         tasks_layout=layout,
@@ -278,7 +278,7 @@ def world_mismatch(
     env = os.environ if env is None else env
     each = f", {per_node} a node," if per_node > 1 else ""
     worlds = str(planned) if most is None else f"{planned} to {most}{each}"
-    if info.source == "slurm":
+    if info.source == "srun":
         message = (
             f"this job was planned for {worlds} rank(s), but this srun step runs {world} task(s)"
             f" ({info.tasks_layout or 'layout unknown'}); this process is rank {info.rank} of {world}"
@@ -293,7 +293,7 @@ def world_mismatch(
             f"inside a Slurm allocation start the ranks with srun: srun -n {planned} python -m hpc_train.compute.worker"
             " RUN_DIR/job_config.yaml (a batch script's own shell is one process)."
         )
-    elif info.source == "slurm":
+    elif info.source == "srun":
         fix = (
             f"run the step with {planned} tasks: srun -n {planned} inside an allocation of {planned} tasks (sbatch"
             f" --nodes=N --ntasks-per-node=M with N x M = {planned}"

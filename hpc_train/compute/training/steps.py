@@ -33,7 +33,7 @@ def model_loss(model: Any, batch: Any) -> Any:
     if loss is None:
         has_none = hasattr(output, "loss") or (isinstance(output, Mapping) and "loss" in output)
         raise Refusal(
-            "`trainer.step`: hpc_train.compute.training.steps.model_loss needs an output with a loss, but the model"
+            "`trainer.step`: hpc_train.steps.model_loss needs an output with a loss, but the model"
             f" returned {describe(output)}{' whose loss is None' if has_none else ''}. Fix: give the batch what the"
             " model needs to compute its loss (Hugging Face: a 'labels' key), or set trainer.step to your own function"
             " that returns the loss (e.g. `_, loss = model(x, y); return loss` for a model returning (logits, loss))."

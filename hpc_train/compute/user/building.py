@@ -106,7 +106,7 @@ def _pair(item: Any, key: str) -> None:
         kind = f"a {len(item)}-tuple" if isinstance(item, (tuple, list)) else describe(item)
         hint = (
             " or, for a model that computes its own loss (Hugging Face: labels in the batch), set"
-            " trainer.step=hpc_train.compute.training.steps.model_loss (a _target_ with _partial_: true), or your own"
+            " trainer.step=hpc_train.steps.model_loss (a _target_ with _partial_: true), or your own"
             " step(model, batch)"
         )
         raise Refusal(

@@ -48,7 +48,8 @@ def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple
     if any(entry.get("local") for entry in recorded.values()):
         return (
             0,
-            f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun; run the sweep again",
+            f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun;"
+            " run the sweep again",
         )
     # Without Slurm's accounting, how an ended job went comes from its run dir (job_states.run_dir_state).
     run_dirs = {job_id: Path(sweep_dir) / number for number, (job_id, _, _) in rows.items()}
@@ -74,7 +75,8 @@ def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple
         executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))
         handle = executor.submit(delayed.function, *delayed.args, **delayed.kwargs)
         print(
-            f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id}, resubmitted as {handle.job_id}"
+            f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id},"
+            f" resubmitted as {handle.job_id}"
         )
         new_rows.append(job_table.JobRow(str(handle.job_id), number, overrides, layout))
         entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": job_id})

@@ -17,14 +17,18 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import DictConfig
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec
+from hpc_train.config.launcher import LauncherKind, launcher_kind
+from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
+from hpc_train.launch.backends.local_backend import LocalWatch
+from hpc_train.launch.backends.run import run_job
+from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.layout import JobLayout
-from hpc_train.launch.planning.plan import make_plan
+from hpc_train.launch.planning.plan import RunPlan
 
 WORKER = "python -m hpc_train.compute.worker"
 
@@ -82,17 +86,33 @@ def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
 
 def prepare(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = None) -> int:
     """Validate, check the allocation and write job_config.yaml; returns the exit code."""
-    env = os.environ if env is None else env
-    plan = make_plan(cfg, run_dir)
-    spec = build_job_spec(plan)
-    warnings = check_allocation(plan.layout, env)
-    for warning in warnings:
-        print(f"hpc-train: warning: {warning}", file=sys.stderr)
-    if cfg.dry_run:
+    return run_job(SbatchBackend(launcher_kind(cfg.launcher.name), env), cfg, run_dir)
+
+
+class SbatchBackend(Backend):
+    """``launcher=sbatch``: the first step of the user's own batch script, inside its allocation. It checks the
+    allocation against the plan and writes the job spec; the script's ``srun`` starts the ranks."""
+
+    def __init__(self, kind: LauncherKind, env: Optional[Mapping[str, str]] = None) -> None:
+        super().__init__(kind)
+        self.env = os.environ if env is None else env
+
+    def _warn(self, plan: RunPlan) -> None:
+        for warning in check_allocation(plan.layout, self.env):
+            print(f"hpc-train: warning: {warning}", file=sys.stderr)
+
+    def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
+        self._warn(plan)
         print(f"hpc-train (dry run, sbatch): {plan.layout.describe()}")
         return 0
-    path = write_job_spec(spec, run_dir)
-    print(f"hpc-train: {plan.layout.describe()}")
-    print(f"hpc-train: run dir {run_dir}")
-    print(f"hpc-train: job spec {path}; every rank: srun {WORKER} {path}")
-    return 0
+
+    def start(self, plan: RunPlan, spec: Dict[str, Any], wait: bool) -> int:
+        self._warn(plan)
+        path = write_job_spec(spec, plan.run_dir)
+        print(f"hpc-train: {plan.layout.describe()}")
+        print(f"hpc-train: run dir {plan.run_dir}")
+        print(f"hpc-train: job spec {path}; every rank: srun {WORKER} {path}")
+        return 0
+
+    def watch(self, ref: JobRef) -> JobWatch:
+        return LocalWatch(ref)  # the command itself: it ends once the job spec is written

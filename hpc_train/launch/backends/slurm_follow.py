@@ -1,5 +1,5 @@
 """Following a submitted Slurm job to the end of its last attempt (``launcher.wait``, a sweeper that reads results,
-the Hydra app launcher), without submitit's own wait.
+the Hydra app launcher), without submitit's own wait; ``follow_job`` reports how it ended and gives the exit code.
 
 submitit's ``Job.results()`` takes the first result file it finds for the job's end and asks ``sacct`` on every
 poll; neither holds on a real cluster:
@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpc_train.jobs import job_states
-from hpc_train.records import rundir
+from hpc_train.launch.backends.run import report_summary
+from hpc_train.launch.planning.errors import StoppedWaiting
+from hpc_train.records import hang, rundir
+from hpc_train.records.rank_errors import refusal_words
 from hpc_train.slurm import slurm_cli
 
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
@@ -162,3 +165,43 @@ def follow(handle: Any, run_dir: Optional[Path], since: float) -> Ending:
     attempt log and, without accounting, its end records), None for a job that has none; `since`: when it was
     submitted (a time.time())."""
     return _Follower(handle, run_dir, since).follow()
+
+
+def follow_job(handle: Any, run_dir: Path) -> int:
+    """Wait for a submitted job to end (its last attempt, when Slurm requeued it) and report how it ended."""
+    submitted = time.time()
+    try:
+        ending = follow(handle, run_dir, since=rundir.launched_at(run_dir))
+    except KeyboardInterrupt:  # Ctrl-C while waiting: the job is Slurm's now, and goes on
+        raise StoppedWaiting(str(handle.job_id), run_dir) from None
+    if ending.error is None:
+        code = 0
+    else:  # submitit re-raises the remote failure; its traceback is in the Slurm log
+        verdict = hang.read_request(run_dir, since=submitted)
+        rank, error = job_states.rank_error(run_dir, submitted)
+        refused = refusal_words(error)
+        if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
+            print(verdict.get("message", ""))
+            code = rundir.EXIT_HUNG
+        elif refused:  # a rank's refusal (bad input, a full disk): its one message, and which kind in the last line
+            print(f"hpc-train: {refused}")
+            code = rundir.EXIT_REFUSED
+        else:
+            print(f"hpc-train: job {handle.job_id} failed: {_why(ending, rank, error)}")
+            code = 1
+    report_summary(run_dir, code)
+    return code
+
+
+def _why(ending: Ending, rank: Any, error: Any) -> str:
+    """One line for a failed job: its failing rank's error, else the run dir's or Slurm's word, else submitit's first
+    line that says something (its "failed during processing with trace:" says nothing)."""
+    if error:
+        return f"rank {rank}: {error}"
+    if ending.detail:
+        return f"{ending.state or 'ended'}: {ending.detail}"
+    lines = [line.strip(" -") for line in str(ending.error).splitlines()]
+    words = [line for line in lines if line and not line.endswith("with trace:")]
+    return (ending.state + ": " if ending.state and ending.state != "COMPLETED" else "") + (
+        words[0] if words else type(ending.error).__name__
+    )

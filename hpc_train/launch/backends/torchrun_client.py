@@ -29,6 +29,7 @@ from typing import List, Mapping, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import launcher_kind
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec
 from hpc_train.launch.planning.plan import make_plan
@@ -121,7 +122,7 @@ def _leave_the_reason_to_local_rank_0(env: Mapping[str, str]) -> None:
 
 
 def _run_rank(cfg: DictConfig, run_dir: Path, env: Mapping[str, str]) -> int:
-    if cfg.launcher.name != "local":
+    if not launcher_kind(cfg.launcher.name).on_this_machine:
         raise ConfigError(
             "launcher",
             f"launcher={cfg.launcher.name} under torchrun: torchrun already started this rank on this machine.",

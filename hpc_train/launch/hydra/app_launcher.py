@@ -25,32 +25,27 @@ over Hydra's configuration is not supported"); set the key from the job's own co
 
 from __future__ import annotations
 
-import functools
 import logging
-import pickle
 import re
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import cloudpickle
-import yaml
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
-from hydra.plugins.launcher import Launcher
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.view import ConfigView
 from hpc_train.jobs import job_table, submissions, sweep_status
 from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import slurm, slurm_follow, submitit_import
-from hpc_train.launch.backends.slurm import cluster_account, cluster_qos, time_minutes
+from hpc_train.launch.backends import slurm, slurm_follow, slurm_params, slurm_queueing, submitit_import
+from hpc_train.launch.backends.registry import app_backend
 from hpc_train.launch.hydra import hydra_internals
+from hpc_train.launch.hydra.app_config import LOCAL_KEYS, SLURM_NAMES, apply_profile, cluster_profile, slurm_parameters
+from hpc_train.launch.hydra.app_task import RETURN_FILE, AppJob, AppTask, SharedPart
+from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.objective import sweeper_target
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
@@ -61,223 +56,23 @@ from hpc_train.records.rundir import EXIT_CTRL_C, EXIT_REFUSED
 
 log = logging.getLogger(__name__)
 
-RETURN_FILE = "{job_id}_hydra_return.pkl"  # beside submitit's own files: a failed job's JobReturn
 
+class AppLauncher(SweepLauncherBase):
+    """Shared by the Slurm and the local variant: ``launcher_name`` (its name in ``hydra/launcher``) picks the
+    backend of its jobs in the registry; a backend that runs jobs on this machine takes submitit's local executor."""
 
-@dataclass
-class AppLocalLauncherConf:
-    """The keys hydra-submitit-launcher's local launcher takes (same names, defaults and meaning)."""
-
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppLocalLauncher"
-    submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
-    timeout_min: int = 60
-    cpus_per_task: Optional[int] = None
-    gpus_per_node: Optional[int] = None
-    tasks_per_node: int = 1
-    mem_gb: Optional[int] = None
-    nodes: int = 1
-    name: str = "${hydra.job.name}"
-    stderr_to_stdout: bool = False
-
-
-@dataclass
-class AppPackConf:
-    """``hydra.launcher.pack.*``: the sweep's jobs as job steps of a few Slurm jobs ("allocations") instead of one
-    job each; the same keys as hpc-train's ``launcher.pack.*``."""
-
-    allocations: Optional[int] = None  # null: one Slurm job (or array task) per job
-    nodes: int = 1  # nodes of each allocation
-    gpus_per_node: Optional[int] = None  # null: the cluster profile's (hydra.launcher.cluster) gpus_per_node
-    time: Any = None  # minutes or a Slurm duration; null: hydra.launcher.timeout_min
-
-
-@dataclass
-class AppLauncherConf(AppLocalLauncherConf):
-    """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster``, ``wait``, ``pack`` and ``dry_run``."""
-
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
-    partition: Optional[str] = None
-    qos: Optional[str] = None
-    comment: Optional[str] = None
-    constraint: Optional[str] = None
-    exclude: Optional[str] = None
-    gres: Optional[str] = None
-    cpus_per_gpu: Optional[int] = None
-    gpus_per_task: Optional[int] = None
-    mem_per_gpu: Optional[str] = None
-    mem_per_cpu: Optional[str] = None
-    account: Optional[str] = None
-    signal_delay_s: int = 120
-    max_num_timeout: int = 0
-    additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    array_parallelism: int = 256
-    setup: Optional[List[str]] = None
-    srun_args: Optional[List[str]] = None
-    cluster: Optional[str] = None
-    wait: bool = True
-    pack: AppPackConf = field(default_factory=AppPackConf)
-    dry_run: bool = False
-
-
-# launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
-_SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
-_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster", "pack", "dry_run"}
-_LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
-
-
-@functools.lru_cache(maxsize=None)
-def cluster_profile(name: str) -> Dict[str, Any]:
-    """hpc_train's cluster profile `name` (shipped, e.g. jean_zay), or a profile file of the user's
-    (``path/to/my_conf/cluster/mysite.yaml``), composed by hpc-train itself (``hpc-train --cfg job --resolve``):
-    its defaults list and interpolations work as they do for hpc-train's own jobs."""
-    command = [sys.executable, "-m", "hpc_train.cli", "--cfg", "job", "--resolve"]
-    path = Path(name).expanduser()
-    if path.suffix in (".yaml", ".yml"):  # my_conf/cluster/mysite.yaml: the config dir is two levels up
-        command += ["--config-dir", str(path.resolve().parent.parent), f"cluster={path.stem}"]
-    else:
-        command.append(f"cluster={name}")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        raise ConfigError(
-            "hydra.launcher.cluster",
-            f"hpc_train could not compose the cluster profile {name!r}: {said[-1] if said else done.returncode}.",
-            "name a shipped profile (jean_zay, slurm, ...) or the path of your own cluster/<name>.yaml.",
-        )
-    return dict(yaml.safe_load(done.stdout)["cluster"])
-
-
-def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
-    """The launcher keys with what ``cluster`` supplies filled in where they are unset: partition, account (also
-    from ``account_env``), QoS (also by time), constraint, memory, setup lines, CPUs (``cpus_per_gpu`` x GPUs per
-    task), ``--hint`` and the profile's extra sbatch options."""
-    if not launcher.get("cluster"):
-        return launcher
-    profile = ConfigView(cluster_profile(str(launcher["cluster"])))
-    out = dict(launcher)
-
-    def fill(key: str, value: Any) -> None:
-        if out.get(key) in (None, [], {}) and value not in (None, [], {}):
-            out[key] = value
-
-    fill("partition", profile.get("partition"))
-    fill("account", cluster_account(profile))
-    fill("qos", cluster_qos(profile, int(out.get("timeout_min") or 60)))
-    fill("constraint", profile.get("constraint"))
-    fill("mem_gb", profile.get("mem_gb"))
-    fill("setup", list(profile.get("setup") or []))
-    gpus, tasks = out.get("gpus_per_node"), int(out.get("tasks_per_node") or 1)
-    if out.get("cpus_per_task") is None and out.get("cpus_per_gpu") is None and gpus and profile.get("cpus_per_gpu"):
-        out["cpus_per_task"] = max(1, int(profile.cpus_per_gpu) * int(gpus) // tasks)
-    extra = {**dict(profile.get("extra") or {}), **dict(out.get("additional_parameters") or {})}
-    if profile.get("hint"):
-        extra.setdefault("hint", str(profile.hint))
-    out["additional_parameters"] = extra
-    return out
-
-
-def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:
-    """submitit SlurmExecutor parameters for one job's ``hydra.launcher`` node (unset keys left to Slurm)."""
-    params: Dict[str, Any] = {}
-    for key, value in launcher.items():
-        if key in _NOT_SBATCH or value is None or value == {} or value == []:
-            continue
-        if key == "mem_gb":
-            params["mem"] = f"{int(value)}GB"
-        else:
-            params[_SLURM_NAMES.get(key, key)] = value
-    return params
-
-
-class SharedPart:
-    """What every job of a launch shares (Hydra's context, the task function, the primary config, the singletons),
-    pickled once into the sweep dir: submitit pickles each job on its own, and a 1,100-job sweep would otherwise
-    write all of it 1,100 times (~70 kB a job)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @classmethod
-    def write(cls, path: Path, **parts: Any) -> "SharedPart":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        rundir.write_bytes_atomic(cloudpickle.dumps(parts), path)
-        return cls(path)
-
-    def read(self) -> Dict[str, Any]:
-        return pickle.loads(self.path.read_bytes())
-
-
-class AppTask:
-    """What each job runs: the app's task function on the job's own composed config (pickled by submitit)."""
-
-    def __init__(self, shared: SharedPart, overrides: List[str], job_num: int) -> None:
-        self.shared, self.overrides, self.job_num = shared, overrides, job_num
-
-    def __call__(self) -> JobReturn:
-        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
-
-        environment = submitit.JobEnvironment()
-        ret = self.run(environment.job_id)
-        if ret.status == JobStatus.FAILED:  # keep the JobReturn for the sweeper, then fail the job itself
-            path = Path(environment.paths.folder) / RETURN_FILE.format(job_id=environment.job_id)
-            path.write_bytes(cloudpickle.dumps(ret))
-            raise ret._return_value
-        return ret
-
-    def run(self, job_id: str) -> JobReturn:
-        """The task function on the job's own config, as Hydra's run_job runs it, `job_id` as hydra.job.id (a
-        submitit job's, or a packed run's: hpc_train.pack.app_step)."""
-        parts = self.shared.read()
-        hydra_context, task_function = parts["hydra_context"], parts["task_function"]
-        Singleton.set_state(parts["singleton_state"])
-        setup_globals()
-        sweep_config = hydra_context.config_loader.load_sweep_config(parts["config"], self.overrides)
-        with open_dict(sweep_config.hydra.job) as job:
-            job.id = job_id
-            job.num = self.job_num
-        return run_job(
-            hydra_context=hydra_context,
-            task_function=task_function,
-            config=sweep_config,
-            job_dir_key="hydra.sweep.dir",
-            job_subdir_key="hydra.sweep.subdir",
-        )
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        """submitit's preemption/timeout hook: run the same job again (within max_num_timeout)."""
-        import submitit  # submitit (~50 ms): every Hydra app imports this module (our plugin), whatever its launcher
-
-        return submitit.helpers.DelayedSubmission(self)
-
-
-class AppLauncher(Launcher):
-    """Shared by the Slurm and the local variant; ``local`` picks submitit's local executor."""
-
-    local = False
+    launcher_name = "hpc_train_slurm"
 
     def __init__(self, **params: Any) -> None:
+        super().__init__()
         self.params = params  # the primary config's launcher node (each job reads its own, see launch)
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.task_function: Optional[TaskFunction] = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
-        setup_globals()
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        sweep_status.mark_running(sweep_dir)
-        returns = self._launch(job_overrides, initial_job_idx, sweep_dir)  # a refusal exits in _refuse, marked refused
-        sweep_status.mark_done(sweep_dir)
-        return returns
+        self.backend = app_backend(self.launcher_name)
 
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        local = self.backend.kind.on_this_machine
         shared = SharedPart.write(
             sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl",
             hydra_context=self.hydra_context,
@@ -285,7 +80,7 @@ class AppLauncher(Launcher):
             config=self.config,
             singleton_state=Singleton.get_state(),
         )
-        jobs = []
+        jobs: List[AppJob] = []
         same = None if _interpolated(self.config.hydra.launcher) else _plain(self.config.hydra.launcher)
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
@@ -295,61 +90,62 @@ class AppLauncher(Launcher):
             else:  # the same for every job (Hydra refuses to sweep hydra.* keys): read once
                 launcher = same
             task = AppTask(shared, list(overrides), num)
-            jobs.append((num, list(overrides), launcher, task))
+            jobs.append(AppJob(num, list(overrides), launcher, task))
             log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
-        wait = bool(jobs[0][2].get("wait", True))
+        wait = bool(jobs[0].launcher.get("wait", True))
         if not wait:
             _check_no_wait(self.config.hydra, sweep_dir)
         try:
-            shape = None if self.local else _pack_shape(jobs[0][2])
+            shape = None if local else _pack_shape(jobs[0].launcher)
         except ConfigError as err:
             _refuse(sweep_dir, err)
         handles: Optional[List[Any]]
         if shape is not None:  # each handle a packed run's id
             handles = self._submit_packed(jobs, shape, sweep_dir)
         else:
-            handles = self._submit_local(jobs, sweep_dir) if self.local else self._submit_slurm(jobs, sweep_dir)
+            handles = self._submit_local(jobs, sweep_dir) if local else self._submit_slurm(jobs, sweep_dir)
         if handles is None:  # a dry run: nothing was queued
-            return [_completed(overrides, None) for _, overrides, _, _ in jobs]
+            return [_completed(job.overrides, None) for job in jobs]
         if not wait:  # submit and come back: the jobs' ids stand for their results
             print(
-                f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with: hpc-train-report {sweep_dir} --watch"
+                f"hpc-train: {len(jobs)} job(s) queued; sweep dir {sweep_dir}; follow them with:"
+                f" hpc-train-report {sweep_dir} --watch"
             )
-            return [_completed(overrides, _job_id(handle)) for (_, overrides, _, _), handle in zip(jobs, handles)]
+            return [_completed(job.overrides, _job_id(handle)) for job, handle in zip(jobs, handles)]
         if shape is not None:
             returns = _packed_results(sweep_dir, jobs, handles)
         else:
             since = time.time()
-            returns = [
-                _result(handle, overrides, since, self.local) for (_, overrides, _, _), handle in zip(jobs, handles)
-            ]
+            returns = [_result(handle, job.overrides, since, local) for job, handle in zip(jobs, handles)]
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
 
-    def _submit_local(self, jobs: List[Any], sweep_dir: Path) -> List[Any]:
+    def _submit_local(self, jobs: List[AppJob], sweep_dir: Path) -> List[Any]:
         """submitit's local executor, one per set of resources (each job a process of its own); the job table
         and the submission records as for Slurm, each job's id its process id (what hpc-train-report reads)."""
         submitit = submitit_import.submitit_module()  # (~50 ms): every Hydra app imports this module (our plugin)
 
         groups: Dict[str, List[int]] = {}
-        for index, (_, _, launcher, _) in enumerate(jobs):
-            params = {key: launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
+        for index, job in enumerate(jobs):
+            launcher = job.launcher
+            params = {key: launcher[key] for key in LOCAL_KEYS if launcher.get(key) is not None}
             groups.setdefault(repr(sorted(params.items())), []).append(index)
         handles: List[Any] = [None] * len(jobs)
         for members in groups.values():
-            launcher = jobs[members[0]][2]
+            launcher = jobs[members[0]].launcher
             executor = submitit.LocalExecutor(folder=str(launcher["submitit_folder"]))
             executor.update_parameters(
-                **{key: launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None and key != "mem_gb"}
+                **{key: launcher[key] for key in LOCAL_KEYS if launcher.get(key) is not None and key != "mem_gb"}
             )
             with executor.batch():
-                submitted = [executor.submit(jobs[index][3]) for index in members]
+                submitted = [executor.submit(jobs[index].task) for index in members]
             for index, handle in zip(members, submitted):
                 handles[index] = handle
         rows, entries = [], []
-        for (num, overrides, launcher, _), handle in zip(jobs, handles):
-            params = {_SLURM_NAMES.get(key, key): launcher[key] for key in _LOCAL_KEYS if launcher.get(key) is not None}
+        for job, handle in zip(jobs, handles):
+            num, overrides, launcher = job.num, job.overrides, job.launcher
+            params = {SLURM_NAMES.get(key, key): launcher[key] for key in LOCAL_KEYS if launcher.get(key) is not None}
             rows.append(
                 job_table.JobRow(
                     str(handle.job_id), str(num), " ".join(filter_overrides(overrides)), "local: " + _describe(params)
@@ -367,11 +163,12 @@ class AppLauncher(Launcher):
         submissions.record(sweep_dir, entries)
         return handles
 
-    def _submit_slurm(self, jobs: List[Any], sweep_dir: Path) -> Optional[List[Any]]:
+    def _submit_slurm(self, jobs: List[AppJob], sweep_dir: Path) -> Optional[List[Any]]:
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs (None: a dry run)."""
         slurm.check_slurm_commands()
         prepared = []
-        for num, overrides, launcher, task in jobs:
+        for job in jobs:
+            num, overrides, launcher, task = job.num, job.overrides, job.launcher, job.task
             label = " ".join(filter_overrides(overrides))
             params = _job_parameters(num, label, launcher, sweep_dir)
             try:  # before anything is queued: one job that no node can hold stops the sweep
@@ -390,35 +187,39 @@ class AppLauncher(Launcher):
                     folder=Path(str(launcher["submitit_folder"])),
                 )
             )
-        if jobs and jobs[0][2].get("dry_run"):
-            for (num, *_), job in zip(jobs, prepared):
-                print(f"#{num} {job.label}: {_describe(job.params)}")
+        if jobs and jobs[0].launcher.get("dry_run"):
+            for app_job, job in zip(jobs, prepared):
+                print(f"#{app_job.num} {job.label}: {_describe(job.params)}")
             return None
         try:
             check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
             _refuse(sweep_dir, _in_app_keys(err))
-        except slurm.SubmissionInterrupted as interrupted:  # Ctrl-C part-way: as hpc-train itself says it and exits
+        except (
+            slurm_queueing.SubmissionInterrupted
+        ) as interrupted:  # Ctrl-C part-way: as hpc-train itself says it and exits
             print(interrupted, file=sys.stderr, flush=True)
             raise SystemExit(interrupted.exit_code) from None
         handles = {id(job): handle for job, handle in submitted}
         rows = [
-            job_table.JobRow(str(handles[id(job)].job_id), str(num), job.label, _describe(job.params))
-            for (num, *_), job in zip(jobs, prepared)
+            job_table.JobRow(str(handles[id(job)].job_id), str(app_job.num), job.label, _describe(job.params))
+            for app_job, job in zip(jobs, prepared)
         ]
         job_table.print_and_append(sweep_dir, rows)
-        numbers = {id(job): str(num) for (num, *_), job in zip(jobs, prepared)}
+        numbers = {id(job): str(app_job.num) for app_job, job in zip(jobs, prepared)}
         submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
         return [handles[id(job)] for job in prepared]
 
-    def _submit_packed(self, jobs: List[Any], shape: pack.PackShape, sweep_dir: Path) -> Optional[List[str]]:
-        """hydra.launcher.pack: the jobs shared out among a few allocations (hpc_train.launch.backends.packed), each a job step
+    def _submit_packed(self, jobs: List[AppJob], shape: pack.PackShape, sweep_dir: Path) -> Optional[List[str]]:
+        """hydra.launcher.pack: the jobs shared out among a few allocations (hpc_train.launch.backends.packed), each a
+        job step
         running its pickled task (hpc_train.pack.app_step) with the layout its own hydra.launcher node gives it;
         the packed runs' ids (None: a dry run). Everything is checked before anything is queued."""
         slurm.check_slurm_commands()
         runs, params, requeues = [], [], []
-        for num, overrides, launcher, _ in jobs:
+        for job in jobs:
+            num, overrides, launcher = job.num, job.overrides, job.launcher
             label = " ".join(filter_overrides(overrides))
             job_params = _job_parameters(num, label, launcher, sweep_dir)
             extra = dict(job_params.get("additional_parameters") or {})
@@ -430,7 +231,7 @@ class AppLauncher(Launcher):
                 _refuse(sweep_dir, _for_job(num, label, err))
             params.append(job_params)
             requeues.append(int(launcher.get("max_num_timeout") or 0))
-        first = jobs[0][2]
+        first = jobs[0].launcher
         try:
             plans = pack.plan_packed(
                 runs,
@@ -453,17 +254,17 @@ class AppLauncher(Launcher):
             for run, job_params in zip(runs, params):
                 print(f"#{run.job} {run.label}: {_describe(job_params)}")
             return None
-        for (_, _, _, task), run in zip(jobs, runs):  # before sbatch: an allocation may start its first step at once
+        for job, run in zip(jobs, runs):  # before sbatch: an allocation may start its first step at once
             folder = Path(run.run_dir)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / app_step.RETURN_FILE).unlink(missing_ok=True)  # an earlier launch's, in a reused sweep dir
-            rundir.write_bytes_atomic(cloudpickle.dumps(task), folder / app_step.TASK_FILE)
+            rundir.write_bytes_atomic(cloudpickle.dumps(job.task), folder / app_step.TASK_FILE)
         try:
             rows = [(run.job, run.label, _describe(job_params)) for run, job_params in zip(runs, params)]
             submitted, ids = pack.queue(plans, sweep_dir, rows)
         except ConfigError as err:  # sbatch's refusal (pack.submit cancelled what it had queued)
             _refuse(sweep_dir, _in_app_keys(err))
-        except slurm.SubmissionInterrupted as interrupted:
+        except slurm_queueing.SubmissionInterrupted as interrupted:
             print(interrupted, file=sys.stderr, flush=True)
             raise SystemExit(interrupted.exit_code) from None
         print(
@@ -492,34 +293,22 @@ APP_PACK_KEYS = pack.PackKeys(
 
 
 def _pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
-    """hydra.launcher.pack.* completed (None: not packed): GPUs per node from the cluster profile when unset, the
-    time from timeout_min, CPUs per GPU from hydra.launcher.cpus_per_gpu, else the profile's, else 1."""
+    """hydra.launcher.pack.* completed by pack.pack_shape (None: not packed), from the app's own settings: GPUs per
+    node from the cluster profile, the time from timeout_min (else 60), CPUs per GPU from
+    hydra.launcher.cpus_per_gpu, else the profile's, else 1."""
     settings = launcher.get("pack") or {}
-    if settings.get("allocations") is None:
+    if settings.get("allocations") is None:  # before the cluster profile is read
         return None
-    for key in ("allocations", "nodes", "gpus_per_node"):
-        if settings.get(key) is not None and int(settings[key]) < 1:
-            raise ConfigError(
-                f"hydra.launcher.pack.{key}",
-                f"{settings[key]} is not a positive count.",
-                f"set hydra.launcher.pack.{key}=1 or more.",
-            )
     profile = cluster_profile(str(launcher["cluster"])) if launcher.get("cluster") else {}
-    gpus = settings.get("gpus_per_node") or profile.get("gpus_per_node")
-    if not gpus:
-        raise ConfigError(
-            "hydra.launcher.pack.gpus_per_node",
-            "no GPU count for the packed allocations: neither hydra.launcher.pack.gpus_per_node nor the cluster"
-            " profile's gpus_per_node (hydra.launcher.cluster) is set.",
-            "set hydra.launcher.pack.gpus_per_node=4 (the GPUs of each allocation's nodes).",
-        )
-    own_time = settings.get("time") is not None
-    time_key = "hydra.launcher.pack.time" if own_time else "hydra.launcher.timeout_min"
-    minutes = time_minutes(settings["time"] if own_time else launcher.get("timeout_min") or 60, time_key)
-    per_gpu = int(launcher.get("cpus_per_gpu") or profile.get("cpus_per_gpu") or 1)
-    return pack.PackShape(
-        int(settings["allocations"]), int(settings.get("nodes") or 1), int(gpus), per_gpu * int(gpus), minutes, time_key
+    cluster = {
+        "gpus_per_node": profile.get("gpus_per_node"),
+        "cpus_per_gpu": launcher.get("cpus_per_gpu") or profile.get("cpus_per_gpu"),
+        "time": launcher.get("timeout_min") or 60,
+    }
+    keys = pack.PackKeys(
+        **{**APP_PACK_KEYS.__dict__, "time": "hydra.launcher.timeout_min", "profile": " (hydra.launcher.cluster)"}
     )
+    return pack.pack_shape({"launcher": {"pack": dict(settings)}, "cluster": cluster}, keys)
 
 
 def _packed_run(num: int, label: str, params: Dict[str, Any], sweep_dir: Path) -> PackedRun:
@@ -554,9 +343,9 @@ def _packed_run(num: int, label: str, params: Dict[str, Any], sweep_dir: Path) -
     )
 
 
-def _packed_results(sweep_dir: Path, jobs: List[Any], ids: List[str]) -> List[JobReturn]:
+def _packed_results(sweep_dir: Path, jobs: List[AppJob], ids: List[str]) -> List[JobReturn]:
     """Wait for every packed run of this launch to end; each one's JobReturn (a failed one if it left none)."""
-    numbers = [str(num) for num, *_ in jobs]
+    numbers = [str(job.num) for job in jobs]
     try:
         while True:
             states = status.packed_states(sweep_dir)
@@ -572,7 +361,8 @@ def _packed_results(sweep_dir: Path, jobs: List[Any], ids: List[str]) -> List[Jo
         )
         raise SystemExit(EXIT_CTRL_C) from None
     returns = []
-    for job, (_, overrides, _, _), packed in zip(numbers, jobs, ids):
+    for job, app_job, packed in zip(numbers, jobs, ids):
+        overrides = app_job.overrides
         path = app_step.run_folder(sweep_dir, job) / app_step.RETURN_FILE
         if path.exists():
             returns.append(cloudpickle.loads(path.read_bytes()))
@@ -592,7 +382,7 @@ def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: P
     """One job's sbatch parameters, its partition checked; a refusal (named in the app's keys) stops the sweep."""
     try:  # before anything is queued: one bad job stops the sweep; a profile's refusal names hpc-train's keys
         params = slurm_parameters(apply_profile(launcher))
-        slurm.check_partition(params, capacity.APP_KEYS.partition)
+        slurm_params.check_partition(params, capacity.APP_KEYS.partition)
     except ConfigError as err:
         _refuse(sweep_dir, _for_job(num, label, err))
     return params
@@ -642,7 +432,8 @@ def _check_no_wait(hydra_cfg: DictConfig, sweep_dir: Path) -> None:
                 "hydra.launcher.wait",
                 f"wait=false queues the jobs and returns before they end, but the sweeper {sweeper} reads each job's"
                 " result to choose the next ones.",
-                "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with wait=false.",
+                "set hydra.launcher.wait=true with this sweeper, or use Hydra's basic sweeper (a grid) with"
+                " wait=false.",
             ),
         )
 
@@ -707,7 +498,8 @@ def _failed(overrides: List[str], error: BaseException) -> JobReturn:
 
 def _result(handle: Any, overrides: List[str], since: float, local: bool) -> JobReturn:
     """The job's JobReturn; a failed job's (its exception inside) from the file it left, else one made here. A Slurm
-    job is followed to the end of its last attempt (hpc_train.launch.backends.slurm_follow: a requeued job's first attempt
+    job is followed to the end of its last attempt (hpc_train.launch.backends.slurm_follow: a requeued job's first
+    attempt
     leaves a failed result while the job goes on)."""
     try:
         if not local:

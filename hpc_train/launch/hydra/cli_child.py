@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import json
 import os
 import re
 import signal
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 PathLike = Union[str, "os.PathLike[str]"]
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
+RESULT_NAME = "hpc-train.result.json"  # beside it: the CLI's refusal as data (key, problem, fix), for the API
+RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"  # where the API asks the child CLI to write that file
 START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
 
 
@@ -114,12 +117,13 @@ def as_config_error(err: BaseException) -> BaseException:
 
 
 class CliWords(ConfigError):
-    """Bad input the CLI reported in words of its own (Hydra's, or a rank's refusal): the message is that text."""
+    """Bad input reported in words of its own (Hydra's, a busy run dir, a rank's refusal): the message is that text.
 
-    def __init__(self, text: str) -> None:
+    ``key``: the config key it is about, where the words come with one (a rank's refusal names none)."""
+
+    def __init__(self, text: str, key: str = "") -> None:
         self._text = text.strip()
-        key = re.search(r"`([^`]+)`", self._text)
-        super().__init__(key.group(1) if key else "", self._text, "")
+        super().__init__(key, self._text, "")
 
     @property
     def message(self) -> str:
@@ -187,13 +191,41 @@ def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> Non
     source.close()
 
 
+def write_result(error: BaseException) -> None:
+    """The child CLI's side: its refusal (exit code 2) as data, into the file the API named (nothing otherwise)."""
+    path = os.environ.get(RESULT_VARIABLE)
+    if not path:
+        return
+    if isinstance(error, CliWords):
+        data: Dict[str, str] = {"key": error.key, "words": error.message}
+    elif isinstance(error, ConfigError):
+        data = {"key": error.key, "problem": error.problem, "fix": error.fix}
+    else:
+        data = {"key": "", "words": str(error)}
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def result_path(output: Path) -> Path:
+    """The file the child CLI writes its refusal into: beside what it printed."""
+    return output.with_name(RESULT_NAME)
+
+
+def _child_env(output: Path) -> Dict[str, str]:
+    """The child's environment: ours, and where to write its refusal (an old one removed first)."""
+    result_path(output).unlink(missing_ok=True)
+    return {**os.environ, RESULT_VARIABLE: str(result_path(output))}
+
+
 def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, str]:
     """Run the CLI to its end: (exit code, stdout, stderr); both also go to `output` and, with echo, to ours."""
     output.parent.mkdir(parents=True, exist_ok=True)
     out: List[str] = []
     err: List[str] = []
+    env = _child_env(output)
     with output.open("w") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         pumps = [
             threading.Thread(
                 target=pump_output, args=(proc.stdout, [log, sys.stdout] if echo else [log], out), daemon=True
@@ -223,28 +255,29 @@ def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, 
 def background(command: List[str], output: Path) -> subprocess.Popen:
     """Start the CLI detached from our terminal (Ctrl-C here does not reach it), its output into `output`."""
     output.parent.mkdir(parents=True, exist_ok=True)
+    env = _child_env(output)
     with output.open("w") as log:
         return subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
 
 
-def bad_input(printed: str, run_dir: Optional[Path] = None, since: float = 0.0) -> ConfigError:
-    """The ConfigError for a CLI that exited with code 2, from what it printed."""
-    start = printed.rfind("hpc-train: invalid configuration for `")
-    if start >= 0:
-        text = printed[start:].strip()
-        match = re.fullmatch(r"hpc-train: invalid configuration for `([^`]*)`: (.*?) Fix: (.*)", text, flags=re.S)
-        if match:
-            return ConfigError(match.group(1), match.group(2), match.group(3))
-        return CliWords(text)
+def bad_input(output: Path, run_dir: Optional[Path] = None, since: float = 0.0) -> ConfigError:
+    """The ConfigError of a CLI that exited with code 2 (bad input), from the refusal it wrote as data beside its
+    output `output` (``write_result``), else from a rank's refusal record in `run_dir`; never from printed words."""
+    try:
+        data = json.loads(result_path(output).read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and "problem" in data:
+        return ConfigError(str(data["key"]), str(data["problem"]), str(data["fix"]))
+    if isinstance(data, dict) and "words" in data:
+        return CliWords(str(data["words"]), key=str(data.get("key") or ""))
     if run_dir is not None:
         refused = refusal_words(rank_error(run_dir, since)[1])
         if refused:  # a rank refused: what it printed
             return CliWords("hpc-train: " + refused)
-    lines = printed.strip().splitlines()
-    first = max((i for i, line in enumerate(lines) if line.startswith("hpc-train: ")), default=0)
-    return CliWords("\n".join(lines[first:]) or "hpc-train: bad input (exit code 2)")
+    return CliWords(f"hpc-train: the input was refused (exit code 2); what it printed: {output}")
 
 
 def wait_for_start(process: subprocess.Popen, marks: List[Path], since: float) -> None:

@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import LAUNCHERS
 from hpc_train.launch.backends import torchrun_client
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
@@ -47,9 +48,11 @@ class LaunchGuard(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A run dir that a live job holds is refused before Hydra writes .hydra/ and its log into it."""
-        launcher = OmegaConf.select(config, "launcher.name", default=None)
-        if config.get("dry_run") or launcher not in ("local", "slurm") or torchrun_client.active():
-            return  # under torchrun every rank starts here, and rank 0 claims the run dir for all of them
+        kind = LAUNCHERS.get(str(OmegaConf.select(config, "launcher.name", default=None)))
+        if config.get("dry_run") or kind is None or kind.prepares_only or torchrun_client.active():
+            # a bad name is refused with the other keys; a plain sbatch script's step claims nothing; under torchrun
+            # every rank starts here, and rank 0 claims the run dir for all of them
+            return
         try:
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
         except Exception:  # an interpolation Hydra resolves later (the job's own output dir): run_job checks it

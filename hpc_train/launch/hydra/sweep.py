@@ -24,17 +24,17 @@ from hydra.core.utils import (
     configure_log,
     filter_overrides,
     run_job,
-    setup_globals,
 )
-from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.jobs import job_table, submissions, sweep_status
+from hpc_train.config.launcher import launcher_kind
+from hpc_train.jobs import job_table, submissions
 from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import slurm
-from hpc_train.launch.backends.run import follow
+from hpc_train.launch.backends import slurm, slurm_params, slurm_queueing
+from hpc_train.launch.backends.slurm_follow import follow_job
+from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
@@ -47,32 +47,20 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY = 1000  # jobs between two progress lines of a big sweep
 
 
-class SweepLauncher(Launcher):
+class SweepLauncher(SweepLauncherBase):
+    """hpc-train's own sweeps (``hydra/launcher=hpc_train``): each job's config checked and laid out before anything
+    runs; the jobs whose launcher queues them go to Slurm in arrays (or packed), the others run here one by one."""
+
     def __init__(self) -> None:
+        super().__init__()
         self._configs: Optional[SweepConfigs] = None
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
-        self.task_function: Optional[TaskFunction] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self._configs = SweepConfigs(hydra_context.config_loader, config)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        setup_globals()
-        assert self.config is not None and self.task_function is not None and self.hydra_context is not None
-        assert self._configs is not None
-        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        sweep_status.mark_running(sweep_dir)
-        try:
-            returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
-        except ConfigError as err:  # refused as a whole: say so to hpc-train-report --watch too
-            sweep_status.mark_refused(sweep_dir, err.message)
-            raise
-        sweep_status.mark_done(sweep_dir)
-        return returns
+    def _before_launch(self, config: DictConfig) -> None:
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
 
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
@@ -84,7 +72,7 @@ class SweepLauncher(Launcher):
         for i, overrides in enumerate(job_overrides):
             jobs.append(self._configs.resolved(overrides, initial_job_idx + i))
             progress.tick()
-        slurm_idx = [i for i, job in enumerate(jobs) if job.view.launcher.name == "slurm"]
+        slurm_idx = [i for i, job in enumerate(jobs) if launcher_kind(job.view.launcher.name).submits]  # as arrays
         returns: List[Optional[JobReturn]] = [None] * len(jobs)
         if slurm_idx:
             batch = [(initial_job_idx + i, job_overrides[i], jobs[i]) for i in slurm_idx]
@@ -157,7 +145,7 @@ class SweepLauncher(Launcher):
             return returns  # type: ignore[return-value]
         # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
         # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
-        with slurm.Queueing(len(prepared)) as queueing:  # Ctrl-C until jobs.tsv lists them: all cancelled
+        with slurm_queueing.Queueing(len(prepared)) as queueing:  # Ctrl-C until jobs.tsv lists them: all cancelled
             submitted = queueing.submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
             for i, job in prepared:
                 write_job_spec(job.spec, job.plan.run_dir)
@@ -186,7 +174,7 @@ class SweepLauncher(Launcher):
             for i, job in prepared:
                 handle = handles[id(job)]
                 overrides, run_dir = batch[i][1], job.plan.run_dir
-                code = follow(handle, run_dir)
+                code = follow_job(handle, run_dir)
                 if not optimising:
                     returns[i] = _followed(overrides, run_dir, str(handle.job_id), code)
                 elif code != 0:
@@ -214,11 +202,12 @@ class SweepLauncher(Launcher):
         returns: List[Optional[JobReturn]],
         optimising: bool,
     ) -> List[JobReturn]:
-        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.backends.packed), each run a job step."""
+        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.backends.packed), each run a job
+        step."""
         view = batch[0][2].view
         jobs = [job for _, job in prepared]
         plans = pack.plan_allocations(
-            jobs, shape, sweep_dir, slurm.requeue_signal(view), int(view.launcher.signal_delay_s)
+            jobs, shape, sweep_dir, slurm_params.requeue_signal(view), int(view.launcher.signal_delay_s)
         )
         check_sweep_fits(len(plans), {job.params.get("account") for job in jobs}, None)
         if view.dry_run:

@@ -157,7 +157,7 @@ def check_capacity(
 ) -> None:
     """Raise ConfigError when no ``nodes`` nodes of the partition can hold this request, or its time is over MaxTime.
 
-    ``params`` are the submitit sbatch parameters (``slurm.slurm_parameters``); ``time_key`` is the
+    ``params`` are the submitit sbatch parameters (``slurm_params.slurm_parameters``); ``time_key`` is the
     config key the time limit came from. ``found`` defaults to what ``sinfo`` answers.
     """
     if found is None:

@@ -198,7 +198,8 @@ def _checked_mesh(strategy: Any, nodes: int, tasks_per_node: int) -> Tuple[int, 
 def _resolve_mesh(
     strategy: Any, nodes: int, gpus_per_node: int, cpus_per_gpu: int, max_nodes: Optional[int] = None
 ) -> Parallelism:
-    """strategy=mesh: one rank per GPU, the dimensions resolved once (hpc_train.contracts.mesh_dims), the pipeline's settings
+    """strategy=mesh: one rank per GPU, the dimensions resolved once (hpc_train.contracts.mesh_dims), the pipeline's
+    settings
     when pp > 1; ConfigError naming the key for what the config alone shows (the model's own limits wait for the
     ranks: heads or widths tp does not divide, fewer blocks than stages, a plan pattern matching nothing)."""
     _check_torch_for_mesh()
@@ -216,7 +217,8 @@ def _resolve_mesh(
         raise ConfigError(
             "strategy.tp_plan",
             f"strategy.tp={dims.tp} cuts modules across ranks, but no plan says which.",
-            'give strategy.tp_plan in your strategy option (defaults: [mesh, _self_], then tp_plan: {"layers.*.attn.wq":'
+            "give strategy.tp_plan in your strategy option (defaults: [mesh, _self_], then tp_plan:"
+            ' {"layers.*.attn.wq":'
             " colwise, ...}), or set strategy.tp=1.",
         )
     if dims.pp == 1:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from hpc_train.config.checks import count_range
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import launcher_kind
 from hpc_train.config.view import ConfigView
 from hpc_train.launch.planning.layout import JobLayout
 from hpc_train.launch.planning.parallelism import Parallelism, resolve_node_range, resolve_parallelism
@@ -56,7 +57,7 @@ def resolve_gpus_per_node(cfg: ConfigView) -> int:
     for value in (cfg.resources.gpus_per_node, cfg.cluster.get("gpus_per_node")):
         if value is not None:  # type and range: each key's declaration, checked before any layout
             return value
-    if cfg.launcher.name == "local":
+    if launcher_kind(cfg.launcher.name).on_this_machine:
         return count_local_gpus() or CPU_WORKERS_WITHOUT_GPU
     raise ConfigError(
         "resources.gpus_per_node",
@@ -83,7 +84,7 @@ def make_plan(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> RunPlan:
     A sweep passes a view it resolved itself (already checked the same way).
     """
     view = cfg if isinstance(cfg, ConfigView) else checked_view(cfg)
-    local = view.launcher.name == "local"
+    local = launcher_kind(view.launcher.name).on_this_machine
     nodes, max_nodes = count_range(view.resources.nodes)  # N, or a range MIN-MAX Slurm chooses from
     if local and max_nodes != 1:
         raise ConfigError(

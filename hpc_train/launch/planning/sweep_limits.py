@@ -50,7 +50,8 @@ def _int(value: Optional[str]) -> Optional[int]:
 
 
 def array_chunk() -> int:
-    """Tasks per job array: MaxArraySize - 1 (task ids 0..N-1 stay below it); one job per sbatch where arrays are off."""
+    """Tasks per job array: MaxArraySize - 1 (task ids 0..N-1 stay below it); one job per sbatch where arrays are
+    off."""
     size = _int(controller_config().get("MaxArraySize"))
     return max(1, (size if size is not None else DEFAULT_MAX_ARRAY_SIZE) - 1)
 

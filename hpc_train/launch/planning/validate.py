@@ -155,7 +155,8 @@ def _check_schedule(trainer: ConfigView) -> None:
             "trainer.min_lr",
             f"trainer.min_lr={min_lr} is above the learning rate {lr} (trainer.lr), so the cosine schedule would"
             " rise instead of decay.",
-            f"set trainer.min_lr below trainer.lr (nanoGPT and timm use about lr / 10, e.g. trainer.min_lr={lr / 10:g}).",
+            "set trainer.min_lr below trainer.lr (nanoGPT and timm use about lr / 10, e.g."
+            f" trainer.min_lr={lr / 10:g}).",
         )
 
 

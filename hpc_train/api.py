@@ -73,12 +73,21 @@ __all__ = ["ConfigError", "Job", "JobFailed", "compose", "run", "staged_model", 
 
 
 # -- composing --------------------------------------------------------------------------------
+def _compose(overrides: List[str], config_dir: Optional[PathLike]) -> Any:
+    """``cli_child.compose`` with hpc_train's Hydra plugin registered first, as the CLI registers it."""
+    # hpc_train's Hydra plugin (its launchers and sweeper in Hydra's ConfigStore; Hydra ~0.2 s): only when composing
+    import hydra_plugins.hpc_train_launcher as plugin
+
+    plugin.register()
+    return child.compose(overrides, config_dir)
+
+
 def compose(overrides: Sequence[str] = (), config_dir: Optional[PathLike] = None) -> "DictConfig":
     """The job config `hpc-train <overrides>` would run, interpolations resolved; nothing runs.
 
     The same as ``hpc-train --cfg job --resolve``. Bad input raises ConfigError with the CLI's message.
     """
-    cfg, _ = child.compose(child.checked(overrides), config_dir)
+    cfg, _ = _compose(child.checked(overrides), config_dir)
     return cfg
 
 
@@ -217,7 +226,7 @@ def run(
     Raises ConfigError for bad input, JobFailed when the job fails.
     """
     overrides = child.checked(overrides)
-    cfg, dirs = child.compose(overrides, config_dir)
+    cfg, dirs = _compose(overrides, config_dir)
     target = child.own_dir(run_dir, overrides, "hydra.run.dir", dirs["run"])
     kind = launcher_kind(cfg.launcher.name)
     extra = [f"hydra.run.dir={child.path_value(target)}"] + (["launcher.wait=true"] if kind.submits else [])
@@ -256,7 +265,7 @@ def submit(
     seconds); bad input raises ConfigError here. Its output goes to ``<run dir>/hpc-train.out``.
     """
     overrides = child.checked(overrides)
-    cfg, dirs = child.compose(overrides, config_dir)
+    cfg, dirs = _compose(overrides, config_dir)
     target = child.own_dir(run_dir, overrides, "hydra.run.dir", dirs["run"])
     command = child.cli_command(overrides, config_dir) + [f"hydra.run.dir={child.path_value(target)}"]
     output = target / OUTPUT_NAME
@@ -290,7 +299,7 @@ def sweep(
     """
     overrides = child.checked(overrides)
     jobs = child.expand(overrides)
-    cfg, dirs = child.compose(jobs[0], config_dir)
+    cfg, dirs = _compose(jobs[0], config_dir)
     target = child.own_dir(sweep_dir, overrides, "hydra.sweep.dir", dirs["sweep"])
     launchers = {child.launcher_of(job, str(cfg.launcher.name)) for job in jobs}
     if len(launchers) > 1:

@@ -25,7 +25,18 @@ def cli():
 def _guarded(item) -> contextlib.AbstractContextManager:
     """A test under tests/unit runs (its setup too) with processes refused; any other test runs as it is.
     Teardown is left out: the last test of a session tears down session fixtures (the 16-node cluster's restart)."""
-    return processes_refused() if UNIT_TIER in item.path.resolve().parents else contextlib.nullcontext()
+    if UNIT_TIER not in item.path.resolve().parents:
+        return contextlib.nullcontext()
+    _import_torch_once()
+    return processes_refused()
+
+
+def _import_torch_once() -> None:
+    """torch's first import runs `ldconfig -p` (CUDA's library finder looks for libdl): an import-time probe of the
+    library, not the test starting a process. Done before the guard, as a test module that imports torch at its top
+    does at collection, so that a test which imports torch first in its body passes alone as in the whole tier."""
+    # torch (seconds): only once, and only for a unit test
+    import torch  # noqa: F401
 
 
 @pytest.hookimpl(hookwrapper=True)

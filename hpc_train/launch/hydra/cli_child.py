@@ -44,17 +44,15 @@ def hydra_initialized(config_dir: Optional[PathLike]) -> Iterator[None]:
     """Hydra initialised as the CLI initialises it: the shipped conf/, then ``config_dir`` as --config-dir adds it.
 
     What ``hydra.initialize_config_dir`` does, plus the search-path entry Hydra adds for
-    ``--config-dir`` (same provider, same place). Hydra's global state is restored on exit.
+    ``--config-dir`` (same provider, same place). Hydra's global state is restored on exit. hpc_train's Hydra
+    plugin (its launchers and sweeper in Hydra's ConfigStore) must be loaded first: the Python API registers it
+    (``hpc_train.api``); inside a Hydra app whose launcher is hpc_train's, Hydra has loaded it already.
     """
     # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without composing
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.errors import SearchPathException
     from hydra.version import VersionBase, setbase
 
-    # hpc_train's Hydra plugin (its launchers, put in Hydra's ConfigStore as it loads): only when composing
-    import hydra_plugins.hpc_train_launcher as plugin
-
-    plugin.register()
     base = VersionBase.instance().getbase()  # a process-wide singleton: the caller's Hydra app keeps its own
     setbase("1.3")
     search_path = hydra_internals.config_search_path(CONFIG_DIR)

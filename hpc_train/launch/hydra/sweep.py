@@ -175,17 +175,8 @@ class SweepLauncher(SweepLauncherBase):
                 handle = handles[id(job)]
                 overrides, run_dir = batch[i][1], job.plan.run_dir
                 code = follow_job(handle, run_dir)
-                if not optimising:
-                    returns[i] = _followed(overrides, run_dir, str(handle.job_id), code)
-                elif code != 0:
-                    returns[i] = _job_return(
-                        overrides, run_dir, JobFailed(f"Slurm job {handle.job_id} failed; see {run_dir / 'logs'}")
-                    )
-                else:
-                    try:
-                        returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
-                    except JobFailed as err:
-                        returns[i] = _job_return(overrides, run_dir, err)
+                job_id = str(handle.job_id)
+                returns[i] = _ended(overrides, run_dir, job_id, f"Slurm job {job_id}", code, optimising, objective)
             if wait and not optimising:
                 _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
         for i, job in prepared:
@@ -241,20 +232,25 @@ class SweepLauncher(SweepLauncherBase):
                 returns[i] = _job_return(overrides, run_dir, packed)
                 continue
             code = pack.follow(sweep_dir, run_dir)
-            if not optimising:
-                returns[i] = _followed(overrides, run_dir, packed, code)
-            elif code != 0:
-                returns[i] = _job_return(
-                    overrides, run_dir, JobFailed(f"packed run {packed} failed; see {run_dir / 'logs'}")
-                )
-            else:
-                try:
-                    returns[i] = _job_return(overrides, run_dir, read_objective(run_dir, objective))
-                except JobFailed as err:
-                    returns[i] = _job_return(overrides, run_dir, err)
+            returns[i] = _ended(overrides, run_dir, packed, f"packed run {packed}", code, optimising, objective)
         if wait and not optimising:
             _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
         return returns  # type: ignore[return-value]
+
+
+def _ended(
+    overrides: Sequence[str], run_dir: Path, job_id: str, what: str, code: int, optimising: bool, objective: str
+) -> JobReturn:
+    """A followed job's JobReturn: how it ended, or, for a sweeper that optimises, its objective (a failure when it
+    failed or left none). `what`: the job in words ("Slurm job 123", "packed run 123:4")."""
+    if not optimising:
+        return _followed(overrides, run_dir, job_id, code)
+    if code != 0:
+        return _job_return(overrides, run_dir, JobFailed(f"{what} failed; see {run_dir / 'logs'}"))
+    try:
+        return _job_return(overrides, run_dir, read_objective(run_dir, objective))
+    except JobFailed as err:
+        return _job_return(overrides, run_dir, err)
 
 
 def _followed(overrides: Sequence[str], run_dir: Path, job_id: str, code: int) -> JobReturn:

@@ -68,7 +68,7 @@ _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _WORKER = re.compile(r"^--- child process \(pid (\d+)\) of rank \d+ ---$")
 _IMPORTLIB = "<frozen importlib."  # importlib's frames (any import), as faulthandler and py-spy name them
 _LIBRARY = re.compile(r"^<|/(?:site|dist)-packages/|/lib(?:64)?/python\d[.\d]*/")  # <frozen ...>, stdlib, packages
-_OWN = str(Path(__file__).parent) + "/"  # hpc_train's own files (installed among the packages, or not)
+_OWN = str(Path(__file__).parents[1]) + "/"  # hpc_train's own files (installed among the packages, or not)
 
 
 def timeout_s(setting: Any, median_step_s: Optional[float], dist_timeout_s: Optional[float]) -> Optional[float]:

@@ -185,7 +185,9 @@ def test_the_python_apis_jobs_of_a_packed_sweep(slurm_cluster, tmp_path):
     assert [job.job_id for job in jobs] == [f"{allocation}:0", f"{allocation}:1"]
     states = [job.state() for job in jobs]
     assert all(state in ("WAITING", "RUNNING", "COMPLETED", "FAILED") for state in states), states
-    assert jobs[0]._shared_states is jobs[1]._shared_states  # one reading of the records for the sweep's jobs
+    assert (
+        jobs[0]._watch.ref.shared_states is jobs[1]._watch.ref.shared_states
+    )  # one reading of the records for the sweep's jobs
     summary = jobs[0].wait(timeout=180)
     assert summary["script"][-1] == "--x=0" and jobs[0].state() == "COMPLETED"
     with pytest.raises(hpc_train.JobFailed, match="told to fail") as failed:

@@ -46,3 +46,19 @@ def test_a_stray_file_is_caught_and_ignored_outputs_are_not(tmp_path):
     (tmp_path / "outputs.txt").write_text("a file, not the ignored folder")
     left = {p.name for p in tmp_path.iterdir() if not gitignore.ignored(p, tmp_path)}
     assert left == {".gitignore", "hat a checkout runs#", "outputs.txt"}
+
+
+def test_the_wheel_lists_every_package():
+    """pyproject.toml names the packages a wheel carries (a flat layout, listed by hand): every folder of hpc_train
+    with an __init__.py is there, or a wheel install lacks it (and Hydra's plugin scan fails on its import)."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "hpc_train").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set(), (
+        f"packages missing from pyproject.toml's [tool.setuptools] packages: {found - listed}"
+    )

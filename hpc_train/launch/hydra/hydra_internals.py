@@ -30,10 +30,13 @@ def basic_sweeper_class() -> type:
 
 
 def create_main_hydra(task_name: str, search_path: Any) -> Any:
-    """Hydra's global state with this search path, as hydra.main creates it."""
+    """Hydra's global state with this search path, as hydra.main creates it; one already set (the Hydra app this runs
+    in: its launcher composing a cluster profile) is cleared first, the caller having taken its backup."""
     # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without it
     from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
 
+    GlobalHydra.instance().clear()
     return Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path)
 
 

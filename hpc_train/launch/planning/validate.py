@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.targets import public_name
 from hpc_train.config.view import ConfigView
 from hpc_train.contracts import logger_table
 from hpc_train.contracts.fingerprint import differences, fingerprint, read_header_fingerprint
@@ -220,12 +221,12 @@ def check_strategy(cfg: ConfigView, parallel: Parallelism) -> None:
         )
 
 
-IMAGE_FOLDER_TARGET = "hpc_train.compute.datasets.image_folder"
+IMAGE_FOLDER_TARGET = "hpc_train.datasets.image_folder"  # public; its internal path means the same
 
 
 def check_data(cfg: ConfigView) -> None:
     data = cfg.data
-    if data.train._target_ == IMAGE_FOLDER_TARGET:
+    if public_name(str(data.train._target_)) == IMAGE_FOLDER_TARGET:
         _check_image_folder(data)
 
 

@@ -21,7 +21,7 @@ their readers (``hpc_train.records``, ``hpc_train.jobs``): the seams where a tra
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -45,7 +45,6 @@ class JobRef:
     sweep_index: Optional[int] = None
     next_run_dir: Optional[Path] = None
     shared_states: Any = None
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 class JobWatch(abc.ABC):

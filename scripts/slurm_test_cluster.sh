@@ -46,9 +46,14 @@
 #       slurmctld slurmd slurm-client munge slurmdbd mariadb-server
 #     via `apt-get update` (once) + `apt-get install -y --no-install-recommends`.
 #     Packages are never removed again.
+#     Optional (for `srun --container=BUNDLE`, see OCI CONTAINERS): crun,
+#     installed the same way when missing, but a failure is only a warning
+#     (HPC_TRAIN_SLURM_OCI=0: neither installed nor configured).
 #   * Everything else lives in ONE state directory ($HPC_TRAIN_SLURM_DIR,
 #     default /tmp/hpc-train-slurm):
 #       etc/slurm.conf etc/gres.conf etc/cgroup.conf   (regenerated each start)
+#       etc/oci.conf etc/oci-runtime  (only when crun or runc is installed;
+#                          regenerated each start, see OCI CONTAINERS)
 #       etc/slurmdbd.conf  (mode 600, owner root = SlurmUser)
 #       munge/munge.key    (generated once; private munged, own socket)
 #       mysql/             (private MariaDB datadir, 127.0.0.1:$DB_PORT only)
@@ -116,6 +121,31 @@
 #   path is in slurm.conf). The cluster is one per machine (fixed netns,
 #   bridge and ports); the ports listen on all host addresses (munge-auth).
 #
+# OCI CONTAINERS (Slurm 22.05: `srun --container=/ABS/BUNDLE cmd...`)
+#   When crun (preferred) or runc is installed, `start` writes etc/oci.conf
+#   (Slurm reads it from slurm.conf's directory) with RunTimeRun and
+#   RunTimeQuery/Kill/Delete, all calling etc/oci-runtime, a wrapper that
+#   runs `crun --root=$STATE_DIR/run/oci --cgroup-manager=disabled ...`
+#   (or `runc --root=...`); on a hybrid cgroup v1+v2 host whose v2 hierarchy
+#   has controllers (crun refuses those: "cgroups in hybrid mode not
+#   supported") it first hides /sys/fs/cgroup/unified in a private mount
+#   namespace. Container names are %n.%u.%j.%s.%t (node.user.job.step.task).
+#   Without crun/runc there is no oci.conf and `--container` is ignored by
+#   Slurm (as before). Slurm 22.05 limits (see its src/slurmd/slurmstepd/
+#   container.c): ONE task per node per containerized step (-n2 on one node
+#   fails), root = BUNDLE/rootfs whatever config.json says, process.args =
+#   the srun command, the step's environment is appended to process.env (a
+#   variable set in both: the step's value wins, so PATH is the caller's
+#   unless --export=NONE), but the per-task variables (SLURM_PROCID,
+#   SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES, ...)
+#   are missing (or stale copies from the caller's environment), the
+#   modified config.json is written to SlurmdSpoolDir/oci-jobJJJJJ-SSSSS/
+#   (the bundle itself is only read). RunTimeRun starts with `exec` so that
+#   the task process is crun itself (dash does not exec the last command of
+#   `sh -c`; an extra shell would die on SIGTERM/SIGUSR2 and orphan crun).
+#   A test bundle with its own Python and the host venv's torch:
+#   scripts/container_test_image.sh build DIR.
+#
 # CAVEATS
 #   * sacct is asynchronous: right after a job ends, its record may for a
 #     second or two still show JobName=allocation / no partition; poll.
@@ -141,6 +171,7 @@
 #                                  job waits this long before it restarts;
 #                                  a step must launch within it (min 5) [10]
 #   HPC_TRAIN_SLURM_VERBOSE        non-empty: log the duration of each step
+#   HPC_TRAIN_SLURM_OCI            1/0: install crun and write oci.conf    [1]
 #   HPC_TRAIN_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT
 #                                  ports [6817 / 6818 / 6819 / 3399]
 #
@@ -167,8 +198,10 @@ SLURMD_PORT="${HPC_TRAIN_SLURM_SLURMD_PORT:-6818}"
 DBD_PORT="${HPC_TRAIN_SLURM_DBD_PORT:-6819}"
 DB_PORT="${HPC_TRAIN_SLURM_DB_PORT:-3399}"
 CRED_EXPIRE="${HPC_TRAIN_SLURM_CRED_EXPIRE:-10}"
+OCI="${HPC_TRAIN_SLURM_OCI:-1}"
 
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
+OPTIONAL_PACKAGES=(crun)  # OCI runtime for `srun --container` (HPC_TRAIN_SLURM_OCI=0: skipped)
 BRIDGE=hpcbr0
 NODE_PREFIX=hpcnode
 NODE_PREFIX2=gpu-a  # second name prefix, for clusters of 10+ nodes
@@ -237,18 +270,30 @@ need_root() { [ "$(id -u)" -eq 0 ] || die "must run as root (namespaces, daemons
 export SLURM_CONF="$SLURM_CONF_FILE"
 
 # ----------------------------------------------------------------- packages
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+
 install_packages() {
-  local missing=() p
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
+  local missing=() optional=() p
+  for p in "${PACKAGES[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+  if [ "$OCI" = 1 ] && ! command -v crun >/dev/null && ! command -v runc >/dev/null; then
+    for p in "${OPTIONAL_PACKAGES[@]}"; do pkg_installed "$p" || optional+=("$p"); done
+  fi
   for p in ip nsenter unshare runuser setsid flock; do
     command -v "$p" >/dev/null || die "missing command '$p' (iproute2/util-linux)"
   done
-  [ "${#missing[@]}" -eq 0 ] && return 0
-  log "installing: ${missing[*]}"
+  [ "${#missing[@]}" -eq 0 ] && [ "${#optional[@]}" -eq 0 ] && return 0
+  log "installing: ${missing[*]} ${optional[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >"/tmp/hpc-train-slurm-apt.log" 2>&1 || { cat /tmp/hpc-train-slurm-apt.log >&2; die "apt-get update failed"; }
+  if ! apt-get update -qq >"/tmp/hpc-train-slurm-apt.log" 2>&1; then
+    [ "${#missing[@]}" -eq 0 ] && { log "WARNING: apt-get update failed: no ${optional[*]} (srun --container is ignored)"; return 0; }
+    cat /tmp/hpc-train-slurm-apt.log >&2; die "apt-get update failed"
+  fi
+  # optional packages (crun): a failure is only a warning
+  if [ "${#optional[@]}" -gt 0 ] &&
+    ! apt-get install -y -qq --no-install-recommends "${optional[@]}" >>"/tmp/hpc-train-slurm-apt.log" 2>&1; then
+    log "WARNING: could not install ${optional[*]}: srun --container will be ignored (no oci.conf)"
+  fi
+  [ "${#missing[@]}" -eq 0 ] && return 0
   # policy-rc.d: keep the packages' init scripts from starting system daemons
   local prc=/usr/sbin/policy-rc.d created_prc=0
   if [ ! -e "$prc" ]; then printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod 755 "$prc"; created_prc=1; fi
@@ -500,6 +545,8 @@ EOF
   )
   chown root:root "$ETC/slurmdbd.conf"; chmod 600 "$ETC/slurmdbd.conf"
 
+  write_oci_config
+
   if [ "$LINK_ETC" = 1 ]; then
     install -d -m 755 /etc/slurm
     if [ -L "$ETC_LINK" ] || [ ! -e "$ETC_LINK" ]; then
@@ -508,6 +555,56 @@ EOF
       log "WARNING: $ETC_LINK is a regular file; not replacing it - clients need SLURM_CONF=$SLURM_CONF_FILE"
     fi
   fi
+}
+
+# oci.conf (+ the runtime wrapper it calls) when crun or runc is installed;
+# otherwise none (Slurm then ignores --container). See OCI CONTAINERS.
+write_oci_config() {
+  local rt="" wrapper="$ETC/oci-runtime" name="%n.%u.%j.%s.%t"
+  rm -f "$ETC/oci.conf" "$wrapper"
+  [ "$OCI" = 1 ] || return 0
+  rt="$(command -v crun || command -v runc || true)"
+  [ -n "$rt" ] || return 0
+  install -d -m 711 "$RUN/oci"
+  local opts="--root=$RUN/oci"
+  [ "${rt##*/}" = crun ] && opts="$opts --cgroup-manager=disabled"
+  # (quoted here-doc: @RT@/@OPTS@ are filled in by sed)
+  {
+    cat <<'EOF'
+#!/bin/sh
+# Generated by scripts/slurm_test_cluster.sh: the OCI runtime that oci.conf calls
+rt() {
+  # crun refuses a hybrid cgroup v1+v2 host whose v2 hierarchy has controllers
+  # ("cgroups in hybrid mode not supported"), even with cgroups disabled: run
+  # it in a private mount namespace without /sys/fs/cgroup/unified there.
+  if [ "${RT##*/}" = crun ] && grep -qs . /sys/fs/cgroup/unified/cgroup.controllers; then
+    exec unshare --mount --propagation private /bin/sh -c 'umount -l /sys/fs/cgroup/unified && exec "$@"' sh "$RT" $OPTS "$@"
+  fi
+  exec "$RT" $OPTS "$@"
+}
+RT=@RT@ OPTS="@OPTS@"
+if [ "${1:-}" = state ]; then
+  # Once `run` has returned the runtime has deleted the container and `state`
+  # fails with a plain-text error, which Slurm 22.05 logs as "_try_parse: JSON
+  # parsing error" (into the job's stderr for batch steps): answer "stopped".
+  (rt "$@") 2>/dev/null || printf '{"ociVersion": "1.0.0", "id": "%s", "status": "stopped"}\n' "${2:-}"
+  exit 0
+fi
+rt "$@"
+EOF
+  } | sed -e "s|@RT@|$rt|" -e "s|@OPTS@|$opts|" >"$wrapper.tmp"
+  chmod 755 "$wrapper.tmp"; mv -f "$wrapper.tmp" "$wrapper"
+  cat >"$ETC/oci.conf.tmp" <<EOF
+# Generated by scripts/slurm_test_cluster.sh - do not edit (rewritten on start)
+# Slurm 22.05 OCI runtime (srun/sbatch/salloc --container=/ABS/BUNDLE) via ${rt##*/}.
+# Patterns: %b the bundle Slurm generates in SlurmdSpoolDir, %n node, %u user,
+# %j job, %s step, %t task (22.05 knows no %U and no RunTimeEnvExclude).
+RunTimeRun="exec $wrapper run --bundle %b $name"
+RunTimeQuery="$wrapper state $name"
+RunTimeKill="$wrapper kill --all $name SIGTERM"
+RunTimeDelete="$wrapper delete --force $name"
+EOF
+  chmod 644 "$ETC/oci.conf.tmp"; mv -f "$ETC/oci.conf.tmp" "$ETC/oci.conf"
 }
 
 # ----------------------------------------------------------------- daemons
@@ -641,7 +738,8 @@ healthy() { [ -f "$SLURM_CONF_FILE" ] && daemons_alive && network_ok && nodes_re
 # different one is restarted by `start` (so config changes take effect)
 config_stamp() {
   { cat "${BASH_SOURCE[0]}"; echo "$STATE_DIR $NUM_NODES $NET $NODE_CPUS $NODE_MEM $NODE_GPUS $CLUSTER" \
-      "$LINK_ETC $CTLD_PORT $SLURMD_PORT $DBD_PORT $DB_PORT $CRED_EXPIRE $(hostname -s)"; } | sha256sum | cut -c1-16
+      "$LINK_ETC $CTLD_PORT $SLURMD_PORT $DBD_PORT $DB_PORT $CRED_EXPIRE $(hostname -s)" \
+      "$OCI $(command -v crun || command -v runc || true)"; } | sha256sum | cut -c1-16
 }
 stamp_matches() { [ "$(cat "$RUN/config.stamp" 2>/dev/null)" = "$(config_stamp)" ]; }
 

@@ -51,7 +51,7 @@ def run_spec(spec: DictConfig) -> int:
     except TrainingInterrupted as stop:
         if stop.request == REQUEUE and os.environ.get("SLURM_JOB_ID"):
             if requeue_after_stop(stop, Path(spec.job.run_dir), int(spec.trainer.max_requeues)):
-                print(f"hpc-train: {stop}; job requeued", file=sys.stderr)
+                print(f"hpc-train: {stop}; the batch host requeues the job", file=sys.stderr)
                 return EXIT_OK
         if os.environ.get(PACKED_ENV):
             print(f"hpc-train: {stop}; this packed run resumes when its allocation starts again", file=sys.stderr)

@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from hpc_train.config import cluster, data, launcher, logger, model, resources, script, strategy, top, trainer
+from hpc_train.config import (
+    cluster,
+    container,
+    data,
+    launcher,
+    logger,
+    model,
+    resources,
+    script,
+    strategy,
+    top,
+    trainer,
+)
 from hpc_train.config.rule import Rule
 
 RULES: Tuple[Rule, ...] = (
@@ -19,6 +31,7 @@ RULES: Tuple[Rule, ...] = (
     *strategy.RULES,
     *trainer.RULES,
     *script.RULES,
+    *container.RULES,
     *logger.RULES,
     *data.RULES,
     *model.RULES,

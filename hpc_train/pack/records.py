@@ -48,6 +48,8 @@ class PackedRun:
     cpus_per_task: int
     command: List[str]  # what each task of its job step runs
     environment: Dict[str, str] = field(default_factory=dict)  # exported to its step (besides PACKED_ENV)
+    srun_flags: List[str] = field(default_factory=list)  # its container's srun flags (hpc_train.containers)
+    unset: List[str] = field(default_factory=list)  # variables its step does not get (the launching Python's)
 
     @property
     def gpus_per_node(self) -> int:

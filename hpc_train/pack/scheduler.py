@@ -127,14 +127,14 @@ class Scheduler:
             node.cpus -= run.cpus_per_node
         slot = min(set(range(PORTS)) - {step.slot for step in self.running})
         env = {
-            **os.environ,
+            **{key: value for key, value in os.environ.items() if key not in run.unset},
             **run.environment,
             records.PACKED_ENV: f"{self.job_id}:{run.job}",
             "MASTER_PORT": str(port_for_job(self.job_id) + 1 + slot),
         }
         log_dir = Path(run.run_dir) / "slurm"
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = [*step_command(run, [n.name for n in nodes], log_dir), *run.command]
+        command = [*step_command(run, [n.name for n in nodes], log_dir), *run.srun_flags, *run.command]
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)  # the submission's directory, as a job's
         self.running.append(Step(run, process, [n.name for n in nodes], slot))
         records.append_event(

@@ -19,7 +19,10 @@ OPTIONS = [(group, f.stem) for group in GROUPS for f in sorted((Path(CONFIG_DIR)
 
 
 # Values a user must give for some options (`???` in the YAML).
-REQUIRED_VALUES = {"data=imagefolder": ["data.root=/data/imagenet", "data.num_classes=1000"]}
+REQUIRED_VALUES = {
+    "data=imagefolder": ["data.root=/data/imagenet", "data.num_classes=1000"],
+    **{f"container={name}": ["container.image=/images/pytorch"] for name in ("apptainer", "pyxis", "oci")},
+}
 
 
 def test_config_dir_is_the_shipped_conf():

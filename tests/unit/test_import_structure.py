@@ -86,7 +86,8 @@ LAYERS = (
     ("launch",),
     ("compute",),
     ("contracts",),
-    ("config", "jobs", "pack"),
+    ("batchhost",),
+    ("config", "jobs", "pack", "containers"),
     ("records",),
     ("slurm", "processes", "conf"),
 )

@@ -1,22 +1,23 @@
 """The callable submitit pickles and runs in every Slurm task.
 
-Kept free of top-level torch imports: the login node pickles it without importing torch.
-It implements submitit's checkpoint protocol: on the requeue signal, training checkpoints at
-the next step boundary, then rank 0 lets submitit call :meth:`TrainingJob.checkpoint`, which
-returns the same job (it resumes from the run dir's newest checkpoint), and requeue it.
+Kept free of top-level torch imports: the login node pickles it without importing torch. On the requeue signal
+training checkpoints at the next step boundary; the ranks then ask the job's outer process on the batch host to
+requeue the job (hpc_train.compute.runtime.requeue) and return, and the requeued job resumes from the run dir's
+newest checkpoint. submitit's own requeue (``scontrol`` from inside the task) is not used: the task may run in a
+container without Slurm's commands.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-import submitit
 from omegaconf import OmegaConf
 
 from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
-from hpc_train.compute.runtime.requeue import requeue_after_stop, requeue_allowed
+from hpc_train.compute.runtime.requeue import requeue_after_stop
 
 log = logging.getLogger("hpc_train")
 
@@ -37,12 +38,8 @@ class TrainingJob:
         try:
             return train(OmegaConf.create(self.spec))
         except TrainingInterrupted as stop:
-            if stop.request == REQUEUE:
-                requeue_after_stop(stop, self.run_dir, int(self.spec["trainer"]["max_requeues"]))
+            max_requeues = int(self.spec["trainer"]["max_requeues"])
+            if stop.request == REQUEUE and requeue_after_stop(stop, self.run_dir, max_requeues):
+                print(f"hpc-train: {stop}; the batch host requeues the job", file=sys.stderr, flush=True)
+                return None
             raise
-
-    def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[Any]:
-        """submitit's hook: what to run after the requeue (None: do not requeue)."""
-        if not requeue_allowed(self.run_dir, int(self.spec["trainer"]["max_requeues"])):
-            return None
-        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec))

@@ -50,6 +50,7 @@ from hpc_train.compute.runtime.interrupts import (
 )
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.settings import JobSettings, section
+from hpc_train.containers.inside import image_record
 from hpc_train.contracts import strategy_table
 from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.processes import procfs
@@ -416,6 +417,7 @@ def _finish(
         "world_size": world_size,
         "global_step": last.get("step"),
         "attempts": attempt,
+        "python": image_record(),
         **{
             f"train_{k}": v
             for k, v in last.items()

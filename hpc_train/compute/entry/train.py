@@ -22,6 +22,7 @@ from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, backend_section, section
 from hpc_train.config.strategy import strategy_id
+from hpc_train.containers.inside import image_record
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import run_claim
 from hpc_train.records.rank_errors import write_error_record
@@ -96,6 +97,17 @@ def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
         ranks.master_addr,
         ranks.master_port,
     )
+    image = image_record()
+    if "image" in image:
+        log.info(
+            "runs %s (Python %s, torch %s) in the image %s (%s; root %s)",
+            image["executable"],
+            image.get("python"),
+            image.get("torch"),
+            image["image"],
+            image.get("runtime"),
+            image.get("root"),
+        )
     if ranks.note:
         log.warning("%s", ranks.note)
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hpc_train.containers.inside import image_record
 from hpc_train.records import rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.slurm import slurm_cli
@@ -122,6 +123,7 @@ def begin(run_dir: Path, fresh: bool, resumed_from_step: Any, key: Optional[str]
             "time": time.time(),
             "host": socket.gethostname(),
             "job_id": os.environ.get("SLURM_JOB_ID"),
+            "python": image_record(),
             "resumed_from_step": resumed_from_step,
             **({"key": key} if key is not None else {}),
         },

@@ -5,8 +5,8 @@
    message: on the job's output, in the rank's log, in ``attempts.jsonl`` (``how: hang``) and as
    the culprit's failure record (``logs/rank<r>.error.json``, timed at its last advance, so
    hpc-train-report and the launcher blame it and not a peer that timed out later);
-3. with ``trainer.requeue_on_hang=true`` on Slurm, requeues the job once (not after an attempt
-   that itself ended in a hang), excluding the culprits' nodes (``scontrol update
+3. with ``trainer.requeue_on_hang=true`` on Slurm, asks the batch host to requeue the job once (not
+   after an attempt that itself ended in a hang), excluding the culprits' nodes (``scontrol update
    ExcNodeList``) unless they are all of the job's nodes;
 4. tells every rank to exit with EXIT_HUNG.
 """
@@ -23,16 +23,13 @@ from typing import Callable, Dict, List, Optional
 from hpc_train.compute.runtime import attempts
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.pack.records import PACKED_ENV
-from hpc_train.records import hang, rundir
+from hpc_train.records import hang, job_requests, rundir
 from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.records.rank_errors import write_record
-from hpc_train.slurm import slurm_cli
-from hpc_train.slurm.hostlist import expand_hostlist
 
 log = logging.getLogger("hpc_train")
 
 HANG = "hang"  # how an attempt ended, in attempts.jsonl
-UPDATE_TRIES = 10
 
 
 def act_on_hang(
@@ -93,9 +90,9 @@ def _collect_stacks(run_dir: Path, ranks: List[int], stamp: str) -> Dict[int, Op
 
 
 def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> str:
-    """Requeue this Slurm job once, away from the culprits' nodes; what was done, in words (logged too)."""
-    job = _job_id()
-    if job is None:
+    """Ask the batch host to requeue this Slurm job once, away from the culprits' nodes; what was done, in words
+    (logged too). The batch host runs ``scontrol`` once the step has ended (hpc_train.batchhost.agent)."""
+    if job_requests.request_file() is None or not os.environ.get("SLURM_JOB_ID"):
         text = "not requeued: trainer.requeue_on_hang applies to Slurm jobs (this is a local run)"
     elif os.environ.get(PACKED_ENV):
         text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
@@ -105,46 +102,9 @@ def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> s
             " (trainer.requeue_on_hang requeues once)"
         )
     else:
-        text = _scontrol_requeue(job, culprit_hosts if set(culprit_hosts) != set(job_hosts) else [])
+        exclude = culprit_hosts if set(culprit_hosts) != set(job_hosts) else []
+        job_requests.write(job_requests.REQUEUE, exclude=exclude, why=HANG)
+        away = f", excluding node {','.join(exclude)}" if exclude else " (every node was stuck: none excluded)"
+        text = f"requeued: the batch host requeues the job once the ranks have stopped{away}"
     log.warning("%s", text)
     return text
-
-
-def _job_id() -> Optional[str]:
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array:
-        return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID')}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def _scontrol_requeue(job: str, exclude: List[str]) -> str:
-    """``scontrol requeue``, then (while Slurm holds the requeued job back) add `exclude` to its ExcNodeList.
-
-    A running job's ExcNodeList cannot be changed; a requeued one is pending as soon as the requeue
-    is answered, and waits at least Slurm's credential lifetime before it may start again, which
-    leaves the update time to land. Both commands run inside the job that the requeue ends: they
-    hold off the SIGTERM it brings (see slurm_cli.run).
-    """
-    before = _excluded(job)
-    done = slurm_cli.run(["scontrol", "requeue", job], hold_sigterm=True)
-    if done.returncode != 0:
-        return f"not requeued: scontrol requeue {job} failed: {slurm_cli.said(done)}"
-    if not exclude:
-        return f"requeued job {job} (every node of the job was stuck, so none is excluded)"
-    nodes = ",".join(sorted(set(before) | set(exclude)))
-    for _ in range(UPDATE_TRIES):  # a controller that is busy or restarting may fail one for a moment
-        update = slurm_cli.run(["scontrol", "update", f"JobId={job}", f"ExcNodeList={nodes}"], hold_sigterm=True)
-        if update.returncode == 0:
-            break
-        time.sleep(0.5)
-    else:
-        return f"requeued job {job}, but could not exclude {','.join(exclude)}: {slurm_cli.said(update)}"
-    return (
-        f"requeued job {job} once, excluding node {','.join(exclude)} (--exclude={nodes}): a hang is often a bad node"
-    )
-
-
-def _excluded(job: str) -> List[str]:
-    """The job's ExcNodeList today, as node names (Slurm's compressed form expanded)."""
-    value = slurm_cli.show_job(job).get("ExcNodeList", "")
-    return [] if value in ("", "(null)") else expand_hostlist(value)

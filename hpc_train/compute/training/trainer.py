@@ -42,6 +42,7 @@ from hpc_train.compute.training.state import TrainState
 from hpc_train.compute.training.throughput import Throughput
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.compute.user.step import build_step
+from hpc_train.containers.inside import image_record
 from hpc_train.contracts.fingerprint import fingerprint
 from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.records import hang, rundir
@@ -533,6 +534,7 @@ class Trainer:
             "checkpoint_blocked_s": round(self.saves.blocked_s, 6),
             "attempts": self.attempt,
             "torch_version": torch.__version__,
+            "python": image_record(),
         }
         weights = self.strategy.final_state_dict(self.wrapped)  # a collective for fsdp (gathered on rank 0)
         if weights:

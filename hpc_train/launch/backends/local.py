@@ -23,12 +23,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.config.view import plain
+from hpc_train.containers.job_step import local_container
+from hpc_train.containers.settings import ContainerSettings
+from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
 from hpc_train.records.rank_errors import death_cause, read_records, root_cause
 
 GRACE_S = 10.0
+CONTAINER_FILES = "container"  # the run dir's folder of what a local run in an image needs (an OCI task's bundle)
 
 
 def free_port() -> int:
@@ -79,7 +83,13 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
     files = []
-    command = [sys.executable, "-m", "hpc_train.compute.worker", str(config_path)]
+    module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
+    image = local_container(
+        ContainerSettings.from_section(plain(plan.config.get("container"))),
+        [str(run_dir.absolute().parent)],
+        count_local_gpus() > 0,
+        run_dir.absolute() / CONTAINER_FILES,
+    )
     launch_id = f"{os.getpid()}-{time.time_ns()}"
     forwarded = _forward_stop_signals(procs)
     try:
@@ -89,14 +99,10 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
             else:
                 out = open(rundir.rank_output(run_dir, rank), "w")
                 files.append(out)
-            procs.append(
-                subprocess.Popen(
-                    command,
-                    env=worker_env(rank, world, port, threads, launch_id),
-                    stdout=out,
-                    stderr=subprocess.STDOUT if out else None,
-                )
-            )
+            command, env = [sys.executable, *module_args], worker_env(rank, world, port, threads, launch_id)
+            if image is not None:  # the image's Python runs the rank (hpc_train.containers)
+                command, env = image.task(module_args, env, f"hpc-train-{os.getpid()}-{rank}")
+            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
         return _watch(procs, run_dir, started=time.time())
     except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
         _stop(procs, signal.SIGINT)

@@ -27,6 +27,7 @@ from hpc_train.launch.backends.slurm import PreparedJob
 from hpc_train.launch.backends.slurm_params import time_minutes
 from hpc_train.launch.backends.slurm_refusals import refusal_error
 from hpc_train.launch.backends.slurm_script import sbatch_flag
+from hpc_train.launch.backends.slurm_step import STEP_KEY, container_of
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.pack import records, status
@@ -181,7 +182,8 @@ def packed_allocation_params(
     gres = {"gres": f"gpu:{shape.gpus_per_node}"} if "gres" in first else {"gpus_per_node": shape.gpus_per_node}
     per_gpu = shape.cpus_per_node // shape.gpus_per_node
     extra = dict(params.pop("additional_parameters", {}) or {})
-    extra["signal"] = f"B:{extra.get('signal', 'USR2@120')}"
+    signal = str(extra.get("signal", "USR2@120"))
+    extra["signal"] = signal if signal.startswith("B:") else f"B:{signal}"
     params.update(
         job_name=f"{first['job_name']}-pack{index}",
         nodes=shape.nodes,
@@ -225,6 +227,11 @@ def packed_run(job: PreparedJob) -> PackedRun:
             f"give packed runs resources.nodes=N (e.g. resources.nodes={layout.nodes}), or leave launcher.pack out to"
             " submit each run as its own job.",
         )
+    folder = run_dir.absolute().parent
+    step = container_of(job.params.get(STEP_KEY) or {}, folder / "slurm", stage=not job.plan.config.dry_run)
+    if step is not None and not job.plan.config.dry_run:
+        step.write_files()
+    inner = step.argv([]) if step is not None else [sys.executable]
     return PackedRun(
         job=run_dir.name,
         run_dir=str(run_dir.absolute()),
@@ -233,7 +240,10 @@ def packed_run(job: PreparedJob) -> PackedRun:
         tasks_per_node=layout.tasks_per_node,
         gpus_per_task=layout.gpus_per_task,
         cpus_per_task=layout.cpus_per_task,
-        command=[sys.executable, *WORKER, str(run_dir.absolute() / "job_config.yaml")],
+        command=[*inner, *WORKER, str(run_dir.absolute() / "job_config.yaml")],
+        environment=dict(step.set_env) if step is not None else {},
+        srun_flags=list(step.srun_flags) if step is not None else [],
+        unset=list(step.unset) if step is not None else [],
     )
 
 

@@ -20,6 +20,7 @@ from hpc_train.config.errors import ConfigError
 from hpc_train.launch.backends.slurm_params import check_partition, slurm_parameters, submitit_parameters, time_key
 from hpc_train.launch.backends.slurm_queueing import CtrlC, Submission, SubmissionInterrupted
 from hpc_train.launch.backends.slurm_refusals import refusal_error
+from hpc_train.launch.backends.slurm_step import step_python
 from hpc_train.launch.backends.submitit_import import submitit_module
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.plan import RunPlan
@@ -54,10 +55,13 @@ def check_slurm_commands() -> None:
         )
 
 
-def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int):
-    """submitit's Slurm executor for these parameters (it submits; ``render_sbatch`` shows the script)."""
+def make_executor(folder: Path, params: Dict[str, Any], max_requeues: int, array: bool = False):
+    """submitit's Slurm executor for these parameters (it submits; ``render_sbatch`` shows the script): its batch
+    script execs the batch-host agent, which starts the step (slurm_step.step_python); what the container needs is
+    written now."""
     submitit = submitit_module()  # (~50 ms): only to submit; a dry run renders the script without it
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues)
+    python = step_python(folder, params, array=array, stage=True)
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=max_requeues, python=python)
     executor.update_parameters(**submitit_parameters(params))
     return executor
 
@@ -152,7 +156,7 @@ def submit_jobs(
                     filter(None, [str(extra.get("dependency") or ""), f"afterany:{previous_throttled}"])
                 )
                 params["additional_parameters"] = extra
-            executor = make_executor(folder, params, first.max_requeues)
+            executor = make_executor(folder, params, first.max_requeues, array=len(members) > 1)
             submission.sending(len(members))
             with contextlib.redirect_stderr(io.StringIO()):
                 if len(members) == 1:

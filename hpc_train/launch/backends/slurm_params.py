@@ -12,6 +12,7 @@ from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
+from hpc_train.launch.backends.slurm_step import STEP_KEY, step_parameters
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.layout import JobLayout
 from hpc_train.launch.planning.plan import RunPlan
@@ -115,6 +116,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         # One failing task ends the whole step at once instead of leaving the others blocked
         # in a collective until the process-group timeout.
         "srun_args": ["--kill-on-bad-exit=1"],
+        STEP_KEY: step_parameters(cfg, layout, plan.run_dir),
     }
     # Both sides told, whatever the signal: a SUBMITIT_PREEMPT_SIGNAL left in the login shell would otherwise set
     # the #SBATCH --signal and submitit's handler in the job to another signal than the trainer's.
@@ -137,7 +139,8 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
         extra = {"hint": str(cluster.hint), **extra}
     # Requeueable whatever the site default (JobRequeue=0 would refuse `scontrol requeue`).
     extra = {"requeue": True, **extra}
-    extra["signal"] = f"{signal_name}@{int(cfg.launcher.signal_delay_s)}"
+    # To the batch host's agent only (B:): it passes the signal on to the step, whatever runs the ranks.
+    extra["signal"] = f"B:{signal_name}@{int(cfg.launcher.signal_delay_s)}"
     params["additional_parameters"] = extra
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
     if throttle:
@@ -190,6 +193,8 @@ def submitit_parameters(params: Dict[str, Any]) -> Dict[str, Any]:
     range's least, whose tasks every allocation has, and its additional parameters write ``--nodes=2-4`` in place of
     that line: the script is the one ``render_sbatch`` shows.
     """
+    params = {key: value for key, value in params.items() if key != STEP_KEY}
+    params["use_srun"] = False  # the batch host's agent runs srun (slurm_step.step_python)
     nodes = params.get("nodes")
     if not isinstance(nodes, str):
         return params

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Dict
+
+from hpc_train.launch.backends.slurm_step import STEP_KEY, step_python
 
 _SBATCH_KEYS = frozenset(
     "job_name nodes ntasks_per_node cpus_per_task time gres gpus_per_node partition account qos constraint mem".split()
 )
 # Those that shape the rest of the script (array_parallelism matters only to arrays, which are not rendered).
 _SCRIPT_KEYS = frozenset(
-    "setup signal_delay_s stderr_to_stdout srun_args additional_parameters array_parallelism".split()
+    f"setup signal_delay_s stderr_to_stdout srun_args additional_parameters array_parallelism {STEP_KEY}".split()
 )
 # submitit's defaults that it writes as #SBATCH lines when not given.
 _SUBMITIT_DEFAULTS = {"job_name": "submitit", "time": 5, "nodes": 1, "wckey": "submitit"}
@@ -53,8 +54,6 @@ def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
     lines = ["#!/bin/bash", "", "# Parameters", *(sbatch_flag(key, options[key]) for key in sorted(options))]
     if params.get("setup") is not None:
         lines += ["", "# setup", *params["setup"]]
-    error = [] if params.get("stderr_to_stdout") else ["--error", stderr]
-    srun = ["srun", "--unbuffered", "--output", stdout, *error, *(params.get("srun_args") or [])]
-    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", " ".join(map(shlex.quote, srun)) + " " + command, ""]
+    command = f"{step_python(folder, params)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
     return "\n".join(lines)

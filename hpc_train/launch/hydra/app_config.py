@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -45,6 +45,20 @@ class AppPackConf:
 
 
 @dataclass
+class AppContainerConf:
+    """``hydra.launcher.container.*``: the image the app's tasks run in; the same keys as hpc-train's
+    ``container.*`` (null name: the cluster profile's container, else none)."""
+
+    name: Optional[str] = None
+    image: Optional[str] = None
+    mounts: List[str] = field(default_factory=list)
+    env: Dict[str, Any] = field(default_factory=dict)
+    options: List[str] = field(default_factory=list)
+    command: Optional[str] = None
+    hpc_train: str = "mount"
+
+
+@dataclass
 class AppLauncherConf(AppLocalLauncherConf):
     """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster``, ``wait``, ``pack`` and ``dry_run``."""
 
@@ -69,17 +83,23 @@ class AppLauncherConf(AppLocalLauncherConf):
     cluster: Optional[str] = None
     wait: bool = True
     pack: AppPackConf = field(default_factory=AppPackConf)
+    container: AppContainerConf = field(default_factory=AppContainerConf)
     dry_run: bool = False
 
 
 # launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
 SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
-_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster", "pack", "dry_run"}
+_NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster", "pack", "dry_run", "container"}
 LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
 
 
-@functools.lru_cache(maxsize=None)
 def cluster_profile(name: str) -> Dict[str, Any]:
+    """The cluster section of the profile `name` (see ``profile``)."""
+    return profile(name)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def profile(name: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """hpc_train's cluster profile `name` (shipped, e.g. jean_zay), or a profile file of the user's
     (``path/to/my_conf/cluster/mysite.yaml``), composed by hpc-train's own config in this process (Hydra's compose
     API, the app's own Hydra state set aside and restored): its defaults list and interpolations work as they do
@@ -97,7 +117,8 @@ def cluster_profile(name: str) -> Dict[str, Any]:
             f"hpc_train could not compose the cluster profile {name!r}: {err.problem}",
             "name a shipped profile (jean_zay, slurm, ...) or the path of your own cluster/<name>.yaml.",
         ) from None
-    return dict(OmegaConf.to_container(cfg.cluster, resolve=True))
+    container = OmegaConf.to_container(cfg.container, resolve=True) if "container" in cfg else {}
+    return dict(OmegaConf.to_container(cfg.cluster, resolve=True)), dict(container or {})
 
 
 def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
@@ -126,7 +147,19 @@ def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
     if profile.get("hint"):
         extra.setdefault("hint", str(profile.hint))
     out["additional_parameters"] = extra
+    own = dict(out.get("container") or {})
+    if own.get("name") is None:  # the app did not pick a runtime: the profile's, with the app's keys over it
+        site = profile(str(launcher["cluster"]))[1]
+        out["container"] = {**site, **{k: v for k, v in own.items() if v not in (None, [], {})}}
     return out
+
+
+def container_section(launcher: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The app's container keys as hpc-train's ``container`` section (None: no container)."""
+    section = dict(launcher.get("container") or {})
+    if str(section.get("name") or "none") == "none":
+        return None
+    return {**section, "mounts": list(section.get("mounts") or []), "env": dict(section.get("env") or {})}
 
 
 def slurm_parameters(launcher: Dict[str, Any]) -> Dict[str, Any]:

@@ -26,6 +26,7 @@ over Hydra's configuration is not supported"); set the key from the job's own co
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -38,12 +39,22 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.containers.checks import check_container
+from hpc_train.containers.settings import ContainerSettings
 from hpc_train.jobs import job_table, submissions, sweep_status
 from hpc_train.launch.backends import packed as pack
 from hpc_train.launch.backends import slurm, slurm_follow, slurm_params, slurm_queueing, submitit_import
 from hpc_train.launch.backends.registry import app_backend
+from hpc_train.launch.backends.slurm_step import STEP_KEY
 from hpc_train.launch.hydra import hydra_internals
-from hpc_train.launch.hydra.app_config import LOCAL_KEYS, SLURM_NAMES, apply_profile, cluster_profile, slurm_parameters
+from hpc_train.launch.hydra.app_config import (
+    LOCAL_KEYS,
+    SLURM_NAMES,
+    apply_profile,
+    cluster_profile,
+    container_section,
+    slurm_parameters,
+)
 from hpc_train.launch.hydra.app_task import RETURN_FILE, AppJob, AppTask, SharedPart
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.planning import capacity
@@ -381,11 +392,27 @@ def _packed_results(sweep_dir: Path, jobs: List[AppJob], ids: List[str]) -> List
 def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
     """One job's sbatch parameters, its partition checked; a refusal (named in the app's keys) stops the sweep."""
     try:  # before anything is queued: one bad job stops the sweep; a profile's refusal names hpc-train's keys
-        params = slurm_parameters(apply_profile(launcher))
+        filled = apply_profile(launcher)
+        params = slurm_parameters(filled)
         slurm_params.check_partition(params, capacity.APP_KEYS.partition)
+        params[STEP_KEY] = _step(filled, sweep_dir)
     except ConfigError as err:
         _refuse(sweep_dir, _for_job(num, label, err))
     return params
+
+
+def _step(launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
+    """The job step's description (hpc_train.launch.backends.slurm_step): the app's container, checked, with the
+    sweep dir mounted."""
+    section = container_section(launcher)
+    binds = [str(Path(sweep_dir).absolute())]
+    try:
+        check_container(ContainerSettings.from_section(section), [os.getcwd(), *binds], on_this_machine=False)
+    except ConfigError as err:
+        fix = err.fix.replace("container.", "hydra.launcher.container.")
+        raise ConfigError(f"hydra.launcher.{err.key}", err.problem, fix) from None
+    gpus = bool(launcher.get("gpus_per_node") or launcher.get("gres") or launcher.get("gpus_per_task"))
+    return {"container": section, "binds": binds, "gpus": gpus}
 
 
 def _for_job(num: int, label: str, err: ConfigError) -> ConfigError:

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import launcher_kind
 from hpc_train.config.targets import public_name
-from hpc_train.config.view import ConfigView
+from hpc_train.config.view import ConfigView, plain
+from hpc_train.containers.checks import check_container
+from hpc_train.containers.settings import ContainerSettings
 from hpc_train.contracts import logger_table
 from hpc_train.contracts.fingerprint import differences, fingerprint, read_header_fingerprint
 from hpc_train.contracts.strategy_table import KINDS
@@ -462,8 +465,16 @@ def _module_problem(name: str, cwd: Path) -> Optional[str]:
         sys.path.remove(str(cwd))
 
 
+def check_container_keys(cfg: ConfigView, run_dir: Path) -> None:
+    """The image and its mounts, against the run dir and the submitting dir (hpc_train.containers.checks)."""
+    settings = ContainerSettings.from_section(plain(cfg.get("container")))
+    on_this_machine = launcher_kind(cfg.launcher.name).on_this_machine
+    check_container(settings, [os.getcwd(), str(Path(run_dir).absolute().parent)], on_this_machine)
+
+
 def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
+    check_container_keys(cfg, run_dir)
     if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
         check_script(cfg, parallel)
         check_output_dir(run_dir)

@@ -1,0 +1,93 @@
+"""The container group: the site's image the ranks run in (container=none|apptainer|pyxis|oci).
+
+The keys' forms are checked here; what needs the layout, the run dir or the file system (an image that is not there,
+a mount that would hide the run dir, pyxis under launcher=local) is checked by hpc_train.containers.checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Tuple
+
+from hpc_train.config.checks import Problem, list_of, one_of, show, text, typed
+from hpc_train.config.rule import R, Rule
+from hpc_train.containers.registry import NAMES
+from hpc_train.containers.settings import IMAGE_HPC_TRAIN, MOUNT_FORM, MOUNT_HPC_TRAIN, parse_mount
+
+COMMANDS = ("apptainer", "singularity", "crun", "runc")
+
+
+def _mount(value: Any) -> Problem:
+    if parse_mount(value) is None:
+        return f"must be {MOUNT_FORM} with absolute paths (e.g. /scratch/data:/data:ro), got {show(value)}"
+    return None
+
+
+def _env(value: Any) -> Problem:
+    if not isinstance(value, Mapping):
+        return f"must be a mapping of variables such as {{NCCL_DEBUG: INFO}}, got {show(value)}"
+    for key, item in value.items():
+        if not (isinstance(key, str) and key.isidentifier()):
+            return f"has {show(key)}, which is not a variable name (letters, digits, '_')"
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool) or "\n" in str(item):
+            return f"variable {key} must be one line of text or a number, got {show(item)}"
+    return None
+
+
+RULES: Tuple[Rule, ...] = (
+    R(
+        "container.name",
+        one_of(*NAMES),
+        "apptainer",
+        fix=f"pick the runtime with container=NAME ({', '.join(NAMES)}).",
+        doc="The container runtime the ranks run in (set by container=NAME): " + " | ".join(NAMES) + ".",
+        default="none",
+    ),
+    R(
+        "container.image",
+        text(what="an image (a path or a URI)"),
+        "/path/to/pytorch.sif",
+        null="no container (container=none)",
+        fix="pass container.image=<your site's image: a .sif file, a docker:// or enroot URI, an OCI bundle folder>.",
+        doc="The image: a .sif path, a docker:// or enroot URI, a squashfs file or an OCI bundle folder.",
+        default=None,
+    ),
+    R(
+        "container.mounts",
+        list_of(typed(MOUNT_FORM, _mount), f"mounts {MOUNT_FORM}"),
+        "[/scratch/data:/data:ro]",
+        fix=f"give each mount as {MOUNT_FORM} with absolute paths, e.g. container.mounts=[/scratch/data:/data:ro].",
+        doc="Extra mounts (the run dir, the submitting dir and hpc_train are mounted already).",
+        default=[],
+    ),
+    R(
+        "container.env",
+        typed("{NAME: value}", _env),
+        "{NCCL_DEBUG:INFO}",
+        doc="Variables set inside the container, over the image's own.",
+        default={},
+        mapping=True,
+    ),
+    R(
+        "container.options",
+        list_of(text(what="a flag"), "flags"),
+        "[--writable-tmpfs]",
+        doc="Extra flags for the runtime (apptainer exec's; srun's for pyxis and oci).",
+        default=[],
+    ),
+    R(
+        "container.command",
+        one_of(*COMMANDS),
+        "singularity",
+        null="the runtime's own (apptainer; crun for oci under launcher=local)",
+        fix="set container.command=apptainer or singularity (container=apptainer), crun or runc (container=oci).",
+        doc="The runtime's executable: apptainer | singularity; for oci under launcher=local, crun | runc.",
+        default=None,
+    ),
+    R(
+        "container.hpc_train",
+        one_of(MOUNT_HPC_TRAIN, IMAGE_HPC_TRAIN),
+        IMAGE_HPC_TRAIN,
+        doc="mount: hpc_train and its pure-Python dependencies mounted read-only | image: the image has them.",
+        default=MOUNT_HPC_TRAIN,
+    ),
+)

@@ -1,0 +1,155 @@
+"""The first thing each rank runs inside the image: check the image, record what runs, then run the rank.
+
+``python3 -u <library>/hpc_train_container_entry.py -m MODULE ARGS`` (or ``-m hpc_train.containers.inside`` where
+the image has hpc_train) puts the staged library first on the path (for this process and those it starts), and
+stops with one message, before any training, when the image cannot run hpc_train's ranks: no torch, a torch older
+than hpc_train supports, the launching environment's Python instead of the image's, or (Slurm's OCI support) a
+node that ran the task outside the image because it has no ``oci.conf``. The refusal goes to the batch host as a
+request, which ends the job with it. What ran (the interpreter, its version, torch's, the root file system) is
+passed on to the rank in ``HPC_TRAIN_CONTAINER_SEEN`` for its run log and summary. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import socket
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from hpc_train.containers.base import (
+    ENTRY_FILE,
+    IMAGE_VARIABLE,
+    LAUNCH_PREFIX_VARIABLE,
+    ROOTFS_VARIABLE,
+    RUNTIME_VARIABLE,
+)
+from hpc_train.records import job_requests
+from hpc_train.records.rundir import EXIT_REFUSED
+
+MIN_TORCH = (2, 4)  # pyproject's torch>=2.4 (a unit test holds them equal)
+SEEN_VARIABLE = "HPC_TRAIN_CONTAINER_SEEN"
+
+
+def root_of_mounts(mountinfo: str) -> Tuple[str, str]:
+    """(root, file system type) of the mount at ``/`` in /proc/self/mountinfo's text: the root is the folder of
+    its file system that ``/`` shows (``/`` on a host; the image's root file system in a container)."""
+    found = ("/", "")
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == "/":
+            tail = fields[fields.index("-") + 1 :] if "-" in fields else [""]
+            found = (fields[3], tail[0])  # the last mount on / is the one processes see
+    return found
+
+
+def torch_version() -> Optional[str]:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _numbers(version: str) -> Tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def problems(env: Dict[str, str], seen: Dict[str, str]) -> List[str]:
+    """What keeps this image from running hpc_train's ranks (empty: nothing)."""
+    found = []
+    launch_prefix = env.get(LAUNCH_PREFIX_VARIABLE)
+    if launch_prefix and os.path.realpath(sys.prefix) == os.path.realpath(launch_prefix):
+        found.append(
+            f"the rank ran the launching environment's Python ({sys.executable}), not the image's: the job's PATH"
+            " reached the container"
+        )
+    expected = env.get(ROOTFS_VARIABLE)
+    if expected and (seen["root"] == "/" or not expected.rstrip("/").endswith(seen["root"].rstrip("/"))):
+        found.append(
+            f"node {seen['host']} ran the rank outside the image (its root is the host's, not {expected}): Slurm"
+            " ignores --container on a node without oci.conf"
+        )
+    torch = seen.get("torch")
+    if torch is None:
+        found.append(f"its Python ({sys.executable}) has no torch")
+    elif _numbers(torch) < MIN_TORCH:
+        found.append(f"its torch is {torch}, older than the {'.'.join(map(str, MIN_TORCH))} hpc_train needs")
+    return found
+
+
+def what_runs() -> Dict[str, str]:
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        mountinfo = ""
+    root, fstype = root_of_mounts(mountinfo)
+    return {
+        "executable": sys.executable,
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "torch": torch_version(),
+        "root": root,
+        "root_fs": fstype,
+        "host": socket.gethostname(),
+        "image": os.environ.get(IMAGE_VARIABLE, ""),
+        "runtime": os.environ.get(RUNTIME_VARIABLE, ""),
+    }
+
+
+def image_record() -> Dict[str, Optional[str]]:
+    """What this rank runs: the interpreter always; inside an image, what the first check found (the image, its
+    runtime, Python and torch versions, its root file system)."""
+    try:
+        seen = json.loads(os.environ.get(SEEN_VARIABLE) or "{}")
+    except ValueError:
+        seen = {}
+    return {**seen, "executable": sys.executable} if seen else {"executable": sys.executable}
+
+
+def _put_library_first() -> None:
+    library = Path(__file__).absolute().parents[2]
+    if not (library / ENTRY_FILE).exists():
+        return  # the image's own hpc_train
+    paths = [str(library), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+def _run(argv: List[str]) -> None:
+    args = list(argv)
+    while args[:1] == ["-u"]:  # the interpreter's flag, given again for the module: this process is unbuffered
+        args = args[1:]
+    if args[:1] == ["-m"]:
+        sys.argv = [args[1], *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    _put_library_first()
+    seen = what_runs()
+    found = problems(dict(os.environ), seen)
+    if found:
+        image = seen["image"] or "the image"
+        message = (
+            f"hpc-train: the image {image} cannot run hpc_train's ranks: {'; '.join(found)}. Fix: use an image with"
+            f" Python and torch >= {'.'.join(map(str, MIN_TORCH))} (container.image=...), and see the clusters"
+            " guide's Containers section."
+        )
+        print(message, file=sys.stderr, flush=True)
+        job_requests.write(job_requests.REFUSE, message=message)
+        sys.exit(EXIT_REFUSED)
+    os.environ[SEEN_VARIABLE] = json.dumps(seen)
+    _run(argv)
+
+
+if __name__ == "__main__":
+    main()

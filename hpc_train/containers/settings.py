@@ -1,0 +1,68 @@
+"""The ``container`` section as the launch side reads it: a frozen record, mounts parsed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+MOUNT_FORM = "SRC:DST[:ro]"
+NO_CONTAINER = "none"
+MOUNT_HPC_TRAIN, IMAGE_HPC_TRAIN = "mount", "image"  # container.hpc_train: where the ranks import hpc_train from
+IMAGE_PYTHON = "python3"  # the image's interpreter, found on the image's own PATH
+_MOUNT = re.compile(r"(/[^:,]*):(/[^:,]*)(:(ro|rw))?")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One bind mount: ``source`` on the host at ``target`` in the container."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+    @property
+    def spec(self) -> str:
+        return f"{self.source}:{self.target}{':ro' if self.read_only else ''}"
+
+
+def parse_mount(text: Any) -> Optional[Mount]:
+    """`SRC:DST[:ro]` with absolute paths -> Mount; None when it is not that form."""
+    match = _MOUNT.fullmatch(str(text)) if isinstance(text, str) else None
+    if match is None:
+        return None
+    return Mount(match.group(1), match.group(2), match.group(4) == "ro")
+
+
+@dataclass(frozen=True)
+class ContainerSettings:
+    """What the user asked for: the runtime's name and its keys (checked by the config's declarations)."""
+
+    name: str = NO_CONTAINER
+    image: Optional[str] = None
+    mounts: Tuple[Mount, ...] = ()
+    env: Tuple[Tuple[str, str], ...] = ()
+    options: Tuple[str, ...] = ()
+    command: Optional[str] = None
+    hpc_train: str = MOUNT_HPC_TRAIN
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != NO_CONTAINER
+
+    @classmethod
+    def from_section(cls, section: Optional[Mapping[str, Any]]) -> "ContainerSettings":
+        """From the config's ``container`` section (a plain mapping; absent: no container)."""
+        if not section:
+            return cls()
+        mounts = tuple(m for m in (parse_mount(text) for text in section.get("mounts") or ()) if m is not None)
+        env: Dict[str, Any] = dict(section.get("env") or {})
+        return cls(
+            name=str(section.get("name") or NO_CONTAINER),
+            image=None if section.get("image") is None else str(section["image"]),
+            mounts=mounts,
+            env=tuple((str(k), str(v)) for k, v in env.items()),
+            options=tuple(str(o) for o in section.get("options") or ()),
+            command=None if section.get("command") is None else str(section["command"]),
+            hpc_train=str(section.get("hpc_train") or MOUNT_HPC_TRAIN),
+        )

@@ -1,0 +1,73 @@
+"""The command of a Slurm job submitted by hpc_train: its outer process on the batch host starts the job step.
+
+The batch script ``exec``s hpc_train's batch-host agent (hpc_train.batchhost.agent), which runs
+``srun [container flags] [container prefix] PYTHON -u -m submitit.core._submit FOLDER``: with a container, PYTHON is
+the image's (through hpc_train's entry that checks the image); without one, the launching environment's. One path
+either way: the signal reaches the agent (``#SBATCH --signal=B:...``), the agent passes it to the step, and the
+ranks' requests (requeue, a hang's nodes) are carried out by the agent, outside any image.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hpc_train.config.view import ConfigView, plain
+from hpc_train.containers.base import StepCommand
+from hpc_train.containers.job_step import container_step
+from hpc_train.containers.settings import ContainerSettings
+from hpc_train.launch.planning.layout import JobLayout
+
+AGENT = "hpc_train.batchhost.agent"
+STEP_KEY = "step"  # the sbatch parameters' entry describing the job step (hpc_train's, not submitit's)
+
+
+def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[str, Any]:
+    """What the job step's command is made of, as data (stored with the sbatch parameters, so a rerun makes the same
+    command): the container section, the folder every run of the submission lives in, GPUs or not. A sweep's runs
+    share their parent folder, so their jobs still go in as one array."""
+    section = cfg.get("container")
+    container = plain(section) if section is not None and str(section.get("name")) != "none" else None
+    return {"container": container, "binds": [str(Path(run_dir).absolute().parent)], "gpus": layout.gpus_per_node > 0}
+
+
+def _job_files(folder: Path) -> Path:
+    """The folder without Slurm's %j-style parts (a Hydra app's submitit_folder may have them)."""
+    parts = Path(folder).absolute().parts
+    kept = [part for part in parts[: next((i for i, p in enumerate(parts) if "%" in p), len(parts))]]
+    return Path(*kept)
+
+
+def container_of(step: Dict[str, Any], folder: Path, stage: bool) -> Optional[StepCommand]:
+    settings = ContainerSettings.from_section(step.get("container"))
+    binds = [*step.get("binds", []), str(_job_files(folder))]
+    return container_step(settings, binds, bool(step.get("gpus")), _job_files(folder), stage=stage)
+
+
+def log_pattern(folder: Path, array: bool, stream: str) -> str:
+    """srun's --output/--error as submitit names its task logs (``%A_%a`` for an array's tasks)."""
+    return str(Path(folder).expanduser().absolute() / f"{'%A_%a' if array else '%j'}_%t_log.{stream}")
+
+
+def step_python(folder: Path, params: Dict[str, Any], array: bool = False, stage: bool = False) -> str:
+    """submitit's ``python`` for this job (the words before ``-u -m submitit.core._submit FOLDER``): the agent, then
+    the step's srun line up to the Python that runs each task. `stage`: write what the container needs (an OCI
+    bundle, hpc_train's library) now; a dry run only names it."""
+    step = params.get(STEP_KEY) or {}
+    container = container_of(step, folder, stage)
+    agent: List[str] = [sys.executable, "-m", AGENT, "--requests", str(_job_files(folder))]
+    inner: List[str] = [sys.executable]
+    flags: List[str] = []
+    if container is not None:
+        agent += [f"--unset={name}" for name in container.unset]
+        agent += [f"--set={key}={value}" for key, value in sorted(container.set_env.items())]
+        flags = container.srun_flags
+        inner = container.argv([])
+        if stage:
+            container.write_files()
+    error = [] if params.get("stderr_to_stdout") else ["--error", log_pattern(folder, array, "err")]
+    srun = ["srun", "--unbuffered", "--output", log_pattern(folder, array, "out"), *error]
+    srun += [*(params.get("srun_args") or []), *flags]
+    return "exec " + shlex.join([*agent, "--", *srun, *inner])

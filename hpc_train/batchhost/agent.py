@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,7 +64,8 @@ def step_environment(args: argparse.Namespace, path: Path) -> dict:
 
 def run_step(command: List[str], env: dict) -> int:
     """Start the step and pass every stop signal on until it ends; its exit status."""
-    step = subprocess.Popen(command, env=env)
+    # Found with this process's PATH: the step's may be the image's (Slurm's OCI support), without srun on it.
+    step = subprocess.Popen([shutil.which(command[0]) or command[0], *command[1:]], env=env)
 
     def relay(signum: int, _frame: object) -> None:
         if step.poll() is None:

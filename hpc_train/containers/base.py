@@ -8,6 +8,7 @@ pool and the local launcher all apply a StepCommand the same way; only the regis
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -61,6 +62,7 @@ class StepCommand:
     unset: Tuple[str, ...] = ()
     set_env: Dict[str, str] = field(default_factory=dict)
     files: Dict[str, str] = field(default_factory=dict)
+    links: Dict[str, str] = field(default_factory=dict)  # path -> what it points at
 
     def argv(self, module_args: Sequence[str]) -> List[str]:
         """The command each task runs (after srun and its flags): the prefix, the image's Python, then
@@ -81,6 +83,15 @@ class StepCommand:
             partial = target.with_name(target.name + ".partial")
             partial.write_text(text)
             partial.replace(target)
+        for path, points_at in self.links.items():
+            link = Path(path)
+            if link.is_symlink() and os.readlink(link) == points_at:
+                continue
+            link.parent.mkdir(parents=True, exist_ok=True)
+            partial = link.with_name(link.name + ".partial")
+            partial.unlink(missing_ok=True)
+            partial.symlink_to(points_at)
+            partial.replace(link)
 
 
 class ContainerRuntime:
@@ -88,6 +99,7 @@ class ContainerRuntime:
 
     name = ""
     in_slurm_only = False  # True: runs through srun's flags only (pyxis), so never under launcher=local
+    one_task_per_node = False  # True: a job step may have only one task on a node (Slurm 22.05's OCI support)
     image_is_path = True  # container.image names a file or folder (not only a registry URI)
     default_command: Optional[str] = None  # the executable it runs, where it runs one itself
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.containers.registry import runtime_for
@@ -75,7 +75,7 @@ def _hides(mount: Mount, path: str) -> bool:
 
 
 def check_container(
-    settings: ContainerSettings, binds: Iterable[str], on_this_machine: bool, runtime_name: Optional[str] = None
+    settings: ContainerSettings, binds: Iterable[str], on_this_machine: bool, tasks_per_node: int = 1
 ) -> None:
     """Refuse what cannot work, naming the key: an image that is not there, a runtime that cannot run here, a mount
     or option that would hide the job's own paths."""
@@ -92,6 +92,14 @@ def check_container(
             "container",
             f"container={runtime.name} runs through srun's flags, which a run on this machine does not use.",
             "use launcher=slurm with it, or container=apptainer (or container=oci with crun) to try the image here.",
+        )
+    if runtime.one_task_per_node and tasks_per_node > 1 and not on_this_machine:
+        raise ConfigError(
+            "container",
+            f"container={runtime.name}: Slurm's OCI support runs one task per node in a container, but this layout has"
+            f" {tasks_per_node} tasks per node.",
+            "run one rank per node (resources.gpus_per_node=1, or strategy=dp / script.launcher=torchrun, whose one"
+            " task per node starts the node's ranks), or use container=apptainer or container=pyxis.",
         )
     if on_this_machine:
         command = settings.command or runtime.default_command

@@ -29,6 +29,7 @@ from hpc_train.containers.base import (
 )
 from hpc_train.records import job_requests
 from hpc_train.records.rundir import EXIT_REFUSED
+from hpc_train.slurm.hostlist import expand_hostlist
 
 MIN_TORCH = (2, 4)  # pyproject's torch>=2.4 (a unit test holds them equal)
 SEEN_VARIABLE = "HPC_TRAIN_CONTAINER_SEEN"
@@ -112,6 +113,21 @@ def image_record() -> Dict[str, Optional[str]]:
     return {**seen, "executable": sys.executable} if seen else {"executable": sys.executable}
 
 
+def oci_task_identity(env: Dict[str, str], host: str) -> Optional[str]:
+    """Slurm 22.05 sets no per-task variable inside an OCI container (one task per node): this task's rank is its
+    node's place in the step's node list. Sets them in `env`; a problem in words, or None."""
+    nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+    short = host.split(".")[0]
+    if short not in nodes:
+        return (
+            f"this task cannot tell its rank: its hostname {host} is not among the step's nodes {nodes} (the bundle"
+            " gives the container a hostname of its own: leave the uts namespace out of its config.json)"
+        )
+    index = str(nodes.index(short))
+    env.update(SLURM_PROCID=index, SLURM_NODEID=index, SLURM_LOCALID="0", SLURMD_NODENAME=short)
+    return None
+
+
 def _put_library_first() -> None:
     library = Path(__file__).absolute().parents[2]
     if not (library / ENTRY_FILE).exists():
@@ -137,6 +153,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     _put_library_first()
     seen = what_runs()
     found = problems(dict(os.environ), seen)
+    if os.environ.get(ROOTFS_VARIABLE) and "SLURM_PROCID" not in os.environ and os.environ.get("SLURM_JOB_ID"):
+        found += [p for p in [oci_task_identity(os.environ, seen["host"])] if p]  # type: ignore[arg-type]
     if found:
         image = seen["image"] or "the image"
         message = (

@@ -36,7 +36,7 @@ def image_config(image: str) -> Dict[str, Any]:
 def rootfs(image: str, config: Mapping[str, Any]) -> str:
     """The bundle's root file system as an absolute path (config.json's root.path is relative to the bundle)."""
     path = Path(str((config.get("root") or {}).get("path") or "rootfs"))
-    return str(path if path.is_absolute() else (Path(image).absolute() / path))
+    return os.path.realpath(path if path.is_absolute() else (Path(image).absolute() / path))
 
 
 def image_env(config: Mapping[str, Any]) -> Dict[str, str]:
@@ -47,9 +47,23 @@ def image_env(config: Mapping[str, Any]) -> Dict[str, str]:
     return values
 
 
+# Per-task variables Slurm 22.05 does not set inside an OCI container: the batch shell's would reach every task, so
+# the step does not get them; the first rank derives them (hpc_train.containers.inside.oci_task_identity).
+PER_TASK_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURMD_NODENAME",
+    "SLURM_TASK_PID",
+    "SLURM_GTIDS",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
 class Oci(ContainerRuntime):
     name = "oci"
     default_command = "crun"
+    one_task_per_node = True
 
     def bundle_config(
         self, settings: ContainerSettings, ctx: StepContext, env: Mapping[str, str], args: Sequence[str] = ()
@@ -86,12 +100,16 @@ class Oci(ContainerRuntime):
         set_env = self.step_env(settings, ctx)
         bundle = str(Path(ctx.job_files) / BUNDLE)
         config, _ = self.bundle_config(settings, ctx, {**image_env(image_config(str(settings.image))), **set_env})
+        if local:
+            return StepCommand(python=self.python(settings, ctx), unset=LAUNCH_ENV_VARIABLES, set_env=set_env)
+        # Slurm runs <bundle>/rootfs whatever config.json's root.path says: the job's bundle links the image's.
         return StepCommand(
-            srun_flags=[] if local else [f"--container={bundle}", *settings.options],
+            srun_flags=[f"--container={bundle}", *settings.options],
             python=self.python(settings, ctx),
-            unset=LAUNCH_ENV_VARIABLES,
+            unset=(*LAUNCH_ENV_VARIABLES, *PER_TASK_VARIABLES),
             set_env=set_env,
-            files={} if local else {str(Path(bundle) / "config.json"): json.dumps(config, indent=1) + "\n"},
+            files={str(Path(bundle) / "config.json"): json.dumps(config, indent=1) + "\n"},
+            links={str(Path(bundle) / "rootfs"): set_env[ROOTFS_VARIABLE]},
         )
 
     def local_task(

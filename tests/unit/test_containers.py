@@ -14,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from hpc_train.conf import CONFIG_DIR
+from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
 from hpc_train.containers import inside, library
 from hpc_train.containers.base import ENTRY_FILE, LAUNCH_ENV_VARIABLES, LAUNCH_PREFIX_VARIABLE, ROOTFS_VARIABLE
@@ -29,13 +30,19 @@ LAYOUTS = {
     "one rank per GPU": ["strategy=ddp"],
     "one process per node": ["strategy=dp"],
     "torchrun per node": ["strategy=ddp", "script.launcher=torchrun", "script.argv=[train.py]"],
-    "a script, every task": ["strategy=single", "script.argv=[train.py,--lr=0.1]"],
+    "a script, every task": ["strategy=single", "script.argv=[train.py,'--lr=0.1']"],
+}
+# Slurm 22.05's OCI support runs one task per node: the layouts that have one.
+OCI_LAYOUTS = {
+    "one rank per node": ["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"],
+    "one process per node": ["strategy=dp"],
+    "torchrun per node": ["strategy=ddp", "script.launcher=torchrun", "script.argv=[train.py]"],
 }
 
 
 def _plan(overrides: List[str], tmp_path: Path):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*TINY, *SLURM, *overrides])
+        cfg = compose(config_name="config", overrides=whole_mappings([*TINY, *SLURM, *overrides]))
     return make_plan(cfg, tmp_path / "runs" / "run")
 
 
@@ -127,17 +134,31 @@ def test_pyxis_flags_name_every_variable_the_job_sets(layout, tmp_path, monkeypa
     assert step.index("--container-image=" + image) < step.index("python3")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", OCI_LAYOUTS)
 def test_oci_step_writes_its_bundle_and_gives_the_image_path(layout, bundle, tmp_path):
     """srun --container=BUNDLE with the job's own bundle (written at submission; the dry run names it), the image's
     PATH in the step and the launching environment's Python variables removed."""
-    plan = _plan([*LAYOUTS[layout], "container=oci", f"container.image={bundle}"], tmp_path)
+    plan = _plan([*OCI_LAYOUTS[layout], "container=oci", f"container.image={bundle}"], tmp_path)
     words = _step_line(plan)
     agent, step = words[: words.index("--")], _after(words, "--")
     assert f"--container={plan.run_dir / 'slurm' / 'oci-bundle'}" in step
     assert "--set=PATH=/opt/image-python/bin:/usr/bin:/bin" in agent
     assert f"--set={ROOTFS_VARIABLE}={bundle / 'rootfs'}" in agent
     assert "--unset=VIRTUAL_ENV" in agent and "--unset=PYTHONPATH" in agent
+    assert "--unset=SLURM_PROCID" in agent  # the batch shell's would reach every task: the first rank derives it
+
+
+def test_oci_refuses_more_than_one_task_per_node(bundle, tmp_path):
+    with pytest.raises(ConfigError, match="one task per node") as refused:
+        _plan(["strategy=ddp", "container=oci", f"container.image={bundle}"], tmp_path)
+    assert refused.value.key == "container" and "gpus_per_node=1" in refused.value.fix
+
+
+def test_an_oci_task_takes_its_rank_from_its_node():
+    env = {"SLURM_STEP_NODELIST": "node[1-3]"}
+    assert inside.oci_task_identity(env, "node2.cluster") is None
+    assert (env["SLURM_PROCID"], env["SLURM_NODEID"], env["SLURM_LOCALID"]) == ("1", "1", "0")
+    assert "hostname" in inside.oci_task_identity({"SLURM_STEP_NODELIST": "node[1-3]"}, "abc123")
 
 
 def test_oci_bundle_config_mounts_the_job_at_the_same_path(bundle, tmp_path):
@@ -150,6 +171,7 @@ def test_oci_bundle_config_mounts_the_job_at_the_same_path(bundle, tmp_path):
     config = json.loads(text)
     assert path == str(tmp_path / "runs" / "slurm" / "oci-bundle" / "config.json")
     assert config["root"]["path"] == str(bundle / "rootfs")
+    assert step.links == {str(tmp_path / "runs" / "slurm" / "oci-bundle" / "rootfs"): str(bundle / "rootfs")}
     assert config["process"]["cwd"] == str(tmp_path)
     mounts = {m["destination"]: m for m in config["mounts"]}
     assert mounts[str(tmp_path)]["source"] == str(tmp_path) and "rw" in mounts[str(tmp_path)]["options"]
@@ -177,8 +199,16 @@ def test_the_signal_goes_to_the_batch_host(tmp_path):
         (["container=apptainer"], "container.image", "no value"),
         (["container=pyxis", "container.image=x", "launcher=local", "dry_run=false"], "container", "srun"),
         (["container=apptainer", "container.image={sif}", "container.mounts=[data:/data]"], "container.mounts", "SRC"),
-        (["container=apptainer", "container.image={sif}", "container.mounts=[/x:{cwd}]"], "container.mounts[0]", "hide"),
-        (["container=apptainer", "container.image={sif}", "container.options=[--bind,/x:{cwd}/runs]"], "options", "hide"),
+        (
+            ["container=apptainer", "container.image={sif}", "container.mounts=[/x:{cwd}]"],
+            "container.mounts[0]",
+            "hide",
+        ),
+        (
+            ["container=apptainer", "container.image={sif}", "container.options=[--bind,/x:{cwd}/runs]"],
+            "options",
+            "hide",
+        ),
         (["container=apptainer", "container.image={sif}", "container.options=[--cleanenv]"], "options[0]", "srun"),
         (["container=apptainer", "container.image={sif}", "container.command=docker"], "container.command", "one of"),
     ],
@@ -216,7 +246,11 @@ def test_the_first_rank_reads_its_root_from_mountinfo():
     [
         ({"torch": None}, {}, "has no torch"),
         ({"torch": "2.3.1+cu121"}, {}, "older than the 2.4"),
-        ({"torch": "2.5.0"}, {ROOTFS_VARIABLE: "/images/bundle/rootfs"}, "ignores --container on a node without oci.conf"),
+        (
+            {"torch": "2.5.0"},
+            {ROOTFS_VARIABLE: "/images/bundle/rootfs"},
+            "ignores --container on a node without oci.conf",
+        ),
         ({"torch": "2.5.0"}, {LAUNCH_PREFIX_VARIABLE: sys.prefix}, "launching environment's Python"),
     ],
 )

@@ -465,16 +465,18 @@ def _module_problem(name: str, cwd: Path) -> Optional[str]:
         sys.path.remove(str(cwd))
 
 
-def check_container_keys(cfg: ConfigView, run_dir: Path) -> None:
-    """The image and its mounts, against the run dir and the submitting dir (hpc_train.containers.checks)."""
+def check_container_keys(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
+    """The image and its mounts, against the layout, the run dir and the submitting dir
+    (hpc_train.containers.checks)."""
     settings = ContainerSettings.from_section(plain(cfg.get("container")))
     on_this_machine = launcher_kind(cfg.launcher.name).on_this_machine
-    check_container(settings, [os.getcwd(), str(Path(run_dir).absolute().parent)], on_this_machine)
+    binds = [os.getcwd(), str(Path(run_dir).absolute().parent)]
+    check_container(settings, binds, on_this_machine, tasks_per_node=parallel.layout.tasks_per_node)
 
 
 def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
-    check_container_keys(cfg, run_dir)
+    check_container_keys(cfg, parallel, run_dir)
     if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
         check_script(cfg, parallel)
         check_output_dir(run_dir)

@@ -18,7 +18,7 @@
 #                                   of Debian's /usr/bin/python3 (3.11), made
 #                                   by hand (bin/python -> /usr/bin/python3.11,
 #                                   pyvenv.cfg, empty site-packages); the
-#                                   launching venv (/work/main/.venv or
+#                                   launching venv (the checkout's .venv or
 #                                   $HPC_TRAIN_IMAGE_HOST_VENV) does not exist
 #                                   inside the container.
 #       bin lib lib64 sbin -> usr/... (Debian 12 is merged-/usr)

@@ -95,6 +95,8 @@ def act(path: Path, code: int) -> int:
     if job is None:
         print("hpc-train: not requeued: this process runs outside a Slurm job", file=sys.stderr, flush=True)
         return code
+    # The requeue ends this job with SIGTERM: what was done is said first, and this process then waits to be ended.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     done, text = requeue_job(job, list(record.get("exclude") or []))
     print(f"hpc-train: {text}", file=sys.stderr, flush=True)
     if done:  # Slurm stops this job now; waiting keeps its state REQUEUED rather than a finished one

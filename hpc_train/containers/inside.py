@@ -140,7 +140,8 @@ def _run(argv: List[str]) -> None:
     args = list(argv)
     while args[:1] == ["-u"]:  # the interpreter's flag, given again for the module: this process is unbuffered
         args = args[1:]
-    if args[:1] == ["-m"]:
+    if args[:1] == ["-m"]:  # as `python -m` does: the working directory (the submitting one) comes first
+        sys.path.insert(0, os.getcwd())
         sys.argv = [args[1], *args[2:]]
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:

@@ -100,9 +100,9 @@ OWN_VALUES = {
     "data/synthetic.yaml": {"data.val"},
     "data/imagefolder.yaml": {"data.val", "data.num_workers", "data.pin_memory"},
     "logger/tensorboard.yaml": {"logger.name"},
-    "container/apptainer.yaml": {"container.name", "container.command"},
-    "container/pyxis.yaml": {"container.name"},
-    "container/oci.yaml": {"container.name"},
+    "container/apptainer.yaml": {"container.name", "container.image", "container.command"},
+    "container/pyxis.yaml": {"container.name", "container.image"},
+    "container/oci.yaml": {"container.name", "container.image"},
     "logger/wandb.yaml": {"logger.name", "logger.project"},
     "logger/mlflow.yaml": {"logger.name", "logger.experiment"},
 }

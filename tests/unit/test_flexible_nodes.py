@@ -4,7 +4,6 @@ every count, the capacity check, and the ranks settling on the count Slurm gave 
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 from typing import List
 
@@ -23,6 +22,7 @@ from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.launch.backends.sbatch import check_allocation
 from hpc_train.launch.backends.slurm_params import slurm_parameters, submitit_parameters
 from hpc_train.launch.backends.slurm_script import render_sbatch
+from hpc_train.launch.backends.slurm_step import step_python
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.parallelism import resolve_parallelism
@@ -166,7 +166,7 @@ def test_submitit_gets_the_least_count_and_writes_the_range(tmp_path):
     assert given["nodes"] == 2 and given["additional_parameters"]["nodes"] == "2-4"
     assert params["nodes"] == "2-4"  # the caller's parameters are left as they are
     folder = tmp_path / "slurm"
-    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    command = f"{step_python(folder, params)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     assert _make_sbatch_string(command=command, folder=folder, **given) == render_sbatch(folder, params)
 
 

@@ -73,12 +73,25 @@ def _image_folder(root: Path) -> Path:
     return root
 
 
+def _container_image(root: Path, runtime: str) -> Path:
+    """An image the runtime takes: an OCI bundle folder (its config.json), else a file."""
+    if runtime == "oci":
+        (root / "bundle").mkdir(parents=True, exist_ok=True)
+        (root / "bundle" / "config.json").write_text('{"root": {"path": "rootfs"}, "process": {"env": []}}')
+        return root / "bundle"
+    (root / "image.sif").write_bytes(b"SIF")
+    return root / "image.sif"
+
+
 def _context(group: str, option: str, image_root: Path) -> List[str]:
     """The overrides that select this option in a config that can run (a Slurm profile with launcher=slurm)."""
     if group == "cluster" and option != "local":
         return ["launcher=slurm", f"cluster={option}"]
     if group == "data" and option == "imagefolder":
         return ["data=imagefolder", f"data.root={image_root}", "data.num_classes=2"]
+    if group == "container" and option != "none":  # an image that is there, on Slurm with one task per node
+        image = _container_image(image_root, option)
+        return ["launcher=slurm", "resources.gpus_per_node=1", f"container={option}", f"container.image={image}"]
     return [f"{group}={option}"]
 
 

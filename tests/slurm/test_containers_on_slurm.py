@@ -1,0 +1,164 @@
+"""Ranks in an image on the real Slurm cluster: Slurm 22.05's OCI support (``srun --container``, oci.conf and crun set
+up by scripts/slurm_test_cluster.sh) with a bundle built by scripts/container_test_image.sh, whose root file system
+has its own Python (Debian's) and no trace of the launching virtual environment; its torch is the same build as
+outside (bind-mounted read-only), so a job in the image equals the same job outside bit for bit.
+
+Outside the image, on the batch host: the signal, the requeue, the hang's node exclusion (hpc_train.batchhost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from hpc_train.pack import records, status
+from hpc_train.records import rundir
+from tests.e2e.test_checkpoint import RESUME
+from tests.slurm.test_hang_slurm import HANG_S
+from tests.slurm.test_hang_slurm import JOB as HANGING_JOB
+from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
+from tests.support.paths import REPO
+from tests.support.slurm import scontrol_job, wait_for_job_end
+
+pytestmark = pytest.mark.slurm
+
+IMAGE_PYTHON = "/opt/image-python/bin/python3"
+SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
+DDP = ["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"]  # OCI: one task per node
+
+
+@pytest.fixture(scope="module")
+def image(slurm_cluster, tmp_path_factory) -> Path:
+    bundle = tmp_path_factory.mktemp("image") / "bundle"
+    subprocess.run(["bash", str(REPO / "scripts" / "container_test_image.sh"), "build", str(bundle)], check=True)
+    return bundle
+
+
+def _in(image: Path):
+    return ["container=oci", f"container.image={image}"]
+
+
+def submit(args, run_dir: Path, **env: str) -> str:
+    proc = run_cli([*SLURM, *args], run_dir, env=dict(os.environ, **env))
+    assert_ok(proc)
+    return re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
+
+
+def finished(job: str, run_dir: Path, timeout: float = 180) -> Dict[str, str]:
+    """The job's final state, once COMPLETED with a summary (a requeued job passes through PENDING again)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        fields = scontrol_job(job)
+        if fields.get("JobState") == "COMPLETED" and (run_dir / rundir.SUMMARY).exists():
+            return fields
+        assert fields.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), (job, fields)
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not finish in {timeout} s: {scontrol_job(job).get('JobState')}")
+
+
+def assert_ran_in_the_image(run_dir: Path, image: Path, ranks: int = 2) -> None:
+    """The image's own Python ran every rank, in the image's root file system, and the summary says which image."""
+    seen = read_summary(run_dir)["python"]
+    assert seen["executable"] == IMAGE_PYTHON and seen["runtime"] == "oci", seen
+    assert seen["image"] == str(image) and seen["root"] == str((image / "rootfs").resolve()), seen
+    for rank in range(ranks):
+        log = rundir.rank_log(run_dir, rank).read_text()
+        assert f"runs {IMAGE_PYTHON} (Python 3.11" in log and f"in the image {image} (oci; root" in log, log[:2000]
+
+
+@pytest.fixture(scope="module")
+def pair(image, tmp_path_factory):
+    """The same 2-rank ddp job in the image and outside it, run side by side (2 nodes each)."""
+    folder = tmp_path_factory.mktemp("pair")
+    inside, outside = folder / "inside", folder / "outside"
+    jobs = submit([*RESUME, *DDP, *_in(image)], inside), submit([*RESUME, *DDP], outside)
+    finished(jobs[0], inside)
+    finished(jobs[1], outside)
+    return inside, outside
+
+
+def test_ddp_in_the_image_equals_the_same_job_outside_it(pair, image):
+    inside, outside = pair
+    assert_bit_identical(outside, inside)
+    assert_ran_in_the_image(inside, image)
+    assert read_summary(outside)["python"]["executable"] != IMAGE_PYTHON
+
+
+def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair, tmp_path):
+    """The time limit's signal goes to the batch host (B:), which passes it on; rank 0 asks for the requeue and the
+    batch host runs scontrol requeue, though the image has no Slurm commands."""
+    run_dir = tmp_path / "run"
+    job = submit([*RESUME, *DDP, *_in(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)  # as Slurm sends it before the limit
+    fields = finished(job, run_dir, timeout=240)
+    assert fields["Restarts"] == "1"
+    assert read_summary(run_dir)["attempts"] == 2
+    assert f"hpc-train: requeued job {job}" in (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text()
+    assert_bit_identical(pair[1], run_dir)
+    assert_ran_in_the_image(run_dir, image)
+
+
+def test_a_script_job_runs_in_the_image_with_the_jobs_variables(image, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit([*TINY, "strategy=dp", *_in(image), "script.argv=[tests/support/scripts/show_env.py]"], run_dir)
+    finished(job, run_dir)
+    [env] = [json.loads(p.read_text()) for p in (run_dir / "env").glob("*.json")]
+    assert env["PATH"].startswith("/opt/image-python/bin:"), env["PATH"]
+    assert "VIRTUAL_ENV" not in env and not env.get("PYTHONPATH", "").startswith(str(REPO / ".venv"))
+    assert env["SLURM_JOB_ID"] == job and env["SLURM_PROCID"] == "0"
+    assert json.loads(env["HPC_TRAIN_CONTAINER_SEEN"])["executable"] == IMAGE_PYTHON
+
+
+def test_a_packed_sweep_runs_each_job_step_in_the_image(image, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = [*TINY, "strategy=single", "trainer.max_steps=2", "trainer.eval=false", "seed=1,2,3,4"]
+    pack = ["launcher.pack.allocations=1", "launcher.pack.gpus_per_node=2"]
+    assert_ok(run_cli(["-m", *SLURM, *args, *pack, *_in(image), f"hydra.sweep.dir={sweep_dir}"], None))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        states = status.packed_states(sweep_dir)
+        if len(states) == 4 and all(s.state in records.ENDED_STATES for s in states.values()):
+            break
+        time.sleep(1)
+    assert {run: s.state for run, s in states.items()} == {str(n): "COMPLETED" for n in range(4)}
+    for run in range(4):
+        assert_ran_in_the_image(sweep_dir / str(run), image, ranks=1)
+
+
+def test_a_hang_in_the_image_is_named_and_its_node_excluded_from_outside(image, tmp_path):
+    run_dir = tmp_path / "run"
+    job = submit([*HANGING_JOB, *_in(image), "trainer.requeue_on_hang=true"], run_dir)
+    try:
+        wait_for(lambda: scontrol_job(job).get("Restarts") == "1", HANG_S + 120, "the job requeued")
+        wait_for(lambda: scontrol_job(job).get("ExcNodeList") == "hpcnode2", 30, "hpcnode2 excluded")
+        verdict = rundir.read_json(rundir.hang_file(run_dir))
+        assert "rank 1 (host hpcnode2" in verdict["message"] and "in sleeps_forever" in verdict["message"]
+        batch = (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text()
+        assert f"hpc-train: requeued job {job} once, excluding node hpcnode2" in batch
+    finally:
+        subprocess.run(["scancel", job], check=False)
+
+
+def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):
+    """One message naming the image and what it lacks, as the job's last line; no training."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "rootfs").symlink_to((image / "rootfs").resolve())
+    config = json.loads((image / "config.json").read_text())
+    config["mounts"] = [m for m in config["mounts"] if "/site-packages/" not in m["destination"]]
+    (bare / "config.json").write_text(json.dumps(config))
+    run_dir = tmp_path / "run"
+    job = submit([*TINY, *DDP, *_in(bare)], run_dir)
+    fields = wait_for_job_end(job, timeout=120)
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"].startswith(f"{rundir.EXIT_REFUSED}:"), fields
+    lines = (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text().strip().splitlines()
+    assert lines[-1].startswith(f"hpc-train: the image {bare} cannot run hpc_train's ranks"), lines[-3:]
+    assert "has no torch" in lines[-1] and not (run_dir / rundir.SUMMARY).exists()

@@ -54,7 +54,7 @@ class BackendSettings:
 
     name: str
     slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its stop signal, compute nodes without internet
-    requeue: str  # who requeues a job stopped before its time limit: "submitit", "scontrol" or "none"
+    requeue: str  # who requeues a job stopped before its time limit: "batch host" or "none"
 
 
 def backend_section(spec: Mapping[str, Any]) -> BackendSettings:

@@ -19,7 +19,7 @@ class LauncherKind:
     on_this_machine: bool  # the ranks start on the machine the command runs on: one node, whose GPUs are counted here
     submits: bool  # the command queues a Slurm job (a job id, the queue, accounting) instead of running the ranks
     slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its signal, compute nodes without internet
-    requeue: str  # who requeues a job stopped before its time limit: "submitit", "scontrol" (the batch script), "none"
+    requeue: str  # who requeues a job stopped before its time limit: "batch host" (hpc_train.batchhost.agent), "none"
     prepares_only: bool  # the command only checks its allocation and writes the job spec (a plain sbatch script's step)
 
     def rank_settings(self) -> Dict[str, Any]:
@@ -35,10 +35,10 @@ LAUNCHERS: Dict[str, LauncherKind] = {
             "local", on_this_machine=True, submits=False, slurm_job=False, requeue="none", prepares_only=False
         ),
         LauncherKind(
-            "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="submitit", prepares_only=False
+            "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="batch host", prepares_only=False
         ),
         LauncherKind(
-            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="scontrol", prepares_only=True
+            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="batch host", prepares_only=True
         ),
     )
 }

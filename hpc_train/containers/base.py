@@ -33,6 +33,7 @@ JOB_PREFIXES = ("HPC_TRAIN_", "NCCL_", "TORCH_", "SLURM_")
 ROOTFS_VARIABLE = "HPC_TRAIN_CONTAINER_ROOTFS"
 IMAGE_VARIABLE = "HPC_TRAIN_CONTAINER_IMAGE"
 RUNTIME_VARIABLE = "HPC_TRAIN_CONTAINER_RUNTIME"
+DIGEST_VARIABLE = "HPC_TRAIN_CONTAINER_DIGEST"
 LAUNCH_PREFIX_VARIABLE = "HPC_TRAIN_LAUNCH_PREFIX"  # the launching environment's sys.prefix, set by the batch host
 ENTRY_FILE = "hpc_train_container_entry.py"  # staged beside hpc_train: the first thing each rank runs inside
 ENTRY_MODULE = "hpc_train.containers.inside"  # the same, for an image that has hpc_train installed
@@ -133,7 +134,16 @@ class ContainerRuntime:
             own.append(Mount(ctx.library, ctx.library, read_only=True))
         return [*own, *settings.mounts]
 
+    def digest(self, settings: ContainerSettings) -> Optional[str]:
+        """The image's digest where it is at hand without reading the image (a URI pinned by ``@sha256:``); a .sif
+        of several GB is not hashed for every job."""
+        image = str(settings.image)
+        return image.split("@", 1)[1] if "@sha256:" in image else None
+
     def common_env(self, settings: ContainerSettings) -> Dict[str, str]:
         values = {RUNTIME_VARIABLE: self.name, IMAGE_VARIABLE: str(settings.image)}
+        digest = self.digest(settings)
+        if digest:
+            values[DIGEST_VARIABLE] = digest
         values.update(dict(settings.env))
         return values

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from hpc_train.containers.base import (
+    DIGEST_VARIABLE,
     ENTRY_FILE,
     IMAGE_VARIABLE,
     LAUNCH_PREFIX_VARIABLE,
@@ -99,6 +100,7 @@ def what_runs() -> Dict[str, str]:
         "root_fs": fstype,
         "host": socket.gethostname(),
         "image": os.environ.get(IMAGE_VARIABLE, ""),
+        "digest": os.environ.get(DIGEST_VARIABLE),
         "runtime": os.environ.get(RUNTIME_VARIABLE, ""),
     }
 

@@ -10,10 +10,11 @@ removed. Under ``launcher=local`` the same bundle runs with ``container.command`
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.containers.base import (
     LAUNCH_ENV_VARIABLES,
@@ -88,6 +89,11 @@ class Oci(ContainerRuntime):
             process["terminal"] = False
         config["process"] = process
         return config, root
+
+    def digest(self, settings: ContainerSettings) -> Optional[str]:
+        """An OCI bundle's: the sha256 of its config.json (what it runs and mounts; its root file system is a
+        folder, which has no digest of its own)."""
+        return "sha256:" + hashlib.sha256((Path(str(settings.image)) / "config.json").read_bytes()).hexdigest()
 
     def step_env(self, settings: ContainerSettings, ctx: StepContext) -> Dict[str, str]:
         image = image_config(str(settings.image))

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Dict
@@ -24,7 +25,7 @@ from tests.e2e.test_checkpoint import RESUME
 from tests.slurm.test_hang_slurm import HANG_S
 from tests.slurm.test_hang_slurm import JOB as HANGING_JOB
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
-from tests.support.paths import REPO
+from tests.support.paths import REPO, SCRIPTS
 from tests.support.slurm import scontrol_job, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
@@ -68,6 +69,7 @@ def assert_ran_in_the_image(run_dir: Path, image: Path, ranks: int = 2) -> None:
     seen = read_summary(run_dir)["python"]
     assert seen["executable"] == IMAGE_PYTHON and seen["runtime"] == "oci", seen
     assert seen["image"] == str(image) and seen["root"] == str((image / "rootfs").resolve()), seen
+    assert seen["digest"].startswith("sha256:"), seen  # the bundle's config.json, as the runtime took it
     for rank in range(ranks):
         log = rundir.rank_log(run_dir, rank).read_text()
         assert f"runs {IMAGE_PYTHON} (Python 3.11" in log and f"in the image {image} (oci; root" in log, log[:2000]
@@ -162,3 +164,21 @@ def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):
     lines = (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text().strip().splitlines()
     assert lines[-1].startswith(f"hpc-train: the image {bare} cannot run hpc_train's ranks"), lines[-3:]
     assert "has no torch" in lines[-1] and not (run_dir / rundir.SUMMARY).exists()
+
+
+def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):
+    """Any Hydra app (the user's plain_app, no hpc_train in it): hydra.launcher.container.* runs its jobs in it."""
+    sweep_dir = tmp_path / "sweep"
+    app = [
+        "hydra/launcher=hpc_train_slurm",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.container.name=oci",
+        f"hydra.launcher.container.image={image}",
+    ]
+    command = [sys.executable, "my_app.py", "-m", *app, "gpus=1", f"hydra.sweep.dir={sweep_dir}"]
+    proc = subprocess.run(command, cwd=SCRIPTS / "plain_app", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads((sweep_dir / "0" / "seen.json").read_text())
+    assert json.loads(seen["HPC_TRAIN_CONTAINER_SEEN"])["executable"] == IMAGE_PYTHON
+    assert "VIRTUAL_ENV" not in seen

@@ -99,7 +99,8 @@ def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
 
 @pytest.mark.slurm
 def test_requeue_signal_resumes_a_plain_sbatch_job(slurm_cluster, tmp_path):
-    """USR2 (what `#SBATCH --signal=USR2@120` sends before the time limit): checkpoint, requeue, resume in RUN_DIR."""
+    """USR2 (what `#SBATCH --signal=B:USR2@120` sends, through the batch step's agent, before the time limit):
+    checkpoint, requeue, resume in RUN_DIR."""
     run_dir = tmp_path / "run"
     args = [*TRAIN, "trainer.max_steps=30", "trainer.log_every=2", "trainer.checkpoint_every=0"]
     job_id = submit("hybrid", tmp_path, run_dir, args, HPC_TRAIN_STEP_SLEEP="0.3")
@@ -114,7 +115,8 @@ def test_requeue_signal_resumes_a_plain_sbatch_job(slurm_cluster, tmp_path):
     log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
     assert fields["JobState"] == "COMPLETED", log
     assert int(fields.get("Restarts", "0")) == 1
-    assert "received SIGUSR2" in log and "job requeued" in log
+    assert "received SIGUSR2" in log and "the batch host requeues the job" in log
+    assert f"hpc-train: requeued job {job_id}" in log  # the batch script's agent, outside the ranks
     summary = read_summary(run_dir)
     assert summary["global_step"] == 30 and summary["attempts"] == 2
     assert 4 <= summary["resumed_from_step"] < 30

@@ -3,6 +3,7 @@ keys refused before anything is queued; the first rank's checks of the image (no
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -145,6 +146,8 @@ def test_oci_step_writes_its_bundle_and_gives_the_image_path(layout, bundle, tmp
     assert "--set=PATH=/opt/image-python/bin:/usr/bin:/bin" in agent
     assert f"--set={ROOTFS_VARIABLE}={bundle / 'rootfs'}" in agent
     assert "--unset=VIRTUAL_ENV" in agent and "--unset=PYTHONPATH" in agent
+    digest = "sha256:" + hashlib.sha256((bundle / "config.json").read_bytes()).hexdigest()
+    assert f"--set=HPC_TRAIN_CONTAINER_DIGEST={digest}" in agent  # recorded in each run's summary
     assert "--unset=SLURM_PROCID" in agent  # the batch shell's would reach every task: the first rank derives it
 
 
@@ -269,3 +272,38 @@ def test_the_minimum_torch_is_the_one_pyproject_requires():
     text = (REPO / "pyproject.toml").read_text()
     [found] = re.findall(r'"torch>=([0-9]+)\.([0-9]+)"', text)
     assert tuple(map(int, found)) == inside.MIN_TORCH
+
+
+def test_a_local_oci_task_is_its_own_bundle_run_by_the_runtime(bundle, tmp_path):
+    """launcher=local with container=oci: each rank's command and environment go into its own config.json (the OCI
+    runtime takes them from there), run in the foreground by container.command."""
+    from hpc_train.containers.job_step import local_container
+    from hpc_train.containers.settings import ContainerSettings
+
+    settings = ContainerSettings.from_section({"name": "oci", "image": str(bundle), "command": "runc"})
+    image = local_container(settings, [str(tmp_path / "runs")], False, tmp_path / "runs" / "r" / "container")
+    env = {"PATH": "/venv/bin:/usr/bin", "VIRTUAL_ENV": "/venv", "RANK": "1"}
+    command, changed = image.task(["-m", "hpc_train.compute.worker", "spec.yaml"], env, "hpc-train-1-1")
+    folder = tmp_path / "runs" / "r" / "container" / "oci-bundle-hpc-train-1-1"
+    assert command == ["runc", "run", "--bundle", str(folder), "hpc-train-1-1"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["process"]["args"][:2] == ["python3", "-u"] and config["process"]["args"][-3:] == [
+        "-m",
+        "hpc_train.compute.worker",
+        "spec.yaml",
+    ]
+    process_env = dict(item.split("=", 1) for item in config["process"]["env"])
+    assert process_env["PATH"] == "/opt/image-python/bin:/usr/bin:/bin" and process_env["RANK"] == "1"
+    assert "VIRTUAL_ENV" not in process_env and changed["RANK"] == "1"
+    assert not any(n.get("type") == "network" for n in config.get("linux", {}).get("namespaces", []))
+
+
+def test_local_apptainer_prefixes_each_rank(sif, tmp_path):
+    from hpc_train.containers.job_step import local_container
+    from hpc_train.containers.settings import ContainerSettings
+
+    settings = ContainerSettings.from_section({"name": "apptainer", "image": str(sif)})
+    image = local_container(settings, [str(tmp_path / "runs")], True, tmp_path / "runs" / "r" / "container")
+    command, changed = image.task(["-m", "hpc_train.compute.worker", "spec.yaml"], {"PYTHONPATH": "/x"}, "t0")
+    assert command[:3] == ["apptainer", "exec", "--nv"] and command[command.index(str(sif)) + 1] == "python3"
+    assert "PYTHONPATH" not in changed

@@ -26,7 +26,7 @@ from tests.slurm.test_hang_slurm import HANG_S
 from tests.slurm.test_hang_slurm import JOB as HANGING_JOB
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
 from tests.support.paths import REPO, SCRIPTS
-from tests.support.slurm import scontrol_job, wait_for_job_end
+from tests.support.slurm import scontrol_job, squeue_ids, wait_for_job_end
 
 pytestmark = pytest.mark.slurm
 
@@ -145,8 +145,10 @@ def test_a_hang_in_the_image_is_named_and_its_node_excluded_from_outside(image, 
         assert "rank 1 (host hpcnode2" in verdict["message"] and "in sleeps_forever" in verdict["message"]
         batch = (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text()
         assert f"hpc-train: requeued job {job} once, excluding node hpcnode2" in batch
-    finally:
+    finally:  # the cluster left idle: the next tests expect their ranks on hpcnode1 and hpcnode2
         subprocess.run(["scancel", job], check=False)
+        wait_for_job_end(job, timeout=120)
+        wait_for(lambda: not squeue_ids(), 60, "the cluster idle")
 
 
 def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):

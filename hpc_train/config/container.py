@@ -33,6 +33,13 @@ def _env(value: Any) -> Problem:
     return None
 
 
+def _command(value: Any) -> Problem:
+    """One of the runtimes' executables by name, or a site's own by absolute path (a wrapper around one of them)."""
+    if isinstance(value, str) and (value in COMMANDS or (value.startswith("/") and "\n" not in value)):
+        return None
+    return f"must be one of {', '.join(COMMANDS)} or an absolute path to a wrapper of one, got {show(value)}"
+
+
 RULES: Tuple[Rule, ...] = (
     R(
         "container.name",
@@ -76,10 +83,11 @@ RULES: Tuple[Rule, ...] = (
     ),
     R(
         "container.command",
-        one_of(*COMMANDS),
+        typed(" | ".join(COMMANDS) + " | an absolute path", _command),
         "singularity",
         null="the runtime's own (apptainer; crun for oci under launcher=local)",
-        fix="set container.command=apptainer or singularity (container=apptainer), crun or runc (container=oci).",
+        fix="set container.command=apptainer or singularity (container=apptainer), crun or runc (container=oci), or the"
+        " absolute path of your site's wrapper of one.",
         doc="The runtime's executable: apptainer | singularity; for oci under launcher=local, crun | runc.",
         default=None,
     ),

@@ -121,6 +121,11 @@ class ContainerRuntime:
         (already changed by the step). Default: the step's prefix runs it."""
         return step.argv(argv)
 
+    def local_runner(self, settings: ContainerSettings, ctx: StepContext, name: str) -> List[str]:
+        """The words before the image's Python under launcher=local, where the runtime runs a bundle of its own
+        (OCI); empty where the step's prefix says it all."""
+        return []
+
     def python(self, settings: ContainerSettings, ctx: StepContext) -> List[str]:
         if ctx.library is None:
             return [IMAGE_PYTHON, "-u", "-m", ENTRY_MODULE]

@@ -43,13 +43,22 @@ class LocalContainer:
         return self.runtime.local_task(self.settings, self.ctx, self.step, argv, changed, name), changed
 
 
-def local_container(settings: ContainerSettings, binds: Iterable[str], gpus: bool, job_files: Path):
-    """The local launcher's container (None: no container); hpc_train's library is staged now."""
+def local_container(
+    settings: ContainerSettings, binds: Iterable[str], gpus: bool, job_files: Path, stage: bool = True
+) -> Optional[LocalContainer]:
+    """The local launcher's container (None: no container); hpc_train's library is staged now unless `stage` is
+    false (a dry run)."""
     runtime = runtime_for(settings)
     if runtime is None:
         return None
-    ctx = step_context(binds, gpus, job_files, settings, stage=True)
+    ctx = step_context(binds, gpus, job_files, settings, stage=stage)
     return LocalContainer(runtime, settings, ctx, runtime.step(settings, ctx, local=True))
+
+
+def local_container_preview(
+    settings: ContainerSettings, binds: Iterable[str], gpus: bool, job_files: Path
+) -> Optional[LocalContainer]:
+    return local_container(settings, binds, gpus, job_files, stage=False)
 
 
 def container_step(

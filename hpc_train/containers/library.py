@@ -30,6 +30,7 @@ RANK_PACKAGES = (
     "packaging",
     "typing_extensions",
     "tqdm",
+    "hydra_plugins.hpc_train_launcher",  # a Hydra app's jobs unpickle hpc_train's plugin
 )
 CACHE_VARIABLE = "HPC_TRAIN_CACHE"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd")
@@ -79,11 +80,13 @@ def stage() -> Path:
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    for _, path in _sources():
+    for name, path in _sources():
+        parent = partial.joinpath(*name.split(".")[:-1])  # a namespace package's part: its own folder only
+        parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
-            shutil.copytree(path, partial / path.name, ignore=_SKIP, symlinks=False)
+            shutil.copytree(path, parent / path.name, ignore=_SKIP, symlinks=False)
         else:
-            shutil.copy2(path, partial / path.name)
+            shutil.copy2(path, parent / path.name)
     (partial / ENTRY_FILE).write_text(ENTRY_TEXT)
     try:
         partial.rename(target)

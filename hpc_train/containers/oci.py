@@ -136,4 +136,8 @@ class Oci(ContainerRuntime):
         kept = [n for n in namespaces if n.get("type") not in ("network", "uts")]  # the host's, as on Slurm
         config.setdefault("linux", {})["namespaces"] = kept
         StepCommand(files={str(bundle / "config.json"): json.dumps(config, indent=1) + "\n"}).write_files()
+        return self.local_runner(settings, ctx, name)
+
+    def local_runner(self, settings: ContainerSettings, ctx: StepContext, name: str) -> List[str]:
+        bundle = Path(ctx.job_files) / f"{BUNDLE}-{name}"
         return [str(settings.command or self.default_command), "run", "--bundle", str(bundle), name]

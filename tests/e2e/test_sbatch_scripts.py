@@ -124,7 +124,7 @@ def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
     assert render_sbatch(folder, params) == written
     assert "#SBATCH --requeue" in written.splitlines()
     if case == "usr1-gpus-per-node":
-        assert "#SBATCH --signal=USR1@45" in written.splitlines() and "export SUBMITIT_PREEMPT_SIGNAL=USR1" in written
+        assert "#SBATCH --signal=B:USR1@45" in written.splitlines() and "export SUBMITIT_PREEMPT_SIGNAL=USR1" in written
 
 
 def test_a_preempt_signal_left_in_the_login_shell_does_not_change_the_jobs_signal(tmp_path, monkeypatch):
@@ -135,7 +135,7 @@ def test_a_preempt_signal_left_in_the_login_shell_does_not_change_the_jobs_signa
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
     params, folder, written = _submitted_script(["launcher=slurm", "launcher.signal_delay_s=60"], tmp_path, monkeypatch)
     lines = written.splitlines()
-    assert "#SBATCH --signal=USR2@60" in lines and not any("USR1" in line for line in lines)
+    assert "#SBATCH --signal=B:USR2@60" in lines and not any("USR1" in line for line in lines)
     assert "export SUBMITIT_PREEMPT_SIGNAL=USR2" in lines
     assert render_sbatch(folder, params) == written
 

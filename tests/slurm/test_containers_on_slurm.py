@@ -27,6 +27,7 @@ from tests.slurm.test_hang_slurm import JOB as HANGING_JOB
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
 from tests.support.paths import REPO, SCRIPTS
 from tests.support.slurm import scontrol_job, squeue_ids, wait_for_job_end
+from tests.support.slurm_cluster import cluster_dir
 
 pytestmark = pytest.mark.slurm
 
@@ -184,3 +185,15 @@ def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):
     seen = json.loads((sweep_dir / "0" / "seen.json").read_text())
     assert json.loads(seen["HPC_TRAIN_CONTAINER_SEEN"])["executable"] == IMAGE_PYTHON
     assert "VIRTUAL_ENV" not in seen
+
+
+def test_a_local_run_in_the_image_equals_the_same_run_outside_it(image, tmp_path):
+    """launcher=local with container=oci: each rank its own bundle, run by the OCI runtime (here the test cluster's
+    wrapper of crun, given by absolute path as a site's wrapper would be)."""
+    runtime = f"{cluster_dir()}/etc/oci-runtime"
+    local = [*RESUME, "strategy=ddp", "resources.gpus_per_node=2"]
+    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    assert_ok(run_cli([*local, *_in(image), f"container.command={runtime}"], inside))
+    assert_ok(run_cli(local, outside))
+    assert_bit_identical(outside, inside)
+    assert_ran_in_the_image(inside, image)

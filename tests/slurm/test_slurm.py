@@ -120,7 +120,7 @@ def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
         "--cpus-per-task=1",
         "--partition=gpu_p2",
         "--time=5",
-        "--signal=USR2@30",
+        "--signal=B:USR2@30",
     ):
         assert f"#SBATCH {expected}" in sbatch_lines
     assert "dry run, nothing submitted" in dry.stdout

@@ -72,6 +72,11 @@ def reset_association_limits() -> None:
 _session_lock = None  # the open lock file while this session holds the cluster
 
 
+def cluster_dir() -> str:
+    """The test cluster's state folder (scripts/slurm_test_cluster.sh's HPC_TRAIN_SLURM_DIR, and its default)."""
+    return os.environ.get("HPC_TRAIN_SLURM_DIR", "/tmp/hpc-train-slurm").rstrip("/")
+
+
 def hold_cluster(exclusive: bool) -> None:
     """Hold the test cluster for the rest of this pytest session: shared by the sessions that use the
     suite's cluster, exclusive for one that resizes it (`start --nodes 16` ends every running job).
@@ -80,7 +85,7 @@ def hold_cluster(exclusive: bool) -> None:
     """
     global _session_lock
     if _session_lock is None:
-        state_dir = os.environ.get("HPC_TRAIN_SLURM_DIR", "/tmp/hpc-train-slurm").rstrip("/")
+        state_dir = cluster_dir()
         _session_lock = open(f"{state_dir}.sessions.lock", "a+")
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     deadline = time.monotonic() + 480

@@ -15,6 +15,7 @@ takes two stop signals less than a second apart as one (hpc_train.compute.runtim
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.config.view import plain
-from hpc_train.containers.job_step import local_container
+from hpc_train.containers.job_step import local_container, local_container_preview
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
 from hpc_train.records import hang, rundir
@@ -74,6 +75,28 @@ def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
+def _container(plan: RunPlan, stage: bool):
+    return (local_container if stage else local_container_preview)(
+        ContainerSettings.from_section(plain(plan.config.get("container"))),
+        [str(plan.run_dir.absolute().parent)],
+        count_local_gpus() > 0,
+        plan.run_dir.absolute() / CONTAINER_FILES,
+    )
+
+
+def container_line(plan: RunPlan) -> Optional[str]:
+    """The dry run's words for what each rank runs in the image (None: no container); nothing is written."""
+    image = _container(plan, stage=False)
+    if image is None:
+        return None
+    module_args = ["-m", "hpc_train.compute.worker", str(plan.run_dir.absolute() / "job_config.yaml")]
+    command = shlex.join(image.step.argv(module_args))
+    removed = ", ".join(image.step.unset)
+    runner = image.runtime.local_runner(image.settings, image.ctx, "<rank>")
+    where = f"{shlex.join(runner)} with config.json's process: " if runner else ""
+    return f"each rank runs, in the image: {where}{command} (the environment without {removed})"
+
+
 def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
     """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
     world = plan.layout.world_size
@@ -84,12 +107,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     procs: List[subprocess.Popen] = []
     files = []
     module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
-    image = local_container(
-        ContainerSettings.from_section(plain(plan.config.get("container"))),
-        [str(run_dir.absolute().parent)],
-        count_local_gpus() > 0,
-        run_dir.absolute() / CONTAINER_FILES,
-    )
+    image = _container(plan, stage=True)
     launch_id = f"{os.getpid()}-{time.time_ns()}"
     forwarded = _forward_stop_signals(procs)
     try:

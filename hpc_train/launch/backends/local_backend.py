@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional
 
 from hpc_train.jobs import job_states as states
 from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
-from hpc_train.launch.backends.local import run_local
+from hpc_train.launch.backends.local import container_line, run_local
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
@@ -19,6 +19,9 @@ class LocalBackend(Backend):
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
         print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
         print(f"  run dir: {plan.run_dir}")
+        line = container_line(plan)
+        if line:
+            print(f"  {line}")
         return 0
 
     def start(self, plan: RunPlan, spec: Dict[str, Any], wait: bool) -> int:

@@ -5,19 +5,34 @@ a mount that would hide the run dir, pyxis under launcher=local) is checked by h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from hpc_train.config.checks import Problem, list_of, one_of, show, text, typed
 from hpc_train.config.rule import R, Rule
-from hpc_train.containers.registry import NAMES
-from hpc_train.containers.settings import IMAGE_HPC_TRAIN, MOUNT_FORM, MOUNT_HPC_TRAIN, parse_mount
 
+NO_CONTAINER = "none"
+NAMES = (
+    NO_CONTAINER,
+    "apptainer",
+    "pyxis",
+    "oci",
+)  # the options of conf/container/ (each runtime: containers.registry)
 COMMANDS = ("apptainer", "singularity", "crun", "runc")
+MOUNT_FORM = "SRC:DST[:ro]"
+MOUNT_HPC_TRAIN, IMAGE_HPC_TRAIN = "mount", "image"  # container.hpc_train: where the ranks import hpc_train from
+_MOUNT = re.compile(r"(/[^:,]*):(/[^:,]*)(:(ro|rw))?")
+
+
+def mount_parts(value: Any) -> Optional[Tuple[str, str, bool]]:
+    """`SRC:DST[:ro]` with absolute paths -> (source, target, read only); None when it is not that form."""
+    match = _MOUNT.fullmatch(value) if isinstance(value, str) else None
+    return None if match is None else (match.group(1), match.group(2), match.group(4) == "ro")
 
 
 def _mount(value: Any) -> Problem:
-    if parse_mount(value) is None:
+    if mount_parts(value) is None:
         return f"must be {MOUNT_FORM} with absolute paths (e.g. /scratch/data:/data:ro), got {show(value)}"
     return None
 

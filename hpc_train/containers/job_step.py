@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from hpc_train.config.container import MOUNT_HPC_TRAIN
 from hpc_train.containers import library
 from hpc_train.containers.base import ContainerRuntime, StepCommand, StepContext
 from hpc_train.containers.registry import runtime_for
-from hpc_train.containers.settings import MOUNT_HPC_TRAIN, ContainerSettings
+from hpc_train.containers.settings import ContainerSettings
 
 
 def step_context(

@@ -8,10 +8,10 @@ from hpc_train.containers.apptainer import Apptainer
 from hpc_train.containers.base import ContainerRuntime
 from hpc_train.containers.oci import Oci
 from hpc_train.containers.pyxis import Pyxis
-from hpc_train.containers.settings import NO_CONTAINER, ContainerSettings
+from hpc_train.containers.settings import ContainerSettings
 
+# One per option of the container group but none (tests/unit/test_containers.py holds them equal).
 RUNTIMES: Dict[str, ContainerRuntime] = {runtime.name: runtime for runtime in (Apptainer(), Pyxis(), Oci())}
-NAMES = (NO_CONTAINER, *RUNTIMES)
 
 
 def runtime_for(settings: ContainerSettings) -> Optional[ContainerRuntime]:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-MOUNT_FORM = "SRC:DST[:ro]"
-NO_CONTAINER = "none"
-MOUNT_HPC_TRAIN, IMAGE_HPC_TRAIN = "mount", "image"  # container.hpc_train: where the ranks import hpc_train from
+from hpc_train.config.container import MOUNT_HPC_TRAIN, NO_CONTAINER, mount_parts
+
 IMAGE_PYTHON = "python3"  # the image's interpreter, found on the image's own PATH
-_MOUNT = re.compile(r"(/[^:,]*):(/[^:,]*)(:(ro|rw))?")
 
 
 @dataclass(frozen=True)
@@ -28,10 +25,8 @@ class Mount:
 
 def parse_mount(text: Any) -> Optional[Mount]:
     """`SRC:DST[:ro]` with absolute paths -> Mount; None when it is not that form."""
-    match = _MOUNT.fullmatch(str(text)) if isinstance(text, str) else None
-    if match is None:
-        return None
-    return Mount(match.group(1), match.group(2), match.group(4) == "ro")
+    parts = mount_parts(text)
+    return None if parts is None else Mount(*parts)
 
 
 @dataclass(frozen=True)

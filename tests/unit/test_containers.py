@@ -307,3 +307,11 @@ def test_local_apptainer_prefixes_each_rank(sif, tmp_path):
     command, changed = image.task(["-m", "hpc_train.compute.worker", "spec.yaml"], {"PYTHONPATH": "/x"}, "t0")
     assert command[:3] == ["apptainer", "exec", "--nv"] and command[command.index(str(sif)) + 1] == "python3"
     assert "PYTHONPATH" not in changed
+
+
+def test_every_option_of_the_container_group_but_none_has_its_runtime():
+    from hpc_train.config.container import NAMES, NO_CONTAINER
+    from hpc_train.containers.registry import RUNTIMES
+
+    shipped = {path.stem for path in (Path(CONFIG_DIR) / "container").glob("*.yaml")}
+    assert shipped == set(NAMES) and set(RUNTIMES) == set(NAMES) - {NO_CONTAINER}

@@ -87,7 +87,8 @@ LAYERS = (
     ("compute",),
     ("contracts",),
     ("batchhost",),
-    ("config", "jobs", "pack", "containers"),
+    ("containers",),
+    ("config", "jobs", "pack"),
     ("records",),
     ("slurm", "processes", "conf"),
 )

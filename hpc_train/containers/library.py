@@ -30,7 +30,7 @@ RANK_PACKAGES = (
     "packaging",
     "typing_extensions",
     "tqdm",
-    "hydra_plugins.hpc_train_launcher",  # a Hydra app's jobs unpickle hpc_train's plugin
+    "hydra_plugins",  # a Hydra app's jobs unpickle its config, which names every installed plugin's classes
 )
 CACHE_VARIABLE = "HPC_TRAIN_CACHE"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd")
@@ -49,11 +49,18 @@ def _sources() -> List[Tuple[str, Path]]:
     found = []
     for name in RANK_PACKAGES:
         spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
+        if spec is None:
             continue
+        if spec.origin in (None, "namespace"):  # a namespace package: every portion's packages, under its name
+            for folder in spec.submodule_search_locations or []:
+                found += [(f"{name}.{p.name}", p) for p in sorted(Path(folder).iterdir()) if p.is_dir()]
+            continue  # (a portion found twice, as an editable install lists it, is copied once: the first)
         origin = Path(spec.origin)
         found.append((name, origin.parent if origin.name == "__init__.py" else origin))
-    return found
+    unique = {}
+    for name, path in found:
+        unique.setdefault(name, path)
+    return list(unique.items())
 
 
 def _digest(sources: List[Tuple[str, Path]]) -> str:
@@ -83,6 +90,8 @@ def stage() -> Path:
     for name, path in _sources():
         parent = partial.joinpath(*name.split(".")[:-1])  # a namespace package's part: its own folder only
         parent.mkdir(parents=True, exist_ok=True)
+        if path.name == "__pycache__":
+            continue
         if path.is_dir():
             shutil.copytree(path, parent / path.name, ignore=_SKIP, symlinks=False)
         else:

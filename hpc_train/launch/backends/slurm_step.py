@@ -47,8 +47,10 @@ def container_of(step: Dict[str, Any], folder: Path, stage: bool) -> Optional[St
 
 
 def log_pattern(folder: Path, array: bool, stream: str) -> str:
-    """srun's --output/--error as submitit names its task logs (``%A_%a`` for an array's tasks)."""
-    return str(Path(folder).expanduser().absolute() / f"{'%A_%a' if array else '%j'}_%t_log.{stream}")
+    """srun's --output/--error as submitit names its task logs: an array's tasks by ``%A_%a`` wherever ``%j`` stands,
+    in a Hydra app's folder too (``.submitit/%j``)."""
+    pattern = str(Path(folder).expanduser().absolute() / f"%j_%t_log.{stream}")
+    return pattern.replace("%j", "%A_%a") if array else pattern
 
 
 def step_python(folder: Path, params: Dict[str, Any], array: bool = False, stage: bool = False) -> str:

@@ -95,11 +95,11 @@ LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node",
 
 def cluster_profile(name: str) -> Dict[str, Any]:
     """The cluster section of the profile `name` (see ``profile``)."""
-    return profile(name)[0]
+    return composed_profile(name)[0]
 
 
 @functools.lru_cache(maxsize=None)
-def profile(name: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def composed_profile(name: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """hpc_train's cluster profile `name` (shipped, e.g. jean_zay), or a profile file of the user's
     (``path/to/my_conf/cluster/mysite.yaml``), composed by hpc-train's own config in this process (Hydra's compose
     API, the app's own Hydra state set aside and restored): its defaults list and interpolations work as they do
@@ -149,7 +149,7 @@ def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
     out["additional_parameters"] = extra
     own = dict(out.get("container") or {})
     if own.get("name") is None:  # the app did not pick a runtime: the profile's, with the app's keys over it
-        site = profile(str(launcher["cluster"]))[1]
+        site = composed_profile(str(launcher["cluster"]))[1]
         out["container"] = {**site, **{k: v for k, v in own.items() if v not in (None, [], {})}}
     return out
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 import time
 
 import hydra
@@ -22,6 +23,7 @@ def main(cfg: DictConfig) -> int:
         time.sleep(cfg.sleep_s)
     names = ("SLURM_JOB_ID", "SLURM_GPUS_ON_NODE", "SLURM_JOB_PARTITION", "SLURM_CPUS_PER_TASK", "FROM_PROFILE")
     seen = {key: os.environ.get(key) for key in names}
+    seen["python"] = sys.executable  # which interpreter ran the job (an image's own, in a container)
     with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:
         json.dump(seen, handle)
     return int(cfg.gpus)

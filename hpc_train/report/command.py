@@ -68,6 +68,7 @@ class JobReport:
     allocation: Optional[str] = None  # a packed run: the Slurm job id of the allocation that has it
     logs: List[str] = field(default_factory=list)  # a packed run that did not complete: its own logs to read
     loss_curve: List[Tuple[int, float]] = field(default_factory=list)
+    image: Optional[str] = None  # the container image the ranks ran in (and its digest), from the summary
 
 
 # -- reading one run dir ---------------------------------------------------------------------
@@ -137,6 +138,9 @@ def read_job(
         job.train_loss = summary.get("train_loss")
         job.eval_accuracy = summary.get("eval_accuracy")
         job.attempts = summary.get("attempts") or _attempts_started(run_dir) or 1
+        ran = summary.get("python") if isinstance(summary.get("python"), dict) else {}
+        if ran.get("image"):
+            job.image = f"{ran['image']}" + (f" ({ran['digest']})" if ran.get("digest") else "")
     else:
         job.attempts = _attempts_started(run_dir)
         if job.slurm_job_id is None:
@@ -532,6 +536,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             " step)"
         )
         print(f"states: {state_counts(jobs)}")
+        for image in sorted({job.image for job in jobs if job.image}):
+            print(f"image: {image} ({sum(job.image == image for job in jobs)} of {len(jobs)} jobs)")
         if any(job.state_from_run_dir for job in jobs):
             print(f"({FROM_RUN_DIRS})")
         for line in failure_lines(jobs):

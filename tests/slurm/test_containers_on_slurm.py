@@ -92,6 +92,10 @@ def test_ddp_in_the_image_equals_the_same_job_outside_it(pair, image):
     assert_bit_identical(outside, inside)
     assert_ran_in_the_image(inside, image)
     assert read_summary(outside)["python"]["executable"] != IMAGE_PYTHON
+    report = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report.command", str(inside), "--no-png"], capture_output=True, text=True
+    )
+    assert f"image: {image} (sha256:" in report.stdout, report.stdout + report.stderr
 
 
 def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair, tmp_path):

@@ -43,7 +43,7 @@ def _env(value: Any) -> Problem:
     for key, item in value.items():
         if not (isinstance(key, str) and key.isidentifier()):
             return f"has {show(key)}, which is not a variable name (letters, digits, '_')"
-        if not isinstance(item, (str, int, float)) or isinstance(item, bool) or "\n" in str(item):
+        if not isinstance(item, (str, int, float)) or "\n" in str(item):
             return f"variable {key} must be one line of text or a number, got {show(item)}"
     return None
 

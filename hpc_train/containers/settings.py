@@ -56,7 +56,7 @@ class ContainerSettings:
             name=str(section.get("name") or NO_CONTAINER),
             image=None if section.get("image") is None else str(section["image"]),
             mounts=mounts,
-            env=tuple((str(k), str(v)) for k, v in env.items()),
+            env=tuple((str(k), str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env.items()),
             options=tuple(str(o) for o in section.get("options") or ()),
             command=None if section.get("command") is None else str(section["command"]),
             hpc_train=str(section.get("hpc_train") or MOUNT_HPC_TRAIN),

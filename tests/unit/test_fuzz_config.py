@@ -354,6 +354,9 @@ MAPPING_VALUES = {
     "script.overrides": st.dictionaries(WORDS, st.one_of(st.integers(0, 99), WORDS), min_size=1, max_size=3),
     "logger.trackers": TRACKER_FLAGS,
     "launcher.pack": PACK,
+    "container.env": st.dictionaries(
+        st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), st.one_of(st.integers(0, 99), WORDS), max_size=3
+    ),
 }
 
 

@@ -315,3 +315,26 @@ def test_every_option_of_the_container_group_but_none_has_its_runtime():
 
     shipped = {path.stem for path in (Path(CONFIG_DIR) / "container").glob("*.yaml")}
     assert shipped == set(NAMES) and set(RUNTIMES) == set(NAMES) - {NO_CONTAINER}
+
+
+def test_a_cluster_profile_picks_the_sites_container_and_the_command_line_wins(sif, tmp_path):
+    """A site's profile selects its own container option (the runtime and the image) from its defaults list; the
+    same selection reaches a Hydra app through hydra.launcher.cluster; container=... on the command line wins."""
+    from hpc_train.launch.hydra import cli_child
+    from hpc_train.launch.hydra.app_config import composed_profile
+
+    (tmp_path / "my_conf" / "cluster").mkdir(parents=True)
+    (tmp_path / "my_conf" / "container").mkdir()
+    (tmp_path / "my_conf" / "container" / "mysite.yaml").write_text(
+        f"defaults:\n  - apptainer\n  - _self_\nimage: {sif}\n"
+    )
+    (tmp_path / "my_conf" / "cluster" / "mysite.yaml").write_text(
+        "defaults:\n  - slurm\n  - override /container@_global_.container: mysite\n  - _self_\nname: mysite\n"
+    )
+    config_dir = str(tmp_path / "my_conf")
+    cfg, _ = cli_child.compose(["cluster=mysite", "launcher=slurm"], config_dir)
+    assert (cfg.container.name, cfg.container.image) == ("apptainer", str(sif))
+    cfg, _ = cli_child.compose(["cluster=mysite", "launcher=slurm", "container=none"], config_dir)
+    assert cfg.container.name == "none"
+    _, container = composed_profile(str(tmp_path / "my_conf" / "cluster" / "mysite.yaml"))
+    assert (container["name"], container["image"]) == ("apptainer", str(sif))

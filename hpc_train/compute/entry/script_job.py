@@ -13,7 +13,7 @@ starts the node's ranks and sets their variables itself.
 Signals: the script ignores the requeue signal (an unhandled SIGUSR1/USR2 would kill it); this
 task takes it, forwards ``script.signal`` if set and gives the script ``script.signal_grace_s``,
 then stops the script and raises :class:`TrainingInterrupted`, so the job is requeued exactly as
-hpc_train's own jobs are (submitit's handler on rank 0, within ``trainer.max_requeues``). SIGTERM
+hpc_train's own jobs are (rank 0 asks the batch host's agent, within ``trainer.max_requeues``). SIGTERM
 (preemption, ``scancel``, ``scontrol requeue``) is forwarded at once. Every attempt after the
 first appends ``script.resume_args`` (only if ``script.resume_if`` exists, when it is set).
 """

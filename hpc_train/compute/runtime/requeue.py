@@ -44,7 +44,14 @@ def requeue_after_stop(stop: TrainingInterrupted, run_dir: Path, max_requeues: i
     False: not requeued (no batch host listens: a local run, or a packed run whose pool requeues), and the caller
     exits as interrupted (the checkpoint is kept either way).
     """
-    if os.environ.get(PACKED_ENV) or job_requests.request_file() is None:
+    if os.environ.get(PACKED_ENV):
+        return False
+    if job_requests.request_file() is None:
+        if os.environ.get("SLURM_JOB_ID") and detect_ranks().is_main:  # a batch script of the user's own
+            log.error(
+                "not requeued: no batch-host agent started this job step; exec `python -m hpc_train.batchhost.agent"
+                " --requests DIR -- srun ...` in the batch script (as sbatch/*.slurm do) to requeue it"
+            )
         return False
     if not detect_ranks().is_main:  # rank 0 decides; exiting before it has written would end the step first
         return job_requests.wait_for(WAIT_FOR_REQUEST_S)

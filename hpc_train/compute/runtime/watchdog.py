@@ -92,8 +92,13 @@ def _collect_stacks(run_dir: Path, ranks: List[int], stamp: str) -> Dict[int, Op
 def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> str:
     """Ask the batch host to requeue this Slurm job once, away from the culprits' nodes; what was done, in words
     (logged too). The batch host runs ``scontrol`` once the step has ended (hpc_train.batchhost.agent)."""
-    if job_requests.request_file() is None or not os.environ.get("SLURM_JOB_ID"):
+    if not os.environ.get("SLURM_JOB_ID"):
         text = "not requeued: trainer.requeue_on_hang applies to Slurm jobs (this is a local run)"
+    elif job_requests.request_file() is None and not os.environ.get(PACKED_ENV):
+        text = (
+            "not requeued: no batch-host agent started this job step (a batch script of your own: exec"
+            " `python -m hpc_train.batchhost.agent --requests DIR -- srun ...` as sbatch/*.slurm do)"
+        )
     elif os.environ.get(PACKED_ENV):
         text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
     elif any(r.get("how") == HANG for r in rundir.read_attempts(run_dir)[:-1] if r.get("event") == "end"):

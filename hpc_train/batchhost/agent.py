@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from hpc_train.containers.base import LAUNCH_PREFIX_VARIABLE
+from hpc_train.containers.base import IMAGE_VARIABLE, LAUNCH_PREFIX_VARIABLE
 from hpc_train.records import job_requests
 from hpc_train.records.run_claim import slurm_job_id
 from hpc_train.records.rundir import EXIT_REFUSED
@@ -83,9 +83,19 @@ def run_step(command: List[str], env: dict) -> int:
             signal.signal(signum, handler)
 
 
-def act(path: Path, code: int) -> int:
-    """What the ranks asked, done; the job's exit status."""
+def act(path: Path, code: int, image: str = "") -> int:
+    """What the ranks asked, done; the job's exit status. `image`: the container's, whose entry every rank runs
+    first; a failed step in which no rank got that far had no Python to run it."""
     record = job_requests.read(path)
+    if record is None and image and code != 0 and not job_requests.started_file(path).exists():
+        print(
+            f"hpc-train: the image {image} cannot run hpc_train's ranks: no rank started its Python (`python3` on the"
+            " image's PATH). Fix: use an image with Python and torch (container.image=...); the step's own words are"
+            " in the job's Slurm logs.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_REFUSED
     if record is None:
         return code
     if record["action"] == job_requests.REFUSE:
@@ -109,8 +119,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     path = request_path(Path(args.requests))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a requeued job keeps its id: last attempt's request is done
-    code = run_step(args.step, step_environment(args, path))
-    return act(path, code)
+    job_requests.started_file(path).unlink(missing_ok=True)
+    env = step_environment(args, path)
+    code = run_step(args.step, env)
+    return act(path, code, env.get(IMAGE_VARIABLE, ""))
 
 
 if __name__ == "__main__":

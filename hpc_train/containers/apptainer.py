@@ -34,4 +34,5 @@ class Apptainer(ContainerRuntime):
             prefix=[str(command), "exec", *self.flags(settings, ctx), str(settings.image)],
             python=self.python(settings, ctx),
             unset=LAUNCH_ENV_VARIABLES,
+            set_env=self.common_env(settings),  # for the batch host too, which names the image in a refusal
         )

@@ -153,6 +153,7 @@ def _run(argv: List[str]) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    job_requests.mark_started()
     _put_library_first()
     seen = what_runs()
     found = problems(dict(os.environ), seen)

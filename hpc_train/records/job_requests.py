@@ -37,6 +37,17 @@ def write(action: str, exclude: Optional[List[str]] = None, message: str = "", w
     return True
 
 
+def mark_started() -> None:
+    """The first thing a rank does in its image: say that the image's Python ran (see ``started``)."""
+    path = request_file()
+    if path is not None:
+        started_file(path).touch()
+
+
+def started_file(path: Path) -> Path:
+    return path.with_name(path.name.replace(".json", "") + ".started")
+
+
 def read(path: Path) -> Optional[Dict[str, Any]]:
     try:
         record = json.loads(path.read_text())

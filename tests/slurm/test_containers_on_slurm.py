@@ -156,21 +156,45 @@ def test_a_hang_in_the_image_is_named_and_its_node_excluded_from_outside(image, 
         wait_for(lambda: not squeue_ids(), 60, "the cluster idle")
 
 
-def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):
-    """One message naming the image and what it lacks, as the job's last line; no training."""
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    (bare / "rootfs").symlink_to((image / "rootfs").resolve())
+def _variant(image: Path, folder: Path, change) -> Path:
+    """A copy of the test image's bundle (its root file system shared) with config.json changed by `change`."""
+    folder.mkdir()
+    (folder / "rootfs").symlink_to((image / "rootfs").resolve())
     config = json.loads((image / "config.json").read_text())
-    config["mounts"] = [m for m in config["mounts"] if "/site-packages/" not in m["destination"]]
-    (bare / "config.json").write_text(json.dumps(config))
-    run_dir = tmp_path / "run"
-    job = submit([*TINY, *DDP, *_in(bare)], run_dir)
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _refused(run_dir: Path, job: str, bare: Path) -> str:
+    """The refused job's last line (exit code 2, no training)."""
     fields = wait_for_job_end(job, timeout=120)
     assert fields["JobState"] == "FAILED" and fields["ExitCode"].startswith(f"{rundir.EXIT_REFUSED}:"), fields
     lines = (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text().strip().splitlines()
     assert lines[-1].startswith(f"hpc-train: the image {bare} cannot run hpc_train's ranks"), lines[-3:]
-    assert "has no torch" in lines[-1] and not (run_dir / rundir.SUMMARY).exists()
+    assert not (run_dir / rundir.SUMMARY).exists()
+    return lines[-1]
+
+
+def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):
+    """One message naming the image and what it lacks, as the job's last line; no training."""
+
+    def no_torch(config):
+        config["mounts"] = [m for m in config["mounts"] if "/site-packages/" not in m["destination"]]
+
+    bare = _variant(image, tmp_path / "bare", no_torch)
+    run_dir = tmp_path / "run"
+    assert "has no torch" in _refused(run_dir, submit([*TINY, *DDP, *_in(bare)], run_dir), bare)
+
+
+def test_an_image_without_python_is_refused_by_the_batch_host(image, tmp_path):
+    def no_python(config):
+        config["process"]["env"] = [e for e in config["process"]["env"] if not e.startswith("PATH=")]
+        config["process"]["env"].append("PATH=/nowhere")
+
+    bare = _variant(image, tmp_path / "bare", no_python)
+    run_dir = tmp_path / "run"
+    assert "no rank started its Python" in _refused(run_dir, submit([*TINY, *DDP, *_in(bare)], run_dir), bare)
 
 
 def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):

@@ -144,7 +144,7 @@ def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
     sbatch = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --partition=gpu_p2" in sbatch and "#SBATCH --gres=gpu:2" in sbatch  # the user's keys
     assert "#SBATCH --time=5" in sbatch  # the user's time limit, in submitit's minutes
-    assert any(line.startswith("#SBATCH --signal=USR2@") for line in sbatch)  # inherited behaviour
+    assert any(line.startswith("#SBATCH --signal=B:USR2@") for line in sbatch)  # inherited behaviour
 
 
 def test_user_option_is_listed_and_validated_like_a_shipped_one(tmp_path):

@@ -214,13 +214,12 @@ def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):
     assert seen["python"] == IMAGE_PYTHON and seen["SLURM_JOB_ID"]
 
 
-def test_a_local_run_in_the_image_equals_the_same_run_outside_it(image, tmp_path):
+def test_a_local_run_in_the_image_equals_the_same_run_outside_it(image, pair, tmp_path):
     """launcher=local with container=oci: each rank its own bundle, run by the OCI runtime (here the test cluster's
     wrapper of crun, given by absolute path as a site's wrapper would be)."""
     runtime = f"{cluster_dir()}/etc/oci-runtime"
     local = [*RESUME, "strategy=ddp", "resources.gpus_per_node=2"]
-    inside, outside = tmp_path / "inside", tmp_path / "outside"
+    inside = tmp_path / "inside"
     assert_ok(run_cli([*local, *_in(image), f"container.command={runtime}"], inside))
-    assert_ok(run_cli(local, outside))
-    assert_bit_identical(outside, inside)
+    assert_bit_identical(pair[1], inside)  # 2 gloo ranks on one machine equal 2 on two nodes
     assert_ran_in_the_image(inside, image)

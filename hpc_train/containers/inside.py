@@ -158,7 +158,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     seen = what_runs()
     found = problems(dict(os.environ), seen)
     if os.environ.get(ROOTFS_VARIABLE) and "SLURM_PROCID" not in os.environ and os.environ.get("SLURM_JOB_ID"):
-        found += [p for p in [oci_task_identity(os.environ, seen["host"])] if p]  # type: ignore[arg-type]
+        unknown_rank = oci_task_identity(os.environ, seen["host"])  # type: ignore[arg-type]
+        if unknown_rank:
+            found.append(unknown_rank)
     if found:
         image = seen["image"] or "the image"
         message = (

@@ -56,12 +56,6 @@ def local_container(
     return LocalContainer(runtime, settings, ctx, runtime.step(settings, ctx, local=True))
 
 
-def local_container_preview(
-    settings: ContainerSettings, binds: Iterable[str], gpus: bool, job_files: Path
-) -> Optional[LocalContainer]:
-    return local_container(settings, binds, gpus, job_files, stage=False)
-
-
 def container_step(
     settings: ContainerSettings, binds: Iterable[str], gpus: bool, job_files: Path, stage: bool, local: bool = False
 ) -> Optional[StepCommand]:

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from hpc_train.containers.base import (
     LAUNCH_ENV_VARIABLES,
@@ -67,13 +67,17 @@ class Oci(ContainerRuntime):
     one_task_per_node = True
 
     def bundle_config(
-        self, settings: ContainerSettings, ctx: StepContext, env: Mapping[str, str], args: Sequence[str] = ()
-    ) -> Tuple[Dict[str, Any], str]:
-        """The job's config.json and its root file system's path."""
-        image = image_config(str(settings.image))
-        config = copy.deepcopy(image)
-        root = rootfs(str(settings.image), image)
-        config["root"] = {**(config.get("root") or {}), "path": root}
+        self,
+        settings: ContainerSettings,
+        ctx: StepContext,
+        image: Mapping[str, Any],
+        env: Mapping[str, str],
+        args: Sequence[str] = (),
+    ) -> Dict[str, Any]:
+        """The job's config.json: the image's (`image`), with the job's mounts, working directory, environment and,
+        where given, command."""
+        config = copy.deepcopy(dict(image))
+        config["root"] = {**(config.get("root") or {}), "path": rootfs(str(settings.image), image)}
         mounts: List[Dict[str, Any]] = list(config.get("mounts") or [])
         binds = [(path, path, True) for path in HOST_FILES if os.path.exists(path)]
         binds += [(m.source, m.target, m.read_only) for m in self.mounts(settings, ctx)]
@@ -88,26 +92,26 @@ class Oci(ContainerRuntime):
             process["args"] = list(args)
             process["terminal"] = False
         config["process"] = process
-        return config, root
+        return config
 
     def digest(self, settings: ContainerSettings) -> Optional[str]:
         """An OCI bundle's: the sha256 of its config.json (what it runs and mounts; its root file system is a
         folder, which has no digest of its own)."""
         return "sha256:" + hashlib.sha256((Path(str(settings.image)) / "config.json").read_bytes()).hexdigest()
 
-    def step_env(self, settings: ContainerSettings, ctx: StepContext) -> Dict[str, str]:
-        image = image_config(str(settings.image))
+    def step_env(self, settings: ContainerSettings, image: Mapping[str, Any]) -> Dict[str, str]:
         values = {"PATH": image_env(image).get("PATH", DEFAULT_PATH)}
         values[ROOTFS_VARIABLE] = rootfs(str(settings.image), image)
         values.update(self.common_env(settings))
         return values
 
     def step(self, settings: ContainerSettings, ctx: StepContext, local: bool = False) -> StepCommand:
-        set_env = self.step_env(settings, ctx)
+        image = image_config(str(settings.image))
+        set_env = self.step_env(settings, image)
         bundle = str(Path(ctx.job_files) / BUNDLE)
-        config, _ = self.bundle_config(settings, ctx, {**image_env(image_config(str(settings.image))), **set_env})
         if local:
             return StepCommand(python=self.python(settings, ctx), unset=LAUNCH_ENV_VARIABLES, set_env=set_env)
+        config = self.bundle_config(settings, ctx, image, {**image_env(image), **set_env})
         # Slurm runs <bundle>/rootfs whatever config.json's root.path says: the job's bundle links the image's.
         return StepCommand(
             srun_flags=[f"--container={bundle}", *settings.options],
@@ -130,7 +134,7 @@ class Oci(ContainerRuntime):
         """launcher=local: write this task's bundle (its command and environment in config.json, as the OCI
         runtime takes them) and return the runtime's command that runs it in the foreground."""
         bundle = Path(ctx.job_files) / f"{BUNDLE}-{name}"
-        config, _ = self.bundle_config(settings, ctx, env, args=step.argv(argv))
+        config = self.bundle_config(settings, ctx, image_config(str(settings.image)), env, args=step.argv(argv))
         config.pop("hostname", None)
         namespaces = (config.get("linux") or {}).get("namespaces") or []
         kept = [n for n in namespaces if n.get("type") not in ("network", "uts")]  # the host's, as on Slurm

@@ -94,13 +94,13 @@ def _requeue(run_dir: Path, culprit_hosts: List[str], job_hosts: List[str]) -> s
     (logged too). The batch host runs ``scontrol`` once the step has ended (hpc_train.batchhost.agent)."""
     if not os.environ.get("SLURM_JOB_ID"):
         text = "not requeued: trainer.requeue_on_hang applies to Slurm jobs (this is a local run)"
-    elif job_requests.request_file() is None and not os.environ.get(PACKED_ENV):
+    elif os.environ.get(PACKED_ENV):
+        text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
+    elif job_requests.request_file() is None:
         text = (
             "not requeued: no batch-host agent started this job step (a batch script of your own: exec"
             " `python -m hpc_train.batchhost.agent --requests DIR -- srun ...` as sbatch/*.slurm do)"
         )
-    elif os.environ.get(PACKED_ENV):
-        text = "not requeued: a packed run does not requeue its allocation (the other runs go on); this run ends hung"
     elif any(r.get("how") == HANG for r in rundir.read_attempts(run_dir)[:-1] if r.get("event") == "end"):
         text = (
             "not requeued: an earlier attempt of this run ended in a hang already"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.config.view import plain
-from hpc_train.containers.job_step import local_container, local_container_preview
+from hpc_train.containers.job_step import LocalContainer, local_container
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
 from hpc_train.records import hang, rundir
@@ -75,12 +75,13 @@ def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
-def _container(plan: RunPlan, stage: bool):
-    return (local_container if stage else local_container_preview)(
+def _container(plan: RunPlan, stage: bool) -> Optional[LocalContainer]:
+    return local_container(
         ContainerSettings.from_section(plain(plan.config.get("container"))),
         [str(plan.run_dir.absolute().parent)],
         count_local_gpus() > 0,
         plan.run_dir.absolute() / CONTAINER_FILES,
+        stage=stage,
     )
 
 

@@ -229,8 +229,6 @@ def packed_run(job: PreparedJob) -> PackedRun:
         )
     folder = run_dir.absolute().parent
     step = container_of(job.params.get(STEP_KEY) or {}, folder / "slurm", stage=not job.plan.config.dry_run)
-    if step is not None and not job.plan.config.dry_run:
-        step.write_files()
     inner = step.argv([]) if step is not None else [sys.executable]
     return PackedRun(
         job=run_dir.name,

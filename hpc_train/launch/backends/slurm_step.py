@@ -28,22 +28,26 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
     """What the job step's command is made of, as data (stored with the sbatch parameters, so a rerun makes the same
     command): the container section, the folder every run of the submission lives in, GPUs or not. A sweep's runs
     share their parent folder, so their jobs still go in as one array."""
-    section = cfg.get("container")
-    container = plain(section) if section is not None and str(section.get("name")) != "none" else None
+    section = plain(cfg.get("container"))
+    container = section if ContainerSettings.from_section(section).enabled else None
     return {"container": container, "binds": [str(Path(run_dir).absolute().parent)], "gpus": layout.gpus_per_node > 0}
 
 
 def _job_files(folder: Path) -> Path:
     """The folder without Slurm's %j-style parts (a Hydra app's submitit_folder may have them)."""
     parts = Path(folder).absolute().parts
-    kept = [part for part in parts[: next((i for i, p in enumerate(parts) if "%" in p), len(parts))]]
-    return Path(*kept)
+    return Path(*parts[: next((i for i, p in enumerate(parts) if "%" in p), len(parts))])
 
 
 def container_of(step: Dict[str, Any], folder: Path, stage: bool) -> Optional[StepCommand]:
+    """The step's command in its image (None: no container); `stage`: hpc_train's library copied and the step's
+    files (an OCI bundle) written now, as a submission needs them; a dry run only names them."""
     settings = ContainerSettings.from_section(step.get("container"))
     binds = [*step.get("binds", []), str(_job_files(folder))]
-    return container_step(settings, binds, bool(step.get("gpus")), _job_files(folder), stage=stage)
+    command = container_step(settings, binds, bool(step.get("gpus")), _job_files(folder), stage=stage)
+    if command is not None and stage:
+        command.write_files()
+    return command
 
 
 def log_pattern(folder: Path, array: bool, stream: str) -> str:
@@ -67,8 +71,6 @@ def step_python(folder: Path, params: Dict[str, Any], array: bool = False, stage
         agent += [f"--set={key}={value}" for key, value in sorted(container.set_env.items())]
         flags = container.srun_flags
         inner = container.argv([])
-        if stage:
-            container.write_files()
     error = [] if params.get("stderr_to_stdout") else ["--error", log_pattern(folder, array, "err")]
     srun = ["srun", "--unbuffered", "--output", log_pattern(folder, array, "out"), *error]
     srun += [*(params.get("srun_args") or []), *flags]

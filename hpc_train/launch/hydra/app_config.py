@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
+from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.backends.slurm_params import cluster_account, cluster_qos
 from hpc_train.launch.hydra import cli_child
 
@@ -157,7 +158,7 @@ def apply_profile(launcher: Dict[str, Any]) -> Dict[str, Any]:
 def container_section(launcher: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The app's container keys as hpc-train's ``container`` section (None: no container)."""
     section = dict(launcher.get("container") or {})
-    if str(section.get("name") or "none") == "none":
+    if not ContainerSettings.from_section(section).enabled:
         return None
     return {**section, "mounts": list(section.get("mounts") or []), "env": dict(section.get("env") or {})}
 

@@ -113,6 +113,20 @@ def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair
     assert_ran_in_the_image(run_dir, image)
 
 
+def test_a_job_in_the_image_requeued_from_outside_resumes_exactly(image, pair, tmp_path):
+    """`scontrol requeue` while it runs, as a preemption does: Slurm's SIGTERM reaches the ranks in the image, they
+    checkpoint and stop, Slurm requeues the job, and it resumes from that checkpoint."""
+    run_dir = tmp_path / "run"
+    job = submit([*RESUME, *DDP, *_in(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    fields = finished(job, run_dir, timeout=240)
+    assert fields["Restarts"] == "1"
+    assert read_summary(run_dir)["attempts"] == 2
+    assert_bit_identical(pair[1], run_dir)
+    assert_ran_in_the_image(run_dir, image)
+
+
 def test_a_script_job_runs_in_the_image_with_the_jobs_variables(image, tmp_path):
     run_dir = tmp_path / "run"
     job = submit([*TINY, "strategy=dp", *_in(image), "script.argv=[tests/support/scripts/show_env.py]"], run_dir)

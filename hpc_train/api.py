@@ -56,12 +56,14 @@ from hpc_train.jobs.job_states import ENDED
 from hpc_train.jobs.submissions import newest_submission
 from hpc_train.launch.backends.base import JobRef
 from hpc_train.launch.backends.registry import backend_for
+from hpc_train.launch.backends.remote_watch import RemoteWatch
 from hpc_train.launch.hydra import cli_child as child
 from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.pack.records import is_packed_id
 from hpc_train.pack.status import SharedPackedStates
 from hpc_train.records import rundir
+from hpc_train.remote.settings import read_link
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -130,12 +132,17 @@ class Job:
         self._unknown_since: Optional[float] = None
         ref = JobRef(self.job_id, self.run_dir, process, sweep_index, next_run_dir, shared_states)
         self._watch = backend_for(launcher).watch(ref)
+        link = read_link(self.run_dir) if process is None else None
+        if link is not None:  # submitted from this machine to a cluster (cluster.login): followed over SSH
+            self._watch = RemoteWatch(self._watch, link)
 
     def __repr__(self) -> str:
         return f"Job(job_id={self.job_id!r}, run_dir={str(self.run_dir)!r}, launcher={self.launcher!r})"
 
     def summary(self) -> Optional[Dict[str, Any]]:
         """The job's summary.json as a dict, or None while there is none."""
+        if isinstance(self._watch, RemoteWatch):
+            self._watch.refresh()
         return states.read_summary(self.run_dir)
 
     def state(self) -> str:

@@ -34,16 +34,19 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
-from hpc_train.config.engine import whole_mappings  # noqa: E402
+from hpc_train.config.engine import checked_view, whole_mappings  # noqa: E402
 from hpc_train.config.errors import ConfigError  # noqa: E402
 from hpc_train.launch.backends import torchrun_client  # noqa: E402
 from hpc_train.launch.backends.registry import run_configured  # noqa: E402
 from hpc_train.launch.backends.torchrun_client import rank_argv  # noqa: E402
+from hpc_train.launch.hydra import forwarding  # noqa: E402
 from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
 from hpc_train.launch.hydra.hydra_callbacks import Refused  # noqa: E402
 from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.planning import objective  # noqa: E402
-from hpc_train.launch.planning.errors import Interrupted, JobFailed  # noqa: E402
+from hpc_train.launch.planning.errors import Forwarded, Interrupted, JobFailed  # noqa: E402
+from hpc_train.launch.planning.jobspec import build_job_spec  # noqa: E402
+from hpc_train.launch.planning.plan import make_plan  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
 from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
 from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
@@ -67,6 +70,8 @@ def _task(cfg: DictConfig) -> Optional[float]:
 def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[float]:
     try:
         objective.check_objective(cfg, HydraConfig.get())
+        if forwarding.wanted(cfg) and not torchrun_client.active():  # cluster.login: the cluster submits it
+            _forward_or_note(cfg, run_dir)
         if torchrun_client.active():  # started by torchrun: this process is one rank of torchrun's world
             gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             code = torchrun_client.run_rank(cfg, run_dir)
@@ -82,6 +87,16 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
             f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}", exit_code=code, reported=True
         )
     return objective.read_objective(run_dir, str(cfg.objective)) if wants_objective and not cfg.dry_run else None
+
+
+def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
+    """A dry run goes on here (its cluster checks over an open connection); a real one is validated and laid out
+    here, then run by the cluster's hpc_train (raises Forwarded)."""
+    if cfg.dry_run:
+        forwarding.dry_run_commands(cfg)
+        return
+    build_job_spec(make_plan(checked_view(cfg), run_dir))  # every refusal this side can make, before any byte is sent
+    forwarding.run_on_cluster(cfg, run_dir, HydraConfig.get(), multirun=False)
 
 
 def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
@@ -120,6 +135,10 @@ def main() -> None:
         hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(_task)()
     except Refused as refused:
         _fail(refused.error, user_wants_traceback)
+    except Forwarded as forwarded:  # the cluster's hpc-train ran it and printed its words; its refusal as data
+        if forwarded.refusal:
+            write_result(ConfigError(**forwarded.refusal))
+        sys.exit(forwarded.exit_code)
     except Interrupted as interrupted:  # a KeyboardInterrupt said in one line (queueing, waiting): Hydra let it through
         if user_wants_traceback:
             raise

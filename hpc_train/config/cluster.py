@@ -9,6 +9,7 @@ from typing import Tuple
 from hpc_train.config.checks import (
     DECLARED_ONLY,
     INT64_MAX,
+    PATH_TEXT,
     SLURM_WORD,
     SLURM_WORDS,
     list_of,
@@ -197,6 +198,58 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc="Shell lines run before srun, e.g. [module purge, module load pytorch-gpu].",
         default=[],
+    ),
+    R(
+        "cluster.login",
+        text(
+            r"(ssh://)?[A-Za-z0-9_.@%+\[\]:-]+",
+            "an SSH destination (user@host, ssh://user@host:port or a ~/.ssh/config alias)",
+            1024,
+        ),
+        "me@cluster.example.org",
+        null="every command runs on this machine",
+        fix=(
+            "give the cluster's login node as ssh takes it, e.g. cluster.login=me@login.cluster.org,"
+            " cluster.login=ssh://me@login.cluster.org:2222 or an alias of your ~/.ssh/config; or cluster.login=null to"
+            " submit from this machine."
+        ),
+        doc=(
+            "Submit from this machine over SSH (the project synced, the cluster's own hpc_train runs the job);"
+            " null: this machine is the login node."
+        ),
+        default=None,
+    ),
+    R(
+        "cluster.remote_dir",
+        PATH_TEXT,
+        "~/hpc-train/myproject",
+        null="~/hpc-train/<name of the submitting directory>",
+        doc="With cluster.login: the cluster folder of the synced project and its run dirs (~: the cluster home).",
+        default=None,
+    ),
+    R(
+        "cluster.remote_python",
+        text(what="a command (the cluster's Python with hpc_train and torch)"),
+        "~/venvs/train/bin/python",
+        doc="With cluster.login: the cluster's Python that has hpc_train and torch (run after cluster.setup's lines).",
+        default="python3",
+    ),
+    R(
+        "cluster.sync",
+        one_of("auto", "rsync", "ssh"),
+        "ssh",
+        doc=(
+            "With cluster.login: how the project is copied: rsync (both sides need it), ssh (a stream through ssh),"
+            " auto: rsync where both sides have it."
+        ),
+        default="auto",
+    ),
+    R(
+        "cluster.sync_limit_mb",
+        whole(1, 2**30),
+        200,
+        doc="With cluster.login: the most the synced project may hold (MB); more is refused before a byte is sent.",
+        default=200,
     ),
     R(
         "cluster.extra",

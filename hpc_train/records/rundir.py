@@ -39,6 +39,7 @@ WEIGHTS = "model.pt"
 SHARDED_MANIFEST = "manifest.json"  # written last into a sharded (fsdp) checkpoint dir: its files and fingerprint
 JOB_TABLE = "jobs.tsv"
 HYDRA_OVERRIDES = ".hydra/overrides.yaml"
+REMOTE_LINK = "remote.json"  # a laptop's run (or sweep) dir: where its copy on the cluster is (hpc_train.remote)
 
 # How a rank (python -m hpc_train.compute.worker) and the hpc-train command exit.
 EXIT_OK = 0

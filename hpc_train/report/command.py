@@ -33,7 +33,7 @@ from hpc_train.jobs.text_table import format_table
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
-from hpc_train.report import app_report, packed_runs
+from hpc_train.report import app_report, packed_runs, remote_report
 from hpc_train.report.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
@@ -494,7 +494,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             " (a packed sweep's runs: together, in one new allocation of the same shape)"
         ),
     )
+    parser.add_argument(
+        "--fetch",
+        action="store_true",
+        help="a run dir of a cluster's job, from a laptop: copy all of it here (checkpoints, event files) first",
+    )
     args = parser.parse_args(argv)
+    link = remote_report.link_of(args.path)  # a laptop's copy of a cluster's run dir: its records brought up to date
+    if link is not None and args.rerun_failed:
+        return remote_report.rerun_on_cluster(args.path, link)
+    refresh = remote_report.prepare(args.path, link, args.fetch) if link is not None else None
     if args.rerun_failed:
         count, refusal = rerun_failed(args.path)
         if refusal:
@@ -509,7 +518,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        return watch(args.path, args.every or REFRESH_S)
+        return watch(args.path, args.every or REFRESH_S, refresh=refresh)
 
     if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
         found = app_report.rows(args.path)

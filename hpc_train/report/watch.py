@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Dict, List, Optional, Tuple
+from typing import IO, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -299,11 +299,17 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
     return "\n".join(lines)
 
 
-def watch(sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout) -> int:
-    """Redraw until every job has ended; 0 when all completed, 1 when some did not (Ctrl-C stops watching only)."""
+def watch(
+    sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout, refresh: Optional[Callable[[], None]] = None
+) -> int:
+    """Redraw until every job has ended; 0 when all completed, 1 when some did not (Ctrl-C stops watching only).
+
+    refresh: run before each redraw (a laptop's copy of a cluster's sweep dir brought up to date)."""
     redraw = out.isatty()
     try:
         while True:
+            if refresh is not None:
+                refresh()
             snap = snapshot(sweep_dir)
             text = render(sweep_dir, snap)
             why = None if snap.done else never_running(sweep_dir)

@@ -3,7 +3,8 @@
 How they are called (output captured as text, a timeout, never raising for a missing command
 or a failure) and what the callers get back: ``query`` the output of a command that succeeded,
 else None (the caller decides what "no answer" means: accounting off, not a Slurm machine);
-``run`` the finished process, for callers that report Slurm's own words on failure. The
+``run`` the finished process, for callers that report Slurm's own words on failure. Inside
+``hosts.commands_on(cluster)`` (a laptop following a cluster's jobs) they run on the cluster's login node over SSH. The
 parsers several callers share live here too. Both sides import it: no torch.
 
 A ``SLURM_CONF`` that names no file is refused here, before any command runs: Slurm's client
@@ -21,6 +22,8 @@ import signal
 import subprocess
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
+from hpc_train.hosts import hosts
+
 TIMEOUT_S = 60.0  # a busy controller answers within this; every call has a timeout (a hung slurmctld never hangs us)
 
 
@@ -35,6 +38,9 @@ def run(
     would not be done). SIGKILL still comes KillWait later.
     """
     args = [str(word) for word in command]
+    remote = hosts.current()
+    if remote is not None:  # a laptop following a cluster's jobs: the command runs on its login node, over SSH
+        return remote.run(args, timeout, env)
     if shutil.which(args[0]) is None:
         return subprocess.CompletedProcess(args, 127, "", f"{args[0]}: command not found")
     problem = config_problem(env)

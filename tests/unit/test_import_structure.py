@@ -81,16 +81,17 @@ def test_every_function_level_import_says_why():
 # The layers as `ls` shows them, top first (the architecture page's package table): a module imports only modules of its
 # own layer or of a layer below. hpc_train/__init__.py, the package's lazy front door, stands above them all.
 LAYERS = (
-    ("api", "cli", "steps", "models", "datasets"),
+    ("api", "cli", "connect", "steps", "models", "datasets"),
     ("report",),
     ("launch",),
+    ("remote",),
     ("compute",),
     ("contracts",),
     ("batchhost",),
     ("containers",),
     ("config", "jobs", "pack"),
     ("records",),
-    ("slurm", "processes", "conf"),
+    ("slurm", "processes", "conf", "hosts"),
 )
 # Inside launch/, its three wings, top first: the Hydra side drives the backends, the backends run what planning made.
 LAUNCH_LAYERS = (

@@ -34,6 +34,7 @@ from hpc_train.jobs import job_table, submissions
 from hpc_train.launch.backends import packed as pack
 from hpc_train.launch.backends import slurm, slurm_params, slurm_queueing
 from hpc_train.launch.backends.slurm_follow import follow_job
+from hpc_train.launch.hydra import forwarding
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning.errors import JobFailed
@@ -72,6 +73,8 @@ class SweepLauncher(SweepLauncherBase):
         for i, overrides in enumerate(job_overrides):
             jobs.append(self._configs.resolved(overrides, initial_job_idx + i))
             progress.tick()
+        if jobs and forwarding.wanted(jobs[0].view):  # cluster.login: checked here, submitted by the cluster
+            self._forward(jobs)
         slurm_idx = [i for i, job in enumerate(jobs) if launcher_kind(job.view.launcher.name).submits]  # as arrays
         returns: List[Optional[JobReturn]] = [None] * len(jobs)
         if slurm_idx:
@@ -98,6 +101,18 @@ class SweepLauncher(SweepLauncherBase):
         if local_idx and not dry_run:
             print(f"hpc-train: sweep dir {sweep_dir}; compare its jobs with: hpc-train-report {sweep_dir}")
         return returns  # type: ignore[return-value]
+
+    def _forward(self, jobs: List[JobConfig]) -> None:
+        """A dry run goes on here (cluster checks over an open connection); a real sweep is validated and laid out
+        here, every job, then run whole by the cluster's hpc-train (raises Forwarded)."""
+        assert self.config is not None
+        if jobs[0].view.dry_run:
+            forwarding.dry_run_commands(jobs[0].view)
+            return
+        for job in jobs:
+            build_job_spec(make_plan(job.view, job.run_dir), job.choices)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        forwarding.run_on_cluster(jobs[0].view, sweep_dir, self.config.hydra, multirun=True)
 
     def _submit(self, batch: List[Tuple[int, Sequence[str], JobConfig]], sweep_dir: Path) -> List[JobReturn]:
         """Validate, submit and (when asked, or when the sweeper optimises) follow this batch's Slurm jobs.

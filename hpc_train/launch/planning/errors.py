@@ -45,3 +45,13 @@ class StoppedWaiting(Interrupted):
             f"hpc-train: stopped waiting (Ctrl-C); Slurm job {self.job_id} goes on. Watch it with hpc-train-report"
             f" {self.run_dir} --watch, or stop it with scancel {self.job_id}"
         )
+
+
+class Forwarded(Exception):
+    """The command ran on the cluster's login node over SSH (``cluster.login``): the ``hpc-train`` command exits
+    with ``exit_code``; ``refusal`` is the cluster side's refusal as data (key, problem, fix), already printed."""
+
+    def __init__(self, exit_code: int, refusal: Optional[dict] = None) -> None:
+        self.exit_code = exit_code
+        self.refusal = refusal
+        super().__init__(f"forwarded to the cluster (exit code {exit_code})")

@@ -1,0 +1,65 @@
+"""Where Slurm's commands run: this machine (nothing set) or a cluster reached over SSH; the one switch.
+
+``slurm_cli.run`` asks ``current()``; a laptop's command that follows a cluster's jobs (a report, ``Job.wait()``)
+runs its Slurm calls inside ``commands_on(SshHost(...))``. Nothing else compares where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import subprocess
+from typing import Dict, Iterator, Mapping, Optional, Sequence
+
+from hpc_train.hosts.ssh import SSH_FAILED, SshError, SshTarget, kind_of, remote_line, said_line
+
+
+class SshHost:
+    """A cluster's login node: each command one session on the control master, after the profile's setup lines."""
+
+    def __init__(self, login: str, setup: Sequence[str] = ()) -> None:
+        self.target = SshTarget(login)
+        self.setup = list(setup)
+
+    def run(
+        self, args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None
+    ) -> subprocess.CompletedProcess:
+        """The command's finished process as slurm_cli.run returns it; ssh's own failure is exit 255 with its words."""
+        changed: Dict[str, str] = {k: v for k, v in (env or {}).items() if os.environ.get(k) != v}
+        command = self.target.command(remote_line(self.setup, [str(a) for a in args], changed))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 15, check=False)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(list(args), 124, "", f"{args[0]} on {self.target.login} did not answer")
+        if done.returncode == SSH_FAILED and kind_of(done.stderr) != "other":
+            return subprocess.CompletedProcess(
+                list(args), SSH_FAILED, "", f"ssh {self.target.login}: {said_line(done.stderr)}"
+            )
+        return subprocess.CompletedProcess(list(args), done.returncode, done.stdout, done.stderr)
+
+
+_CURRENT: contextvars.ContextVar[Optional[SshHost]] = contextvars.ContextVar("hpc_train_command_host", default=None)
+
+
+def current() -> Optional[SshHost]:
+    """The cluster Slurm's commands go to now; None: this machine."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def commands_on(host: Optional[SshHost]) -> Iterator[None]:
+    """Slurm's commands inside the block run on ``host`` (None: here)."""
+    token = _CURRENT.set(host)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def use(host: Optional[SshHost]) -> None:
+    """For the rest of this process (a laptop's one-shot command), Slurm's commands run on ``host``."""
+    _CURRENT.set(host)
+
+
+__all__ = ["SshError", "SshHost", "commands_on", "current", "use"]

@@ -1,0 +1,184 @@
+"""The user's own OpenSSH client, multiplexed: one control master per destination, every command a session on it.
+
+Decision: the ``ssh`` the user already has, not a Python SSH library. It reads the user's ``~/.ssh/config``
+(aliases, ProxyJump, IdentityFile, the site's options), talks to their agent, and a two-factor prompt is answered
+once in a terminal when the master opens (``hpc-train-connect``); later commands, the Python API and the notebook
+are sessions on that master and ask nothing. hpc_train stores no password and no key.
+
+Every command this module builds runs with ``BatchMode=yes`` (never a prompt from a notebook or a background
+process) and ``StrictHostKeyChecking=yes`` (an unknown host key is refused, whatever the user's config says; only
+the interactive ``open_master`` asks, in the terminal). ssh's own failures (exit status 255) become an
+:class:`SshError` whose ``kind`` says which: the host key, the authentication, the host unreachable, the
+connection dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+SSH_FAILED = 255  # ssh's exit status for its own failure (the remote command's status otherwise)
+CONNECT_TIMEOUT_S = 20
+AUTO_PERSIST = "15m"  # a master opened by a command without a terminal outlives it this long when idle
+SOCKET_DIR = Path("~/.cache/hpc_train/ssh")  # control sockets, mode 0700 (a socket path must stay under ~100 bytes)
+
+# ssh's words for each failure (OpenSSH 7 to 9), first match wins.
+KINDS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("host_key_changed", ("REMOTE HOST IDENTIFICATION HAS CHANGED", "Host key for", "has changed")),
+    ("host_key_unknown", ("Host key verification failed", "No ED25519 host key is known", "host key is known for")),
+    ("auth_refused", ("Permission denied", "Too many authentication failures", "no matching host key type")),
+    (
+        "unreachable",
+        (
+            "Could not resolve hostname",
+            "Connection refused",
+            "Connection timed out",
+            "No route to host",
+            "Network is unreachable",
+            "Operation timed out",
+            "Name or service not known",
+            "nodename nor servname",
+            "proxy dialog",
+        ),
+    ),
+    (
+        "dropped",
+        (
+            "Connection closed by",
+            "Connection reset",
+            "Broken pipe",
+            "Control socket connect",
+            "mux_client",
+            "Timeout, server",
+            "closed by remote host",
+        ),
+    ),
+)
+_URI = re.compile(r"ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?/?")
+
+
+class SshError(Exception):
+    """ssh itself failed (not the remote command): ``kind`` is one of KINDS' names or ``other``; ``said`` its line."""
+
+    def __init__(self, login: str, kind: str, said: str) -> None:
+        self.login, self.kind, self.said = login, kind, said
+        super().__init__(f"ssh {login}: {said}")
+
+
+def kind_of(stderr: str) -> str:
+    """Which failure ssh's stderr tells of (``other`` when none is recognised)."""
+    for kind, words in KINDS:
+        if any(word in stderr for word in words):
+            return kind
+    return "other"
+
+
+def said_line(stderr: str) -> str:
+    """ssh's most telling line: the last that names a failure, else the last line (or that it said nothing)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("debug")]
+    for line in reversed(lines):
+        if kind_of(line) != "other":
+            return line
+    return lines[-1] if lines else "ssh exited without a word"
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """One destination as the user wrote it (``user@host``, ``ssh://user@host:port`` or a ``~/.ssh/config`` alias)."""
+
+    login: str
+
+    def __post_init__(self) -> None:
+        if not self.login or self.login.startswith("-") or any(c.isspace() for c in self.login):
+            raise ValueError(f"not an SSH destination: {self.login!r}")
+
+    def host_and_port(self) -> Tuple[str, Optional[str]]:
+        """``[user@]host`` and the port of a ``ssh://`` URI (rsync takes no URI); the login as is otherwise."""
+        found = _URI.fullmatch(self.login)
+        if not found:
+            return self.login, None
+        host = f"{found['user']}@{found['host']}" if found["user"] else found["host"]
+        return host, found["port"]
+
+    def socket(self) -> Path:
+        folder = SOCKET_DIR.expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        return folder / "%C"  # ssh's hash of local host, remote host, port and user: short, one per destination
+
+    def options(self, batch: bool = True) -> List[str]:
+        """What every ssh of this target is given: the control socket, timeouts, and no prompt unless ``batch`` is
+        False (only ``open_master`` in a terminal)."""
+        host, port = self.host_and_port()
+        words = [
+            "-o", f"ControlPath={self.socket()}",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=4",
+        ]  # fmt: skip
+        if batch:
+            words += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+        else:
+            words += ["-o", "StrictHostKeyChecking=ask"]
+        return words + (["-p", port] if port else [])
+
+    def destination(self) -> str:
+        return self.host_and_port()[0]
+
+    def command(self, remote: str, tty: bool = False) -> List[str]:
+        """``ssh ... DEST -- REMOTE`` as a session on the master (a direct connection when none is open)."""
+        return ["ssh", *self.options(), "-o", "ControlMaster=no", "-tt" if tty else "-T", self.destination(), remote]
+
+    def rsync_shell(self) -> str:
+        """rsync's ``-e``: the same ssh, on the same master."""
+        return shlex.join(["ssh", *self.options(), "-o", "ControlMaster=no"])
+
+    def master_alive(self) -> bool:
+        done = subprocess.run(
+            ["ssh", *self.options(), "-O", "check", self.destination()], capture_output=True, text=True, check=False
+        )
+        return done.returncode == 0
+
+    def open_master(self, interactive: bool = False, persist: str = AUTO_PERSIST) -> None:
+        """Open the control master in the background (it stays ``persist`` after its last session); raise SshError.
+
+        interactive: in the user's terminal, which answers any prompt (a password, a second factor, a new host
+        key); otherwise no prompt, and ssh's words are read from a file, never a pipe the background master would
+        hold open.
+        """
+        command = ["ssh", *self.options(batch=not interactive), "-M", "-N", "-f", "-o", f"ControlPersist={persist}"]
+        command.append(self.destination())
+        if interactive:
+            done = subprocess.run(command, check=False)
+            if done.returncode != 0:
+                raise SshError(self.login, "other", f"ssh exited with status {done.returncode}")
+            return
+        with tempfile.TemporaryFile(mode="w+") as words:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=words, stderr=words, check=False)
+            words.seek(0)
+            text = words.read()
+        if done.returncode != 0:
+            raise SshError(self.login, kind_of(text), said_line(text))
+
+    def close_master(self) -> bool:
+        done = subprocess.run(
+            ["ssh", *self.options(), "-O", "exit", self.destination()], capture_output=True, text=True, check=False
+        )
+        return done.returncode == 0
+
+
+def remote_line(setup: Sequence[str], words: Sequence[str], env: Optional[dict] = None, cwd: str = "") -> str:
+    """One line for the remote shell: the setup lines (their output to stderr, so stdout stays the command's), then
+    ``exec`` the command, with ``env`` set and in ``cwd``."""
+    parts = [f"{{ {'; '.join(setup)}; }} >&2 </dev/null" if setup else ""]
+    if cwd:
+        parts.append(f"cd {shlex.quote(cwd)}")
+    assign = [f"{name}={value}" for name, value in (env or {}).items()]
+    parts.append("exec " + shlex.join(["env", *assign, *words] if assign else list(words)))
+    return " && ".join(part for part in parts if part)

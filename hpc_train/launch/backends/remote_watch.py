@@ -1,0 +1,55 @@
+"""A job a laptop follows on a cluster (its run dir's ``remote.json``): the backend's own watch, with Slurm asked
+over the connection and the run dir's records brought up to date before each look."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from hpc_train.hosts import hosts
+from hpc_train.launch.backends.base import JobWatch
+from hpc_train.remote import mirror
+from hpc_train.remote.connection import Connection
+from hpc_train.remote.settings import RemoteLink
+
+REMOTE_POLL_S = 3.0  # a look costs a few round trips: not every second
+
+
+class RemoteWatch(JobWatch):
+    """``inner`` (the launcher's watch) run against the cluster of ``link``."""
+
+    def __init__(self, inner: JobWatch, link: RemoteLink) -> None:
+        super().__init__(inner.ref)
+        self.inner, self.link = inner, link
+        self.poll_s = max(inner.poll_s, REMOTE_POLL_S)
+        self._conn: Optional[Connection] = None
+        self._refreshed = 0.0
+
+    def connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = Connection(self.link.settings())
+            self._conn.open()
+        return self._conn
+
+    def refresh(self, at_most_every: float = 1.0) -> None:
+        """The run dir's records as the cluster has them now (skipped when fetched less than a second ago)."""
+        if time.monotonic() - self._refreshed < at_most_every:
+            return
+        mirror.refresh(self.connection(), self.ref.run_dir, self.link)
+        self._refreshed = time.monotonic()
+
+    def state(self) -> str:
+        with hosts.commands_on(self.connection().host()):
+            self.refresh()
+            return self.inner.state()
+
+    def cancel(self) -> None:
+        with hosts.commands_on(self.connection().host()):
+            self.inner.cancel()
+
+    def exit_code(self) -> Optional[int]:
+        return self.inner.exit_code()
+
+    @property
+    def command_is_the_job(self) -> bool:
+        return self.inner.command_is_the_job

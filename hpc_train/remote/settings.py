@@ -1,0 +1,83 @@
+"""The cluster a laptop submits to, read once from the composed config (``cluster.login`` and the keys beside it),
+and the link a local run dir keeps to its copy on the cluster (``remote.json``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hpc_train.records import rundir
+
+DEFAULT_PARENT = "~/hpc-train"  # cluster.remote_dir's default: ~/hpc-train/<name of the submitting directory>
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """``cluster.login`` and what goes with it; ``login`` None: this machine is the login node."""
+
+    login: Optional[str]
+    remote_dir: Optional[str] = None
+    python: str = "python3"
+    setup: List[str] = field(default_factory=list)
+    sync: str = "auto"
+    sync_limit_mb: int = 200
+    profile: str = ""
+
+    @classmethod
+    def of(cls, cfg: Any) -> "RemoteSettings":
+        cluster = cfg.cluster
+        login = cluster.get("login")
+        return cls(
+            login=str(login) if login else None,
+            remote_dir=str(cluster.get("remote_dir")) if cluster.get("remote_dir") else None,
+            python=str(cluster.get("remote_python") or "python3"),
+            setup=[str(line) for line in (cluster.get("setup") or [])],
+            sync=str(cluster.get("sync") or "auto"),
+            sync_limit_mb=int(cluster.get("sync_limit_mb") or 200),
+            profile=str(cluster.get("name") or ""),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.login is not None
+
+    def project_dir(self, local_root: Path) -> str:
+        """Where the project at ``local_root`` lives on the cluster (``~`` still to expand there)."""
+        return self.remote_dir or f"{DEFAULT_PARENT}/{local_root.resolve().name}"
+
+
+@dataclass(frozen=True)
+class RemoteLink:
+    """What a local run (or sweep) dir knows of its copy on the cluster: how to reach it and where it is."""
+
+    login: str
+    path: str  # the run (or sweep) dir on the cluster, absolute
+    python: str
+    setup: List[str]
+    command: str = ""  # the forwarded command that made it (serve's id)
+
+    def settings(self) -> RemoteSettings:
+        return RemoteSettings(login=self.login, python=self.python, setup=list(self.setup))
+
+
+def write_link(local_dir: Path, link: RemoteLink) -> None:
+    local_dir.mkdir(parents=True, exist_ok=True)
+    tmp = local_dir / (rundir.REMOTE_LINK + ".tmp")
+    tmp.write_text(json.dumps(asdict(link), indent=1))
+    os.replace(tmp, local_dir / rundir.REMOTE_LINK)
+
+
+def read_link(local_dir: Path) -> Optional[RemoteLink]:
+    """The link of ``local_dir``, or of the sweep dir above it (a sweep's job dir), mapped to this dir; None: local."""
+    here = Path(local_dir)
+    for up, parts in ((here, ()), (here.parent, (here.name,)), (here.parent.parent, (here.parent.name, here.name))):
+        try:
+            data = json.loads((up / rundir.REMOTE_LINK).read_text())
+        except (OSError, ValueError):
+            continue
+        link = RemoteLink(**data)
+        return RemoteLink(**{**asdict(link), "path": "/".join([link.path.rstrip("/"), *parts])})
+    return None

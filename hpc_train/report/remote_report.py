@@ -1,0 +1,49 @@
+"""``hpc-train-report`` on a laptop, for a run (or sweep) dir whose jobs run on a cluster (its ``remote.json``):
+the records the report reads are brought up to date over the connection and Slurm is asked there; a rerun is the
+cluster's hpc_train's to submit; ``--fetch`` copies the whole run dir back (checkpoints, event files, traces)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+from hpc_train.hosts import hosts
+from hpc_train.remote import mirror
+from hpc_train.remote.connection import Connection
+from hpc_train.remote.forward import Dropped, forward
+from hpc_train.remote.settings import RemoteLink, read_link
+
+REPORT_MODULE = "hpc_train.report.command"
+
+
+def link_of(path: Path) -> Optional[RemoteLink]:
+    return read_link(path) if path.is_dir() else None
+
+
+def rerun_on_cluster(path: Path, link: RemoteLink) -> int:
+    """``--rerun-failed`` run by the cluster's hpc_train (it submits); the records brought back after."""
+    conn = Connection(link.settings())
+    conn.open()
+    try:
+        outcome = forward(conn, REPORT_MODULE, [link.path, "--rerun-failed"], path, link.path)
+    except Dropped as dropped:
+        print(dropped, file=sys.stderr)
+        return 1
+    return outcome.code
+
+
+def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None]:
+    """Bring ``path`` up to date (``everything``: all files), send this process's Slurm commands to the cluster;
+    returns the refresh a ``--watch`` runs before each redraw."""
+    conn = Connection(link.settings())
+    conn.open()
+    hosts.use(conn.host())
+    count = mirror.refresh(conn, path, link, everything=everything)
+    if everything:
+        print(f"hpc-train-report: fetched {count} file(s) of {link.login}:{link.path} into {path}", file=sys.stderr)
+
+    def refresh() -> None:
+        mirror.refresh(conn, path, link)
+
+    return refresh

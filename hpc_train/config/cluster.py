@@ -202,7 +202,7 @@ RULES: Tuple[Rule, ...] = (
     R(
         "cluster.login",
         text(
-            r"(ssh://)?[A-Za-z0-9_.@%+\[\]:-]+",
+            r"(ssh://)?[A-Za-z0-9_\[][A-Za-z0-9_.@%+\[\]:-]*",
             "an SSH destination (user@host, ssh://user@host:port or a ~/.ssh/config alias)",
             1024,
         ),

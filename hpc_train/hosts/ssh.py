@@ -80,10 +80,11 @@ def kind_of(stderr: str) -> str:
 
 
 def said_line(stderr: str) -> str:
-    """ssh's most telling line: the last that names a failure, else the last line (or that it said nothing)."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("debug")]
+    """ssh's most telling line: the last that names its failure, else the last line (or that it said nothing)."""
+    lines = [line.strip(" @\r") for line in stderr.splitlines() if line.strip(" @\r") and not line.startswith("debug")]
+    kind = kind_of(stderr)
     for line in reversed(lines):
-        if kind_of(line) != "other":
+        if kind != "other" and kind_of(line) == kind:
             return line
     return lines[-1] if lines else "ssh exited without a word"
 

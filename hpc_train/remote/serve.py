@@ -20,7 +20,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
 from hpc_train.records import rundir
 
@@ -138,11 +138,11 @@ def manifest(root: Path, names: List[str]) -> Dict[str, List[int]]:
     return found
 
 
-def unpack(root: Path) -> int:
-    """A tar stream from stdin into ``root`` (names checked to stay inside it); a full disk is EXIT_DISK_FULL."""
+def unpack(root: Path, source: BinaryIO) -> int:
+    """A tar stream from ``source`` into ``root`` (names checked to stay inside it); a full disk is EXIT_DISK_FULL."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as stream:
+        with tarfile.open(fileobj=source, mode="r|") as stream:
             for member in stream:
                 if not _inside(member.name) or not (member.isfile() or member.isdir()):
                     continue
@@ -170,14 +170,14 @@ def record_files(root: Path, everything: bool) -> Iterator[Path]:
             path = Path(folder) / name
             if not everything and (name.endswith(SKIPPED_SUFFIXES) or _size(path) > RECORD_MAX_BYTES):
                 continue
-            if name.endswith(".tmp") or ".tmp" in name and name.startswith("."):
+            if name.endswith(".tmp") or (name.startswith(".") and ".tmp" in name):  # being written
                 continue
             yield path.relative_to(root)
 
 
-def pack(root: Path, have: Dict[str, List[int]], everything: bool) -> None:
-    """A tar stream on stdout of the files of ``root`` the laptop does not have as they are here."""
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as stream:
+def pack(root: Path, have: Dict[str, List[int]], everything: bool, out: BinaryIO) -> None:
+    """A tar stream into ``out`` of the files of ``root`` the laptop does not have as they are here."""
+    with tarfile.open(fileobj=out, mode="w|") as stream:
         if not root.is_dir():
             return
         for rel in record_files(root, everything):
@@ -221,9 +221,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps((result if args.action == "result" else interrupt)(words[0])))
         return 0
     if args.action == "unpack":
-        return unpack(Path(words[0]).expanduser())
+        return unpack(Path(words[0]).expanduser(), sys.stdin.buffer)
     if args.action == "pack":
-        pack(Path(words[0]).expanduser(), json.load(sys.stdin), args.all)
+        pack(Path(words[0]).expanduser(), json.load(sys.stdin), args.all, sys.stdout.buffer)
         return 0
     data = json.load(sys.stdin)
     print(json.dumps(manifest(Path(words[0]).expanduser(), data) if args.action == "manifest" else exists(data)))

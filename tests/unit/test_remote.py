@@ -1,0 +1,169 @@
+"""From a laptop, the parts that start no process: an SSH destination read as ssh reads it, ssh's failures told
+apart by its own words, the remote shell line, paths said the cluster's way, the project's file list (.gitignore
+without git) and its size limit, the run-dir records packed and unpacked, and a sweep job's link to the cluster."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from hpc_train import api
+from hpc_train.config.engine import checked_view
+from hpc_train.config.errors import ConfigError
+from hpc_train.hosts.ssh import SshTarget, kind_of, remote_line, said_line
+from hpc_train.remote import paths, serve, sync
+from hpc_train.remote.settings import RemoteLink, RemoteSettings, read_link, write_link
+
+# What OpenSSH 9.2 says for each failure (captured from the test server; the slurm tier meets them for real).
+SSH_SAYS = {
+    "host_key_unknown": "No ED25519 host key is known for [127.0.0.1]:2222 and you have requested strict checking.\r\n"
+    "Host key verification failed.",
+    "host_key_changed": "@@@@@@@@\n@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @\nHost key verification failed.",
+    "auth_refused": "hpccluster@127.0.0.1: Permission denied (publickey).",
+    "unreachable": "ssh: connect to host 127.0.0.1 port 2999: Connection refused",
+    "dropped": "Connection to 127.0.0.1 closed by remote host.",
+}
+
+
+def test_an_ssh_destination_is_read_as_ssh_reads_it():
+    assert SshTarget("ssh://me@login.example.org:2222").host_and_port() == ("me@login.example.org", "2222")
+    assert SshTarget("ssh://login.example.org").host_and_port() == ("login.example.org", None)
+    assert SshTarget("me@login").host_and_port() == ("me@login", None)
+    assert SshTarget("mysite").destination() == "mysite"
+    assert "-p" in SshTarget("ssh://me@h:2222").options() and "2222" in SshTarget("ssh://me@h:2222").options()
+    options = " ".join(SshTarget("me@h").options())
+    assert "BatchMode=yes" in options and "StrictHostKeyChecking=yes" in options  # never a prompt, never a new key
+    for bad in ("-oProxyCommand=touch /tmp/x", "me@host extra", ""):
+        with pytest.raises(ValueError):
+            SshTarget(bad)
+
+
+def test_a_login_that_ssh_would_read_as_an_option_is_refused_before_anything():
+    with pytest.raises(ConfigError) as refused:
+        checked_view(api.compose(["launcher=slurm", "cluster=slurm", "cluster.login=-oProxyJump"]))
+    assert refused.value.key == "cluster.login" and "ssh://" in refused.value.fix
+    cfg = api.compose(["launcher=slurm", "cluster=slurm", "cluster.login=ssh://me@login.example.org:2222"])
+    settings = RemoteSettings.of(cfg)
+    assert settings.enabled and settings.python == "python3" and settings.sync == "auto"
+    assert settings.project_dir(Path("/home/me/work/proj")) == "~/hpc-train/proj"
+    assert not RemoteSettings.of(api.compose(["launcher=slurm", "cluster=slurm"])).enabled
+
+
+@pytest.mark.parametrize("kind", sorted(SSH_SAYS))
+def test_each_failure_of_ssh_is_told_by_its_own_words(kind):
+    assert kind_of(SSH_SAYS[kind]) == kind
+    assert kind_of(said_line(SSH_SAYS[kind])) == kind
+    assert kind_of("sacct: error: Slurm accounting storage is disabled") == "other"
+
+
+def test_the_remote_line_runs_the_setup_quietly_then_the_command_quoted():
+    line = remote_line(["module load python", "source ~/env/bin/activate"], ["sacct", "-j", "1 2"], {"A": "x y"}, "~/p")
+    assert line.startswith("{ module load python; source ~/env/bin/activate; } >&2 </dev/null && cd ")
+    assert line.endswith("exec env 'A=x y' sacct -j '1 2'")
+    assert remote_line([], ["squeue", "--me"]) == "exec squeue --me"
+    assert shlex.split(remote_line([], ["echo", "$HOME; rm -rf /"]))[-1] == "$HOME; rm -rf /"  # data, not shell
+
+
+def test_paths_under_the_project_become_their_cluster_copies(tmp_path):
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    assert paths.remote_of(str(project / "data"), project, "/home/c/hpc-train/proj") == "/home/c/hpc-train/proj/data"
+    assert paths.remote_of(str(project), project, "/r") == "/r"
+    assert paths.remote_of("/scratch/shared/imagenet", project, "/r") == "/scratch/shared/imagenet"
+    overrides = [
+        f"hydra.run.dir={project}/outputs/a",
+        f"script.argv=[train.py,--data={project}/data,/nowhere/on/this/machine]",
+        "trainer.lr=0.1",
+        "hydra/sweeper=basic",
+    ]
+    assert paths.translate(overrides, project, "/r", conn=None) == [  # type: ignore[arg-type]
+        "hydra.run.dir=/r/outputs/a",
+        "script.argv=[train.py,--data=/r/data,/nowhere/on/this/machine]",
+        "trainer.lr=0.1",
+        "hydra/sweeper=basic",
+    ]
+
+
+def test_the_project_file_list_reads_gitignore_files_without_git(tmp_path):
+    root = tmp_path / "proj"
+    for rel in (
+        "train.py", "conf/config.yaml", "data/big.bin", "pkg/__pycache__/m.pyc", "pkg/m.py", "pkg/.gitignore",
+        "pkg/local.log", "outputs/2026/run/summary.json", "multirun/x/jobs.tsv", "venv/pyvenv.cfg", "venv/lib/x.py",
+        ".git/HEAD", "notes.txt", "sub/data/keep.txt",
+    ):  # fmt: skip
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    (root / ".gitignore").write_text("/data/\n*.txt\n")
+    (root / "pkg" / ".gitignore").write_text("*.log\n")
+    found = sorted(rel for rel in sync._walked_files(root) if sync._kept(rel))
+    assert found == [".gitignore", "conf/config.yaml", "pkg/.gitignore", "pkg/m.py", "train.py"]
+
+
+def test_a_project_over_the_size_limit_is_refused_naming_its_biggest_folder(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "shard.bin").write_bytes(b"\0" * (3 * 2**20))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    files = ["data/shard.bin", "train.py"]
+    assert sync.check_size(tmp_path, files, limit_mb=4) == 3 * 2**20 + 9
+    with pytest.raises(ConfigError) as refused:
+        sync.check_size(tmp_path, files, limit_mb=2)
+    assert refused.value.key == "cluster.sync_limit_mb"
+    assert "data/ (3 MB)" in refused.value.problem and ".gitignore" in refused.value.fix
+
+
+def test_records_are_packed_without_checkpoints_and_only_what_changed(tmp_path):
+    run = tmp_path / "cluster" / "run"
+    for rel, data in (
+        ("summary.json", b"{}"), ("metrics.jsonl", b"{}\n"), ("logs/rank0.log", b"log"),
+        ("checkpoints/step_4.ckpt", b"w" * 100), ("slurm/1_submitted.pkl", b"p"),
+    ):  # fmt: skip
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_bytes(data)
+    here = tmp_path / "laptop" / "run"
+    stream = io.BytesIO()
+    serve.pack(run, {}, everything=False, out=stream)
+    assert serve.unpack(here, io.BytesIO(stream.getvalue())) == 0
+    assert sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file()) == [
+        "logs/rank0.log", "metrics.jsonl", "summary.json",
+    ]  # fmt: skip
+    have = {
+        str(p.relative_to(here)): [p.stat().st_size, int(p.stat().st_mtime)] for p in here.rglob("*") if p.is_file()
+    }
+    again = io.BytesIO()
+    serve.pack(run, have, everything=False, out=again)
+    assert len(again.getvalue()) <= 10240  # an empty tar: nothing changed
+    everything = io.BytesIO()
+    serve.pack(run, have, everything=True, out=everything)
+    serve.unpack(here, io.BytesIO(everything.getvalue()))
+    assert (here / "checkpoints" / "step_4.ckpt").read_bytes() == b"w" * 100
+
+
+def test_a_tar_naming_a_path_outside_its_folder_writes_nothing_there(tmp_path):
+    import tarfile
+
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as tar:
+        for name in ("../escaped.txt", "/tmp/absolute.txt", "fine.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"hi"))
+    assert serve.unpack(tmp_path / "in", io.BytesIO(stream.getvalue())) == 0
+    assert (tmp_path / "in" / "fine.txt").exists() and not (tmp_path / "escaped.txt").exists()
+
+
+def test_a_sweep_job_dir_is_linked_through_its_sweep_dir(tmp_path):
+    sweep = tmp_path / "multirun" / "2026-11-28" / "10-00-00"
+    link = RemoteLink("testcluster", "/home/c/hpc-train/p/multirun/2026-11-28/10-00-00", "python3", ["module load x"])
+    write_link(sweep, link)
+    (sweep / "3").mkdir()
+    assert read_link(sweep) == link
+    assert read_link(sweep / "3").path == link.path + "/3"
+    assert json.loads((sweep / "remote.json").read_text())["login"] == "testcluster"
+    assert read_link(tmp_path) is None
+    assert not any(name.endswith(".tmp") for name in os.listdir(sweep))

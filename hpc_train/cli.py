@@ -65,6 +65,8 @@ def _task(cfg: DictConfig) -> Optional[float]:
         if str(getattr(hydra_cfg.mode, "name", hydra_cfg.mode)) == "MULTIRUN":
             raise
         _fail(err, user_wants_traceback=False)
+    except Forwarded as forwarded:  # exits here: an exception would make Hydra print its own line
+        _exit_forwarded(forwarded)
 
 
 def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[float]:
@@ -97,6 +99,13 @@ def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
         return
     build_job_spec(make_plan(checked_view(cfg), run_dir))  # every refusal this side can make, before any byte is sent
     forwarding.run_on_cluster(cfg, run_dir, HydraConfig.get(), multirun=False)
+
+
+def _exit_forwarded(forwarded: Forwarded) -> NoReturn:
+    """The cluster's hpc-train ran the command and printed its words: its exit code, its refusal as data."""
+    if forwarded.refusal:
+        write_result(ConfigError(**forwarded.refusal))
+    sys.exit(forwarded.exit_code)
 
 
 def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
@@ -135,10 +144,8 @@ def main() -> None:
         hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(_task)()
     except Refused as refused:
         _fail(refused.error, user_wants_traceback)
-    except Forwarded as forwarded:  # the cluster's hpc-train ran it and printed its words; its refusal as data
-        if forwarded.refusal:
-            write_result(ConfigError(**forwarded.refusal))
-        sys.exit(forwarded.exit_code)
+    except Forwarded as forwarded:  # a sweep the cluster's hpc-train ran
+        _exit_forwarded(forwarded)
     except Interrupted as interrupted:  # a KeyboardInterrupt said in one line (queueing, waiting): Hydra let it through
         if user_wants_traceback:
             raise

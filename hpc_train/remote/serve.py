@@ -24,7 +24,9 @@ from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
 from hpc_train.records import rundir
 
+MODULE = "hpc_train.remote.serve"  # this module's name (``__name__`` is ``__main__`` when run with -m)
 COMMANDS = Path("~/.cache/hpc_train/commands")
+EXIT_LOST = 255  # the command's runner died without recording an exit status (the node rebooted, a kill -9)
 RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"  # the CLI's refusal as data (hpc_train.launch.hydra.cli_child reads it)
 # What a report needs of a run dir, and what it does not: checkpoints, weights, traces and event files stay on the
 # cluster (``hpc-train-report --fetch`` copies them too); so does any file bigger than RECORD_MAX_BYTES.
@@ -59,12 +61,13 @@ def start(ident: str, module: str, args: List[str]) -> Dict[str, Any]:
     files["out"].parent.mkdir(parents=True, exist_ok=True)
     with files["out"].open("wb") as out:
         runner = subprocess.Popen(
-            [sys.executable, "-m", __name__, "run", ident, module, "--", *args],
+            [sys.executable, "-m", MODULE, "run", ident, module, "--", *args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _write(files["json"], {"runner": runner.pid})
     return {"runner": runner.pid}
 
 
@@ -75,10 +78,23 @@ def run(ident: str, module: str, args: List[str]) -> int:
     child = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, env=env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the child's (``interrupt``); the runner records
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    _write(files["json"], {"pid": child.pid, "started": time.time()})
+    _write(files["json"], {"runner": os.getpid(), "pid": child.pid, "started": time.time()})
     code = child.wait()
-    _write(files["json"], {"pid": child.pid, "code": code, "ended": time.time()})
+    _write(files["json"], {"runner": os.getpid(), "pid": child.pid, "code": code, "ended": time.time()})
     return 0
+
+
+def _ended(record: Dict[str, Any]) -> bool:
+    """Whether the command has ended: its exit status recorded, or its runner gone without recording one."""
+    if "code" in record:
+        return True
+    if not record.get("runner"):
+        return False
+    try:
+        os.kill(int(record["runner"]), 0)
+    except (ProcessLookupError, PermissionError):  # gone (or its pid reused by another user's process)
+        return True
+    return False
 
 
 def follow(ident: str, offset: int) -> None:
@@ -88,7 +104,7 @@ def follow(ident: str, offset: int) -> None:
     with files["out"].open("rb") as source:
         source.seek(offset)
         while True:
-            ended = "code" in _read(files["json"])
+            ended = _ended(_read(files["json"]))
             chunk = source.read(65536)
             if chunk:
                 out.write(chunk)
@@ -103,6 +119,8 @@ def result(ident: str) -> Dict[str, Any]:
     """The command's record (pid, exit status once it ended) and its refusal as data when it wrote one."""
     files = _paths(ident)
     found = _read(files["json"])
+    if "code" not in found and found and _ended(found):
+        found["code"] = EXIT_LOST
     refusal = _read(files["result"])
     return {**found, "refusal": refusal or None, "output_bytes": _size(files["out"])}
 

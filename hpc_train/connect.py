@@ -26,13 +26,13 @@ WINDOWS_WORDS = (
 )
 
 
-def _settings(words: List[str]) -> RemoteSettings:
+def _settings(words: List[str], config_dir: Optional[str]) -> RemoteSettings:
     if len(words) == 1 and "=" not in words[0]:
         return RemoteSettings(login=words[0])
     # Hydra's compose: only to read the profile's cluster.login (and its setup lines, its Python)
     from hpc_train import api
 
-    settings = RemoteSettings.of(api.compose(words))
+    settings = RemoteSettings.of(api.compose(words, config_dir=config_dir))
     if not settings.enabled:
         raise ConfigError(
             "cluster.login",
@@ -45,12 +45,13 @@ def _settings(words: List[str]) -> RemoteSettings:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog=CONNECT_COMMAND, description=__doc__.split("\n\n")[0])
     parser.add_argument("words", nargs="+", help="hpc-train overrides naming the cluster, or an SSH destination")
+    parser.add_argument("--config-dir", "-cd", default=None, help="your config dir, as hpc-train's --config-dir")
     parser.add_argument("--check", action="store_true", help="say whether the connection is open (exit 0) or not (1)")
     parser.add_argument("--close", action="store_true", help="close the connection")
     parser.add_argument("--hours", type=float, default=DEFAULT_HOURS, help="how long it stays open while unused")
     args = parser.parse_args(argv)
     try:
-        settings = _settings(args.words)
+        settings = _settings(args.words, args.config_dir)
         target = SshTarget(str(settings.login))
         if os.name == "nt":
             print(f"{CONNECT_COMMAND}: {WINDOWS_WORDS}", file=sys.stderr)
@@ -73,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(
         f"{CONNECT_COMMAND}: connected to {settings.login} (hpc_train {cluster.version} on both sides, {cluster.python}"
         f" there); it stays open {args.hours:g} h after its last use. Close it: {CONNECT_COMMAND}"
-        f" {' '.join(args.words)} --close"
+        f"{' --config-dir ' + args.config_dir if args.config_dir else ''} {' '.join(args.words)} --close"
     )
     return 0
 

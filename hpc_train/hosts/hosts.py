@@ -29,7 +29,9 @@ class SshHost:
         changed: Dict[str, str] = {k: v for k, v in (env or {}).items() if os.environ.get(k) != v}
         command = self.target.command(remote_line(self.setup, [str(a) for a in args], changed))
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 15, check=False)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout + 15, check=False, start_new_session=True
+            )
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(list(args), 124, "", f"{args[0]} on {self.target.login} did not answer")
         if done.returncode == SSH_FAILED and kind_of(done.stderr) != "other":

@@ -5,15 +5,17 @@ Decision: the ``ssh`` the user already has, not a Python SSH library. It reads t
 once in a terminal when the master opens (``hpc-train-connect``); later commands, the Python API and the notebook
 are sessions on that master and ask nothing. hpc_train stores no password and no key.
 
-Every command this module builds runs with ``BatchMode=yes`` (never a prompt from a notebook or a background
-process) and ``StrictHostKeyChecking=yes`` (an unknown host key is refused, whatever the user's config says; only
-the interactive ``open_master`` asks, in the terminal). ssh's own failures (exit status 255) become an
-:class:`SshError` whose ``kind`` says which: the host key, the authentication, the host unreachable, the
-connection dropped.
+Every ssh starts in a session of its own, so the terminal's Ctrl-C reaches hpc_train only, which passes it on to
+the cluster as Ctrl-C (and a master outlives the command that opened it). Every command this module builds runs
+with ``BatchMode=yes`` (never a prompt from a notebook or a background process) and ``StrictHostKeyChecking=yes``
+(an unknown host key is refused, whatever the user's config says; only the interactive ``open_master`` asks, in the
+terminal). ssh's own failures (exit status 255) become an :class:`SshError` whose ``kind`` says which: the host
+key, the authentication, the host unreachable, the connection dropped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -108,10 +110,11 @@ class SshTarget:
         return host, found["port"]
 
     def socket(self) -> Path:
+        """The control socket: one per destination as written, its name a hash (a socket path must stay short)."""
         folder = SOCKET_DIR.expanduser()
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
-        return folder / "%C"  # ssh's hash of local host, remote host, port and user: short, one per destination
+        return folder / hashlib.sha1(self.login.encode()).hexdigest()[:20]
 
     def options(self, batch: bool = True) -> List[str]:
         """What every ssh of this target is given: the control socket, timeouts, and no prompt unless ``batch`` is
@@ -153,6 +156,9 @@ class SshTarget:
         key); otherwise no prompt, and ssh's words are read from a file, never a pipe the background master would
         hold open.
         """
+        # A master that died (killed, a laptop that slept) leaves its socket behind, and a new master that finds it
+        # disables multiplexing silently: the socket goes first.
+        self.socket().unlink(missing_ok=True)
         command = ["ssh", *self.options(batch=not interactive), "-M", "-N", "-f", "-o", f"ControlPersist={persist}"]
         command.append(self.destination())
         if interactive:
@@ -161,7 +167,9 @@ class SshTarget:
                 raise SshError(self.login, "other", f"ssh exited with status {done.returncode}")
             return
         with tempfile.TemporaryFile(mode="w+") as words:
-            done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=words, stderr=words, check=False)
+            done = subprocess.run(
+                command, stdin=subprocess.DEVNULL, stdout=words, stderr=words, check=False, start_new_session=True
+            )
             words.seek(0)
             text = words.read()
         if done.returncode != 0:

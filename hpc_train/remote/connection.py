@@ -162,7 +162,9 @@ class Connection:
         """One command on the cluster, after the profile's setup lines; ssh's own failure raises ConfigError."""
         command = self.target.command(remote_line(self.settings.setup, words, cwd=cwd))
         try:
-            done = subprocess.run(command, input=stdin, capture_output=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                command, input=stdin, capture_output=True, timeout=timeout, check=False, start_new_session=True
+            )
         except subprocess.TimeoutExpired:
             raise ConfigError(
                 "cluster.login", f"{self.target.login} did not answer within {timeout:g} s.", "run it again."
@@ -177,12 +179,14 @@ class Connection:
     def serve_words(self, action: str, *words: str) -> List[str]:
         return [self.settings.python, "-m", SERVE, action, *words]
 
-    def serve(self, action: str, *words: str, stdin: Optional[bytes] = None) -> "subprocess.CompletedProcess[bytes]":
-        return self.run(self.serve_words(action, *words), stdin=stdin)
+    def serve(
+        self, action: str, *words: str, stdin: Optional[bytes] = None, cwd: str = ""
+    ) -> "subprocess.CompletedProcess[bytes]":
+        return self.run(self.serve_words(action, *words), stdin=stdin, cwd=cwd)
 
-    def serve_json(self, action: str, *words: str, stdin: Optional[object] = None) -> Dict:
+    def serve_json(self, action: str, *words: str, stdin: Optional[object] = None, cwd: str = "") -> Dict:
         data = None if stdin is None else json.dumps(stdin).encode()
-        done = self.serve(action, *words, stdin=data)
+        done = self.serve(action, *words, stdin=data, cwd=cwd)
         if done.returncode != 0:
             words_said = done.stderr.decode(errors="replace").strip()
             raise ConfigError(
@@ -194,7 +198,8 @@ class Connection:
 
     def popen(self, words: Sequence[str], **kwargs) -> subprocess.Popen:
         """A command on the cluster whose output is read as it comes (``stdout=PIPE`` etc. in kwargs)."""
-        return subprocess.Popen(self.target.command(remote_line(self.settings.setup, words)), **kwargs)
+        command = self.target.command(remote_line(self.settings.setup, words))
+        return subprocess.Popen(command, start_new_session=True, **kwargs)
 
 
 def remote_path(cluster: Cluster, path: str) -> str:

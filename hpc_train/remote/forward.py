@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hpc_train.config.errors import ConfigError
-from hpc_train.hosts.ssh import SSH_FAILED, kind_of
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteLink, write_link
@@ -41,7 +39,8 @@ def forward(conn: Connection, module: str, args: List[str], local: Path, remote:
     ident = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
     link = RemoteLink(conn.target.login, remote, conn.settings.python, list(conn.settings.setup), ident)
     write_link(local, link)  # before anything starts: a later command finds the cluster's copy whatever happens
-    conn.serve_json("start", ident, module, "--", *args)
+    assert conn.cluster is not None, "open() the connection first"
+    conn.serve_json("start", ident, module, "--", *args, cwd=conn.cluster.project)  # run where the project is
     seen = 0
     try:
         seen = _follow(conn, ident, seen)
@@ -78,10 +77,6 @@ def _follow(conn: Connection, ident: str, offset: int) -> int:
         offset += len(chunk)
     said = process.stderr.read().decode(errors="replace")
     code = process.wait()
-    if code == SSH_FAILED and kind_of(said) != "other":
-        raise Dropped(said.strip())
-    if code != 0:
-        raise ConfigError(
-            "cluster.login", f"following the command on {conn.target.login} failed ({said.strip()}).", "run it again."
-        )
+    if code != 0:  # serve's follow itself only ends well: this is the session that ended (a killed master: no words)
+        raise Dropped(said.strip().splitlines()[-1] if said.strip() else f"the ssh session ended with status {code}")
     return offset

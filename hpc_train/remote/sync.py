@@ -171,7 +171,9 @@ def _rsync(conn: Connection, root: Path, files: Sequence[str], remote: str) -> i
         "rsync", "-a", "--from0", "--files-from=-", "--out-format=%n",
         "-e", conn.target.rsync_shell(), f"{root}/", f"{host}:{remote}/",
     ]  # fmt: skip
-    done = subprocess.run(command, input="\0".join(files).encode(), capture_output=True, check=False)
+    done = subprocess.run(
+        command, input="\0".join(files).encode(), capture_output=True, check=False, start_new_session=True
+    )
     said = done.stderr.decode(errors="replace")
     if done.returncode != 0:
         if any(words in said for words in DISK_FULL_WORDS):

@@ -80,17 +80,16 @@ def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) ->
     task = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("cluster.login=")]
     own = [o for o in hydra_cfg.overrides.hydra if not o.startswith(_DIR_KEYS)]
     args += paths.translate([*task, *own], root, cluster.project, conn)
-    remote = paths.remote_of(str(local_dir.resolve()), root, cluster.project)
+    local_dir = local_dir if local_dir.is_absolute() else root / local_dir
+    remote = paths.remote_of(str(local_dir), root, cluster.project)
     args += ["cluster.login=null", f"hydra.{'sweep' if multirun else 'run'}.dir={remote}"]
     try:
         outcome = forward(conn, CLI_MODULE, args, local_dir, remote)
     except Dropped as dropped:
         print(dropped, file=sys.stderr)
         raise Forwarded(1) from None
-    print(
-        f"hpc-train: on {settings.login}: {remote}; here, its records: {local_dir} (hpc-train-report {local_dir})",
-        flush=True,
-    )
+    if outcome.code == 0:  # else the cluster's last line says what happened
+        print(f"hpc-train: on {settings.login}: {remote}; its records here: {local_dir} (hpc-train-report {local_dir})")
     raise Forwarded(outcome.code, outcome.refusal)
 
 

@@ -172,9 +172,10 @@ def test_a_script_job_and_a_packed_sweep_run_in_the_clusters_copy(laptop):
     remote = laptop["remote"]
     done = hpc_train(
         laptop, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "resources.gpus_per_node=1",
-        "launcher.wait=true", "hydra.run.dir=outputs/script", "--", "train.py", "--lr", "0.5",
+        "launcher.wait=true", "hydra.run.dir=outputs/script", "cluster.sync=ssh", "--", "train.py", "--lr", "0.5",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "by ssh)" in done.stdout  # the tar stream through ssh, not rsync
     ran = json.loads((remote / "ran.json").read_text())
     assert ran["cwd"] == str(remote) and ran["argv"] == ["--lr", "0.5"]
     packed = hpc_train(
@@ -301,3 +302,28 @@ def test_a_path_only_the_laptop_has_is_refused_and_a_dry_run_needs_no_connection
         laptop, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "--", "train.py", "--data", str(data),
     )  # fmt: skip
     assert done.returncode == 2 and "`script.argv`" in done.stderr and "a path of this machine" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["rsync", "ssh"])
+def test_a_full_disk_on_the_cluster_during_the_sync_is_one_message(laptop, how):
+    """The project's copy lands on a 1 MB file system; the project holds 3 MB: one message, nothing queued."""
+    user = laptop["env"]["HPC_TRAIN_SSH_CLUSTER_USER"]
+    small = cluster_home() / f"small-{how}"
+    small.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        shutil.chown(small, user, user)
+        blob = laptop["project"] / f"blob-{how}.bin"
+        blob.write_bytes(os.urandom(3 * 2**20))
+        shutil.chown(blob, laptop["env"]["HPC_TRAIN_SSH_LAPTOP_USER"])
+        done = hpc_train(
+            laptop, *TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", f"cluster.sync={how}",
+            f"cluster.remote_dir={small}/proj", "job_name=full-disk",
+        )  # fmt: skip
+        blob.unlink()
+        assert done.returncode == 2, done.stdout + done.stderr
+        message = [line for line in done.stderr.splitlines() if line.startswith("hpc-train:")]
+        assert len(message) == 1 and "`cluster.remote_dir`" in message[0] and "disk is full" in message[0], message
+        assert "Traceback" not in done.stderr and slurm_jobs_of(user, "full-disk") == []
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)

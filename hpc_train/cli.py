@@ -103,8 +103,11 @@ def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
 
 def _exit_forwarded(forwarded: Forwarded) -> NoReturn:
     """The cluster's hpc-train ran the command and printed its words: its exit code, its refusal as data."""
-    if forwarded.refusal:
-        write_result(ConfigError(**forwarded.refusal))
+    refusal = forwarded.refusal or {}
+    if "problem" in refusal:  # a ConfigError on the cluster: the same one here
+        write_result(ConfigError(refusal["key"], refusal["problem"], refusal["fix"]))
+    elif refusal:  # a refusal in words (a run dir a live job holds, Hydra's own)
+        write_result(CliWords(str(refusal.get("words", "")), str(refusal.get("key", ""))))
     sys.exit(forwarded.exit_code)
 
 

@@ -327,3 +327,19 @@ def test_a_full_disk_on_the_cluster_during_the_sync_is_one_message(laptop, how):
         assert "Traceback" not in done.stderr and slurm_jobs_of(user, "full-disk") == []
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_a_run_dir_a_live_job_holds_is_refused_from_the_laptop_too(laptop):
+    """The cluster's claim on the run dir: a second submission into it, from the laptop, is refused by the cluster
+    side and said on the laptop in one message, exit code 2."""
+    user = laptop["env"]["HPC_TRAIN_SSH_CLUSTER_USER"]
+    held = [*TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "+cluster.extra.hold=true"]
+    try:
+        first = hpc_train(laptop, *held, "job_name=claimed", "hydra.run.dir=outputs/claimed")
+        assert first.returncode == 0, first.stdout + first.stderr
+        again = hpc_train(laptop, *held, "job_name=claimed", "hydra.run.dir=outputs/claimed")
+        assert again.returncode == 2, again.stdout + again.stderr
+        job_id = slurm_jobs_of(user, "claimed")[0]
+        assert job_id in again.stdout + again.stderr and len(slurm_jobs_of(user, "claimed")) == 1
+    finally:
+        subprocess.run(["scancel", "-u", user, "-n", "claimed"], capture_output=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -43,10 +44,11 @@ def server_env() -> Dict[str, str]:
     return dict(re.findall(r"^export (\w+)=(\S+)$", text, flags=re.M))
 
 
-def as_user(user: str, args: List[str], cwd: Path) -> float:
-    """Wall seconds of ARGS run as USER in a clean environment (it must succeed)."""
-    env = ["env", "-i", f"HOME=/home/{user}", f"USER={user}", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
-    if user != "hpclaptop":
+def as_user(user: str, args: List[str], cwd: Path, slurm: bool = False) -> float:
+    """Wall seconds of ARGS run as USER in a clean environment (it must succeed); ``slurm``: with SLURM_CONF."""
+    home = pwd.getpwnam(user).pw_dir
+    env = ["env", "-i", f"HOME={home}", f"USER={user}", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"]
+    if slurm:
         env.append(f"SLURM_CONF={os.environ.get('SLURM_CONF', '/etc/slurm/slurm.conf')}")
     start = time.perf_counter()
     done = subprocess.run(["runuser", "-u", user, "--", *env, *args], cwd=cwd, capture_output=True, text=True)
@@ -75,30 +77,34 @@ def main() -> None:
     args = parser.parse_args()
     env = server_env()
     lap_py, clu_py = env["HPC_TRAIN_SSH_LAPTOP_PYTHON"], env["HPC_TRAIN_SSH_CLUSTER_PYTHON"]
-    laptop = project(env, "hpclaptop", Path("/home/hpclaptop"), clu_py)
-    cluster = project(env, "hpccluster", Path("/home/hpccluster"), clu_py)
+    lap_user, clu_user = env["HPC_TRAIN_SSH_LAPTOP_USER"], env["HPC_TRAIN_SSH_CLUSTER_USER"]
+    laptop = project(env, lap_user, Path(pwd.getpwnam(lap_user).pw_dir), clu_py)
+    cluster = project(env, clu_user, Path(pwd.getpwnam(clu_user).pw_dir), clu_py)
     cli = ["-m", "hpc_train.cli", "--config-dir", "conf"]
-    as_user("hpclaptop", [lap_py, "-m", "hpc_train.connect", "--config-dir", "conf", "cluster=benchsite"], laptop)
+    as_user(lap_user, [lap_py, "-m", "hpc_train.connect", "--config-dir", "conf", "cluster=benchsite"], laptop)
     times: Dict[str, Dict[str, List[float]]] = {
         case: {"laptop": [], "cluster": []} for case in ("dry", "sweep", "report")
     }
     for n in range(args.rounds + 1):  # round 0: warm-up (page cache, the first sync), not counted
         for side, user, python, root, extra in (
-            ("laptop", "hpclaptop", lap_py, laptop, []),
-            ("cluster", "hpccluster", clu_py, cluster, ["cluster.login=null"]),
+            ("laptop", lap_user, lap_py, laptop, []),
+            ("cluster", clu_user, clu_py, cluster, ["cluster.login=null"]),
         ):
             sweep_dir = f"multirun/bench-{n}"
+            here = side == "cluster"
             took = {
-                "dry": as_user(user, [python, *cli, *JOB, *extra, "dry_run=true"], root),
-                "sweep": as_user(user, [python, *cli, "-m", *SWEEP, *extra, f"hydra.sweep.dir={sweep_dir}"], root),
-                "report": as_user(user, [python, "-m", "hpc_train.report.command", sweep_dir, "--no-png"], root),
+                "dry": as_user(user, [python, *cli, *JOB, *extra, "dry_run=true"], root, here),
+                "sweep": as_user(
+                    user, [python, *cli, "-m", *SWEEP, *extra, f"hydra.sweep.dir={sweep_dir}"], root, here
+                ),
+                "report": as_user(user, [python, "-m", "hpc_train.report.command", sweep_dir, "--no-png"], root, here),
             }
-            subprocess.run(["scancel", "-u", "hpccluster"], capture_output=True)
+            subprocess.run(["scancel", "-u", clu_user], capture_output=True)
             if n:
                 for case, seconds in took.items():
                     times[case][side].append(seconds)
     as_user(
-        "hpclaptop", [lap_py, "-m", "hpc_train.connect", "--config-dir", "conf", "cluster=benchsite", "--close"], laptop
+        lap_user, [lap_py, "-m", "hpc_train.connect", "--config-dir", "conf", "cluster=benchsite", "--close"], laptop
     )
     record: Dict[str, object] = {"machine": machine_info(), "rounds": args.rounds}
     print(f"{'case':<8} {'laptop (s)':>20} {'cluster (s)':>20} {'laptop / cluster':>20}")
@@ -110,7 +116,7 @@ def main() -> None:
             f" {fmt_stats(ratio):>20}"
         )
     print(f"written to {write_result('laptop_latency', record)}")
-    for root in (laptop, cluster, Path("/home/hpccluster/hpc-train") / laptop.name):
+    for root in (laptop, cluster, cluster.parent / "hpc-train" / laptop.name):
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -10,9 +10,17 @@ import contextlib
 import contextvars
 import os
 import subprocess
-from typing import Dict, Iterator, Mapping, Optional, Sequence
+from typing import Dict, Iterator, Mapping, Optional, Protocol, Sequence
 
 from hpc_train.hosts.ssh import SSH_FAILED, SshError, SshTarget, kind_of, remote_line, said_line
+
+
+class CommandHost(Protocol):
+    """Somewhere other than this machine that runs Slurm's commands: ``run`` as slurm_cli.run returns."""
+
+    def run(
+        self, args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None
+    ) -> subprocess.CompletedProcess: ...
 
 
 class SshHost:
@@ -41,16 +49,28 @@ class SshHost:
         return subprocess.CompletedProcess(list(args), done.returncode, done.stdout, done.stderr)
 
 
-_CURRENT: contextvars.ContextVar[Optional[SshHost]] = contextvars.ContextVar("hpc_train_command_host", default=None)
+class Unconnected:
+    """A cluster no connection is open to (a laptop's dry run): no command runs, each says why (exit 127)."""
+
+    def __init__(self, login: str) -> None:
+        self.login = login
+
+    def run(
+        self, args: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None
+    ) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(list(args), 127, "", f"{args[0]}: no connection to {self.login} is open")
 
 
-def current() -> Optional[SshHost]:
+_CURRENT: contextvars.ContextVar[Optional[CommandHost]] = contextvars.ContextVar("hpc_train_command_host", default=None)
+
+
+def current() -> Optional[CommandHost]:
     """The cluster Slurm's commands go to now; None: this machine."""
     return _CURRENT.get()
 
 
 @contextlib.contextmanager
-def commands_on(host: Optional[SshHost]) -> Iterator[None]:
+def commands_on(host: Optional[CommandHost]) -> Iterator[None]:
     """Slurm's commands inside the block run on ``host`` (None: here)."""
     token = _CURRENT.set(host)
     try:
@@ -59,9 +79,9 @@ def commands_on(host: Optional[SshHost]) -> Iterator[None]:
         _CURRENT.reset(token)
 
 
-def use(host: Optional[SshHost]) -> None:
+def use(host: Optional[CommandHost]) -> None:
     """For the rest of this process (a laptop's one-shot command), Slurm's commands run on ``host``."""
     _CURRENT.set(host)
 
 
-__all__ = ["SshError", "SshHost", "commands_on", "current", "use"]
+__all__ = ["CommandHost", "SshError", "SshHost", "Unconnected", "commands_on", "current", "use"]

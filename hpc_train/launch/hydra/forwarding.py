@@ -41,16 +41,7 @@ def dry_run_commands(cfg: Any) -> None:
         f" (partitions, capacity) were skipped; {CONNECT_COMMAND} cluster={settings.profile} opens one.",
         file=sys.stderr,
     )
-    hosts.use(_Unconnected())
-
-
-class _Unconnected:
-    """Slurm's commands of a dry run with no connection open: none runs (the checks say they were not asked)."""
-
-    def run(self, args: List[str], timeout: float, env: Optional[dict] = None) -> Any:
-        import subprocess  # noqa: PLC0415 -- a CompletedProcess to say "not asked"
-
-        return subprocess.CompletedProcess(args, 127, "", f"{args[0]}: no connection to the cluster is open")
+    hosts.use(hosts.Unconnected(str(settings.login)))
 
 
 def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) -> None:

@@ -290,7 +290,7 @@ def test_a_path_only_the_laptop_has_is_refused_and_a_dry_run_needs_no_connection
     assert as_laptop([*connect, "--check"]).returncode == 1
     dry = hpc_train(laptop, *TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "dry_run=true")
     assert dry.returncode == 0 and "#SBATCH" in dry.stdout, dry.stdout + dry.stderr
-    assert f"no connection to {alias} is open" in dry.stderr
+    assert f"no connection to {alias} is open" in dry.stderr and "capacity check could not run" in dry.stderr
     opened = as_laptop(  # no terminal here: a site where the key suffices
         [*connect[:-1], "--config-dir", "conf", f"cluster={PROFILE}"], cwd=laptop["project"]
     )
@@ -298,6 +298,7 @@ def test_a_path_only_the_laptop_has_is_refused_and_a_dry_run_needs_no_connection
     assert as_laptop([*connect, "--check"]).returncode == 0
     dry = hpc_train(laptop, *TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "dry_run=true")
     assert dry.returncode == 0 and "no connection" not in dry.stderr, dry.stderr
+    assert "capacity check could not run" not in dry.stderr  # sinfo answered, over the connection
     done = hpc_train(
         laptop, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "--", "train.py", "--data", str(data),
     )  # fmt: skip

@@ -21,8 +21,11 @@ SSH_SCRIPT = REPO / "scripts" / "ssh_test_server.sh"
 LAPTOP_USER = "hpclaptop"
 CLUSTER_USER = "hpccluster"
 LAPTOP_HOME = Path("/home") / LAPTOP_USER
-# all a laptop command sees of the environment (plus its env_extra): no SLURM_CONF, nothing of root's session
+# all a laptop command sees of the environment (plus its env_extra): nothing of root's session, and a SLURM_CONF
+# that names no file, so a Slurm command that ran on the laptop instead of the cluster fails at once (this machine's
+# /etc/slurm/slurm.conf is the test cluster's: without it a leak would go unseen)
 LAPTOP_ENV = {
+    "SLURM_CONF": "/nonexistent/laptop-has-no-slurm.conf",
     "HOME": str(LAPTOP_HOME),
     "USER": LAPTOP_USER,
     "LOGNAME": LAPTOP_USER,

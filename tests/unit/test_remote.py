@@ -167,3 +167,29 @@ def test_a_sweep_job_dir_is_linked_through_its_sweep_dir(tmp_path):
     assert json.loads((sweep / "remote.json").read_text())["login"] == "testcluster"
     assert read_link(tmp_path) is None
     assert not any(name.endswith(".tmp") for name in os.listdir(sweep))
+
+
+class _Cluster:
+    """Somewhere else that runs Slurm's commands (the shape of hosts.SshHost): what it was asked, and its answer."""
+
+    def __init__(self) -> None:
+        self.asked: list = []
+
+    def run(self, args, timeout, env=None):
+        import subprocess
+
+        self.asked.append((list(args), dict(env or {})))
+        return subprocess.CompletedProcess(list(args), 0, "1|RUNNING\n", "")
+
+
+def test_slurms_commands_go_where_the_switch_says_and_nowhere_else():
+    from hpc_train.hosts import hosts
+    from hpc_train.slurm import slurm_cli
+
+    cluster = _Cluster()
+    with hosts.commands_on(cluster):
+        assert slurm_cli.query(["squeue", "-h"], env={**os.environ, "SLURM_TIME_FORMAT": "%s"}) == "1|RUNNING\n"
+    assert cluster.asked == [(["squeue", "-h"], {**os.environ, "SLURM_TIME_FORMAT": "%s"})]
+    assert hosts.current() is None  # the block ended: this machine again
+    refused = hosts.Unconnected("mysite").run(["sinfo"], 5)
+    assert refused.returncode == 127 and "no connection to mysite is open" in refused.stderr

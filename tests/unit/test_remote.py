@@ -193,3 +193,14 @@ def test_slurms_commands_go_where_the_switch_says_and_nowhere_else():
     assert hosts.current() is None  # the block ended: this machine again
     refused = hosts.Unconnected("mysite").run(["sinfo"], 5)
     assert refused.returncode == 127 and "no connection to mysite is open" in refused.stderr
+
+
+def test_a_hydra_apps_profile_with_a_login_is_refused_with_the_way_that_works(tmp_path):
+    from hpc_train.launch.hydra import app_config
+
+    profile = tmp_path / "my_conf" / "cluster" / "faraway.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text("defaults:\n  - slurm\n  - _self_\nname: faraway\nlogin: me@login.example.org\n")
+    with pytest.raises(ConfigError) as refused:
+        app_config.cluster_profile(str(profile))
+    assert refused.value.key == "hydra.launcher.cluster" and "hpc-train cluster=... -- your_app.py" in refused.value.fix

@@ -118,6 +118,14 @@ def composed_profile(name: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
             f"hpc_train could not compose the cluster profile {name!r}: {err.problem}",
             "name a shipped profile (jean_zay, slurm, ...) or the path of your own cluster/<name>.yaml.",
         ) from None
+    if cfg.cluster.get("login"):  # the app's own command line is not hpc-train's: nothing to forward it with
+        raise ConfigError(
+            "hydra.launcher.cluster",
+            f"the cluster profile {name!r} sets cluster.login ({cfg.cluster.login}): a Hydra app of your own is"
+            " submitted from the cluster's login node, not over SSH from this machine.",
+            "run the app on the login node (ssh there; your project and its Python as for any job), or submit your"
+            " script from here with hpc-train, which works over SSH: hpc-train cluster=... -- your_app.py ARGS.",
+        )
     container = OmegaConf.to_container(cfg.container, resolve=True) if "container" in cfg else {}
     return dict(OmegaConf.to_container(cfg.cluster, resolve=True)), dict(container or {})
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
+from hpc_train.config.errors import ConfigError
 from hpc_train.hosts import hosts
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
@@ -21,15 +22,23 @@ def link_of(path: Path) -> Optional[RemoteLink]:
     return read_link(path) if path.is_dir() else None
 
 
+def _said(err: ConfigError) -> NoReturn:
+    """The connection's problem, one message, the report's exit code for it (2); a --watch stops here."""
+    print(err.message.replace("hpc-train:", "hpc-train-report:", 1), file=sys.stderr)
+    raise SystemExit(2)
+
+
 def rerun_on_cluster(path: Path, link: RemoteLink) -> int:
     """``--rerun-failed`` run by the cluster's hpc_train (it submits); the records brought back after."""
-    conn = Connection(link.settings())
-    conn.open()
     try:
+        conn = Connection(link.settings())
+        conn.open()
         outcome = forward(conn, REPORT_MODULE, [link.path, "--rerun-failed"], path, link.path)
     except Dropped as dropped:
         print(dropped, file=sys.stderr)
         return 1
+    except ConfigError as err:
+        _said(err)
     return outcome.code
 
 
@@ -37,13 +46,19 @@ def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None
     """Bring ``path`` up to date (``everything``: all files), send this process's Slurm commands to the cluster;
     returns the refresh a ``--watch`` runs before each redraw."""
     conn = Connection(link.settings())
-    conn.open()
-    hosts.use(conn.host())
-    count = mirror.refresh(conn, path, link, everything=everything)
+    try:
+        conn.open()
+        hosts.use(conn.host())
+        count = mirror.refresh(conn, path, link, everything=everything)
+    except ConfigError as err:
+        _said(err)
     if everything:
         print(f"hpc-train-report: fetched {count} file(s) of {link.login}:{link.path} into {path}", file=sys.stderr)
 
     def refresh() -> None:
-        mirror.refresh(conn, path, link)
+        try:
+            mirror.refresh(conn, path, link)
+        except ConfigError as err:  # the connection dropped mid-watch: the next --watch goes on
+            _said(err)
 
     return refresh

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
+from hpc_train.config import default_of
 from hpc_train.records import rundir
 
 DEFAULT_PARENT = "~/hpc-train"  # cluster.remote_dir's default: ~/hpc-train/<name of the submitting directory>
@@ -20,23 +21,28 @@ class RemoteSettings:
 
     login: Optional[str]
     remote_dir: Optional[str] = None
-    python: str = "python3"
+    python: str = default_of("cluster.remote_python")
     setup: List[str] = field(default_factory=list)
-    sync: str = "auto"
-    sync_limit_mb: int = 200
+    sync: str = default_of("cluster.sync")
+    sync_limit_mb: int = default_of("cluster.sync_limit_mb")
     profile: str = ""
 
     @classmethod
     def of(cls, cfg: Any) -> "RemoteSettings":
+        """From a composed config, checked or not: a profile that leaves a key out gets its declared default."""
         cluster = cfg.cluster
-        login = cluster.get("login")
+
+        def key(name: str) -> Any:
+            value = cluster.get(name)
+            return default_of(f"cluster.{name}") if value is None else value
+
         return cls(
-            login=str(login) if login else None,
-            remote_dir=str(cluster.get("remote_dir")) if cluster.get("remote_dir") else None,
-            python=str(cluster.get("remote_python") or "python3"),
-            setup=[str(line) for line in (cluster.get("setup") or [])],
-            sync=str(cluster.get("sync") or "auto"),
-            sync_limit_mb=int(cluster.get("sync_limit_mb") or 200),
+            login=str(key("login")) if key("login") else None,
+            remote_dir=str(key("remote_dir")) if key("remote_dir") else None,
+            python=str(key("remote_python")),
+            setup=[str(line) for line in key("setup")],
+            sync=str(key("sync")),
+            sync_limit_mb=int(key("sync_limit_mb")),
             profile=str(cluster.get("name") or ""),
         )
 

@@ -18,6 +18,7 @@ from typing import Dict, List
 
 import pytest
 import torch
+import yaml
 
 from tests.support.cli import assert_ok, final_weights, read_summary, run_cli
 from tests.support.paths import REPO
@@ -165,3 +166,14 @@ def test_an_fsdp_checkpoint_resumes_under_tensor_parallel_equal_to_the_uninterru
     run([*TRAIN, *TP, "strategy.dp_shard=1", "resources.gpus_per_node=2"], run_dir)
     assert read_summary(run_dir)["resumed_from_step"] == 2
     assert_same_weights(final_weights(run_dir), final_weights(single))
+
+
+def test_the_llama_examples_tokens_per_second_are_its_samples_per_second_times_the_sequence_length(single):
+    """The example's step returns `tokens` (each window's seq_len targets): how a language model's speed is read."""
+    summary = read_summary(single)
+    seq_len = yaml.safe_load((single / "job_config.yaml").read_text())["data"]["seq_len"]
+    assert summary["tokens_per_sec"] == pytest.approx(summary["samples_per_sec"] * seq_len, rel=1e-9)
+    rows = [json.loads(line) for line in (single / "metrics.jsonl").read_text().splitlines()]
+    timed = [row for row in rows if row["kind"] == "train" and row.get("samples_per_sec")]
+    assert timed and all(row["tokens_per_sec"] == pytest.approx(row["samples_per_sec"] * seq_len) for row in timed)
+    assert summary["flops_per_step"] > 0 and summary["mfu"] is None  # counted; a CPU has no peak

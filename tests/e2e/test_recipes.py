@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from hpc_train.compute.checkpointing.files import read_checkpoint
 from hpc_train.compute.datasets import synthetic
 from hpc_train.compute.models import toy_mlp
-from hpc_train.compute.training.trainer import seed_everything
+from hpc_train.compute.training.reproducible import seed_everything
 from tests.support.cli import (
     TINY,
     assert_bit_identical,

@@ -19,6 +19,7 @@ from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
 from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.entry.script_job import ScriptJobSettings, ScriptSettings
 from hpc_train.compute.parallel import strategy_class
+from hpc_train.compute.performance.settings import ProfileSettings
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
 from hpc_train.compute.settings import BackendSettings, JobSettings, section
@@ -94,6 +95,7 @@ ALL_SETTINGS = [
     BackendSettings,
     TrainingSettings,
     ScriptJobSettings,
+    ProfileSettings,
 ]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import socket
@@ -16,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.compute.entry.script_job import ScriptFailed, run_script
 from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_layout
+from hpc_train.compute.runtime.garbage import release_before_teardown
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks
 from hpc_train.compute.runtime.refusal import Refusal
@@ -145,6 +145,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         logger=logger_settings(cfg.logger if "logger" in cfg else None),
         launcher=section(LauncherSettings, cfg.launcher),
         backend=backend_section(cfg),
+        peak_tflops=OmegaConf.to_container(cfg.cluster, resolve=True)["gpu_peak_tflops"],  # type: ignore[index]
         job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
     )
     add_code_dirs(settings.job.code_dirs)  # the user's package, importable as on the submitting side
@@ -193,17 +194,3 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         trainer = None  # noqa: F841 (see release_before_teardown)
         release_before_teardown()
         distributed.teardown()
-
-
-def release_before_teardown() -> None:
-    """Free the training objects before the process group is destroyed, not at interpreter shutdown.
-
-    The trainer froze its objects out of the garbage collector's reach (settle_garbage_collector);
-    a model sharded by FSDP2 holds its device mesh, which holds the process groups, in reference
-    cycles. Left to the interpreter's finalisation, those groups' communication threads are torn
-    down in no particular order after the group was destroyed, which can abort a finished rank
-    ("terminate called without an active exception"). Unfreezing and collecting here releases
-    them while the process is still whole.
-    """
-    gc.unfreeze()
-    gc.collect()

@@ -175,6 +175,19 @@ def gather_to_main(obj: object, group: Optional[ProcessGroup] = None, marked: bo
     return out
 
 
+def gather_floats_to_main(values: List[float]) -> Optional[List[List[float]]]:
+    """Every rank's few numbers, in rank order, on rank 0 (None elsewhere): one gather of float64 on the CPU control
+    group, no pickling."""
+    if not is_initialized():
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64)
+    rank = dist.get_rank()
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())] if rank == 0 else None
+    with heartbeat.phase(COLLECTIVE):
+        dist.gather(mine, out, dst=0, group=_control_group)
+    return [tensor.tolist() for tensor in out] if out is not None else None
+
+
 class SideGroup:
     """A gloo group of its own, for collectives made off the main thread (a checkpoint written in the background).
 

@@ -12,6 +12,8 @@
   of the stream, inside torch.save), ``header`` (the header written over its place once the body is hashed),
   ``fsync``, ``rename`` (single-file checkpoints), ``manifest`` and ``install`` (a sharded checkpoint's manifest
   and the rename that installs its dir). See :data:`DISK_FULL_POINTS`.
+* ``HPC_TRAIN_OOM_AT=RANK:STEP``: that rank's forward pass of step STEP+1 raises CUDA's out-of-memory error, on a
+  CPU too, so a test sees what the message of a real one says.
 * ``HPC_TRAIN_STEP_SLEEP_RANK=RANK``: with HPC_TRAIN_STEP_SLEEP, only that rank sleeps (the rank
   from ``RANK`` or ``SLURM_PROCID``), so the other ranks wait for it inside the next collective:
   a test can deliver a stop signal while rank 0 is blocked in one.
@@ -46,6 +48,20 @@ def maybe_fail(rank: int, steps_done: int) -> None:
     fail_rank, _, fail_step = spec.partition(":")
     if int(fail_rank) == rank and int(fail_step) == steps_done:
         raise InjectedFailure(f"HPC_TRAIN_FAIL_AT={spec}: rank {rank} fails after {steps_done} steps (injected fault)")
+
+
+def maybe_out_of_memory(rank: int, steps_done: int) -> None:
+    spec = os.environ.get("HPC_TRAIN_OOM_AT", "")
+    if not spec:
+        return
+    oom_rank, _, oom_step = spec.partition(":")
+    if int(oom_rank) == rank and int(oom_step) == steps_done:
+        # torch: only when injecting (this module stays importable without it)
+        import torch
+
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: HPC_TRAIN_OOM_AT={spec})"
+        )
 
 
 def disk_full_at(point: str, step: int) -> None:

@@ -48,7 +48,7 @@ class Progress:
     elsewhere (a job's log file) one line every `every` steps and at the last one, worded as ever:
     ``[#####-----] step/total  elapsed s loss x``. `start`: the step a resumed run starts from."""
 
-    LINE = "[{bar:30}] {step}/{steps} {elapsed_s:6.1f}s{loss}"  # the log file's line; tqdm draws its bar
+    LINE = "[{bar:30}] {step}/{steps} {elapsed_s:6.1f}s{loss}{rates}"  # the log file's line; tqdm draws its bar
 
     def __init__(self, total: int, enabled: bool, every: int = 10, start: int = 0) -> None:
         self.total = max(1, total)
@@ -62,12 +62,13 @@ class Progress:
                 total=self.total, initial=min(start, self.total), unit="step", file=sys.stderr, dynamic_ncols=True
             )
 
-    def update(self, step: int, loss: Optional[float] = None) -> None:
+    def update(self, step: int, loss: Optional[float] = None, rates: str = "") -> None:
+        """`rates`: the throughput of the last logged step, in words (samples/s, tokens/s, MFU, data share)."""
         if not self.enabled:
             return
         if self.bar is not None:
             if loss is not None:
-                self.bar.set_postfix_str(f"loss {loss:.4f}", refresh=False)
+                self.bar.set_postfix_str(f"loss {loss:.4f}" + (f", {rates}" if rates else ""), refresh=False)
             self.bar.update(min(step, self.total) - self.bar.n)
             if step >= self.total:
                 self.close()
@@ -83,6 +84,7 @@ class Progress:
             step=step,
             steps=self.total,
             loss="" if loss is None else f" loss {loss:.4f}",
+            rates=f"  {rates}" if rates else "",
         )
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

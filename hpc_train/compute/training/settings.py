@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Optional
 from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
 from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.parallel.base import StrategySettings
+from hpc_train.compute.performance.settings import ProfileSettings
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
 from hpc_train.compute.settings import BackendSettings, JobSettings
@@ -53,6 +54,7 @@ class TrainerSettings:
     log_every: int
     throughput_warmup_steps: int
     progress: bool
+    profile: ProfileSettings
 
 
 @dataclass(frozen=True)
@@ -71,4 +73,5 @@ class TrainingSettings:
     logger: Optional[LoggerSettings]  # None: the spec has no logger node (metrics.jsonl only)
     launcher: LauncherSettings
     backend: BackendSettings
+    peak_tflops: Optional[Mapping[str, float]]  # cluster.gpu_peak_tflops: the device's dense peak per precision
     job_spec: Dict[str, Any]

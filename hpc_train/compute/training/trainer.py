@@ -9,16 +9,12 @@ it calls is a named helper below it.
 
 from __future__ import annotations
 
-import gc
-import hashlib
 import itertools
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from hpc_train.compute.checkpointing.checkpointer import Checkpointer
@@ -28,7 +24,9 @@ from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
 from hpc_train.compute.parallel import build_strategy, rank_data_shard
 from hpc_train.compute.parallel.base import TOKENS, StrategySetup
+from hpc_train.compute.performance.meter import PerformanceMeter
 from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
+from hpc_train.compute.runtime.garbage import settle_garbage_collector
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
@@ -36,16 +34,18 @@ from hpc_train.compute.training.activation_checkpointing import checkpoint_block
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
+from hpc_train.compute.training.reproducible import parameter_digest, seed_everything
 from hpc_train.compute.training.saves import Saves
 from hpc_train.compute.training.settings import TrainingSettings
 from hpc_train.compute.training.state import TrainState
+from hpc_train.compute.training.summary import run_summary, seconds_per_step
 from hpc_train.compute.training.throughput import Throughput
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, check_fit, collate
 from hpc_train.compute.user.step import build_step
-from hpc_train.containers.inside import image_record
 from hpc_train.contracts.fingerprint import fingerprint
 from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.records import hang, rundir
+from hpc_train.records.performance import rates_note
 from hpc_train.records.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")
@@ -129,8 +129,18 @@ class Trainer:
             int(self.loop.batch_size),
             self._sync,
         )
+        self.perf = PerformanceMeter(  # FLOPs and MFU, the steps' phases, peak memory; profiles (trainer.profile)
+            self.loop.profile,
+            settings.peak_tflops,
+            str(self.loop.precision),
+            ranks,
+            devices,
+            run_dir,
+            first_timed_step=self.meter.warmup + 1,
+        )
         self._settled = False  # the strategy settled on the first batch of this attempt (_settle_once)
         self._flush_owed = False  # a checkpoint was written before its step's rows could be flushed
+        self._rates = ""  # the progress line's throughput, from the last logged step
 
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
@@ -149,7 +159,9 @@ class Trainer:
             self._train_steps(progress, meter)
         except BaseException:
             self.checkpointer.finish_on_failure()  # a save still being written in the background may finish
+            self.perf.finish()  # a profile of the steps so far is written
             raise
+        self.perf.finish()
         progress.close()
         self._sync()
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
@@ -172,7 +184,7 @@ class Trainer:
                 meter.step_done(state.global_step, metrics.get(TOKENS))
                 if logged:
                     self._log_train(loss, metrics, grad_norm)
-                progress.update(state.global_step, state.last_loss)
+                progress.update(state.global_step, state.last_loss, self._rates)
                 if self._evaluation_due(final):  # every trainer.eval_every steps, before that step's checkpoint
                     self._evaluate_between_steps()
                 if final:
@@ -185,8 +197,18 @@ class Trainer:
         """One optimizer step over `batch` (cut into trainer.grad_accum_steps micro-batches); the loss, the step's
         metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.strategy.accumulate(self.model, self._to_device(batch), self.scaler, self.accum_steps)
+        step = self.state.global_step + 1
+        # The first step of an attempt counts its FLOPs on the eager model, even under trainer.compile.
+        model = self.wrapped if self.perf.flops.pending else self.model
+        with self.perf.forward_backward(step):
+            faults.maybe_out_of_memory(self.ranks.rank, step - 1)
+            loss, metrics = self.strategy.accumulate(model, self._to_device(batch), self.scaler, self.accum_steps)
         heartbeat.mark(hang.OPTIMIZER)
+        with self.perf.phase("optimizer"):
+            grad_norm = self._optimizer_step(logged)
+        return loss, metrics, grad_norm
+
+    def _optimizer_step(self, logged: bool) -> Any:
         grad_norm = None
         if self.grad_clip is not None or logged:
             if self.scaler is not None:  # the norm and the clip threshold are about the true gradients
@@ -200,7 +222,7 @@ class Trainer:
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update()
-        return loss, metrics, grad_norm
+        return grad_norm
 
     @torch.no_grad()
     def evaluate(self) -> Dict[str, Optional[float]]:
@@ -343,6 +365,8 @@ class Trainer:
             record["samples_per_sec"] = self.meter.samples_per_sec
         if TOKENS in self.strategy.metric_names:
             record["tokens_per_sec"] = self.meter.rate(self._global_tokens())
+        record.update(self.perf.window_fields())  # a collective: every rank calls it
+        self._rates = rates_note(record)
         record["time"] = time.time()
         self.metrics.write(record)
 
@@ -368,10 +392,11 @@ class Trainer:
 
     def _evaluate_between_steps(self) -> None:
         """Evaluate and log, outside the throughput measurement."""
-        self._sync()
-        self.meter.pause()
-        self._evaluate_and_log()
-        self.meter.resume(self.state.global_step)
+        with self.perf.excluded():
+            self._sync()
+            self.meter.pause()
+            self._evaluate_and_log()
+            self.meter.resume(self.state.global_step)
 
     def _evaluate_and_log(self) -> None:
         state = self.state
@@ -408,7 +433,8 @@ class Trainer:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
         faults.step_sleep(resumed=self.resumed_from_step is not None)
-        self.saves.after_step(step, self._flush_before_checkpoint)
+        with self.perf.phase("checkpoint"):
+            self.saves.after_step(step, self._flush_before_checkpoint)
         if self.stop_flag is None:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
@@ -441,9 +467,11 @@ class Trainer:
             if started is not None:
                 heartbeat.step_ended(time.perf_counter() - started)
             heartbeat.mark(hang.DATA, self.state.global_step + 1)
+            self.perf.step_boundary(self.state.global_step + 1)
             started = time.perf_counter()
             try:
-                batch = next(batches, _END)
+                with self.perf.phase("data"):
+                    batch = next(batches, _END)
             except BaseException as error:  # the dataset's own exception, before the iterator's workers are closed
                 note_time_of_death(error)
                 raise
@@ -508,34 +536,34 @@ class Trainer:
 
     def _finish(self, meter: Throughput) -> Dict[str, Any]:
         """Final weights (every parameter owner), parameter digest (every rank) and summary.json (rank 0)."""
-        state, last_eval = self.state, self.state.last_eval
-        summary = {
+        state = self.state
+        batch = int(self.loop.batch_size)
+        identity = {
             "strategy": self.settings.strategy.name,
             "model": self.model_name,
             "data": self.data_name,
             "world_size": self.ranks.world_size,
             "data_parallel_size": self.strategy.data_parallel_size,
-            "global_batch": int(self.loop.batch_size),
+            "global_batch": batch,
             "precision": self.loop.precision,
             "device": str(self.strategy.input_device.type),
-            "global_step": state.global_step,
-            "epochs_completed": state.epoch,
-            "train_loss": state.last_loss,
-            "eval_accuracy": None if last_eval is None else last_eval["accuracy"],
-            "eval_loss": None if last_eval is None else last_eval["loss"],
-            **{f"train_{name}": value for name, value in state.last_metrics.items()},
-            **{f"eval_{name}": (last_eval or {}).get(name) for name in self.strategy.metric_names},
-            **self._ema_summary(),
-            "samples_per_sec": meter.samples_per_sec,
-            "images_per_sec": meter.samples_per_sec,  # the old name of samples_per_sec, kept for one release
-            **({"tokens_per_sec": meter.rate(self._global_tokens())} if TOKENS in self.strategy.metric_names else {}),
-            "timed_steps": meter.samples // int(self.loop.batch_size),
-            "resumed_from_step": self.resumed_from_step,
-            "checkpoint_blocked_s": round(self.saves.blocked_s, 6),
-            "attempts": self.attempt,
-            "torch_version": torch.__version__,
-            "python": image_record(),
+            "data_num_workers": int(self.settings.data.num_workers),
         }
+        summary = run_summary(
+            identity,
+            state,
+            self.strategy.metric_names,
+            self._ema_summary(),
+            meter,
+            meter.rate(self._global_tokens()) if TOKENS in self.strategy.metric_names else None,
+            batch,
+            self.perf.summary_fields(seconds_per_step(meter, batch)),  # a collective: every rank calls it
+            {
+                "resumed_from_step": self.resumed_from_step,
+                "checkpoint_blocked_s": round(self.saves.blocked_s, 6),
+                "attempts": self.attempt,
+            },
+        )
         weights = self.strategy.final_state_dict(self.wrapped)  # a collective for fsdp (gathered on rank 0)
         if weights:
             log.info("final parameter digest %s", parameter_digest(weights))
@@ -546,30 +574,3 @@ class Trainer:
             rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
         self.metrics.close()
         return summary
-
-
-def parameter_digest(weights: Dict[str, torch.Tensor]) -> str:
-    """SHA-256 over every parameter and buffer of a state dict, in order: equal digests mean bit-identical weights."""
-    digest = hashlib.sha256()
-    for name, tensor in weights.items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def settle_garbage_collector() -> None:
-    """Collect once, then freeze everything set up so far (torch, model, data, config).
-
-    Setup leaves hundreds of thousands of long-lived Python objects; without this, Python's
-    full (generation 2) collection fires once they pile up, in the middle of training, and
-    walks all of them (about 0.1 s per pass on a 2-core VM, 1-2 % of a short CPU run). Frozen
-    objects are skipped by every later collection; garbage made during training is still freed.
-    """
-    gc.collect()
-    gc.freeze()

@@ -14,7 +14,7 @@ from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.processes.script_command import is_script_job, script_args
-from hpc_train.records import run_claim, rundir
+from hpc_train.records import performance, run_claim, rundir
 
 if TYPE_CHECKING:
     from hpc_train.launch.backends.base import Backend
@@ -70,14 +70,19 @@ def report_summary(run_dir: Path, code: int) -> None:
     elif data is not None:
         acc = data.get("eval_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
+        tokens, mfu = data.get("tokens_per_sec"), performance.mfu_text(data)
+        bound = performance.input_bound_note(data, data.get("data_num_workers"))
         print(
             f"hpc-train: done: {data['global_step']} steps, train_loss {data['train_loss']:.4f}, "
             f"eval_accuracy {acc_text}, {data['samples_per_sec']:.1f} samples/s"
+            + (f", {tokens:.4g} tokens/s" if isinstance(tokens, (int, float)) else "")
+            + (f", {mfu}" if mfu else "")
             + (
                 f", checkpoints blocked training {data['checkpoint_blocked_s']:.1f} s"
                 if data.get("checkpoint_blocked_s") is not None
                 else ""
             )
+            + (f"; {bound}" if bound else "")
         )
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")

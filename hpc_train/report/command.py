@@ -33,7 +33,7 @@ from hpc_train.jobs.text_table import format_table
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
-from hpc_train.report import app_report, packed_runs, remote_report
+from hpc_train.report import app_report, packed_runs, profile_report, remote_report
 from hpc_train.report.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
@@ -499,11 +499,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         action="store_true",
         help="a run dir of a cluster's job, from a laptop: copy all of it here (checkpoints, event files) first",
     )
+    parser.add_argument("--profile", action="store_true", help="summarise the run's torch.profiler traces (profile/)")
     args = parser.parse_args(argv)
     link = remote_report.link_of(args.path)  # a laptop's copy of a cluster's run dir: its records brought up to date
     if link is not None and args.rerun_failed:
         return remote_report.rerun_on_cluster(args.path, link)
     refresh = remote_report.prepare(args.path, link, args.fetch) if link is not None else None
+    if args.profile:  # per profiled rank: top operators, where the steps' time went, the slowest rank
+        return profile_report.main(args.path, args.json, remote=link is not None)
     if args.rerun_failed:
         count, refusal = rerun_failed(args.path)
         if refusal:

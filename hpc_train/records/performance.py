@@ -91,3 +91,45 @@ def rates_note(row: Mapping[str, Any]) -> str:
     if isinstance(data, (int, float)):
         parts.append(f"data {data * 100:.0f} %")
     return ", ".join(parts)
+
+
+# The summary's figures hpc-train-report shows for a run (below its table).
+REPORTED = (
+    STEP_TIME,
+    FLOPS,
+    TFLOPS,
+    MFU,
+    PEAK,
+    PEAK_SOURCE,
+    DEVICE,
+    MEMORY,
+    MEMORY_RANK,
+    MEMORY_KIND,
+    MEMORY_PER_RANK,
+    BREAKDOWN,
+    BREAKDOWN_PER_RANK,
+    "data_num_workers",
+)
+
+
+def report_lines(figures: Mapping[str, Any]) -> str:
+    """A run's performance in a few lines: speed against the peak, memory, where a step's time goes (per rank)."""
+    lines = []
+    mfu = mfu_text(figures)
+    if mfu:
+        source = f"; peak from {figures[PEAK_SOURCE]}" if figures.get(PEAK_SOURCE) else ""
+        lines.append(f"speed: {mfu}, {figures.get(FLOPS, 0):.3g} FLOPs per step{source}")
+    if figures.get(MEMORY):
+        kind = figures.get(MEMORY_KIND, "")
+        lines.append(f"peak memory: {gib(figures[MEMORY])} {kind} on rank {figures.get(MEMORY_RANK)} (the largest)")
+    if figures.get(BREAKDOWN):
+        step = figures.get(STEP_TIME)
+        each = f"a step ({step * 1000:.1f} ms)" if isinstance(step, (int, float)) else "a step"
+        lines.append(f"{each}, averaged over the ranks: {breakdown_text(figures[BREAKDOWN])}")
+        per_rank = figures.get(BREAKDOWN_PER_RANK) or []
+        if len(per_rank) > 1:
+            lines.extend(f"  rank {rank}: {breakdown_text(shares)}" for rank, shares in enumerate(per_rank))
+    bound = input_bound_note(figures, figures.get("data_num_workers"))
+    if bound:
+        lines.append(bound)
+    return "\n".join(lines)

@@ -19,7 +19,6 @@ import argparse
 import json
 import re
 import sys
-import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -32,8 +31,9 @@ from hpc_train.jobs.sweep_status import never_running
 from hpc_train.jobs.text_table import format_table
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records, status
-from hpc_train.records import rundir
+from hpc_train.records import performance, rundir
 from hpc_train.report import app_report, packed_runs, profile_report, remote_report
+from hpc_train.report.plot import write_png
 from hpc_train.report.watch import REFRESH_S, watch
 
 PNG_NAME = "report.png"
@@ -57,6 +57,11 @@ class JobReport:
     world_size: Optional[int] = None
     status: str = "UNKNOWN"
     samples_per_sec: Optional[float] = None
+    tokens_per_sec: Optional[float] = None  # a step that returns tokens (a language model)
+    tflops_per_device: Optional[float] = None
+    mfu: Optional[float] = None  # None with tflops_per_device: no known peak (a CPU)
+    peak_memory_bytes: Optional[int] = None  # the largest rank's
+    performance: Dict[str, Any] = field(default_factory=dict)  # the summary's breakdown and memory, per rank
     train_loss: Optional[float] = None
     lr: Optional[float] = None  # the first parameter group's LR at the last logged step
     eval_accuracy: Optional[float] = None
@@ -135,6 +140,10 @@ def read_job(
         job.world_size = summary.get("world_size", job.world_size)
         # images_per_sec: summaries written before the rename
         job.samples_per_sec = summary.get("samples_per_sec", summary.get("images_per_sec"))
+        job.tokens_per_sec = summary.get("tokens_per_sec")
+        job.tflops_per_device, job.mfu = summary.get(performance.TFLOPS), summary.get(performance.MFU)
+        job.peak_memory_bytes = summary.get(performance.MEMORY)
+        job.performance = {key: summary[key] for key in performance.REPORTED if key in summary}
         job.train_loss = summary.get("train_loss")
         job.eval_accuracy = summary.get("eval_accuracy")
         job.attempts = summary.get("attempts") or _attempts_started(run_dir) or 1
@@ -294,6 +303,17 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
         "eval acc",
         "attempts",
     ]
+    extra = [  # the performance columns some jobs have: (header, value of a job)
+        (name, value)
+        for name, value, shown in (
+            ("tokens/s", lambda job: _fmt(job.tokens_per_sec, ".4g"), any(job.tokens_per_sec for job in jobs)),
+            ("MFU", _mfu_cell, any(job.tflops_per_device is not None for job in jobs)),
+            ("peak mem", lambda job: _gib(job.peak_memory_bytes), any(job.peak_memory_bytes for job in jobs)),
+        )
+        if shown
+    ]
+    at = header.index("samples/s") + 1
+    header[at:at] = [name for name, _ in extra]
     with_ids = any(job.slurm_job_id for job in jobs)
     packed = any(job.allocation for job in jobs)  # the job column numbers the runs: the allocation's id is enough
     if with_ids:
@@ -308,6 +328,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
             _fmt(job.world_size, "d"),
             job.status,
             _fmt(job.samples_per_sec, ".1f"),
+            *(value(job) for _, value in extra),
             _fmt(job.train_loss, ".4f"),
             _fmt(job.lr, ".3g"),
             _fmt(job.eval_accuracy, ".4f"),
@@ -319,150 +340,17 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
     return header, rows
 
 
-NUMERIC_COLUMNS = {"world", "samples/s", "train loss", "lr", "eval acc", "attempts"}  # right-aligned
+NUMERIC_COLUMNS = {"world", "samples/s", "tokens/s", "MFU", "peak mem", "train loss", "lr", "eval acc", "attempts"}
 
 
-# -- the PNG ---------------------------------------------------------------------------------
-def _short_label(job: JobReport, own: List[str], width: int = 28) -> str:
-    text = " ".join(own) if own else (job.strategy or "")
-    wrapped = textwrap.wrap(text, width) or [""]
-    return "\n".join([f"#{job.name}" if job.name.isdigit() else job.name, *wrapped[:3]])
+def _mfu_cell(job: JobReport) -> str:
+    if job.mfu is not None:
+        return f"{job.mfu * 100:.1f}%"
+    return "n/a" if job.tflops_per_device is not None else "-"
 
 
-def write_png(jobs: Sequence[JobReport], title: str, path: Path) -> None:
-    # matplotlib (optional, ~0.7 s): only for the PNG; without it the report still prints its table
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    common, own = split_overrides(jobs)
-    strategies = sorted({job.strategy or "unknown" for job in jobs})
-    palette = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
-    colour = {name: palette[i % len(palette)] for i, name in enumerate(strategies)}
-
-    fig = Figure(figsize=(max(11.0, 4.0 + 1.4 * len(jobs)), 5.8), layout="constrained")
-    FigureCanvasAgg(fig)
-    bars_ax, loss_ax = fig.subplots(1, 2, width_ratios=[max(1.0, 0.5 * len(jobs)), 1.6])
-
-    labels = [_short_label(job, mine) for job, mine in zip(jobs, own)]
-    values = [job.samples_per_sec if job.samples_per_sec is not None else 0.0 for job in jobs]
-    positions = list(range(len(jobs)))
-    bars = bars_ax.bar(
-        positions, values, color=[colour[job.strategy or "unknown"] for job in jobs], edgecolor="black", linewidth=0.6
-    )
-    top = max(values) if any(values) else 1.0
-    for bar, job in zip(bars, jobs):
-        text = f"{job.samples_per_sec:.0f}" if job.samples_per_sec is not None else job.status.lower()
-        bars_ax.annotate(
-            text,
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            xytext=(0, 3),
-            textcoords="offset points",
-            ha="center",
-            va="bottom",
-            fontsize=9,
-        )
-    bars_ax.set_ylim(0, top * 1.12)
-    if not any(values):  # a sweep still in the queue: no scale to show, say why the bars are empty
-        bars_ax.set_yticks([])
-        bars_ax.text(
-            0.5,
-            0.5,
-            "no job has completed (yet)\n(throughput comes from each job's summary.json)",
-            ha="center",
-            va="center",
-            transform=bars_ax.transAxes,
-        )
-    bars_ax.set_xticks(positions, labels, fontsize=8)
-    bars_ax.set_ylabel("throughput (samples/s, higher is better)")
-    # The strategy legend sits between the title and the bars, never over a bar or its value.
-    columns = min(4, len(strategies))
-    legend_rows = -(-len(strategies) // columns)
-    bars_ax.set_title("Training throughput per job", pad=8 + 16 * legend_rows)
-    bars_ax.grid(axis="y", alpha=0.3)
-    handles = [Patch(facecolor=colour[name], edgecolor="black", linewidth=0.6, label=name) for name in strategies]
-    bars_ax.legend(
-        handles=handles,
-        title=None,
-        fontsize=8,
-        loc="lower center",
-        bbox_to_anchor=(0.5, 1.0),
-        ncol=columns,
-        frameon=False,
-        handlelength=1.2,
-        columnspacing=1.2,
-    )
-
-    # Jobs that train identically (e.g. ddp and single on the same global batch) draw the same
-    # curve: each job gets its own line style and marker, earlier jobs drawn wider, so none hides.
-    styles = ["-", "--", ":", "-."]
-    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
-    curves = [(i, job, label) for i, (job, label) in enumerate(zip(jobs, labels)) if job.loss_curve]
-    for order, (i, job, label) in enumerate(curves):
-        steps, losses = zip(*job.loss_curve)
-        width = 1.2 + 1.6 * (len(curves) - 1 - order) / max(1, len(curves) - 1)
-        few = len(steps) <= 3  # a point or two is a marker to see, not a line to follow
-        loss_ax.plot(
-            steps,
-            losses,
-            linestyle="none" if few else styles[i % len(styles)],
-            marker=markers[i % len(markers)],
-            markersize=(9 if few else 3) + 2 * (len(curves) - 1 - order) / max(1, len(curves) - 1),
-            linewidth=width,
-            color=colour[job.strategy or "unknown"],
-            alpha=0.9,
-            label=label.replace("\n", " "),
-        )
-    if curves:
-        _readable_loss_axis(loss_ax, [loss for _, job, _ in curves for _, loss in job.loss_curve])
-        loss_ax.legend(
-            fontsize=7, loc="best", title="job (identical runs overlap)" if len(curves) > 1 else None, title_fontsize=7
-        )
-    else:
-        loss_ax.text(
-            0.5,
-            0.5,
-            "no training step logged yet (metrics.jsonl)",
-            ha="center",
-            va="center",
-            transform=loss_ax.transAxes,
-        )
-        loss_ax.set_xticks([])
-        loss_ax.set_yticks([])
-    loss_ax.set_xlabel("optimizer step")
-    loss_ax.set_ylabel("train loss (trainer.loss, global batch)")
-    loss_ax.set_title("Training loss per job")
-    loss_ax.grid(alpha=0.3)
-
-    lines = [f"hpc-train report: {title}"]
-    if common:
-        wrap = max(60, int(fig.get_figwidth() * 13))
-        # One override never breaks across lines (no-break spaces inside it), so they can be counted.
-        shared = textwrap.wrap("shared\u00a0overrides: " + " ".join(o.replace(" ", "\u00a0") for o in common), wrap)
-        if len(shared) > 2:  # the terminal table prints them all
-            shown = len(" ".join(shared[:2]).split(" ")) - 1
-            shared = shared[:2] + [f"... and {len(common) - shown} more (all in the printed table's header)"]
-        lines += shared
-    fig.suptitle("\n".join(lines), fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
-def _readable_loss_axis(ax, losses: List[float]) -> None:
-    """Plain tick labels, and at least a 2 % span around the losses.
-
-    Without this, two identical runs whose losses differ by 5e-7 get an axis in offset notation
-    ("1e-7+2.3317") stretched over that difference, and look far apart.
-    """
-    from matplotlib.ticker import MaxNLocator  # matplotlib (optional): only for the PNG
-
-    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps
-    low, high = min(losses), max(losses)
-    middle, span = (low + high) / 2, high - low
-    least = 0.02 * max(abs(middle), 1e-12)
-    if span < least:
-        ax.set_ylim(middle - least, middle + least)
+def _gib(count: Optional[int]) -> str:
+    return "-" if not count else f"{count / 2**30:.2f}G"
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -548,6 +436,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             " step)"
         )
         print(f"states: {state_counts(jobs)}")
+        if kind == "run" and jobs[0].performance:
+            print(performance.report_lines(jobs[0].performance))
         for image in sorted({job.image for job in jobs if job.image}):
             print(f"image: {image} ({sum(job.image == image for job in jobs)} of {len(jobs)} jobs)")
         if any(job.state_from_run_dir for job in jobs):
@@ -569,7 +459,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return status
     png = args.png or (args.path / PNG_NAME)
     try:
-        write_png(jobs, str(args.path), png)
+        write_png(jobs, *split_overrides(jobs), str(args.path), png)
     except ModuleNotFoundError as err:
         if not (err.name or "").startswith("matplotlib"):
             raise

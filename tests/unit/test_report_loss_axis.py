@@ -8,7 +8,7 @@ def test_loss_axis_of_identical_short_runs_is_plain_and_wide():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from hpc_train.report.command import _readable_loss_axis
+    from hpc_train.report.plot import _readable_loss_axis
 
     fig = Figure()
     FigureCanvasAgg(fig)

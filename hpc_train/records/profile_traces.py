@@ -19,6 +19,8 @@ from typing import List, Optional, Tuple
 
 PROFILE = "profile"  # the folder of the run dir the traces go to
 STEP_PREFIX = "hpc_train.step#"  # + the global step number (1-based: the step taken)
+# A user's script profiled with torch.profiler's schedule and prof.step(): torch marks its steps so.
+TORCH_STEP_PREFIX = "ProfilerStep#"
 # Each phase of a step the trainer marks, by the annotation's name: waiting for the batch, forward and backward (every
 # micro-batch), the optimizer (gradient norm, clipping, step, schedule, weight average), waiting for a checkpoint.
 PHASES = {
@@ -56,8 +58,10 @@ def list_traces(run_dir: Path) -> List[Path]:
 
 
 def step_number(name: str) -> Optional[int]:
-    """The global step of a step annotation's name; None for any other event."""
-    if not name.startswith(STEP_PREFIX):
+    """The step of a step annotation's name (hpc_train's, or torch.profiler's own in a user's script); None for any
+    other event."""
+    prefix = next((p for p in (STEP_PREFIX, TORCH_STEP_PREFIX) if name.startswith(p)), None)
+    if prefix is None:
         return None
-    tail = name[len(STEP_PREFIX) :]
+    tail = name[len(prefix) :]
     return int(tail) if tail.isdigit() else None

@@ -305,3 +305,41 @@ SLURM_WORDS = text(
     r"[A-Za-z0-9_.@:+-]+(,[A-Za-z0-9_.@:+-]+)*", "a Slurm name or a comma-separated list of names (ASCII)", 1024
 )
 PATH_TEXT = text(what="a path")
+
+
+def _step_range(value: Any) -> Problem:
+    """trainer.profile.steps: [first, last] global steps, 1 <= first <= last."""
+    if _is_list(value) and len(value) == 2 and all(_is_int(v) and 1 <= v <= INT64_MAX for v in value):
+        return None if value[0] <= value[1] else f"must list the first step before the last, got {show(list(value))}"
+    return f"must be [first, last], two step numbers from 1 (inclusive), got {show(value)}"
+
+
+step_range = typed("[first, last] steps", _step_range)
+
+
+def _ranks_or_all(value: Any) -> Problem:
+    """trainer.profile.ranks: rank numbers, or all."""
+    if value == "all":
+        return None
+    if _is_list(value) and len(value) > 0 and all(_is_int(v) and 0 <= v <= INT64_MAX for v in value):
+        return None
+    return f"must be a non-empty list of rank numbers such as [0, 1], or all, got {show(value)}"
+
+
+ranks_or_all = typed("list of ranks | all", _ranks_or_all)
+
+
+def peak_table(precisions: Tuple[str, ...]) -> Checker:
+    """cluster.gpu_peak_tflops: {precision: dense peak TFLOP/s per device}."""
+
+    def check(value: Any) -> Problem:
+        if not isinstance(value, Mapping) or not value:
+            return f"must be a mapping of precision to TFLOP/s such as {{bf16: 989, tf32: 494}}, got {show(value)}"
+        for name, tflops in value.items():
+            if name not in precisions:
+                return f"has {show(name)}, which is not one of the precisions {', '.join(precisions)}"
+            if not _is_number(tflops) or tflops <= 0:
+                return f"gives {name} {show(tflops)}: a peak is a positive number of TFLOP/s"
+        return None
+
+    return typed(f"mapping of {'|'.join(precisions)} to TFLOP/s", check)

@@ -14,6 +14,7 @@ from hpc_train.config.checks import (
     SLURM_WORDS,
     list_of,
     one_of,
+    peak_table,
     qos_row,
     sbatch_options,
     slurm_time,
@@ -21,6 +22,9 @@ from hpc_train.config.checks import (
     whole,
 )
 from hpc_train.config.rule import R, Rule
+
+# The precisions a device's dense peak is given for (cluster.gpu_peak_tflops; hpc_train.contracts.gpu_peaks' table).
+PEAK_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
 
 RULES: Tuple[Rule, ...] = (
     R(
@@ -260,5 +264,18 @@ RULES: Tuple[Rule, ...] = (
         doc="Any other sbatch option as {option: value}, e.g. {exclusive: true, mail-type: END}.",
         default={},
         mapping=True,
+    ),
+    R(
+        "cluster.gpu_peak_tflops",
+        peak_table(PEAK_PRECISIONS),
+        "{bf16:989,tf32:494}",
+        null="from hpc_train's table, by the name torch gives the device",
+        fix=(
+            "give the device's dense peak TFLOP/s per precision, e.g. cluster.gpu_peak_tflops='{bf16:989,tf32:494}'"
+            f" (precisions: {', '.join(PEAK_PRECISIONS)}), or cluster.gpu_peak_tflops=null to use hpc_train's table."
+        ),
+        doc="The dense peak TFLOP/s per GPU for each precision that MFU is computed against; null: hpc_train's table"
+        " by the device's name (none for a CPU).",
+        default=None,
     ),
 )

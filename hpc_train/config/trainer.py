@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from hpc_train.config.checks import auto_or, flag, name_or_target, number, one_of, target_node, whole
+from hpc_train.config.checks import (
+    auto_or,
+    flag,
+    name_or_target,
+    number,
+    one_of,
+    ranks_or_all,
+    step_range,
+    target_node,
+    whole,
+)
 from hpc_train.config.rule import R, Rule
 from hpc_train.records import hang
 
@@ -287,5 +297,30 @@ RULES: Tuple[Rule, ...] = (
         required=True,
         fix="set e.g. trainer.max_requeues=3 (0: never requeue).",
         doc="Slurm: requeues allowed after a time limit or preemption (a crash is never requeued).",
+    ),
+    R(
+        "trainer.profile.steps",
+        step_range,
+        "[10,12]",
+        null="no profile",
+        fix="set e.g. trainer.profile.steps=[10,12] (the first and last global step profiled, from 1), or null.",
+        doc="Profile these global steps, first to last inclusive, with torch.profiler: a trace per chosen rank in"
+        " <run dir>/profile/; null: no profile.",
+        default=None,
+    ),
+    R(
+        "trainer.profile.ranks",
+        ranks_or_all,
+        "[0]",
+        fix="set e.g. trainer.profile.ranks=[0] or trainer.profile.ranks=[0,3], or trainer.profile.ranks=all.",
+        doc="The ranks that write a trace of trainer.profile.steps: a list, or all.",
+        default=[0],
+    ),
+    R(
+        "trainer.profile.memory",
+        flag,
+        "true",
+        doc="GPUs: also record the CUDA allocator's history and write a memory snapshot beside each trace.",
+        default=False,
     ),
 )

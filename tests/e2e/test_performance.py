@@ -43,6 +43,7 @@ def profiled(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("profiled")
     slow_data = "data.train={_target_:tests.support.perf_parts.SlowReads,sleep_s:0.01,only_rank:1}"
     args = [*QUICK, "strategy=ddp", "trainer.max_steps=6", "trainer.log_every=2", "trainer.grad_accum_steps=2"]
+    args.append("trainer.throughput_warmup_steps=1")
     proc = run_cli([*args, slow_data, "trainer.profile.steps=[3,4]", "trainer.profile.ranks=all"], run_dir)
     assert_ok(proc)
     (run_dir / "stdout.txt").write_text(proc.stdout + proc.stderr)

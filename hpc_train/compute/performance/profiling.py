@@ -86,14 +86,20 @@ class StepProfiler:
         prof.__exit__(None, None, None)
         last = min(self.last, self._last_started)
         path = trace_path(self.run_dir, self.rank, self.first, last)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(path))  # a .gz name: gzip-compressed
-        written = [path]
-        if self._memory:
-            snapshot = memory_snapshot_path(self.run_dir, self.rank, self.first, last)
-            torch.cuda.memory._dump_snapshot(str(snapshot))
-            torch.cuda.memory._record_memory_history(enabled=None)
-            written.append(snapshot)
+        written = []
+        try:  # a profile is worth less than the run: a full disk or a quota costs the trace, not the training
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))  # a .gz name: gzip-compressed
+            written.append(path)
+            if self._memory:
+                snapshot = memory_snapshot_path(self.run_dir, self.rank, self.first, last)
+                torch.cuda.memory._dump_snapshot(str(snapshot))
+                written.append(snapshot)
+        except (OSError, RuntimeError) as error:
+            log.warning("the profile of steps %d-%d was not written to %s: %s", self.first, last, path.parent, error)
+        finally:
+            if self._memory:
+                torch.cuda.memory._record_memory_history(enabled=None)
         for each in written:
             log.info("profile of steps %d-%d written: %s", self.first, last, each)
         if self.rank == 0:

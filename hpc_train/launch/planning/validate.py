@@ -501,6 +501,22 @@ def check_layout(
     check_strategy(cfg, parallel)
     check_activation_checkpointing(cfg, parallel)
     check_trainer(cfg, parallel, every, run_dir)
+    check_profile_ranks(cfg, max(p.layout.world_size for p in (parallel, *every)))
+
+
+def check_profile_ranks(cfg: ConfigView, world_size: int) -> None:
+    """A rank trainer.profile.ranks names must exist (at the largest node count of a range)."""
+    ranks = cfg.trainer.profile.ranks
+    if cfg.trainer.profile.steps is None or ranks == "all":
+        return
+    missing = sorted(int(rank) for rank in ranks if int(rank) >= world_size)
+    if missing:
+        raise ConfigError(
+            "trainer.profile.ranks",
+            f"names rank {', '.join(map(str, missing))}, but this job has {world_size} rank"
+            f"{'s' if world_size != 1 else ''} (0 to {world_size - 1}).",
+            f"choose ranks below {world_size}, e.g. trainer.profile.ranks=[0], or trainer.profile.ranks=all.",
+        )
 
 
 def check_resume_compatible(spec: dict, run_dir: Path) -> None:

@@ -89,6 +89,8 @@ def test_composed_dimensions_train_to_the_same_weights_as_one_process(layout, ra
     assert read_summary(run_dir)["eval_loss"] == pytest.approx(read_summary(single)["eval_loss"], abs=1e-4)
     assert grad_norms(run_dir) == pytest.approx(grad_norms(single), rel=1e-4)  # the one norm over every shard
     assert_same_weights(final_weights(run_dir), final_weights(single))
+    # Each rank's FLOPs are counted on the shards it computes: summed over the ranks, one process's
+    assert read_summary(run_dir)["flops_per_step"] == read_summary(single)["flops_per_step"]
 
 
 @pytest.fixture(scope="module")

@@ -46,9 +46,9 @@ class Throughput:
         """Timed seconds so far, the running stretch included."""
         return self.seconds + (time.perf_counter() - self.started if self.started is not None else 0.0)
 
-    def rate(self, amount: float) -> float:
-        """`amount` (of the timed steps) per timed second."""
-        elapsed = self.elapsed
+    def rate(self, amount: float, elapsed: Optional[float] = None) -> float:
+        """`amount` (of the timed steps) per timed second (`elapsed`: one reading shared by several rates)."""
+        elapsed = self.elapsed if elapsed is None else elapsed
         return amount / elapsed if elapsed > 0 else 0.0
 
     @property

@@ -198,8 +198,8 @@ class Trainer:
         metrics and the gradients' total norm before clipping (computed when clipping or when `logged`)."""
         self.optimizer.zero_grad(set_to_none=True)
         step = self.state.global_step + 1
-        # The first step of an attempt counts its FLOPs on the eager model, even under trainer.compile.
-        model = self.wrapped if self.perf.flops.pending else self.model
+        # The step whose FLOPs are counted runs the eager model, even under trainer.compile.
+        model = self.wrapped if self.perf.flops.due else self.model
         with self.perf.forward_backward(step):
             faults.maybe_out_of_memory(self.ranks.rank, step - 1)
             loss, metrics = self.strategy.accumulate(model, self._to_device(batch), self.scaler, self.accum_steps)
@@ -361,10 +361,11 @@ class Trainer:
         }
         if grad_norm is not None:
             record["grad_norm"] = float(grad_norm)
+        elapsed = self.meter.elapsed  # one reading for every rate of the row
         if self.meter.samples:
-            record["samples_per_sec"] = self.meter.samples_per_sec
+            record["samples_per_sec"] = self.meter.rate(self.meter.samples, elapsed)
         if TOKENS in self.strategy.metric_names:
-            record["tokens_per_sec"] = self.meter.rate(self._global_tokens())
+            record["tokens_per_sec"] = self.meter.rate(self._global_tokens(), elapsed)
         record.update(self.perf.window_fields())  # a collective: every rank calls it
         self._rates = rates_note(record)
         record["time"] = time.time()

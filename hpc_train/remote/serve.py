@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, Iterator, List, Optional
 
-from hpc_train.records import rundir
+from hpc_train.records import profile_traces, rundir
 
 MODULE = "hpc_train.remote.serve"  # this module's name (``__name__`` is ``__main__`` when run with -m)
 COMMANDS = Path("~/.cache/hpc_train/commands")
@@ -30,7 +30,7 @@ EXIT_LOST = 255  # the command's runner died without recording an exit status (t
 RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"  # the CLI's refusal as data (hpc_train.launch.hydra.cli_child reads it)
 # What a report needs of a run dir, and what it does not: checkpoints, weights, traces and event files stay on the
 # cluster (``hpc-train-report --fetch`` copies them too); so does any file bigger than RECORD_MAX_BYTES.
-SKIPPED_DIRS = (rundir.CHECKPOINTS, "profile", "tensorboard", "wandb", "mlruns")
+SKIPPED_DIRS = (rundir.CHECKPOINTS, profile_traces.PROFILE, "tensorboard", "wandb", "mlruns")
 SKIPPED_SUFFIXES = (".pt", ".pkl", ".ckpt", ".safetensors", ".bin", ".distcp")
 RECORD_MAX_BYTES = 32 * 2**20
 FOLLOW_POLL_S = 0.2

@@ -113,3 +113,10 @@ def test_the_table_imports_no_torch():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not any(name.split(".")[0] == "torch" for name in imported)
+
+
+def test_a_profile_of_a_script_job_is_refused_naming_how_to_profile_the_script(tmp_path):
+    (tmp_path / "train.py").write_text("print('training')\n")
+    with pytest.raises(ConfigError) as err:
+        plan([f"script.argv=[{tmp_path / 'train.py'}]", "trainer.profile.steps=[3,4]"], tmp_path)
+    assert err.value.key == "trainer.profile.steps" and "HPC_TRAIN_RUN_DIR/profile" in str(err.value)

@@ -479,6 +479,7 @@ def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     check_container_keys(cfg, parallel, run_dir)
     if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
         check_script(cfg, parallel)
+        check_script_profile(cfg)
         check_output_dir(run_dir)
         return
     check_timeouts(cfg)
@@ -502,6 +503,17 @@ def check_layout(
     check_activation_checkpointing(cfg, parallel)
     check_trainer(cfg, parallel, every, run_dir)
     check_profile_ranks(cfg, max(p.layout.world_size for p in (parallel, *every)))
+
+
+def check_script_profile(cfg: ConfigView) -> None:
+    """trainer.profile on a script job would silently write nothing: hpc_train does not run the script's steps."""
+    if cfg.trainer.profile.steps is not None:
+        raise ConfigError(
+            "trainer.profile.steps",
+            "a script job runs your script, not hpc_train's training loop, so hpc_train cannot profile its steps.",
+            "profile inside the script with torch.profiler, writing to $HPC_TRAIN_RUN_DIR/profile (the results guide,"
+            " Performance, shows how), and leave trainer.profile.steps=null.",
+        )
 
 
 def check_profile_ranks(cfg: ConfigView, world_size: int) -> None:

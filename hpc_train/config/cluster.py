@@ -271,11 +271,13 @@ RULES: Tuple[Rule, ...] = (
         "{bf16:989,tf32:494}",
         null="from hpc_train's table, by the name torch gives the device",
         fix=(
-            "give the device's dense peak TFLOP/s per precision, e.g. cluster.gpu_peak_tflops='{bf16:989,tf32:494}'"
-            f" (precisions: {', '.join(PEAK_PRECISIONS)}), or cluster.gpu_peak_tflops=null to use hpc_train's table."
+            "give the device's dense peak TFLOP/s per precision, e.g. 'cluster.gpu_peak_tflops={bf16:989,tf32:494}'"
+            f" (quoted for the shell; precisions: {', '.join(PEAK_PRECISIONS)}), or cluster.gpu_peak_tflops=null to"
+            " use hpc_train's table."
         ),
         doc="The dense peak TFLOP/s per GPU for each precision that MFU is computed against; null: hpc_train's table"
         " by the device's name (none for a CPU).",
         default=None,
+        mapping=True,
     ),
 )

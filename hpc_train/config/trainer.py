@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from collections.abc import Mapping
+from typing import Any, Tuple
 
 from hpc_train.config.checks import (
+    Problem,
     auto_or,
     flag,
     name_or_target,
     number,
     one_of,
     ranks_or_all,
+    show,
     step_range,
     target_node,
+    typed,
     whole,
 )
 from hpc_train.config.rule import R, Rule
@@ -21,6 +25,57 @@ from hpc_train.records import hang
 PRECISIONS = ("32", "bf16", "16")
 # trainer.hang_timeout_s=auto, in words, from the constants hang.timeout_s computes it with
 HANG_AUTO = f"max({hang.AUTO_FLOOR_S:g} s, {hang.AUTO_STEPS} median steps)"
+
+# trainer.profile's keys: declared one by one, and the node itself, so that a value that is no mapping
+# (trainer.profile=0) is refused naming it and a trainer option without the node runs with the keys' defaults.
+PROFILE_RULES: Tuple[Rule, ...] = (
+    R(
+        "trainer.profile.steps",
+        step_range,
+        "[10,12]",
+        null="no profile",
+        fix="set e.g. trainer.profile.steps=[10,12] (the first and last global step profiled, from 1), or null.",
+        doc="Profile these global steps, first to last inclusive, with torch.profiler: a trace per chosen rank in"
+        " <run dir>/profile/; null: no profile.",
+        default=None,
+    ),
+    R(
+        "trainer.profile.ranks",
+        ranks_or_all,
+        "[0]",
+        fix="set e.g. trainer.profile.ranks=[0] or trainer.profile.ranks=[0,3], or trainer.profile.ranks=all.",
+        doc="The ranks that write a trace of trainer.profile.steps: a list, or all.",
+        default=[0],
+    ),
+    R(
+        "trainer.profile.memory",
+        flag,
+        "true",
+        doc="GPUs: also record the CUDA allocator's history and write a memory snapshot beside each trace.",
+        default=False,
+    ),
+)
+PROFILE_KEYS = tuple(rule.key.rsplit(".", 1)[1] for rule in PROFILE_RULES)
+
+
+def profile_node(value: Any) -> Problem:
+    """trainer.profile: a mapping of PROFILE_KEYS (each key checked by its own rule)."""
+    if not isinstance(value, Mapping):
+        return f"must be a mapping of {', '.join(PROFILE_KEYS)}, got {show(value)}"
+    unknown = [str(k) for k in value if k not in PROFILE_KEYS]
+    return f"has no key {unknown[0]!r} (it has {', '.join(PROFILE_KEYS)})" if unknown else None
+
+
+PROFILE_NODE = R(
+    "trainer.profile",
+    typed(f"mapping of {', '.join(PROFILE_KEYS)}", profile_node),
+    "{steps: [10,12]}",
+    fix="set e.g. trainer.profile.steps=[10,12] (and trainer.profile.ranks, trainer.profile.memory), or leave"
+    " trainer.profile out (no profile).",
+    doc="torch.profiler traces of chosen steps and ranks (the keys below); a trainer option without it is not"
+    " profiled.",
+    default={rule.key.rsplit(".", 1)[1]: rule.default for rule in PROFILE_RULES},
+)
 
 RULES: Tuple[Rule, ...] = (
     R(
@@ -298,29 +353,6 @@ RULES: Tuple[Rule, ...] = (
         fix="set e.g. trainer.max_requeues=3 (0: never requeue).",
         doc="Slurm: requeues allowed after a time limit or preemption (a crash is never requeued).",
     ),
-    R(
-        "trainer.profile.steps",
-        step_range,
-        "[10,12]",
-        null="no profile",
-        fix="set e.g. trainer.profile.steps=[10,12] (the first and last global step profiled, from 1), or null.",
-        doc="Profile these global steps, first to last inclusive, with torch.profiler: a trace per chosen rank in"
-        " <run dir>/profile/; null: no profile.",
-        default=None,
-    ),
-    R(
-        "trainer.profile.ranks",
-        ranks_or_all,
-        "[0]",
-        fix="set e.g. trainer.profile.ranks=[0] or trainer.profile.ranks=[0,3], or trainer.profile.ranks=all.",
-        doc="The ranks that write a trace of trainer.profile.steps: a list, or all.",
-        default=[0],
-    ),
-    R(
-        "trainer.profile.memory",
-        flag,
-        "true",
-        doc="GPUs: also record the CUDA allocator's history and write a memory snapshot beside each trace.",
-        default=False,
-    ),
+    PROFILE_NODE,
+    *PROFILE_RULES,
 )

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config import MAPPING_KEYS
+from hpc_train.config.cluster import PEAK_PRECISIONS
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.logger_table import TRACKERS
@@ -356,6 +357,9 @@ MAPPING_VALUES = {
     "launcher.pack": PACK,
     "container.env": st.dictionaries(
         st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), st.one_of(st.integers(0, 99), WORDS), max_size=3
+    ),
+    "cluster.gpu_peak_tflops": st.dictionaries(
+        st.sampled_from(PEAK_PRECISIONS), st.one_of(st.integers(1, 5000), st.floats(0.5, 5000.0)), min_size=1
     ),
 }
 

@@ -79,18 +79,19 @@ def measure(
     env = cpu_env(threads)
     hpc, plain, base, loads, rounds = [], [], [], [], []
     hpc_step, plain_step, base_step = [], [], []
+    tries = itertools.count()  # a round repeated by clean_run runs again in fresh folders
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
 
         def probed(name: str, tree: str = "") -> tuple:
             """Environment and probe dir of one run: the step probe first on PYTHONPATH (then `tree`)."""
-            probe_dir = Path(tmp) / f"probe-{name}"
+            probe_dir = Path(tmp) / f"probe-{name}-{next(tries)}"
             probe_dir.mkdir()
             path = os.pathsep.join(x for x in (str(STEPPROBE), tree and str(import_root(Path(tree)))) if x)
             return env | {"PYTHONPATH": path, "HPC_BENCH_STEPPROBE_DIR": str(probe_dir)}, probe_dir
 
         def hpc_train(i: int, tree: str) -> tuple:
             name = f"hpc{'-base' if tree else ''}{i}"
-            run_dir = Path(tmp) / name
+            run_dir = Path(tmp) / f"{name}-{next(tries)}"
             run_env, probe_dir = probed(name, tree)
             run_checked(
                 hpc_train_cmd(
@@ -120,7 +121,7 @@ def measure(
             return hpc_train(i, str(Path(baseline_tree).resolve()))
 
         def run_plain(i: int) -> tuple:
-            out = Path(tmp) / f"plain{i}.json"
+            out = Path(tmp) / f"plain{i}-{next(tries)}.json"
             run_env, probe_dir = probed(f"plain{i}")
             run_checked(
                 [

@@ -63,7 +63,8 @@ class PerformanceMeter:
 
     @contextlib.contextmanager
     def forward_backward(self, step: int) -> Iterator[None]:
-        """Around a step's forward and backward: timed, FLOPs counted on the first, an out-of-memory error named."""
+        """Around a step's forward and backward: timed, its FLOPs counted when due (an attempt's second step), an
+        out-of-memory error named."""
         with memory.out_of_memory_named(self.rank, step, self.device), self.phase("forward_backward"):
             with self.flops.counting():
                 yield
@@ -129,6 +130,9 @@ class PerformanceMeter:
         if wall <= 0:
             return {name: 0.0 for name in (*PHASES, OTHER)}
         shares = {name: row[2 + index] / wall for index, name in enumerate(PHASES)}
+        timed = sum(shares.values())
+        if timed > 1.0:  # a GPU's event-timed phases can outlast the host's step a little (queued work)
+            shares = {name: share / timed for name, share in shares.items()}
         shares[OTHER] = max(0.0, 1.0 - sum(shares.values()))
         return shares
 

@@ -36,6 +36,16 @@ def test_tensorboard_events_match_metrics_jsonl(tmp_path):
         "train/lr",
         "train/grad_norm",
         "train/samples_per_sec",
+        # where the time and memory went (mfu is null on a CPU: no peak, no scalar)
+        "train/step_time_s",
+        "train/data_share",
+        "train/forward_backward_share",
+        "train/optimizer_share",
+        "train/checkpoint_share",
+        "train/other_share",
+        "train/flops_per_step",
+        "train/tflops_per_device",
+        "train/peak_memory_bytes",
         "eval/accuracy",
         "eval/loss",
     }  # every number of a record ("samples", the evaluation's count, is not a scalar to plot)

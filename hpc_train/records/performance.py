@@ -40,6 +40,7 @@ MEMORY_KIND = "peak_memory_kind"  # "allocated" (a GPU's allocator) | "resident"
 MEMORY_PER_RANK = "peak_memory_per_rank"  # [{"rank", "allocated" | "resident", "reserved"}]
 BREAKDOWN = "step_breakdown"  # {phase: share} averaged over the ranks (PHASES and OTHER)
 BREAKDOWN_PER_RANK = "step_breakdown_per_rank"  # [{phase: share}] by rank
+NUM_WORKERS = "data_num_workers"  # data.num_workers of the run: what an input-bound run's closing line says to raise
 
 
 def gib(count: Optional[float]) -> str:
@@ -108,7 +109,7 @@ REPORTED = (
     MEMORY_PER_RANK,
     BREAKDOWN,
     BREAKDOWN_PER_RANK,
-    "data_num_workers",
+    NUM_WORKERS,
 )
 
 
@@ -129,7 +130,7 @@ def report_lines(figures: Mapping[str, Any]) -> str:
         per_rank = figures.get(BREAKDOWN_PER_RANK) or []
         if len(per_rank) > 1:
             lines.extend(f"  rank {rank}: {breakdown_text(shares)}" for rank, shares in enumerate(per_rank))
-    bound = input_bound_note(figures, figures.get("data_num_workers"))
+    bound = input_bound_note(figures, figures.get(NUM_WORKERS))
     if bound:
         lines.append(bound)
     return "\n".join(lines)

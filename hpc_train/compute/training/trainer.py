@@ -45,7 +45,7 @@ from hpc_train.compute.user.step import build_step
 from hpc_train.contracts.fingerprint import fingerprint
 from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.records import hang, rundir
-from hpc_train.records.performance import rates_note
+from hpc_train.records.performance import NUM_WORKERS, rates_note
 from hpc_train.records.rank_errors import note_time_of_death, notes_time_of_death
 
 log = logging.getLogger("hpc_train")
@@ -548,7 +548,7 @@ class Trainer:
             "global_batch": batch,
             "precision": self.loop.precision,
             "device": str(self.strategy.input_device.type),
-            "data_num_workers": int(self.settings.data.num_workers),
+            NUM_WORKERS: int(self.settings.data.num_workers),
         }
         summary = run_summary(
             identity,

@@ -71,7 +71,7 @@ def report_summary(run_dir: Path, code: int) -> None:
         acc = data.get("eval_accuracy")
         acc_text = "n/a" if acc is None else f"{acc:.4f}"
         tokens, mfu = data.get("tokens_per_sec"), performance.mfu_text(data)
-        bound = performance.input_bound_note(data, data.get("data_num_workers"))
+        bound = performance.input_bound_note(data, data.get(performance.NUM_WORKERS))
         print(
             f"hpc-train: done: {data['global_step']} steps, train_loss {data['train_loss']:.4f}, "
             f"eval_accuracy {acc_text}, {data['samples_per_sec']:.1f} samples/s"

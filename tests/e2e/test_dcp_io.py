@@ -42,6 +42,7 @@ from hpc_train.compute.checkpointing.files import (
     UnsafeCheckpoint,
     capture_rng,
 )
+from hpc_train.compute.worker import exit_now
 from hpc_train.records import rundir
 from tests.support.paths import REPO
 
@@ -228,9 +229,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _leave_after(rank: int, fn: Callable[..., None], *args: Any) -> None:
+    """`fn(rank, *args)`, then leave as hpc_train's ranks do, without the interpreter's finalization: a worker's
+    FSDP2 modules hold its device mesh and process groups in reference cycles, and finalization tearing down their
+    gloo threads in no particular order can abort a rank that succeeded ("terminate called without an active
+    exception", SIGABRT). A failing `fn` raises as before, and its traceback reaches the test."""
+    fn(rank, *args)
+    exit_now(0)
+
+
 def _spawn(fn: Callable[..., None], world: int, *args: Any, timeout: float = 90) -> None:
     """Run `fn(rank, world, port, *args)` on `world` processes; a failing rank fails the test with its traceback."""
-    context = mp.start_processes(fn, args=(world, _free_port(), *args), nprocs=world, join=False, start_method="spawn")
+    context = mp.start_processes(
+        _leave_after, args=(fn, world, _free_port(), *args), nprocs=world, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + timeout
     try:
         while not context.join(timeout=1):

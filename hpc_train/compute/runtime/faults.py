@@ -41,21 +41,24 @@ def _float(name: str) -> float:
         return 0.0
 
 
-def maybe_fail(rank: int, steps_done: int) -> None:
-    spec = os.environ.get("HPC_TRAIN_FAIL_AT", "")
+def _at(variable: str, rank: int, steps_done: int) -> str:
+    """The value of `variable` (RANK:STEP) when it names this rank after `steps_done` steps, else ""."""
+    spec = os.environ.get(variable, "")
     if not spec:
-        return
-    fail_rank, _, fail_step = spec.partition(":")
-    if int(fail_rank) == rank and int(fail_step) == steps_done:
+        return ""
+    at_rank, _, at_step = spec.partition(":")
+    return spec if int(at_rank) == rank and int(at_step) == steps_done else ""
+
+
+def maybe_fail(rank: int, steps_done: int) -> None:
+    spec = _at("HPC_TRAIN_FAIL_AT", rank, steps_done)
+    if spec:
         raise InjectedFailure(f"HPC_TRAIN_FAIL_AT={spec}: rank {rank} fails after {steps_done} steps (injected fault)")
 
 
 def maybe_out_of_memory(rank: int, steps_done: int) -> None:
-    spec = os.environ.get("HPC_TRAIN_OOM_AT", "")
-    if not spec:
-        return
-    oom_rank, _, oom_step = spec.partition(":")
-    if int(oom_rank) == rank and int(oom_step) == steps_done:
+    spec = _at("HPC_TRAIN_OOM_AT", rank, steps_done)
+    if spec:
         # torch: only when injecting (this module stays importable without it)
         import torch
 

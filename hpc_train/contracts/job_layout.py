@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from hpc_train.contracts.mesh_dims import MeshDims
@@ -81,3 +81,23 @@ class JobLayout:
         if replicas == 1:
             return f", parameters sharded over {shards} ranks{at}"
         return f", HSDP: {replicas} replicas x {shards} shards{at}"
+
+
+def group_layout(layout: JobLayout, groups: int) -> JobLayout:
+    """The layout of one of `groups` replica groups of `layout` (fault_tolerance.replica_groups): whole nodes each
+    when the job has a node per group or more, else a share of the one node's tasks. Inside a group the data-parallel
+    replicas are the group's own: fsdp's and mesh's replicate dimension (the groups) becomes 1."""
+    if groups <= 1:
+        return layout
+    if layout.nodes >= groups:
+        nodes, tasks = layout.nodes // groups, layout.tasks_per_node
+    else:
+        nodes, tasks = layout.nodes, layout.tasks_per_node // groups
+    mesh = layout.mesh
+    if mesh is not None and layout.strategy == "fsdp":
+        mesh = (1, nodes * tasks)
+    elif mesh is not None and layout.strategy == "mesh":
+        pp, replicate, shard, tp = mesh
+        mesh = (pp, max(1, replicate // groups), shard, tp) if replicate >= groups else (pp, 1, shard // groups, tp)
+    data_parallel = None if layout.data_parallel_size is None else max(1, int(layout.data_parallel_size) // groups)
+    return replace(layout, nodes=nodes, tasks_per_node=tasks, mesh=mesh, data_parallel_size=data_parallel)

@@ -47,3 +47,12 @@ def port_for_job(job_id: str) -> int:
     job steps take the ports after its own (hpc_train.pack.scheduler)."""
     digits = re.sub(r"\D", "", str(job_id)) or "0"
     return PORT_BASE + int(digits) % PORT_SPAN
+
+
+# Replica groups (fault_tolerance.replica_groups): each group is a job of its own to torch (RANK and WORLD_SIZE
+# within the group, its own rendezvous); these say which group a process belongs to. The launchers set them, the
+# ranks read them (hpc_train.compute.runtime.ranks, hpc_train.compute.replicas).
+REPLICA_GROUP_VARIABLE = "HPC_TRAIN_REPLICA_GROUP"  # this process's group, 0 .. R-1
+REPLICA_GROUPS_VARIABLE = "HPC_TRAIN_REPLICA_GROUPS"  # R
+REPLICA_RESTART_VARIABLE = "HPC_TRAIN_REPLICA_RESTART"  # how many times this group was restarted in this attempt
+LIGHTHOUSE_VARIABLE = "HPC_TRAIN_LIGHTHOUSE"  # the lighthouse's address, http://host:port

@@ -23,6 +23,9 @@ from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, backend_section, section
 from hpc_train.config.strategy import strategy_id
 from hpc_train.containers.inside import image_record
+from hpc_train.compute.replicas.settings import replica_settings
+from hpc_train.contracts.job_layout import group_layout
+from hpc_train.processes.rank_env import LIGHTHOUSE_VARIABLE
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import run_claim
 from hpc_train.records.rank_errors import write_error_record
@@ -49,13 +52,13 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     keeper = _hold_run_dir(cfg, ranks, run_dir)  # before this rank touches a file of the run dir
     ended = True  # for good: the run dir is free again; an interrupted Slurm job may be requeued into it
     try:
-        log = setup_logging(run_dir, ranks.rank)
+        log = setup_logging(run_dir, ranks.global_rank)
         if is_script_job(cfg):  # the user's own script: run it as this rank (no trainer, no process group here)
             _announce(log, ranks)
             try:
                 return run_script(cfg, ranks, run_dir)
             except ScriptFailed as err:
-                write_error_record(run_dir, ranks.rank, err)
+                write_error_record(run_dir, ranks.global_rank, err)
                 log.error("%s", err)
                 raise
         return _train(cfg, ranks, run_dir, log)
@@ -132,6 +135,9 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     # The job spec read once into the settings of the rank's parts; nothing below reads the spec. The layout is the
     # allocation's: a job planned for a range of nodes runs on the count Slurm gave it.
     planned = section(JobSettings, cfg.job)
+    replica = replica_settings(cfg)  # fault_tolerance.replica_groups: this rank's group is a job of its own to torch
+    if replica is not None:
+        planned = replace(planned, layout=group_layout(planned.layout, int(replica.replica_groups)))
     job = replace(planned, layout=settle_layout(planned.layout, cfg.strategy, ranks.world_size))
     settings = TrainingSettings(
         run=section(RunSettings, cfg),
@@ -156,12 +162,17 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
     stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
-    beat = Heartbeat(run_dir, ranks, settings.watchdog, stop_flag).start()  # progress, hang watchdog, 2nd stop signal
-    trainer = None
+    # The heartbeat names files by the rank's number in the whole job and watches the whole job (replica groups too)
+    whole = replace(ranks, rank=ranks.global_rank, world_size=ranks.global_world, group=0, groups=1)
+    beat = Heartbeat(run_dir, whole, settings.watchdog, stop_flag).start()  # progress, hang watchdog, 2nd stop signal
+    trainer = group = None
 
     def record_end(how: str) -> None:
-        if trainer is not None and ranks.is_main:
-            attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
+        if trainer is not None and trainer.is_main:
+            if trainer.attempt:
+                attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
+            else:  # a replica group that leads now, started after the attempt began
+                attempts.end_current(run_dir, how, trainer.state.global_step)
 
     try:
         problem = allocation_mismatch(planned.layout, ranks)
@@ -170,7 +181,11 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         distributed.init_process_group(
             ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
         )
-        trainer = Trainer(settings, ranks, devices, run_dir, stop_flag)
+        if replica is not None:
+            from hpc_train.compute.replicas.group import ReplicaGroup  # torchft: only runs with replica groups
+
+            group = ReplicaGroup(replica, ranks, devices[0], os.environ[LIGHTHOUSE_VARIABLE])
+        trainer = Trainer(settings, ranks, devices, run_dir, stop_flag, group)
         summary = trainer.fit()
         record_end("finish")
         distributed.barrier()
@@ -180,7 +195,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         record_end(stop.reason)
         raise
     except BaseException as err:
-        write_error_record(run_dir, ranks.rank, err)  # first, before peers see broken connections
+        write_error_record(run_dir, ranks.global_rank, err)  # first, before peers see broken connections
         if isinstance(err, Refusal):
             log.error("%s", err)
             err.on_console = ranks.is_main
@@ -189,6 +204,8 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:
+        if group is not None:
+            group.close()
         beat.close()
         stop_flag.uninstall()
         trainer = None  # noqa: F841 (see release_before_teardown)

@@ -48,6 +48,12 @@ def rank_data_shard(layout: JobLayout, ranks: RankInfo) -> Tuple[int, int]:
     return ranks.rank // max(1, ranks.world_size // shards), shards
 
 
+def replica_shard(shard: Tuple[int, int], ranks: RankInfo) -> Tuple[int, int]:
+    """A replica group's rank reads its share of the whole job's data: group g's shard d of D is shard g * D + d of
+    groups * D, the data split as for plain data parallelism over every rank (`shard` itself without groups)."""
+    return ranks.group * shard[1] + shard[0], ranks.groups * shard[1]
+
+
 def strategy_class(identity: str) -> Type[Strategy]:
     """The Strategy class of a strategy identity (hpc_train.config.strategy.strategy_id); its ``settings_type`` is what
     it reads of the ``strategy`` section."""

@@ -2,6 +2,10 @@
 
 * ``HPC_TRAIN_FAIL_AT=RANK:STEP``: that rank raises just before taking optimizer step STEP+1
   (after STEP steps are done), to check that a failing rank ends the whole job quickly.
+* ``HPC_TRAIN_KILL_AT=RANK:STEP``: that rank (its number in the whole job) sends itself SIGKILL at the same point,
+  as a node failure or the OOM killer would end it; a replica group restarted after it does not do it again.
+* ``HPC_TRAIN_RESTART_SLEEP=SECONDS``: a restarted replica group waits that long before it rejoins (a slow node's
+  start-up), so that a test sees the other groups train on without it first.
 * ``HPC_TRAIN_SLOW_CHECKPOINT=SECONDS``: checkpoint writes pause half-way for that long,
   so a test can kill a run in the middle of a write.
 * ``HPC_TRAIN_STEP_SLEEP=SECONDS``: sleep after every optimizer step of an attempt that started
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 
 DISK_FULL_POINTS = ("write", "header", "fsync", "rename", "manifest", "install")
@@ -54,6 +59,17 @@ def maybe_fail(rank: int, steps_done: int) -> None:
     spec = _at("HPC_TRAIN_FAIL_AT", rank, steps_done)
     if spec:
         raise InjectedFailure(f"HPC_TRAIN_FAIL_AT={spec}: rank {rank} fails after {steps_done} steps (injected fault)")
+
+
+def maybe_kill(rank: int, steps_done: int) -> None:
+    if _at("HPC_TRAIN_KILL_AT", rank, steps_done) and int(os.environ.get("HPC_TRAIN_REPLICA_RESTART") or 0) == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def restart_sleep() -> None:
+    delay = _float("HPC_TRAIN_RESTART_SLEEP")
+    if delay > 0:
+        time.sleep(delay)
 
 
 def maybe_out_of_memory(rank: int, steps_done: int) -> None:

@@ -70,10 +70,10 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from hpc_train.processes.rank_env import port_for_job
+from hpc_train.processes.rank_env import REPLICA_GROUP_VARIABLE, REPLICA_GROUPS_VARIABLE, port_for_job
 from hpc_train.records.metrics_log import LOCAL_LAUNCHER_VARIABLE
 from hpc_train.slurm.hostlist import expand_hostlist
 
@@ -100,6 +100,19 @@ class RankInfo:
     note: str = ""  # a warning for the rank's log (e.g. variables that were ignored or guessed from)
     node_tasks: Tuple[int, ...] = ()  # srun steps: the step's task count on each of its nodes, e.g. (2, 1)
     tasks_layout: str = ""  # srun steps: the same in words, with the hosts ("2 on hpcnode1, 1 on hpcnode2")
+    group: int = 0  # replica groups (fault_tolerance.replica_groups): this process's group; rank and world are its
+    groups: int = 1  # how many groups the job has (1: no replica groups)
+
+    @property
+    def global_rank(self) -> int:
+        """The rank's number in the whole job: what its log, progress and error files are named by. Without
+        replica groups, its rank; in group g of groups of W ranks, g * W + rank."""
+        return self.group * self.world_size + self.rank
+
+    @property
+    def global_world(self) -> int:
+        """Every rank of the job, over all its replica groups."""
+        return self.groups * self.world_size
 
     @property
     def origin(self) -> str:
@@ -259,8 +272,18 @@ def detect_ranks(env: Optional[Mapping[str, str]] = None) -> RankInfo:
     for source in (_from_torchrun, _from_local_launcher, _from_slurm, _from_submitit, _from_bare_variables):
         info = source(env)
         if info is not None:
-            return info
+            return _in_group(info, env)
     return RankInfo(0, 0, 1, 1, "127.0.0.1", 29500, "single")
+
+
+def _in_group(info: RankInfo, env: Mapping[str, str]) -> RankInfo:
+    """The rank's replica group, when its launcher started it as one (fault_tolerance.replica_groups)."""
+    if REPLICA_GROUPS_VARIABLE not in env:
+        return info
+    group, groups = int(env.get(REPLICA_GROUP_VARIABLE, "0")), int(env[REPLICA_GROUPS_VARIABLE])
+    if not 0 <= group < groups:
+        raise ValueError(f"{REPLICA_GROUP_VARIABLE}={group} is not a group of {groups}")
+    return replace(info, group=group, groups=groups)
 
 
 def world_mismatch(

@@ -22,7 +22,7 @@ from hpc_train.compute.checkpointing.files import save_atomic
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.epochs import Epoch, TrainEpochs
 from hpc_train.compute.data.loaders import eval_loader, set_data_shard
-from hpc_train.compute.parallel import build_strategy, rank_data_shard
+from hpc_train.compute.parallel import build_strategy, rank_data_shard, replica_shard
 from hpc_train.compute.parallel.base import TOKENS, StrategySetup
 from hpc_train.compute.performance.meter import PerformanceMeter
 from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
@@ -34,6 +34,8 @@ from hpc_train.compute.training.activation_checkpointing import checkpoint_block
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
+from hpc_train.compute.replicas.group import ReplicaGroup
+from hpc_train.compute.training.replica_steps import GroupSteps
 from hpc_train.compute.training.reproducible import parameter_digest, seed_everything
 from hpc_train.compute.training.saves import Saves
 from hpc_train.compute.training.settings import TrainingSettings
@@ -60,11 +62,13 @@ class Trainer:
         devices: List[torch.device],
         run_dir: Path,
         stop_flag: Optional[StopFlag] = None,
+        replicas: Optional[ReplicaGroup] = None,
     ) -> None:
         self.settings, self.loop = settings, settings.trainer  # every section; the loop's own keys
         self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
-        self.is_main = ranks.is_main
-        self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks)
+        # A replica group (fault_tolerance.replica_groups): its rank 0 writes the run's rows while it leads
+        self.groups = GroupSteps(self, replicas) if replicas is not None else None
+        self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks: the first group's alone)
             settings.logger, run_dir, self.is_main, settings.job_spec, settings.backend.slurm_job
         )
         self.state = TrainState()
@@ -72,7 +76,7 @@ class Trainer:
         seed = int(settings.run.seed)
         seed_everything(seed)  # identical initial weights on every rank
         shard = rank_data_shard(settings.job.layout, ranks)  # (rank, size) of this rank's data, as the layout says
-        self._build_data(shard)
+        self._build_data(replica_shard(shard, ranks), shard)  # a replica group reads its share of the job's data
         self._build_model(devices, shard)  # self.strategy, built complete around the user's step; the model it wraps
         optim = settings.optim
         self.optimizer = make_optimizer(optim, param_groups(optim, self.strategy.unwrap(self.wrapped)))
@@ -85,7 +89,7 @@ class Trainer:
             if optim.ema_decay is not None
             else None
         )
-        seed_everything(seed + ranks.rank)  # per-rank streams from here on (dropout, augmentation)
+        seed_everything(seed + ranks.global_rank)  # per-rank streams from here on (dropout, augmentation)
         if self.strategy.sharded_checkpoints:
             # torch.distributed.checkpoint costs ~1 s to import: only strategies with sharded checkpoints pay it
             from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
@@ -106,7 +110,7 @@ class Trainer:
                 "scaler": self.scaler,
                 "ema": self.ema,
             },
-            shared={"scheduler": self.scheduler, "state": self.state},
+            shared={"scheduler": self.scheduler, "state": self.state, **self._group_state()},
             per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
             shard_key=self.strategy.checkpoint_key,
             owns_shard=self.strategy.owns_checkpoint_shard,
@@ -114,12 +118,14 @@ class Trainer:
             resume=str(settings.run.resume),
         )
         self.saves = Saves(
-            self.checkpointer, self.metrics, self.is_main, settings.backend.slurm_job, settings.launcher.signal_delay_s
+            self.checkpointer, self.metrics, ranks.is_main, settings.backend.slurm_job, settings.launcher.signal_delay_s
         )
-        self._resume()
+        restarted = self.groups is not None and self.groups.restarted  # it rejoins from a live group, not from disk
+        if not restarted:
+            self._resume()
         self.attempt = (
             attempts.begin(run_dir, fresh=str(settings.run.resume) == "never", resumed_from_step=self.resumed_from_step)
-            if self.is_main
+            if self.is_main and not restarted
             else 0
         )
         self.meter = Throughput(  # from the restored position
@@ -142,6 +148,19 @@ class Trainer:
         self._flush_owed = False  # a checkpoint was written before its step's rows could be flushed
         self._rates = ""  # the progress line's throughput, from the last logged step
 
+    @property
+    def is_main(self) -> bool:
+        """This rank writes the run's rows, summary and attempts: rank 0, of the leading replica group if any."""
+        return self.ranks.is_main and (self.groups is None or self.groups.leads)
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """Every rank of the leading replica group (all ranks without groups) writes the run's checkpoints."""
+        return self.groups is None or self.groups.leads
+
+    def _group_state(self) -> Dict[str, Any]:
+        return {"replicas": self.groups.checkpointed()} if self.groups is not None else {}
+
     # -- the loop -------------------------------------------------------------------------
     def fit(self) -> Dict[str, Any]:
         """Train from the restored position (or the start) to the last step; the run's summary."""
@@ -155,6 +174,8 @@ class Trainer:
         meter = self.meter
         self.model.train()
         settle_garbage_collector()
+        if self.groups is not None:
+            self.groups.connect()  # the lighthouse; the attempt's groups start together
         try:
             self._train_steps(progress, meter)
         except BaseException:
@@ -165,7 +186,8 @@ class Trainer:
         progress.close()
         self._sync()
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
-        self.saves.save(state.global_step, "end of training", settle=True)
+        if self.writes_checkpoints:
+            self.saves.save(state.global_step, "end of training", settle=True)
         return self._finish(meter)
 
     def _train_steps(self, progress: Progress, meter: Throughput) -> None:
@@ -175,11 +197,15 @@ class Trainer:
             epoch = self.epochs.open(state.epoch, state.step_in_epoch)  # from the position: mid-epoch after a resume
             for batch in self._marked(epoch):  # this rank's progress marked: waiting for data, then the step
                 self._flush_owed_rows()  # the previous step's epoch did not end: no row more at its step
-                faults.maybe_fail(self.ranks.rank, state.global_step)  # a failure injected by HPC_TRAIN_FAIL_AT
+                faults.maybe_fail(self.ranks.global_rank, state.global_step)  # a failure injected by HPC_TRAIN_FAIL_AT
+                faults.maybe_kill(self.ranks.global_rank, state.global_step)  # ... by HPC_TRAIN_KILL_AT
                 self._settle_once(batch)
                 final = state.global_step + 1 >= self.total_steps
                 logged = self._log_due(final)
-                loss, metrics, grad_norm = self.train_step(batch, logged)
+                taken = self.train_step(batch, logged) if self.groups is None else self.groups.take_step(batch, logged)
+                if taken is None:  # this replica group took a live group's state: its data re-opens there
+                    break
+                loss, metrics, grad_norm = taken
                 state.step_taken()
                 meter.step_done(state.global_step, metrics.get(TOKENS))
                 if logged:
@@ -190,7 +216,8 @@ class Trainer:
                 if final:
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
-            self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended
+            else:
+                self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended  # when it ended, or at the last step: evaluate if due; count it if it ended
 
     @notes_time_of_death
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
@@ -201,8 +228,10 @@ class Trainer:
         # The step whose FLOPs are counted runs the eager model, even under trainer.compile.
         model = self.wrapped if self.perf.flops.due else self.model
         with self.perf.forward_backward(step):
-            faults.maybe_out_of_memory(self.ranks.rank, step - 1)
+            faults.maybe_out_of_memory(self.ranks.global_rank, step - 1)
             loss, metrics = self.strategy.accumulate(model, self._to_device(batch), self.scaler, self.accum_steps)
+            if self.groups is not None:  # over the live replica groups; raises StepNotCommitted unless all agreed
+                loss = self.groups.average_and_commit(loss)
         heartbeat.mark(hang.OPTIMIZER)
         with self.perf.phase("optimizer"):
             grad_norm = self._optimizer_step(logged)
@@ -241,7 +270,8 @@ class Trainer:
             yield self._to_device(batch)
 
     # -- set-up -----------------------------------------------------------------------------
-    def _build_data(self, shard: Tuple[int, int]) -> None:
+    def _build_data(self, shard: Tuple[int, int], eval_shard: Tuple[int, int]) -> None:
+        """The data of this rank's `shard`; evaluation of `eval_shard` (each replica group evaluates all of data.val)."""
         dp_rank, dp_size = shard
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         settings = self.settings.data
@@ -258,7 +288,7 @@ class Trainer:
             global_batch=self.loop.batch_size,
         )
         self.eval_loader = (
-            eval_loader(data.val, settings, self.per_rank_batch, dp_size, dp_rank, collate_fn=data.collate_fn)
+            eval_loader(data.val, settings, self.per_rank_batch, eval_shard[1], eval_shard[0], collate_fn=data.collate_fn)
             if data.val is not None
             else None
         )
@@ -435,14 +465,16 @@ class Trainer:
         step = self.state.global_step
         faults.step_sleep(resumed=self.resumed_from_step is not None)
         with self.perf.phase("checkpoint"):
-            self.saves.after_step(step, self._flush_before_checkpoint)
+            if self.writes_checkpoints:
+                self.saves.after_step(step, self._flush_before_checkpoint)
         if self.stop_flag is None:
             return
         request = self.stop_flag.agreed() if self.ranks.is_distributed else self.stop_flag.request
         if request != NONE:
             self._flush_owed = False
             self.metrics.flush()  # nothing more is logged in this attempt
-            self.saves.save(step, "stop signal", settle=True)
+            if self.writes_checkpoints:
+                self.saves.save(step, "stop signal", settle=True)
             reason = self.stop_flag.reason(request, float(self.settings.launcher.signal_delay_s))
             raise TrainingInterrupted(request, step, reason, self.stop_flag)
 
@@ -563,13 +595,14 @@ class Trainer:
                 "resumed_from_step": self.resumed_from_step,
                 "checkpoint_blocked_s": round(self.saves.blocked_s, 6),
                 "attempts": self.attempt,
+                **(self.groups.summary_fields() if self.groups is not None else {}),
             },
         )
         weights = self.strategy.final_state_dict(self.wrapped)  # a collective for fsdp (gathered on rank 0)
         if weights:
             log.info("final parameter digest %s", parameter_digest(weights))
         weights_name = self.strategy.weights_file()
-        if weights_name:
+        if weights_name and self.writes_checkpoints:
             save_atomic(weights, self.run_dir / weights_name, f"the final weights {weights_name}")
         if self.is_main:
             rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)

@@ -1,0 +1,178 @@
+"""The trainer's side of replica groups (``fault_tolerance.replica_groups``, hpc_train.compute.replicas).
+
+What the loop does differently in a group: each step opens with the quorum (a group that was behind takes a live
+group's state and re-opens its data there), the gradients and the loss are averaged over the live groups after the
+group's own reduction, the optimizer steps only when every group agreed (a step that failed is taken again), and
+the run's rows and checkpoints are written by the lowest-numbered live group alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+
+import torch
+
+from hpc_train.compute.replicas.group import ReplicaGroup, StepNotCommitted
+from hpc_train.compute.replicas.state import (
+    Holder,
+    load_model_state,
+    load_optimizer_state,
+    local_tree,
+    model_state,
+    optimizer_state,
+)
+
+from hpc_train.compute.runtime import distributed, faults
+from hpc_train.compute.training.reproducible import parameter_digest
+from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
+from hpc_train.records import replicas as rows
+from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
+
+if TYPE_CHECKING:
+    from hpc_train.compute.training.trainer import Trainer
+
+log = logging.getLogger("hpc_train")
+
+DIGESTS_VARIABLE = "HPC_TRAIN_REPLICA_DIGESTS"  # "1": every group's rank 0 logs its parameters' digest at each step
+START_WAIT_S = 3600.0  # how long the groups of a starting attempt wait for each other before the first step
+READY_DIR = "replicas"  # <run dir>/replicas/<launch>/group<g>: the groups of an attempt that are ready
+
+
+def restarted() -> bool:
+    """This group was restarted by its launcher inside the attempt (it rejoins from a live group, not from disk)."""
+    return int(os.environ.get(REPLICA_RESTART_VARIABLE, "0") or 0) > 0
+
+
+class GroupSteps:
+    def __init__(self, trainer: "Trainer", group: ReplicaGroup) -> None:
+        self.trainer, self.group = trainer, group
+        self.restarted = restarted()
+        self.digests = os.environ.get(DIGESTS_VARIABLE) == "1"
+        self._quorum_open = False  # this group took a live group's state in the quorum of the step it takes next
+
+    # -- the state a restarting group receives ---------------------------------------------------------
+    def holder(self) -> Holder:
+        return Holder(self._state, self._load)
+
+    def _state(self) -> Dict[str, Any]:
+        t = self.trainer
+        state: Dict[str, Any] = {
+            "model": model_state(t.strategy.unwrap(t.wrapped)),
+            "optimizer": optimizer_state(t.optimizer),
+            "scheduler": t.scheduler.state_dict(),
+            "state": dict(t.state.state_dict()),
+        }
+        if t.scaler is not None:
+            state["scaler"] = t.scaler.state_dict()
+        if t.ema is not None:
+            state["ema"] = local_tree(t.ema.state_dict())
+        return state
+
+    def _load(self, incoming: Dict[str, Any]) -> None:
+        t = self.trainer
+        load_model_state(t.strategy.unwrap(t.wrapped), incoming["model"])
+        load_optimizer_state(t.optimizer, incoming["optimizer"])
+        t.scheduler.load_state_dict(incoming["scheduler"])
+        t.state.load_state_dict(incoming["state"])
+        if t.scaler is not None and "scaler" in incoming:
+            t.scaler.load_state_dict(incoming["scaler"])
+        if t.ema is not None and "ema" in incoming:
+            t.ema.load_state_dict(incoming["ema"])
+
+    def checkpointed(self) -> Holder:
+        """What checkpoints carry of the groups: who took the last step and how many steps ran with fewer groups."""
+
+        def save() -> Dict[str, Any]:
+            return {"members": sorted(self.group.members), "fewer": self.group.fewer_steps}
+
+        def load(value: Dict[str, Any]) -> None:
+            self.group.fewer_steps = int(value.get("fewer", 0))
+
+        return Holder(save, load)
+
+    # -- the attempt's start ------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Join the lighthouse at the restored step. In an attempt's start every group waits until all of them are
+        ready, so that the first quorum holds them all; a restarted group joins the others at once."""
+        t = self.trainer
+        if self.restarted:
+            faults.restart_sleep()  # HPC_TRAIN_RESTART_SLEEP: a slow start-up, injected
+        self.group.connect(self.holder(), t.state.global_step)
+        if self.restarted:
+            log.info("replica group %d: restarted, rejoining the live groups", self.group.group)
+            return
+        if t.ranks.is_main:
+            self._wait_for_groups(t.run_dir)
+        distributed.barrier()
+
+    def _wait_for_groups(self, run_dir: Path) -> None:
+        folder = run_dir / READY_DIR / (os.environ.get(LAUNCH_ID_VARIABLE) or "attempt")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"group{self.group.group}").touch()
+        deadline = time.monotonic() + START_WAIT_S
+        while len(list(folder.glob("group*"))) < self.group.groups:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica groups did not all start within {START_WAIT_S:.0f} s ({folder})")
+            time.sleep(0.05)
+
+    # -- each step ----------------------------------------------------------------------------------
+    def take_step(self, batch: Any, logged: bool) -> Optional[Tuple[Any, Any, Any]]:
+        """train_step over `batch` once every group agreed on it; None when this group took a live group's state
+        instead (the caller re-opens its data at the new position)."""
+        t = self.trainer
+        while True:
+            if self._quorum_open:  # healed in this step's quorum: the step itself is still to take, with the others
+                self._quorum_open = False
+            elif self.group.begin_step():
+                t.epochs.resume_at(t.state.epoch, t.state.step_in_epoch, False)
+                self._quorum_open = True
+                return None
+            try:
+                result = t.train_step(batch, logged)
+            except StepNotCommitted:
+                t.optimizer.zero_grad(set_to_none=True)
+                log.warning("replica group %d: step %d failed in another group; taking it again",
+                            self.group.group, t.state.global_step + 1)
+                continue
+            self._after_commit()
+            return result
+
+    def average_and_commit(self, loss: torch.Tensor) -> torch.Tensor:
+        """Inside the step, after the group's own backward pass: gradients and loss over the live groups; raises
+        StepNotCommitted unless every group agreed."""
+        model = self.trainer.model
+        grads = []
+        for param in model.parameters():
+            if not param.requires_grad:
+                continue
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grad = param.grad
+            grads.append(grad.to_local() if hasattr(grad, "to_local") and hasattr(grad, "placements") else grad)
+        loss = self.group.average(grads, loss)
+        self.group.commit()
+        return loss
+
+    def _after_commit(self) -> None:
+        t, group = self.trainer, self.group
+        t.metrics.enabled = t.is_main
+        step = t.state.global_step + 1  # the step just committed (the loop counts it next)
+        for event, member, _, live in group.events:
+            line = rows.event_log_line(event, member, step, live, group.groups)
+            log.warning("%s", line) if event == rows.DROPPED else log.info("%s", line)
+            if t.is_main:
+                t.metrics.write(rows.event_row(event, member, step, time.time(), live))
+        if self.digests and t.ranks.is_main:
+            log.info("replica group %d step %d parameter digest %s", group.group, step,
+                     parameter_digest(model_state(t.strategy.unwrap(t.wrapped))))
+
+    @property
+    def leads(self) -> bool:
+        return self.group.leads
+
+    def summary_fields(self) -> Dict[str, Any]:
+        return {rows.GROUPS: self.group.groups, rows.FEWER_STEPS: self.group.fewer_steps}

@@ -1,0 +1,154 @@
+"""A local run made of replica groups (``fault_tolerance.replica_groups``): the lighthouse, the groups, restarts.
+
+Each group is started as a job of its own (its ranks numbered from 0, its own rendezvous port) with the variables
+that name its group (hpc_train.processes.rank_env); the lighthouse (torchft's quorum server,
+``python -m hpc_train.compute.replicas.lighthouse``) runs beside them for as long as the run does. When a process of a
+group dies, this launcher stops the rest of that group and starts it again (at most ``fault_tolerance.max_restarts``
+times a group); the other groups train on and the restarted one rejoins from a live group. A refusal, a stop signal
+or a hang of the whole job ends the run as without groups. Once a group has finished training, a group still running
+gets ``timeout_s`` plus a minute to finish too (it may be rejoining), then is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from hpc_train.launch.backends.local import GRACE_S, _forward_stop_signals, _stop, free_port, worker_env
+from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.processes.rank_env import (
+    LIGHTHOUSE_VARIABLE,
+    REPLICA_GROUP_VARIABLE,
+    REPLICA_GROUPS_VARIABLE,
+    REPLICA_RESTART_VARIABLE,
+)
+from hpc_train.records import hang, rundir
+from hpc_train.records.rank_errors import death_cause
+
+LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/
+ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_HUNG, rundir.EXIT_INTERRUPTED)  # exits that end the whole run
+
+
+class Groups:
+    def __init__(self, plan: RunPlan, config_path: Path, lighthouse: str, view: List[subprocess.Popen]) -> None:
+        node = plan.config.fault_tolerance
+        self.groups, self.timeout_s = int(node.replica_groups), float(node.timeout_s)
+        self.max_restarts = int(node.max_restarts)
+        self.size = plan.layout.world_size // self.groups
+        self.run_dir, self.config_path, self.lighthouse = plan.run_dir, config_path, lighthouse
+        self.threads = max(1, (os.cpu_count() or 1) // plan.layout.world_size)
+        self.launch_id = f"{os.getpid()}-{time.time_ns()}"
+        self.procs: Dict[int, List[subprocess.Popen]] = {}
+        self.restarts = {g: 0 for g in range(self.groups)}
+        self.files: List = []
+        self.view = view  # every live process, which the stop signals are forwarded to
+
+    @property
+    def all_procs(self) -> List[subprocess.Popen]:
+        return [proc for procs in self.procs.values() for proc in procs]
+
+    def start(self, group: int) -> None:
+        port = free_port()
+        procs = []
+        for rank in range(self.size):
+            global_rank = group * self.size + rank
+            out = None
+            if global_rank != 0:
+                out = open(rundir.rank_output(self.run_dir, global_rank), "a")
+                self.files.append(out)
+            env = worker_env(rank, self.size, port, self.threads, self.launch_id)
+            env.update({
+                REPLICA_GROUP_VARIABLE: str(group),
+                REPLICA_GROUPS_VARIABLE: str(self.groups),
+                REPLICA_RESTART_VARIABLE: str(self.restarts[group]),
+                LIGHTHOUSE_VARIABLE: self.lighthouse,
+            })
+            command = [sys.executable, "-m", "hpc_train.compute.worker", str(self.config_path)]
+            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
+        self.procs[group] = procs
+        self.view[:] = self.all_procs
+
+    def watch(self, started: float) -> int:
+        finished_at: Optional[float] = None
+        done: Dict[int, bool] = {g: False for g in range(self.groups)}
+        while True:
+            for group, procs in list(self.procs.items()):
+                if done[group]:
+                    continue
+                codes = [proc.poll() for proc in procs]
+                failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+                if failed:
+                    rank, code = failed[0]
+                    if code in ENDING:
+                        return self._end(code, started)
+                    if self.restarts[group] >= self.max_restarts:
+                        print(f"hpc-train: replica group {group} failed {self.restarts[group] + 1} times"
+                              f" (fault_tolerance.max_restarts={self.max_restarts}); stopping the run.",
+                              file=sys.stderr)
+                        return code if code > 0 else 1
+                    global_rank = group * self.size + rank
+                    _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
+                    self.restarts[group] += 1
+                    print(f"hpc-train: replica group {group}: rank {global_rank} {death_cause(code)}; the other groups"
+                          f" train on; restarting group {group} ({self.restarts[group]} of at most"
+                          f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
+                          file=sys.stderr, flush=True)
+                    self.start(group)
+                elif all(code == 0 for code in codes):
+                    done[group] = True
+                    finished_at = finished_at or time.monotonic()
+            if all(done.values()):
+                return 0
+            if finished_at is not None and time.monotonic() - finished_at > self.timeout_s + 60:
+                late = sorted(g for g, d in done.items() if not d)
+                print(f"hpc-train: replica group(s) {late} did not finish {self.timeout_s + 60:.0f} s after the others;"
+                      " stopping them (the run is complete).", file=sys.stderr)
+                return 0
+            time.sleep(0.2)
+
+    def _end(self, code: int, started: float) -> int:
+        if code == rundir.EXIT_HUNG:
+            verdict = hang.read_request(self.run_dir, since=started) or {}
+            print(verdict.get("message") or "hpc-train: the job hung (see logs/rank<r>.log)", file=sys.stderr)
+        if code == rundir.EXIT_INTERRUPTED:
+            deadline = time.monotonic() + GRACE_S
+            while time.monotonic() < deadline and any(p.poll() is None for p in self.all_procs):
+                time.sleep(0.1)
+        return code
+
+
+def run_groups(plan: RunPlan, config_path: Path) -> int:
+    """Run the plan's replica groups and their lighthouse on this machine; the job's exit code."""
+    run_dir = plan.run_dir
+    (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+    node = plan.config.fault_tolerance
+    port = free_port()
+    lighthouse_log = open(run_dir / rundir.LOGS / LIGHTHOUSE_LOG, "a")
+    lighthouse = subprocess.Popen(
+        [sys.executable, "-m", "hpc_train.compute.replicas.lighthouse", "--port", str(port),
+         "--min-replicas", str(int(node.min_replicas)), "--timeout-s", str(float(node.timeout_s))],
+        stdout=lighthouse_log, stderr=subprocess.STDOUT,
+    )
+    procs_view: List[subprocess.Popen] = []
+    groups = Groups(plan, config_path, f"http://127.0.0.1:{port}", procs_view)
+    forwarded = _forward_stop_signals(procs_view)
+    try:
+        for group in range(groups.groups):
+            groups.start(group)
+        return groups.watch(started=time.time())
+    except KeyboardInterrupt:
+        _stop(groups.all_procs, signal.SIGINT)
+        return rundir.EXIT_CTRL_C
+    finally:
+        for signum, previous in forwarded.items():
+            signal.signal(signum, previous)
+        _stop(groups.all_procs)
+        _stop([lighthouse])
+        lighthouse_log.close()
+        for handle in groups.files:
+            handle.close()

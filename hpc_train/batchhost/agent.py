@@ -44,6 +44,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
     parser.add_argument("--requests", required=True, help="the folder of the ranks' request file")
     parser.add_argument("--unset", action="append", default=[], help="a variable the step does not get")
     parser.add_argument("--set", action="append", default=[], help="NAME=VALUE the step gets")
+    parser.add_argument("--replicas", default=None, help="replica groups: their plan (JSON); one step per group")
     parser.add_argument("step", nargs=argparse.REMAINDER, help="-- then the job step's command")
     args = parser.parse_args(argv)
     args.step = args.step[1:] if args.step[:1] == ["--"] else args.step
@@ -121,7 +122,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     path.unlink(missing_ok=True)  # a requeued job keeps its id: last attempt's request is done
     job_requests.started_file(path).unlink(missing_ok=True)
     env = step_environment(args, path)
-    code = run_step(args.step, env)
+    if args.replicas:  # fault_tolerance.replica_groups: the lighthouse and one step per group (batchhost/groups.py)
+        from hpc_train.batchhost.groups import run_groups
+
+        code = run_groups(args.replicas, args.step, env)
+    else:
+        code = run_step(args.step, env)
     return act(path, code, env.get(IMAGE_VARIABLE, ""))
 
 

@@ -13,7 +13,10 @@ and rejoins; ``hpc-train-report`` reads both from here.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping
+
+from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
 
 KIND = "replica"
 DROPPED, REJOINED = "dropped", "rejoined"
@@ -48,14 +51,64 @@ def summary_fields(rows: Iterable[Mapping[str, Any]], groups: int, fewer_steps: 
     }
 
 
-def summary_note(summary: Mapping[str, Any]) -> str:
-    """The closing line's words on the groups ("" without replica groups)."""
+def summary_note(summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]] = ()) -> str:
+    """The closing line's words on the groups ("" without replica groups). The drops and rejoins are the summary's
+    counts where it has them, else counted in `rows` (metrics.jsonl's), else left out."""
     if GROUPS not in summary:
         return ""
-    fewer, drops = int(summary.get(FEWER_STEPS, 0)), int(summary.get(DROPS, 0))
+    fewer = int(summary.get(FEWER_STEPS) or 0)
+    events = [row for row in rows if row.get("kind") == KIND]
+    drops = summary.get(DROPS, sum(1 for row in events if row.get("event") == DROPPED))
+    rejoins = summary.get(REJOINS, sum(1 for row in events if row.get("event") == REJOINED))
     if not drops and not fewer:
         return f"; {summary[GROUPS]} replica groups, none dropped"
-    return (
-        f"; {summary[GROUPS]} replica groups: {drops} drop(s), {summary.get(REJOINS, 0)} rejoin(s),"
-        f" {fewer} step(s) with fewer groups"
+    counts = f" {drops} drop(s), {rejoins} rejoin(s)," if DROPS in summary or events else ""
+    return f"; {summary[GROUPS]} replica groups:{counts} {fewer} step(s) with fewer groups"
+
+
+EVENTS_SHOWN = 10  # drops and rejoins a report line names one by one (the rest are counted)
+
+
+def report_line(summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> str:
+    """hpc-train-report's line on a run's groups ("" without replica groups), from its summary and its metrics.jsonl
+    rows, e.g. "replica groups: 3; 22 step(s) with fewer groups; group 1 dropped at step 21, rejoined at step 43".
+    Each group's drops and rejoins in step order; a group that did not come back has no rejoin."""
+    if GROUPS not in summary:
+        return ""
+    events = sorted(
+        (row for row in rows if row.get("kind") == KIND and row.get("event") in (DROPPED, REJOINED)),
+        key=lambda row: (int(row.get("step", 0)), row.get("event") != DROPPED),
     )
+    fewer = int(summary.get(FEWER_STEPS) or 0)
+    line = f"replica groups: {summary[GROUPS]}"
+    if not events and not fewer:
+        return f"{line}; none dropped"
+    line += f"; {fewer} step(s) with fewer groups"
+    by_group: Dict[int, List[str]] = {}
+    for row in events[:EVENTS_SHOWN]:
+        by_group.setdefault(int(row["group"]), []).append(f"{row['event']} at step {int(row['step'])}")
+    parts = [f"group {group} " + ", ".join(words) for group, words in sorted(by_group.items())]
+    if len(events) > EVENTS_SHOWN:
+        parts.append(f"{len(events) - EVENTS_SHOWN} more drop(s) and rejoin(s) in metrics.jsonl")
+    return "; ".join([line, *parts])
+
+
+FOLDER = "replicas"  # <run dir>/replicas/<attempt>/: the groups of one attempt, ready and finished
+
+
+def attempt_folder(run_dir: Path, env: Mapping[str, str]) -> Path:
+    """Where the groups of this attempt leave their marks: named by the Slurm job and its restart count, or by the
+    local launch (every group of an attempt sees the same variables)."""
+    job = env.get("SLURM_JOB_ID")
+    name = f"slurm-{job}-{env.get('SLURM_RESTART_COUNT', '0')}" if job else f"local-{env.get(LAUNCH_ID_VARIABLE, '0')}"
+    return Path(run_dir) / FOLDER / name
+
+
+def ready_file(folder: Path, group: int) -> Path:
+    """Group `group` is connected to the lighthouse: an attempt's first quorum waits for every group's."""
+    return Path(folder) / f"ready.group{group}"
+
+
+def finished_file(folder: Path, group: int) -> Path:
+    """Group `group` trained to the end: its launcher does not restart it (srun says 0 after a node failure too)."""
+    return Path(folder) / f"finished.group{group}"

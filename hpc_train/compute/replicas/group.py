@@ -98,11 +98,16 @@ class ReplicaGroup:
         self.manager.start_quorum()
         waited = time.monotonic() - started
         if waited > 1.0:
-            log.info("replica group %d: the quorum of step %d took %.1f s", self.group, self.manager.current_step() + 1,
-                     waited)
+            log.info(
+                "replica group %d: the quorum of step %d took %.1f s",
+                self.group,
+                self.manager.current_step() + 1,
+                waited,
+            )
         if self.healed:
-            log.info("replica group %d: took the state of a live group at step %d", self.group,
-                     self.manager.current_step())
+            log.info(
+                "replica group %d: took the state of a live group at step %d", self.group, self.manager.current_step()
+            )
         return self.healed
 
     def average(self, grads: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,11 @@ def main(argv=None) -> int:
         quorum_tick_ms=QUORUM_TICK_MS,
         heartbeat_timeout_ms=timeout_ms,
     )
-    print(f"hpc-train: lighthouse {server.address()} (min {args.min_replicas} groups, timeout {args.timeout_s:g} s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"hpc-train: lighthouse {server.address()} (min {args.min_replicas} groups, timeout {args.timeout_s:g} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())

@@ -70,8 +70,12 @@ def _placed(value: Any, param: torch.Tensor) -> Any:
             from torch.distributed.tensor import DTensor
 
             return DTensor.from_local(
-                value.to(local.device), param.device_mesh, param.placements, run_check=False,
-                shape=param.shape, stride=param.stride(),
+                value.to(local.device),
+                param.device_mesh,
+                param.placements,
+                run_check=False,
+                shape=param.shape,
+                stride=param.stride(),
             )
     return value.to(param.device) if value.dim() > 0 else value
 

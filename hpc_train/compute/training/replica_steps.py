@@ -25,12 +25,10 @@ from hpc_train.compute.replicas.state import (
     model_state,
     optimizer_state,
 )
-
 from hpc_train.compute.runtime import distributed, faults
 from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import replicas as rows
-from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
 
 if TYPE_CHECKING:
     from hpc_train.compute.training.trainer import Trainer
@@ -39,7 +37,6 @@ log = logging.getLogger("hpc_train")
 
 DIGESTS_VARIABLE = "HPC_TRAIN_REPLICA_DIGESTS"  # "1": every group's rank 0 logs its parameters' digest at each step
 START_WAIT_S = 3600.0  # how long the groups of a starting attempt wait for each other before the first step
-READY_DIR = "replicas"  # <run dir>/replicas/<launch>/group<g>: the groups of an attempt that are ready
 
 
 def restarted() -> bool:
@@ -110,14 +107,21 @@ class GroupSteps:
         distributed.barrier()
 
     def _wait_for_groups(self, run_dir: Path) -> None:
-        folder = run_dir / READY_DIR / (os.environ.get(LAUNCH_ID_VARIABLE) or "attempt")
+        folder = rows.attempt_folder(run_dir, os.environ)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"group{self.group.group}").touch()
+        rows.ready_file(folder, self.group.group).touch()
         deadline = time.monotonic() + START_WAIT_S
-        while len(list(folder.glob("group*"))) < self.group.groups:
+        while not all(rows.ready_file(folder, g).exists() for g in range(self.group.groups)):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the replica groups did not all start within {START_WAIT_S:.0f} s ({folder})")
             time.sleep(0.05)
+
+    def finished(self) -> None:
+        """Training ended in this group: its launcher must not restart it."""
+        if self.trainer.ranks.is_main:
+            folder = rows.attempt_folder(self.trainer.run_dir, os.environ)
+            folder.mkdir(parents=True, exist_ok=True)
+            rows.finished_file(folder, self.group.group).touch()
 
     # -- each step ----------------------------------------------------------------------------------
     def take_step(self, batch: Any, logged: bool) -> Optional[Tuple[Any, Any, Any]]:
@@ -135,8 +139,11 @@ class GroupSteps:
                 result = t.train_step(batch, logged)
             except StepNotCommitted:
                 t.optimizer.zero_grad(set_to_none=True)
-                log.warning("replica group %d: step %d failed in another group; taking it again",
-                            self.group.group, t.state.global_step + 1)
+                log.warning(
+                    "replica group %d: step %d failed in another group; taking it again",
+                    self.group.group,
+                    t.state.global_step + 1,
+                )
                 continue
             self._after_commit()
             return result
@@ -167,8 +174,12 @@ class GroupSteps:
             if t.is_main:
                 t.metrics.write(rows.event_row(event, member, step, time.time(), live))
         if self.digests and t.ranks.is_main:
-            log.info("replica group %d step %d parameter digest %s", group.group, step,
-                     parameter_digest(model_state(t.strategy.unwrap(t.wrapped))))
+            log.info(
+                "replica group %d step %d parameter digest %s",
+                group.group,
+                step,
+                parameter_digest(model_state(t.strategy.unwrap(t.wrapped))),
+            )
 
     @property
     def leads(self) -> bool:

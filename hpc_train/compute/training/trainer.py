@@ -188,6 +188,8 @@ class Trainer:
         meter.pause()  # the throughput of the training steps: the final checkpoint and the summary excluded
         if self.writes_checkpoints:
             self.saves.save(state.global_step, "end of training", settle=True)
+        if self.groups is not None:
+            self.groups.finished()
         return self._finish(meter)
 
     def _train_steps(self, progress: Progress, meter: Throughput) -> None:
@@ -217,7 +219,9 @@ class Trainer:
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
             else:
-                self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended  # when it ended, or at the last step: evaluate if due; count it if it ended
+                self._end_epoch(
+                    epoch
+                )  # when it ended, or at the last step: evaluate if due; count it if it ended  # when it ended, or at the last step: evaluate if due; count it if it ended
 
     @notes_time_of_death
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
@@ -288,7 +292,9 @@ class Trainer:
             global_batch=self.loop.batch_size,
         )
         self.eval_loader = (
-            eval_loader(data.val, settings, self.per_rank_batch, eval_shard[1], eval_shard[0], collate_fn=data.collate_fn)
+            eval_loader(
+                data.val, settings, self.per_rank_batch, eval_shard[1], eval_shard[0], collate_fn=data.collate_fn
+            )
             if data.val is not None
             else None
         )

@@ -62,12 +62,14 @@ class Groups:
                 out = open(rundir.rank_output(self.run_dir, global_rank), "a")
                 self.files.append(out)
             env = worker_env(rank, self.size, port, self.threads, self.launch_id)
-            env.update({
-                REPLICA_GROUP_VARIABLE: str(group),
-                REPLICA_GROUPS_VARIABLE: str(self.groups),
-                REPLICA_RESTART_VARIABLE: str(self.restarts[group]),
-                LIGHTHOUSE_VARIABLE: self.lighthouse,
-            })
+            env.update(
+                {
+                    REPLICA_GROUP_VARIABLE: str(group),
+                    REPLICA_GROUPS_VARIABLE: str(self.groups),
+                    REPLICA_RESTART_VARIABLE: str(self.restarts[group]),
+                    LIGHTHOUSE_VARIABLE: self.lighthouse,
+                }
+            )
             command = [sys.executable, "-m", "hpc_train.compute.worker", str(self.config_path)]
             procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
         self.procs[group] = procs
@@ -87,17 +89,22 @@ class Groups:
                     if code in ENDING:
                         return self._end(code, started)
                     if self.restarts[group] >= self.max_restarts:
-                        print(f"hpc-train: replica group {group} failed {self.restarts[group] + 1} times"
-                              f" (fault_tolerance.max_restarts={self.max_restarts}); stopping the run.",
-                              file=sys.stderr)
+                        print(
+                            f"hpc-train: replica group {group} failed {self.restarts[group] + 1} times"
+                            f" (fault_tolerance.max_restarts={self.max_restarts}); stopping the run.",
+                            file=sys.stderr,
+                        )
                         return code if code > 0 else 1
                     global_rank = group * self.size + rank
                     _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
                     self.restarts[group] += 1
-                    print(f"hpc-train: replica group {group}: rank {global_rank} {death_cause(code)}; the other groups"
-                          f" train on; restarting group {group} ({self.restarts[group]} of at most"
-                          f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"hpc-train: replica group {group}: rank {global_rank} {death_cause(code)}; the other groups"
+                        f" train on; restarting group {group} ({self.restarts[group]} of at most"
+                        f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     self.start(group)
                 elif all(code == 0 for code in codes):
                     done[group] = True
@@ -106,8 +113,11 @@ class Groups:
                 return 0
             if finished_at is not None and time.monotonic() - finished_at > self.timeout_s + 60:
                 late = sorted(g for g, d in done.items() if not d)
-                print(f"hpc-train: replica group(s) {late} did not finish {self.timeout_s + 60:.0f} s after the others;"
-                      " stopping them (the run is complete).", file=sys.stderr)
+                print(
+                    f"hpc-train: replica group(s) {late} did not finish {self.timeout_s + 60:.0f} s after the others;"
+                    " stopping them (the run is complete).",
+                    file=sys.stderr,
+                )
                 return 0
             time.sleep(0.2)
 
@@ -130,9 +140,19 @@ def run_groups(plan: RunPlan, config_path: Path) -> int:
     port = free_port()
     lighthouse_log = open(run_dir / rundir.LOGS / LIGHTHOUSE_LOG, "a")
     lighthouse = subprocess.Popen(
-        [sys.executable, "-m", "hpc_train.compute.replicas.lighthouse", "--port", str(port),
-         "--min-replicas", str(int(node.min_replicas)), "--timeout-s", str(float(node.timeout_s))],
-        stdout=lighthouse_log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "hpc_train.compute.replicas.lighthouse",
+            "--port",
+            str(port),
+            "--min-replicas",
+            str(int(node.min_replicas)),
+            "--timeout-s",
+            str(float(node.timeout_s)),
+        ],
+        stdout=lighthouse_log,
+        stderr=subprocess.STDOUT,
     )
     procs_view: List[subprocess.Popen] = []
     groups = Groups(plan, config_path, f"http://127.0.0.1:{port}", procs_view)

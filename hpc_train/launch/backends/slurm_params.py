@@ -141,6 +141,10 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     extra = {"requeue": True, **extra}
     # To the batch host's agent only (B:): it passes the signal on to the step, whatever runs the ranks.
     extra["signal"] = f"B:{signal_name}@{int(cfg.launcher.signal_delay_s)}"
+    replicas = params[STEP_KEY].get("replicas")
+    if replicas:  # a failed node takes down its group's step only; spare nodes to restart it on at once
+        extra["no-kill"] = True
+        params["nodes"] = layout.nodes + int(replicas["spare_nodes"])
     params["additional_parameters"] = extra
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
     if throttle:

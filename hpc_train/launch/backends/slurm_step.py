@@ -9,6 +9,8 @@ ranks' requests (requeue, a hang's nodes) are carried out by the agent, outside 
 
 from __future__ import annotations
 
+import json
+
 import shlex
 import sys
 from pathlib import Path
@@ -30,7 +32,21 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
     share their parent folder, so their jobs still go in as one array."""
     section = plain(cfg.get("container"))
     container = section if ContainerSettings.from_section(section).enabled else None
-    return {"container": container, "binds": [str(Path(run_dir).absolute().parent)], "gpus": layout.gpus_per_node > 0}
+    step = {"container": container, "binds": [str(Path(run_dir).absolute().parent)], "gpus": layout.gpus_per_node > 0}
+    groups = (plain(cfg.get("fault_tolerance")) or {}).get("replica_groups")
+    if groups:  # one step per replica group, run by the batch host's agent (hpc_train.batchhost.groups)
+        node = plain(cfg.fault_tolerance)
+        step["replicas"] = {
+            "groups": int(groups),
+            "group_nodes": max(1, layout.nodes // int(groups)),
+            "tasks_per_node": layout.tasks_per_node if layout.nodes >= int(groups) else layout.world_size // int(groups),
+            "spare_nodes": int(node["spare_nodes"]),
+            "min_replicas": int(node["min_replicas"]),
+            "timeout_s": float(node["timeout_s"]),
+            "max_restarts": int(node["max_restarts"]),
+            "run_dir": str(Path(run_dir).absolute()),
+        }
+    return step
 
 
 def _job_files(folder: Path) -> Path:
@@ -64,6 +80,8 @@ def step_python(folder: Path, params: Dict[str, Any], array: bool = False, stage
     step = params.get(STEP_KEY) or {}
     container = container_of(step, folder, stage)
     agent: List[str] = [sys.executable, "-m", AGENT, "--requests", str(_job_files(folder))]
+    if step.get("replicas"):
+        agent += ["--replicas", json.dumps(step["replicas"], sort_keys=True)]
     inner: List[str] = [sys.executable]
     flags: List[str] = []
     if container is not None:

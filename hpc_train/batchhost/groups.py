@@ -39,15 +39,13 @@ from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
 
 RELAYED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGCONT)
-ENDING = (EXIT_REFUSED, EXIT_HUNG, EXIT_INTERRUPTED)  # a group's exit that ends the whole job
+ENDING = (EXIT_REFUSED, EXIT_INTERRUPTED)  # a group's exit that ends the whole job; a hung group is restarted
 USABLE = ("idle", "mix", "alloc", "allocated", "mixed", "completing")  # sinfo's states of a node that can run a step
 NODE_WAIT_S = 5.0  # between two looks for nodes to restart a group on
 
 
 def describe(plan: Dict) -> str:
-    return (
-        f"{plan['groups']} replica groups of {plan['group_nodes']} node(s) and {plan['spare_nodes']} spare node(s)"
-    )
+    return f"{plan['groups']} replica groups of {plan['group_nodes']} node(s) and {plan['spare_nodes']} spare node(s)"
 
 
 class GroupSteps:
@@ -167,8 +165,9 @@ class GroupSteps:
                         flush=True,
                     )
                     return code or 1
+                how = "hung: its watchdog named the rank above" if code == EXIT_HUNG else f"exit {code}"
                 print(
-                    f"hpc-train: replica group {group}'s step on {','.join(self.nodes[group])} ended (exit {code})"
+                    f"hpc-train: replica group {group}'s step on {','.join(self.nodes[group])} ended ({how})"
                     " before the group finished; the other groups train on",
                     file=sys.stderr,
                     flush=True,

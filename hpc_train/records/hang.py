@@ -115,10 +115,11 @@ def write_progress(run_dir: Path, record: RankProgress) -> None:
     tmp.replace(path)
 
 
-def read_progress(run_dir: Path, world_size: int, attempt: str) -> Dict[int, RankProgress]:
-    """The records of this attempt, by rank (a rank that has not published yet is missing)."""
+def read_progress(run_dir: Path, world_size: int, attempt: str, first: int = 0) -> Dict[int, RankProgress]:
+    """The records of this attempt, by rank (a rank that has not published yet is missing): ranks `first` to
+    `first + world_size - 1` (a replica group's, numbered in the whole job)."""
     records = {}
-    for rank in range(world_size):
+    for rank in range(first, first + world_size):
         data = rundir.read_json(rundir.rank_progress(run_dir, rank))
         if isinstance(data, dict) and data.get("attempt") == attempt:
             try:

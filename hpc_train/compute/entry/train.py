@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.compute.entry.script_job import ScriptFailed, run_script
+from hpc_train.compute.replicas.settings import replica_settings
 from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_layout
 from hpc_train.compute.runtime.garbage import release_before_teardown
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
@@ -23,7 +24,6 @@ from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, backend_section, section
 from hpc_train.config.strategy import strategy_id
 from hpc_train.containers.inside import image_record
-from hpc_train.compute.replicas.settings import replica_settings
 from hpc_train.contracts.job_layout import group_layout
 from hpc_train.processes.rank_env import LIGHTHOUSE_VARIABLE
 from hpc_train.processes.script_command import is_script_job
@@ -162,9 +162,9 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
     devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
     stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
-    # The heartbeat names files by the rank's number in the whole job and watches the whole job (replica groups too)
-    whole = replace(ranks, rank=ranks.global_rank, world_size=ranks.global_world, group=0, groups=1)
-    beat = Heartbeat(run_dir, whole, settings.watchdog, stop_flag).start()  # progress, hang watchdog, 2nd stop signal
+    beat = Heartbeat(
+        run_dir, ranks, settings.watchdog, stop_flag
+    ).start()  # a replica group watches its own ranks  # progress, hang watchdog, 2nd stop signal
     trainer = group = None
 
     def record_end(how: str) -> None:

@@ -97,6 +97,10 @@ class Heartbeat:
         self.warm = False  # finished a step in this attempt (setup and the first step get longer)
         self.step_times: Deque[float] = deque(maxlen=STEP_WINDOW)
         self.beat_s = beat_seconds(hang.timeout_s(self.timeout_setting, None, self.dist_timeout_s))
+        # Files are named by the rank's number in the whole job. A replica group watches its own ranks only: a group
+        # that hangs is named and ends alone (its launcher restarts it), the other groups train on.
+        self.rank, self.first = ranks.global_rank, ranks.global_rank - ranks.rank
+        self.scope = ranks.group if ranks.groups > 1 else None
         self.watching = ranks.rank == 0 or ranks.rank == ranks.world_size - 1
         self.script_pid: Optional[int] = None  # a script job's script: its stacks come from py-spy (see dump_stacks)
         self.answered: Optional[float] = None  # the request time whose stacks were dumped
@@ -141,7 +145,7 @@ class Heartbeat:
     # -- start and stop ------------------------------------------------------------------------
     def start(self) -> "Heartbeat":
         global _current
-        self._log_file = open(rundir.rank_log(self.run_dir, self.ranks.rank), "a")
+        self._log_file = open(rundir.rank_log(self.run_dir, self.rank), "a")
         faulthandler.register(DUMP_SIGNAL, file=self._log_file, all_threads=True, chain=False)
         self._install_wakeup()
         self._publish()
@@ -222,7 +226,7 @@ class Heartbeat:
         hang.write_progress(
             self.run_dir,
             hang.RankProgress(
-                rank=self.ranks.rank,
+                rank=self.rank,
                 host=self.host,
                 pid=self.script_pid or os.getpid(),
                 main_thread=self.main_thread,
@@ -243,7 +247,7 @@ class Heartbeat:
         out = self._log_file
         if out is None:
             return
-        rank = self.ranks.rank
+        rank = self.rank
         if self.script_pid is not None:  # the user's script: read from outside
             pid = self.script_pid
             head = hang.STACKS_BEGIN.format(rank=rank, pid=pid, host=self.host, main=pid, stamp=stamp)
@@ -271,7 +275,7 @@ class Heartbeat:
 
     def _answer_request(self) -> None:
         request = hang.read_request(self.run_dir, since=self.started)
-        if request is None:
+        if request is None or request.get("group") != self.scope:  # another replica group's hang is not ours
             return
         if request["state"] == hang.DUMPING and self.answered != request["time"]:
             self.answered = request["time"]
@@ -284,7 +288,7 @@ class Heartbeat:
         if self.acted:
             return
         world = self.ranks.world_size
-        records = hang.read_progress(self.run_dir, world, self.attempt)
+        records = hang.read_progress(self.run_dir, world, self.attempt, first=self.first)
         if len(records) < world:
             return  # not every rank runs yet: the process group's rendezvous timeout covers that
         medians = [r.step_s for r in records.values() if r.step_s]
@@ -296,14 +300,16 @@ class Heartbeat:
         if now - max(r.since for r in records.values()) < allowed or not self._my_turn(records, now):
             return
         self.acted = True
-        watchdog.act_on_hang(self.run_dir, records, limit, self.requeue_on_hang, self.ranks.rank, self.dump_stacks)
+        watchdog.act_on_hang(
+            self.run_dir, records, limit, self.requeue_on_hang, self.rank, self.dump_stacks, group=self.scope
+        )
         self._exit(rundir.EXIT_HUNG)
 
     def _my_turn(self, records: dict, now: float) -> bool:
         """Rank 0 watches; the last rank takes over when rank 0 has stopped publishing (frozen or gone)."""
-        if self.ranks.rank == 0:
+        if self.rank == self.first:
             return True
-        first = records.get(0)
+        first = records.get(self.first)
         return first is None or now - first.beat > STALE_BEATS * self.beat_s + 5
 
     # -- stop signals -------------------------------------------------------------------------------
@@ -346,9 +352,9 @@ class Heartbeat:
         stamp = hang.stamp(time.time())
         self.dump_stacks(stamp)
         message = (
-            f"rank {self.ranks.rank}: {why}: stopping now, in {self.phase_name}"
+            f"rank {self.rank}: {why}: stopping now, in {self.phase_name}"
             f"{f' at step {self.step}' if self.step else ''}, without a checkpoint of this step (its stacks are in"
-            f" {rundir.rank_log(self.run_dir, self.ranks.rank)}); re-run the same command to resume from the last"
+            f" {rundir.rank_log(self.run_dir, self.rank)}); re-run the same command to resume from the last"
             " checkpoint"
         )
         os.write(2, f"hpc-train: {message}\n".encode())

@@ -39,14 +39,19 @@ def act_on_hang(
     requeue_on_hang: bool,
     by: int,
     dump_own: Callable[[str], None],
+    group: Optional[int] = None,
 ) -> str:
-    """Collect the stacks, blame, record, maybe requeue, and tell every rank to stop; returns the message."""
-    asked = hang.request(run_dir, hang.DUMPING, by=by)
+    """Collect the stacks, blame, record, maybe requeue, and tell every rank to stop; returns the message. A replica
+    group's (`group`): its ranks alone dump and stop; the attempt goes on and nothing is requeued (its launcher
+    restarts the group, which rejoins the others)."""
+    asked = hang.request(run_dir, hang.DUMPING, by=by, group=group)
     stamp = hang.stamp(asked)
     dump_own(stamp)
     stacks = _collect_stacks(run_dir, sorted(records), stamp)
     verdict = hang.diagnose(records, stacks, now=asked)
     message = hang.describe(verdict, records, stacks, limit, run_dir)
+    if group is not None:
+        message = message.replace("hpc-train: ", f"hpc-train: replica group {group}: ", 1)
     log_to_file(message.removeprefix("hpc-train: "))
     if not os.environ.get(LOCAL_LAUNCHER_VARIABLE):  # the local launcher prints it itself, from hang.json
         print(message, file=sys.stderr, flush=True)
@@ -55,9 +60,10 @@ def act_on_hang(
     write_record(
         run_dir, first, f"hung in {culprit.where()} (no progress for {verdict.stalled_s:.0f} s)", when=culprit.since
     )
-    attempts.end_current(run_dir, HANG, max(0, culprit.step - 1), detail=message)
+    if group is None:
+        attempts.end_current(run_dir, HANG, max(0, culprit.step - 1), detail=message)
     requeued = ""
-    if requeue_on_hang:
+    if requeue_on_hang and group is None:
         requeued = _requeue(
             run_dir, sorted({records[r].host for r in verdict.culprits}), sorted({r.host for r in records.values()})
         )
@@ -69,6 +75,7 @@ def act_on_hang(
         culprits=verdict.culprits,
         waiting=verdict.waiting,
         requeued=bool(requeued.startswith("requeued")),
+        group=group,
     )
     return message
 

@@ -25,16 +25,17 @@ from hpc_train.compute.data.loaders import eval_loader, set_data_shard
 from hpc_train.compute.parallel import build_strategy, rank_data_shard, replica_shard
 from hpc_train.compute.parallel.base import TOKENS, StrategySetup
 from hpc_train.compute.performance.meter import PerformanceMeter
+from hpc_train.compute.replicas.group import ReplicaGroup
 from hpc_train.compute.runtime import attempts, distributed, faults, heartbeat
 from hpc_train.compute.runtime.garbage import settle_garbage_collector
 from hpc_train.compute.runtime.interrupts import NONE, StopFlag, TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.compute.runtime.runlog import Progress, truncate_metrics
+from hpc_train.compute.training import describe
 from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
-from hpc_train.compute.replicas.group import ReplicaGroup
 from hpc_train.compute.training.replica_steps import GroupSteps
 from hpc_train.compute.training.reproducible import parameter_digest, seed_everything
 from hpc_train.compute.training.saves import Saves
@@ -165,9 +166,9 @@ class Trainer:
     def fit(self) -> Dict[str, Any]:
         """Train from the restored position (or the start) to the last step; the run's summary."""
         state, loop = self.state, self.loop
-        if self._already_complete():
+        if describe.already_complete(self.run_dir, self.resumed_from_step, self.state.global_step, self.total_steps):
             return rundir.read_summary(self.run_dir) or {}
-        self._announce()
+        describe.announce(self)
         progress = Progress(
             self.total_steps, self.is_main and bool(loop.progress), int(loop.log_every), start=state.global_step
         )
@@ -197,6 +198,7 @@ class Trainer:
         state = self.state
         while state.global_step < self.total_steps:
             epoch = self.epochs.open(state.epoch, state.step_in_epoch)  # from the position: mid-epoch after a resume
+            moved = False  # this replica group took a live group's state: its data re-opens at that position
             for batch in self._marked(epoch):  # this rank's progress marked: waiting for data, then the step
                 self._flush_owed_rows()  # the previous step's epoch did not end: no row more at its step
                 faults.maybe_fail(self.ranks.global_rank, state.global_step)  # a failure injected by HPC_TRAIN_FAIL_AT
@@ -205,7 +207,8 @@ class Trainer:
                 final = state.global_step + 1 >= self.total_steps
                 logged = self._log_due(final)
                 taken = self.train_step(batch, logged) if self.groups is None else self.groups.take_step(batch, logged)
-                if taken is None:  # this replica group took a live group's state: its data re-opens there
+                if taken is None:
+                    moved = True
                     break
                 loss, metrics, grad_norm = taken
                 state.step_taken()
@@ -218,10 +221,8 @@ class Trainer:
                 if final:
                     break
                 self._after_step()  # checkpoint when due; after a stop signal, checkpoint and stop
-            else:
-                self._end_epoch(
-                    epoch
-                )  # when it ended, or at the last step: evaluate if due; count it if it ended  # when it ended, or at the last step: evaluate if due; count it if it ended
+            if not moved:
+                self._end_epoch(epoch)  # when it ended, or at the last step: evaluate if due; count it if it ended
 
     @notes_time_of_death
     def train_step(self, batch: Any, logged: bool = True) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], Any]:
@@ -275,7 +276,7 @@ class Trainer:
 
     # -- set-up -----------------------------------------------------------------------------
     def _build_data(self, shard: Tuple[int, int], eval_shard: Tuple[int, int]) -> None:
-        """The data of this rank's `shard`; evaluation of `eval_shard` (each replica group evaluates all of data.val)."""
+        """The data of this rank's `shard`; evaluation of `eval_shard` (each replica group evaluates all data.val)."""
         dp_rank, dp_size = shard
         set_data_shard(dp_rank, dp_size)  # before the datasets are built: a stream shards itself by it
         settings = self.settings.data
@@ -525,53 +526,11 @@ class Trainer:
     # -- before and after -------------------------------------------------------------------
     @property
     def model_name(self) -> str:
-        """The model's config option (model=resnet18); a model not composed from one: its _target_."""
-        return self._named("model", self.settings.run.model)
+        return describe.model_name(self.settings)
 
     @property
     def data_name(self) -> str:
-        return self._named("data", self.settings.data.train)
-
-    def _named(self, group: str, node: Any) -> str:
-        option = self.settings.job.choices.get(group)  # the config-group options the job was composed from
-        return str(option) if option else str(node["_target_"])
-
-    def _already_complete(self) -> bool:
-        done = (
-            self.resumed_from_step is not None
-            and self.state.global_step >= self.total_steps
-            and (self.run_dir / rundir.SUMMARY).exists()
-        )
-        if done:
-            log.info(
-                "this run is already complete (step %d of %d); %s is left as it is",
-                self.state.global_step,
-                self.total_steps,
-                rundir.SUMMARY,
-            )
-        return done
-
-    def _announce(self) -> None:
-        log.info(
-            "training %s (%s) on %s, %d steps (%s), global batch %d = %d %s x %d",
-            self.model_name,
-            self.settings.strategy.name,
-            self.data_name,
-            self.total_steps,
-            self.epochs.describe(),
-            self.loop.batch_size,
-            self.strategy.data_parallel_size,
-            "rank" if self.strategy.data_parallel_size == 1 else "ranks",
-            self.per_rank_batch,
-        )
-
-    def _ema_summary(self) -> Dict[str, Any]:
-        """eval_loss_ema, eval_accuracy_ema (and eval_<metric>_ema) of the last evaluation, with trainer.ema_decay."""
-        if self.ema is None:
-            return {}
-        last = self.state.last_eval or {}
-        names = ["loss", "accuracy", *self.strategy.metric_names]
-        return {f"eval_{name}_ema": last.get(f"{name}_ema") for name in names}
+        return describe.data_name(self.settings)
 
     def _finish(self, meter: Throughput) -> Dict[str, Any]:
         """Final weights (every parameter owner), parameter digest (every rank) and summary.json (rank 0)."""
@@ -592,7 +551,7 @@ class Trainer:
             identity,
             state,
             self.strategy.metric_names,
-            self._ema_summary(),
+            describe.ema_summary(self.ema, self.state.last_eval, self.strategy.metric_names),
             meter,
             meter.rate(self._global_tokens()) if TOKENS in self.strategy.metric_names else None,
             batch,

@@ -31,7 +31,8 @@ from hpc_train.records import hang, rundir
 from hpc_train.records.rank_errors import death_cause
 
 LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/
-ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_HUNG, rundir.EXIT_INTERRUPTED)  # exits that end the whole run
+# Exits that end the whole run; a group that hangs (its watchdog's EXIT_HUNG) is restarted like one that died
+ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_INTERRUPTED)
 
 
 class Groups:
@@ -98,8 +99,13 @@ class Groups:
                     global_rank = group * self.size + rank
                     _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
                     self.restarts[group] += 1
+                    why = death_cause(code)
+                    if code == rundir.EXIT_HUNG:  # the watchdog of the group named the culprit: its words first
+                        verdict = hang.read_request(self.run_dir, since=started) or {}
+                        print(verdict.get("message") or f"hpc-train: replica group {group} hung", file=sys.stderr)
+                        why = "hung"
                     print(
-                        f"hpc-train: replica group {group}: rank {global_rank} {death_cause(code)}; the other groups"
+                        f"hpc-train: replica group {group}: rank {global_rank} {why}; the other groups"
                         f" train on; restarting group {group} ({self.restarts[group]} of at most"
                         f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
                         file=sys.stderr,
@@ -122,9 +128,6 @@ class Groups:
             time.sleep(0.2)
 
     def _end(self, code: int, started: float) -> int:
-        if code == rundir.EXIT_HUNG:
-            verdict = hang.read_request(self.run_dir, since=started) or {}
-            print(verdict.get("message") or "hpc-train: the job hung (see logs/rank<r>.log)", file=sys.stderr)
         if code == rundir.EXIT_INTERRUPTED:
             deadline = time.monotonic() + GRACE_S
             while time.monotonic() < deadline and any(p.poll() is None for p in self.all_procs):

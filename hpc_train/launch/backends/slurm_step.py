@@ -10,7 +10,6 @@ ranks' requests (requeue, a hang's nodes) are carried out by the agent, outside 
 from __future__ import annotations
 
 import json
-
 import shlex
 import sys
 from pathlib import Path
@@ -39,7 +38,9 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
         step["replicas"] = {
             "groups": int(groups),
             "group_nodes": max(1, layout.nodes // int(groups)),
-            "tasks_per_node": layout.tasks_per_node if layout.nodes >= int(groups) else layout.world_size // int(groups),
+            "tasks_per_node": layout.tasks_per_node
+            if layout.nodes >= int(groups)
+            else layout.world_size // int(groups),
             "spare_nodes": int(node["spare_nodes"]),
             "min_replicas": int(node["min_replicas"]),
             "timeout_s": float(node["timeout_s"]),

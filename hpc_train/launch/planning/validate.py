@@ -31,6 +31,7 @@ from hpc_train.contracts.fingerprint import differences, fingerprint, read_heade
 from hpc_train.contracts.strategy_table import KINDS
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.launch.planning.parallelism import Parallelism
+from hpc_train.launch.planning.replica_checks import check_replica_groups
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import hang as hang_watch
 from hpc_train.records import rundir
@@ -477,6 +478,7 @@ def check_container_keys(cfg: ConfigView, parallel: Parallelism, run_dir: Path) 
 def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
     """Run every launch-side check that needs the layout (after check_keys); the first failure raises ConfigError."""
     check_container_keys(cfg, parallel, run_dir)
+    check_replica_groups(cfg, parallel)  # before a script job's return: a script job with replica groups is refused
     if is_script_job(cfg):  # the strategy picks the layout only: the trainer's keys do not apply
         check_script(cfg, parallel)
         check_script_profile(cfg)

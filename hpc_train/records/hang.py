@@ -46,6 +46,8 @@ SETUP, DATA, FORWARD, BACKWARD, FORWARD_BACKWARD, OPTIMIZER = (
     "optimizer",
 )
 EVAL, CHECKPOINT, COLLECTIVE, RUNNING, DONE = "eval", "checkpoint", "collective", "running", "done"
+# A replica group waiting for the quorum of its next step (torchft's timeouts govern that wait, not the watchdog's)
+QUORUM = "quorum"
 _ORDER = {SETUP: 0, DATA: 1, FORWARD: 2, FORWARD_BACKWARD: 2, BACKWARD: 3, OPTIMIZER: 4, EVAL: 5, CHECKPOINT: 6}
 
 AUTO = "auto"

@@ -77,3 +77,17 @@ def sleeps_on_every_rank(model, batch):
     if _hangs_here("all"):
         sleeps_forever()
     return cross_entropy(model, batch)
+
+
+def sleeps_in_replica_group_1(model, batch):
+    """The built-in computation, but rank 1 of replica group 1 sleeps for an hour in its eighth step, in the group's
+    first start only (its restart trains on)."""
+    import os
+
+    import torch
+
+    if torch.is_grad_enabled() and os.environ.get("HPC_TRAIN_REPLICA_GROUP") == "1":
+        _calls["n"] += 1
+        if _calls["n"] == 8 and os.environ.get("RANK") == "1" and os.environ.get("HPC_TRAIN_REPLICA_RESTART") == "0":
+            sleeps_forever()
+    return cross_entropy(model, batch)

@@ -26,7 +26,9 @@ import torch
 
 from hpc_train.compute.replicas.settings import ReplicaSettings
 from hpc_train.compute.replicas.state import Holder
+from hpc_train.compute.runtime import heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.records import hang
 from hpc_train.records import replicas as rows
 
 log = logging.getLogger("hpc_train")
@@ -41,7 +43,7 @@ class StepNotCommitted(Exception):
 class ReplicaGroup:
     def __init__(self, settings: ReplicaSettings, ranks: RankInfo, device: torch.device, lighthouse: str) -> None:
         self.settings, self.ranks, self.device, self.lighthouse = settings, ranks, device, lighthouse
-        self.group, self.groups = ranks.group, int(settings.replica_groups or 1)
+        self.group, self.groups = ranks.group, int(settings.replica_groups)
         self.manager: Any = None
         self.members: Set[int] = set(range(self.groups))  # the groups of the last committed step
         self.fewer_steps = 0  # committed steps taken by fewer groups than the job has
@@ -95,6 +97,7 @@ class ReplicaGroup:
         """The quorum of this step; True when this group just received a live group's state (it was behind)."""
         self.healed = False
         started = time.monotonic()
+        heartbeat.mark(hang.QUORUM, self.manager.current_step() + 1)
         self.manager.start_quorum()
         waited = time.monotonic() - started
         if waited > 1.0:

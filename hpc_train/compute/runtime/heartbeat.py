@@ -291,6 +291,8 @@ class Heartbeat:
         records = hang.read_progress(self.run_dir, world, self.attempt, first=self.first)
         if len(records) < world:
             return  # not every rank runs yet: the process group's rendezvous timeout covers that
+        if all(record.phase == hang.QUORUM for record in records.values()):
+            return  # a replica group waiting for the others: the quorum's own timeouts govern it
         medians = [r.step_s for r in records.values() if r.step_s]
         limit = hang.timeout_s(self.timeout_setting, max(medians, default=None), self.dist_timeout_s)
         if limit is None:

@@ -99,13 +99,13 @@ class Groups:
                     global_rank = group * self.size + rank
                     _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
                     self.restarts[group] += 1
-                    why = death_cause(code)
+                    who = f"rank {global_rank} {death_cause(code)}"
                     if code == rundir.EXIT_HUNG:  # the watchdog of the group named the culprit: its words first
                         verdict = hang.read_request(self.run_dir, since=started) or {}
                         print(verdict.get("message") or f"hpc-train: replica group {group} hung", file=sys.stderr)
-                        why = "hung"
+                        who = "hung (above: the rank that stopped it)"
                     print(
-                        f"hpc-train: replica group {group}: rank {global_rank} {why}; the other groups"
+                        f"hpc-train: replica group {group}: {who}; the other groups"
                         f" train on; restarting group {group} ({self.restarts[group]} of at most"
                         f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
                         file=sys.stderr,

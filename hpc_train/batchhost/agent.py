@@ -123,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     job_requests.started_file(path).unlink(missing_ok=True)
     env = step_environment(args, path)
     if args.replicas:  # fault_tolerance.replica_groups: the lighthouse and one step per group (batchhost/groups.py)
-        from hpc_train.batchhost.groups import run_groups
+        from hpc_train.batchhost.groups import run_groups  # only a job of replica groups needs it
 
         code = run_groups(args.replicas, args.step, env)
     else:

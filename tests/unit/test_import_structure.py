@@ -105,7 +105,7 @@ COMPUTE_LAYERS = (
     ("training",),
     ("parallel",),
     ("user",),
-    ("checkpointing", "data", "models", "datasets", "performance"),
+    ("checkpointing", "data", "models", "datasets", "performance", "replicas"),
     ("runtime", "settings"),
 )
 

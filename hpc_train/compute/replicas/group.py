@@ -159,6 +159,6 @@ class ReplicaGroup:
 
 
 def _sum() -> Any:
-    from torch.distributed import ReduceOp
+    from torch.distributed import ReduceOp  # torch.distributed is imported by the time a step sums
 
     return ReduceOp.SUM

@@ -67,7 +67,7 @@ def _placed(value: Any, param: torch.Tensor) -> Any:
     if _is_dtensor(param):
         local = param.to_local()
         if value.dim() > 0 and value.shape == local.shape:
-            from torch.distributed.tensor import DTensor
+            from torch.distributed.tensor import DTensor  # only sharded (FSDP2) state: the others never pay it
 
             return DTensor.from_local(
                 value.to(local.device),

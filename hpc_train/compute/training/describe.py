@@ -11,7 +11,6 @@ from hpc_train.records import rundir
 
 if TYPE_CHECKING:
     from hpc_train.compute.training.settings import TrainingSettings
-    from hpc_train.compute.training.trainer import Trainer
 
 log = logging.getLogger("hpc_train")
 
@@ -37,8 +36,9 @@ def already_complete(run_dir: Path, resumed_from_step: Optional[int], step: int,
     return done
 
 
-def announce(trainer: "Trainer") -> None:
-    """The run's opening line: model, strategy, data, steps and how the global batch is split."""
+def announce(trainer: Any) -> None:
+    """The run's opening line: model, strategy, data, steps and how the global batch is split (`trainer`: the
+    Trainer, which imports this module)."""
     ranks, size = trainer.ranks, trainer.strategy.data_parallel_size
     split = f"{size} {'rank' if size == 1 else 'ranks'}"
     if ranks.groups > 1:

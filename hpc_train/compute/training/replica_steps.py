@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -30,9 +30,6 @@ from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import replicas as rows
 
-if TYPE_CHECKING:
-    from hpc_train.compute.training.trainer import Trainer
-
 log = logging.getLogger("hpc_train")
 
 DIGESTS_VARIABLE = "HPC_TRAIN_REPLICA_DIGESTS"  # "1": every group's rank 0 logs its parameters' digest at each step
@@ -45,7 +42,9 @@ def restarted() -> bool:
 
 
 class GroupSteps:
-    def __init__(self, trainer: "Trainer", group: ReplicaGroup) -> None:
+    def __init__(self, trainer: Any, group: ReplicaGroup) -> None:
+        """`trainer`: the Trainer (hpc_train.compute.training.trainer) whose loop this serves; not imported here, the
+        trainer imports this module."""
         self.trainer, self.group = trainer, group
         self.restarted = restarted()
         self.digests = os.environ.get(DIGESTS_VARIABLE) == "1"

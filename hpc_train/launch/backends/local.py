@@ -100,10 +100,6 @@ def container_line(plan: RunPlan) -> Optional[str]:
 
 def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
     """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
-    if (plan.config.get("fault_tolerance") or {}).get("replica_groups"):
-        from hpc_train.launch.backends.local_groups import run_groups  # the groups import this module's helpers
-
-        return run_groups(plan, config_path)
     world = plan.layout.world_size
     port = master_port or free_port()
     threads = max(1, (os.cpu_count() or 1) // world)

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 from hpc_train.jobs import job_states as states
 from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
 from hpc_train.launch.backends.local import container_line, run_local
+from hpc_train.launch.backends.local_groups import run_groups
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
@@ -30,7 +31,10 @@ class LocalBackend(Backend):
             config_path = write_job_spec(spec, run_dir)
             print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
             print(f"hpc-train: run dir {run_dir}")
-            code = run_local(plan, config_path, plan.config.launcher.get("master_port"))
+            if (plan.config.get("fault_tolerance") or {}).get("replica_groups"):  # groups, their lighthouse, restarts
+                code = run_groups(plan, config_path)
+            else:
+                code = run_local(plan, config_path, plan.config.launcher.get("master_port"))
         finally:  # this process held the run dir for its local ranks
             run_claim.release(run_dir, spec["job"][run_claim.TOKEN_KEY])
         report_summary(run_dir, code)

@@ -20,19 +20,21 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
 from hpc_train.compute.replicas.settings import ReplicaSettings
 from hpc_train.compute.replicas.state import Holder
 from hpc_train.compute.runtime import heartbeat
+from hpc_train.compute.runtime.interrupts import REQUEUE, TERMINATE
 from hpc_train.compute.runtime.ranks import RankInfo
 from hpc_train.records import hang
 from hpc_train.records import replicas as rows
 
 log = logging.getLogger("hpc_train")
 
+STOPS = (REQUEUE, TERMINATE)  # the stop requests a step carries across the groups, weakest first
 QUORUM_WAIT_S = 3600.0  # how long a step waits for a quorum of min_replicas groups (groups restarting) before failing
 
 
@@ -113,13 +115,17 @@ class ReplicaGroup:
             )
         return self.healed
 
-    def average(self, grads: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+    def average(self, grads: Sequence[torch.Tensor], loss: torch.Tensor, stop: int = 0) -> Tuple[torch.Tensor, int]:
         """Sum `grads` (this rank's local gradients, reduced inside the group) and `loss` over the quorum's groups and
-        divide by their number, in place; returns the loss averaged over the live groups."""
+        divide by their number, in place; returns the loss averaged over the live groups, and the strongest stop
+        request (hpc_train.compute.runtime.interrupts: 0, 1 or 2) of this rank's peers in every live group, so that
+        every group stops after the same step."""
         manager = self.manager
-        meta = torch.zeros(1 + self.groups, dtype=torch.float64, device=self.device)
+        meta = torch.zeros(1 + self.groups + len(STOPS), dtype=torch.float64, device=self.device)
         meta[0] = loss.detach().to(torch.float64)
         meta[1 + self.group] = 1.0
+        if stop:
+            meta[self.groups + stop] = 1.0  # one slot per request: after the sum, the strongest one that is there
         works = [manager.allreduce(meta, reduce_op=_sum())]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else None
         if flat is not None:
@@ -134,7 +140,8 @@ class ReplicaGroup:
             for g in grads:
                 g.copy_(flat[offset : offset + g.numel()].view_as(g))
                 offset += g.numel()
-        return (meta[0] / count).to(loss.dtype)
+        requested = [code for code in STOPS if meta[self.groups + code].item() > 0.5]
+        return (meta[0] / count).to(loss.dtype), max(requested, default=0)
 
     def commit(self) -> None:
         """Every group's vote on this step; raises StepNotCommitted when it must be taken again."""

@@ -159,8 +159,11 @@ class GroupSteps:
                 param.grad = torch.zeros_like(param)
             grad = param.grad
             grads.append(grad.to_local() if hasattr(grad, "to_local") and hasattr(grad, "placements") else grad)
-        loss = self.group.average(grads, loss)
+        flag = self.trainer.stop_flag
+        loss, stop = self.group.average(grads, loss, flag.request if flag is not None else 0)
         self.group.commit()
+        if flag is not None and stop > flag.request:  # another group got the stop signal: all stop after this step
+            flag.request = stop
         return loss
 
     def _after_commit(self) -> None:

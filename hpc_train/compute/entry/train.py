@@ -68,13 +68,14 @@ def train(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     finally:
         if keeper is not None:
             keeper.stop()
-            if ended:
+            if ended and ranks.global_rank == 0:  # every replica group's rank 0 keeps the claim; the first releases it
                 run_claim.release(run_dir, keeper.token)
 
 
 def _hold_run_dir(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[run_claim.Keeper]:
     """Rank 0 claims the run dir (its own launch's claim, or a dead job's) and keeps the claim fresh; a run dir
-    held by another live job refuses this one before anything is written."""
+    held by another live job refuses this one before anything is written. Each replica group's rank 0 keeps the same
+    claim (one run), so that it stays fresh while any group lives."""
     if not ranks.is_main:
         return None
     token = run_claim.rank_token(cfg.job)

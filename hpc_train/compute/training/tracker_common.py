@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from hpc_train.records import rundir
+from hpc_train.records import replicas, rundir
 
 # The record kinds sent to trackers: every number of the record (the loss, lr, accuracy and the metrics of a
 # user's trainer.step) as a scalar named after its kind and key, except these bookkeeping keys.
-KINDS = ("train", "eval")
-NOT_SCALARS = ("kind", "step", "epoch", "time", "samples")
+# A replica group's drop or rejoin (hpc_train.records.replicas) reaches them as replica/group and replica/groups (how
+# many groups train on) at its step; its wall clock ("s") is bookkeeping.
+KINDS = ("train", "eval", replicas.KIND)
+NOT_SCALARS = ("kind", "step", "epoch", "time", "samples", "s")
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,11 @@ class GroupSteps:
             )
 
     @property
+    def live(self) -> int:
+        """How many groups took the last step."""
+        return max(1, len(self.group.members))
+
+    @property
     def leads(self) -> bool:
         return self.group.leads
 

@@ -412,7 +412,8 @@ class Trainer:
         """Tokens of the timed steps over every rank (a collective: every rank calls it)."""
         local = self.meter.tokens if self.meter.tokens is not None else torch.zeros((), dtype=torch.float64)
         device = distributed.collective_device(self.strategy.input_device)
-        return float(distributed.all_reduce_sum(local.reshape(1).to(device)).item())
+        tokens = float(distributed.all_reduce_sum(local.reshape(1).to(device)).item())
+        return tokens * (self.groups.live if self.groups is not None else 1)  # a group's tokens x the live groups
 
     # -- evaluation -------------------------------------------------------------------------
     def _evaluation_due(self, final: bool) -> bool:
@@ -540,8 +541,8 @@ class Trainer:
             "strategy": self.settings.strategy.name,
             "model": self.model_name,
             "data": self.data_name,
-            "world_size": self.ranks.world_size,
-            "data_parallel_size": self.strategy.data_parallel_size,
+            "world_size": self.ranks.global_world,  # every rank of every replica group
+            "data_parallel_size": self.strategy.data_parallel_size * self.ranks.groups,
             "global_batch": batch,
             "precision": self.loop.precision,
             "device": str(self.strategy.input_device.type),

@@ -112,3 +112,18 @@ def ready_file(folder: Path, group: int) -> Path:
 def finished_file(folder: Path, group: int) -> Path:
     """Group `group` trained to the end: its launcher does not restart it (srun says 0 after a node failure too)."""
     return Path(folder) / f"finished.group{group}"
+
+
+def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> str:
+    """The launch's words on the groups ("" without them): under the layout line of a dry run or a start."""
+    groups = node.get("replica_groups") if node else None
+    if not groups:
+        return ""
+    groups = int(groups)
+    where = f", {nodes // groups} node(s) each" if slurm and nodes >= groups else ""
+    spare = int(node.get("spare_nodes") or 0) if slurm else 0
+    held = f"; {spare} spare node(s): the job holds {nodes + spare}" if spare else ""
+    return (
+        f"{groups} replica groups of {world // groups} ranks{where}: a group that fails restarts alone while the others"
+        f" train on (a silent group is dropped after {float(node.get('timeout_s', 0)):g} s){held}"
+    )

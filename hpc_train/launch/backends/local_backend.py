@@ -11,6 +11,7 @@ from hpc_train.launch.backends.local_groups import run_groups
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
+from hpc_train.launch.planning.replica_checks import say_groups
 from hpc_train.records import run_claim, rundir
 
 
@@ -19,6 +20,7 @@ class LocalBackend(Backend):
 
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
         print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
+        say_groups(plan.config, plan.layout, slurm=False)
         print(f"  run dir: {plan.run_dir}")
         line = container_line(plan)
         if line:
@@ -30,6 +32,7 @@ class LocalBackend(Backend):
         try:
             config_path = write_job_spec(spec, run_dir)
             print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
+            say_groups(plan.config, plan.layout, slurm=False)
             print(f"hpc-train: run dir {run_dir}")
             if (plan.config.get("fault_tolerance") or {}).get("replica_groups"):  # groups, their lighthouse, restarts
                 code = run_groups(plan, config_path)

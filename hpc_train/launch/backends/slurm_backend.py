@@ -12,6 +12,7 @@ from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
 from hpc_train.launch.backends.slurm_follow import follow_job
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.launch.planning.replica_checks import say_groups
 from hpc_train.pack.records import is_packed_id, split_packed_id
 from hpc_train.pack.status import SharedPackedStates
 from hpc_train.records import run_claim, rundir
@@ -26,6 +27,7 @@ class SlurmBackend(Backend):
         job = slurm.prepare(plan, spec)  # the partition and capacity checks run in a dry run too
         print(slurm_script.render_sbatch(plan.run_dir / rundir.SLURM_LOGS, job.params))
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
+        say_groups(plan.config, plan.layout, slurm=True)
         return 0
 
     def start(self, plan: RunPlan, spec: Dict[str, Any], wait: bool) -> int:
@@ -46,6 +48,7 @@ class SlurmBackend(Backend):
             raise
         folder = plan.run_dir / rundir.SLURM_LOGS
         print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
+        say_groups(plan.config, plan.layout, slurm=True)
         print(f"hpc-train: run dir {plan.run_dir}")
         print(
             f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err;"

@@ -18,9 +18,11 @@ from typing import Any, List
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.fault_tolerance import NODE_FIX, fault_tolerance_node
 from hpc_train.config.launcher import launcher_kind
-from hpc_train.config.view import ConfigView
+from hpc_train.config.view import ConfigView, plain
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.launch.planning.parallelism import Parallelism
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.records import replicas
 
 KEY = "fault_tolerance.replica_groups"
 STRATEGIES = ("ddp", "fsdp", "mesh")  # the strategy identities whose data parallelism the groups split
@@ -179,3 +181,10 @@ def _among(values: List[int]) -> str:
     """`values` as a choice of the fix (`2, 3 or 6`; the first six)."""
     shown = [str(v) for v in values[:6]]
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def say_groups(cfg: ConfigView, layout: JobLayout, slurm: bool) -> None:
+    """Under the layout line of a dry run or a start: the replica groups, when the job has them."""
+    line = replicas.plan_line(plain(cfg.get("fault_tolerance")), layout.world_size, layout.nodes, slurm)
+    if line:
+        print(f"hpc-train: {line}")

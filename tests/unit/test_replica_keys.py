@@ -65,7 +65,7 @@ def refused(overrides: List[str], tmp_path: Path) -> ConfigError:
         (["strategy=mesh", "resources.gpus_per_node=4", f"{KEY}=4"], 4),  # dp_replicate left 1: the groups replicate
         ([*SLURM, "resources.nodes=4", f"{KEY}=2"], 2),  # two nodes a group
         ([*SLURM, "resources.nodes=4", f"{KEY}=4", "fault_tolerance.spare_nodes=0"], 4),
-        ([*SLURM, "resources.nodes=1", f"{KEY}=2"], 2),  # one node: the groups share its tasks
+        ([*SLURM, "resources.nodes=2", f"{KEY}=2"], 2),  # a node per group (and the spare the job adds)
         (
             [*SLURM, "resources.nodes=2", "strategy=fsdp", "strategy.replicate=nodes", f"{KEY}=2"],
             2,  # HSDP over 2 nodes = the 2 groups
@@ -205,7 +205,9 @@ def test_more_min_replicas_than_groups_is_refused(tmp_path):
     "overrides, said, fix",
     [
         (["resources.nodes=3", f"{KEY}=2"], "3 nodes do not split", "resources.nodes=4"),
-        (["resources.nodes=2", f"{KEY}=4"], "2 nodes do not split", f"{KEY}=2"),
+        (["resources.nodes=2", f"{KEY}=4"], "fewer than the 4 groups", "resources.nodes=4"),
+        (["resources.nodes=1", "resources.gpus_per_node=6", f"{KEY}=3"], "fewer than the 3 groups", "nodes=3"),
+        (["resources.nodes=6", f"{KEY}=4"], "6 nodes do not split", f"{KEY}=2"),
         (["resources.nodes=2-4", f"{KEY}=2"], "resources.nodes=2-4", "resources.nodes=2"),
     ],
     ids=str,
@@ -213,6 +215,11 @@ def test_more_min_replicas_than_groups_is_refused(tmp_path):
 def test_slurm_groups_of_whole_nodes_only(overrides, said, fix, tmp_path):
     err = refused([*SLURM, *overrides], tmp_path)
     assert err.key == "resources.nodes" and said in err.problem and fix in err.fix, str(err)
+
+
+def test_packed_runs_are_refused(tmp_path):
+    err = refused([*SLURM, "resources.nodes=2", f"{KEY}=2", "launcher.pack.allocations=2"], tmp_path)
+    assert err.key == KEY and "launcher.pack" in err.problem and "launcher.pack.allocations=null" in err.fix
 
 
 def test_a_plain_sbatch_script_is_refused(tmp_path):

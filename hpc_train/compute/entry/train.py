@@ -183,6 +183,12 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
             ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
         )
         if replica is not None:
+            if LIGHTHOUSE_VARIABLE not in os.environ:  # torchrun, or an allocation of packed runs: no lighthouse
+                raise Refusal(
+                    "fault_tolerance.replica_groups: this rank was not started by hpc-train's local or Slurm launcher,"
+                    " which start the groups' lighthouse. Fix: launch with launcher=local or launcher=slurm, or"
+                    " fault_tolerance.replica_groups=null."
+                )
             from hpc_train.compute.replicas.group import ReplicaGroup  # torchft: only runs with replica groups
 
             group = ReplicaGroup(replica, ranks, devices[0], os.environ[LIGHTHOUSE_VARIABLE])

@@ -96,7 +96,22 @@ def _check_launcher(cfg: ConfigView, parallel: Parallelism, groups: int) -> None
             " started, watched and restarted one group at a time by hpc-train.",
             f"submit with launcher=slurm, {OFF}.",
         )
+    pack = cfg.launcher.get("pack") if "pack" in cfg.launcher else None
+    if pack and (pack.get("allocations") if hasattr(pack, "get") else None):
+        raise ConfigError(
+            KEY,
+            f"launcher.pack runs each run as one job step of a shared allocation, but {KEY}={groups} needs the job's"
+            " own allocation (a lighthouse, one step per group, spare nodes).",
+            f"submit the runs with groups unpacked (launcher.pack.allocations=null), {OFF}.",
+        )
     layout = parallel.layout
+    if kind.slurm_job and layout.nodes < groups:
+        raise ConfigError(
+            "resources.nodes",
+            f"is {layout.nodes}, fewer than the {groups} groups of {KEY}={groups}: on Slurm each group has whole"
+            " nodes of its own, so that a failed node fails one group only.",
+            f"set resources.nodes={_multiple(layout.nodes, groups)} (a multiple of {groups}), {OFF}.",
+        )
     if layout.max_nodes is not None:
         raise ConfigError(
             "resources.nodes",

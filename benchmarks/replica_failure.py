@@ -1,8 +1,9 @@
 """Node-seconds lost to one node failure, with replica groups against today's requeue and resume, on the Slurm test
 cluster (4 nodes or more: `scripts/slurm_test_cluster.sh start --nodes 4`).
 
-Four jobs of the same training (toy MLP, synthetic data, 2 ranks a node, a paced step of `--step-sleep` s, `--steps`
-steps), one after the other in the same invocation, each from an empty queue:
+Four jobs of the same training (toy MLP, synthetic data, 2 ranks a node, `--steps` steps, each paced to take
+`--step-sleep` s more on every attempt by the user step in pacedstep/), one after the other in the same invocation,
+each from an empty queue:
 
 * groups, no failure: `fault_tolerance.replica_groups=3` over 3 nodes and 1 spare (the job holds 4 nodes);
 * groups, failure: the same; when the run has logged `--fail-at` steps, group 1's node is set DOWN
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -54,6 +56,7 @@ def train(steps: int, every: int) -> List[str]:
         "trainer.eval=false",
         "trainer.log_every=1",
         f"trainer.checkpoint_every={every}",
+        "trainer.step={_target_:paced_step.paced,_partial_:true}",  # paced on every attempt (pacedstep/)
     ]
 
 
@@ -109,7 +112,10 @@ def accounting(job: str) -> Dict[str, float]:
 def one_job(name: str, args: List[str], fail_at: int, groups: bool, step_sleep: float) -> Dict[str, float]:
     wait_idle()
     run_dir = Path(tempfile.mkdtemp(prefix=f"replica-{name}-"))
-    env = dict(__import__("os").environ, HPC_TRAIN_STEP_SLEEP=str(step_sleep))
+    paced = str(Path(__file__).resolve().parent / "pacedstep")
+    env = dict(
+        os.environ, BENCH_STEP_S=str(step_sleep), PYTHONPATH=os.pathsep.join([paced, os.environ.get("PYTHONPATH", "")])
+    )
     out = run_checked([sys.executable, "-m", "hpc_train.cli", *SLURM, *args, f"hydra.run.dir={run_dir}"], env=env)
     job = re.search(r"submitted Slurm job (\d+)", out.stdout).group(1)
     if fail_at:

@@ -31,7 +31,7 @@ from hpc_train.jobs.sweep_status import never_running
 from hpc_train.jobs.text_table import format_table
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records, status
-from hpc_train.records import performance, rundir
+from hpc_train.records import performance, replicas, rundir
 from hpc_train.report import app_report, packed_runs, profile_report, remote_report
 from hpc_train.report.plot import write_png
 from hpc_train.report.watch import REFRESH_S, watch
@@ -74,6 +74,7 @@ class JobReport:
     logs: List[str] = field(default_factory=list)  # a packed run that did not complete: its own logs to read
     loss_curve: List[Tuple[int, float]] = field(default_factory=list)
     image: Optional[str] = None  # the container image the ranks ran in (and its digest), from the summary
+    replicas: Optional[str] = None  # a run of replica groups: how many, the steps with fewer, drops and rejoins
 
 
 # -- reading one run dir ---------------------------------------------------------------------
@@ -150,6 +151,8 @@ def read_job(
         ran = summary.get("python") if isinstance(summary.get("python"), dict) else {}
         if ran.get("image"):
             job.image = f"{ran['image']}" + (f" ({ran['digest']})" if ran.get("digest") else "")
+        if replicas.GROUPS in summary:  # fault_tolerance.replica_groups: the drops and rejoins are metrics rows
+            job.replicas = replicas.report_line(summary, rundir.read_jsonl(run_dir / rundir.METRICS))
     else:
         job.attempts = _attempts_started(run_dir)
         if job.slurm_job_id is None:
@@ -438,6 +441,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"states: {state_counts(jobs)}")
         if kind == "run" and jobs[0].performance:
             print(performance.report_lines(jobs[0].performance))
+        if kind == "run" and jobs[0].replicas:
+            print(jobs[0].replicas)
         for image in sorted({job.image for job in jobs if job.image}):
             print(f"image: {image} ({sum(job.image == image for job in jobs)} of {len(jobs)} jobs)")
         if any(job.state_from_run_dir for job in jobs):

@@ -14,7 +14,7 @@ from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.processes.script_command import is_script_job, script_args
-from hpc_train.records import performance, run_claim, rundir
+from hpc_train.records import performance, replicas, run_claim, rundir
 
 if TYPE_CHECKING:
     from hpc_train.launch.backends.base import Backend
@@ -60,6 +60,11 @@ def describe_script(spec: Dict[str, Any]) -> str:
     return f"every task runs: python {words} (in {script['cwd']})"
 
 
+def _replica_rows(run_dir: Path, summary: Dict[str, Any]) -> list:
+    """The rows of metrics.jsonl a run made of replica groups counts its drops and rejoins from (none otherwise)."""
+    return rundir.read_jsonl(run_dir / rundir.METRICS) if replicas.GROUPS in summary else []
+
+
 def report_summary(run_dir: Path, code: int) -> None:
     """The job's closing lines: its summary when it finished, else how it ended (rundir.CLOSING_LINES)."""
     data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
@@ -83,6 +88,7 @@ def report_summary(run_dir: Path, code: int) -> None:
                 else ""
             )
             + (f"; {bound}" if bound else "")
+            + replicas.summary_note(data, _replica_rows(run_dir, data))
         )
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")

@@ -155,6 +155,9 @@ class GroupSteps:
                     self.restarts[group] = -1  # done
                     done_at = done_at or time.monotonic()
                     continue
+                if done_at is not None:  # the run is complete: a late group is not started again
+                    self.restarts[group] = -1
+                    continue
                 if code in ENDING:
                     return code
                 if self.restarts[group] >= int(self.plan["max_restarts"]):

@@ -49,6 +49,7 @@ class ReplicaGroup:
         self.manager: Any = None
         self.members: Set[int] = set(range(self.groups))  # the groups of the last committed step
         self.fewer_steps = 0  # committed steps taken by fewer groups than the job has
+        self.drops = self.rejoins = 0  # the groups' drops and rejoins so far
         self.healed = False  # set by the state loader: this step started from a live group's state
         self._step_members: Set[int] = set()
         self.events: List[tuple] = []  # (event, group, step, live) of the last committed step, for the leader
@@ -84,14 +85,24 @@ class ReplicaGroup:
         )
         self.manager.load_state_dict({"step": step, "batches_committed": step})
 
+    def counts(self) -> Dict[str, Any]:
+        """What the groups' history adds up to (checkpointed, and handed to a restarting group)."""
+        members = sorted(self.members)
+        return {"members": members, "fewer": self.fewer_steps, "drops": self.drops, "rejoins": self.rejoins}
+
+    def load_counts(self, value: Dict[str, Any]) -> None:
+        self.fewer_steps, self.drops, self.rejoins = (int(value.get(k, 0)) for k in ("fewer", "drops", "rejoins"))
+        if "members" in value:
+            self.members = set(value["members"])
+
     def _save(self) -> Dict[str, Any]:
         assert self._holder is not None
-        return {"trainer": self._holder.state_dict(), "members": sorted(self.members), "fewer": self.fewer_steps}
+        return {"trainer": self._holder.state_dict(), **self.counts()}
 
     def _load(self, incoming: Dict[str, Any]) -> None:
         assert self._holder is not None
         self._holder.load_state_dict(incoming["trainer"])
-        self.members, self.fewer_steps = set(incoming["members"]), int(incoming["fewer"])
+        self.load_counts(incoming)
         self.healed = True
 
     # -- each step ------------------------------------------------------------------------
@@ -151,8 +162,15 @@ class ReplicaGroup:
         live = len(self._step_members)
         self.events = [(event, group, step, live) for event, group in rows.changes(self.members, self._step_members)]
         self.members = set(self._step_members)
+        self.drops += sum(1 for event, *_ in self.events if event == rows.DROPPED)
+        self.rejoins += sum(1 for event, *_ in self.events if event == rows.REJOINED)
         if live < self.groups:
             self.fewer_steps += 1
+
+    @property
+    def alone(self) -> bool:
+        """This step's quorum holds this group only."""
+        return self.manager.num_participants() <= 1
 
     @property
     def leads(self) -> bool:

@@ -26,6 +26,7 @@ from hpc_train.compute.replicas.state import (
     optimizer_state,
 )
 from hpc_train.compute.runtime import distributed, faults
+from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import replicas as rows
@@ -49,6 +50,7 @@ class GroupSteps:
         self.restarted = restarted()
         self.digests = os.environ.get(DIGESTS_VARIABLE) == "1"
         self._quorum_open = False  # this group took a live group's state in the quorum of the step it takes next
+        self._orphan = self.restarted  # restarted and not yet healed: it must find a live group in its first quorum
 
     # -- the state a restarting group receives ---------------------------------------------------------
     def holder(self) -> Holder:
@@ -83,10 +85,10 @@ class GroupSteps:
         """What checkpoints carry of the groups: who took the last step and how many steps ran with fewer groups."""
 
         def save() -> Dict[str, Any]:
-            return {"members": sorted(self.group.members), "fewer": self.group.fewer_steps}
+            return self.group.counts()
 
         def load(value: Dict[str, Any]) -> None:
-            self.group.fewer_steps = int(value.get("fewer", 0))
+            self.group.load_counts(value)
 
         return Holder(save, load)
 
@@ -133,7 +135,15 @@ class GroupSteps:
             elif self.group.begin_step():
                 t.epochs.resume_at(t.state.epoch, t.state.step_in_epoch, False)
                 self._quorum_open = True
+                self._orphan = False
                 return None
+            elif self._orphan and self.group.alone:
+                raise Refusal(
+                    f"replica group {self.group.group} restarted, but no live group is left to take the training"
+                    " state from (the others finished or failed): the run cannot go on from memory. Fix: run the"
+                    " same command again (the same run dir): it resumes from the last checkpoint."
+                )
+            self._orphan = False
             try:
                 result = t.train_step(batch, logged)
             except StepNotCommitted:
@@ -193,4 +203,9 @@ class GroupSteps:
         return self.group.leads
 
     def summary_fields(self) -> Dict[str, Any]:
-        return {rows.GROUPS: self.group.groups, rows.FEWER_STEPS: self.group.fewer_steps}
+        return {
+            rows.GROUPS: self.group.groups,
+            rows.FEWER_STEPS: self.group.fewer_steps,
+            rows.DROPS: self.group.drops,
+            rows.REJOINS: self.group.rejoins,
+        }

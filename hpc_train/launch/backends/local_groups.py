@@ -85,7 +85,14 @@ class Groups:
                     continue
                 codes = [proc.poll() for proc in procs]
                 failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-                if failed:
+                if failed and finished_at is not None:  # the run is complete: a late group is not started again
+                    _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
+                    done[group] = True
+                    print(
+                        f"hpc-train: replica group {group} ended after the other groups had finished; not restarted",
+                        file=sys.stderr,
+                    )
+                elif failed:
                     rank, code = failed[0]
                     if code in ENDING:
                         return self._end(code, started)

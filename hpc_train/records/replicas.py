@@ -41,29 +41,16 @@ def event_log_line(event: str, group: int, step: int, live: int, total: int) -> 
     return f"replica group {group} rejoined at step {step}: {live} of {total} groups train"
 
 
-def summary_fields(rows: Iterable[Mapping[str, Any]], groups: int, fewer_steps: int) -> Dict[str, Any]:
-    events = [row for row in rows if row.get("kind") == KIND]
-    return {
-        GROUPS: groups,
-        FEWER_STEPS: int(fewer_steps),
-        DROPS: sum(1 for row in events if row.get("event") == DROPPED),
-        REJOINS: sum(1 for row in events if row.get("event") == REJOINED),
-    }
-
-
-def summary_note(summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]] = ()) -> str:
-    """The closing line's words on the groups ("" without replica groups). The drops and rejoins are the summary's
-    counts where it has them, else counted in `rows` (metrics.jsonl's), else left out."""
+def summary_note(summary: Mapping[str, Any]) -> str:
+    """The closing line's words on the groups ("" without replica groups), from the summary's counts."""
     if GROUPS not in summary:
         return ""
-    fewer = int(summary.get(FEWER_STEPS) or 0)
-    events = [row for row in rows if row.get("kind") == KIND]
-    drops = summary.get(DROPS, sum(1 for row in events if row.get("event") == DROPPED))
-    rejoins = summary.get(REJOINS, sum(1 for row in events if row.get("event") == REJOINED))
+    fewer, drops, rejoins = (int(summary.get(key) or 0) for key in (FEWER_STEPS, DROPS, REJOINS))
     if not drops and not fewer:
         return f"; {summary[GROUPS]} replica groups, none dropped"
-    counts = f" {drops} drop(s), {rejoins} rejoin(s)," if DROPS in summary or events else ""
-    return f"; {summary[GROUPS]} replica groups:{counts} {fewer} step(s) with fewer groups"
+    return (
+        f"; {summary[GROUPS]} replica groups: {drops} drop(s), {rejoins} rejoin(s), {fewer} step(s) with fewer groups"
+    )
 
 
 EVENTS_SHOWN = 10  # drops and rejoins a report line names one by one (the rest are counted)

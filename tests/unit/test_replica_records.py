@@ -51,33 +51,18 @@ def test_the_log_line_of_a_drop_and_of_a_rejoin():
     assert rejoined == "replica group 1 rejoined at step 43: 3 of 3 groups train"
 
 
-def test_the_summary_fields_count_the_drops_and_rejoins_of_the_rows_and_nothing_else():
-    rows = [TRAIN, drop(1, 21), drop(2, 30), rejoin(1, 43), {"kind": "checkpoint", "step": 40}]
-    assert replicas.summary_fields(rows, 3, 22) == {
-        "replica_groups": 3,
-        "steps_with_fewer_groups": 22,
-        "replica_drops": 2,
-        "replica_rejoins": 1,
-    }
-    assert replicas.summary_fields([TRAIN], 2, 0)["replica_drops"] == 0
-
-
 def test_the_closing_note_is_empty_without_groups_and_says_none_dropped_when_none_was():
     assert replicas.summary_note({"global_step": 20}) == ""
-    assert replicas.summary_note({replicas.GROUPS: 3, replicas.FEWER_STEPS: 0}) == "; 3 replica groups, none dropped"
-    assert replicas.summary_note({replicas.GROUPS: 3, replicas.FEWER_STEPS: 0}, [TRAIN]) == (
-        "; 3 replica groups, none dropped"
-    )
+    none = {replicas.GROUPS: 3, replicas.FEWER_STEPS: 0, replicas.DROPS: 0, replicas.REJOINS: 0}
+    assert replicas.summary_note(none) == "; 3 replica groups, none dropped"
 
 
-def test_the_closing_note_counts_drops_from_the_summary_or_else_from_the_rows():
+def test_the_closing_note_gives_the_summarys_counts():
     with_counts = {**SUMMARY, replicas.DROPS: 1, replicas.REJOINS: 1}
     words = "; 3 replica groups: 1 drop(s), 1 rejoin(s), 22 step(s) with fewer groups"
     assert replicas.summary_note(with_counts) == words
-    # The trainer's summary has the groups and the steps with fewer, not the counts: the rows give them
-    assert replicas.summary_note(SUMMARY, [TRAIN, drop(1, 21), rejoin(1, 43)]) == words
-    assert replicas.summary_note(SUMMARY, iter([drop(1, 21), rejoin(1, 43)])) == words  # any iterable, read once
-    assert replicas.summary_note(SUMMARY) == "; 3 replica groups: 22 step(s) with fewer groups"  # no count made up
+    unreturned = {**SUMMARY, replicas.DROPS: 1, replicas.REJOINS: 0}
+    assert replicas.summary_note(unreturned) == words.replace("1 rejoin(s)", "0 rejoin(s)")
 
 
 def test_the_report_line_names_each_groups_drops_and_rejoins_in_step_order():
@@ -146,12 +131,14 @@ def test_the_report_of_a_run_without_groups_has_no_groups_line(tmp_path, capsys)
 
 
 def test_the_closing_line_of_a_run_with_groups_ends_with_their_note(tmp_path, capsys):
-    run_dir = run_dir_of(tmp_path, {**SUMMARY, replicas.FEWER_STEPS: 22}, [TRAIN, drop(1, 21), rejoin(1, 43)])
+    counts = {**SUMMARY, replicas.DROPS: 1, replicas.REJOINS: 1}
+    run_dir = run_dir_of(tmp_path, counts, [TRAIN, drop(1, 21), rejoin(1, 43)])
+    counted = json.loads((run_dir / rundir.SUMMARY).read_text())
     report_summary(run_dir, rundir.EXIT_OK)
     done = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("hpc-train: done:"))
     assert done.endswith("; 3 replica groups: 1 drop(s), 1 rejoin(s), 22 step(s) with fewer groups")
     (run_dir / rundir.SUMMARY).write_text(
-        json.dumps({**json.loads((run_dir / rundir.SUMMARY).read_text()), replicas.FEWER_STEPS: 0})
+        json.dumps({**counted, replicas.FEWER_STEPS: 0, replicas.DROPS: 0, replicas.REJOINS: 0})
     )
     (run_dir / rundir.METRICS).write_text(json.dumps(TRAIN) + "\n")
     report_summary(run_dir, rundir.EXIT_OK)

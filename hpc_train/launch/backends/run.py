@@ -60,11 +60,6 @@ def describe_script(spec: Dict[str, Any]) -> str:
     return f"every task runs: python {words} (in {script['cwd']})"
 
 
-def _replica_rows(run_dir: Path, summary: Dict[str, Any]) -> list:
-    """The rows of metrics.jsonl a run made of replica groups counts its drops and rejoins from (none otherwise)."""
-    return rundir.read_jsonl(run_dir / rundir.METRICS) if replicas.GROUPS in summary else []
-
-
 def report_summary(run_dir: Path, code: int) -> None:
     """The job's closing lines: its summary when it finished, else how it ended (rundir.CLOSING_LINES)."""
     data = rundir.read_summary(run_dir) if code == rundir.EXIT_OK else None
@@ -88,7 +83,7 @@ def report_summary(run_dir: Path, code: int) -> None:
                 else ""
             )
             + (f"; {bound}" if bound else "")
-            + replicas.summary_note(data, _replica_rows(run_dir, data))
+            + replicas.summary_note(data)
         )
         print(f"hpc-train: summary {run_dir / rundir.SUMMARY}")
         print(f"hpc-train: metrics {run_dir / rundir.METRICS}")

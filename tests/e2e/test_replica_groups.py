@@ -6,8 +6,9 @@ and resume as a whole job from their checkpoint.
 group, then across the groups, which changes only the order of floating-point sums. The groups are bit-identical to
 each other at every step they all take (the parameter digests of HPC_TRAIN_REPLICA_DIGESTS=1).
 
-Runs are shared per strategy through module fixtures: a plain 6-rank run and a 3 x 2 grouped run of 20 steps, a grouped
-run of 60 steps whose group 1 loses a rank at step 20, and (fsdp) the grouped run resumed from its step-10 checkpoint.
+Runs are shared through module fixtures: a plain 6-rank ddp run and a 3 x 2 grouped ddp run of 20 steps (and the
+grouped run resumed from its step-10 checkpoint); per strategy (ddp, fsdp) a grouped run of 60 steps whose group 1
+loses a rank at step 20, whose first 20 steps (no failure yet) must also train as the plain run does.
 """
 
 from __future__ import annotations
@@ -153,18 +154,21 @@ def strategy(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def plain(strategy, tmp_path_factory) -> Run:
-    return run([*TWENTY, f"strategy={strategy}"], tmp_path_factory.mktemp(f"plain-{strategy}"), {})
+def plain(tmp_path_factory) -> Run:
+    """Plain data parallelism over the 6 ranks: the reference of the grouped runs, ddp and fsdp alike."""
+    return run([*TWENTY, "strategy=ddp"], tmp_path_factory.mktemp("plain"), {})
 
 
 @pytest.fixture(scope="module")
-def grouped(strategy, tmp_path_factory) -> Run:
-    return run([*TWENTY, *REPLICAS, f"strategy={strategy}"], tmp_path_factory.mktemp(f"grouped-{strategy}"), DIGESTS)
+def grouped(tmp_path_factory) -> Run:
+    return run([*TWENTY, *REPLICAS, "strategy=ddp"], tmp_path_factory.mktemp("grouped"), DIGESTS)
 
 
 @pytest.fixture(scope="module")
 def failed(strategy, tmp_path_factory) -> Run:
-    args = [*JOB, *REPLICAS, f"strategy={strategy}", f"trainer.max_steps={LONG}"]
+    # a row every step and a checkpoint at the kill's step: its first KILL_STEP steps are a run without a failure
+    every = ["trainer.log_every=1", f"trainer.checkpoint_every={KILL_STEP}", f"trainer.keep_checkpoints={LONG}"]
+    args = [*JOB, *REPLICAS, *every, f"strategy={strategy}", f"trainer.max_steps={LONG}"]
     return run(args, tmp_path_factory.mktemp(f"failed-{strategy}"), {**DIGESTS, **FAILURE}, timeout=240)
 
 
@@ -193,6 +197,15 @@ def test_the_closing_line_says_no_group_was_dropped(grouped):
 
 
 # -- a group killed, dropped, restarted and back ----------------------------------------------------------------------
+def test_before_the_kill_the_groups_train_as_one_job_of_six_ranks(failed, plain):
+    """ddp and fsdp inside the groups: the steps before the failure equal plain 6-rank ddp within 1e-4 (every loss, and
+    the parameters of the checkpoint at the kill's step)."""
+    ours, theirs = losses(failed.dir), losses(plain.dir)
+    before = list(range(1, KILL_STEP + 1))
+    assert [ours[step] for step in before] == pytest.approx([theirs[step] for step in before], abs=1e-4)
+    assert_close_weights(checkpoint_weights(failed.dir, KILL_STEP), checkpoint_weights(plain.dir, KILL_STEP))
+
+
 def test_a_group_that_loses_a_rank_is_restarted_alone_and_the_run_succeeds(failed):
     summary, events = read_summary(failed.dir), rows(failed.dir, "replica")
     assert summary["global_step"] == LONG and summary["replica_groups"] == GROUPS, (summary["global_step"], events)
@@ -257,18 +270,18 @@ def test_the_closing_line_and_the_report_say_how_many_steps_ran_with_fewer_group
 
 
 # -- a whole-job resume ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("strategy", ["fsdp"], indirect=True)  # the sharded checkpoint; ddp's file resumes alike
-def test_a_job_of_groups_stopped_after_a_checkpoint_and_run_again_resumes_exactly(strategy, grouped, tmp_path):
+def test_a_job_of_groups_stopped_after_a_checkpoint_and_run_again_resumes_exactly(grouped, tmp_path):
     """The grouped run as a job stopped after its checkpoint of step HALF would have left it (what it wrote after that
     step removed: the rows stay, as a kill leaves them), run again: every group resumes from the checkpoint the leading
     group wrote, and the job ends with the uninterrupted run's weights bit for bit. (A copy, not a kill -9 of a live
-    job: one start of 6 ranks less, for this module's time; tests/e2e/test_fsdp.py kills jobs.)"""
+    job: one start of 6 ranks less, for this module's time; tests/e2e/test_fsdp.py kills jobs.) The leading group's
+    single-file ddp checkpoint; fsdp's sharded one is read back by the fsdp failure run's comparison at its kill."""
     run_dir = tmp_path / "run"
     shutil.copytree(grouped.dir, run_dir)
     assert checkpoint_steps(run_dir) == [HALF, STEPS]
     for path in [*run_dir.glob(f"checkpoints/step_{STEPS:09d}*"), run_dir / "summary.json", run_dir / "model.pt"]:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    run([*TWENTY, *REPLICAS, f"strategy={strategy}"], run_dir, {})
+    run([*TWENTY, *REPLICAS, "strategy=ddp"], run_dir, {})
     summary = read_summary(run_dir)
     assert summary["resumed_from_step"] == HALF and summary["global_step"] == STEPS
     assert summary["steps_with_fewer_groups"] == 0

@@ -33,6 +33,7 @@ from hpc_train.processes.rank_env import (
     port_for_job,
 )
 from hpc_train.records import replicas as marks
+from hpc_train.records import rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
 from hpc_train.records.rundir import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_REFUSED
 from hpc_train.slurm import slurm_cli
@@ -66,19 +67,9 @@ class GroupSteps:
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-        log = open(Path(self.plan["run_dir"]) / "logs" / "lighthouse.log", "a")
+        log = open(Path(self.plan["run_dir"]) / rundir.LOGS / marks.LIGHTHOUSE_LOG, "a")
         self.lighthouse = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "hpc_train.compute.replicas.lighthouse",
-                "--port",
-                str(port),
-                "--min-replicas",
-                str(int(self.plan["min_replicas"])),
-                "--timeout-s",
-                str(float(self.plan["timeout_s"])),
-            ],
+            marks.lighthouse_command(sys.executable, port, self.plan["min_replicas"], self.plan["timeout_s"]),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -199,5 +190,5 @@ class GroupSteps:
 def run_groups(plan_json: str, srun: List[str], env: Dict[str, str]) -> int:
     """The job's groups to the end; the job's exit status."""
     plan = json.loads(plan_json)
-    os.makedirs(Path(plan["run_dir"]) / "logs", exist_ok=True)
+    os.makedirs(Path(plan["run_dir"]) / rundir.LOGS, exist_ok=True)
     return GroupSteps(plan, srun, env).run()

@@ -114,3 +114,21 @@ def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> s
         f"{groups} replica groups of {world // groups} ranks{where}: a group that fails restarts alone while the others"
         f" train on (a silent group is dropped after {float(node.get('timeout_s', 0)):g} s){held}"
     )
+
+
+LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/: the lighthouse's output
+
+
+def lighthouse_command(python: str, port: int, min_replicas: int, timeout_s: float) -> List[str]:
+    """The lighthouse's process (hpc_train.compute.replicas.lighthouse), as both launchers start it."""
+    return [
+        python,
+        "-m",
+        "hpc_train.compute.replicas.lighthouse",
+        "--port",
+        str(port),
+        "--min-replicas",
+        str(int(min_replicas)),
+        "--timeout-s",
+        str(float(timeout_s)),
+    ]

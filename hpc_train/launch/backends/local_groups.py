@@ -27,10 +27,9 @@ from hpc_train.processes.rank_env import (
     REPLICA_GROUPS_VARIABLE,
     REPLICA_RESTART_VARIABLE,
 )
-from hpc_train.records import hang, rundir
+from hpc_train.records import hang, replicas, rundir
 from hpc_train.records.rank_errors import death_cause
 
-LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/
 # Exits that end the whole run; a group that hangs (its watchdog's EXIT_HUNG) is restarted like one that died
 ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_INTERRUPTED)
 
@@ -148,19 +147,9 @@ def run_groups(plan: RunPlan, config_path: Path) -> int:
     (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
     node = plan.config.fault_tolerance
     port = free_port()
-    lighthouse_log = open(run_dir / rundir.LOGS / LIGHTHOUSE_LOG, "a")
+    lighthouse_log = open(run_dir / rundir.LOGS / replicas.LIGHTHOUSE_LOG, "a")
     lighthouse = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpc_train.compute.replicas.lighthouse",
-            "--port",
-            str(port),
-            "--min-replicas",
-            str(int(node.min_replicas)),
-            "--timeout-s",
-            str(float(node.timeout_s)),
-        ],
+        replicas.lighthouse_command(sys.executable, port, node.min_replicas, node.timeout_s),
         stdout=lighthouse_log,
         stderr=subprocess.STDOUT,
     )

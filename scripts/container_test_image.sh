@@ -52,6 +52,12 @@
 #
 # ENVIRONMENT
 #   HPC_TRAIN_IMAGE_HOST_VENV   venv whose torch is mounted [repo's .venv]
+#   HPC_TRAIN_IMAGE_EXTRA       more of that venv's site-packages to bind, as
+#                               words W (W and W-*.dist-info, each where it
+#                               exists; W may be a glob such as
+#                               opentelemetry_*): e.g. torchft and what it
+#                               imports, for an image that runs replica
+#                               groups                                 [none]
 #   HPC_TRAIN_IMAGE_PYTHON      python in the image (must exist on the host
 #                               under /usr)            [/usr/bin/python3.11]
 # =============================================================================
@@ -68,6 +74,9 @@ PACKAGES=(torch torchgen functorch numpy numpy.libs sympy mpmath filelock typing
   networkx jinja2 markupsafe fsspec nvidia triton cuda)
 DIST_INFO=(torch sympy mpmath filelock typing_extensions networkx jinja2 markupsafe fsspec numpy triton
   'nvidia_*' 'cuda_*')
+read -r -a EXTRA <<<"${HPC_TRAIN_IMAGE_EXTRA:-}"
+PACKAGES+=("${EXTRA[@]}")
+DIST_INFO+=("${EXTRA[@]}")
 ETC_FILES=(hosts passwd group nsswitch.conf resolv.conf ld.so.cache localtime)
 
 log() { printf '[container-test-image] %s\n' "$*" >&2; }

@@ -14,6 +14,8 @@ from typing import Any, Tuple
 from hpc_train.config.checks import Problem, number, show, whole
 from hpc_train.config.rule import R, Rule
 
+TORCHFT_INSTALL = 'pip install "hpc-train[ft]"'  # what the groups need where the ranks run
+
 KEY_RULES: Tuple[Rule, ...] = (
     R(
         "fault_tolerance.replica_groups",

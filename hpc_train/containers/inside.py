@@ -3,10 +3,11 @@
 ``python3 -u <library>/hpc_train_container_entry.py -m MODULE ARGS`` (or ``-m hpc_train.containers.inside`` where
 the image has hpc_train) puts the staged library first on the path (for this process and those it starts), and
 stops with one message, before any training, when the image cannot run hpc_train's ranks: no torch, a torch older
-than hpc_train supports, the launching environment's Python instead of the image's, or (Slurm's OCI support) a
-node that ran the task outside the image because it has no ``oci.conf``. The refusal goes to the batch host as a
-request, which ends the job with it. What ran (the interpreter, its version, torch's, the root file system) is
-passed on to the rank in ``HPC_TRAIN_CONTAINER_SEEN`` for its run log and summary. Imports no torch.
+than hpc_train supports, no torchft for replica groups, the launching environment's Python instead of the image's,
+or (Slurm's OCI support) a node that ran the task outside the image because it has no ``oci.conf``. The refusal
+goes to the batch host as a request, which ends the job with it. What ran (the interpreter, its version, torch's
+and torchft's, the root file system) is passed on to the rank in ``HPC_TRAIN_CONTAINER_SEEN`` for its run log and
+summary. Imports no torch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from hpc_train.config.fault_tolerance import TORCHFT_INSTALL
 from hpc_train.containers.base import (
     DIGEST_VARIABLE,
     ENTRY_FILE,
@@ -28,6 +30,7 @@ from hpc_train.containers.base import (
     ROOTFS_VARIABLE,
     RUNTIME_VARIABLE,
 )
+from hpc_train.processes.rank_env import REPLICA_GROUPS_VARIABLE
 from hpc_train.records import job_requests
 from hpc_train.records.rundir import EXIT_REFUSED
 from hpc_train.slurm.hostlist import expand_hostlist
@@ -48,9 +51,9 @@ def root_of_mounts(mountinfo: str) -> Tuple[str, str]:
     return found
 
 
-def torch_version() -> Optional[str]:
+def installed_version(distribution: str) -> Optional[str]:
     try:
-        return metadata.version("torch")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
 
@@ -83,6 +86,8 @@ def problems(env: Dict[str, str], seen: Dict[str, str]) -> List[str]:
         found.append(f"its Python ({sys.executable}) has no torch")
     elif _numbers(torch) < MIN_TORCH:
         found.append(f"its torch is {torch}, older than the {'.'.join(map(str, MIN_TORCH))} hpc_train needs")
+    if env.get(REPLICA_GROUPS_VARIABLE) and seen.get("torchft") is None:
+        found.append(f"its Python has no torchft, which fault_tolerance.replica_groups runs on ({TORCHFT_INSTALL})")
     return found
 
 
@@ -95,7 +100,8 @@ def what_runs() -> Dict[str, str]:
     return {
         "executable": sys.executable,
         "python": ".".join(map(str, sys.version_info[:3])),
-        "torch": torch_version(),
+        "torch": installed_version("torch"),
+        "torchft": installed_version("torchft"),
         "root": root,
         "root_fs": fstype,
         "host": socket.gethostname(),
@@ -165,8 +171,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         image = seen["image"] or "the image"
         message = (
             f"hpc-train: the image {image} cannot run hpc_train's ranks: {'; '.join(found)}. Fix: use an image with"
-            f" Python and torch >= {'.'.join(map(str, MIN_TORCH))} (container.image=...), and see the clusters"
-            " guide's Containers section."
+            f" Python and torch >= {'.'.join(map(str, MIN_TORCH))}"
+            f"{' and torchft' if os.environ.get(REPLICA_GROUPS_VARIABLE) else ''} (container.image=...), and see the"
+            " clusters guide's Containers section."
         )
         print(message, file=sys.stderr, flush=True)
         job_requests.write(job_requests.REFUSE, message=message)

@@ -107,11 +107,12 @@ def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> s
     if not groups:
         return ""
     groups = int(groups)
+    size = world // groups
     where = f", {nodes // groups} node(s) each" if slurm and nodes >= groups else ""
     spare = int(node.get("spare_nodes") or 0) if slurm else 0
     held = f"; {spare} spare node(s): the job holds {nodes + spare}" if spare else ""
     return (
-        f"{groups} replica groups of {world // groups} ranks{where}: a group that fails restarts alone while the others"
+        f"{groups} replica groups of {size} rank{'s' if size > 1 else ''}{where}: a group that fails restarts alone while the others"
         f" train on (a silent group is dropped after {float(node.get('timeout_s', 0)):g} s){held}"
     )
 

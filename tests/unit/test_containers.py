@@ -22,6 +22,7 @@ from hpc_train.containers.base import ENTRY_FILE, LAUNCH_ENV_VARIABLES, LAUNCH_P
 from hpc_train.launch.backends.slurm_params import slurm_parameters
 from hpc_train.launch.backends.slurm_script import render_sbatch
 from hpc_train.launch.planning.plan import make_plan
+from hpc_train.processes.rank_env import REPLICA_GROUPS_VARIABLE
 from hpc_train.records.job_requests import REQUESTS_VARIABLE
 from tests.support.paths import REPO
 
@@ -255,6 +256,7 @@ def test_the_first_rank_reads_its_root_from_mountinfo():
             "ignores --container on a node without oci.conf",
         ),
         ({"torch": "2.5.0"}, {LAUNCH_PREFIX_VARIABLE: sys.prefix}, "launching environment's Python"),
+        ({"torch": "2.5.0", "torchft": None}, {REPLICA_GROUPS_VARIABLE: "3"}, "has no torchft"),
     ],
 )
 def test_the_first_rank_refuses_an_image_that_cannot_run_the_ranks(seen, env, says):
@@ -266,6 +268,8 @@ def test_an_image_with_torch_inside_its_own_root_passes():
     seen = {"root": "/images/bundle/rootfs", "host": "node1", "torch": "2.11.0+cu128"}
     assert inside.problems({ROOTFS_VARIABLE: "/mnt/shared/images/bundle/rootfs"}, seen) == []
     assert inside.problems({ROOTFS_VARIABLE: "/images/bundle/rootfs"}, seen) == []
+    groups = {ROOTFS_VARIABLE: "/images/bundle/rootfs", REPLICA_GROUPS_VARIABLE: "3"}
+    assert inside.problems(groups, {**seen, "torchft": "0.2.0"}) == []  # replica groups: torchft in the image too
 
 
 def test_the_minimum_torch_is_the_one_pyproject_requires():

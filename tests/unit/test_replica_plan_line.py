@@ -17,3 +17,7 @@ def test_locally_there_is_no_spare_and_without_groups_nothing_is_said():
     assert "spare" not in plan_line(NODE, world=6, nodes=1, slurm=False)
     assert plan_line({**NODE, "replica_groups": None}, world=6, nodes=1, slurm=False) == ""
     assert plan_line({}, world=6, nodes=1, slurm=True) == ""
+
+
+def test_a_group_of_one_rank_is_said_so():
+    assert plan_line(NODE, world=3, nodes=3, slurm=True).startswith("3 replica groups of 1 rank, 1 node(s) each:")

@@ -54,6 +54,7 @@ class ReplicaGroup:
         self._step_members: Set[int] = set()
         self.events: List[tuple] = []  # (event, group, step, live) of the last committed step, for the leader
         self._holder: Optional[Holder] = None
+        self._store: Optional[torch.distributed.TCPStore] = None  # the group's store, where no process group has one
 
     # -- set-up ---------------------------------------------------------------------------
     def connect(self, state: Holder, step: int) -> None:
@@ -64,6 +65,10 @@ class ReplicaGroup:
 
         self._holder = state
         timeout = timedelta(seconds=float(self.settings.timeout_s))
+        if not self.ranks.is_distributed:  # a group of one rank has no process group, hence no store to share
+            self._store = torch.distributed.TCPStore(
+                self.ranks.master_addr, int(self.ranks.master_port), 1, is_master=True, timeout=timeout
+            )
         pg = ProcessGroupNCCL(timeout=timeout) if self.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
         self.manager = Manager(
             pg=pg,

@@ -75,7 +75,7 @@ def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
-def _container(plan: RunPlan, stage: bool) -> Optional[LocalContainer]:
+def run_image(plan: RunPlan, stage: bool) -> Optional[LocalContainer]:
     return local_container(
         ContainerSettings.from_section(plain(plan.config.get("container"))),
         [str(plan.run_dir.absolute().parent)],
@@ -87,7 +87,7 @@ def _container(plan: RunPlan, stage: bool) -> Optional[LocalContainer]:
 
 def container_line(plan: RunPlan) -> Optional[str]:
     """The dry run's words for what each rank runs in the image (None: no container); nothing is written."""
-    image = _container(plan, stage=False)
+    image = run_image(plan, stage=False)
     if image is None:
         return None
     module_args = ["-m", "hpc_train.compute.worker", str(plan.run_dir.absolute() / "job_config.yaml")]
@@ -108,7 +108,7 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
     procs: List[subprocess.Popen] = []
     files = []
     module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
-    image = _container(plan, stage=True)
+    image = run_image(plan, stage=True)
     launch_id = f"{os.getpid()}-{time.time_ns()}"
     forwarded = _forward_stop_signals(procs)
     try:

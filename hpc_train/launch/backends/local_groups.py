@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train.launch.backends.local import GRACE_S, _forward_stop_signals, _stop, free_port, worker_env
+from hpc_train.containers.job_step import LocalContainer
+from hpc_train.launch.backends.local import GRACE_S, _forward_stop_signals, _stop, free_port, run_image, worker_env
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.processes.rank_env import (
     LIGHTHOUSE_VARIABLE,
@@ -35,7 +36,14 @@ ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_INTERRUPTED)
 
 
 class Groups:
-    def __init__(self, plan: RunPlan, config_path: Path, lighthouse: str, view: List[subprocess.Popen]) -> None:
+    def __init__(
+        self,
+        plan: RunPlan,
+        config_path: Path,
+        lighthouse: str,
+        view: List[subprocess.Popen],
+        image: Optional[LocalContainer] = None,
+    ) -> None:
         node = plan.config.fault_tolerance
         self.groups, self.timeout_s = int(node.replica_groups), float(node.timeout_s)
         self.max_restarts = int(node.max_restarts)
@@ -47,6 +55,7 @@ class Groups:
         self.restarts = {g: 0 for g in range(self.groups)}
         self.files: List = []
         self.view = view  # every live process, which the stop signals are forwarded to
+        self.image = image  # the container every rank runs in (None: this machine's Python)
 
     @property
     def all_procs(self) -> List[subprocess.Popen]:
@@ -70,7 +79,11 @@ class Groups:
                     LIGHTHOUSE_VARIABLE: self.lighthouse,
                 }
             )
-            command = [sys.executable, "-m", "hpc_train.compute.worker", str(self.config_path)]
+            module_args = ["-m", "hpc_train.compute.worker", str(self.config_path)]
+            command = [sys.executable, *module_args]
+            if self.image is not None:  # the image's Python runs the rank, as without groups (hpc_train.containers)
+                name = f"hpc-train-{os.getpid()}-g{group}.{self.restarts[group]}-{rank}"
+                command, env = self.image.task(module_args, env, name)
             procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
         self.procs[group] = procs
         self.view[:] = self.all_procs
@@ -154,7 +167,7 @@ def run_groups(plan: RunPlan, config_path: Path) -> int:
         stderr=subprocess.STDOUT,
     )
     procs_view: List[subprocess.Popen] = []
-    groups = Groups(plan, config_path, f"http://127.0.0.1:{port}", procs_view)
+    groups = Groups(plan, config_path, f"http://127.0.0.1:{port}", procs_view, run_image(plan, stage=True))
     forwarded = _forward_stop_signals(procs_view)
     try:
         for group in range(groups.groups):

@@ -16,7 +16,7 @@ from importlib.util import find_spec
 from typing import Any, List
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.fault_tolerance import NODE_FIX, fault_tolerance_node
+from hpc_train.config.fault_tolerance import NODE_FIX, TORCHFT_INSTALL, fault_tolerance_node
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.config.view import ConfigView, plain
 from hpc_train.contracts.job_layout import JobLayout
@@ -27,7 +27,6 @@ from hpc_train.records import replicas
 KEY = "fault_tolerance.replica_groups"
 STRATEGIES = ("ddp", "fsdp", "mesh")  # the strategy identities whose data parallelism the groups split
 OFF = f"or {KEY}=null (no replica groups)"
-INSTALL = 'pip install "hpc-train[ft]"'
 
 
 def check_replica_groups(cfg: ConfigView, parallel: Parallelism) -> None:
@@ -52,8 +51,8 @@ def check_replica_groups(cfg: ConfigView, parallel: Parallelism) -> None:
             KEY,
             f"{KEY}={groups} runs the groups with torchft (its quorum and recovery), which this Python environment"
             " does not have.",
-            f"{INSTALL} in the environment the job runs in (torchft's wheels are for CPython 3.11 on Linux x86-64),"
-            f" {OFF}.",
+            f"{TORCHFT_INSTALL} in the environment the job runs in (torchft's wheels are for CPython 3.11 on Linux"
+            f" x86-64), {OFF}.",
         )
 
 

@@ -112,8 +112,8 @@ def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> s
     spare = int(node.get("spare_nodes") or 0) if slurm else 0
     held = f"; {spare} spare node(s): the job holds {nodes + spare}" if spare else ""
     return (
-        f"{groups} replica groups of {size} rank{'s' if size > 1 else ''}{where}: a group that fails restarts alone while the others"
-        f" train on (a silent group is dropped after {float(node.get('timeout_s', 0)):g} s){held}"
+        f"{groups} replica groups of {size} rank{'s' if size > 1 else ''}{where}: a group that fails restarts alone"
+        f" while the others train on (a silent group is dropped after {float(node.get('timeout_s', 0)):g} s){held}"
     )
 
 

@@ -99,15 +99,26 @@ def root_cause(
 
 def death_cause(code: int) -> str:
     """How a process with this exit status ended, in words, with where to look for a signal's cause."""
+    if code > 128 and code - 128 in SIGNAL_NUMBERS:  # a container runtime (or a shell) reports a signal so
+        name, hint = _signal_words(code - 128)
+        return f"exited with code {code} (128 + {code - 128}: how a container runtime or a shell reports {name}){hint}"
     if code >= 0:
         return f"exited with code {code}"
+    name, hint = _signal_words(-code)
+    return f"was killed by {name} (signal {-code}){hint}"
+
+
+SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
+
+
+def _signal_words(number: int) -> Tuple[str, str]:
+    """The signal's name and what usually sends it (": ..." or "")."""
     try:
-        name = signal.Signals(-code).name
+        name = signal.Signals(number).name
     except ValueError:
-        name = f"signal {-code}"
-    cause = f"was killed by {name} (signal {-code})"
-    if -code == signal.SIGKILL:
-        cause += ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
-    elif -code == signal.SIGSEGV:
-        cause += ": a crash in native code (a C/CUDA extension, a driver)"
-    return cause
+        name = f"signal {number}"
+    if number == signal.SIGKILL:
+        return name, ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
+    if number == signal.SIGSEGV:
+        return name, ": a crash in native code (a C/CUDA extension, a driver)"
+    return name, ""

@@ -100,17 +100,18 @@ class GroupSteps:
         if self.restarted:
             faults.restart_sleep()  # HPC_TRAIN_RESTART_SLEEP: a slow start-up, injected
         self.group.connect(self.holder(), t.state.global_step)
+        folder = rows.attempt_folder(t.run_dir, os.environ)
+        if t.ranks.is_main:  # a restarted group too: one that failed before the first step is what the others await
+            folder.mkdir(parents=True, exist_ok=True)
+            rows.ready_file(folder, self.group.group).touch()
         if self.restarted:
             log.info("replica group %d: restarted, rejoining the live groups", self.group.group)
             return
         if t.ranks.is_main:
-            self._wait_for_groups(t.run_dir)
+            self._wait_for_groups(folder)
         distributed.barrier()
 
-    def _wait_for_groups(self, run_dir: Path) -> None:
-        folder = rows.attempt_folder(run_dir, os.environ)
-        folder.mkdir(parents=True, exist_ok=True)
-        rows.ready_file(folder, self.group.group).touch()
+    def _wait_for_groups(self, folder: Path) -> None:
         deadline = time.monotonic() + START_WAIT_S
         while not all(rows.ready_file(folder, g).exists() for g in range(self.group.groups)):
             if time.monotonic() > deadline:

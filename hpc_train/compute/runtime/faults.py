@@ -4,6 +4,7 @@
   (after STEP steps are done), to check that a failing rank ends the whole job quickly.
 * ``HPC_TRAIN_KILL_AT=RANK:STEP``: that rank (its number in the whole job) sends itself SIGKILL at the same point,
   as a node failure or the OOM killer would end it; a replica group restarted after it does not do it again.
+  ``RANK:start``: with replica groups, as its group starts, before it is ready (a failure during start-up).
 * ``HPC_TRAIN_RESTART_SLEEP=SECONDS``: a restarted replica group waits that long before it rejoins (a slow node's
   start-up), so that a test sees the other groups train on without it first.
 * ``HPC_TRAIN_SLOW_CHECKPOINT=SECONDS``: checkpoint writes pause half-way for that long,
@@ -31,6 +32,7 @@ import errno
 import os
 import signal
 import time
+from typing import Union
 
 DISK_FULL_POINTS = ("write", "header", "fsync", "rename", "manifest", "install")
 
@@ -46,13 +48,14 @@ def _float(name: str) -> float:
         return 0.0
 
 
-def _at(variable: str, rank: int, steps_done: int) -> str:
-    """The value of `variable` (RANK:STEP) when it names this rank after `steps_done` steps, else ""."""
+def _at(variable: str, rank: int, steps_done: Union[int, str]) -> str:
+    """The value of `variable` (RANK:STEP) when it names this rank after `steps_done` steps (or at the point named
+    so, such as ``start``), else ""."""
     spec = os.environ.get(variable, "")
     if not spec:
         return ""
     at_rank, _, at_step = spec.partition(":")
-    return spec if int(at_rank) == rank and int(at_step) == steps_done else ""
+    return spec if int(at_rank) == rank and at_step.strip() == str(steps_done) else ""
 
 
 def maybe_fail(rank: int, steps_done: int) -> None:
@@ -61,7 +64,7 @@ def maybe_fail(rank: int, steps_done: int) -> None:
         raise InjectedFailure(f"HPC_TRAIN_FAIL_AT={spec}: rank {rank} fails after {steps_done} steps (injected fault)")
 
 
-def maybe_kill(rank: int, steps_done: int) -> None:
+def maybe_kill(rank: int, steps_done: Union[int, str]) -> None:
     if _at("HPC_TRAIN_KILL_AT", rank, steps_done) and int(os.environ.get("HPC_TRAIN_REPLICA_RESTART") or 0) == 0:
         if os.getpid() == 1:  # the first process of a container's pid namespace ignores its own SIGKILL
             os._exit(128 + signal.SIGKILL)  # what a shell reports for a process killed by it

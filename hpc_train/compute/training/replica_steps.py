@@ -97,6 +97,7 @@ class GroupSteps:
         """Join the lighthouse at the restored step. In an attempt's start every group waits until all of them are
         ready, so that the first quorum holds them all; a restarted group joins the others at once."""
         t = self.trainer
+        faults.maybe_kill(t.ranks.global_rank, "start")  # HPC_TRAIN_KILL_AT=RANK:start: a failure in start-up
         if self.restarted:
             faults.restart_sleep()  # HPC_TRAIN_RESTART_SLEEP: a slow start-up, injected
         self.group.connect(self.holder(), t.state.global_step)

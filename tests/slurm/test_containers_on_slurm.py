@@ -237,3 +237,36 @@ def test_a_local_run_in_the_image_equals_the_same_run_outside_it(image, pair, tm
     assert_ok(run_cli([*local, *_in(image), f"container.command={runtime}"], inside))
     assert_bit_identical(pair[1], inside)  # 2 gloo ranks on one machine equal 2 on two nodes
     assert_ran_in_the_image(inside, image)
+
+
+# What torchft imports beyond torch, bound into the image too (scripts/container_test_image.sh: HPC_TRAIN_IMAGE_EXTRA)
+TORCHFT_PACKAGES = "torchft psutil opentelemetry opentelemetry_* google protobuf"
+
+
+def test_replica_groups_train_in_the_image_and_a_dead_group_restarts_in_it(image, tmp_path):
+    """launcher=local, 2 replica groups of one rank in an image with torchft: group 1's rank dies at step 6, its group
+    starts again in a new container of the image and rejoins from group 0, and both end bit-identical. The lighthouse
+    runs outside the image, beside the launcher. (An image without torchft is refused at the first rank:
+    tests/unit/test_containers.py.)"""
+    runtime = f"{cluster_dir()}/etc/oci-runtime"
+    job = [*TINY, "trainer.epochs=null", "trainer.max_steps=30", "trainer.eval=false", "resources.gpus_per_node=2"]
+    job += ["fault_tolerance.replica_groups=2", "fault_tolerance.timeout_s=5", f"container.command={runtime}"]
+    with_torchft = tmp_path / "ft-image"
+    env = dict(os.environ, HPC_TRAIN_IMAGE_EXTRA=TORCHFT_PACKAGES)
+    script = REPO / "scripts" / "container_test_image.sh"
+    subprocess.run(["bash", str(script), "build", str(with_torchft)], env=env, check=True)
+    run_dir = tmp_path / "run"
+    failure = {"HPC_TRAIN_KILL_AT": "1:6", "HPC_TRAIN_RESTART_SLEEP": "6", "HPC_TRAIN_STEP_SLEEP": "0.5"}
+    proc = run_cli([*job, *_in(with_torchft)], run_dir, env=dict(os.environ, **failure, HPC_TRAIN_REPLICA_DIGESTS="1"))
+    assert_ok(proc)
+    # The rank's death as the container runtime reports it (128 + SIGKILL), and group 1 alone restarted
+    assert "replica group 1: rank 1 exited with code 137 (128 + 9" in proc.stderr, proc.stderr
+    assert "restarting group 1 (1 of at most 3)" in proc.stderr and "restarting group 0" not in proc.stderr
+    assert_ran_in_the_image(run_dir, with_torchft)
+    second = rundir.rank_log(run_dir, 1).read_text().split("restarted, rejoining")[0].rsplit("INFO rank 0/1", 1)[1]
+    assert f"in the image {with_torchft} (oci; root" in second  # the restarted group's start, in the image too
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = [(row["event"], row["group"]) for row in rows if row.get("kind") == "replica"]
+    assert events == [("dropped", 1), ("rejoined", 1)], events
+    finals = {re.findall(r"final parameter digest (\w+)", rundir.rank_log(run_dir, r).read_text())[-1] for r in (0, 1)}
+    assert len(finals) == 1, finals

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hpc_train.records import rundir
+
 REQUESTS_VARIABLE = "HPC_TRAIN_REQUESTS"
 REQUEUE, REFUSE = "requeue", "refuse"
 
@@ -31,7 +33,7 @@ def write(action: str, exclude: Optional[List[str]] = None, message: str = "", w
     if path is None:
         return False
     record: Dict[str, Any] = {"action": action, "exclude": list(exclude or []), "message": message, "why": why}
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+    partial = rundir.temporary_name(path)
     partial.write_text(json.dumps(record))
     partial.replace(path)
     return True

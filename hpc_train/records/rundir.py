@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
@@ -181,13 +183,20 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def temporary_name(path: Path) -> Path:
+    """A name beside `path` that no other writer takes, on any node and in any container (whose first process is
+    pid 1 on every node): a hidden ``.NAME.tmp<host>.<pid>.<random>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}")
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], None], before: Optional[Callable[[str], None]] = None) -> None:
     """`write` into a temporary file beside `path`, flush, fsync, rename, fsync the folder: never a torn file under
     `path`; the temporary file is removed when any of it fails. The one atomic writer of hpc_train. `before` is
     called with ``"fsync"`` and ``"rename"`` just before each (a test hook that injects a failure there)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temporary_name(path)
     hook = before or (lambda point: None)
     try:
         with open(tmp, "wb") as handle:

@@ -35,6 +35,7 @@ from hpc_train.processes.rank_env import (
 from hpc_train.records import replicas as marks
 from hpc_train.records import rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
+from hpc_train.records.rank_errors import death_cause
 from hpc_train.records.rundir import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_REFUSED
 from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
@@ -159,7 +160,7 @@ class GroupSteps:
                         flush=True,
                     )
                     return code or 1
-                how = "hung: its watchdog named the rank above" if code == EXIT_HUNG else f"exit {code}"
+                how = "hung: its watchdog named the rank above" if code == EXIT_HUNG else f"srun {death_cause(code)}"
                 print(
                     f"hpc-train: replica group {group}'s step on {','.join(self.nodes[group])} ended ({how})"
                     " before the group finished; the other groups train on",

@@ -76,6 +76,7 @@ def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
 
 
 def run_image(plan: RunPlan, stage: bool) -> Optional[LocalContainer]:
+    """The image every local rank of `plan` runs in (None: no container); `stage`: hpc_train's library copied now."""
     return local_container(
         ContainerSettings.from_section(plain(plan.config.get("container"))),
         [str(plan.run_dir.absolute().parent)],

@@ -152,6 +152,14 @@ def test_oci_step_writes_its_bundle_and_gives_the_image_path(layout, bundle, tmp
     assert "--unset=SLURM_PROCID" in agent  # the batch shell's would reach every task: the first rank derives it
 
 
+def test_a_plain_sbatch_scripts_ranks_are_not_silently_run_outside_the_image(bundle, tmp_path):
+    """launcher=sbatch only writes the job spec: the script's own srun starts the ranks, on the host's Python."""
+    with pytest.raises(ConfigError, match="does not put them in the image") as refused:
+        _plan(["launcher=sbatch", "resources.gpus_per_node=1", "container=oci", f"container.image={bundle}"], tmp_path)
+    assert refused.value.key == "container" and "launcher=slurm" in refused.value.fix
+    assert "container=none" in refused.value.fix
+
+
 def test_oci_refuses_more_than_one_task_per_node(bundle, tmp_path):
     with pytest.raises(ConfigError, match="one task per node") as refused:
         _plan(["strategy=ddp", "container=oci", f"container.image={bundle}"], tmp_path)

@@ -470,9 +470,17 @@ def check_container_keys(cfg: ConfigView, parallel: Parallelism, run_dir: Path) 
     """The image and its mounts, against the layout, the run dir and the submitting dir
     (hpc_train.containers.checks)."""
     settings = ContainerSettings.from_section(plain(cfg.get("container")))
-    on_this_machine = launcher_kind(cfg.launcher.name).on_this_machine
+    kind = launcher_kind(cfg.launcher.name)
+    if kind.prepares_only and settings.enabled:  # the ranks start from the user's script: its srun, not ours
+        raise ConfigError(
+            "container",
+            f"launcher={kind.name} only writes the job spec; your sbatch script's own srun line starts the ranks, and"
+            f" it does not put them in the image of container.name={settings.name}.",
+            "submit with launcher=slurm, whose srun line runs every rank in the image (`hpc-train launcher=slurm"
+            " dry_run=true ...` prints it), or start the ranks in the image in your script and pass container=none.",
+        )
     binds = [os.getcwd(), str(Path(run_dir).absolute().parent)]
-    check_container(settings, binds, on_this_machine, tasks_per_node=parallel.layout.tasks_per_node)
+    check_container(settings, binds, kind.on_this_machine, tasks_per_node=parallel.layout.tasks_per_node)
 
 
 def validate(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:

@@ -94,6 +94,14 @@ def test_a_profile_of_steps_3_to_4_writes_one_chrome_trace_per_chosen_rank_with_
     assert str(traces[0]) in (profiled / "stdout.txt").read_text()  # rank 0 names where the traces are
 
 
+def test_the_profilers_own_lines_go_to_each_ranks_log_not_the_terminal(profiled):
+    printed = (profiled / "stdout.txt").read_text()
+    assert "profiler_start" not in printed and "USDT" not in printed, printed
+    for rank in (0, 1):  # kineto writes them from C++ to the process's stderr: kept, in the rank's own log
+        log = (profiled / "logs" / f"rank{rank}.log").read_text()
+        assert "profiler_start" in log and "profiler_stop" in log, log
+
+
 def test_the_report_reads_the_traces_without_torch_and_names_the_slow_rank(profiled):
     code = (
         "import sys; from hpc_train.report.command import main; code = main([sys.argv[1], '--profile']);"

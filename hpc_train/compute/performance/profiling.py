@@ -5,20 +5,42 @@ with ``trainer.profile.memory=true``, the allocator's history as a memory snapsh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from hpc_train.compute.performance.settings import ProfileSettings
 from hpc_train.compute.performance.step_clock import StepClock
+from hpc_train.records import rundir
 from hpc_train.records.profile_traces import STEP_PREFIX, memory_snapshot_path, trace_path
 
 log = logging.getLogger("hpc_train")
 SNAPSHOT_ENTRIES = 100_000  # allocation events the CUDA allocator's history keeps
+
+
+@contextlib.contextmanager
+def native_output_in_log(run_dir: Path, rank: int) -> Iterator[None]:
+    """The process's stderr (file descriptor 2) appended to the rank's log while the profiler starts or stops: the
+    profiler library writes its own lines there from C++ (``USDT:... profiler_start``), which no log level silences
+    and which are no business of the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(rundir.rank_log(run_dir, rank), "ab") as log_file:
+            os.dup2(log_file.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 class StepProfiler:
@@ -75,7 +97,8 @@ class StepProfiler:
         self._profile = profile(
             activities=activities, record_shapes=True, with_stack=True, profile_memory=bool(self.settings.memory)
         )
-        self._profile.__enter__()
+        with native_output_in_log(self.run_dir, self.rank):
+            self._profile.__enter__()
         clock.annotate = True
         log.info("profiling steps %d-%d on rank %d", self.first, self.last, self.rank)
 
@@ -83,7 +106,8 @@ class StepProfiler:
         prof, self._profile = self._profile, None
         clock.annotate = False
         assert prof is not None
-        prof.__exit__(None, None, None)
+        with native_output_in_log(self.run_dir, self.rank):
+            prof.__exit__(None, None, None)
         last = min(self.last, self._last_started)
         path = trace_path(self.run_dir, self.rank, self.first, last)
         written = []

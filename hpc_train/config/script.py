@@ -112,8 +112,8 @@ RULES: Tuple[Rule, ...] = (
         "'val loss ([0-9.]+)'",
         null="no objective from the script's output",
         fix=(
-            "give a regular expression with one group around the number, e.g. script.objective_regex='val loss "
-            "([0-9.]+)'."
+            "give a regular expression with one group around the number, e.g. \"script.objective_regex='val loss "
+            "([0-9.]+)'\" (double quotes for the shell, single ones for Hydra)."
         ),
         doc=(
             "A regex with one group, e.g. 'val loss ([0-9.]+)': its last match in the script's output is the "

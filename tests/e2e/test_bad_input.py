@@ -28,7 +28,13 @@ from tests.support.cli import TINY, TINY_TRAINER, run_cli
         (["trainer.lrr=0.1"], "trainer.lrr", "lr"),
         (["sed=1"], "sed", "seed"),
         # quotes that would break the command line are refused, not passed on half-parsed
-        (['job_name=a"b'], "job_name", "job_name='my value'"),
+        (['job_name=a"b'], "job_name", '"job_name=\'a\\"b\'"'),
+        # the character named, and a fix that survives the shell's quote removal
+        (
+            ["container.image=nvcr.io#nvidia/pytorch:24.05-py3"],
+            "container.image",
+            "\"container.image='nvcr.io#nvidia/pytorch:24.05-py3'\"",
+        ),
         # GPU count incompatible with the strategy, chunks that do not divide the batch
         (
             ["launcher=slurm", "strategy=model_parallel", "strategy.stages=3", "resources.gpus_per_node=2"],

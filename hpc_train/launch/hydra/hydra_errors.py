@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Tuple
 
@@ -47,7 +48,7 @@ def translate(err: BaseException, argv: Sequence[str] = ()) -> Optional[ConfigEr
     if isinstance(err, ConfigError):
         return err
     if isinstance(err, OverrideParseException):
-        return _unparsable(err.override)
+        return _unparsable(err.override, str(err))
     if isinstance(err, MissingConfigException):
         return _missing_option(err)
     if isinstance(err, SearchPathException):
@@ -106,14 +107,49 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0].rstrip(".") if text else type(err).__name__
 
 
-def _unparsable(override: str) -> ConfigError:
-    key = str(override).split("=", 1)[0].lstrip("+~") or str(override)
+def _unparsable(override: str, message: str = "") -> ConfigError:
+    key, _, value = str(override).partition("=")
+    key = key.lstrip("+~") or str(override)
+    found = _refused_character(str(override), message)
+    what = "an unbalanced quote or bracket, or a character that needs quoting"
+    if found is not None:
+        what = f"it has an unbalanced quote ({found!r})" if found in "'\"" else f"the character {found!r} needs quoting"
     return ConfigError(
         key,
-        f"the override {override!r} cannot be parsed (an unbalanced quote, or a character such as '\"', ',' or a space"
-        " that needs quoting).",
-        f"quote the value as a whole, e.g. {key}='my value', or leave the special characters out.",
+        f"the override {override!r} cannot be parsed: {what}.",
+        f"quote the value for Hydra inside quotes for the shell, as in {pasteable(key, value)} (the shell removes the"
+        " outer quotes, Hydra reads the inner ones), or leave the special characters out.",
     )
+
+
+_LEXER_ERROR = "LexerNoViableAltException: "
+
+
+def _refused_character(override: str, message: str) -> Optional[str]:
+    """The character Hydra's parser stopped at: its lexer marks it with a caret under the override (the line above
+    opens with the exception's name); its parser names it as 'mismatched' or 'extraneous' input, or the first
+    bracket of the input it found no way to read."""
+    lines = message.splitlines()
+    if len(lines) >= 2 and lines[0].startswith(_LEXER_ERROR) and "^" in lines[1]:
+        at = lines[1].index("^") - len(_LEXER_ERROR)
+        return override[at] if 0 <= at < len(override) else None
+    named = re.search(r"(?:mismatched|extraneous) input '\s*(\S)", message)
+    if named:
+        return named.group(1)
+    token = re.search(r"no viable alternative at input '([^']*)'", message)
+    brackets = [c for c in token.group(1) if c in "()[]{}"] if token else []
+    return brackets[0] if brackets else None
+
+
+def pasteable(key: str, value: str) -> str:
+    """`key=value` as a user pastes it into a POSIX shell so that Hydra reads `value` as one string: quoted for Hydra
+    (single quotes; a backslash doubled only before a quote or at the end, Hydra's rule), then for the shell (double
+    quotes, their special characters escaped; single quotes where a '!' would start bash's history expansion)."""
+    hydra = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    override = f"{key}='{hydra}'"
+    if "!" in override:
+        return shlex.quote(override)
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", override) + '"'
 
 
 def _missing_option(err) -> ConfigError:
@@ -166,12 +202,12 @@ def _group_twice(match: "re.Match[str]", cause: Optional[BaseException]) -> Conf
 
 def _comma_without_multirun(match: "re.Match[str]", cause: Optional[BaseException]) -> ConfigError:
     override = match.group(1)
-    key = override.split("=", 1)[0]
+    key, _, value = override.partition("=")
     return ConfigError(
         key,
         f"{override!r} has a comma, which makes it a sweep over several values.",
-        f"add -m (--multirun) to run one job per value, or quote the value ({key}='a,b') or make it a list"
-        f" ({key}=[a,b]).",
+        f"add -m (--multirun) to run one job per value; or quote the value as one string: {pasteable(key, value)};"
+        f" or make it a list: {key}=[{value}].",
     )
 
 

@@ -16,8 +16,8 @@ from typing import List, Optional
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.hosts.ssh import SshError, SshTarget
-from hpc_train.remote.connection import CONNECT_COMMAND, Connection, refusal
-from hpc_train.remote.settings import RemoteSettings
+from hpc_train.remote.connection import Connection, refusal
+from hpc_train.remote.settings import CONNECT_COMMAND, RemoteSettings
 
 DEFAULT_HOURS = 12.0  # a working day: the connection closes itself after this long without a command
 WINDOWS_WORDS = (

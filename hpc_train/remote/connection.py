@@ -16,7 +16,6 @@ from hpc_train.hosts.hosts import SshHost
 from hpc_train.hosts.ssh import SSH_FAILED, SshError, SshTarget, kind_of, remote_line, said_line
 from hpc_train.remote.settings import RemoteSettings
 
-CONNECT_COMMAND = "hpc-train-connect"
 PACKAGE = "hpc-train"
 SERVE = "hpc_train.remote.serve"
 # Asked first, in one round trip, by the cluster's Python itself (it must work with any hpc_train there, or none).
@@ -48,7 +47,7 @@ class Cluster:
 
 def refusal(settings: RemoteSettings, err: SshError) -> ConfigError:
     """ssh's failure said as hpc_train's refusal: what went wrong and the one thing to do."""
-    login, connect = settings.login or "", _connect_hint(settings)
+    login, connect = settings.login or "", settings.connect_command()
     said = f"(ssh said: {err.said})"
     if err.kind == "host_key_unknown":
         return ConfigError(
@@ -87,12 +86,6 @@ def refusal(settings: RemoteSettings, err: SshError) -> ConfigError:
             f"run the command again (a new connection opens; on a two-factor site: {connect} first).",
         )
     return ConfigError("cluster.login", f"ssh to {login} failed {said}.", f"try ssh -v {login}; then {connect}.")
-
-
-def _connect_hint(settings: RemoteSettings) -> str:
-    return (
-        f"{CONNECT_COMMAND} cluster={settings.profile}" if settings.profile else f"{CONNECT_COMMAND} {settings.login}"
-    )
 
 
 class Connection:

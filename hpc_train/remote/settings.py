@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from hpc_train.config import default_of
 from hpc_train.records import rundir
 
+CONNECT_COMMAND = "hpc-train-connect"
 DEFAULT_PARENT = "~/hpc-train"  # cluster.remote_dir's default: ~/hpc-train/<name of the submitting directory>
 
 
@@ -26,6 +28,9 @@ class RemoteSettings:
     sync: str = default_of("cluster.sync")
     sync_limit_mb: int = default_of("cluster.sync_limit_mb")
     profile: str = ""
+    # the words after hpc-train-connect that name this cluster as the command did (its --config-dir, its cluster
+    # choice and its cluster.* overrides); empty: the profile's name, else the login, says it
+    connect_words: Tuple[str, ...] = ()
 
     @classmethod
     def of(cls, cfg: Any) -> "RemoteSettings":
@@ -49,6 +54,14 @@ class RemoteSettings:
     @property
     def enabled(self) -> bool:
         return self.login is not None
+
+    def connect_command(self) -> str:
+        """The hpc-train-connect command that opens this cluster's connection, pasted as it is."""
+        if self.connect_words:
+            words = shlex.join(self.connect_words)
+        else:
+            words = f"cluster={self.profile}" if self.profile else shlex.quote(str(self.login))
+        return f"{CONNECT_COMMAND} {words}"
 
     def project_dir(self, local_root: Path) -> str:
         """Where the project at ``local_root`` lives on the cluster (``~`` still to expand there)."""

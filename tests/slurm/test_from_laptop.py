@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -303,6 +304,38 @@ def test_a_path_only_the_laptop_has_is_refused_and_a_dry_run_needs_no_connection
         laptop, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "--", "train.py", "--data", str(data),
     )  # fmt: skip
     assert done.returncode == 2 and "`script.argv`" in done.stderr and "a path of this machine" in done.stderr
+
+
+def test_a_dry_run_from_the_laptop_prints_the_clusters_script_and_a_connect_hint_that_works_pasted(laptop):
+    """The login set by an override (not by the profile): the dry run's hint, pasted, opens the connection; the
+    script it prints is the cluster's (its Python, its copy of the run dir), never the laptop's, and without a
+    connection it says which parts the cluster fills in."""
+    env, project = laptop["env"], laptop["project"]
+    laptop_python, alias = env["HPC_TRAIN_SSH_LAPTOP_PYTHON"], env["HPC_TRAIN_SSH_ALIAS"]
+    assert as_laptop([laptop_python, "-m", "hpc_train.connect", alias, "--close"]).returncode == 0
+    words = [
+        *TINY, "launcher=slurm", "cluster=slurm", f"cluster.login={alias}",
+        f"cluster.remote_python={env['HPC_TRAIN_SSH_CLUSTER_PYTHON']}", "cluster.cpus_per_gpu=1", "strategy=single",
+        "dry_run=true", "hydra.run.dir=outputs/dry",
+    ]  # fmt: skip
+    dry = hpc_train(laptop, *words)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    hint = re.search(r"; (hpc-train-connect .*) opens one\.", dry.stderr)
+    assert hint, dry.stderr
+    remote_dir = f"~/hpc-train/{project.name}/outputs/dry"
+    assert f"--requests {remote_dir}/slurm" in dry.stdout and str(project) not in dry.stdout, dry.stdout
+    assert laptop_python not in dry.stdout and f"fills in ~ (your home on {alias}" in dry.stdout, dry.stdout
+    pasted = shlex.split(hint.group(1))  # the laptop's venv has no console scripts: its python -m, the same words
+    opened = as_laptop([laptop_python, "-m", "hpc_train.connect", *pasted[1:]], cwd=project)
+    assert opened.returncode == 0 and "connected to" in opened.stdout, hint.group(1) + opened.stdout + opened.stderr
+    dry = hpc_train(laptop, *words)
+    assert dry.returncode == 0 and "no connection" not in dry.stderr, dry.stdout + dry.stderr
+    run_dir = f"{laptop['remote']}/outputs/dry"
+    assert f"#SBATCH --output={run_dir}/slurm/%j_0_log.out" in dry.stdout, dry.stdout
+    agent = next(line for line in dry.stdout.splitlines() if line.startswith("exec "))
+    assert agent.startswith(f"exec {cluster_home()}/") and f"--requests {run_dir}/slurm" in agent, agent
+    assert str(project) not in dry.stdout and laptop_python not in dry.stdout, dry.stdout
+    assert "fills in" not in dry.stdout and f"the run dir {run_dir} there" in dry.stdout, dry.stdout
 
 
 @pytest.mark.parametrize("how", ["rsync", "ssh"])

@@ -204,3 +204,44 @@ def test_a_hydra_apps_profile_with_a_login_is_refused_with_the_way_that_works(tm
     with pytest.raises(ConfigError) as refused:
         app_config.cluster_profile(str(profile))
     assert refused.value.key == "hydra.launcher.cluster" and "hpc-train cluster=... -- your_app.py" in refused.value.fix
+
+
+def test_the_connect_hint_carries_the_overrides_that_name_the_cluster():
+    """hpc-train-connect, pasted, must reach the cluster the command named: the login given as an override (the
+    profile has none), the setup and Python beside it, the user's config dir, the launcher's default profile."""
+    from omegaconf import OmegaConf
+
+    from hpc_train.launch.hydra import forwarding
+
+    hydra_cfg = OmegaConf.create(
+        {
+            "overrides": {
+                "task": ["launcher=slurm", "cluster=slurm", "cluster.login=me@site", "cluster.setup=[module load x]"]
+            },
+            "runtime": {"choices": {"cluster": "slurm"}, "config_sources": []},
+        }
+    )
+    settings = RemoteSettings(
+        login="me@site", profile="slurm", connect_words=tuple(forwarding.connect_words(hydra_cfg))
+    )
+    command = shlex.split(settings.connect_command())
+    assert command == ["hpc-train-connect", "cluster=slurm", "cluster.login=me@site", "cluster.setup=[module load x]"]
+    hydra_cfg.overrides.task = ["launcher=slurm", "+cluster.login=me@site"]  # the cluster is the launcher's default
+    hydra_cfg.runtime.config_sources = [{"provider": "command-line", "schema": "file", "path": "/p/my conf"}]
+    assert forwarding.connect_words(hydra_cfg) == [
+        "--config-dir",
+        "/p/my conf",
+        "cluster=slurm",
+        "+cluster.login=me@site",
+    ]
+    assert RemoteSettings(login="me@site").connect_command() == "hpc-train-connect me@site"
+
+
+def test_a_laptops_dry_run_names_the_clusters_run_dir_and_what_the_cluster_fills_in(tmp_path):
+    local = paths.ClusterSide("site", "python3", "~/hpc-train/proj", tmp_path, resolved=False)
+    rendered = local.render_dir(tmp_path / "outputs" / "a")
+    assert rendered.is_absolute() and local.shown(str(rendered)) == "~/hpc-train/proj/outputs/a"
+    assert "fills in ~" in local.note("~/hpc-train/proj/outputs/a") and "python3" in local.note("~/x")
+    there = paths.ClusterSide("site", "/opt/py/bin/python", "/home/me/hpc-train/proj", tmp_path, resolved=True)
+    assert there.render_dir(tmp_path / "outputs" / "a") == Path("/home/me/hpc-train/proj/outputs/a")
+    assert "fills in" not in there.note("/home/me/hpc-train/proj/outputs/a")

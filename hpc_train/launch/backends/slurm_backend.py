@@ -3,6 +3,8 @@ on a queued job (its state from squeue and sacct, or the run dir without account
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Dict
 
 from hpc_train.jobs import job_states as states
@@ -16,6 +18,8 @@ from hpc_train.launch.planning.replica_checks import say_groups
 from hpc_train.pack.records import is_packed_id, split_packed_id
 from hpc_train.pack.status import SharedPackedStates
 from hpc_train.records import run_claim, rundir
+from hpc_train.remote.paths import cluster_side
+from hpc_train.remote.settings import RemoteSettings
 from hpc_train.slurm import slurm_cli
 
 
@@ -24,8 +28,16 @@ class SlurmBackend(Backend):
     follows it to the end of its last attempt (``launcher.wait``)."""
 
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
-        job = slurm.prepare(plan, spec)  # the partition and capacity checks run in a dry run too
-        print(slurm_script.render_sbatch(plan.run_dir / rundir.SLURM_LOGS, job.params))
+        """The sbatch script printed, as the machine that submits it will write it: from a laptop (cluster.login),
+        the cluster's Python and run dir, what only the cluster knows said plainly."""
+        side = cluster_side(RemoteSettings.of(plan.config), Path.cwd()) if plan.config.cluster.get("login") else None
+        shown = plan if side is None else replace(plan, run_dir=side.render_dir(plan.run_dir))
+        job = slurm.prepare(shown, spec)  # the partition and capacity checks run in a dry run too
+        python = side.python if side else None
+        script = slurm_script.render_sbatch(shown.run_dir / rundir.SLURM_LOGS, job.params, python)
+        print(script if side is None else side.shown(script))
+        if side is not None:
+            print(f"hpc-train (dry run): {side.note(side.path_of(plan.run_dir))}")
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
         say_groups(plan.config, plan.layout, slurm=True)
         return 0

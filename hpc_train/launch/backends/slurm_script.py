@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from hpc_train.launch.backends.slurm_step import STEP_KEY, step_python
 
@@ -25,8 +25,9 @@ def sbatch_flag(key: str, value: Any) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
-def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
-    """The sbatch script submitit submits for one job with these parameters (nothing is submitted).
+def render_sbatch(folder: Path, params: Dict[str, Any], python: Optional[str] = None) -> str:
+    """The sbatch script submitit submits for one job with these parameters (nothing is submitted); `python`: the
+    submitting Python, when it is not this one (a laptop's dry run shows the cluster's).
 
     hpc_train renders it itself: submitit has no public way to render its script without
     submitting (only private methods), so hpc_train owns this text, line for line what submitit
@@ -54,6 +55,6 @@ def render_sbatch(folder: Path, params: Dict[str, Any]) -> str:
     lines = ["#!/bin/bash", "", "# Parameters", *(sbatch_flag(key, options[key]) for key in sorted(options))]
     if params.get("setup") is not None:
         lines += ["", "# setup", *params["setup"]]
-    command = f"{step_python(folder, params)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    command = f"{step_python(folder, params, python=python)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", command, ""]
     return "\n".join(lines)

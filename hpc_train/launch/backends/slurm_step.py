@@ -44,6 +44,7 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
             "spare_nodes": int(node["spare_nodes"]),
             "min_replicas": int(node["min_replicas"]),
             "timeout_s": float(node["timeout_s"]),
+            "heartbeat_timeout_s": float(node["heartbeat_timeout_s"]),
             "max_restarts": int(node["max_restarts"]),
             "run_dir": str(Path(run_dir).absolute()),
         }
@@ -74,16 +75,20 @@ def log_pattern(folder: Path, array: bool, stream: str) -> str:
     return pattern.replace("%j", "%A_%a") if array else pattern
 
 
-def step_python(folder: Path, params: Dict[str, Any], array: bool = False, stage: bool = False) -> str:
+def step_python(
+    folder: Path, params: Dict[str, Any], array: bool = False, stage: bool = False, python: Optional[str] = None
+) -> str:
     """submitit's ``python`` for this job (the words before ``-u -m submitit.core._submit FOLDER``): the agent, then
     the step's srun line up to the Python that runs each task. `stage`: write what the container needs (an OCI
-    bundle, hpc_train's library) now; a dry run only names it."""
+    bundle, hpc_train's library) now; a dry run only names it. `python`: the submitting Python (default: this one;
+    a laptop's dry run names the cluster's)."""
+    python = python or sys.executable
     step = params.get(STEP_KEY) or {}
     container = container_of(step, folder, stage)
-    agent: List[str] = [sys.executable, "-m", AGENT, "--requests", str(_job_files(folder))]
+    agent: List[str] = [python, "-m", AGENT, "--requests", str(_job_files(folder))]
     if step.get("replicas"):
         agent += ["--replicas", json.dumps(step["replicas"], sort_keys=True)]
-    inner: List[str] = [sys.executable]
+    inner: List[str] = [python]
     flags: List[str] = []
     if container is not None:
         agent += [f"--unset={name}" for name in container.unset]

@@ -9,15 +9,18 @@ checks that need the cluster (capacity) go over the connection when one is open,
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional
+
+from hydra.core.hydra_config import HydraConfig
 
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.hosts import hosts
 from hpc_train.hosts.ssh import SshTarget
 from hpc_train.launch.planning.errors import Forwarded
 from hpc_train.remote import paths, sync
-from hpc_train.remote.connection import CONNECT_COMMAND, Connection
+from hpc_train.remote.connection import Connection
 from hpc_train.remote.forward import Dropped, forward
 from hpc_train.remote.settings import RemoteSettings
 
@@ -30,15 +33,34 @@ def wanted(cfg: Any) -> bool:
     return bool(cfg.cluster.get("login")) and not launcher_kind(cfg.launcher.name).on_this_machine
 
 
-def dry_run_commands(cfg: Any) -> None:
+def settings_of(cfg: Any, hydra_cfg: Any) -> RemoteSettings:
+    """The cluster of this command, with the hpc-train-connect words that name it as the command did."""
+    return replace(RemoteSettings.of(cfg), connect_words=tuple(connect_words(hydra_cfg)))
+
+
+def connect_words(hydra_cfg: Any) -> List[str]:
+    """What hpc-train-connect needs to reach the cluster this command names: its ``--config-dir``, its cluster
+    option (the launcher's default included) and its ``cluster.*`` overrides (``cluster.login=`` among them)."""
+    if hydra_cfg is None:
+        return []
+    config_dir = _config_dir(hydra_cfg)
+    words = ["--config-dir", str(config_dir)] if config_dir is not None else []
+    own = [o for o in hydra_cfg.overrides.task if o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] == "cluster"]
+    if not any(o.lstrip("+~").startswith("cluster=") for o in own):
+        choice = hydra_cfg.runtime.choices.get("cluster")
+        words += [f"cluster={choice}"] if choice else []
+    return words + [str(o) for o in own]
+
+
+def dry_run_commands(cfg: Any, hydra_cfg: Any = None) -> None:
     """A dry run's checks that ask Slurm go to the cluster when a connection is open; else they are skipped, said."""
-    settings = RemoteSettings.of(cfg)
+    settings = settings_of(cfg, hydra_cfg if hydra_cfg is not None else _current_hydra())
     if SshTarget(str(settings.login)).master_alive():
         hosts.use(Connection(settings).host())
         return
     print(
         f"hpc-train (dry run): no connection to {settings.login} is open, so the checks that ask the cluster"
-        f" (partitions, capacity) were skipped; {CONNECT_COMMAND} cluster={settings.profile} opens one.",
+        f" (partitions, capacity) were skipped; {settings.connect_command()} opens one.",
         file=sys.stderr,
     )
     hosts.use(hosts.Unconnected(str(settings.login)))
@@ -46,7 +68,7 @@ def dry_run_commands(cfg: Any) -> None:
 
 def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) -> None:
     """Sync, then run this command on the cluster; raises Forwarded with its exit status (always)."""
-    settings = RemoteSettings.of(cfg)
+    settings = settings_of(cfg, hydra_cfg)
     root = Path(str(hydra_cfg.runtime.cwd))
     conn = Connection(settings)
     cluster = conn.open(settings.project_dir(root))
@@ -82,6 +104,11 @@ def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) ->
     if outcome.code == 0:  # else the cluster's last line says what happened
         print(f"hpc-train: on {settings.login}: {remote}; its records here: {local_dir} (hpc-train-report {local_dir})")
     raise Forwarded(outcome.code, outcome.refusal)
+
+
+def _current_hydra() -> Any:
+    """Hydra's config of the running command (None outside one)."""
+    return HydraConfig.get() if HydraConfig.initialized() else None
 
 
 def _config_dir(hydra_cfg: Any) -> Optional[Path]:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from hpc_train.compute.entry.script_job import ScriptFailed
 from hpc_train.compute.entry.train import load_job_spec, train
 from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
-from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.runtime.refusal import REFUSALS
 from hpc_train.compute.runtime.requeue import requeue_after_stop
 from hpc_train.pack.records import PACKED_ENV
 from hpc_train.records.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
@@ -44,7 +44,7 @@ def run_spec(spec: DictConfig) -> int:
     except ScriptFailed as failed:  # the user's script failed: what and where, no traceback of ours
         print(f"hpc-train: {failed}", file=sys.stderr)
         return EXIT_FAILED
-    except Refusal as refusal:  # one line, no traceback (rank 0's log has already put it on the console)
+    except REFUSALS as refusal:  # one line, no traceback (rank 0's log has already put it on the console)
         if not refusal.on_console:
             print(f"hpc-train: {refusal}", file=sys.stderr)
         return EXIT_REFUSED

@@ -20,6 +20,8 @@ module (no torch here: the login node uses it too)::
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -28,7 +30,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
 
 JOB_CONFIG = "job_config.yaml"
 SUMMARY = "summary.json"
@@ -227,6 +229,55 @@ def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], N
     write_atomic(path, write)
 
 
+# -- a full disk while writing a record -----------------------------------------------------------
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left, or the user's quota reached
+FREE_AND_RERUN = "free space on that file system (old runs' checkpoints, quota), then run the same command again"
+
+
+class RecordNotWritten(Exception):
+    """A run's or a sweep's record that a full disk (or a quota) kept from being written: ``str(err)`` is the one
+    message (which file, what was kept, the fix); the command stops with EXIT_REFUSED, no traceback."""
+
+    on_console = False  # as a rank's Refusal: set once rank 0's log put the message on the console
+
+
+def no_space_message(path: Path, kept: str, fix: str = FREE_AND_RERUN) -> str:
+    path = Path(path)
+    return f"no space left to write {path.name} in {path.parent}: {kept}. Fix: {fix}."
+
+
+@contextlib.contextmanager
+def recording(path: Path, kept: str, fix: str = FREE_AND_RERUN) -> Iterator[None]:
+    """Around the write of the record `path`: a full disk (ENOSPC, EDQUOT) becomes :class:`RecordNotWritten`,
+    naming the file and what was `kept`; any other error passes unchanged."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FULL_ERRNOS:
+            raise
+        raise RecordNotWritten(no_space_message(path, kept, fix)) from None
+
+
+def append_whole(path: Path, text: str, durable: bool = False) -> None:
+    """`text` (whole lines) appended to `path`, or nothing: a write cut short (a full disk) is cut off again, so the
+    file never ends in half a line that the next append would glue to its own. `durable`: fsynced too."""
+    data = memoryview(text.encode())
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            while data:  # a write may take part of it, and the next one fail
+                data = data[os.write(fd, data) :]
+            if durable:
+                os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 def write_durable(path: Path, data: bytes) -> None:
     """`data` written in place, flushed and fsynced: for the files of a temporary folder that is renamed whole."""
     with open(path, "wb") as handle:
@@ -236,11 +287,9 @@ def write_durable(path: Path, data: bytes) -> None:
 
 
 def append_line_durable(path: Path, line: str) -> None:
-    """One line appended and fsynced (a record that must survive the process being killed right after)."""
-    with open(path, "a") as handle:
-        handle.write(line + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    """One line appended and fsynced (a record that must survive the process being killed right after), whole or not
+    at all (append_whole)."""
+    append_whole(path, line + "\n", durable=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -250,6 +299,14 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_json_atomic(path: Path, data: Any) -> None:
     """JSON that readers never see half-written."""
     write_text_atomic(path, json.dumps(data, indent=2))
+
+
+def write_summary(run_dir: Path, summary: Dict[str, Any]) -> None:
+    """summary.json, atomically: a full disk keeps the previous one (a resumed run's) and says so."""
+    path = Path(run_dir) / SUMMARY
+    kept = "training ran to its end; the checkpoints and metrics are kept, and the previous summary.json (if any)"
+    with recording(path, kept, FREE_AND_RERUN + " to write it from the last checkpoint"):
+        write_json_atomic(path, summary)
 
 
 def read_json(path: Path) -> Optional[Any]:

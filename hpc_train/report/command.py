@@ -473,6 +473,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return status
+    except rundir.RecordNotWritten as full:
+        print(f"hpc-train-report: no plot written: {full}", file=sys.stderr)
+        return rundir.EXIT_REFUSED
     print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
     return status
 

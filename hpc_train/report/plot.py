@@ -7,6 +7,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, List, Sequence
 
+from hpc_train.records import rundir
+
 
 def _short_label(job: Any, own: List[str], width: int = 28) -> str:
     text = " ".join(own) if own else (job.strategy or "")
@@ -136,8 +138,9 @@ def write_png(jobs: Sequence[Any], common: List[str], own: List[List[str]], titl
             shared = shared[:2] + [f"... and {len(common) - shown} more (all in the printed table's header)"]
         lines += shared
     fig.suptitle("\n".join(lines), fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    kept = "the table above is complete, and the previous plot (if any) is kept"
+    with rundir.recording(path, kept, "free space on that file system, or pass --png /elsewhere.png or --no-png"):
+        rundir.write_atomic(path, lambda handle: fig.savefig(handle, dpi=110, format="png"))
 
 
 def _readable_loss_axis(ax, losses: List[float]) -> None:

@@ -10,13 +10,18 @@ there torch's zip writer raises a RuntimeError whose context is the OSError."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import TINY, assert_ok, checkpoint_steps, read_summary, run_cli
+from hpc_train.records.rundir import read_jsonl
+from tests.support.cli import TINY, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
+from tests.support.paths import REPO
 
 # The issue's command, scaled down: 30 steps, a checkpoint every 10, of a toy MLP on 16x16 images (about 600 KiB).
 SINGLE = [
@@ -123,3 +128,77 @@ def test_disk_full_with_two_ranks_is_one_message_and_keeps_the_previous_one(stra
         again = run_cli(args, run_dir)
         assert again.returncode == 2 and "older hpc-train" in again.stdout + again.stderr, again.stdout + again.stderr
         assert last_line(again).startswith("hpc-train: the job refused to start (exit code 2)"), again.stdout
+
+
+# -- the run's records: metrics.jsonl, the rank logs, attempts.jsonl, summary.json ------------------------------------
+RECORDS = [
+    *TINY,
+    "strategy=single",
+    "trainer.epochs=100",
+    "trainer.max_steps=400",
+    "trainer.log_every=1",
+    "trainer.checkpoint_every=0",
+]
+RECORD_FILES = ("metrics.jsonl", "rank0.log", "attempts.jsonl", "summary.json")
+
+
+def fill(disk: Path) -> Path:
+    """The disk filled to its last byte by a file of the test's own (removed again to free the space)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (1 << 20, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+def every_line_whole(path: Path) -> list:
+    """Every line of a JSONL record parses (no half line a full disk left for the next append to glue onto)."""
+    text = path.read_text()
+    assert text.endswith("\n"), text[-200:]
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_a_full_disk_while_the_run_writes_its_records_is_one_message_and_nothing_written_is_lost(small_disk):
+    disk = small_disk(8 * 1024)
+    run_dir = disk / "run"
+    out = disk.parent / "out.txt"
+    with out.open("w") as printed:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hpc_train.cli", *RECORDS, f"hydra.run.dir={run_dir}"],
+            cwd=REPO,
+            env=dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.02"),
+            stdout=printed,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: len(read_jsonl(run_dir / "metrics.jsonl")) >= 5, 120, "5 metrics rows")
+            filler = fill(disk)
+            assert proc.wait(timeout=120) == 2, out.read_text()
+        finally:
+            proc.kill()
+    text = out.read_text()
+    assert "Traceback" not in text and "Logging error" not in text and "Errno" not in text, text
+    said = re.findall(r"no space left to write (\S+) in (\S+): ([^.]+)\. Fix: free space", text)
+    assert said and said[0][0] in RECORD_FILES and "kept" in said[0][2], text
+    assert "hpc-train:" in text.strip().splitlines()[-1], text  # the last line is hpc-train's
+    steps = [row["step"] for row in every_line_whole(run_dir / "metrics.jsonl") if row["kind"] == "train"]
+    assert len(steps) >= 5 and steps == list(range(1, len(steps) + 1)), steps
+    every_line_whole(run_dir / "attempts.jsonl")
+    report = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report.command", str(run_dir)], capture_output=True, text=True, cwd=REPO
+    )
+    # the report reads every record; its plot, on the same full disk, is one message too
+    assert "Traceback" not in report.stderr and "COMPLETED" not in report.stdout, report.stdout + report.stderr
+    assert report.returncode == 2 and "no plot written: no space left to write report.png" in report.stderr
+    filler.unlink()  # space freed: the same command runs to its end, its records whole
+    again = run_cli(RECORDS, run_dir)
+    assert_ok(again)
+    assert read_summary(run_dir)["global_step"] == 400
+    assert [row["step"] for row in every_line_whole(run_dir / "metrics.jsonl") if row["kind"] == "train"][-1] == 400

@@ -430,5 +430,5 @@ def _finish(
         except ValueError:
             log.warning("script.objective_regex matched %r, which is not a number", found)
     attempts.end(run_dir, attempt, "finish", int(last.get("step") or 0))
-    rundir.write_json_atomic(run_dir / rundir.SUMMARY, summary)
+    rundir.write_summary(run_dir, summary)
     return summary

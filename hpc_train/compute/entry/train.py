@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -19,7 +20,7 @@ from hpc_train.compute.runtime.allocation import allocation_mismatch, settle_lay
 from hpc_train.compute.runtime.garbage import release_before_teardown
 from hpc_train.compute.runtime.interrupts import TrainingInterrupted
 from hpc_train.compute.runtime.ranks import RankInfo, detect_ranks
-from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.runtime.refusal import REFUSALS, Refusal
 from hpc_train.compute.runtime.runlog import setup_logging
 from hpc_train.compute.settings import JobSettings, backend_section, section
 from hpc_train.config.strategy import strategy_id
@@ -29,6 +30,7 @@ from hpc_train.processes.rank_env import LIGHTHOUSE_VARIABLE
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import run_claim
 from hpc_train.records.rank_errors import write_error_record
+from hpc_train.records.rundir import RecordNotWritten
 
 
 def load_job_spec(path: Path) -> DictConfig:
@@ -203,12 +205,13 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         raise
     except BaseException as err:
         write_error_record(run_dir, ranks.global_rank, err)  # first, before peers see broken connections
-        if isinstance(err, Refusal):
+        if isinstance(err, REFUSALS):
             log.error("%s", err)
             err.on_console = ranks.is_main
         else:
             log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
-        record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
+        with contextlib.suppress(RecordNotWritten):  # a full disk: the first record refused is the message
+            record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
         raise
     finally:
         if group is not None:

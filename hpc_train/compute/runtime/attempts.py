@@ -31,7 +31,9 @@ FROM_SLURM = "slurm"  # an end record's source when Slurm's accounting said how 
 
 
 def _append(run_dir: Path, record: Dict[str, Any]) -> None:
-    rundir.append_line_durable(Path(run_dir) / rundir.ATTEMPTS, json.dumps(record))
+    path = Path(run_dir) / rundir.ATTEMPTS
+    with rundir.recording(path, "the earlier attempts' records are kept whole, and the checkpoints with them"):
+        rundir.append_line_durable(path, json.dumps(record))
 
 
 KILLED = "killed without a word (SIGKILL, node failure or out of memory)"

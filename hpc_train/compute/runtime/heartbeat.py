@@ -108,6 +108,7 @@ class Heartbeat:
         self.stop_first: Optional[float] = None  # time.time() of the first stop signal
         self.stops = 0  # stop signals received (a repeat within REPEAT_WINDOW_S counts once)
         self._log_file = None
+        self._disk_full_said = False
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
         self._wakeup: Optional[int] = None
@@ -206,7 +207,11 @@ class Heartbeat:
                 if self.watching:
                     self._watch()
             except OSError as err:  # a full or unreachable disk must not end the rank from here
-                log.warning("heartbeat: %s", err)
+                if err.errno not in rundir.DISK_FULL_ERRNOS:
+                    log.warning("heartbeat: %s", err)
+                elif not self._disk_full_said:  # the main thread says it, at its next record: here the log only
+                    self._disk_full_said = True
+                    log_to_file(f"heartbeat: {err}", logging.WARNING)
             except Exception as err:  # never a traceback from this thread: say it once and carry on
                 if not self._closing.is_set():
                     log.warning("heartbeat: %s: %s", type(err).__name__, err)

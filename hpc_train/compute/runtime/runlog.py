@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -12,6 +13,40 @@ from typing import Any, Dict, Optional
 from tqdm import tqdm
 
 from hpc_train.records import rundir
+
+
+class RankLogHandler(logging.FileHandler):
+    """A rank's log file that a full disk stops: no traceback of logging's own (``--- Logging error ---``), nothing
+    more written, and the rank's main thread stops with one message (RecordNotWritten) at its next line; a line
+    logged by another thread meanwhile only marks it."""
+
+    full = False  # the disk filled while writing a line: nothing more is written
+    told = False  # RecordNotWritten raised (once, in the main thread)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.full:
+            self._tell(sys.exc_info()[1])
+            return
+        super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError) or err.errno not in rundir.DISK_FULL_ERRNOS:
+            super().handleError(record)
+            return
+        self.full = True
+        self._tell(err.__context__)
+
+    def _tell(self, handling: Optional[BaseException]) -> None:
+        """Raise once, in the main thread, and never over an error being handled (a failing rank's last lines: the
+        first error is the message)."""
+        if self.told or handling is not None or threading.current_thread() is not threading.main_thread():
+            return
+        self.told = True
+        raise rundir.RecordNotWritten(rundir.no_space_message(Path(self.baseFilename), LOG_KEPT))
+
+
+LOG_KEPT = "the log's lines before it are kept, and the checkpoints and metrics with them"
 
 
 def setup_logging(run_dir: Path, rank: int) -> logging.Logger:
@@ -23,7 +58,7 @@ def setup_logging(run_dir: Path, rank: int) -> logging.Logger:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s")
-    file_handler = logging.FileHandler(path)
+    file_handler = RankLogHandler(path)
     file_handler.setFormatter(fmt)
     logger.addHandler(file_handler)
     if rank == 0:
@@ -95,6 +130,9 @@ class Progress:
             self.bar = None
 
 
+METRICS_KEPT = "every row written before this one is kept whole, and the checkpoints with it"
+
+
 class MetricsWriter:
     """Rank 0 appends one JSON object per logged step/epoch to ``metrics.jsonl``."""
 
@@ -105,8 +143,8 @@ class MetricsWriter:
     def write(self, record: Dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with rundir.recording(self.path, METRICS_KEPT):
+            rundir.append_whole(self.path, json.dumps(record) + "\n")
 
     def flush(self) -> None:
         """Called before every checkpoint and at the stop signal: the rows written so far survive a kill -9 of this

@@ -571,6 +571,6 @@ class Trainer:
         if weights_name and self.writes_checkpoints:
             save_atomic(weights, self.run_dir / weights_name, f"the final weights {weights_name}")
         if self.is_main:
-            rundir.write_json_atomic(self.run_dir / rundir.SUMMARY, summary)
+            rundir.write_summary(self.run_dir, summary)
         self.metrics.close()
         return summary

@@ -5,7 +5,8 @@ Written in ``<sweep dir>/.hpc_train/pack/``:
 * ``allocation_<k>.json`` (the login node, at submission): the allocation's shape, its sbatch parameters and its
   runs, each with its layout and the command its job step runs; ``job_id`` is filled in once sbatch answered;
 * ``allocation_<k>.events.jsonl`` (the allocation's scheduler, on its batch host, append-only): one line per
-  event of a run (``started``, ``ended``) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``;
+  event of a run (``started``, ``ended``: a failed step's ``said`` and ``srun_log`` when srun itself wrote an
+  error, such as Slurm's refusal of the step) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``;
   ``terminated`` when Slurm's SIGTERM ended it: Slurm's state of the job then says whether it comes back).
 
 Only the scheduler of allocation k writes its events file, so no two writers share a file. The report, ``--watch``,
@@ -21,6 +22,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol
+
+from hpc_train.records import rundir
+from hpc_train.records.rundir import SLURM_LOGS
 
 PACKED_ENV = "HPC_TRAIN_PACKED_RUN"  # set on a packed run's job step: the allocation, not the run, requeues
 FOLDER = Path(".hpc_train") / "pack"
@@ -137,10 +141,8 @@ def events_path(sweep_dir: Path, index: int) -> Path:
 def write_plan(sweep_dir: Path, plan: AllocationPlan) -> Path:
     """Atomically (a reader never sees half a plan)."""
     path = plan_path(sweep_dir, plan.index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    os.replace(tmp, path)
+    with rundir.recording(path, "the sweep's earlier records are kept"):
+        rundir.write_text_atomic(path, json.dumps(plan.to_json(), indent=1) + "\n")
     return path
 
 
@@ -187,6 +189,17 @@ def read_events(sweep_dir: Path, index: int) -> List[Dict[str, Any]]:
     return events
 
 
+def srun_log_path(run_dir: Path, allocation_job_id: str) -> Path:
+    """Where srun's own messages about a run's steps in one allocation go (its tasks' go to their --error files)."""
+    return Path(run_dir) / SLURM_LOGS / f"{allocation_job_id}_srun.err"
+
+
+def refusal(run: "RunState") -> Optional[str]:
+    """Slurm's refusal of the run's job step in Slurm's words, and the file that holds them; None when srun said
+    nothing of its own about the step."""
+    return f"Slurm refused its job step: {run.said} (in {run.srun_log})" if run.said else None
+
+
 def packed_id(allocation_job_id: str, job: str) -> str:
     return f"{allocation_job_id}:{job}"
 
@@ -211,6 +224,8 @@ class RunState:
     started: Optional[float] = None
     ended: Optional[float] = None
     hosts: str = ""
+    said: str = ""  # srun's own error about its step (Slurm refused it), in Slurm's words; "" when none
+    srun_log: str = ""  # the file that holds it
 
 
 def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = None) -> Dict[str, RunState]:
@@ -240,6 +255,8 @@ def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = No
                     current.started,
                     event["time"],
                     current.hosts,
+                    event.get("said", ""),
+                    event.get("srun_log", ""),
                 )
         over = bool((allocation_ended or {}).get(str(plan.job_id)))
         for job, state in listed.items():

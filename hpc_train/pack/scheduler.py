@@ -3,8 +3,12 @@
 One process on the allocation's batch host. It starts each run of its plan (hpc_train.pack.records) as a job step
 (``srun --exact`` with the run's own nodes, tasks, CPUs and GPUs), as many at once as fit, and the next as soon as a
 step ends: first fit, in the plan's order, by free GPUs and CPUs on each node (a multi-node run takes the first
-nodes with room). Slurm binds each step to its own GPUs (``--gres`` on every step; ``CUDA_VISIBLE_DEVICES`` per step)
-and CPUs (``--exact``); ``--mem=0`` lets a step use the node's memory without holding it from the other steps.
+nodes with room). Slurm binds each step to its own GPUs (``--gres`` on every step, ``none`` for a run without GPUs;
+``CUDA_VISIBLE_DEVICES`` per step) and CPUs (``--exact``); ``--mem=0`` lets a step use the node's memory without
+holding it from the other steps. The allocation's own GPU request (``SLURM_GPUS_PER_NODE`` and its kin, which srun
+reads as the step's defaults) is left out of each step's environment: the step's ``--gres`` alone says what it gets.
+srun's own words about a step (a refusal such as "Unable to create step") go to the run's
+``slurm/<allocation>_srun.err``, and its first error line into the run's ``ended`` event (``said``, ``srun_log``).
 
 One run failing (its step's exit code, a hang, a killed step) does not stop the others. On the allocation's signal
 (``#SBATCH --signal=B:<sig>@<s>``, to this process only) it sends the signal to every running step (srun passes it to
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +44,16 @@ PORTS = 500  # the rendezvous ports a step may take after the allocation's own (
 _SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
 # A step's exit code -> the run's state (the worker's codes: hpc_train.records.rundir).
 _ENDINGS = {rundir.EXIT_OK: records.COMPLETED, rundir.EXIT_INTERRUPTED: records.INTERRUPTED}
+# The allocation's GPU request as srun reads it from the environment (sbatch sets them from --gpus-per-node and its
+# kin): a step's own --gres is its whole GPU request, and with SLURM_GPUS_PER_NODE inherited srun refuses
+# `--gres none` ("Invalid Trackable RESource (TRES) specification") and gives `--gres gpu:0` every GPU of the node.
+ALLOCATION_GPU_VARIABLES = (
+    "SLURM_GPUS",
+    "SLURM_GPUS_PER_NODE",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_GPUS_PER_SOCKET",
+    "SLURM_TRES_PER_TASK",
+)
 
 
 @dataclass
@@ -54,6 +69,8 @@ class Step:
     process: subprocess.Popen
     nodes: List[str]
     slot: int
+    srun_log: Path  # srun's own stderr for this step (its tasks' go to --error)
+    srun_offset: int  # where this step's lines begin in it
     started: float = field(default_factory=time.time)
 
 
@@ -126,17 +143,20 @@ class Scheduler:
             node.gpus -= run.gpus_per_node
             node.cpus -= run.cpus_per_node
         slot = min(set(range(PORTS)) - {step.slot for step in self.running})
+        dropped = {*run.unset, *ALLOCATION_GPU_VARIABLES}
         env = {
-            **{key: value for key, value in os.environ.items() if key not in run.unset},
+            **{key: value for key, value in os.environ.items() if key not in dropped},
             **run.environment,
             records.PACKED_ENV: f"{self.job_id}:{run.job}",
             "MASTER_PORT": str(port_for_job(self.job_id) + 1 + slot),
         }
-        log_dir = Path(run.run_dir) / "slurm"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        command = [*step_command(run, [n.name for n in nodes], log_dir), *run.srun_flags, *run.command]
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)  # the submission's directory, as a job's
-        self.running.append(Step(run, process, [n.name for n in nodes], slot))
+        srun_log = records.srun_log_path(Path(run.run_dir), self.job_id)
+        srun_log.parent.mkdir(parents=True, exist_ok=True)
+        command = [*step_command(run, [n.name for n in nodes], srun_log.parent), *run.srun_flags, *run.command]
+        with srun_log.open("a") as stderr:  # the submission's directory, as a job's
+            offset = stderr.tell()
+            process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stderr=stderr)
+        self.running.append(Step(run, process, [n.name for n in nodes], slot, srun_log, offset))
         records.append_event(
             self.sweep_dir,
             self.plan.index,
@@ -157,6 +177,7 @@ class Scheduler:
                     node.gpus += step.run.gpus_per_node
                     node.cpus += step.run.cpus_per_node
             state = _ENDINGS.get(code, records.FAILED)
+            said = srun_said(step.srun_log, step.srun_offset) if state == records.FAILED else None
             records.append_event(
                 self.sweep_dir,
                 self.plan.index,
@@ -165,6 +186,7 @@ class Scheduler:
                 state=state,
                 exit_code=code,
                 seconds=round(time.time() - step.started, 3),
+                **({"said": said, "srun_log": str(step.srun_log)} if said else {}),
             )
 
     # -- time ---------------------------------------------------------------------------
@@ -240,6 +262,27 @@ class Scheduler:
             flush=True,
         )
         return 1 if failed else 0
+
+
+# srun's lines about a task of a step that started (its exit, its signal): the task's own stderr says more
+_TASK_LINE = re.compile(r": tasks? [0-9,-]+: ")
+
+
+def srun_said(path: Path, offset: int = 0) -> Optional[str]:
+    """srun's own first error about a step (Slurm's refusal of it, in Slurm's words), from its stderr file past
+    `offset` (the file is appended to by each step of the run in that allocation); None when it wrote none, or only
+    reported a task's exit."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        line = line.strip()
+        if line.startswith(("srun: error:", "srun: fatal:")) and not _TASK_LINE.search(line):
+            return line
+    return None
 
 
 def step_command(run: PackedRun, nodes: List[str], log_dir: Path) -> List[str]:

@@ -122,7 +122,7 @@ def packed_row(
     (why it left none, once it ended without completing)."""
     folder = app_step.run_folder(sweep_dir, number)
     logs = packed_runs.step_logs(folder, run.job_id if run else None)
-    log = str(logs[0]) if logs else None
+    log = str(logs[0]) if logs else (run.srun_log or None) if run else None  # srun's own, when its step was refused
     state = run.state if run else "UNKNOWN"
     returned = packed_runs.job_return(folder) if state in records.ENDED_STATES else None
     if returned is not None:

@@ -1,9 +1,10 @@
 """A packed run that did not complete, read from its own run dir: why, in one line, and which logs say more.
 
 A packed run's logs are its own: ``<run>/logs/rank<r>.error.json`` (a rank's failure, its traceback in
-``rank<r>.log``) and its job step's ``<run>/slurm/<allocation>_<step>_<task>_log.err``. The allocation's own
+``rank<r>.log``), its job step's ``<run>/slurm/<allocation>_<step>_<task>_log.err``, and srun's own words about its
+steps (Slurm's refusal of one) in ``<run>/slurm/<allocation>_srun.err``. The allocation's own
 ``<sweep>/.hpc_train/pack/<id>.err`` holds the pool's lines, shared by every run it started: never the place
-to look for one run's failure. ``hpc-train-report`` and ``--watch`` print both. A Hydra app's packed run
+to look for one run's failure. ``hpc-train-report`` and ``--watch`` print them. A Hydra app's packed run
 (hpc_train.pack.app_step) says how it ended in the JobReturn its step leaves in its run folder. No torch here.
 """
 
@@ -32,8 +33,10 @@ def error_records(run_dir: Path) -> List[Path]:
 
 
 def logs(run_dir: Path, allocation_job_id: Optional[str]) -> List[Path]:
-    """Where to read why the run failed: its ranks' error records, then its job step's stderr."""
-    return error_records(run_dir) + step_logs(run_dir, allocation_job_id)[:1]
+    """Where to read why the run failed: its ranks' error records, then its job step's stderr, then srun's own
+    (Slurm's refusal of the step, when it wrote one)."""
+    srun = [records.srun_log_path(run_dir, allocation_job_id)] if allocation_job_id else []
+    return error_records(run_dir) + step_logs(run_dir, allocation_job_id)[:1] + [p for p in srun if _size(p)]
 
 
 def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) -> str:
@@ -48,6 +51,9 @@ def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) ->
     if run.state == records.CANCELLED:
         said = f" (Slurm: {allocation_state})" if allocation_state else ""
         return f"its allocation {run.job_id} ended{said} before it finished"
+    refused = records.refusal(run)
+    if refused:
+        return refused
     for path in step_logs(run_dir, run.job_id)[:1]:
         said = _said(path)
         if said:
@@ -77,6 +83,13 @@ def _said(path: Path) -> Optional[str]:
     except OSError:
         return None
     return next((line for line in lines if "Error" in line or "error" in line), lines[-1] if lines else None)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _mtime(path: Path) -> float:

@@ -2,7 +2,8 @@
 ``hydra/launcher=hpc_train_slurm hydra.launcher.pack.allocations=2``: its 6 jobs run as job steps of exactly 2
 Slurm jobs, each job's return value reaches the sweeper (Optuna's, which optimises on them), a job that raises comes
 back failed, a dry run prints the allocations and their runs, and a job larger than an allocation is refused before
-anything is queued."""
+anything is queued. Jobs that ask for no GPU run beside one that does, or in an allocation that asks for none, whichever
+flag asks for the GPUs; a job step Slurm refuses is reported in Slurm's words, with the file that holds them."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from hydra.core.hydra_config import HydraConfig
 @hydra.main(version_base=None, config_path=".", config_name="config")
 def main(cfg) -> float:
     value = cfg.x * 10 + cfg.y
-    seen = {key: os.environ.get(key) for key in ("SLURM_JOB_ID", "SLURM_STEP_ID")}
+    seen = {key: os.environ.get(key) for key in ("SLURM_JOB_ID", "SLURM_STEP_ID", "CUDA_VISIBLE_DEVICES")}
     seen["hydra_job_id"] = HydraConfig.get().job.id
     with open(os.path.join(HydraConfig.get().runtime.output_dir, "seen.json"), "w") as handle:
         json.dump(seen, handle)
@@ -179,3 +180,41 @@ def test_a_job_larger_than_an_allocation_is_refused_before_anything_is_queued(sl
         " give that run fewer GPUs (hydra.launcher.gpus_per_node)."
     ) in proc.stderr
     assert not (sweep_dir / "jobs.tsv").exists() and not (sweep_dir / ".hpc_train" / "pack").exists()
+
+
+@pytest.mark.parametrize("gpus", ["hydra.launcher.gpus_per_node=${gpus}", "hydra.launcher.gres=gpu:${gpus}"])
+def test_jobs_without_gpus_run_beside_a_gpu_job_and_in_an_allocation_without_gpus(slurm_cluster, app, tmp_path, gpus):
+    sweep_dir = tmp_path / "sweep"
+    # #0 (1 GPU) and #2 share allocation 0, which asks for 2 GPUs; #1 and #3, no GPU, share allocation 1
+    args = [*(arg for arg in PACKED if "gpus_per_node=${gpus}" not in arg), gpus, "gpus=1,0,0,0"]
+    proc = sweep(app, [*args, "hydra.launcher.wait=true"], sweep_dir)
+    assert proc.returncode == 0 and "4 job(s): 4 completed, 0 failed" in proc.stderr, proc.stderr
+    flag = "--gres=gpu:2" if "gres" in gpus else "--gpus-per-node=2"
+    scripts = [(sweep_dir / ".hpc_train" / "pack" / f"allocation_{k}.sh").read_text() for k in (0, 1)]
+    assert f"#SBATCH {flag}\n" in scripts[0]
+    assert "--gres" not in scripts[1] and "--gpus" not in scripts[1]  # none of its runs needs a GPU: it asks for none
+    visible = {job: json.loads((sweep_dir / job / "seen.json").read_text())["CUDA_VISIBLE_DEVICES"] for job in "0123"}
+    assert len(visible["0"]) == 1 and all(not visible[job] for job in "123"), visible  # the jobs without: no GPU
+
+
+def test_a_job_step_slurm_refuses_is_reported_in_slurms_words_with_the_file_that_holds_them(
+    slurm_cluster, app, tmp_path
+):
+    sweep_dir = tmp_path / "sweep"
+    # an srun default the allocation cannot meet (its nodes have one thread per core): Slurm refuses every step
+    refused = ["hydra.launcher.setup=['export SLURM_THREADS_PER_CORE=4']", "gpus=0", "x=5"]
+    proc = sweep(app, [*PACKED, *refused], sweep_dir)
+    assert proc.returncode != 0 and "1 job(s): 0 completed, 1 failed" in proc.stderr, proc.stderr
+    allocation = job_table(sweep_dir)[0]["job_id"].split(":")[0]
+    log = app_step.run_folder(sweep_dir, "0") / "slurm" / f"{allocation}_srun.err"
+    said = f"srun: error: Unable to create step for job {allocation}: Cannot request more threads per core than"
+    assert said in log.read_text()
+    assert (
+        f"packed run {allocation}:0 ended FAILED (exit code 1) without a result: Slurm refused its job step: {said}"
+        in (proc.stderr)
+    )
+    assert f"(in {log})" in proc.stderr
+    report = subprocess.run(
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"], capture_output=True, text=True
+    )
+    assert said in report.stdout and str(log) in report.stdout, report.stdout

@@ -177,11 +177,20 @@ def test_a_packed_sweep_is_reported_watched_and_its_failed_run_rerun(slurm_clust
 
 def test_the_python_apis_jobs_of_a_packed_sweep(slurm_cluster, tmp_path):
     script = script_in(tmp_path)
+    # the allocation asks for its GPUs with --gpus-per-node, each run's step for its own with --gres
+    flag = ["cluster.gpu_flag=gpus-per-node"]
     jobs = hpc_train.sweep(
-        [*PACKED, "launcher.pack.allocations=1", f"script.argv=['{script}']", f"+script.overrides.x=0,{FAILING}"],
+        [
+            *PACKED,
+            *flag,
+            "launcher.pack.allocations=1",
+            f"script.argv=['{script}']",
+            f"+script.overrides.x=0,{FAILING}",
+        ],
         sweep_dir=tmp_path / "sweep",
     )
     allocation = str(records.read_plans(tmp_path / "sweep")[0].job_id)
+    assert "#SBATCH --gpus-per-node=4\n" in records.plan_path(tmp_path / "sweep", 0).with_suffix(".sh").read_text()
     assert [job.job_id for job in jobs] == [f"{allocation}:0", f"{allocation}:1"]
     states = [job.state() for job in jobs]
     assert all(state in ("WAITING", "RUNNING", "COMPLETED", "FAILED") for state in states), states

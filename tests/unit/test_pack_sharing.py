@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-from hpc_train.launch.backends.packed import PackShape, share_out
+from hpc_train.launch.backends.packed import PackShape, share_out_runs
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.pack.scheduler import Scheduler
@@ -21,16 +20,21 @@ def plan(runs, nodes: int = 1, gpus: int = 4, cpus: int = 8, index: int = 0, job
     return AllocationPlan(index, nodes, gpus, cpus, 60, "USR2", 120, 3, list(runs), job_id)
 
 
-def prepared(gpus_per_node: int):
-    layout = SimpleNamespace(nodes=1, gpus_per_node=gpus_per_node)
-    return SimpleNamespace(plan=SimpleNamespace(layout=layout))
-
-
 def test_runs_go_in_order_to_the_allocation_with_the_fewest_gpus_so_far():
     shape = PackShape(allocations=2, nodes=1, gpus_per_node=4, cpus_per_node=16, minutes=60, time_key="cluster.time")
-    assert share_out([prepared(1)] * 5, shape) == [[0, 2, 4], [1, 3]]
-    assert share_out([prepared(4), prepared(1), prepared(1), prepared(1)], shape) == [[0], [1, 2, 3]]
-    assert share_out([prepared(1)], shape) == [[0]]  # more allocations than runs: only as many as there are runs
+    one, four = run("1", gpus=1, cpus=4), run("4", gpus=4, cpus=4)
+    assert share_out_runs([one] * 5, shape) == [[0, 2, 4], [1, 3]]
+    assert share_out_runs([four, one, one, one], shape) == [[0], [1, 2, 3]]
+    assert share_out_runs([one], shape) == [[0]]  # more allocations than runs: only as many as there are runs
+
+
+def test_runs_without_gpus_are_shared_out_by_their_cpus():
+    shape = PackShape(allocations=2, nodes=1, gpus_per_node=4, cpus_per_node=16, minutes=60, time_key="cluster.time")
+    assert share_out_runs([run(str(i), gpus=0, cpus=2) for i in range(4)], shape) == [[0, 2], [1, 3]]
+    assert share_out_runs([run("a", gpus=0, cpus=16), *[run(str(i), gpus=0, cpus=1) for i in range(3)]], shape) == [
+        [0],
+        [1, 2, 3],
+    ]
 
 
 def scheduler(tmp_path: Path, the_plan: AllocationPlan, hosts: str = "node1") -> Scheduler:

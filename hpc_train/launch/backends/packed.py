@@ -11,6 +11,7 @@ account, setup lines...), are refused before anything is queued.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 import time
@@ -96,14 +97,10 @@ def pack_shape(cfg: Mapping[str, Any], keys: PackKeys = PackKeys()) -> Optional[
     return PackShape(int(pack.allocations), int(pack.get("nodes") or 1), int(gpus), cpus, minutes, time_key)
 
 
-def share_out(jobs: Sequence[PreparedJob], shape: PackShape) -> List[List[int]]:
-    """Which jobs (indices into `jobs`) each allocation takes: in order, each to the least loaded by GPUs."""
-    return _share_by_load([job.plan.layout.nodes * job.plan.layout.gpus_per_node for job in jobs], shape.allocations)
-
-
 def share_out_runs(runs: Sequence[PackedRun], shape: PackShape) -> List[List[int]]:
-    """share_out for runs already described as PackedRun (a Hydra app's, which may have no GPU): each run weighs
-    the share of an allocation's node it takes, by GPUs or by CPUs, whichever is larger."""
+    """Which runs (indices into `runs`) each allocation takes: in order, each to the least loaded, a run weighing the
+    share of an allocation's node it takes, by GPUs or by CPUs, whichever is larger (a run without GPUs weighs its
+    CPUs)."""
     weights = [
         run.nodes * max(run.gpus_per_node / shape.gpus_per_node, run.cpus_per_node / shape.cpus_per_node)
         for run in runs
@@ -168,18 +165,16 @@ def check_packed_fit(
                 )
 
 
-def allocation_params(first: PreparedJob, shape: PackShape, index: int) -> Dict[str, Any]:
-    """The allocation's sbatch parameters: the runs' shared ones, its own shape and time, the signal to its batch
-    script only (B:), which sends it on to its running steps itself."""
-    return packed_allocation_params(first.params, shape, index)
-
-
 def packed_allocation_params(
-    first: Dict[str, Any], shape: PackShape, index: int, shared: Sequence[str] = SHARED
+    first: Dict[str, Any], shape: PackShape, index: int, shared: Sequence[str] = SHARED, gpus: bool = True
 ) -> Dict[str, Any]:
-    """allocation_params from the first run's sbatch parameters, sharing the keys `shared`."""
+    """The allocation's sbatch parameters, from its first run's: the keys `shared`, its own shape and time (its GPUs
+    only when `gpus`: some run of it needs one), the signal to its batch script only (B:), which sends it on to its
+    running steps itself."""
     params = {key: first[key] for key in shared if first.get(key) is not None}
-    gres = {"gres": f"gpu:{shape.gpus_per_node}"} if "gres" in first else {"gpus_per_node": shape.gpus_per_node}
+    gres: Dict[str, Any] = {}
+    if gpus:
+        gres = {"gres": f"gpu:{shape.gpus_per_node}"} if "gres" in first else {"gpus_per_node": shape.gpus_per_node}
     per_gpu = shape.cpus_per_node // shape.gpus_per_node
     extra = dict(params.pop("additional_parameters", {}) or {})
     signal = str(extra.get("signal", "USR2@120"))
@@ -252,7 +247,7 @@ def plan_allocations(
     runs = [packed_run(job) for job in jobs]
     params = [job.params for job in jobs]
     requeues = [job.max_requeues for job in jobs]
-    return plan_packed(runs, params, requeues, shape, sweep_dir, signal, signal_delay_s, shares=share_out(jobs, shape))
+    return plan_packed(runs, params, requeues, shape, sweep_dir, signal, signal_delay_s)
 
 
 def plan_packed(
@@ -269,21 +264,26 @@ def plan_packed(
 ) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
     """plan_allocations for runs already described as PackedRun (a Hydra app's: its own step command), each with
     its sbatch parameters and requeue budget; refusals name `keys`; `shares`: who goes where (default:
-    share_out_runs)."""
+    share_out_runs). An allocation none of whose runs needs a GPU asks for none (its plan has 0 GPUs a node)."""
     check_packed_fit(runs, params, shape, keys, shared)
-    capacity.check_capacity(packed_allocation_params(params[0], shape, 0, shared), shape.time_key, keys=keys.capacity)
+    any_gpus = any(run.gpus_per_node for run in runs)
+    capacity.check_capacity(
+        packed_allocation_params(params[0], shape, 0, shared, any_gpus), shape.time_key, keys=keys.capacity
+    )
     start = records.next_index(sweep_dir)
     out = []
     for k, taken in enumerate(share_out_runs(runs, shape) if shares is None else shares):
         index = start + k
+        mine = [runs[i] for i in taken]
+        gpus = any(run.gpus_per_node for run in mine)
         plan = records.new_plan(
             index,
-            shape,
+            shape if gpus else dataclasses.replace(shape, gpus_per_node=0),
             signal,
             signal_delay_s,
             max(max_requeues[i] for i in taken),
-            [runs[i] for i in taken],
-            packed_allocation_params(params[taken[0]], shape, index, shared),
+            mine,
+            packed_allocation_params(params[taken[0]], shape, index, shared, gpus),
         )
         out.append((plan, plan.sbatch))
     return out
@@ -294,9 +294,13 @@ def describe(plan: AllocationPlan, params: Dict[str, Any], sweep_dir: Path) -> s
     script = render(records.plan_path(sweep_dir, plan.index), params, records.folder(sweep_dir))
     runs = ", ".join(f"#{run.job}" for run in plan.runs)
     return (
-        f"# allocation {plan.index}: {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, {plan.minutes} min;"
+        f"# allocation {plan.index}: {plan.nodes} node(s) x {_gpus_text(plan)}, {plan.minutes} min;"
         f" {len(plan.runs)} run{'s' if len(plan.runs) != 1 else ''} ({runs})\n{script}"
     )
+
+
+def _gpus_text(plan: AllocationPlan) -> str:
+    return f"{plan.gpus_per_node} GPUs" if plan.gpus_per_node else f"{plan.cpus_per_node} CPUs, no GPU"
 
 
 def submit(plans: List[Tuple[AllocationPlan, Dict[str, Any]]], sweep_dir: Path) -> List[AllocationPlan]:

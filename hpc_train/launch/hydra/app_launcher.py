@@ -79,6 +79,11 @@ class AppLauncher(SweepLauncherBase):
         self.params = params  # the primary config's launcher node (each job reads its own, see launch)
         self.backend = app_backend(self.launcher_name)
 
+    def _refuse_taken(self, err: ConfigError) -> None:
+        """The sweep dir another sweep holds: one message and exit code 2; its status stays the other sweep's."""
+        print(err, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_REFUSED)
+
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> Sequence[JobReturn]:
@@ -380,11 +385,9 @@ def _packed_results(sweep_dir: Path, jobs: List[AppJob], ids: List[str]) -> List
             continue
         state = states[job]
         code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
-        logs = app_step.run_folder(sweep_dir, job) / "slurm"
+        why = records.refusal(state) or f"see {app_step.run_folder(sweep_dir, job) / rundir.SLURM_LOGS}"
         returns.append(
-            _failed(
-                overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result; see {logs}")
-            )
+            _failed(overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result: {why}"))
         )
     return returns
 

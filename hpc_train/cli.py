@@ -48,7 +48,7 @@ from hpc_train.launch.planning.errors import Forwarded, Interrupted, JobFailed  
 from hpc_train.launch.planning.jobspec import build_job_spec  # noqa: E402
 from hpc_train.launch.planning.plan import make_plan  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
-from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
+from hpc_train.records.rundir import EXIT_CTRL_C, RecordNotWritten  # noqa: E402
 from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 
 
@@ -118,6 +118,10 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
         if err.exit_code == EXIT_BAD_INPUT:  # refused (a run dir a live job holds): as data for the Python API
             write_result(CliWords(f"hpc-train: {err}"))
         sys.exit(err.exit_code)
+    if isinstance(err, RecordNotWritten):  # a full disk under a run's or a sweep's record: one message
+        print(f"hpc-train: {err}", file=sys.stderr)
+        write_result(CliWords(f"hpc-train: {err}"))
+        sys.exit(EXIT_BAD_INPUT)
     translated = translate(err, sys.argv[1:])
     if translated is not None:
         print(translated.message, file=sys.stderr)

@@ -8,6 +8,7 @@ report, ``--watch``, the rerun and the Python API. Tab-separated (Python's ``csv
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List
@@ -35,11 +36,13 @@ def append(sweep_dir: Path, rows: Iterable[JobRow]) -> bool:
     """Append rows (the header first when the table is new); True when it was new."""
     path = path_of(sweep_dir)
     new_table = not path.exists()
-    with path.open("a", newline="") as handle:
-        writer = csv.writer(handle, **_DIALECT)
-        if new_table:
-            writer.writerow(HEADER)
-        writer.writerows(astuple(row) for row in rows)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text, **_DIALECT)
+    if new_table:
+        writer.writerow(HEADER)
+    writer.writerows(astuple(row) for row in rows)
+    with rundir.recording(path, "its earlier rows are kept whole"):
+        rundir.append_whole(path, text.getvalue())  # whole rows or none: never half a row
     return new_table
 
 

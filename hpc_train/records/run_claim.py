@@ -116,7 +116,9 @@ def read(run_dir: Path) -> Optional[Claim]:
 
 
 def _write(run_dir: Path, claim: Claim) -> None:
-    rundir.write_json_atomic(Path(run_dir) / CLAIM, asdict(claim))
+    path = Path(run_dir) / CLAIM
+    with rundir.recording(path, "nothing was started, and the run dir's records are as they were"):
+        rundir.write_json_atomic(path, asdict(claim))
 
 
 class RunDirBusy(Exception):
@@ -227,8 +229,11 @@ class Keeper:
 
     def _run(self) -> None:
         while not self._stop.wait(REFRESH_S):
-            if not self._refresh():
-                return
+            try:
+                if not self._refresh():
+                    return
+            except rundir.RecordNotWritten:  # a full disk: the claim as it was, refreshed again next time
+                continue
 
     def stop(self) -> None:
         self._stop.set()

@@ -54,3 +54,31 @@ def test_a_torn_last_line_is_skipped_by_the_reader(tmp_path):
     path = tmp_path / rundir.METRICS
     path.write_text('{"step": 1}\n{"step": 2, "lo')
     assert rundir.read_jsonl(path) == [{"step": 1}]
+
+
+def test_a_sweeps_job_table_gets_whole_rows_or_none_and_the_refusal_names_it(tmp_path, monkeypatch):
+    from hpc_train.jobs import job_table
+
+    job_table.append(tmp_path, [job_table.JobRow("100_0", "0", "seed=1", "1 node")])
+    before = job_table.path_of(tmp_path).read_text()
+    cut_short(monkeypatch)
+    with pytest.raises(rundir.RecordNotWritten) as refused:
+        job_table.append(tmp_path, [job_table.JobRow("100_1", "1", "seed=2", "1 node")])
+    assert job_table.path_of(tmp_path).read_text() == before
+    assert f"no space left to write jobs.tsv in {tmp_path}: its earlier rows are kept" in str(refused.value)
+
+
+def test_a_packed_sweeps_plan_on_a_full_disk_is_the_refusal_and_no_temporary_file(tmp_path, monkeypatch):
+    from hpc_train.pack import records
+
+    plan = records.AllocationPlan(0, 1, 0, 1, 10, "USR2", 60, 3, [])
+    path = records.write_plan(tmp_path, plan)
+    before = path.read_text()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rundir, "write_bytes_atomic", full)
+    with pytest.raises(rundir.RecordNotWritten) as refused:
+        records.write_plan(tmp_path, plan)
+    assert path.read_text() == before and f"no space left to write {path.name}" in str(refused.value)

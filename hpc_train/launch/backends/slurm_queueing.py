@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc_train.launch.planning.errors import Interrupted
+from hpc_train.records.rundir import RecordNotWritten
 from hpc_train.slurm import slurm_cli
 
 
@@ -124,6 +125,10 @@ class Queueing:
 
     def __exit__(self, kind: Any, error: Any, trace: Any) -> bool:
         self._ctrl_c.restore()
+        if isinstance(error, RecordNotWritten) and self.submitted:  # a full disk under jobs.tsv: none runs unlisted
+            with _ctrl_c_ignored():
+                slurm_cli.run(["scancel", *sorted({str(handle.job_id).split("_")[0] for _, handle in self.submitted})])
+            raise RecordNotWritten(f"{error} The {len(self.submitted)} job(s) just queued were cancelled.") from None
         if kind is None and self._ctrl_c.count and self.submitted:
             with _ctrl_c_ignored():
                 slurm_cli.run(["scancel", *sorted({str(handle.job_id).split("_")[0] for _, handle in self.submitted})])

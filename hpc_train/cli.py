@@ -41,7 +41,7 @@ from hpc_train.launch.backends.registry import run_configured  # noqa: E402
 from hpc_train.launch.backends.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.launch.hydra import forwarding  # noqa: E402
 from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
-from hpc_train.launch.hydra.hydra_callbacks import Refused  # noqa: E402
+from hpc_train.launch.hydra.hydra_callbacks import Refused, tidy_run_dir  # noqa: E402
 from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.planning import objective  # noqa: E402
 from hpc_train.launch.planning.errors import Forwarded, Interrupted, JobFailed  # noqa: E402
@@ -139,6 +139,16 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
 
 
 def main() -> None:
+    """The command; a dry run, or a command refused before it wrote anything, leaves no run dir behind."""
+    try:
+        _main()
+    except SystemExit as done:
+        tidy_run_dir(done.code)
+        raise
+    tidy_run_dir(0)
+
+
+def _main() -> None:
     user_wants_traceback = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises instead of printing and exiting: we reword
     hydra_plugins.hpc_train_launcher.register()

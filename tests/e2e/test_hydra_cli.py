@@ -116,6 +116,7 @@ def test_hydra_errors_become_one_paragraph_with_key_and_fix(overrides, key, fix,
 
 def test_hydra_job_logging_disabled_is_selectable(tmp_path):
     default_dir, quiet_dir = tmp_path / "default", tmp_path / "quiet"
+    default_dir.mkdir(), quiet_dir.mkdir()  # a dry run removes a run dir it made itself; these it finds
     assert_ok(run_cli([*TINY, "dry_run=true"], default_dir))
     assert_ok(run_cli([*TINY, "dry_run=true", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"], quiet_dir))
     assert list(default_dir.glob("*.log")), "Hydra's default job logging writes <task>.log in the run dir"

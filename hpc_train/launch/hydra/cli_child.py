@@ -167,14 +167,20 @@ def own_dir(given: Optional[PathLike], overrides: Sequence[str], key: str, compo
     composed_path = Path(composed).resolve()
     if any(o.split("=", 1)[0].lstrip("+") == key for o in overrides):
         return composed_path
-    candidate, n = composed_path, 0
-    while True:  # reserve a new dir: mkdir fails if another call (or process) took it first
+    return fresh_dir(composed_path)
+
+
+def fresh_dir(path: Path) -> Path:
+    """A new dir of this command's own: `path`, else `path-1`, `path-2`, ... (mkdir fails if another call or
+    process took one first, so two commands started in the same second never share one)."""
+    candidate, n = path, 0
+    while True:
         try:
             candidate.mkdir(parents=True)
             return candidate
         except FileExistsError:
             n += 1
-            candidate = composed_path.with_name(f"{composed_path.name}-{n}")
+            candidate = path.with_name(f"{path.name}-{n}")
 
 
 def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> None:

@@ -1,21 +1,28 @@
-"""Checks that need the whole Hydra config, before Hydra starts anything.
+"""Checks that need the whole Hydra config, before Hydra starts anything; a single run's own run dir.
 
 Registered in conf/config.yaml under ``hydra.callbacks``; Hydra calls ``on_multirun_start``
 after composing the sweep's config and before it builds the sweeper and the launcher, and
-``on_run_start`` before a single run's Hydra writes its files into the run dir.
+``on_run_start`` before a single run's Hydra writes its files into the run dir. There a run dir named by the
+clock (``${now:...}``, the default ``outputs/<date>/<time>``) is made for this command alone (``-1``, ``-2``, ...
+when another command took that second), and ``tidy_run_dir`` removes it again after a dry run or a refusal that
+left nothing but Hydra's own files in it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import LAUNCHERS
 from hpc_train.launch.backends import torchrun_client
+from hpc_train.launch.hydra.cli_child import fresh_dir
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.records import run_claim
@@ -43,19 +50,38 @@ class Refused(BaseException):
         self.error = error
 
 
+@dataclass
+class MadeRunDir:
+    """The run dir this command made (not one that was there before), and what it was made for."""
+
+    path: Path
+    top: Path  # the highest folder made for it (its dated parent when that was new too)
+    hydra_files: frozenset  # what Hydra itself writes there: .hydra/ and the job's log
+    dry_run: bool
+
+
+_MADE: Optional[MadeRunDir] = None  # this process's single run, from on_run_start to tidy_run_dir
+
+
 class LaunchGuard(Callback):
-    """Refuse launcher choices that cannot work and dry runs a sweeper cannot optimise."""
+    """Refuse launcher choices that cannot work and dry runs a sweeper cannot optimise; give a run its own dir."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """A run dir that a live job holds is refused before Hydra writes .hydra/ and its log into it."""
-        kind = LAUNCHERS.get(str(OmegaConf.select(config, "launcher.name", default=None)))
-        if config.get("dry_run") or kind is None or kind.prepares_only or torchrun_client.active():
-            # a bad name is refused with the other keys; a plain sbatch script's step claims nothing; under torchrun
-            # every rank starts here, and rank 0 claims the run dir for all of them
+        """A run dir of its own made; a run dir that a live job holds refused before Hydra writes .hydra/ and its log
+        into it; a dry run's Hydra writes no .hydra/ (into a run dir of a real run, say)."""
+        if torchrun_client.active():  # every rank starts here, and rank 0 claims the run dir for all of them
             return
         try:
             run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
         except Exception:  # an interpolation Hydra resolves later (the job's own output dir): run_job checks it
+            return
+        run_dir = _own_run_dir(config, run_dir)
+        kind = LAUNCHERS.get(str(OmegaConf.select(config, "launcher.name", default=None)))
+        if config.get("dry_run"):
+            with read_write(config.hydra):
+                config.hydra.output_subdir = None
+        if config.get("dry_run") or kind is None or kind.prepares_only:
+            # a bad name is refused with the other keys; a plain sbatch script's step claims nothing
             return
         try:
             run_claim.check_free(run_dir)
@@ -81,3 +107,46 @@ class LaunchGuard(Callback):
                 " submitit with its own layout.",
             )
         check_objective(config, config.hydra)
+
+
+def _own_run_dir(config: DictConfig, run_dir: Path) -> Path:
+    """Make the run dir now when it is new (remembered for tidy_run_dir); a dir named by the clock that another
+    command took in the same second becomes ``<name>-1`` (then ``-2``, ...), written back into the config."""
+    global _MADE
+    named_by_clock = "${now:" in str(OmegaConf.to_container(config.hydra.run, resolve=False).get("dir"))
+    top = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+    if top is None and not named_by_clock:
+        return run_dir  # a dir the user named, there already: a resume, a rerun; it stays as it is
+    try:
+        made = fresh_dir(run_dir) if named_by_clock else _mkdir(run_dir)
+    except FileExistsError:  # another command made the user's dir just now: it is theirs
+        return run_dir
+    if made != run_dir:
+        with read_write(config.hydra):
+            config.hydra.run.dir = str(made)
+    log = f"{OmegaConf.select(config, 'hydra.job.name', default='')}.log"
+    _MADE = MadeRunDir(made, top or made, frozenset({".hydra", log}), bool(config.get("dry_run")))
+    return made
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def tidy_run_dir(exit_code: object) -> None:
+    """After the command: the run dir it made is removed again when the command was a dry run, or was refused (exit
+    code 2) before anything but Hydra's own files was written there; so is the dated folder made for it, if empty."""
+    made = _MADE
+    if made is None or not made.path.is_dir():
+        return
+    refused = exit_code == EXIT_REFUSED and {p.name for p in made.path.iterdir()} <= made.hydra_files
+    if not (made.dry_run or refused):
+        return
+    shutil.rmtree(made.path, ignore_errors=True)
+    for parent in made.path.parents:
+        if made.top != made.path and parent.is_relative_to(made.top):
+            try:
+                os.rmdir(parent)
+            except OSError:
+                return

@@ -139,7 +139,7 @@ def test_the_declaration_says_what_null_means_for_the_readers_that_act_on_it():
 
 
 def test_every_declared_key_is_in_the_generated_reference_with_its_doc():
-    spec = importlib.util.spec_from_file_location("config_reference", REPO / "docs" / "hooks" / "config_reference.py")
+    spec = importlib.util.spec_from_file_location("reference_pages", REPO / "scripts" / "reference_pages.py")
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)
     page = hook.reference()

@@ -1,4 +1,14 @@
-"""MkDocs hook: the configuration reference, generated at build time from the key declarations and the shipped YAML.
+"""The reference pages' generated parts, written into the repository from the key declarations and the shipped YAML.
+
+    .venv/bin/python scripts/reference_pages.py           # rewrite them (after changing a declaration or conf/)
+    .venv/bin/python scripts/reference_pages.py --check   # exit 1, naming each page that differs
+
+Two pages: ``docs/reference/config.md`` (every option of every group with its values, then every declared key
+with what a config that leaves it out runs with) and the table of config groups in ``docs/reference/cli.md`` (the
+groups and options ``hpc-train --help`` lists: the folders and files of the shipped ``conf/``). Each page keeps
+its own words above the line ``BEGIN``; everything from that line on is this script's. A unit test
+(``tests/unit/test_reference_pages.py``) fails when a page in the repository and this script's text differ, so a
+reader on GitHub or in a checkout sees what the declarations say.
 
 Every key is declared once, in ``hpc_train.config.RULES`` (type, range, default when left
 out, what null means, a one-line doc; the shipped ``_target_`` s' arguments in ``config.targets.TARGET_ARGS``):
@@ -13,21 +23,25 @@ where no declaration exists (Hydra's own keys):
 * a block of comment-only lines between keys documents the key that follows it.
 
 Nested mappings give dotted keys (``data.train._target_``); a block list (``setup:`` followed by
-``- item`` lines) is shown as one flow list. The page docs/reference/config.md holds the marker
-``<!-- config-reference -->``, which this hook replaces.
+``- item`` lines) is shown as one flow list.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import sys
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 from hpc_train.config import RULES
 from hpc_train.config.checks import type_text
 from hpc_train.config.targets import TARGET_ARGS
 
-MARKER = "<!-- config-reference -->"
-CONF = Path(__file__).resolve().parents[2] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+COMMAND = ".venv/bin/python scripts/reference_pages.py"
+BEGIN = f"<!-- generated from hpc_train/config/ and conf/ by `{COMMAND}`: edit those, not the text below -->"
 
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*'):(?:\s+(?P<rest>.*)|\s*)$")
 ITEM = re.compile(r"^(?P<indent> *)- (?P<rest>.*)$")
@@ -192,19 +206,12 @@ def every_key() -> list[str]:
     return rows
 
 
-def reference() -> str:
-    head, entries = parse(CONF / "config.yaml")
+def groups_table(link: str = "") -> tuple[list[str], list[str]]:
+    """(the groups of config.yaml's defaults list, in order; their table: default, every option, what it is)."""
+    _, entries = parse(CONF / "config.yaml")
     defaults = next(e for e in entries if e["path"] == "defaults")
-    groups = []
-    lines = [
-        "## Groups and their defaults",
-        "",
-        "The defaults list of `config.yaml`: one option of each group is picked unless you name another "
-        "(`hpc-train strategy=fsdp`).",
-        "",
-        "| group | default option | options | what it is |",
-        "|---|---|---|---|",
-    ]
+    groups: list[str] = []
+    lines = ["| group | default option | options | what it is |", "|---|---|---|---|"]
     for value, comment in defaults["list"]:
         m = re.match(r"^(override )?([\w/]+):\s*(.*)$", value)
         if not m or m.group(1):
@@ -213,8 +220,24 @@ def reference() -> str:
         options = sorted(p.stem for p in (CONF / group).glob("*.yaml"))
         groups.append(group)
         lines.append(
-            f"| [`{group}`](#{group}) | {code(default)} | {', '.join(f'`{o}`' for o in options)} | {text(comment)} |"
+            f"| [`{group}`]({link}#{group}) | {code(default)} | {', '.join(f'`{o}`' for o in options)} |"
+            f" {text(comment)} |"
         )
+    return groups, lines
+
+
+def reference() -> str:
+    """docs/reference/config.md's generated part."""
+    head, entries = parse(CONF / "config.yaml")
+    groups, rows = groups_table()
+    lines = [
+        "## Groups and their defaults",
+        "",
+        "The defaults list of `config.yaml`: one option of each group is picked unless you name another "
+        "(`hpc-train strategy=fsdp`).",
+        "",
+        *rows,
+    ]
     lines += ["", "## Top-level keys", "", text(head), ""]
     top = [e for e in entries if e["path"] != "defaults" and not e["path"].startswith("hydra")]
     hydra = [e for e in entries if e["path"].startswith("hydra")]
@@ -244,11 +267,55 @@ def reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs hook signature)
-    if MARKER in markdown:
-        return markdown.replace(MARKER, reference())
-    return markdown
+def cli_groups() -> str:
+    """docs/reference/cli.md's generated part: the config groups, each option, and the top-level keys."""
+    groups, rows = groups_table(link="config.md")
+    top = ", ".join(f"`{rule.key}`" for rule in RULES if "." not in rule.key and rule.key not in groups)
+    return "\n".join(
+        [
+            *rows,
+            "",
+            f"Top-level keys: {top}. Every key of every option, with its value, type and meaning:"
+            " [Configuration](config.md).",
+            "",
+        ]
+    )
 
 
-if __name__ == "__main__":  # print the generated Markdown
-    print(reference())
+PAGES: Dict[str, Callable[[], str]] = {"docs/reference/config.md": reference, "docs/reference/cli.md": cli_groups}
+
+
+def generated(page: str, current: str) -> str:
+    """The page as it must be: its own words up to BEGIN, then this script's text up to the page's next heading
+    of the same level or above (cli.md goes on after its table; config.md's part runs to its end)."""
+    if BEGIN not in current:
+        raise SystemExit(f"{page}: no line {BEGIN!r}: put it where the generated text starts")
+    before, after = current.split(BEGIN, 1)
+    rest = re.search(r"^## ", after, flags=re.M) if page.endswith("cli.md") else None
+    tail = after[rest.start() :] if rest else ""
+    return f"{before}{BEGIN}\n\n{PAGES[page]()}" + (f"\n{tail}" if tail else "")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    stale = []
+    for page in PAGES:
+        path = ROOT / page
+        current = path.read_text()
+        wanted = generated(page, current)
+        if wanted == current:
+            continue
+        stale.append(page)
+        if check:
+            diff = difflib.unified_diff(current.splitlines(), wanted.splitlines(), page, f"{page} (generated)", n=1)
+            print("\n".join(list(diff)[:40]))
+        else:
+            path.write_text(wanted)
+            print(f"rewrote {page}")
+    if check and stale:
+        print(f"{', '.join(stale)} differ(s) from the declarations; regenerate: {COMMAND}", file=sys.stderr)
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -377,3 +377,22 @@ def test_a_run_dir_a_live_job_holds_is_refused_from_the_laptop_too(laptop):
         assert job_id in again.stdout + again.stderr and len(slurm_jobs_of(user, "claimed")) == 1
     finally:
         subprocess.run(["scancel", "-u", user, "-n", "claimed"], capture_output=True)
+
+
+def test_a_sweep_into_a_sweep_dir_whose_jobs_are_queued_is_refused_from_the_laptop_too(laptop):
+    """The cluster side checks the sweep dir (the laptop has no Slurm to ask): a second sweep into it while the first's
+    jobs are queued is refused there, before anything is queued, and said on the laptop in one message, exit code 2."""
+    user = laptop["env"]["HPC_TRAIN_SSH_CLUSTER_USER"]
+    held = [*TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", "+cluster.extra.hold=true"]
+    held += ["job_name=taken", "hydra.sweep.dir=outputs/taken"]
+    try:
+        first = hpc_train(laptop, "-m", *held, "seed=1,2")
+        assert first.returncode == 0, first.stdout + first.stderr
+        jobs = slurm_jobs_of(user, "taken")
+        again = hpc_train(laptop, "-m", *held, "seed=3,4")
+        out = again.stdout + again.stderr
+        assert again.returncode == 2 and "Traceback" not in out, out
+        assert "invalid configuration for `hydra.sweep.dir`" in out and "live job(s) of another sweep" in out, out
+        assert f"scancel {jobs[0].split('_')[0]}" in out and slurm_jobs_of(user, "taken") == jobs
+    finally:
+        subprocess.run(["scancel", "-u", user, "-n", "taken"], capture_output=True)

@@ -9,23 +9,27 @@ import abc
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hydra.core.utils import JobReturn, setup_globals
+from hydra.core.utils import JobReturn, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import sweep_status
+from hpc_train.launch.hydra import sweep_dir as taken
 
 
 class SweepLauncherBase(Launcher, abc.ABC):
     """Hydra's context kept at ``setup``; each ``launch`` marks the sweep dir running, runs ``_launch`` and marks
-    it done, or refused (with the refusal's message) when the batch was refused as a whole."""
+    it done, or refused (with the refusal's message) when the batch was refused as a whole. The first batch is
+    refused first, leaving the sweep dir as it is, when another sweep's runs hold the sweep dir
+    (hpc_train.launch.hydra.sweep_dir)."""
 
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
+        self._sweep_dir_checked = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -36,6 +40,7 @@ class SweepLauncherBase(Launcher, abc.ABC):
         self._before_launch(self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._check_sweep_dir(sweep_dir, job_overrides, initial_job_idx)
         sweep_status.mark_running(sweep_dir)
         try:
             returns = self._launch(job_overrides, initial_job_idx, sweep_dir)
@@ -47,6 +52,25 @@ class SweepLauncherBase(Launcher, abc.ABC):
 
     def _before_launch(self, config: DictConfig) -> None:
         """What a launcher sets up before its first job (nothing by default)."""
+
+    def _check_sweep_dir(self, sweep_dir: Path, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> None:
+        """At the sweep's first batch (later batches are this sweep's own), unless another host runs the sweep."""
+        if self._sweep_dir_checked or self._runs_elsewhere():
+            return
+        self._sweep_dir_checked = True
+        jobs = [(initial_job_idx + i, " ".join(filter_overrides(o))) for i, o in enumerate(job_overrides)]
+        try:
+            taken.check(sweep_dir, jobs)
+        except ConfigError as err:
+            self._refuse_taken(err)
+
+    def _runs_elsewhere(self) -> bool:
+        """Whether the cluster's hpc_train runs this sweep (forwarded from a laptop): it checks the sweep dir there."""
+        return False
+
+    def _refuse_taken(self, err: ConfigError) -> None:
+        """The sweep dir refused: raised, for hpc-train's command to say (one message, exit code 2)."""
+        raise err
 
     @abc.abstractmethod
     def _launch(

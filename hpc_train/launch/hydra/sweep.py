@@ -63,6 +63,9 @@ class SweepLauncher(SweepLauncherBase):
     def _before_launch(self, config: DictConfig) -> None:
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
 
+    def _runs_elsewhere(self) -> bool:
+        return forwarding.wanted(self.config)
+
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> Sequence[JobReturn]:

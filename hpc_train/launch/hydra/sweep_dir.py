@@ -1,0 +1,89 @@
+"""A sweep dir another sweep's runs hold: refused before anything of this sweep is queued or written.
+
+Hydra numbers a sweep's jobs from 0, and job N's run dir is ``<sweep dir>/N``. A second sweep into a sweep dir
+(``hydra.sweep.dir`` fixed in a config, say) would give its jobs the first sweep's run dirs. So, at a sweep's first
+batch (hpc-train's own, a Hydra app's, packed or not; on the cluster for a sweep forwarded from a laptop):
+
+* a sweep dir whose job table lists live jobs (queued or running: Slurm jobs, packed runs, a Hydra app's local jobs)
+  is refused, naming them and the fixes: another ``hydra.sweep.dir``, wait, or cancel them (``scancel``);
+* in a sweep dir whose jobs have all ended, a job whose number an earlier run of other overrides holds is refused
+  (its run dir holds that run's records); a job with the same overrides is the same run again (a finished run is
+  kept, an unfinished one resumes), so re-running a sweep's command into its own sweep dir goes on.
+
+Nothing is written into the sweep dir by a refusal: its status is the live sweep's. No torch here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hpc_train.config.errors import ConfigError
+from hpc_train.jobs import job_states, job_table, submissions
+from hpc_train.jobs.sweep_status import alive
+from hpc_train.pack import records, status
+from hpc_train.records import rundir
+
+KEY = "hydra.sweep.dir"
+SHOWN = 5  # live jobs named in the message (the count says the rest)
+LOCAL = "RUNNING (a local process)"  # a Hydra app's local job whose process lives
+
+
+def check(sweep_dir: Path, jobs: Sequence[Tuple[int, str]]) -> None:
+    """Refuse (ConfigError naming hydra.sweep.dir) a sweep of `jobs` ((number, overrides as the job table writes
+    them)) into `sweep_dir` when its job table lists live jobs, or a run of other overrides under one of the numbers."""
+    rows = job_table.newest(sweep_dir)
+    if not rows:
+        return
+    live = _live(sweep_dir, rows)
+    if live:
+        raise _taken_by_live(sweep_dir, live)
+    for number, overrides in jobs:
+        earlier = rows.get(str(number))
+        if earlier is not None and earlier.overrides != overrides:
+            raise _taken_by_ended(sweep_dir, number, overrides, earlier)
+
+
+def _live(sweep_dir: Path, rows: Dict[str, job_table.JobRow]) -> List[Tuple[job_table.JobRow, str]]:
+    """(row, its state) of every job of the table that has not ended, in job order."""
+    packed = [row for row in rows.values() if records.is_packed_id(row.job_id)]
+    local = {job_id for job_id, entry in submissions.submissions(sweep_dir).items() if entry.get("local")}
+    slurm = [row for row in rows.values() if row not in packed and row.job_id not in local]
+    states: Dict[str, Optional[str]] = {}
+    if packed:
+        runs = status.packed_states(sweep_dir)
+        states.update({row.job_id: getattr(runs.get(row.job), "state", None) for row in packed})
+    if slurm:
+        states.update(job_states.slurm_states([row.job_id for row in slurm]))
+    states.update({row.job_id: LOCAL for row in rows.values() if row.job_id in local and alive(row.job_id)})
+    ended = {*job_states.ENDED, *records.ENDED_STATES, None}
+    return [(row, str(states.get(row.job_id))) for row in rows.values() if states.get(row.job_id) not in ended]
+
+
+def _taken_by_live(sweep_dir: Path, live: List[Tuple[job_table.JobRow, str]]) -> ConfigError:
+    named = ", ".join(f"#{row.job} as {row.job_id} ({state})" for row, state in live)
+    if len(live) > SHOWN:
+        named = ", ".join(named.split(", ")[:SHOWN]) + f" and {len(live) - SHOWN} more"
+    ids = sorted({records.split_packed_id(row.job_id)[0] for row, state in live if state != LOCAL})
+    pids = sorted(row.job_id for row, state in live if state == LOCAL)
+    cancel = " and ".join(
+        ([f"scancel {' '.join(ids)}"] if ids else []) + ([f"kill {' '.join(pids)} (local jobs)"] if pids else [])
+    )
+    return ConfigError(
+        KEY,
+        f"the sweep dir {sweep_dir} holds {len(live)} live job(s) of another sweep: {named}. This sweep's jobs,"
+        " numbered from 0 as well, would take their run dirs. Nothing was queued.",
+        f"give this sweep another sweep dir (hydra.sweep.dir=...), or wait until those jobs end"
+        f" (hpc-train-report {sweep_dir} --watch), or cancel them: {cancel}.",
+    )
+
+
+def _taken_by_ended(sweep_dir: Path, number: int, overrides: str, earlier: job_table.JobRow) -> ConfigError:
+    return ConfigError(
+        KEY,
+        f"the sweep dir {sweep_dir} holds job #{number} of an earlier sweep ({earlier.overrides or 'no overrides'},"
+        f" {earlier.job_id}), whose run dir {Path(sweep_dir) / str(number)} this sweep's job #{number}"
+        f" ({overrides or 'no overrides'}) would reuse: a run dir holds one run's records. Nothing was queued.",
+        f"give this sweep another sweep dir (hydra.sweep.dir=...); to run that sweep's failed jobs again, use"
+        f" hpc-train-report {sweep_dir} --rerun-failed (the table of its jobs: {sweep_dir / rundir.JOB_TABLE}).",
+    )

@@ -70,7 +70,7 @@ class GroupSteps:
             port = sock.getsockname()[1]
         log = open(Path(self.plan["run_dir"]) / rundir.LOGS / marks.LIGHTHOUSE_LOG, "a")
         self.lighthouse = subprocess.Popen(
-            marks.lighthouse_command(sys.executable, port, self.plan["min_replicas"], self.plan["timeout_s"]),
+            marks.lighthouse_command(sys.executable, port, self.plan),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -41,9 +41,19 @@ KEY_RULES: Tuple[Rule, ...] = (
         number(0, low_open=True),
         60,
         fix="set e.g. fault_tolerance.timeout_s=60 (seconds, more than 0).",
-        doc="Seconds a step waits for a silent group before dropping it from the quorum (also torchft's collective"
-        " timeout).",
+        doc="Seconds a collective across the groups (and the transfer of a live group's state) may take before it"
+        " fails; a group that heartbeats but does not ask for the quorum is left out after twice as long.",
         default=60,
+    ),
+    R(
+        "fault_tolerance.heartbeat_timeout_s",
+        number(0, low_open=True),
+        5,
+        fix="set e.g. fault_tolerance.heartbeat_timeout_s=5 (seconds, more than 0).",
+        doc="Seconds without a heartbeat from a group (its process or node died) before the quorum goes on without"
+        " it: the others' pause after a death. torchft's native thread heartbeats every 0.1 s, through a Python"
+        " pause (a garbage collection, a slow checkpoint).",
+        default=5,
     ),
     R(
         "fault_tolerance.spare_nodes",
@@ -80,8 +90,8 @@ def fault_tolerance_node(value: Any) -> Problem:
 # is no mapping (fault_tolerance=3) or a key the node does not have is refused naming it, with NODE_FIX, by
 # launch/planning/replica_checks.py, before anything is queued.
 NODE_FIX = (
-    "set e.g. fault_tolerance.replica_groups=2 (and fault_tolerance.min_replicas, timeout_s, spare_nodes,"
-    " max_restarts), or fault_tolerance.replica_groups=null (no replica groups)."
+    "set e.g. fault_tolerance.replica_groups=2 (and fault_tolerance.min_replicas, timeout_s, heartbeat_timeout_s,"
+    " spare_nodes, max_restarts), or fault_tolerance.replica_groups=null (no replica groups)."
 )
 
 RULES: Tuple[Rule, ...] = KEY_RULES

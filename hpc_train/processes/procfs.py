@@ -1,7 +1,9 @@
-"""Linux's process table, read from ``/proc``: one process's status fields, and every process's parent.
+"""Linux's process table, read from ``/proc``: one process's status fields, every process's parent, and the OOM kills
+its cgroup counted.
 
 Three readers need it without ``psutil``: the run-dir claim (is the holder alive, and the same process), the hang
-watchdog (a rank's data loader workers) and a script job's startup probe (bytes read by the script's process tree).
+watchdog (a rank's data loader workers) and a script job's startup probe (bytes read by the script's process tree);
+the local launchers ask whether the out-of-memory killer took a rank that died of SIGKILL.
 """
 
 from __future__ import annotations
@@ -51,3 +53,30 @@ def descendants(pid: int) -> List[int]:
         tree.append(here)
         todo.extend(child for child, parent in table.items() if parent == here)
     return tree
+
+
+def oom_kills(pid: int = 0) -> Optional[int]:
+    """How many processes the kernel's out-of-memory killer has taken in the memory cgroup of `pid` (0: this
+    process): cgroup v2's ``memory.events`` or v1's ``memory.oom_control`` (their ``oom_kill`` line); None where
+    neither can be read."""
+    try:
+        with open(f"/proc/{pid or 'self'}/cgroup") as handle:
+            lines = [line.rstrip("\n").split(":", 2) for line in handle]
+    except OSError:
+        return None
+    places = []
+    for _, controllers, path in (line for line in lines if len(line) == 3):
+        if controllers == "":  # v2 (or the unified part of a hybrid)
+            places += [f"/sys/fs/cgroup{path.rstrip('/')}/memory.events"]
+        elif "memory" in controllers.split(","):
+            places += [f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control"]
+    for place in places:
+        try:
+            with open(place) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None

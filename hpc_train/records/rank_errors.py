@@ -97,15 +97,37 @@ def root_cause(
     return rank, records[rank]
 
 
-def death_cause(code: int) -> str:
-    """How a process with this exit status ended, in words, with where to look for a signal's cause."""
+def death_cause(code: int, known: str = "") -> str:
+    """How a process with this exit status ended, in words, with where to look for a signal's cause; `known`: what
+    hpc_train found out about it (an OOM kill its cgroup counted, a node Slurm set DOWN), said instead of the guess."""
     if code > 128 and code - 128 in SIGNAL_NUMBERS:  # a container runtime (or a shell) reports a signal so
         name, hint = _signal_words(code - 128)
-        return f"exited with code {code} (128 + {code - 128}: how a container runtime or a shell reports {name}){hint}"
+        said = f"exited with code {code} (128 + {code - 128}: how a container runtime or a shell reports {name})"
+        return said + (f": {known}" if known else hint)
     if code >= 0:
-        return f"exited with code {code}"
+        return f"exited with code {code}" + (f": {known}" if known else "")
     name, hint = _signal_words(-code)
-    return f"was killed by {name} (signal {-code}){hint}"
+    return f"was killed by {name} (signal {-code})" + (f": {known}" if known else hint)
+
+
+def short_cause(code: int) -> str:
+    """The exit status in a word or two, for a record ("SIGKILL", "exit code 1")."""
+    number = code - 128 if code > 128 and code - 128 in SIGNAL_NUMBERS else -code if code < 0 else 0
+    if number:
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            return f"signal {number}"
+    return f"exit code {code}"
+
+
+def is_sigkill(code: int) -> bool:
+    """SIGKILL, as a parent sees it (-9) or as a container runtime or a shell reports it (137)."""
+    return code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+OOM_KILL_KNOWN = "the kernel's out-of-memory killer took it (its cgroup's memory.events counted an OOM kill)"
+NODE_DOWN_KNOWN = "its node {nodes} is {state} in Slurm (a node failure, not the process itself)"
 
 
 SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)
@@ -118,7 +140,12 @@ def _signal_words(number: int) -> Tuple[str, str]:
     except ValueError:
         name = f"signal {number}"
     if number == signal.SIGKILL:
-        return name, ": the kernel's out-of-memory killer does this; see `dmesg` or `sacct -j <id> -o State,MaxRSS`"
+        return name, (
+            ": usually the kernel's out-of-memory killer, but a node failure, a `kill -9` (yours or an"
+            " administrator's), `scancel --signal=KILL` or a container runtime's stop end a process the same way;"
+            " to tell: the kernel log on that node (`dmesg -T | grep -i oom`), `sacct -j <id> -o"
+            " State,MaxRSS,ReqMem` (OUT_OF_MEMORY) and the node's state (`sinfo -n <node>`)"
+        )
     if number == signal.SIGSEGV:
         return name, ": a crash in native code (a C/CUDA extension, a driver)"
     return name, ""

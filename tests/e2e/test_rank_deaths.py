@@ -18,7 +18,7 @@ STEP = "trainer.step={_target_:tests.support.user_steps.dies_on_rank_1,_partial_
 @pytest.mark.parametrize(
     "death, words",
     [
-        ("KILL", "was killed by SIGKILL (signal 9): the kernel's out-of-memory killer does this"),
+        ("KILL", "was killed by SIGKILL (signal 9): usually the kernel's out-of-memory killer, but a node failure"),
         ("SEGV", "was killed by SIGSEGV (signal 11)"),
         ("EXIT", "failed first (SystemExit: 3)"),  # sys.exit(3) is not taken for hpc_train's own exit code 3
     ],

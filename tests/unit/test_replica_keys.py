@@ -278,6 +278,7 @@ def test_the_defaults_are_declared_once_and_shipped_as_declared():
         "fault_tolerance.replica_groups": None,
         "fault_tolerance.min_replicas": 1,
         "fault_tolerance.timeout_s": 60,
+        "fault_tolerance.heartbeat_timeout_s": 5,
         "fault_tolerance.spare_nodes": 1,
         "fault_tolerance.max_restarts": 3,
     }
@@ -295,6 +296,7 @@ def test_a_node_that_leaves_keys_out_runs_with_their_defaults(tmp_path):
         "replica_groups": 3,
         "min_replicas": 1,
         "timeout_s": 60,
+        "heartbeat_timeout_s": 5,
         "spare_nodes": 1,
         "max_restarts": 3,
     }
@@ -309,6 +311,7 @@ def test_the_shipped_config_runs_without_replica_groups(tmp_path):
         "replica_groups": None,
         "min_replicas": 1,
         "timeout_s": 60,
+        "heartbeat_timeout_s": 5,
         "spare_nodes": 1,
         "max_restarts": 3,
     }

@@ -93,7 +93,62 @@ def test_the_report_line_names_the_first_events_and_counts_the_rest():
         rows += [drop(1, 10 * n + 1), rejoin(1, 10 * n + 5)]
     line = replicas.report_line({replicas.GROUPS: 2, replicas.FEWER_STEPS: 32}, rows)
     assert line.count("dropped at step") + line.count("rejoined at step") == replicas.EVENTS_SHOWN
-    assert line.endswith("; 6 more drop(s) and rejoin(s) in metrics.jsonl")
+    assert line.endswith("; 6 more event(s) in metrics.jsonl")
+
+
+# -- failures and restarts, as the groups' launcher saw them ----------------------------------------------------
+def failure(group: int, step: int, who: str = "rank 5", cause: str = "SIGKILL") -> Dict[str, Any]:
+    return replicas.event_row(replicas.FAILED, group, step, 1000.0 + step, 2, who=who, cause=cause, waited_s=5.2)
+
+
+FAILED = {
+    **SUMMARY,
+    replicas.FEWER_STEPS: 0,
+    replicas.FAILURES: 1,
+    replicas.RESTARTS: 1,
+    replicas.REJOINS: 1,
+    replicas.WAITED: 6.04,
+    replicas.HISTORY: [{"group": 2, "step": 356, "who": "rank 5", "cause": "SIGKILL", "rejoined": 357}],
+}
+
+
+def test_a_failure_that_no_step_missed_is_in_the_closing_line_with_the_others_wait():
+    assert replicas.summary_note(FAILED) == (
+        "; 3 replica groups: group 2 failed once (rank 5, SIGKILL) and rejoined at step 357; the others waited 6.0 s"
+    )
+    twice = {
+        **FAILED,
+        replicas.FEWER_STEPS: 4,
+        replicas.HISTORY: [
+            {"group": 2, "step": 3, "who": "rank 5", "cause": "SIGKILL", "rejoined": 3},
+            {"group": 2, "step": 9, "who": "hpcnode3", "cause": "exit code 1", "rejoined": None},
+        ],
+    }
+    assert replicas.summary_note(twice) == (
+        "; 3 replica groups: group 2 failed 2 times (rank 5, SIGKILL; hpcnode3, exit code 1) and did not rejoin;"
+        " 4 step(s) with fewer groups; the others waited 6.0 s"
+    )
+
+
+def test_the_report_line_names_a_failure_its_restart_and_the_wait_in_the_order_they_happened():
+    restarted = replicas.event_row(replicas.RESTARTED, 2, 356, 1356.0, 2, restart=1)
+    rows = [rejoin(2, 357), restarted, failure(2, 356), TRAIN]
+    assert replicas.report_line(FAILED, rows) == (
+        "replica groups: 3; 0 step(s) with fewer groups; the others waited 6.0 s;"
+        " group 2 failed at step 356 (rank 5, SIGKILL), restarted at step 356, rejoined at step 357"
+    )
+
+
+def test_the_launchers_events_file_is_read_in_whole_lines(tmp_path):
+    replicas.append_event(tmp_path / "a", replicas.FAILED, 1, 5.0, who="rank 1", cause="SIGKILL", restart=0)
+    replicas.append_event(tmp_path / "a", replicas.RESTARTED, 1, 6.0, restart=1)
+    with open(tmp_path / "a" / replicas.EVENTS, "a") as handle:
+        handle.write('{"event": "fail')  # a line being written
+    assert replicas.read_events(tmp_path / "a") == [
+        {"event": "failed", "group": 1, "s": 5.0, "who": "rank 1", "cause": "SIGKILL", "restart": 0},
+        {"event": "restarted", "group": 1, "s": 6.0, "restart": 1},
+    ]
+    assert replicas.read_events(tmp_path / "none") == []
 
 
 # -- the report and the closing line on a run dir ------------------------------------------------------------

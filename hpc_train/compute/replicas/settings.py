@@ -5,12 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from hpc_train.config.fault_tolerance import KEY_RULES
+
+# A job spec written before a key existed (a requeued job of an older version) reads that key's declared default
+DEFAULTS = {rule.key.rsplit(".", 1)[1]: rule.default for rule in KEY_RULES}
+
 
 @dataclass(frozen=True)
 class ReplicaSettings:
     replica_groups: Optional[int]  # R; None: no replica groups
     min_replicas: int  # below this many live groups, steps wait for groups to return
-    timeout_s: float  # how long a step waits for a silent group before dropping it
+    timeout_s: float  # how long a collective across the groups may take (and the join timeout's base)
+    heartbeat_timeout_s: float  # how long a group may go without a heartbeat before the quorum goes on without it
     spare_nodes: int  # Slurm: nodes held for restarting a failed group at once
     max_restarts: int  # restarts of one group in one attempt before the whole job fails
 
@@ -24,5 +30,6 @@ def replica_settings(spec: Mapping[str, Any]) -> Optional[ReplicaSettings]:
     node = spec.get("fault_tolerance")
     if not node:
         return None
-    settings = ReplicaSettings(**{name: node[name] for name in ReplicaSettings.__dataclass_fields__})
+    values = {name: node[name] for name in ReplicaSettings.__dataclass_fields__ if name in node}
+    settings = ReplicaSettings(**{**DEFAULTS, **values})
     return settings if settings.enabled else None

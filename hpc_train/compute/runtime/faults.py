@@ -5,6 +5,8 @@
 * ``HPC_TRAIN_KILL_AT=RANK:STEP``: that rank (its number in the whole job) sends itself SIGKILL at the same point,
   as a node failure or the OOM killer would end it; a replica group restarted after it does not do it again.
   ``RANK:start``: with replica groups, as its group starts, before it is ready (a failure during start-up).
+  ``RANK:STEP.average``: with replica groups, inside step STEP+1 as the all-reduce across the groups begins (the
+  other groups are inside a collective of torchft's when it dies).
 * ``HPC_TRAIN_RESTART_SLEEP=SECONDS``: a restarted replica group waits that long before it rejoins (a slow node's
   start-up), so that a test sees the other groups train on without it first.
 * ``HPC_TRAIN_SLOW_CHECKPOINT=SECONDS``: checkpoint writes pause half-way for that long,

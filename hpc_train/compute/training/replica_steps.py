@@ -27,6 +27,7 @@ from hpc_train.compute.replicas.state import (
 )
 from hpc_train.compute.runtime import distributed, faults
 from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import replicas as rows
@@ -37,9 +38,14 @@ DIGESTS_VARIABLE = "HPC_TRAIN_REPLICA_DIGESTS"  # "1": every group's rank 0 logs
 START_WAIT_S = 3600.0  # how long the groups of a starting attempt wait for each other before the first step
 
 
+def restart_number() -> int:
+    """How many times the launcher restarted this group inside the attempt (0: its first start)."""
+    return int(os.environ.get(REPLICA_RESTART_VARIABLE, "0") or 0)
+
+
 def restarted() -> bool:
     """This group was restarted by its launcher inside the attempt (it rejoins from a live group, not from disk)."""
-    return int(os.environ.get(REPLICA_RESTART_VARIABLE, "0") or 0) > 0
+    return restart_number() > 0
 
 
 class GroupSteps:
@@ -100,8 +106,10 @@ class GroupSteps:
         faults.maybe_kill(t.ranks.global_rank, "start")  # HPC_TRAIN_KILL_AT=RANK:start: a failure in start-up
         if self.restarted:
             faults.restart_sleep()  # HPC_TRAIN_RESTART_SLEEP: a slow start-up, injected
-        self.group.connect(self.holder(), t.state.global_step)
         folder = rows.attempt_folder(t.run_dir, os.environ)
+        self.group.folder = folder  # where the launcher records the groups' failures and restarts
+        self.group.returning = restart_number()
+        self.group.connect(self.holder(), t.state.global_step)
         if t.ranks.is_main:  # a restarted group too: one that failed before the first step is what the others await
             folder.mkdir(parents=True, exist_ok=True)
             rows.ready_file(folder, self.group.group).touch()
@@ -150,10 +158,11 @@ class GroupSteps:
                 result = t.train_step(batch, logged)
             except StepNotCommitted:
                 t.optimizer.zero_grad(set_to_none=True)
-                log.warning(
-                    "replica group %d: step %d failed in another group; taking it again",
-                    self.group.group,
-                    t.state.global_step + 1,
+                self.group.retry()
+                log_to_file(  # the console has the launcher's line on the group that failed; the traceback is above
+                    f"replica group {self.group.group}: step {t.state.global_step + 1} did not complete in every"
+                    f" group ({self.group.error_words()}); taking it again with the groups left",
+                    logging.WARNING,
                 )
                 continue
             self._after_commit()
@@ -182,11 +191,15 @@ class GroupSteps:
         t, group = self.trainer, self.group
         t.metrics.enabled = t.is_main
         step = t.state.global_step + 1  # the step just committed (the loop counts it next)
-        for event, member, _, live in group.events:
-            line = rows.event_log_line(event, member, step, live, group.groups)
-            log.warning("%s", line) if event == rows.DROPPED else log.info("%s", line)
+        for event, member, _, live, words in group.events:
+            line = rows.event_log_line(event, member, step, live, group.groups, **words)
+            if event in (rows.FAILED, rows.RESTARTED):  # the launcher said so on the console already
+                log_to_file(line, logging.WARNING)
+            else:
+                log.warning("%s", line) if event == rows.DROPPED else log.info("%s", line)
             if t.is_main:
-                t.metrics.write(rows.event_row(event, member, step, time.time(), live))
+                waited = round(group.last_wait, 3) if event == rows.FAILED else None
+                t.metrics.write(rows.event_row(event, member, step, time.time(), live, waited_s=waited, **words))
         if self.digests and t.ranks.is_main:
             log.info(
                 "replica group %d step %d parameter digest %s",
@@ -210,4 +223,11 @@ class GroupSteps:
             rows.FEWER_STEPS: self.group.fewer_steps,
             rows.DROPS: self.group.drops,
             rows.REJOINS: self.group.rejoins,
+            rows.FAILURES: self.group.failures,
+            rows.RESTARTS: self.group.restarts,
+            rows.WAITED: round(self.group.waited_s, 3),
+            rows.HISTORY: [
+                {key: entry.get(key) for key in ("group", "step", "who", "cause", "rejoined")}
+                for entry in self.group.history
+            ],
         }

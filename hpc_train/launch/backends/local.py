@@ -28,9 +28,10 @@ from hpc_train.config.view import plain
 from hpc_train.containers.job_step import LocalContainer, local_container
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
+from hpc_train.processes.procfs import oom_kills
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
-from hpc_train.records.rank_errors import death_cause, read_records, root_cause
+from hpc_train.records.rank_errors import OOM_KILL_KNOWN, death_cause, is_sigkill, read_records, root_cause
 
 GRACE_S = 10.0
 CONTAINER_FILES = "container"  # the run dir's folder of what a local run in an image needs (an OCI task's bundle)
@@ -154,8 +155,15 @@ def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
     return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
 
 
+def oom_known(code: int, before: int) -> str:
+    """What hpc_train knows of a SIGKILL's sender: the out-of-memory killer, when this cgroup's count of OOM kills
+    grew since `before`; "" when it cannot tell."""
+    return OOM_KILL_KNOWN if is_sigkill(code) and (oom_kills() or 0) > before else ""
+
+
 def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
     """Wait for all ranks; on the first failure stop the rest and report which rank failed first."""
+    oom_before = oom_kills() or 0  # a SIGKILL while the cgroup's count of OOM kills grew is the OOM killer's
     while True:
         codes = [proc.poll() for proc in procs]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -193,7 +201,8 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
                     else ""
                 )
                 print(
-                    f"hpc-train: rank {first} (pid {procs[first].pid}) {death_cause(codes[first])}{consequence};"
+                    f"hpc-train: rank {first} (pid {procs[first].pid})"
+                    f" {death_cause(codes[first], oom_known(codes[first], oom_before))}{consequence};"
                     f" stopping the other ranks. Its log: {rundir.rank_log(run_dir, first)}",
                     file=sys.stderr,
                 )

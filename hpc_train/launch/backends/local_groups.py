@@ -20,8 +20,17 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.containers.job_step import LocalContainer
-from hpc_train.launch.backends.local import GRACE_S, _forward_stop_signals, _stop, free_port, run_image, worker_env
+from hpc_train.launch.backends.local import (
+    GRACE_S,
+    _forward_stop_signals,
+    _stop,
+    free_port,
+    oom_known,
+    run_image,
+    worker_env,
+)
 from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.processes.procfs import oom_kills
 from hpc_train.processes.rank_env import (
     LIGHTHOUSE_VARIABLE,
     REPLICA_GROUP_VARIABLE,
@@ -29,7 +38,8 @@ from hpc_train.processes.rank_env import (
     REPLICA_RESTART_VARIABLE,
 )
 from hpc_train.records import hang, replicas, rundir
-from hpc_train.records.rank_errors import death_cause
+from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
+from hpc_train.records.rank_errors import death_cause, short_cause
 
 # Exits that end the whole run; a group that hangs (its watchdog's EXIT_HUNG) is restarted like one that died
 ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_INTERRUPTED)
@@ -51,6 +61,9 @@ class Groups:
         self.run_dir, self.config_path, self.lighthouse = plan.run_dir, config_path, lighthouse
         self.threads = max(1, (os.cpu_count() or 1) // plan.layout.world_size)
         self.launch_id = f"{os.getpid()}-{time.time_ns()}"
+        # The attempt's folder, where the groups' failures and restarts are recorded for the ranks to write up
+        self.folder = replicas.attempt_folder(self.run_dir, {LAUNCH_ID_VARIABLE: self.launch_id})
+        self.oom_kills = oom_kills() or 0  # the OOM kills this launcher's cgroup counted so far
         self.procs: Dict[int, List[subprocess.Popen]] = {}
         self.restarts = {g: 0 for g in range(self.groups)}
         self.files: List = []
@@ -115,22 +128,7 @@ class Groups:
                             file=sys.stderr,
                         )
                         return code if code > 0 else 1
-                    global_rank = group * self.size + rank
-                    _stop([p for p in procs if p.poll() is None], signal.SIGKILL)
-                    self.restarts[group] += 1
-                    who = f"rank {global_rank} {death_cause(code)}"
-                    if code == rundir.EXIT_HUNG:  # the watchdog of the group named the culprit: its words first
-                        verdict = hang.read_request(self.run_dir, since=started) or {}
-                        print(verdict.get("message") or f"hpc-train: replica group {group} hung", file=sys.stderr)
-                        who = "hung (above: the rank that stopped it)"
-                    print(
-                        f"hpc-train: replica group {group}: {who}; the other groups"
-                        f" train on; restarting group {group} ({self.restarts[group]} of at most"
-                        f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    self.start(group)
+                    self._restart(group, group * self.size + rank, code, started)
                 elif all(code == 0 for code in codes):
                     done[group] = True
                     finished_at = finished_at or time.monotonic()
@@ -145,6 +143,39 @@ class Groups:
                 )
                 return 0
             time.sleep(0.2)
+
+    def _restart(self, group: int, global_rank: int, code: int, started: float) -> None:
+        """Group `group` lost rank `global_rank` (exit status `code`): its failure on record and on the console, the
+        rest of it stopped, and the group started again."""
+        _stop([p for p in self.procs[group] if p.poll() is None], signal.SIGKILL)
+        known = oom_known(code, self.oom_kills)
+        who, cause = f"rank {global_rank} {death_cause(code, known)}", short_cause(code)
+        if code == rundir.EXIT_HUNG:  # the watchdog of the group named the culprit: its words first
+            verdict = hang.read_request(self.run_dir, since=started) or {}
+            print(verdict.get("message") or f"hpc-train: replica group {group} hung", file=sys.stderr)
+            who, cause = "hung (above: the rank that stopped it)", "hung"
+        elif known:
+            cause = "out of memory (SIGKILL)"
+        replicas.append_event(
+            self.folder,
+            replicas.FAILED,
+            group,
+            time.time(),
+            who=f"rank {global_rank}",
+            cause=cause,
+            restart=self.restarts[group],
+        )
+        self.restarts[group] += 1
+        print(
+            f"hpc-train: replica group {group}: {who}; the other groups"
+            f" train on; restarting group {group} ({self.restarts[group]} of at most"
+            f" {self.max_restarts}). Its log: {rundir.rank_log(self.run_dir, global_rank)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.start(group)
+        replicas.append_event(self.folder, replicas.RESTARTED, group, time.time(), restart=self.restarts[group])
+        self.oom_kills = oom_kills() or 0
 
     def _end(self, code: int, started: float) -> int:
         if code == rundir.EXIT_INTERRUPTED:
@@ -162,7 +193,7 @@ def run_groups(plan: RunPlan, config_path: Path) -> int:
     port = free_port()
     lighthouse_log = open(run_dir / rundir.LOGS / replicas.LIGHTHOUSE_LOG, "a")
     lighthouse = subprocess.Popen(
-        replicas.lighthouse_command(sys.executable, port, node.min_replicas, node.timeout_s),
+        replicas.lighthouse_command(sys.executable, port, node),
         stdout=lighthouse_log,
         stderr=subprocess.STDOUT,
     )

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.paths import REPO as ROOT
-from tests.unit.test_docs_text import marked_examples
+from tests.unit.test_docs_text import commands, marked_examples
 
 BIN = Path(sys.executable).parent
 
@@ -95,3 +96,46 @@ def test_docs_dry_run_examples(tmp_path):
             done.stdout + done.stderr
         )  # a run's "(dry run, ...)" line, or a sweep's "dry_run=True: <layout>" lines
         assert "dry run" in printed or "dry_run=True:" in printed, f"{where}: {cmd}: no dry-run line\n{printed}"
+
+
+def readme_as_a_user_runs_it(tmp: Path) -> str:
+    """The README's shell commands, every bash block in the order written, as one script for a clean shell: the
+    install is left out (the suite's own ``.venv`` is the one it makes), each ``hpc-train`` command runs as a dry
+    run in a temporary run dir, ``cd`` and ``source`` run as written, and any other command (a report of a run dir
+    the README made up, the test suite itself) must at least be found, as written, on the shell's PATH."""
+    lines = ["set -u"]
+    for n, block in enumerate(re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)):
+        for cmd in commands(block):
+            for part in " ".join(shlex.split(cmd)).split(" && "):
+                words = shlex.split(part)
+                if words[:3] == ["python3", "-m", "venv"] or words[0].endswith("/pip"):
+                    continue  # the install
+                if words[0] in ("cd", "source", "."):
+                    shown = shlex.join(words)
+                elif words[0] in ("hpc-train", ".venv/bin/hpc-train"):
+                    cut = words.index("--") if "--" in words else len(words)
+                    where = "sweep" if "-m" in words[:cut] else "run"
+                    extra = [f"hydra.{where}.dir={tmp}/{where}{n}-{len(lines)}"]
+                    extra += [] if "dry_run=true" in words else ["dry_run=true"]
+                    shown = shlex.join(words[:cut] + extra + words[cut:])
+                else:
+                    shown = f"command -v {shlex.quote(words[0])} >/dev/null"
+                lines.append(f"{shown} || {{ echo {shlex.quote('README command failed: ' + part)} >&2; exit 1; }}")
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_commands_run_as_written_in_a_new_shell(tmp_path):
+    """A new shell (no virtual environment on PATH, no Slurm configuration), the README's commands typed in order
+    from the checkout: each runs (an hpc-train command as its dry run), after the README's own instructions."""
+    clean_path = "/usr/local/bin:/usr/bin:/bin"
+    assert shutil.which("hpc-train", path=clean_path) is None  # only the README's own instructions provide it
+    assert (ROOT / ".venv" / "bin" / "activate").exists(), "the README installs into ./.venv"
+    env = {"PATH": clean_path, "HOME": str(tmp_path), "LANG": "C.UTF-8", "SLURM_CONF": "/nonexistent/slurm.conf"}
+    env |= {"IDRPROJ": "abc", "CUDA_VISIBLE_DEVICES": ""}  # cluster=jean_zay reads its account from IDRPROJ
+    script = readme_as_a_user_runs_it(tmp_path)
+    done = subprocess.run(
+        ["/bin/bash", "--noprofile", "--norc", "-c", script],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stderr[-3000:]}\n--- the script:\n{script}"
+    assert done.stdout.count("hpc-train (dry run") >= 8, done.stdout[-3000:]

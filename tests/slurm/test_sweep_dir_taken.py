@@ -42,7 +42,8 @@ def queued(name: str) -> List[str]:
 def cancel(name: str) -> None:
     """This test's jobs cancelled: those named `name`, and its allocations' (a second sweep's, were it queued)."""
     names = ",".join([name, f"{name}-pack0", f"{name}-pack1"])
-    subprocess.run(["scancel", "-n", names], capture_output=True)
+    for one in names.split(","):  # scancel takes one name at a time
+        subprocess.run(["scancel", "-n", one], capture_output=True)
     deadline = time.monotonic() + 60
     while queued(names) and time.monotonic() < deadline:
         time.sleep(0.5)

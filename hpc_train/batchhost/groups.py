@@ -35,7 +35,7 @@ from hpc_train.processes.rank_env import (
 from hpc_train.records import replicas as marks
 from hpc_train.records import rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
-from hpc_train.records.rank_errors import death_cause
+from hpc_train.records.rank_errors import NODE_DOWN_KNOWN, death_cause, short_cause
 from hpc_train.records.rundir import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_REFUSED
 from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
@@ -105,10 +105,7 @@ class GroupSteps:
         job = self.env.get("SLURM_JOB_ID", "")
         held = expand_hostlist(slurm_cli.show_job(job).get("NodeList", "") or self.env.get("SLURM_JOB_NODELIST", ""))
         busy = {node for g, step in self.steps.items() if step.poll() is None for node in self.nodes[g]}
-        states = {}
-        for line in (slurm_cli.query(["sinfo", "-h", "-N", "-o", "%N %t"]) or "").splitlines():
-            name, _, state = line.partition(" ")
-            states[name] = state.strip().rstrip("*~#!%$@^-").lower()
+        states = self.node_states()
         free = [node for node in held if node not in busy and states.get(node, "idle") in USABLE]
         return sorted(free, key=lambda node: held.index(node) < self.groups * self.group_nodes)
 
@@ -135,6 +132,40 @@ class GroupSteps:
             if step.poll() is None:
                 step.send_signal(signum)
 
+    def _failed(self, group: int, code: int) -> None:
+        """Group `group`'s step ended with srun's status `code` before the group finished: on the console and on
+        record (the attempt's events.jsonl, which the ranks write up), with what Slurm knows of its nodes."""
+        nodes = ",".join(self.nodes[group])
+        down = self.down_nodes(self.nodes[group])
+        states = "/".join(sorted(set(down.values()))).upper()
+        known = NODE_DOWN_KNOWN.format(nodes=",".join(down), state=states) if down else ""
+        how, cause = f"srun {death_cause(code, known)}", f"node {states}" if down else short_cause(code)
+        if code == EXIT_HUNG:
+            how, cause = "hung: its watchdog named the rank above", "hung"
+        print(
+            f"hpc-train: replica group {group}'s step on {nodes} ended ({how}) before the group finished; the other"
+            f" groups train on; restarting group {group} on free nodes ({self.restarts[group] + 1} of at most"
+            f" {self.plan['max_restarts']})",
+            file=sys.stderr,
+            flush=True,
+        )
+        marks.append_event(
+            self.folder, marks.FAILED, group, time.time(), who=nodes, cause=cause, restart=self.restarts[group]
+        )
+
+    def down_nodes(self, nodes: List[str]) -> Dict[str, str]:
+        """The nodes among `nodes` that Slurm reports unusable (DOWN, DRAIN, FAIL, ...): node -> its state."""
+        states = self.node_states()
+        return {node: states[node] for node in nodes if node in states and states[node] not in USABLE}
+
+    def node_states(self) -> Dict[str, str]:
+        """sinfo's state of every node, lower case and without its flags (`idle`, `down`, `drain`, ...)."""
+        states = {}
+        for line in (slurm_cli.query(["sinfo", "-h", "-N", "-o", "%N %t"]) or "").splitlines():
+            name, _, state = line.partition(" ")
+            states[name] = state.strip().rstrip("*~#!%$@^-").lower()
+        return states
+
     def _watch(self, lighthouse: str) -> int:
         waiting: List[int] = []  # groups to restart once nodes are free
         done_at: Optional[float] = None
@@ -160,13 +191,7 @@ class GroupSteps:
                         flush=True,
                     )
                     return code or 1
-                how = "hung: its watchdog named the rank above" if code == EXIT_HUNG else f"srun {death_cause(code)}"
-                print(
-                    f"hpc-train: replica group {group}'s step on {','.join(self.nodes[group])} ended ({how})"
-                    " before the group finished; the other groups train on",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                self._failed(group, code)
                 waiting.append(group)
             for group in list(waiting):
                 free = self.free_nodes()
@@ -175,6 +200,10 @@ class GroupSteps:
                 waiting.remove(group)
                 self.restarts[group] += 1
                 self.start(group, free[: self.group_nodes], lighthouse)
+                where = ",".join(self.nodes[group])
+                marks.append_event(
+                    self.folder, marks.RESTARTED, group, time.time(), restart=self.restarts[group], where=where
+                )
             if all(count < 0 for count in self.restarts.values()):
                 return 0
             limit = float(self.plan["timeout_s"]) + 60

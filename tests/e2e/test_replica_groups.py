@@ -32,7 +32,7 @@ from tests.support.paths import REPO
 
 GROUPS, SIZE = 3, 2  # 3 replica groups of 2 ranks: global rank = group * SIZE + rank in the group
 STEPS = 20
-TIMEOUT_S = 6  # fault_tolerance.timeout_s: a silent group is dropped after this long
+TIMEOUT_S = 6  # fault_tolerance.timeout_s (collectives); a group without a heartbeat is dropped after 5 s (default)
 RANKS = [f"resources.gpus_per_node={GROUPS * SIZE}"]
 JOB = [*TINY, *RANKS, "trainer.batch_size=48", "trainer.epochs=null", "trainer.eval=false"]
 HALF = STEPS // 2
@@ -234,13 +234,17 @@ def test_the_dropped_group_is_back_within_its_restart_start_up_and_the_timeout(f
     assert RESTART_SLEEP_S <= waited <= REJOIN_BOUND_S, f"group 1 was back {waited:.1f} s after the kill"
 
 
-def test_the_drop_and_the_rejoin_are_one_row_each_and_the_summary_counts_the_steps_between(failed):
+def test_the_failure_restart_drop_and_rejoin_are_one_row_each_and_the_summary_counts_the_steps_between(failed):
     events = rows(failed.dir, "replica")
-    assert [(row["event"], row["group"]) for row in events] == [("dropped", 1), ("rejoined", 1)], events
-    dropped, rejoined = events
-    assert dropped["step"] == KILL_STEP + 1 and dropped["groups"] == GROUPS - 1
+    kinds = [(row["event"], row["group"]) for row in events]
+    assert kinds == [("failed", 1), ("dropped", 1), ("restarted", 1), ("rejoined", 1)], events
+    failure, dropped, restarted, rejoined = events
+    assert (failure["who"], failure["cause"], restarted["restart"]) == (f"rank {KILLED_RANK}", "SIGKILL", 1), events
+    assert failure["step"] == restarted["step"] == dropped["step"] == KILL_STEP + 1 and dropped["groups"] == GROUPS - 1
     assert rejoined["step"] == digests(failed.dir, 1)[KILL_STEP][1] and rejoined["groups"] == GROUPS
-    assert read_summary(failed.dir)["steps_with_fewer_groups"] == rejoined["step"] - dropped["step"]
+    summary = read_summary(failed.dir)
+    assert summary["steps_with_fewer_groups"] == rejoined["step"] - dropped["step"]
+    assert (summary["replica_failures"], summary["replica_restarts"], summary["replica_rejoins"]) == (1, 1, 1), summary
 
 
 def test_the_groups_hold_the_same_parameters_wherever_they_all_took_the_step_and_at_the_end(failed):
@@ -252,10 +256,13 @@ def test_the_groups_hold_the_same_parameters_wherever_they_all_took_the_step_and
 
 
 def test_the_closing_line_and_the_report_say_how_many_steps_ran_with_fewer_groups(failed):
-    dropped, rejoined = rows(failed.dir, "replica")
-    fewer = rejoined["step"] - dropped["step"]
+    _, dropped, _, rejoined = rows(failed.dir, "replica")
+    fewer, waited = rejoined["step"] - dropped["step"], read_summary(failed.dir)["replica_wait_s"]
     done = next(line for line in failed.stdout.splitlines() if line.startswith("hpc-train: done:"))
-    assert done.endswith(f"; {GROUPS} replica groups: 1 drop(s), 1 rejoin(s), {fewer} step(s) with fewer groups")
+    assert done.endswith(
+        f"; {GROUPS} replica groups: group 1 failed once (rank {KILLED_RANK}, SIGKILL) and rejoined at step"
+        f" {rejoined['step']}; {fewer} step(s) with fewer groups; the others waited {waited:.1f} s"
+    ), done
     code = (
         "import sys; from hpc_train.report.command import main; code = main([sys.argv[1], '--no-png']);"
         " assert 'torch' not in sys.modules, 'the report imported torch'; sys.exit(code)"
@@ -263,8 +270,9 @@ def test_the_closing_line_and_the_report_say_how_many_steps_ran_with_fewer_group
     proc = subprocess.run([sys.executable, "-c", code, str(failed.dir)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = (
-        f"replica groups: {GROUPS}; {fewer} step(s) with fewer groups;"
-        f" group 1 dropped at step {dropped['step']}, rejoined at step {rejoined['step']}"
+        f"replica groups: {GROUPS}; {fewer} step(s) with fewer groups; the others waited {waited:.1f} s;"
+        f" group 1 failed at step {dropped['step']} (rank {KILLED_RANK}, SIGKILL), dropped at step {dropped['step']},"
+        f" restarted at step {dropped['step']}, rejoined at step {rejoined['step']}"
     )
     assert line in proc.stdout.splitlines()
 

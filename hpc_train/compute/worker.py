@@ -5,7 +5,7 @@ The local launcher and the plain sbatch scripts start it once per task.
 Exit codes (hpc_train.records.rundir): EXIT_OK; EXIT_FAILED (traceback in logs/rank<r>.log and on
 stderr); EXIT_REFUSED (one message, no traceback: e.g. the job was planned for another number
 of ranks, or the checkpoint is unsafe or from an older hpc-train); EXIT_INTERRUPTED (stopped by
-a signal after a checkpoint: re-run the same command to resume). Under a plain sbatch
+a signal after a checkpoint: resumed as hpc_train.records.rundir.resume_hint says). Under a plain sbatch
 script, the requeue signal makes rank 0 requeue the job itself (``scontrol requeue``).
 """
 
@@ -26,7 +26,7 @@ from hpc_train.compute.runtime.interrupts import REQUEUE, TrainingInterrupted
 from hpc_train.compute.runtime.refusal import REFUSALS
 from hpc_train.compute.runtime.requeue import requeue_after_stop
 from hpc_train.pack.records import PACKED_ENV
-from hpc_train.records.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED
+from hpc_train.records.rundir import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, resume_hint
 
 
 def main(argv=None) -> int:
@@ -56,7 +56,7 @@ def run_spec(spec: DictConfig) -> int:
         if os.environ.get(PACKED_ENV):
             print(f"hpc-train: {stop}; this packed run resumes when its allocation starts again", file=sys.stderr)
         else:
-            print(f"hpc-train: {stop}. Re-run the same command (same hydra.run.dir) to resume.", file=sys.stderr)
+            print(f"hpc-train: {stop}; {resume_hint(Path(spec.job.run_dir))}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except SystemExit as stop:  # sys.exit() in the user's code: its status must not pass for one of ours
         print(f"hpc-train: the training code called sys.exit({stop.code!r}) before training finished", file=sys.stderr)

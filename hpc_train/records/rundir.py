@@ -55,18 +55,30 @@ EXIT_INTERRUPTED = (
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.records.hang)
 EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
 
+# How a job stopped before its end goes on from its last checkpoint, in the words of where it ran: the job spec's
+# job.sweep (hpc_train.launch.planning.jobspec) is None for a run; for a sweep's job, its sweep dir and how the
+# sweep's jobs run again: RERUN_FAILED where Slurm ran them (arrays or packed runs: the rerun resubmits only what did
+# not complete), RERUN_SWEEP where they ran one by one on this machine (no job table to rerun from). See resume_hint.
+RERUN_FAILED = "failed jobs"
+RERUN_SWEEP = "sweep"
+RESUME_HINTS: Dict[Optional[str], str] = {
+    None: "run the same command again (same hydra.run.dir={run_dir}) to resume from the last checkpoint",
+    RERUN_FAILED: "rerun the sweep's jobs that did not complete with: hpc-train-report {sweep_dir} --rerun-failed"
+    " (each resumes from its last checkpoint)",
+    RERUN_SWEEP: "run the sweep's command again with hydra.sweep.dir={sweep_dir} to resume its jobs from their last"
+    " checkpoints (its finished jobs are left as they are)",
+}
+
 # hpc-train's closing line for each way a job ends, one table for every launcher (local, torchrun, a followed Slurm
 # job): see closing_line. EXIT_REFUSED has two: a rank refused before this launch trained a step, or later.
 REFUSED_MID_RUN = "refused mid-run"
 CLOSING_LINES: Dict[Any, str] = {
-    EXIT_INTERRUPTED: "stopped by a signal (after a checkpoint, unless a second signal stopped it at once); run the"
-    " same command again (same hydra.run.dir={run_dir}) to continue from the last checkpoint",
+    EXIT_INTERRUPTED: "stopped by a signal (after a checkpoint, unless a second signal stopped it at once); {resume}",
     EXIT_HUNG: "the job hung and its watchdog stopped it (exit code {code}): the stuck ranks and their stacks are named"
-    " above and in {logs}; re-run the same command to resume from the last checkpoint",
+    " above and in {logs}; {resume}",
     EXIT_REFUSED: "the job refused to start (exit code {code}): the reason is printed above and in {logs}",
     REFUSED_MID_RUN: "the job stopped mid-run at step {step}: a rank refused to go on (exit code {code}); the reason is"
-    " printed above and in {logs}. Fix it, then run the same command again (same hydra.run.dir={run_dir}) to resume"
-    " from the last checkpoint",
+    " printed above and in {logs}. Fix it, then {resume}",
     EXIT_FAILED: "the job failed (exit code {code}); see the logs in {logs}",
 }
 
@@ -416,5 +428,26 @@ def closing_line(code: int, run_dir: Path, since: float = 0.0) -> str:
     the step reached when the attempt started after `since` had trained past its start."""
     step = steps_trained_to(run_dir, since) if code == EXIT_REFUSED else None
     key = REFUSED_MID_RUN if step is not None else (code if code in CLOSING_LINES else EXIT_FAILED)
-    words = CLOSING_LINES[key].format(run_dir=run_dir, logs=Path(run_dir) / LOGS, code=code, step=step)
+    resume = resume_hint(run_dir) if "{resume}" in CLOSING_LINES[key] else ""
+    words = CLOSING_LINES[key].format(logs=Path(run_dir) / LOGS, code=code, step=step, resume=resume)
     return f"hpc-train: {words}"
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How this run goes on from its last checkpoint, for where it ran (RESUME_HINTS): its job spec's job.sweep."""
+    sweep = job_sweep(run_dir)
+    if sweep is None:
+        return RESUME_HINTS[None].format(run_dir=run_dir)
+    return RESUME_HINTS[sweep["rerun"]].format(sweep_dir=sweep["dir"])
+
+
+def job_sweep(run_dir: Path) -> Optional[Dict[str, str]]:
+    """The job spec's job.sweep ({dir, rerun}) of the run in `run_dir`; None for a run of its own (or no spec)."""
+    import yaml  # on use: most readers of the run dir never need it
+
+    try:
+        spec = yaml.load((Path(run_dir) / JOB_CONFIG).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        return None
+    sweep = spec.get("job", {}).get("sweep") if isinstance(spec, dict) else None
+    return sweep if isinstance(sweep, dict) and sweep.get("rerun") in RESUME_HINTS else None

@@ -40,6 +40,10 @@ def hung_job(args, run_dir: Path) -> str:
     proc = run_cli(args, run_dir, timeout=LIMIT_S + 60)
     assert proc.returncode == rundir.EXIT_HUNG, proc.stdout + proc.stderr
     assert time.monotonic() - started < LIMIT_S
+    # a run (not a sweep's job): its own command again resumes it
+    assert proc.stdout.rstrip().endswith(
+        f"; run the same command again (same hydra.run.dir={run_dir}) to resume from the last checkpoint"
+    ), proc.stdout
     return hang_message(proc)
 
 

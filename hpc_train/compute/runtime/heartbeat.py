@@ -361,8 +361,7 @@ class Heartbeat:
         message = (
             f"rank {self.rank}: {why}: stopping now, in {self.phase_name}"
             f"{f' at step {self.step}' if self.step else ''}, without a checkpoint of this step (its stacks are in"
-            f" {rundir.rank_log(self.run_dir, self.rank)}); re-run the same command to resume from the last"
-            " checkpoint"
+            f" {rundir.rank_log(self.run_dir, self.rank)}); {rundir.resume_hint(self.run_dir)}"
         )
         os.write(2, f"hpc-train: {message}\n".encode())
         log_to_file(message)

@@ -28,10 +28,11 @@ def requeue_allowed(run_dir: Path, max_requeues: int) -> bool:
     started = rundir.attempts_started(run_dir)
     if started > max_requeues:
         log.error(
-            "not requeuing: %d attempts already, trainer.max_requeues=%d. The checkpoint is kept: "
-            "re-run the same command (same hydra.run.dir) to continue, or raise trainer.max_requeues.",
+            "not requeuing: %d attempts already, trainer.max_requeues=%d. The checkpoint is kept: %s, or raise"
+            " trainer.max_requeues.",
             started,
             max_requeues,
+            rundir.resume_hint(run_dir),
         )
         return False
     return True

@@ -11,11 +11,15 @@ breaks one of them is found by the test suite, not by a user. Imports are done o
   (the Python API's compose), and putting the caller's state back after;
 * ``hydra.job.override_dirname`` as Hydra computes it (sweep jobs composed by the launcher);
 * Hydra's command-line parser and the frame its flag check raises from (one message for
-  ``--resolve`` without ``--cfg`` and the like).
+  ``--resolve`` without ``--cfg`` and the like);
+* a failed job's ``JobReturn`` whose value the sweeper reads (``_ = r.return_value``) raises without the getter's
+  ``Error executing job with overrides: [...]`` line (a failure hpc-train has said in its own words).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import fields
 from typing import Any, List
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # its _target_, as configs name it
@@ -79,6 +83,42 @@ def args_parser() -> Any:
     return get_args_parser()
 
 
+def job_error(ret: Any) -> Any:
+    """A failed job's error (a Hydra ``JobReturn``'s), read without the getter's line; None for a job that did not
+    fail."""
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without it
+    from hydra.core.utils import JobStatus
+
+    return ret._return_value if ret.status == JobStatus.FAILED else None
+
+
+def quiet_failure(ret: Any) -> Any:
+    """`ret` (a Hydra ``JobReturn``) as one whose failure, read by the sweeper, raises its error without Hydra's
+    ``Error executing job with overrides: [...]`` on stderr: the error says what failed and is already printed."""
+    return _quiet_return_class()(**{field.name: getattr(ret, field.name) for field in fields(ret)})
+
+
+@functools.lru_cache(maxsize=None)
+def _quiet_return_class() -> type:
+    # Hydra (~0.2 s) on use: hpc_train.api and hpc-train-report --watch import this module without it
+    from hydra.core.utils import JobReturn, JobStatus
+
+    class QuietFailure(JobReturn):
+        """A JobReturn whose getter raises a failed job's error as Hydra's does, without writing a line first."""
+
+        @property
+        def return_value(self) -> Any:
+            if self.status == JobStatus.COMPLETED:
+                return self._return_value
+            raise self._return_value
+
+        @return_value.setter
+        def return_value(self, value: Any) -> None:
+            self._return_value = value
+
+    return QuietFailure
+
+
 # (module, attribute path) of each internal above: what tests/unit/test_hydra_internals.py checks.
 INTERNALS = [
     ("hydra._internal.core_plugins.basic_sweeper", "BasicSweeper"),
@@ -88,5 +128,6 @@ INTERNALS = [
     ("hydra._internal.utils", "get_args_parser"),
     ("hydra.initialize", "get_gh_backup"),
     ("hydra.initialize", "restore_gh_from_backup"),
+    ("hydra.core.utils", "JobReturn"),
     FLAG_CHECK_FRAME,
 ]

@@ -34,7 +34,7 @@ from hpc_train.jobs import job_table, submissions
 from hpc_train.launch.backends import packed as pack
 from hpc_train.launch.backends import slurm, slurm_params, slurm_queueing
 from hpc_train.launch.backends.slurm_follow import follow_job
-from hpc_train.launch.hydra import forwarding
+from hpc_train.launch.hydra import forwarding, hydra_internals
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning.errors import JobFailed
@@ -101,9 +101,11 @@ class SweepLauncher(SweepLauncherBase):
                 job_dir_key="hydra.sweep.dir",
                 job_subdir_key="hydra.sweep.subdir",
             )
-        if local_idx and not dry_run:
+        if local_idx and not dry_run and sweeper_wants_objective(self.config.hydra):  # batch after batch
             print(f"hpc-train: sweep dir {sweep_dir}; compare its jobs with: hpc-train-report {sweep_dir}")
-        return returns  # type: ignore[return-value]
+        elif local_idx and not dry_run:
+            _say_how_they_ended([(initial_job_idx + i, returns[i]) for i in local_idx], sweep_dir)
+        return [_quiet_when_said(ret) for ret in returns]  # type: ignore[arg-type]
 
     def _forward(self, jobs: List[JobConfig]) -> None:
         """A dry run goes on here (cluster checks over an open connection); a real sweep is validated and laid out
@@ -292,6 +294,13 @@ def _say_how_they_ended(followed: List[Tuple[int, Optional[JobReturn]]], sweep_d
         f", {len(failed)} did not (#{', #'.join(map(str, failed))})" if failed else ""
     )
     print(f"hpc-train: sweep of {len(followed)} job(s) ended: {ended}; compare them with: hpc-train-report {sweep_dir}")
+
+
+def _quiet_when_said(ret: JobReturn) -> JobReturn:
+    """A job whose failure hpc-train has printed in its own words: the sweeper reads it without Hydra's `Error
+    executing job with overrides` line, so the sweep's last line stays hpc-train's (its exit code is the job's)."""
+    error = hydra_internals.job_error(ret)
+    return hydra_internals.quiet_failure(ret) if isinstance(error, JobFailed) and error.reported else ret
 
 
 class Progress:

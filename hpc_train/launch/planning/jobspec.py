@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -35,6 +35,7 @@ def build_job_spec(plan: RunPlan, choices: Optional[Dict[str, str]] = None) -> D
         "layout": layout,
         "choices": dict(choices) if choices is not None else hydra_choices(),
         "code_dirs": code_dirs(),
+        "sweep": hydra_sweep(str(plan.config.launcher.name)),
     }
     spec["backend"] = launcher_kind(plan.config.launcher.name).rank_settings()  # how the ranks were started
     if is_script_job(spec):  # the script's folder, fixed where hpc-train was started
@@ -50,6 +51,25 @@ def hydra_choices() -> Dict[str, str]:
         return {}
     choices = HydraConfig.get().runtime.choices
     return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra/") and v is not None}
+
+
+def hydra_sweep(launcher: str) -> Optional[Dict[str, str]]:
+    """A sweep's job (Hydra composed it for ``-m``) under `launcher` (launcher.name): its sweep dir and how the sweep's
+    jobs that did not complete run again (rundir.RESUME_HINTS: what a job that stops says); None for a run of its
+    own."""
+    held = HydraConfig.instance().cfg
+    if held is None:
+        return None
+    if _last_sweep[0] is not held or _last_sweep[1] != launcher:  # ~40 us: once per Hydra config, not per job
+        hydra, sweep = held.hydra, None
+        if str(getattr(hydra.mode, "name", hydra.mode)) == "MULTIRUN":
+            rerun = rundir.RERUN_FAILED if launcher_kind(launcher).submits else rundir.RERUN_SWEEP
+            sweep = {"dir": str(Path(str(hydra.sweep.dir)).resolve()), "rerun": rerun}
+        _last_sweep[:] = [held, launcher, sweep]
+    return None if _last_sweep[2] is None else dict(_last_sweep[2])
+
+
+_last_sweep: List[Any] = [None, None, None]  # hydra_sweep's last: (the Hydra config it read, launcher, its answer)
 
 
 def write_yaml(data: Any, path: Path) -> Path:

@@ -44,6 +44,7 @@ RELAYED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal
 ENDING = (EXIT_REFUSED, EXIT_INTERRUPTED)  # a group's exit that ends the whole job; a hung group is restarted
 USABLE = ("idle", "mix", "alloc", "allocated", "mixed", "completing")  # sinfo's states of a node that can run a step
 NODE_WAIT_S = 5.0  # between two looks for nodes to restart a group on
+SRUN_ZERO = "srun says so when a node of its step failed (Slurm may have returned the node to service since)"
 
 
 def describe(plan: Dict) -> str:
@@ -140,6 +141,8 @@ class GroupSteps:
         states = "/".join(sorted(set(down.values()))).upper()
         known = NODE_DOWN_KNOWN.format(nodes=",".join(down), state=states) if down else ""
         how, cause = f"srun {death_cause(code, known)}", f"node {states}" if down else short_cause(code)
+        if code == 0 and not down:  # no word of Slurm's beyond srun's 0, which a node failure gives too
+            how, cause = f"srun exited with code 0: {SRUN_ZERO}", "node failure (srun exit 0)"
         if code == EXIT_HUNG:
             how, cause = "hung: its watchdog named the rank above", "hung"
         print(

@@ -33,6 +33,9 @@ def test_a_hung_group_is_named_restarted_alone_and_rejoins(tmp_path):
     assert "restarting group 0" not in out, out
     hang_record = json.loads((run_dir / "logs" / "hang.json").read_text())
     assert hang_record["group"] == 1 and hang_record["culprits"] == [3], hang_record
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    failed = [row for row in rows if row.get("kind") == "replica" and row["event"] == "failed"]
+    assert [(row["group"], row["who"], row["cause"]) for row in failed] == [(1, "rank 3", "hung")], failed
     for rank in (0, 1):  # the other group's ranks started once and never stopped
         assert "restarted, rejoining" not in (run_dir / "logs" / f"rank{rank}.log").read_text()
     attempts = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]

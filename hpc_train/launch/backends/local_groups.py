@@ -150,20 +150,17 @@ class Groups:
         _stop([p for p in self.procs[group] if p.poll() is None], signal.SIGKILL)
         known = oom_known(code, self.oom_kills)
         who, cause = f"rank {global_rank} {death_cause(code, known)}", short_cause(code)
+        rank = f"rank {global_rank}"
         if code == rundir.EXIT_HUNG:  # the watchdog of the group named the culprit: its words first
             verdict = hang.read_request(self.run_dir, since=started) or {}
             print(verdict.get("message") or f"hpc-train: replica group {group} hung", file=sys.stderr)
             who, cause = "hung (above: the rank that stopped it)", "hung"
+            culprits = verdict.get("culprits") or []
+            rank = ", ".join(f"rank {r}" for r in culprits) if culprits else None
         elif known:
             cause = "out of memory (SIGKILL)"
         replicas.append_event(
-            self.folder,
-            replicas.FAILED,
-            group,
-            time.time(),
-            who=f"rank {global_rank}",
-            cause=cause,
-            restart=self.restarts[group],
+            self.folder, replicas.FAILED, group, time.time(), who=rank, cause=cause, restart=self.restarts[group]
         )
         self.restarts[group] += 1
         print(

@@ -150,3 +150,35 @@ def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_oth
         assert_bit_identical(mixed_uninterrupted / job, sweep_dir / job)
     for job in ("0", "1"):
         assert read_summary(sweep_dir / job)["attempts"] == 1
+
+
+HANGS_AT_STEP_3 = "trainer.step={_target_:tests.support.user_steps.sleeps_on_every_rank,_partial_:true}"
+
+
+def test_a_packed_sweep_whose_run_hangs_ends_in_its_own_words_and_points_to_the_rerun(slurm_cluster, tmp_path):
+    """Two runs in one allocation, followed (launcher.wait); the second hangs at step 3 and its watchdog stops it.
+    The hung run's hint is a sweep's on Slurm (--rerun-failed reruns it alone; the sweep's command would start both
+    again), and the terminal's last line is hpc-train's account of the sweep, not Hydra's `Error executing job`."""
+    sweep_dir = tmp_path / "sweep"
+    runs = ["strategy=single", "trainer.epochs=null", "trainer.eval=false", "trainer.max_steps=2,6"]
+    args = [*SLURM, *TINY, *runs, "trainer.hang_timeout_s=6", HANGS_AT_STEP_3, *PACK_ONE, "launcher.wait=true"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")  # the lines in the order a terminal shows
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpc_train.cli", "-m", *args, f"hydra.sweep.dir={sweep_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=400,
+    )
+    out = proc.stdout
+    assert proc.returncode != 0 and "Error executing job" not in out, out
+    lines = out.rstrip().splitlines()
+    expected = "hpc-train: sweep of 2 job(s) ended: 1 completed, 1 did not (#1); compare them with: hpc-train-report"
+    assert lines[-1] == f"{expected} {sweep_dir}", out
+    hung = next(line for line in lines if line.startswith("hpc-train: the job hung"))
+    assert hung.endswith(
+        f"; rerun the sweep's jobs that did not complete with: hpc-train-report {sweep_dir} --rerun-failed (each"
+        " resumes from its last checkpoint)"
+    ), hung

@@ -80,6 +80,10 @@ def assert_one_message(proc: subprocess.CompletedProcess, run_dir: Path, name: s
     assert "Traceback" not in out and "No space left" not in out and "enforce fail" not in out, out
     assert f"no space left for checkpoint {name} in {run_dir / 'checkpoints'}" in out, out
     assert "The previous checkpoint is kept" in out and "trainer.keep_checkpoints" in out, out
+    assert "then resume from it as the job's last line says" in out, out  # a run's last line, or a sweep job's
+    assert last_line(proc).endswith(
+        f"run the same command again (same hydra.run.dir={run_dir}) to resume from the last checkpoint"
+    )
     assert not list((run_dir / "checkpoints").glob(".*")), "no temporary file is left"
 
 

@@ -135,7 +135,7 @@ def human_size(n: float) -> str:
 
 RESUME_AFTER_FREEING = (
     "The previous checkpoint is kept and stays the resume target. Fix: free space on that file system or lower"
-    " trainer.keep_checkpoints, then run the same command again to resume."
+    " trainer.keep_checkpoints, then resume from it as the job's last line says."
 )
 
 

@@ -207,8 +207,8 @@ def slurm_job_states(job_ids: Iterable[str], run_dirs: Optional[Mapping[str, Pat
             if len(fields) < 2 or not fields[1].split():
                 continue
             elapsed = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None
-            for one in _expand_array(fields[0]):
-                found.setdefault(one, SlurmState(fields[1].split()[0], elapsed))
+            for one in _expand_array(fields[0]):  # a later row of the same job is newer: a job that lost a node
+                found[one] = SlurmState(fields[1].split()[0], elapsed)  # (--no-kill) has a RESIZING row, then its own
     rest = sorted({j.split("_")[0] for j in wanted if j not in found})
     for batch in _batches(rest):
         listed = _squeue(batch)

@@ -1,18 +1,23 @@
 """Replica groups on the Slurm test cluster: a node of one group set DOWN mid-run takes down only that group's job
-step; the agent starts the group again on the spare node, the other groups train on, and it rejoins from them."""
+step; the agent starts the group again on the spare node, the other groups train on, and it rejoins from them.
+Every job here is followed to its end by ``launcher.wait=true``, whose closing lines and exit code say how it ended
+(the groups' steps write no result file of submitit's: the follower reads Slurm's state and the run's records)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import pytest
 
-from tests.slurm.test_requeue_slurm import submit, wait_until_finished_with_summary
+from tests.slurm.test_requeue_slurm import SLURM, wait_until_finished_with_summary
 from tests.support.cli import read_summary, wait_for
+from tests.support.paths import REPO
 
 GROUPS = ["fault_tolerance.replica_groups=3", "fault_tolerance.timeout_s=6", "fault_tolerance.spare_nodes=1"]
 RUN = [
@@ -36,6 +41,37 @@ def train_steps(run_dir: Path) -> int:
     return sum(1 for line in path.read_text().splitlines() if '"kind": "train"' in line)
 
 
+def follow(args: List[str], run_dir: Path, out: Path, **env: str) -> subprocess.Popen:
+    """`hpc-train ... launcher.wait=true` in the background, everything it prints into `out`."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpc_train.cli", *SLURM, *args, "launcher.wait=true", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES="", **env),
+        stdout=out.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def submitted(out: Path) -> str:
+    wait_for(lambda: re.search(r"submitted Slurm job (\d+)", out.read_text()), 60, "the job queued")
+    return re.search(r"submitted Slurm job (\d+)", out.read_text()).group(1)
+
+
+def followed_to_its_end(proc: subprocess.Popen, out: Path, steps: int, timeout: float = 300) -> str:
+    """The follower's exit code 0 and its closing lines: the steps trained, the groups, where the records are."""
+    proc.wait(timeout=timeout)
+    said = out.read_text()
+    lines = said.strip().splitlines()
+    assert proc.returncode == 0, said
+    assert not re.search(r"job \d+ failed|the job failed|result\.pkl|requeued", said), said
+    done = next(line for line in lines if line.startswith("hpc-train: done:"))
+    assert done.startswith(f"hpc-train: done: {steps} steps,") and "replica groups" in done, said
+    assert lines[-1].startswith("hpc-train: logs"), said
+    return said
+
+
 def job_steps(job: str) -> List[List[str]]:
     """sacct's rows of the job's steps: [step id, node list, state]."""
     out = subprocess.run(
@@ -49,14 +85,16 @@ def test_a_node_down_takes_down_only_its_group_which_restarts_on_the_spare_and_r
     nodes = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-o", "%N"], capture_output=True, text=True).stdout
     if len(set(nodes.split())) < 4:
         pytest.fail("this test needs the suite's Slurm cluster of 4 nodes or more (3 groups and a spare)")
-    run_dir = tmp_path / "run"
-    job = submit(
+    run_dir, out = tmp_path / "run", tmp_path / "hpc-train.out"
+    proc = follow(
         RUN,
         run_dir,
+        out,
         HPC_TRAIN_STEP_SLEEP="0.4",
         HPC_TRAIN_REPLICA_DIGESTS="1",
         HPC_TRAIN_RESTART_SLEEP="10",  # the restarted group starts slowly: the others train without it first
     )
+    job = submitted(out)
     wait_for(lambda: train_steps(run_dir) >= 12, 180, "12 training steps")
     placed = {g: n for g, n in re.findall(r"replica group (\d) on (\S+)", _agent_log(run_dir, job))}
     down = placed["1"]
@@ -66,6 +104,7 @@ def test_a_node_down_takes_down_only_its_group_which_restarts_on_the_spare_and_r
     finally:  # back to service, whatever happened (the cluster may have done it already)
         subprocess.run(["scontrol", "update", f"nodename={down}", "state=resume"], capture_output=True)
     assert fields["Restarts"] == "0", fields  # the job itself was never requeued
+    followed_to_its_end(proc, out, 60)  # launcher.wait says it completed, as Slurm does
 
     agent = _agent_log(run_dir, job)
     restarted_on = re.findall(r"replica group 1 on (\S+)", agent)
@@ -79,8 +118,9 @@ def test_a_node_down_takes_down_only_its_group_which_restarts_on_the_spare_and_r
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     events = [(r["event"], r["group"]) for r in rows if r["kind"] == "replica"]
-    assert events == [("dropped", 1), ("rejoined", 1)], events
-    dropped, rejoined = (r["step"] for r in rows if r["kind"] == "replica")
+    assert events == [("failed", 1), ("dropped", 1), ("restarted", 1), ("rejoined", 1)], events
+    step = {r["event"]: r["step"] for r in rows if r["kind"] == "replica"}
+    dropped, rejoined = step["dropped"], step["rejoined"]
     summary = read_summary(run_dir)
     assert summary["global_step"] == 60 and summary["steps_with_fewer_groups"] == rejoined - dropped > 0, summary
     trained = sorted(r["step"] for r in rows if r["kind"] == "train")
@@ -105,3 +145,30 @@ def test_a_node_down_takes_down_only_its_group_which_restarts_on_the_spare_and_r
 def _agent_log(run_dir: Path, job: str) -> str:
     """The batch host's words (the agent writes to the batch step's error log)."""
     return "".join(path.read_text() for path in sorted((run_dir / "slurm").glob(f"{job}_0_log.err")))
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    "ranks, kill",
+    [(1, None), (2, None), (1, "1:8")],
+    ids=["groups of one rank", "groups of two ranks", "groups of one rank, one killed"],
+)
+def test_launcher_wait_follows_a_replica_group_job_to_its_completion(slurm_cluster, tmp_path, ranks, kill):
+    """2 groups on 2 nodes and a spare, followed by launcher.wait: exit code 0 and the closing lines of a completed
+    run, as Slurm and the run's records say; a group's rank SIGKILLed restarts that group on the spare node first."""
+    run_dir, out = tmp_path / "run", tmp_path / "hpc-train.out"
+    args = [
+        "model=toy_mlp", "data=synthetic", "strategy=ddp", "resources.nodes=2", f"resources.gpus_per_node={ranks}",
+        "fault_tolerance.replica_groups=2", "fault_tolerance.timeout_s=6", "trainer.max_steps=40",
+        "trainer.checkpoint_every=0", "trainer.eval=false",
+    ]  # fmt: skip
+    env: Dict[str, str] = {"HPC_TRAIN_KILL_AT": kill, "HPC_TRAIN_STEP_SLEEP": "0.3"} if kill else {}
+    proc = follow(args, run_dir, out, **env)
+    job = submitted(out)
+    followed_to_its_end(proc, out, 40)
+    assert subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+    ).stdout.split() == ["COMPLETED"]
+    agent = _agent_log(run_dir, job)
+    assert agent.count("replica group 1 on") == (2 if kill else 1), agent
+    assert read_summary(run_dir)["global_step"] == 40

@@ -1,19 +1,28 @@
-"""Following a submitted Slurm job to the end of its last attempt (``launcher.wait``, a sweeper that reads results,
-the Hydra app launcher), without submitit's own wait; ``follow_job`` reports how it ended and gives the exit code.
+"""Following a submitted Slurm job to the end of its last attempt, one follower for every waiting caller:
+``launcher.wait`` (one job or a sweep's), the Python API's ``Job.wait()``, the Hydra app launcher; ``follow_job``
+reports how the job ended and gives the exit code.
 
-submitit's ``Job.results()`` takes the first result file it finds for the job's end and asks ``sacct`` on every
-poll; neither holds on a real cluster:
+How a job's end is decided:
 
-* A job that Slurm requeued (``scontrol requeue`` from outside, a preemption with ``PreemptMode=REQUEUE``, a node
-  failure under ``--requeue``, or the job itself on its time limit) leaves the result file of the attempt that was
-  stopped (a failure) while the job goes on. Here a failure result is the job's end only once Slurm (or, without
-  accounting, the run dir) says the job ended; a later attempt's result replaces it.
-* Where accounting is off, every submitit poll printed its sacct warning (three copies through two handlers) and
-  sacct's own "accounting storage is disabled". Here states come from ``hpc_train.jobs.job_states`` (squeue, then
-  the run dir's records), and that accounting does not answer is said once per process.
+* hpc_train's own jobs (a run dir): Slurm's final state of the job (or, where accounting does not answer, what the
+  run dir records: ``job_states.run_dir_state``) is the job's end; the run's records say why it failed. A job's
+  tasks are not asked for result files: the steps of a job of replica groups are started by the batch host's agent
+  (hpc_train.batchhost.groups), one per group, and leave no result file for most of the job's tasks; a requeued
+  job's stopped attempt leaves a failed one while the job goes on. A change in the run's records or in the first
+  task's result file (an attempt ending) only makes the follower ask Slurm every second for a while, so that the
+  end is seen at once.
+* a Hydra app's job (no run dir): its return value is submitit's result file, so that file is read (a success ends
+  the wait at once), and a failure is the job's end only once Slurm (or, without accounting, the file alone) says
+  the job ended; a later attempt's result replaces it.
+
+submitit's own ``Job.results()`` is never the waiting loop: it takes the first result file for the job's end and
+asks ``sacct`` on every poll, which, where accounting is off, printed its warning each time. States come from
+``hpc_train.jobs.job_states`` (squeue, then the run dir's records), and that accounting does not answer is said once
+per process.
 
 One line says that a job was requeued (per new attempt: its attempt log, Slurm's state going back to the queue, or,
-once it ended, accounting's record of each attempt); the caller reports how the last attempt ended.
+once it ended, accounting's record of each attempt); the caller reports how the last attempt ended. ``Follower.poll``
+is one look, for a caller with a loop of its own (``Job.wait()``: its timeout, a laptop's reconnection).
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from hpc_train.jobs import job_states
 from hpc_train.launch.backends.run import report_summary
@@ -32,9 +41,11 @@ from hpc_train.slurm import slurm_cli
 
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
 STATE_POLL_S = 5.0  # how often Slurm is asked while no result says the attempt failed (a job that ended without one)
+HURRY_S = 60.0  # after an end mark changed: how long Slurm is asked every RESULT_POLL_S (the end comes in seconds)
 UNKNOWN_GRACE_S = 30.0  # nobody lists the job (no accounting, no run dir to read): how long before it counts as ended
 _REQUEUED = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})  # only a job that was requeued is ever in these
-_RUNNING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED"})
+_RESIZED = "RESIZING"  # accounting's record of a job whose nodes changed (a node lost under --no-kill): it runs on
+_RUNNING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", _RESIZED})
 
 
 class _Said:
@@ -61,30 +72,68 @@ class Ending:
     requeues: int = 0
 
 
-class _Follower:
-    def __init__(self, handle: Any, run_dir: Optional[Path], since: float) -> None:
-        self.handle, self.run_dir, self.since = handle, run_dir, since
-        self.job_id = str(handle.job_id)
-        self.result = Path(handle.paths.result_pickle)
+class Follower:
+    """One Slurm job followed to the end of its last attempt: `poll` looks once, `follow` until it ended.
+
+    `run_dir`: the job's run dir (None: a Hydra app's job, whose result file is its outcome); `since`: when it was
+    launched (a time.time(): its attempt log's records from then on are this launch's); `handle`: its submitit job
+    (for a run dir, only for a failure's words; None for a job known by its id alone); `look`: how Slurm is asked
+    (default: hpc_train.jobs.job_states; the Python API passes its job's watch, which a sweep's jobs share and a
+    laptop runs over SSH)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        run_dir: Optional[Path],
+        since: float,
+        handle: Any = None,
+        look: Optional[Callable[[], Optional[job_states.SlurmState]]] = None,
+    ) -> None:
+        self.job_id, self.run_dir, self.since, self.handle = str(job_id), run_dir, since, handle
+        self.result = Path(handle.paths.result_pickle) if handle is not None else None
+        self.look = look or self.slurm_state
         self.requeues = 0
         self.last_state: Optional[str] = None
         self.unknown_since: Optional[float] = None
+        self.next_state_at = time.monotonic() + STATE_POLL_S
+        self.failure: Optional[BaseException] = None  # a Hydra app's job: its last result file's failure
+        self.read_at: Optional[float] = None  # the result file's mtime when it was last read
+        self.marks: Optional[Tuple[Optional[float], ...]] = None  # a run dir's end marks when last looked at
+        self.hurry_until = 0.0  # until then Slurm is asked every RESULT_POLL_S (an attempt has just ended)
 
-    def state(self) -> Optional[job_states.SlurmState]:
-        found = job_states.slurm_job_states(
+    # -- asking Slurm ---------------------------------------------------------------------------------
+    def slurm_state(self) -> Optional[job_states.SlurmState]:
+        return job_states.slurm_job_states(
             [self.job_id], {self.job_id: self.run_dir} if self.run_dir is not None else None
         ).get(self.job_id)
+
+    def state(self) -> Optional[job_states.SlurmState]:
+        found = self.look()
         if found is not None and found.from_run_dir:
             say_accounting_silent()
         self.note_requeue(found.state if found is not None else None)
         return found
 
+    def due(self) -> bool:
+        """Time to ask Slurm again (every STATE_POLL_S while nothing says the job may have ended)."""
+        if time.monotonic() < self.next_state_at:
+            return False
+        self.next_state_at = time.monotonic() + STATE_POLL_S
+        return True
+
+    def in_queue(self) -> bool:
+        """Back in the queue after a requeue (where a job may wait for hours): asked only every STATE_POLL_S."""
+        return self.last_state == "PENDING" or self.last_state in _REQUEUED
+
+    # -- requeues ---------------------------------------------------------------------------------------
     def note_accounted_requeues(self) -> None:
         """The job ended: Slurm's accounting keeps a record per attempt (``sacct -D``: REQUEUED, NODE_FAIL, PREEMPTED,
         ..., then the last one), so a requeue the polls missed (all of it between two) is counted and said now;
-        nothing where accounting is off."""
+        nothing where accounting is off. A job that lost a node and ran on (``--no-kill``: replica groups) has a
+        RESIZING record per change of its nodes: not an attempt."""
         rows = slurm_cli.sacct_answer([self.job_id], "JobID,State", every_run=True) or []
-        self.say_requeues(sum(1 for row in rows if row and row[0] == self.job_id) - 1)
+        attempts = [row for row in rows if len(row) > 1 and row[0] == self.job_id and row[1] != _RESIZED]
+        self.say_requeues(len(attempts) - 1)
 
     def say_requeues(self, seen: int) -> None:
         if seen > self.requeues:
@@ -99,6 +148,8 @@ class _Follower:
         """One line per attempt after the first: the run dir's attempt log counts them (hpc_train's jobs and script
         jobs write one), Slurm's states count them where there is none (REQUEUED, or PENDING again after it ran)."""
         seen = self.requeues
+        if state == "PENDING" and self.last_state in _RUNNING and self.runs_on():
+            state = self.last_state  # accounting's new record of a job that lost a node and runs on, not yet started
         if (state in _REQUEUED and self.last_state not in _REQUEUED) or (
             state == "PENDING" and self.last_state in _RUNNING
         ):  # one requeue: seen as such, or as a job back in the queue after it ran
@@ -109,69 +160,132 @@ class _Follower:
             seen = max(seen, rundir.attempts_started(self.run_dir, self.since) - 1)
         self.say_requeues(seen)
 
+    def runs_on(self) -> bool:
+        """squeue's own word that the job is running (accounting said PENDING: a job that lost a node under
+        ``--no-kill`` gets a new record, pending for a moment, while it runs on)."""
+        return job_states.queue_states([self.job_id]).get(self.job_id) in _RUNNING
+
+    # -- one look -----------------------------------------------------------------------------------------
+    def poll(self) -> Optional[Ending]:
+        """One look: how the job ended, or None while it goes on (file tests every call; Slurm only when due)."""
+        return self.poll_run() if self.run_dir is not None else self.poll_result()
+
+    def follow(self) -> Ending:
+        while True:
+            ending = self.poll()
+            if ending is not None:
+                return ending
+            time.sleep(RESULT_POLL_S)
+
+    def poll_run(self) -> Optional[Ending]:
+        """hpc_train's job: Slurm's word on the job decides; a change in its end marks hurries the next looks."""
+        marks = self.end_marks()
+        if marks != self.marks:
+            self.marks, self.hurry_until = marks, time.monotonic() + HURRY_S
+        hurry = time.monotonic() < self.hurry_until and not self.in_queue()
+        if not (hurry or self.due()):
+            return None
+        found = self.state()
+        if found is not None and found.state in job_states.ENDED:
+            return self.ended(found)
+        if found is not None:
+            self.unknown_since = None
+            return None
+        self.unknown_since = self.unknown_since or time.monotonic()
+        if time.monotonic() - self.unknown_since <= UNKNOWN_GRACE_S:
+            return None
+        gone = "neither squeue nor sacct knows it any more"
+        if self.summarised():  # its run says it finished: the records are the word left
+            return Ending(None, "COMPLETED", requeues=self.requeues)
+        return Ending(NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues)
+
+    def end_marks(self) -> Tuple[Optional[float], ...]:
+        """When the files that change as an attempt ends were last written: the run's summary and attempt log, the
+        first task's result file."""
+        assert self.run_dir is not None
+        paths = [self.run_dir / rundir.SUMMARY, self.run_dir / rundir.ATTEMPTS, self.result]
+        return tuple(_mtime(path) for path in paths)
+
+    def summarised(self) -> bool:
+        assert self.run_dir is not None
+        return (_mtime(self.run_dir / rundir.SUMMARY) or 0.0) >= self.since
+
+    def poll_result(self) -> Optional[Ending]:
+        """A Hydra app's job: its result file is its outcome (read once per new or rewritten file)."""
+        assert self.result is not None
+        fresh = False
+        if self.result.exists() and self.result.stat().st_mtime != self.read_at:
+            self.read_at, fresh = self.result.stat().st_mtime, True
+            self.failure = self.read_result()
+            if self.failure is None:
+                self.note_requeue(None)
+                self.note_accounted_requeues()
+                return Ending(None, "COMPLETED", requeues=self.requeues)
+        # a failed attempt: has the job ended? Asked every RESULT_POLL_S, but only every STATE_POLL_S once it is
+        # back in the queue (a requeued job may wait there for hours)
+        if not (fresh or (self.failure is not None and not self.in_queue()) or self.due()):
+            return None
+        found = self.state()
+        if found is not None and found.state in job_states.ENDED:
+            return self.ended(found)
+        if found is not None:
+            self.unknown_since = None
+            return None
+        self.unknown_since = self.unknown_since or time.monotonic()
+        if self.failure is not None or time.monotonic() - self.unknown_since > UNKNOWN_GRACE_S:
+            gone = "neither squeue nor sacct knows it any more"
+            return Ending(self.failure or NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues)
+        return None
+
     def read_result(self) -> Optional[BaseException]:
-        """The result file's outcome: None for success, else submitit's exception (the file exists: no sacct call)."""
+        """The result files' outcome: None for success, else submitit's exception (they exist: no sacct call). For
+        hpc_train's job only the first task's is read: a job's other tasks may write none (a replica group's step)."""
         try:
+            if self.run_dir is not None:
+                return self.handle.task(0).exception()
             self.handle.results()
             return None
         except Exception as err:
             return err
 
-    def follow(self) -> Ending:
-        next_state_at = time.monotonic() + STATE_POLL_S
-        failure: Optional[BaseException] = None
-        read_at: Optional[float] = None  # the result file's mtime when it was last read
-        while True:
-            fresh = False
-            if self.result.exists() and self.result.stat().st_mtime != read_at:  # new or rewritten: read it once
-                read_at, fresh = self.result.stat().st_mtime, True
-                failure = self.read_result()
-                if failure is None:
-                    self.note_requeue(None)
-                    self.note_accounted_requeues()
-                    return Ending(None, "COMPLETED", requeues=self.requeues)
-            # a failed attempt: has the job ended? Asked every RESULT_POLL_S, but only every STATE_POLL_S once it is
-            # back in the queue (a requeued job may wait there for hours)
-            waiting = self.last_state == "PENDING" or self.last_state in _REQUEUED
-            if fresh or (failure is not None and not waiting) or time.monotonic() >= next_state_at:
-                next_state_at = time.monotonic() + STATE_POLL_S
-                found = self.state()
-                if found is not None and found.state in job_states.ENDED:
-                    return self.ended(found)
-                if found is None:
-                    self.unknown_since = self.unknown_since or time.monotonic()
-                    if failure is not None or time.monotonic() - self.unknown_since > UNKNOWN_GRACE_S:
-                        gone = "neither squeue nor sacct knows it any more"
-                        return Ending(
-                            failure or NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues
-                        )
-                else:
-                    self.unknown_since = None
-            time.sleep(RESULT_POLL_S)
-
     def ended(self, found: job_states.SlurmState) -> Ending:
-        """The job ended: the last attempt's result file says how (read again: it may be newer than the one that
-        was there a moment ago); without one, Slurm's state and the run dir's reason."""
+        """The job ended. hpc_train's job: Slurm's (or the run dir's) state is how; a failure's words are the run
+        dir's, else the first task's failed result file of this launch. A Hydra app's job: the last attempt's result
+        file says how (read again: it may be newer than the one that was there a moment ago); without one, Slurm's
+        state and the run dir's reason."""
         self.note_accounted_requeues()
-        if self.result.exists():
+        if self.run_dir is not None:
+            if found.state == "COMPLETED":
+                return Ending(None, "COMPLETED", requeues=self.requeues)
+            failed = self.read_result() if (_mtime(self.result) or 0.0) >= self.since else None
+            error = failed or NoResult(f"Slurm job {self.job_id} ended {found.state}")
+            return Ending(error, found.state, found.error, self.requeues)
+        if self.result is not None and self.result.exists():
             failure = self.read_result()
             return Ending(failure, found.state, found.error if failure is not None else None, self.requeues)
         detail = found.error or ("it left no result file" if found.state == "COMPLETED" else None)
         return Ending(NoResult(f"Slurm job {self.job_id} ended {found.state}"), found.state, detail, self.requeues)
 
 
+def _mtime(path: Optional[Path]) -> Optional[float]:
+    try:
+        return path.stat().st_mtime if path is not None else None
+    except OSError:
+        return None
+
+
 def follow(handle: Any, run_dir: Optional[Path], since: float) -> Ending:
     """Wait for submitit job `handle` to end (its last attempt, whoever requeued it); `run_dir`: its run dir (its
     attempt log and, without accounting, its end records), None for a job that has none; `since`: when it was
     submitted (a time.time())."""
-    return _Follower(handle, run_dir, since).follow()
+    return Follower(str(handle.job_id), run_dir, since, handle).follow()
 
 
 def follow_job(handle: Any, run_dir: Path) -> int:
     """Wait for a submitted job to end (its last attempt, when Slurm requeued it) and report how it ended."""
-    submitted = time.time()
+    submitted = rundir.launched_at(run_dir)  # a sweep's later jobs may have ended while an earlier one was followed
     try:
-        ending = follow(handle, run_dir, since=rundir.launched_at(run_dir))
+        ending = follow(handle, run_dir, since=submitted)
     except KeyboardInterrupt:  # Ctrl-C while waiting: the job is Slurm's now, and goes on
         raise StoppedWaiting(str(handle.job_id), run_dir) from None
     if ending.error is None:

@@ -31,6 +31,7 @@ from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import replicas as rows
+from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 
@@ -150,8 +151,8 @@ class GroupSteps:
             elif self._orphan and self.group.alone:
                 raise Refusal(
                     f"replica group {self.group.group} restarted, but no live group is left to take the training"
-                    " state from (the others finished or failed): the run cannot go on from memory. Fix: run the"
-                    " same command again (the same run dir): it resumes from the last checkpoint."
+                    " state from (the others finished or failed): the run cannot go on from memory. Fix:"
+                    f" {rundir.resume_hint(t.run_dir)}."
                 )
             self._orphan = False
             try:

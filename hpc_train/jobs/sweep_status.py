@@ -20,6 +20,7 @@ from typing import Optional
 from hpc_train.records import rundir
 
 STATUS = Path(".hpc_train") / "sweep.json"
+MULTIRUN = Path("multirun.yaml")  # Hydra's record of the sweep's config (its sweeper writes it)
 RUNNING, DONE, REFUSED = "running", "done", "refused"
 
 

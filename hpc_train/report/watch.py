@@ -26,7 +26,7 @@ import yaml
 
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
-from hpc_train.jobs.sweep_status import never_running
+from hpc_train.jobs.sweep_status import MULTIRUN, never_running
 from hpc_train.launch.hydra.cli_child import expand
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
@@ -73,7 +73,7 @@ class Snapshot:
 def _local_jobs(sweep_dir: Path) -> int:
     """How many jobs a local sweep has: Hydra's expansion of the overrides it saved in multirun.yaml."""
     try:
-        saved = yaml.safe_load((sweep_dir / "multirun.yaml").read_text())
+        saved = yaml.safe_load((sweep_dir / MULTIRUN).read_text())
         overrides = [str(o) for o in saved["hydra"]["overrides"]["task"]]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return 0

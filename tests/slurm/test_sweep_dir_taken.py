@@ -73,10 +73,12 @@ def test_a_sweep_into_a_sweep_dir_whose_jobs_are_queued_is_refused_and_after_the
         ids = queued(name)
         table = (sweep_dir / "jobs.tsv").read_text()
         status = json.loads((sweep_dir / ".hpc_train" / "sweep.json").read_text())
+        multirun = (sweep_dir / "multirun.yaml").read_text()  # Hydra's sweeper writes it before the launcher runs
         for seeds in ("seed=3,4", "seed=1,2"):  # another sweep, or the same one again, while the first's are queued
             refused_for_live_jobs(sweep(sweep_dir, name, seeds), sweep_dir, ids)
         assert queued(name) == ids and (sweep_dir / "jobs.tsv").read_text() == table  # nothing queued or recorded
         assert json.loads((sweep_dir / ".hpc_train" / "sweep.json").read_text()) == status  # still the first's
+        assert (sweep_dir / "multirun.yaml").read_text() == multirun  # put back: the first sweep's overrides
         assert not (sweep_dir / "0" / "logs").exists()
 
         cancel(name)  # every job of the sweep dir has ended: a run of other overrides still may not take a run dir

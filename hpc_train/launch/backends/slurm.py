@@ -30,28 +30,39 @@ from hpc_train.records import rundir
 SLURM_COMMANDS = ("sbatch", "srun")
 
 
-_OR_NOT_HERE = "add dry_run=true to only print the sbatch script, or use launcher=local to train here."
+@dataclass(frozen=True)
+class SlurmWords:
+    """How a refusal for want of Slurm names the launcher, its dry run and the local one: hpc-train's keys by default,
+    a Hydra app's (hpc_train.launch.hydra.app_launcher) in theirs."""
+
+    key: str = "launcher"
+    slurm: str = "launcher=slurm"
+    dry_run: str = "dry_run=true"
+    local: str = "launcher=local to train here"
+
+    def or_not_here(self) -> str:
+        return f"add {self.dry_run} to only print the sbatch script, or use {self.local}."
 
 
-def check_slurm_commands() -> None:
+def check_slurm_commands(words: SlurmWords = SlurmWords()) -> None:
     """Submitting needs Slurm's client commands and a configuration they read; without either say so before anything
     else happens (sbatch would fail in Slurm's terse words, after 60 s when SLURM_CONF names no file)."""
     missing = [name for name in SLURM_COMMANDS if shutil.which(name) is None]
     if missing:
         raise ConfigError(
-            "launcher",
-            f"launcher=slurm submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)}"
+            words.key,
+            f"{words.slurm} submits a Slurm job, but {' and '.join(f'`{m}`' for m in missing)}"
             f" {'is' if len(missing) == 1 else 'are'} not on PATH on this machine.",
-            f"run the command on a Slurm login node (or `module load slurm` first), {_OR_NOT_HERE}",
+            f"run the command on a Slurm login node (or `module load slurm` first), {words.or_not_here()}",
         )
     sinfo = capacity.answer()  # the capacity check's own sinfo call, made once
     if sinfo.unconfigured:
         raise ConfigError(
-            "launcher",
-            f"launcher=slurm submits a Slurm job, but Slurm's commands find no configuration on this machine"
+            words.key,
+            f"{words.slurm} submits a Slurm job, but Slurm's commands find no configuration on this machine"
             f" ({sinfo.why}).",
             "export SLURM_CONF=<your cluster's slurm.conf>, or unset a wrong SLURM_CONF (Slurm then reads its default"
-            f" file or asks a configless controller); or {_OR_NOT_HERE}",
+            f" file or asks a configless controller); or {words.or_not_here()}",
         )
 
 

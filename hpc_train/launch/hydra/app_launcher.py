@@ -79,6 +79,10 @@ class AppLauncher(SweepLauncherBase):
         self.params = params  # the primary config's launcher node (each job reads its own, see launch)
         self.backend = app_backend(self.launcher_name)
 
+    def _dry_run(self) -> bool:
+        assert self.config is not None
+        return bool(OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False))
+
     def _refuse_taken(self, err: ConfigError) -> None:
         """The sweep dir another sweep holds: one message and exit code 2; its status stays the other sweep's."""
         print(err, file=sys.stderr, flush=True)
@@ -89,12 +93,17 @@ class AppLauncher(SweepLauncherBase):
     ) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         local = self.backend.kind.on_this_machine
-        shared = SharedPart.write(
-            sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl",
-            hydra_context=self.hydra_context,
-            task_function=self.task_function,
-            config=self.config,
-            singleton_state=Singleton.get_state(),
+        shared_path = sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl"
+        shared = (  # a dry run's tasks never run: nothing pickled into the sweep dir (another sweep's tasks, say)
+            SharedPart(shared_path)
+            if self._dry_run()
+            else SharedPart.write(
+                shared_path,
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=self.config,
+                singleton_state=Singleton.get_state(),
+            )
         )
         jobs: List[AppJob] = []
         same = None if _interpolated(self.config.hydra.launcher) else _plain(self.config.hydra.launcher)
@@ -181,7 +190,7 @@ class AppLauncher(SweepLauncherBase):
 
     def _submit_slurm(self, jobs: List[AppJob], sweep_dir: Path) -> Optional[List[Any]]:
         """One PreparedJob per job, submitted in arrays by hpc-train's own submit_jobs (None: a dry run)."""
-        slurm.check_slurm_commands()
+        _check_slurm_commands(jobs[0].launcher, sweep_dir)
         prepared = []
         for job in jobs:
             num, overrides, launcher, task = job.num, job.overrides, job.launcher, job.task
@@ -232,7 +241,7 @@ class AppLauncher(SweepLauncherBase):
         job step
         running its pickled task (hpc_train.pack.app_step) with the layout its own hydra.launcher node gives it;
         the packed runs' ids (None: a dry run). Everything is checked before anything is queued."""
-        slurm.check_slurm_commands()
+        _check_slurm_commands(jobs[0].launcher, sweep_dir)
         runs, params, requeues = [], [], []
         for job in jobs:
             num, overrides, launcher = job.num, job.overrides, job.launcher
@@ -290,6 +299,12 @@ class AppLauncher(SweepLauncherBase):
         return [ids[run.job] for run in runs]
 
 
+APP_WORDS = slurm.SlurmWords(  # a refusal for want of Slurm, in the app's keys
+    "hydra/launcher",
+    "hydra/launcher=hpc_train_slurm",
+    "hydra.launcher.dry_run=true",
+    "hydra/launcher=hpc_train_local to run the jobs here",
+)
 PACK_SIGNAL = "USR2"  # submitit's: Slurm sends it signal_delay_s before an allocation's time limit
 # What the runs of one allocation must agree on: hpc-train's list, and the app launcher's other sbatch keys of a job.
 APP_PACK_SHARED = (*pack.SHARED, "exclude", "comment", "mem_per_cpu", "mem_per_gpu")
@@ -390,6 +405,16 @@ def _packed_results(sweep_dir: Path, jobs: List[AppJob], ids: List[str]) -> List
             _failed(overrides, RuntimeError(f"packed run {packed} ended {state.state}{code} without a result: {why}"))
         )
     return returns
+
+
+def _check_slurm_commands(launcher: Dict[str, Any], sweep_dir: Path) -> None:
+    """Slurm's commands, needed to queue (not for a dry run, which works on a laptop): refused in the app's keys."""
+    if launcher.get("dry_run"):
+        return
+    try:
+        slurm.check_slurm_commands(APP_WORDS)
+    except ConfigError as err:
+        _refuse(sweep_dir, err)
 
 
 def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:

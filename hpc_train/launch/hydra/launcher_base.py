@@ -23,16 +23,19 @@ class SweepLauncherBase(Launcher, abc.ABC):
     """Hydra's context kept at ``setup``; each ``launch`` marks the sweep dir running, runs ``_launch`` and marks
     it done, or refused (with the refusal's message) when the batch was refused as a whole. The first batch is
     refused first, leaving the sweep dir as it is, when another sweep's runs hold the sweep dir
-    (hpc_train.launch.hydra.sweep_dir)."""
+    (hpc_train.launch.hydra.sweep_dir); a dry run leaves the sweep dir as it was found (or none). What it was is
+    taken at ``setup``, which Hydra's sweeper calls before it writes its multirun.yaml into the sweep dir."""
 
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
         self._sweep_dir_checked = False
+        self._found: Optional[taken.Found] = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self._found = taken.Found.take(Path(str(config.hydra.sweep.dir)))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()
@@ -40,6 +43,12 @@ class SweepLauncherBase(Launcher, abc.ABC):
         self._before_launch(self.config)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if self._dry_run():  # nothing is queued or recorded: the sweep dir is put back as it was found
+            try:
+                self._check_sweep_dir(sweep_dir, job_overrides, initial_job_idx)
+                return self._launch(job_overrides, initial_job_idx, sweep_dir)
+            finally:
+                self._put_back()
         self._check_sweep_dir(sweep_dir, job_overrides, initial_job_idx)
         sweep_status.mark_running(sweep_dir)
         try:
@@ -53,6 +62,14 @@ class SweepLauncherBase(Launcher, abc.ABC):
     def _before_launch(self, config: DictConfig) -> None:
         """What a launcher sets up before its first job (nothing by default)."""
 
+    @abc.abstractmethod
+    def _dry_run(self) -> bool:
+        """Whether this sweep only prints what it would run (the launcher's own key)."""
+
+    def _put_back(self) -> None:
+        if self._found is not None:
+            self._found.put_back()
+
     def _check_sweep_dir(self, sweep_dir: Path, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> None:
         """At the sweep's first batch (later batches are this sweep's own), unless another host runs the sweep."""
         if self._sweep_dir_checked or self._runs_elsewhere():
@@ -62,6 +79,7 @@ class SweepLauncherBase(Launcher, abc.ABC):
         try:
             taken.check(sweep_dir, jobs)
         except ConfigError as err:
+            self._put_back()  # Hydra's sweeper has written its multirun.yaml over the other sweep's
             self._refuse_taken(err)
 
     def _runs_elsewhere(self) -> bool:

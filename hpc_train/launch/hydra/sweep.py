@@ -26,7 +26,7 @@ from hydra.core.utils import (
     run_job,
 )
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import launcher_kind
@@ -66,6 +66,10 @@ class SweepLauncher(SweepLauncherBase):
     def _runs_elsewhere(self) -> bool:
         return forwarding.wanted(self.config)
 
+    def _dry_run(self) -> bool:
+        assert self.config is not None
+        return bool(self.config.get("dry_run", False))
+
     def _launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> Sequence[JobReturn]:
@@ -89,6 +93,8 @@ class SweepLauncher(SweepLauncherBase):
         del jobs  # a local job composes its whole config when it runs
         for i in local_idx:
             sweep_config = self._configs.full(job_overrides[i], initial_job_idx + i)
+            if dry_run:
+                self._leave_no_job_dir(sweep_config)
             # printed, not logged: Hydra reconfigures logging per job (this line's prefix would change after job #0)
             print(
                 f"hpc-train: sweep job #{sweep_config.hydra.job.num}: {' '.join(filter_overrides(job_overrides[i]))}",
@@ -106,6 +112,13 @@ class SweepLauncher(SweepLauncherBase):
         elif local_idx and not dry_run:
             _say_how_they_ended([(initial_job_idx + i, returns[i]) for i in local_idx], sweep_dir)
         return [_quiet_when_said(ret) for ret in returns]  # type: ignore[arg-type]
+
+    def _leave_no_job_dir(self, sweep_config: DictConfig) -> None:
+        """A dry run's local job writes no .hydra/ (into a real run's dir, say), and a job dir it makes goes again."""
+        with open_dict(sweep_config.hydra):
+            sweep_config.hydra.output_subdir = None
+        if self._found is not None:
+            self._found.note_job_dir(Path(str(sweep_config.hydra.sweep.dir)) / str(sweep_config.hydra.sweep.subdir))
 
     def _forward(self, jobs: List[JobConfig]) -> None:
         """A dry run goes on here (cluster checks over an open connection); a real sweep is validated and laid out

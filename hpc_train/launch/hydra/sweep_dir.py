@@ -10,23 +10,83 @@ batch (hpc-train's own, a Hydra app's, packed or not; on the cluster for a sweep
   (its run dir holds that run's records); a job with the same overrides is the same run again (a finished run is
   kept, an unfinished one resumes), so re-running a sweep's command into its own sweep dir goes on.
 
-Nothing is written into the sweep dir by a refusal: its status is the live sweep's. No torch here.
+Nothing of the sweep dir changes by a refusal: its status is the live sweep's, and Hydra's ``multirun.yaml``, which
+the sweeper writes before the launcher runs, is put back as it was (:class:`Found`, taken at the launcher's
+``setup``, before the sweeper writes); a dry run leaves the sweep dir as it found it, or none. No torch here.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_states, job_table, submissions
-from hpc_train.jobs.sweep_status import alive
+from hpc_train.jobs.sweep_status import MULTIRUN, STATUS, alive
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
 
 KEY = "hydra.sweep.dir"
 SHOWN = 5  # live jobs named in the message (the count says the rest)
 LOCAL = "RUNNING (a local process)"  # a Hydra app's local job whose process lives
+SWEEP_RECORDS = (MULTIRUN, STATUS)  # what a sweep writes into the sweep dir itself (Hydra's, hpc_train's)
+
+
+@dataclass
+class Found:
+    """The sweep dir as this command found it, taken before Hydra's sweeper writes into it (the launcher's ``setup``),
+    to be put back after a refusal or a dry run: its records as they were (a live sweep's), or no sweep dir. Only what
+    this command wrote goes: another command's files in the same sweep dir stay."""
+
+    path: Path
+    top: Optional[Path]  # the highest folder this command will make for it; None: the sweep dir was there
+    records: Dict[Path, Optional[bytes]]  # each of SWEEP_RECORDS as it was (None: absent)
+    made: List[Path] = field(default_factory=list)  # job dirs this command made in it (a local dry run's jobs)
+
+    @classmethod
+    def take(cls, sweep_dir: Path) -> "Found":
+        top = next((p for p in reversed([sweep_dir, *sweep_dir.parents]) if not p.exists()), None)
+        return cls(sweep_dir, top, {name: _read(sweep_dir / name) for name in SWEEP_RECORDS})
+
+    def note_job_dir(self, job_dir: Path) -> None:
+        """A job's dir, before the job runs: this command's to remove when it is new."""
+        if not job_dir.exists():
+            self.made.append(job_dir)
+
+    def put_back(self) -> None:
+        """The sweep dir as found: the job dirs this command made removed, the records rewritten as they were (or
+        removed when they were not there), and the folders made for them removed when that leaves them empty."""
+        for job_dir in self.made:
+            shutil.rmtree(job_dir, ignore_errors=True)
+        for name, data in self.records.items():
+            if data is None:
+                (self.path / name).unlink(missing_ok=True)
+            elif _read(self.path / name) != data:
+                rundir.write_bytes_atomic(data, self.path / name)
+        if self.records[STATUS] is None:
+            _rmdir(self.path / STATUS.parent)
+        if self.top is not None:
+            for folder in [self.path, *self.path.parents]:
+                if not folder.is_relative_to(self.top) or not _rmdir(folder):
+                    return
+
+
+def _read(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 def check(sweep_dir: Path, jobs: Sequence[Tuple[int, str]]) -> None:

@@ -84,14 +84,14 @@ def test_run_returns_the_summary_with_the_clis_loss(tmp_path):
     assert summary["train_loss"] == read_summary(tmp_path / "cli")["train_loss"]
 
 
-def test_dry_runs_print_and_get_a_run_dir_each(tmp_path, capsys):
+def test_dry_runs_print_the_script_and_leave_no_run_dir(tmp_path, capsys):
     first = hpc_train.run([*JOB, *SLURM, "dry_run=true"])
-    second = hpc_train.run([*JOB, *SLURM, "dry_run=true"], quiet=True)
     assert first["dry_run"] and "#SBATCH --ntasks-per-node=1" in first["output"]
     assert "#SBATCH --ntasks-per-node=1" in capsys.readouterr().out  # echoed as hpc-train prints it
-    # Two calls in the same second would share outputs/<date>/<time>: each gets its own dir.
-    assert first["run_dir"] != second["run_dir"]
-    assert all(str(tmp_path / "outputs") in run["run_dir"] for run in (first, second))
+    assert str(tmp_path / "outputs") in first["run_dir"] and f"{first['run_dir']}/slurm/" in first["output"]
+    given = hpc_train.run([*JOB, *SLURM, "dry_run=true"], run_dir=tmp_path / "mine", quiet=True)
+    assert f"{tmp_path / 'mine'}/slurm/" in given["output"]
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))  # the dirs the job would have: none made
 
 
 def test_a_failing_job_raises_job_failed_naming_the_rank(monkeypatch, tmp_path):

@@ -13,11 +13,13 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -165,9 +167,43 @@ def own_dir(given: Optional[PathLike], overrides: Sequence[str], key: str, compo
     if given is not None:
         return Path(given).resolve()
     composed_path = Path(composed).resolve()
-    if any(o.split("=", 1)[0].lstrip("+") == key for o in overrides):
+    if _named(overrides, key):
         return composed_path
     return fresh_dir(composed_path)
+
+
+def _named(overrides: Sequence[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+") == key for o in overrides)
+
+
+@dataclass
+class OwnDir:
+    """A call's dir (own_dir) and the highest folder made for it by this call: None when the dir was there."""
+
+    path: Path
+    made: Optional[Path]
+
+    def remove(self) -> None:
+        """The dir this call made removed again, with the folders made for it when empty: a dry run leaves nothing
+        behind."""
+        if self.made is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self.path.parents:
+            if not folder.is_relative_to(self.made):
+                return
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+
+
+def reserve(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> OwnDir:
+    """own_dir, remembering whether this call makes it (it or the CLI, and the call's output in it) or found it."""
+    wanted = Path(given if given is not None else composed).resolve()
+    top = next((p for p in reversed([wanted, *wanted.parents]) if not p.exists()), None)
+    path = own_dir(given, overrides, key, composed)
+    return OwnDir(path, top if path == wanted else path)  # else fresh_dir made <name>-1 (-2, ...) for this call
 
 
 def fresh_dir(path: Path) -> Path:

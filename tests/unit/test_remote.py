@@ -117,6 +117,14 @@ def test_a_project_over_the_size_limit_is_refused_naming_its_biggest_folder(tmp_
     assert "data/ (3 MB)" in refused.value.problem and ".gitignore" in refused.value.fix
 
 
+def _members(packed):
+    """The file names a packed tar stream holds (its size says nothing: tarfile pads every archive to 10 KiB)."""
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(packed.getvalue()), mode="r|") as stream:
+        return sorted(member.name for member in stream if member.isfile())
+
+
 def test_records_are_packed_without_checkpoints_and_only_what_changed(tmp_path):
     run = tmp_path / "cluster" / "run"
     for rel, data in (
@@ -137,9 +145,14 @@ def test_records_are_packed_without_checkpoints_and_only_what_changed(tmp_path):
     }
     again = io.BytesIO()
     serve.pack(run, have, everything=False, out=again)
-    assert len(again.getvalue()) <= 10240  # an empty tar: nothing changed
+    assert _members(again) == []  # nothing changed, nothing sent
+    (run / "metrics.jsonl").write_bytes(b"{}\n{}\n")
+    changed = io.BytesIO()
+    serve.pack(run, have, everything=False, out=changed)
+    assert _members(changed) == ["metrics.jsonl"]
     everything = io.BytesIO()
     serve.pack(run, have, everything=True, out=everything)
+    assert "checkpoints/step_4.ckpt" in _members(everything)
     serve.unpack(here, io.BytesIO(everything.getvalue()))
     assert (here / "checkpoints" / "step_4.ckpt").read_bytes() == b"w" * 100
 

@@ -57,6 +57,7 @@ from hpc_train.jobs.submissions import newest_submission
 from hpc_train.launch.backends.base import JobRef
 from hpc_train.launch.backends.registry import backend_for
 from hpc_train.launch.backends.remote_watch import RemoteWatch
+from hpc_train.launch.backends.slurm_follow import Follower
 from hpc_train.launch.hydra import cli_child as child
 from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.launch.planning.errors import JobFailed
@@ -135,6 +136,13 @@ class Job:
         link = read_link(self.run_dir) if process is None else None
         if link is not None:  # submitted from this machine to a cluster (cluster.login): followed over SSH
             self._watch = RemoteWatch(self._watch, link)
+        # A Slurm job is waited for by launcher.wait's follower: the same lines (a requeue), the same end
+        self._follower = (
+            Follower(self.job_id, self.run_dir, self._started, look=self._slurm_state)
+            if launcher_kind(launcher).submits and not is_packed_id(self.job_id)
+            else None
+        )
+        self._last_state = "PENDING"
 
     def __repr__(self) -> str:
         return f"Job(job_id={self.job_id!r}, run_dir={str(self.run_dir)!r}, launcher={self.launcher!r})"
@@ -159,31 +167,56 @@ class Job:
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Block until the job ends; return its summary.
 
-        Raises JobFailed when it did not complete, ConfigError when hpc-train refused its input,
-        TimeoutError when it is still going after `timeout` seconds (the job keeps going).
+        A Slurm job is followed as ``launcher.wait`` follows it (hpc_train.launch.backends.slurm_follow): a requeue
+        is said in the same line, and from a laptop a dropped connection is opened again. Raises JobFailed when it
+        did not complete, ConfigError when hpc-train refused its input, TimeoutError when it is still going after
+        `timeout` seconds (the job keeps going).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            state = self.state()
-            if state in ENDED:
-                break
-            if state == "UNKNOWN":
-                self._unknown_since = self._unknown_since or time.monotonic()
-                if time.monotonic() - self._unknown_since > UNKNOWN_GRACE_S:
-                    raise JobFailed(
-                        f"Slurm job {self.job_id}: neither squeue nor sacct knows it any more, and it left no summary"
-                        f" in {self.run_dir}",
-                        error=self._error(),
-                    )
-            else:
-                self._unknown_since = None
+            state = self._ended()
+            if state is not None:
+                return self._result(state)
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.job_id} is still {state} after {timeout} s (run dir {self.run_dir})")
+                raise TimeoutError(
+                    f"job {self.job_id} is still {self._last_state} after {timeout} s (run dir {self.run_dir})"
+                )
             pause = self._watch.poll_s
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
-        return self._result(state)
+
+    def _ended(self) -> Optional[str]:
+        """One look: the job's final state once it ended, None while it goes on."""
+        if self._follower is not None:
+            ending = self._watch.on_cluster(self._follower.poll)
+            self._last_state = self._follower.last_state or self._last_state
+            if ending is None:
+                return None
+            if ending.state is None:
+                raise JobFailed(
+                    f"Slurm job {self.job_id}: {ending.detail}, and it left no summary in {self.run_dir}",
+                    error=self._error(),
+                )
+            return ending.state
+        state = self._last_state = self.state()
+        if state in ENDED:
+            return state
+        if state != "UNKNOWN":
+            self._unknown_since = None
+            return None
+        self._unknown_since = self._unknown_since or time.monotonic()
+        if time.monotonic() - self._unknown_since > UNKNOWN_GRACE_S:
+            raise JobFailed(
+                f"job {self.job_id}: nothing says it is running any more, and it left no summary in {self.run_dir}",
+                error=self._error(),
+            )
+        return None
+
+    def _slurm_state(self) -> Optional[states.SlurmState]:
+        """The follower's look: the job's watch (a sweep's jobs read together; a laptop's over SSH)."""
+        state = self._watch.state()
+        return None if state == "UNKNOWN" else states.SlurmState(state)
 
     def _result(self, state: str) -> Dict[str, Any]:
         summary = self.summary()

@@ -13,6 +13,7 @@ from hpc_train.hosts import hosts
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.forward import Dropped, forward
+from hpc_train.remote.reconnect import Reconnecting
 from hpc_train.remote.settings import RemoteLink, read_link
 
 REPORT_MODULE = "hpc_train.report.command"
@@ -44,12 +45,16 @@ def rerun_on_cluster(path: Path, link: RemoteLink) -> int:
 
 def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None]:
     """Bring ``path`` up to date (``everything``: all files), send this process's Slurm commands to the cluster;
-    returns the refresh a ``--watch`` runs before each redraw."""
-    conn = Connection(link.settings())
+    returns the refresh a ``--watch`` runs before each redraw, which reconnects as ``Job.wait()`` does
+    (hpc_train.remote.reconnect)."""
+    reconnecting = Reconnecting(link.settings())
+
+    def fetch(conn: Connection, everything: bool = False) -> int:
+        hosts.use(conn.host())  # a reconnection's host for this process's Slurm commands
+        return mirror.refresh(conn, path, link, everything=everything)
+
     try:
-        conn.open()
-        hosts.use(conn.host())
-        count = mirror.refresh(conn, path, link, everything=everything)
+        count = reconnecting.run(lambda conn: fetch(conn, everything))
     except ConfigError as err:
         _said(err)
     if everything:
@@ -57,8 +62,8 @@ def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None
 
     def refresh() -> None:
         try:
-            mirror.refresh(conn, path, link)
-        except ConfigError as err:  # the connection dropped mid-watch: the next --watch goes on
+            reconnecting.run(fetch)
+        except ConfigError as err:  # no connection for minutes: the next --watch goes on
             _said(err)
 
     return refresh

@@ -23,10 +23,12 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 from hpc_train.config.launcher import LauncherKind
 from hpc_train.launch.planning.plan import RunPlan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,6 +68,11 @@ class JobWatch(abc.ABC):
     def exit_code(self) -> Optional[int]:
         """The exit code of the process running the job, where there is one and it has ended."""
         return None
+
+    def on_cluster(self, look: Callable[[], T]) -> T:
+        """``look`` (a follower's look at the job) where the job's Slurm commands and records are: here, or a
+        laptop's cluster over SSH (remote_watch.RemoteWatch, which reconnects)."""
+        return look()
 
     @property
     def command_is_the_job(self) -> bool:

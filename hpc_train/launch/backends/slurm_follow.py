@@ -95,10 +95,10 @@ class Follower:
         self.requeues = 0
         self.last_state: Optional[str] = None
         self.unknown_since: Optional[float] = None
-        self.next_state_at = time.monotonic() + STATE_POLL_S
+        self.next_state_at = time.monotonic()  # the first look asks Slurm (a job waited for long after it ended)
         self.failure: Optional[BaseException] = None  # a Hydra app's job: its last result file's failure
         self.read_at: Optional[float] = None  # the result file's mtime when it was last read
-        self.marks: Optional[Tuple[Optional[float], ...]] = None  # a run dir's end marks when last looked at
+        self.marks = self.end_marks() if run_dir is not None else None  # a run dir's end marks when last looked at
         self.hurry_until = 0.0  # until then Slurm is asked every RESULT_POLL_S (an attempt has just ended)
 
     # -- asking Slurm ---------------------------------------------------------------------------------

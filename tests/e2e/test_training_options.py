@@ -10,19 +10,41 @@ from tests.support.cli import TINY, TINY_TRAINER, assert_ok, read_summary, run_c
 SHORT = ["trainer.batch_size=16", "trainer.max_steps=4", "trainer.epochs=null", "strategy=single"]
 
 
+@pytest.fixture(scope="module")
+def plain_loss(tmp_path_factory):
+    """The loss of the same 4 steps in fp32, SGD, a constant rate: what each option must change."""
+    run_dir = tmp_path_factory.mktemp("plain")
+    assert_ok(run_cli([*TINY, *SHORT], run_dir))
+    return read_summary(run_dir)["train_loss"]
+
+
 @pytest.mark.parametrize(
-    "overrides",
+    "overrides, moves",
     [
-        ["trainer.precision=bf16"],
-        ["trainer.precision=16"],
-        ["trainer.optimizer=adamw", "trainer.lr=0.001", "trainer.lr_schedule=step", "trainer.lr_step_every=2"],
-        ["trainer.lr_schedule=cosine", "trainer.lr_warmup_steps=2"],
-        ["trainer.channels_last=true", "model=resnet18", "data.image_size=32"],
+        (["trainer.precision=bf16"], 0.05),
+        (["trainer.precision=16"], 0.05),
+        (["trainer.optimizer=adamw", "trainer.lr=0.001", "trainer.lr_schedule=step", "trainer.lr_step_every=2"], None),
+        (["trainer.lr_schedule=cosine", "trainer.lr_warmup_steps=2"], None),
     ],
-    ids=["bf16", "fp16", "adamw-step", "cosine-warmup", "channels_last"],
+    ids=["bf16", "fp16", "adamw-step", "cosine-warmup"],
 )
-def test_trainer_options_train(overrides, tmp_path):
+def test_trainer_options_train(overrides, moves, plain_loss, tmp_path):
+    """Each option changes the computation: the loss differs from the fp32 SGD run's beyond rounding (a run that
+    ignored the option would repeat it to the last bit: one process on the CPU is deterministic). Lower precision
+    stays within `moves` of it."""
     proc = run_cli([*TINY, *SHORT, *overrides], tmp_path / "run")
+    assert_ok(proc)
+    summary = read_summary(tmp_path / "run")
+    assert summary["global_step"] == 4
+    assert abs(summary["train_loss"] - plain_loss) > 1e-5, (summary["train_loss"], plain_loss)
+    if moves is not None:
+        assert summary["train_loss"] == pytest.approx(plain_loss, abs=moves)
+
+
+def test_channels_last_trains(tmp_path):
+    proc = run_cli(
+        [*TINY, *SHORT, "trainer.channels_last=true", "model=resnet18", "data.image_size=32"], tmp_path / "run"
+    )
     assert_ok(proc)
     summary = read_summary(tmp_path / "run")
     assert summary["global_step"] == 4

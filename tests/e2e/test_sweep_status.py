@@ -1,14 +1,17 @@
 """hpc-train-report (and --watch) know a sweep that will never run: refused as a whole, or a local sweep
-whose launching process was killed; they say so and exit non-zero instead of showing PENDING for ever."""
+whose launching process was killed; they say so and exit non-zero instead of showing PENDING for ever. --watch follows
+a local sweep in which one job fails (the same check follows a Slurm sweep in tests/slurm/test_sweep_slurm.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import REPO, SCRIPTS
@@ -107,3 +110,58 @@ def test_a_local_app_sweep_is_reported_job_by_job_and_a_killed_job_is_failed(tmp
     assert watched.returncode == 1 and "4 jobs: 1 COMPLETED, 3 FAILED" in watched.stdout
     rerun = report(str(sweep_dir), "--rerun-failed")
     assert rerun.returncode == 2 and "is a local sweep (hydra/launcher=hpc_train_local)" in rerun.stderr
+
+
+# Job 2 of 3 trains 6 steps and its rank 0 fails after 5 (HPC_TRAIN_FAIL_AT); the others stop at 4.
+FAILING = ["trainer.max_steps=4,6,4", "trainer.log_every=1", "trainer.eval=false"]
+FAIL_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.7"}
+
+
+def watch(sweep_dir: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def check_watch_output(proc: subprocess.CompletedProcess, failed_job: str) -> None:
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr  # some job failed
+    final = out.strip().split("hpc-train-report --watch")[-1]
+    assert "3 jobs: 2 COMPLETED, 1 FAILED" in final
+    assert f"#{failed_job} " in final and "InjectedFailure" in final and "rank0.log" in final
+    # while they ran: a running job's step and loss, and an ETA once one had finished
+    assert re.search(r"running:.*\n\s+\d+\s+\S+\s+\d+\s+\d+\.\d{4}", out), out
+    assert "ETA" in out
+
+
+def test_watch_follows_a_local_sweep(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **FAIL_ENV)
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpc_train.cli",
+            "-m",
+            *TINY,
+            "strategy=single",
+            *FAILING,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (sweep_dir / "multirun.yaml").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
+    finally:
+        sweep.kill()
+        sweep.wait()

@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_sweep_status import FAIL_ENV, check_watch_output, watch
 from tests.support.cli import TINY, assert_ok, run_cli
 from tests.support.paths import REPO
 from tests.support.slurm import scontrol_job
@@ -169,35 +169,12 @@ def test_a_sweep_over_max_submit_jobs_is_refused_before_anything_is_queued(slurm
         cancel(table_ids(tmp_path / "ok"))
 
 
-def watch(sweep_dir: Path, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "1"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=timeout,
-    )
-
-
-# Job 2 of 3 trains 6 steps and its rank 0 fails after 5 (HPC_TRAIN_FAIL_AT); the others stop at 4.
-FAILING = ["trainer.max_steps=4,6,4", "trainer.log_every=1", "trainer.eval=false"]
-FAIL_ENV = {"HPC_TRAIN_FAIL_AT": "0:5", "HPC_TRAIN_STEP_SLEEP": "0.7"}
-# On Slurm the three run at once, and the ETA shows only while some job has ended and another has not: there job 2
-# fails after 9 steps and the others stop at 2, so that moment lasts about 5 s (with 4 steps against 5, it lasted the
-# 0.7 s of one step, which a watch refreshing every second could miss).
+# On Slurm the three jobs of the local watch's sweep (tests/e2e/test_sweep_status.py) run at once, and the ETA shows
+# only while some job has ended and another has not: here job 2 fails after 9 steps and the others stop at 2, so that
+# moment lasts about 5 s (with 4 steps against 5, it lasted the 0.7 s of one step, which a watch refreshing every
+# second could miss).
 FAILING_AT_ONCE = ["trainer.max_steps=2,10,2", "trainer.log_every=1", "trainer.eval=false"]
 FAIL_LATE_ENV = {**FAIL_ENV, "HPC_TRAIN_FAIL_AT": "0:9"}
-
-
-def _check_watch_output(proc: subprocess.CompletedProcess, failed_job: str) -> None:
-    out = proc.stdout
-    assert proc.returncode == 1, out + proc.stderr  # some job failed
-    final = out.strip().split("hpc-train-report --watch")[-1]
-    assert "3 jobs: 2 COMPLETED, 1 FAILED" in final
-    assert f"#{failed_job} " in final and "InjectedFailure" in final and "rank0.log" in final
-    # while they ran: a running job's step and loss, and an ETA once one had finished
-    assert re.search(r"running:.*\n\s+\d+\s+\S+\s+\d+\s+\d+\.\d{4}", out), out
-    assert "ETA" in out
 
 
 def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_path):
@@ -205,7 +182,7 @@ def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_p
     env = dict(os.environ, **FAIL_LATE_ENV)
     proc = run_cli(["-m", *SLURM, "strategy=single", *FAILING_AT_ONCE, f"hydra.sweep.dir={sweep_dir}"], env=env)
     assert_ok(proc)
-    _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
+    check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
     report = subprocess.run(
         [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--no-png"],
         capture_output=True,
@@ -213,32 +190,3 @@ def test_watch_follows_a_slurm_sweep_in_which_one_job_fails(slurm_cluster, tmp_p
         cwd=REPO,
     )
     assert "states: 2 COMPLETED, 1 FAILED" in report.stdout
-
-
-def test_watch_follows_a_local_sweep(tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **FAIL_ENV)
-    sweep = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hpc_train.cli",
-            "-m",
-            *TINY,
-            "strategy=single",
-            *FAILING,
-            f"hydra.sweep.dir={sweep_dir}",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (sweep_dir / "multirun.yaml").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _check_watch_output(watch(sweep_dir, timeout=300), failed_job="1")
-    finally:
-        sweep.kill()
-        sweep.wait()

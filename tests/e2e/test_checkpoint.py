@@ -31,6 +31,7 @@ from tests.support.cli import (
     start_background,
     wait_for,
 )
+from tests.support.reference_runs import reference_run
 
 # 512 samples / batch 64 = 8 steps per epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
 RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
@@ -47,13 +48,14 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The reference runs, one per layout, computed once, saving in the loop: every resumed run below writes its
-    checkpoints in the background (the default), so each comparison also shows both ways save the same state."""
-    runs = {}
-    for name, layout in LAYOUTS.items():
-        run_dir = tmp_path_factory.mktemp(f"reference-{name}")
-        assert_ok(run_cli([*RESUME, *layout, "trainer.async_checkpoint=false"], run_dir))
-        runs[name] = run_dir
-    return runs
+    checkpoints in the background (the default), so each comparison also shows both ways save the same state.
+    The ddp run is shared with tests/slurm/test_requeue_slurm.py (reference_runs: run once a session)."""
+    return {name: reference(tmp_path_factory, name) for name in LAYOUTS}
+
+
+def reference(tmp_path_factory, layout: str) -> Path:
+    """The uninterrupted run of `layout` (LAYOUTS), run once a session."""
+    return reference_run(tmp_path_factory, [*RESUME, *LAYOUTS[layout], "trainer.async_checkpoint=false"])
 
 
 @pytest.mark.parametrize("layout", ["single", "ddp-4"])

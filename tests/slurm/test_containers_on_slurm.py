@@ -3,7 +3,8 @@ up by scripts/slurm_test_cluster.sh) with a bundle built by scripts/container_te
 has its own Python (Debian's) and no trace of the launching virtual environment; its torch is the same build as
 outside (bind-mounted read-only), so a job in the image equals the same job outside bit for bit.
 
-Outside the image, on the batch host: the signal, the requeue, the hang's node exclusion (hpc_train.batchhost).
+Outside the image, on the batch host: the signal, the requeue, the hang's node exclusion (hpc_train.batchhost). The
+image's runs under launcher=local (crun, no Slurm) are in tests/e2e/test_containers.py.
 """
 
 from __future__ import annotations
@@ -22,29 +23,22 @@ import pytest
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
 from tests.e2e.test_checkpoint import RESUME
+from tests.e2e.test_containers import IMAGE_PYTHON, assert_ran_in_the_image, build_image, in_image
 from tests.slurm.test_hang_slurm import HANG_S
 from tests.slurm.test_hang_slurm import JOB as HANGING_JOB
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
 from tests.support.paths import REPO, SCRIPTS
 from tests.support.slurm import scontrol_job, squeue_ids, wait_for_job_end
-from tests.support.slurm_cluster import cluster_dir
 
 pytestmark = pytest.mark.slurm
 
-IMAGE_PYTHON = "/opt/image-python/bin/python3"
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "launcher.signal_delay_s=30"]
 DDP = ["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=1"]  # OCI: one task per node
 
 
 @pytest.fixture(scope="module")
 def image(slurm_cluster, tmp_path_factory) -> Path:
-    bundle = tmp_path_factory.mktemp("image") / "bundle"
-    subprocess.run(["bash", str(REPO / "scripts" / "container_test_image.sh"), "build", str(bundle)], check=True)
-    return bundle
-
-
-def _in(image: Path):
-    return ["container=oci", f"container.image={image}"]
+    return build_image(tmp_path_factory.mktemp("image") / "bundle")
 
 
 def submit(args, run_dir: Path, **env: str) -> str:
@@ -65,23 +59,12 @@ def finished(job: str, run_dir: Path, timeout: float = 180) -> Dict[str, str]:
     raise AssertionError(f"job {job} did not finish in {timeout} s: {scontrol_job(job).get('JobState')}")
 
 
-def assert_ran_in_the_image(run_dir: Path, image: Path, ranks: int = 2) -> None:
-    """The image's own Python ran every rank, in the image's root file system, and the summary says which image."""
-    seen = read_summary(run_dir)["python"]
-    assert seen["executable"] == IMAGE_PYTHON and seen["runtime"] == "oci", seen
-    assert seen["image"] == str(image) and seen["root"] == str((image / "rootfs").resolve()), seen
-    assert seen["digest"].startswith("sha256:"), seen  # the bundle's config.json, as the runtime took it
-    for rank in range(ranks):
-        log = rundir.rank_log(run_dir, rank).read_text()
-        assert f"runs {IMAGE_PYTHON} (Python 3.11" in log and f"in the image {image} (oci; root" in log, log[:2000]
-
-
 @pytest.fixture(scope="module")
 def pair(image, tmp_path_factory):
     """The same 2-rank ddp job in the image and outside it, run side by side (2 nodes each)."""
     folder = tmp_path_factory.mktemp("pair")
     inside, outside = folder / "inside", folder / "outside"
-    jobs = submit([*RESUME, *DDP, *_in(image)], inside), submit([*RESUME, *DDP], outside)
+    jobs = submit([*RESUME, *DDP, *in_image(image)], inside), submit([*RESUME, *DDP], outside)
     finished(jobs[0], inside)
     finished(jobs[1], outside)
     return inside, outside
@@ -102,7 +85,7 @@ def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair
     """The time limit's signal goes to the batch host (B:), which passes it on; rank 0 asks for the requeue and the
     batch host runs scontrol requeue, though the image has no Slurm commands."""
     run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP, *_in(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    job = submit([*RESUME, *DDP, *in_image(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
     wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
     subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)  # as Slurm sends it before the limit
     fields = finished(job, run_dir, timeout=240)
@@ -117,7 +100,7 @@ def test_a_job_in_the_image_requeued_from_outside_resumes_exactly(image, pair, t
     """`scontrol requeue` while it runs, as a preemption does: Slurm's SIGTERM reaches the ranks in the image, they
     checkpoint and stop, Slurm requeues the job, and it resumes from that checkpoint."""
     run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP, *_in(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
+    job = submit([*RESUME, *DDP, *in_image(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
     wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
     subprocess.run(["scontrol", "requeue", job], check=True)
     fields = finished(job, run_dir, timeout=240)
@@ -129,7 +112,7 @@ def test_a_job_in_the_image_requeued_from_outside_resumes_exactly(image, pair, t
 
 def test_a_script_job_runs_in_the_image_with_the_jobs_variables(image, tmp_path):
     run_dir = tmp_path / "run"
-    job = submit([*TINY, "strategy=dp", *_in(image), "script.argv=[tests/support/scripts/show_env.py]"], run_dir)
+    job = submit([*TINY, "strategy=dp", *in_image(image), "script.argv=[tests/support/scripts/show_env.py]"], run_dir)
     finished(job, run_dir)
     [env] = [json.loads(p.read_text()) for p in (run_dir / "env").glob("*.json")]
     assert env["PATH"].startswith("/opt/image-python/bin:"), env["PATH"]
@@ -142,7 +125,7 @@ def test_a_packed_sweep_runs_each_job_step_in_the_image(image, tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = [*TINY, "strategy=single", "trainer.max_steps=2", "trainer.eval=false", "seed=1,2,3,4"]
     pack = ["launcher.pack.allocations=1", "launcher.pack.gpus_per_node=2"]
-    assert_ok(run_cli(["-m", *SLURM, *args, *pack, *_in(image), f"hydra.sweep.dir={sweep_dir}"], None))
+    assert_ok(run_cli(["-m", *SLURM, *args, *pack, *in_image(image), f"hydra.sweep.dir={sweep_dir}"], None))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         states = status.packed_states(sweep_dir)
@@ -156,7 +139,7 @@ def test_a_packed_sweep_runs_each_job_step_in_the_image(image, tmp_path):
 
 def test_a_hang_in_the_image_is_named_and_its_node_excluded_from_outside(image, tmp_path):
     run_dir = tmp_path / "run"
-    job = submit([*HANGING_JOB, *_in(image), "trainer.requeue_on_hang=true"], run_dir)
+    job = submit([*HANGING_JOB, *in_image(image), "trainer.requeue_on_hang=true"], run_dir)
     try:
         wait_for(lambda: scontrol_job(job).get("Restarts") == "1", HANG_S + 120, "the job requeued")
         wait_for(lambda: scontrol_job(job).get("ExcNodeList") == "hpcnode2", 30, "hpcnode2 excluded")
@@ -198,7 +181,7 @@ def test_an_image_without_torch_is_refused_at_the_first_rank(image, tmp_path):
 
     bare = _variant(image, tmp_path / "bare", no_torch)
     run_dir = tmp_path / "run"
-    assert "has no torch" in _refused(run_dir, submit([*TINY, *DDP, *_in(bare)], run_dir), bare)
+    assert "has no torch" in _refused(run_dir, submit([*TINY, *DDP, *in_image(bare)], run_dir), bare)
 
 
 def test_an_image_without_python_is_refused_by_the_batch_host(image, tmp_path):
@@ -208,7 +191,7 @@ def test_an_image_without_python_is_refused_by_the_batch_host(image, tmp_path):
 
     bare = _variant(image, tmp_path / "bare", no_python)
     run_dir = tmp_path / "run"
-    assert "no rank started its Python" in _refused(run_dir, submit([*TINY, *DDP, *_in(bare)], run_dir), bare)
+    assert "no rank started its Python" in _refused(run_dir, submit([*TINY, *DDP, *in_image(bare)], run_dir), bare)
 
 
 def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):
@@ -226,47 +209,3 @@ def test_a_hydra_app_on_hpc_train_slurm_runs_in_the_image(image, tmp_path):
     assert proc.returncode == 0, proc.stderr
     seen = json.loads((sweep_dir / "0" / "seen.json").read_text())
     assert seen["python"] == IMAGE_PYTHON and seen["SLURM_JOB_ID"]
-
-
-def test_a_local_run_in_the_image_equals_the_same_run_outside_it(image, pair, tmp_path):
-    """launcher=local with container=oci: each rank its own bundle, run by the OCI runtime (here the test cluster's
-    wrapper of crun, given by absolute path as a site's wrapper would be)."""
-    runtime = f"{cluster_dir()}/etc/oci-runtime"
-    local = [*RESUME, "strategy=ddp", "resources.gpus_per_node=2"]
-    inside = tmp_path / "inside"
-    assert_ok(run_cli([*local, *_in(image), f"container.command={runtime}"], inside))
-    assert_bit_identical(pair[1], inside)  # 2 gloo ranks on one machine equal 2 on two nodes
-    assert_ran_in_the_image(inside, image)
-
-
-# What torchft imports beyond torch, bound into the image too (scripts/container_test_image.sh: HPC_TRAIN_IMAGE_EXTRA)
-TORCHFT_PACKAGES = "torchft psutil opentelemetry opentelemetry_* google protobuf"
-
-
-def test_replica_groups_train_in_the_image_and_a_dead_group_restarts_in_it(image, tmp_path):
-    """launcher=local, 2 replica groups of one rank in an image with torchft: group 1's rank dies at step 6, its group
-    starts again in a new container of the image and rejoins from group 0, and both end bit-identical. The lighthouse
-    runs outside the image, beside the launcher. (An image without torchft is refused at the first rank:
-    tests/unit/test_containers.py.)"""
-    runtime = f"{cluster_dir()}/etc/oci-runtime"
-    job = [*TINY, "trainer.epochs=null", "trainer.max_steps=30", "trainer.eval=false", "resources.gpus_per_node=2"]
-    job += ["fault_tolerance.replica_groups=2", "fault_tolerance.timeout_s=5", f"container.command={runtime}"]
-    with_torchft = tmp_path / "ft-image"
-    env = dict(os.environ, HPC_TRAIN_IMAGE_EXTRA=TORCHFT_PACKAGES)
-    script = REPO / "scripts" / "container_test_image.sh"
-    subprocess.run(["bash", str(script), "build", str(with_torchft)], env=env, check=True)
-    run_dir = tmp_path / "run"
-    failure = {"HPC_TRAIN_KILL_AT": "1:6", "HPC_TRAIN_RESTART_SLEEP": "6", "HPC_TRAIN_STEP_SLEEP": "0.5"}
-    proc = run_cli([*job, *_in(with_torchft)], run_dir, env=dict(os.environ, **failure, HPC_TRAIN_REPLICA_DIGESTS="1"))
-    assert_ok(proc)
-    # The rank's death as the container runtime reports it (128 + SIGKILL), and group 1 alone restarted
-    assert "replica group 1: rank 1 exited with code 137 (128 + 9" in proc.stderr, proc.stderr
-    assert "restarting group 1 (1 of at most 3)" in proc.stderr and "restarting group 0" not in proc.stderr
-    assert_ran_in_the_image(run_dir, with_torchft)
-    second = rundir.rank_log(run_dir, 1).read_text().split("restarted, rejoining")[0].rsplit("INFO rank 0/1", 1)[1]
-    assert f"in the image {with_torchft} (oci; root" in second  # the restarted group's start, in the image too
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    events = [(row["event"], row["group"]) for row in rows if row.get("kind") == "replica"]
-    assert events == [("dropped", 1), ("rejoined", 1)], events
-    finals = {re.findall(r"final parameter digest (\w+)", rundir.rank_log(run_dir, r).read_text())[-1] for r in (0, 1)}
-    assert len(finals) == 1, finals

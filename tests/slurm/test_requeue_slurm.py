@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, wait_for
+from tests.e2e.test_checkpoint import RESUME, assert_bit_identical, checkpoint_steps, reference, wait_for
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.slurm import scontrol_job, wait_for_job_end
 
@@ -55,9 +55,8 @@ def wait_until_finished_with_summary(job_id: str, run_dir: Path, timeout: float)
 
 @pytest.fixture(scope="module")
 def local_reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference-ddp")
-    assert_ok(run_cli([*RESUME, *DDP], run_dir))
-    return run_dir
+    """tests/e2e/test_checkpoint.py's uninterrupted ddp run (the same 2 ranks), computed once a session."""
+    return reference(tmp_path_factory, "ddp")
 
 
 def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, local_reference, tmp_path):

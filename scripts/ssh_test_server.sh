@@ -6,6 +6,7 @@
 # =============================================================================
 #
 # USAGE
+#   scripts/ssh_test_server.sh install  # only install sshd if missing
 #   scripts/ssh_test_server.sh start    # install sshd if missing, set up the
 #                                       # users, keys, venvs; start the server
 #   scripts/ssh_test_server.sh stop     # stop the test sshd (users/keys stay)
@@ -689,10 +690,11 @@ while [ "$#" -gt 0 ]; do
 done
 
 case "$COMMAND" in
+  install) take_lock; install_packages ;;
   start) take_lock; cmd_start ;;
   stop) take_lock; cmd_stop ;;
   status) cmd_status ;;
   env) cmd_env ;;
   smoke) cmd_smoke ;;
-  *) echo "usage: $0 {start [--base-python PATH]|stop|status|env|smoke}" >&2; exit 2 ;;
+  *) echo "usage: $0 {install|start [--base-python PATH]|stop|status|env|smoke}" >&2; exit 2 ;;
 esac

@@ -13,10 +13,10 @@ for arg in "$@"; do
 done
 packages=""
 if ! $fast && [[ $(id -u) == 0 ]] && [[ ${#args[@]} == 0 || " ${args[*]} " == *slurm* || " ${args[*]} " == *" -m "* ]]; then
-    # The whole suite (or its Slurm tests): the Slurm test cluster's Debian packages install while pip installs (both
-    # mostly wait on downloads), not inside pytest's time; the suite's fixture starts the cluster. Its log:
-    # /tmp/hpc-train-slurm-apt.log.
-    bash scripts/slurm_test_cluster.sh install &
+    # The whole suite (or its Slurm tests): the Debian packages of the test infrastructure (the Slurm test cluster's,
+    # crun, the SSH test server's openssh-server) install while pip installs (both mostly wait on downloads), not
+    # inside pytest's time. Their logs: /tmp/hpc-train-slurm-apt.log, /tmp/hpc-train-ssh-apt.log.
+    { bash scripts/slurm_test_cluster.sh install && bash scripts/ssh_test_server.sh install; } &
     packages=$!
 fi
 python3 -m venv .venv
@@ -24,8 +24,13 @@ python3 -m venv .venv
 # The linter before any test (so CI fails on it too): ruff's settings are in pyproject.toml, its version in constraints.txt.
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-if [[ -n $packages ]] && ! wait "$packages"; then
-    echo "scripts/test.sh: the Slurm test cluster's packages did not install; the Slurm tests will say why" >&2
+if [[ -n $packages ]]; then
+    if ! wait "$packages"; then
+        echo "scripts/test.sh: the test infrastructure's packages did not install; the Slurm tests will say why" >&2
+    fi
+    # Then the Slurm test cluster and the SSH test server start, before pytest rather than in the first test that
+    # needs them (the Slurm tests run one after the other: their start-up would lengthen the longest group).
+    .venv/bin/python -m tests.support.infrastructure || true
 fi
 if $fast; then
     # No test of this tier shares anything with another (no cluster, no group): each test goes to the free worker.

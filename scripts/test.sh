@@ -38,5 +38,6 @@ if $fast; then
 fi
 # Two pytest-xdist workers: the Slurm tests (one group, one worker, one job at a time on the cluster as in a serial
 # run) wait on the cluster while the other worker runs the CPU tests; each other test file is a group of its own
-# (tests/conftest.py, _xdist_group).
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup ${args[@]+"${args[@]}"}
+# (tests/conftest.py, _xdist_group). The groups go in the order the conftest gives them (the Slurm group first, the unit
+# files last: _longest_first), not xdist's order by test count.
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder ${args[@]+"${args[@]}"}

@@ -14,6 +14,7 @@ from tests.support.no_process import processes_refused
 from tests.support.slurm_cluster import SCALE_NODES, hold_cluster, reset_association_limits, start_slurm_cluster
 
 UNIT_TIER = Path(__file__).resolve().parent / "unit"
+E2E_TIER = Path(__file__).resolve().parent / "e2e"
 
 
 @pytest.fixture
@@ -104,6 +105,7 @@ def pytest_collection_modifyitems(config, items):
         if "slurm_cluster_16" in getattr(item, "fixturenames", ()) and item.get_closest_marker("scale") is None:
             item.add_marker(pytest.mark.scale)
         item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+    items.sort(key=_longest_first)
     scale = [item for item in items if item.get_closest_marker("scale") is not None]
     if not scale:
         return
@@ -114,6 +116,16 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=dropped)
         scale = [item for item in scale if item not in dropped]
     items[:] = [item for item in items if item.get_closest_marker("scale") is None] + scale
+
+
+def _longest_first(item) -> int:
+    """The order of the groups, which scripts/test.sh keeps (--no-loadscope-reorder; xdist would order them by test
+    count): the Slurm group first (the longest, one test after the other), then the e2e files (real runs), then the
+    unit files (seconds each), which fill the last minutes of both workers. A stable sort: within a tier, the
+    collection's order."""
+    if _xdist_group(item) == "slurm":
+        return 0
+    return 1 if E2E_TIER in item.path.resolve().parents else 2
 
 
 def pytest_configure(config):

@@ -111,8 +111,9 @@ def test_mixed_precision_trains(precision, single_loss, tmp_path):
     assert_ok(proc)
     assert f", {precision} parameters, fp32 reductions" in (tmp_path / "run" / "logs" / "rank0.log").read_text()
     loss = read_summary(tmp_path / "run")["train_loss"]
-    # Computed in lower precision: not fp32's loss to rounding (fsdp's fp32 runs match it within 1e-4), yet close.
-    assert abs(loss - single_loss) > 1e-4 and loss == pytest.approx(single_loss, abs=0.05), (loss, single_loss)
+    # Computed in lower precision: not fp32's loss to rounding, yet close. Measured after these 5 steps: sharding in
+    # fp32 moves the loss by 1.2e-7 (the reductions' order), fp16 by 7.7e-5, bf16 by 2.7e-4; 1e-5 lies between.
+    assert abs(loss - single_loss) > 1e-5 and loss == pytest.approx(single_loss, abs=0.05), (loss, single_loss)
 
 
 # -- checkpoints --------------------------------------------------------------------------------------

@@ -67,11 +67,12 @@ class FSDPStrategy(MeshStrategy):
 
     def describe_sharding(self, units: int, options: Dict[str, Any]) -> None:
         log.info(
-            "fsdp: %d units sharded over %d ranks%s, reshard_after_forward=%s%s%s",
+            "fsdp: %d units sharded over %d ranks%s, reshard_after_forward=%s%s%s%s",
             units,
             self.dims.dp_shard,
             f" x {self.dims.dp_replicate} replicas (HSDP)" if self.dims.dp_replicate > 1 else "",
             options["reshard_after_forward"],
             f", {self.precision} parameters, fp32 reductions" if "mp_policy" in options else "",
             ", CPU offload" if "offload_policy" in options else "",
+            ", each unit's forward compiled" if self.compiled_blocks else "",
         )

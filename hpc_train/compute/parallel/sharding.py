@@ -53,12 +53,14 @@ def mixed_precision_policy(precision: str) -> Optional[Any]:
 
 
 def compile_units(units: List[nn.Module]) -> bool:
-    """torch.compile each unit in place before it is sharded (its parameter names stay the same), as torchtitan does;
-    False when this torch cannot (the run goes on uncompiled, with a warning)."""
+    """torch.compile each unit's forward in place before it is sharded (its parameter names stay the same), as
+    torchtitan does; False when this torch cannot (the run goes on uncompiled, with a warning). The forward, not the
+    module's call: FSDP2's hooks, which dynamo must skip, stay outside the compiled code (a compiled call traced them
+    and, skipping them, compiled no graph at all)."""
     try:
         for unit in units:
-            unit.compile()
-    except Exception as err:  # an nn.Module without .compile (torch < 2.2) or a backend that is missing
+            unit.forward = torch.compile(unit.forward)
+    except Exception as err:  # a torch that cannot compile here (a backend that is missing)
         log.warning("trainer.compile is ignored: compiling the model's blocks failed on this torch (%s)", err)
         return False
     return True

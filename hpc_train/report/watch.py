@@ -7,8 +7,9 @@ running jobs only, the last lines of ``metrics.jsonl`` (step, loss, samples/s be
 two logged steps), and for the failed ones the failing rank's one-line error and where its log
 is. The ETA is the finished jobs' mean duration times the jobs left, divided by how many run
 at once. The runs of a packed sweep (``launcher.pack``) read their states, times and running count from
-their allocations' own records (hpc_train.pack.status), their failures from their own logs. Plain text
-(redrawn in place on a terminal), no torch, no new dependency.
+their allocations' own records (hpc_train.pack.status), their failures from their own logs. A Slurm job requeued
+while watched is said in ``launcher.wait``'s line, once (hpc_train.jobs.requeues counts its attempts as the
+follower does). Plain text (redrawn in place on a terminal), no torch, no new dependency.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Optional, Tuple
+from typing import IO, Callable, Dict, List, Optional, Set, Tuple
 
 import yaml
 
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
+from hpc_train.jobs.requeues import Requeues, accounted_attempts
 from hpc_train.jobs.sweep_status import MULTIRUN, never_running
 from hpc_train.launch.hydra.cli_child import expand
 from hpc_train.pack import records, status
@@ -59,6 +61,7 @@ class Snapshot:
     jobs: List[WatchedJob]
     counts: Dict[str, int] = field(default_factory=dict)
     from_run_dirs: bool = False  # accounting did not answer: ended jobs' states are their run dirs' records
+    slurm: Dict[str, Optional[str]] = field(default_factory=dict)  # the sweep's own Slurm jobs: Slurm's state or None
 
     @property
     def done(self) -> bool:
@@ -192,6 +195,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     local_app = app_report.is_local_app_sweep(sweep_dir)
     rows = [] if local_app else [(row.job_id, row.job) for row in job_table.newest(sweep_dir).values()]
     from_run_dirs = False
+    slurm: Dict[str, Optional[str]] = {}
     if local_app:  # processes of this host: the result files say
         jobs = [
             WatchedJob(
@@ -213,6 +217,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
         for job_id, name in rows:
             job = WatchedJob(name, sweep_dir / name, job_id)
             found = states.get(job_id)
+            slurm[job_id] = found.state if found is not None else None
             if found is not None:
                 job.state, job.elapsed_s, job.error = found.state, found.elapsed_s, found.error
             elif (job.run_dir / rundir.SUMMARY).exists():
@@ -241,7 +246,38 @@ def snapshot(sweep_dir: Path) -> Snapshot:
     counts: Dict[str, int] = {}
     for job in jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
-    return Snapshot(jobs, counts, from_run_dirs)
+    return Snapshot(jobs, counts, from_run_dirs, slurm)
+
+
+class RequeueNotes:
+    """launcher.wait's line for each requeue of the sweep's Slurm jobs, each said once: their attempts counted as the
+    follower counts them (hpc_train.jobs.requeues), at every look until the job ended, then accounting's count of its
+    attempts (one sacct call for the jobs that ended since the last look)."""
+
+    def __init__(self) -> None:
+        self.jobs: Dict[str, Requeues] = {}
+        self.ended: Set[str] = set()
+        self.said: List[str] = []
+
+    def note(self, snap: Snapshot) -> List[str]:
+        """The lines new since the last snapshot."""
+        before = len(self.said)
+        run_dirs = {job.slurm_id: job.run_dir for job in snap.jobs if job.slurm_id in snap.slurm}
+        ended = []
+        for job_id, state in snap.slurm.items():
+            if job_id in self.ended:
+                continue
+            if job_id not in self.jobs:
+                run_dir = run_dirs[job_id]
+                self.jobs[job_id] = Requeues(job_id, run_dir, rundir.launched_at(run_dir), self.said.append)
+            self.jobs[job_id].note(state)
+            if state in ENDED:
+                ended.append(job_id)
+        attempts = accounted_attempts(ended) if ended else {}
+        for job_id in ended:
+            self.jobs[job_id].note_accounted(attempts.get(job_id, 0))
+            self.ended.add(job_id)
+        return self.said[before:]
 
 
 # -- showing it ------------------------------------------------------------------------------------
@@ -306,12 +342,18 @@ def watch(
 
     refresh: run before each redraw (a laptop's copy of a cluster's sweep dir brought up to date)."""
     redraw = out.isatty()
+    requeues = RequeueNotes()
     try:
         while True:
             if refresh is not None:
                 refresh()
             snap = snapshot(sweep_dir)
             text = render(sweep_dir, snap)
+            said = requeues.note(snap)
+            if redraw:  # the screen is cleared at every redraw: the lines said so far stay under the table
+                text += "".join(f"\n{line}" for line in requeues.said)
+            elif said:  # written once, before the table of the look that found them
+                text = "\n".join(said) + "\n" + text
             why = None if snap.done else never_running(sweep_dir)
             if why:
                 text += f"\nhpc-train-report: {why}"

@@ -1,12 +1,13 @@
-"""One follower behind ``launcher.wait`` and the Python API's ``Job.wait()``, on the Slurm test cluster: a job
-requeued from outside (``scontrol requeue``) is said in the same line by both, and from a laptop a wait whose SSH
-control connection is killed mid-command reconnects and goes on to the job's end."""
+"""One follower behind ``launcher.wait``, the Python API's ``Job.wait()`` and ``hpc-train-report --watch``, on the
+Slurm test cluster: a job requeued from outside (``scontrol requeue``) is said in the same line by each, and from a
+laptop a wait whose SSH control connection is killed mid-command reconnects and goes on to the job's end."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +43,26 @@ def test_job_wait_says_a_requeue_from_outside_in_launcher_waits_words(slurm_clus
     assert said.count(REQUEUED.format(job=job.job_id)) == 1, said
     assert summary["global_step"] == 12 and job.state() == "COMPLETED", summary
     assert (run_dir / "attempts.jsonl").read_text().count('"event": "start"') == 2  # the job ran twice
+
+
+def test_watch_says_a_requeue_from_outside_in_launcher_waits_words(slurm_cluster, tmp_path, monkeypatch):
+    """hpc-train-report --watch on a sweep whose job is requeued by scontrol while it trains: launcher.wait's line,
+    written once, and the watch ends with the job's last attempt (exit 0)."""
+    monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.3")
+    sweep_dir = tmp_path / "sweep"
+    (job,) = hpc_train.sweep([*JOB, *SLURM, "trainer.max_steps=12"], sweep_dir=sweep_dir)
+    command = [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "1"]
+    watch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: train_rows(job.run_dir) >= 2, 180, "two training steps")
+        subprocess.run(["scontrol", "requeue", job.job_id], check=True)
+        out, _ = watch.communicate(timeout=300)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert out.count(REQUEUED.format(job=job.job_id)) == 1, out
+    assert watch.returncode == 0 and "1 job: 1 COMPLETED" in out.split("hpc-train-report --watch")[-1], out
+    assert (job.run_dir / "attempts.jsonl").read_text().count('"event": "start"') == 2  # the job ran twice
 
 
 PYTHON_API_WAIT = """

@@ -21,8 +21,9 @@ asks ``sacct`` on every poll, which, where accounting is off, printed its warnin
 per process.
 
 One line says that a job was requeued (per new attempt: its attempt log, Slurm's state going back to the queue, or,
-once it ended, accounting's record of each attempt); the caller reports how the last attempt ended. ``Follower.poll``
-is one look, for a caller with a loop of its own (``Job.wait()``: its timeout, a laptop's reconnection).
+once it ended, accounting's record of each attempt: hpc_train.jobs.requeues, which ``hpc-train-report --watch`` uses
+too); the caller reports how the last attempt ended. ``Follower.poll`` is one look, for a caller with a loop of its
+own (``Job.wait()``: its timeout, a laptop's reconnection).
 """
 
 from __future__ import annotations
@@ -33,19 +34,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
 from hpc_train.jobs import job_states
+from hpc_train.jobs.requeues import Requeues
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.records import hang, rundir
 from hpc_train.records.rank_errors import refusal_words
-from hpc_train.slurm import slurm_cli
 
 RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
 STATE_POLL_S = 5.0  # how often Slurm is asked while no result says the attempt failed (a job that ended without one)
 HURRY_S = 60.0  # after an end mark changed: how long Slurm is asked every RESULT_POLL_S (the end comes in seconds)
 UNKNOWN_GRACE_S = 30.0  # nobody lists the job (no accounting, no run dir to read): how long before it counts as ended
-_REQUEUED = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"})  # only a job that was requeued is ever in these
-_RESIZED = "RESIZING"  # accounting's record of a job whose nodes changed (a node lost under --no-kill): it runs on
-_RUNNING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", _RESIZED})
 
 
 class _Said:
@@ -92,14 +90,21 @@ class Follower:
         self.job_id, self.run_dir, self.since, self.handle = str(job_id), run_dir, since, handle
         self.result = Path(handle.paths.result_pickle) if handle is not None else None
         self.look = look or self.slurm_state
-        self.requeues = 0
-        self.last_state: Optional[str] = None
+        self.requeue = Requeues(self.job_id, run_dir, since)  # its attempts after the first, each said once
         self.unknown_since: Optional[float] = None
         self.next_state_at = time.monotonic()  # the first look asks Slurm (a job waited for long after it ended)
         self.failure: Optional[BaseException] = None  # a Hydra app's job: its last result file's failure
         self.read_at: Optional[float] = None  # the result file's mtime when it was last read
         self.marks = self.end_marks() if run_dir is not None else None  # a run dir's end marks when last looked at
         self.hurry_until = 0.0  # until then Slurm is asked every RESULT_POLL_S (an attempt has just ended)
+
+    @property
+    def requeues(self) -> int:
+        return self.requeue.count
+
+    @property
+    def last_state(self) -> Optional[str]:
+        return self.requeue.last_state
 
     # -- asking Slurm ---------------------------------------------------------------------------------
     def slurm_state(self) -> Optional[job_states.SlurmState]:
@@ -111,7 +116,7 @@ class Follower:
         found = self.look()
         if found is not None and found.from_run_dir:
             say_accounting_silent()
-        self.note_requeue(found.state if found is not None else None)
+        self.requeue.note(found.state if found is not None else None)
         return found
 
     def due(self) -> bool:
@@ -123,47 +128,7 @@ class Follower:
 
     def in_queue(self) -> bool:
         """Back in the queue after a requeue (where a job may wait for hours): asked only every STATE_POLL_S."""
-        return self.last_state == "PENDING" or self.last_state in _REQUEUED
-
-    # -- requeues ---------------------------------------------------------------------------------------
-    def note_accounted_requeues(self) -> None:
-        """The job ended: Slurm's accounting keeps a record per attempt (``sacct -D``: REQUEUED, NODE_FAIL, PREEMPTED,
-        ..., then the last one), so a requeue the polls missed (all of it between two) is counted and said now;
-        nothing where accounting is off. A job that lost a node and ran on (``--no-kill``: replica groups) has a
-        RESIZING record per change of its nodes: not an attempt."""
-        rows = slurm_cli.sacct_answer([self.job_id], "JobID,State", every_run=True) or []
-        attempts = [row for row in rows if len(row) > 1 and row[0] == self.job_id and row[1] != _RESIZED]
-        self.say_requeues(len(attempts) - 1)
-
-    def say_requeues(self, seen: int) -> None:
-        if seen > self.requeues:
-            self.requeues = seen
-            print(
-                f"hpc-train: job {self.job_id} was requeued by Slurm (attempt {seen + 1}); following it to the end of"
-                " its last attempt",
-                flush=True,
-            )
-
-    def note_requeue(self, state: Optional[str]) -> None:
-        """One line per attempt after the first: the run dir's attempt log counts them (hpc_train's jobs and script
-        jobs write one), Slurm's states count them where there is none (REQUEUED, or PENDING again after it ran)."""
-        seen = self.requeues
-        if state == "PENDING" and self.last_state in _RUNNING and self.runs_on():
-            state = self.last_state  # accounting's new record of a job that lost a node and runs on, not yet started
-        if (state in _REQUEUED and self.last_state not in _REQUEUED) or (
-            state == "PENDING" and self.last_state in _RUNNING
-        ):  # one requeue: seen as such, or as a job back in the queue after it ran
-            seen += 1
-        if state is not None:
-            self.last_state = state
-        if self.run_dir is not None:
-            seen = max(seen, rundir.attempts_started(self.run_dir, self.since) - 1)
-        self.say_requeues(seen)
-
-    def runs_on(self) -> bool:
-        """squeue's own word that the job is running (accounting said PENDING: a job that lost a node under
-        ``--no-kill`` gets a new record, pending for a moment, while it runs on)."""
-        return job_states.queue_states([self.job_id]).get(self.job_id) in _RUNNING
+        return self.requeue.in_queue()
 
     # -- one look -----------------------------------------------------------------------------------------
     def poll(self) -> Optional[Ending]:
@@ -218,8 +183,8 @@ class Follower:
             self.read_at, fresh = self.result.stat().st_mtime, True
             self.failure = self.read_result()
             if self.failure is None:
-                self.note_requeue(None)
-                self.note_accounted_requeues()
+                self.requeue.note(None)
+                self.requeue.note_accounted()
                 return Ending(None, "COMPLETED", requeues=self.requeues)
         # a failed attempt: has the job ended? Asked every RESULT_POLL_S, but only every STATE_POLL_S once it is
         # back in the queue (a requeued job may wait there for hours)
@@ -253,7 +218,7 @@ class Follower:
         dir's, else the first task's failed result file of this launch. A Hydra app's job: the last attempt's result
         file says how (read again: it may be newer than the one that was there a moment ago); without one, Slurm's
         state and the run dir's reason."""
-        self.note_accounted_requeues()
+        self.requeue.note_accounted()
         if self.run_dir is not None:
             if found.state == "COMPLETED":
                 return Ending(None, "COMPLETED", requeues=self.requeues)

@@ -30,45 +30,15 @@ def _rank_lines(run_dir: Path):
     return sorted(found)
 
 
-# strategy overrides -> (nodes, tasks per node, GPUs per node)
-ROWS = {
-    "single": (["strategy=single", "resources.gpus_per_node=2"], (1, 1, 1)),
-    "ddp-1x2": (["strategy=ddp", "resources.gpus_per_node=2"], (1, 2, 2)),
-    "ddp-2x2": (["strategy=ddp", "resources.nodes=2", "resources.gpus_per_node=2"], (2, 2, 2)),
-    "dp": (["strategy=dp", "resources.gpus_per_node=2"], (1, 1, 2)),
-    "model_parallel": (["strategy=model_parallel", "resources.gpus_per_node=2"], (1, 1, 2)),
-    "pipeline": (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=2"], (1, 1, 2)),
-    "pipelining-2x2": (
-        [
-            "strategy=pipeline",
-            "strategy.engine=pipelining",
-            "resources.nodes=2",
-            "resources.gpus_per_node=2",
-            "strategy.chunks=2",
-        ],
-        (2, 2, 2),
-    ),
-    "hybrid-2x2x2": (
-        ["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"],
-        (2, 2, 4),
-    ),
-}
-
-
-@pytest.mark.parametrize("row", list(ROWS))
-def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
-    overrides, (nodes, tasks_per_node, gpus_per_node) = ROWS[row]
-    run_dir = tmp_path / row
-    proc = run_cli([*SLURM, *TRAIN, *overrides, "launcher.wait=true"], run_dir)
-    assert_ok(proc)
-    fields = wait_for_job_end(_job_id(proc.stdout))
-    assert fields["JobState"] == "COMPLETED"
+def assert_job_layout(run_dir: Path, job_id: str, nodes: int, tasks_per_node: int, gpus_per_node: int) -> None:
+    """The ended job ran as laid out: Slurm's nodes, tasks and GPUs, every rank with its Slurm identity on its host,
+    and rank 0 alone wrote the summary of all the steps."""
+    fields = wait_for_job_end(job_id)
+    assert fields["JobState"] == "COMPLETED", fields
     world = nodes * tasks_per_node
-    assert int(fields["NumNodes"]) == nodes
-    assert int(fields["NumTasks"]) == world
+    assert int(fields["NumNodes"]) == nodes and int(fields["NumTasks"]) == world, fields
     assert tres_gpus(fields) == nodes * gpus_per_node
-    assert f"gpu:{gpus_per_node}" in fields.get("TresPerNode", "")
-    # Every rank saw its Slurm identity and trained; rank 0 alone wrote the summary.
+    assert f"gpu:{gpus_per_node}" in fields.get("TresPerNode", ""), fields
     ranks = _rank_lines(run_dir)
     assert [r[0] for r in ranks] == list(range(world))
     assert all(r[1] == world and r[3] == "srun" for r in ranks)
@@ -79,23 +49,46 @@ def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
     assert len(list(run_dir.glob("summary.json"))) == 1
 
 
+# strategy overrides -> (nodes, tasks per node, GPUs per node, GPUs per task): the Slurm shapes no other test here
+# submits (one task of 2 GPUs; tasks of one GPU and of 2 GPUs over 2 nodes). One task per GPU on 1 and on 2 nodes are
+# the jobs of test_sweep_gives_each_job_its_own_layout and test_dry_run_is_the_submitted_script; every strategy's
+# layout row is tests/unit/test_layout.py's.
+ROWS = {
+    "pipeline": (["strategy=pipeline", "resources.gpus_per_node=2", "strategy.chunks=2"], (1, 1, 2, 2)),
+    "pipelining-2x2": (
+        [
+            "strategy=pipeline",
+            "strategy.engine=pipelining",
+            "resources.nodes=2",
+            "resources.gpus_per_node=2",
+            "strategy.chunks=2",
+        ],
+        (2, 2, 2, 1),
+    ),
+    "hybrid-2x2x2": (
+        ["strategy=hybrid", "resources.nodes=2", "resources.gpus_per_node=4", "strategy.stages=2"],
+        (2, 2, 4, 2),
+    ),
+}
+
+
 @pytest.mark.parametrize("row", list(ROWS))
-def test_dry_run_text_matches_layout_table(row, tmp_path):
-    overrides, (nodes, tasks_per_node, gpus_per_node) = ROWS[row]
-    proc = run_cli([*SLURM, *TRAIN, *overrides, "dry_run=true"], tmp_path / "run")
+def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
+    overrides, (nodes, tasks_per_node, gpus_per_node, gpus_per_task) = ROWS[row]
+    run_dir = tmp_path / row
+    proc = run_cli([*SLURM, *TRAIN, *overrides, "launcher.wait=true"], run_dir)
     assert_ok(proc)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
-    gpus_per_task = (
-        1 if row.startswith(("single", "ddp", "pipelining")) else (2 if row.startswith("hybrid") else gpus_per_node)
-    )
+    job_id = _job_id(proc.stdout)
+    assert_job_layout(run_dir, job_id, nodes, tasks_per_node, gpus_per_node)
+    # the script Slurm got says the same layout
+    submitted = (run_dir / "slurm" / f"{job_id}_submission.sh").read_text().splitlines()
     for expected in (
         f"--nodes={nodes}",
         f"--ntasks-per-node={tasks_per_node}",
         f"--gres=gpu:{gpus_per_node}",
         f"--cpus-per-task={gpus_per_task}",
     ):
-        assert f"#SBATCH {expected}" in lines, (expected, lines)
-    assert not (tmp_path / "run" / "slurm").exists()
+        assert f"#SBATCH {expected}" in submitted, (expected, submitted)
 
 
 def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
@@ -134,6 +127,7 @@ def test_dry_run_is_the_submitted_script(slurm_cluster, tmp_path):
     assert [line for line in submitted.splitlines() if line.startswith("#SBATCH")] == sbatch_lines
     assert submitted in dry.stdout  # the whole script hpc_train rendered is the one submitit wrote: setup, srun line
     assert scontrol_job(job_id)["Partition"] == "gpu_p2"
+    assert_job_layout(run_dir, job_id, nodes=2, tasks_per_node=2, gpus_per_node=2)
     assert "setup-line-ran" in (run_dir / "slurm" / f"{job_id}_0_log.out").read_text()
 
 
@@ -170,7 +164,7 @@ def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
     assert_ok(proc)
     table = [line.split("\t") for line in (sweep_dir / "jobs.tsv").read_text().splitlines()[1:]]
     assert len(table) == 4
-    expected = {("single", 1): (1, 1), ("single", 2): (1, 1), ("ddp", 1): (1, 1), ("ddp", 2): (2, 2)}
+    expected = {("single", 1): (1, 1), ("single", 2): (1, 1), ("ddp", 1): (1, 1), ("ddp", 2): (2, 2)}  # tasks, GPUs
     array_ids = {}
     for job_id, subdir, overrides, _layout in table:
         strategy = re.search(r"strategy=(\w+)", overrides).group(1)
@@ -178,9 +172,8 @@ def test_sweep_gives_each_job_its_own_layout(slurm_cluster, tmp_path):
         fields = wait_for_job_end(job_id)
         assert fields["JobState"] == "COMPLETED", fields
         tasks, gres = expected[(strategy, gpus)]
-        assert int(fields["NumTasks"]) == tasks and tres_gpus(fields) == gres, (overrides, fields)
-        summary = read_summary(sweep_dir / subdir)
-        assert summary["strategy"] == strategy and summary["world_size"] == tasks
+        assert_job_layout(sweep_dir / subdir, job_id, nodes=1, tasks_per_node=tasks, gpus_per_node=gres)
+        assert read_summary(sweep_dir / subdir)["strategy"] == strategy
         array_ids.setdefault((strategy, gpus if strategy != "single" else 1, tasks), set()).add(
             fields.get("ArrayJobId")
         )

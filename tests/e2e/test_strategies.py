@@ -11,6 +11,8 @@ import torch
 from hpc_train.compute.parallel.partitioning import agree_on_counts
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 COMMON = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false", "seed=7"]
 
 # The in-process pipeline's cuts (explicit and time balance, one chunk) are checked output for output and gradient for
@@ -215,33 +217,15 @@ def test_tied_weights_pipelining_is_refused_before_training_and_trains_when_kept
     assert read_summary(kept)["train_loss"] == pytest.approx(read_summary(single)["train_loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        ["strategy=hybrid", "resources.gpus_per_node=4", "strategy.stages=2"],
-        ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"],
-    ],
-    ids=["hybrid", "pipelining"],
-)
-def test_bf16_on_multi_rank_strategies(overrides, tmp_path):
-    proc = run_cli(
-        [
-            *TINY,
-            "trainer.batch_size=32",
-            "trainer.max_steps=3",
-            "trainer.epochs=null",
-            "trainer.precision=bf16",
-            *overrides,
-        ],
-        tmp_path / "run",
-    )
-    assert_ok(proc)
-    summary = read_summary(tmp_path / "run")
-    assert (
-        summary["precision"] == "bf16"
-        and summary["global_step"] == 3
-        and summary["train_loss"] == summary["train_loss"]
-    )
+@pytest.mark.parametrize("name", ["hybrid-2x2", "pipelining-gpipe"])
+def test_bf16_on_multi_rank_strategies(name, losses, tmp_path):
+    """bf16 changes the computation of the variant's own fp32 run (same seed, batch and steps: a run that ignored
+    the precision would repeat its loss to rounding), and trains as well."""
+    assert_ok(run_cli([*COMMON, *VARIANTS[name], "trainer.precision=bf16"], tmp_path / "run"))
+    summary, fp32 = read_summary(tmp_path / "run"), losses[name]
+    assert summary["global_step"] == 20
+    assert abs(summary["train_loss"] - fp32["train_loss"]) > 1e-5, (summary["train_loss"], fp32["train_loss"])
+    assert summary["train_loss"] == pytest.approx(fp32["train_loss"], abs=0.05)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,10 @@ failure too), the group is started again on nodes of the allocation that no live
 usable, a spare first, at most ``max_restarts`` times. Once one group has finished, the others get ``timeout_s`` plus
 a minute to finish too. If the batch host itself fails, Slurm ends the whole job (the batch step with it): it is
 then requeued and resumed from its last checkpoint as a job without groups would be.
+
+A group's tasks run hpc_train's group task (hpc_train.compute.entry.group_task) where the job's command names
+submitit's: every group's step has a task of rank 0, and submitit's entry would have each of them write the job's one
+result file (a job's end is Slurm's state and the run's records, not a group's return value).
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ ENDING = (EXIT_REFUSED, EXIT_INTERRUPTED)  # a group's exit that ends the whole 
 USABLE = ("idle", "mix", "alloc", "allocated", "mixed", "completing")  # sinfo's states of a node that can run a step
 NODE_WAIT_S = 5.0  # between two looks for nodes to restart a group on
 SRUN_ZERO = "srun says so when a node of its step failed (Slurm may have returned the node to service since)"
+SUBMITIT_TASK = "submitit.core._submit"  # submitit's task entry, the module the job step's command runs
+GROUP_TASK = "hpc_train.compute.entry.group_task"  # the same task for a group's step, without a result file
+
+
+def group_command(srun: List[str]) -> List[str]:
+    """The job step's command as a group's step runs it: submitit's task entry swapped for the group task's."""
+    return [GROUP_TASK if word == SUBMITIT_TASK else word for word in srun]
 
 
 def describe(plan: Dict) -> str:
@@ -53,7 +64,7 @@ def describe(plan: Dict) -> str:
 
 class GroupSteps:
     def __init__(self, plan: Dict, srun: List[str], env: Dict[str, str]) -> None:
-        self.plan, self.srun, self.env = plan, srun, env
+        self.plan, self.srun, self.env = plan, group_command(srun), env
         self.groups, self.group_nodes = int(plan["groups"]), int(plan["group_nodes"])
         self.tasks = int(plan["tasks_per_node"]) * self.group_nodes
         self.folder = marks.attempt_folder(Path(plan["run_dir"]), env)

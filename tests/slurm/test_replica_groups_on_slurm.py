@@ -172,3 +172,11 @@ def test_launcher_wait_follows_a_replica_group_job_to_its_completion(slurm_clust
     agent = _agent_log(run_dir, job)
     assert agent.count("replica group 1 on") == (2 if kill else 1), agent
     assert read_summary(run_dir)["global_step"] == 40
+    # Every group's step ended COMPLETED in Slurm's record (the killed group's first aside) with no traceback in its
+    # logs: no step shares a file of submitit's with another (a group's step writes no result file at all)
+    states = [state.split()[0] for _, _, state in job_steps(job)]
+    assert len(states) == (3 if kill else 2) and states.count("COMPLETED") == len(states) - bool(kill), states
+    slurm_dir = run_dir / "slurm"
+    logs = {path.name: path.read_text() for path in slurm_dir.glob(f"{job}_*_log.*")}
+    assert logs and not [name for name, text in logs.items() if "Traceback" in text], logs
+    assert not list(slurm_dir.glob(f"{job}_*result.pkl*")), sorted(path.name for path in slurm_dir.iterdir())

@@ -93,18 +93,7 @@ class AppLauncher(SweepLauncherBase):
     ) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         local = self.backend.kind.on_this_machine
-        shared_path = sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl"
-        shared = (  # a dry run's tasks never run: nothing pickled into the sweep dir (another sweep's tasks, say)
-            SharedPart(shared_path)
-            if self._dry_run()
-            else SharedPart.write(
-                shared_path,
-                hydra_context=self.hydra_context,
-                task_function=self.task_function,
-                config=self.config,
-                singleton_state=Singleton.get_state(),
-            )
-        )
+        shared = self._shared_part(sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl")
         jobs: List[AppJob] = []
         same = None if _interpolated(self.config.hydra.launcher) else _plain(self.config.hydra.launcher)
         for i, overrides in enumerate(job_overrides):
@@ -145,6 +134,19 @@ class AppLauncher(SweepLauncherBase):
         failed = sum(1 for ret in returns if ret.status == JobStatus.FAILED)
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
+
+    def _shared_part(self, path: Path) -> SharedPart:
+        """What every job of this launch shares, pickled once; a dry run's tasks never run, so it pickles nothing into
+        the sweep dir (where another sweep's tasks may be)."""
+        if self._dry_run():
+            return SharedPart(path)
+        return SharedPart.write(
+            path,
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=self.config,
+            singleton_state=Singleton.get_state(),
+        )
 
     def _submit_local(self, jobs: List[AppJob], sweep_dir: Path) -> List[Any]:
         """submitit's local executor, one per set of resources (each job a process of its own); the job table

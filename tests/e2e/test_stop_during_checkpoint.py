@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+import yaml
 
 from tests.support.cli import (
     TINY,
@@ -37,6 +38,7 @@ from tests.support.cli import (
     start_background,
     wait_for,
 )
+from tests.support.paths import REPO
 
 # 512 samples / batch 64 = 8 steps per epoch, 2 epochs: the checkpoint of step 5 falls mid-epoch,
 # and the resumed attempt crosses the epoch boundary.
@@ -50,9 +52,12 @@ LAYOUTS = {
     ],  # sharded checkpoints: every rank writes (checkpointing/dcp_save.py)
 }
 SLOW_WRITE_S = 3.0  # each checkpoint write pauses this long half-way
-# From the signal to the exit: the write in progress, the rest of the step, the stop, the processes'
-# exit. Far less than the rest of the run (10 more steps and three more slow writes).
-STOP_WITHIN_S = SLOW_WRITE_S + 15
+# From the signal to the exit: the property is Slurm's, the job ends within the lead its signal gives
+# (launcher.signal_delay_s). Measured on an idle machine: 5 to 8 s; the steps checked show where it stopped.
+STOP_WITHIN_S = yaml.safe_load((REPO / "conf" / "launcher" / "slurm.yaml").read_text())["signal_delay_s"]
+# What a rank's main thread waits for in the kernel, by /proc/PID/wchan, else by /proc/PID/syscall's number
+# (x86_64, then aarch64): a futex is a lock or a collective's wait, the others a sleep.
+SYSCALLS = {"202": "futex", "230": "clock_nanosleep", "35": "nanosleep", "98": "futex", "115": "clock_nanosleep"}
 
 
 @pytest.fixture(scope="module")
@@ -127,13 +132,20 @@ def rank_pids(launcher_pid: int) -> Dict[int, int]:
     return ranks
 
 
-def wchan(pid: int) -> Optional[str]:
-    """What the process's main thread waits for in the kernel (None where /proc does not say)."""
+def waiting_in(pid: int) -> Optional[str]:
+    """What the process's main thread waits for in the kernel: /proc/PID/wchan, else the system call it is in
+    (/proc/PID/syscall); None where /proc says neither (a hardened kernel hides both)."""
     try:
         value = Path(f"/proc/{pid}/wchan").read_text().strip()
     except OSError:
+        value = ""
+    if value not in ("", "0"):
+        return value
+    try:
+        number = Path(f"/proc/{pid}/syscall").read_text().split()[0]
+    except (OSError, IndexError):
         return None
-    return value if value not in ("", "0") else None
+    return SYSCALLS.get(number, f"system call {number}") if number.isdigit() else None
 
 
 def signal_during_a_checkpoint_write(
@@ -150,7 +162,7 @@ def signal_during_a_checkpoint_write(
         sent, sent_wall = time.monotonic(), time.time()
         proc.send_signal(signum)  # the launcher forwards it to every rank
         still = temporaries(run_dir)
-        code = proc.wait(timeout=120)
+        code = proc.wait(timeout=2 * STOP_WITHIN_S)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
@@ -251,21 +263,17 @@ def test_a_stop_signal_while_rank_0_waits_in_a_collective_stops_at_that_step_and
         time.sleep(1.0)
         pids = rank_pids(proc.pid)
         assert sorted(pids) == [0, 1], pids
-        waits = {rank: wchan(pid) for rank, pid in pids.items()}
+        waits = {rank: waiting_in(pid) for rank, pid in pids.items()}
         sent = time.monotonic()
         proc.send_signal(signal.SIGUSR2)
-        code = proc.wait(timeout=120)
+        code = proc.wait(timeout=2 * STOP_WITHIN_S)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    if waits[0] is not None:  # /proc says what each main thread waited for at the signal
-        assert "futex" in waits[0], f"rank 0 was not blocked in a collective: {waits}"
-        assert "sleep" in (waits[1] or ""), f"rank 1 was not in its injected sleep: {waits}"
-
     assert code == 3, f"exit {code}\n{said.read_text()}"
-    assert took < sleep_s + 15, f"{took:.1f} s from the signal to the exit"
+    assert took < STOP_WITHIN_S, f"{took:.1f} s from the signal to the exit"
     stopped_at = EVERY + 1
     assert checkpoint_steps(run_dir) == [EVERY, stopped_at], "the stop must come after the step rank 0 was waiting in"
     assert temporaries(run_dir) == []
@@ -278,3 +286,8 @@ def test_a_stop_signal_while_rank_0_waits_in_a_collective_stops_at_that_step_and
     assert_ok(run_cli(args, run_dir))
     assert read_summary(run_dir)["resumed_from_step"] == stopped_at
     assert_bit_identical(reference("ddp"), run_dir)
+    # Last, so that a kernel that hides it loses only this check, said as a skip: where each rank was at the signal.
+    if waits[0] is None:
+        pytest.skip(f"/proc hides what rank 0 waited for ({waits}): the stop and the resume were checked, not the wait")
+    assert "futex" in waits[0], f"rank 0 was not blocked in a collective: {waits}"
+    assert "sleep" in (waits[1] or ""), f"rank 1 was not in its injected sleep: {waits}"

@@ -53,7 +53,7 @@ LAYOUTS = {
 }
 SLOW_WRITE_S = 3.0  # each checkpoint write pauses this long half-way
 # From the signal to the exit: the property is Slurm's, the job ends within the lead its signal gives
-# (launcher.signal_delay_s). Measured on an idle machine: 5 to 8 s; the steps checked show where it stopped.
+# (launcher.signal_delay_s); the checkpoint steps checked show where it stopped.
 STOP_WITHIN_S = yaml.safe_load((REPO / "conf" / "launcher" / "slurm.yaml").read_text())["signal_delay_s"]
 # What a rank's main thread waits for in the kernel, by /proc/PID/wchan, else by /proc/PID/syscall's number
 # (x86_64, then aarch64): a futex is a lock or a collective's wait, the others a sleep.

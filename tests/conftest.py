@@ -12,6 +12,7 @@ import pytest
 from tests.support.cli import run_cli
 from tests.support.no_process import processes_refused
 from tests.support.slurm_cluster import SCALE_NODES, hold_cluster, reset_association_limits, start_slurm_cluster
+from tests.support.warm_ranks import fork_server, warm_ranks  # noqa: F401  # fixtures: ranks started warm
 
 UNIT_TIER = Path(__file__).resolve().parent / "unit"
 E2E_TIER = Path(__file__).resolve().parent / "e2e"

@@ -38,6 +38,11 @@ def unset_line() -> str:
     return f"unset {' '.join(TORCHRUN_VARIABLES)} ${{!{AGENT_PREFIX}@}}"
 
 
+# The local launcher's rendezvous: it binds and listens on MASTER_PORT itself and hands the listening socket to rank
+# 0 as this descriptor (its TCPStore serves on it), so no other process takes the port in between; set on every
+# rank of such a launch (the others connect through the same kind of store), never inherited by a nested launch.
+MASTER_FD_VARIABLE = "HPC_TRAIN_MASTER_FD"
+
 PORT_BASE = 20000
 PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
 

@@ -28,6 +28,8 @@ import pytest
 
 from tests.support.cli import assert_ok, final_weights, read_summary, run_cli
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 CLIP = 0.5
 ELASTIC = [
     "model=toy_mlp",

@@ -33,6 +33,8 @@ from tests.support.cli import (
 )
 from tests.support.reference_runs import reference_run
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 FIVE = [*TINY, "trainer.max_steps=5", "trainer.eval=false"]
 FSDP = ["strategy=fsdp"]
 

@@ -23,6 +23,8 @@ import yaml
 from tests.support.cli import assert_ok, final_weights, read_summary, run_cli
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 PROJECT = REPO / "examples" / "llama_project"
 CLIP = 0.5
 LLAMA = [

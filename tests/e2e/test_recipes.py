@@ -32,6 +32,8 @@ from tests.support.cli import (
 )
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 STEPS = ["trainer.epochs=null", "trainer.eval=false"]
 DDP2 = ["strategy=ddp", "resources.gpus_per_node=2"]
 FSDP2 = ["strategy=fsdp", "resources.gpus_per_node=2"]

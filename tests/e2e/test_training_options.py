@@ -7,6 +7,8 @@ from PIL import Image
 
 from tests.support.cli import TINY, TINY_TRAINER, assert_ok, read_summary, run_cli
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 SHORT = ["trainer.batch_size=16", "trainer.max_steps=4", "trainer.epochs=null", "strategy=single"]
 
 

@@ -16,6 +16,8 @@ import pytest
 from tests.support.cli import assert_bit_identical, assert_ok, kill9_after_checkpoints, read_summary, run_cli
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 NANOGPT = REPO / "examples" / "nanogpt_project"
 HF = REPO / "examples" / "hf_project"
 QUIET = ["trainer.progress=false", "trainer.eval=false"]

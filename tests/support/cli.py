@@ -18,6 +18,7 @@ from tests.support.paths import REPO
 
 # A tiny, fast job: toy MLP on 8x8 synthetic images, no eval, no progress bar.
 TINY_TRAINER = [
+from hpc_train.processes.warm_ranks import FORK_SERVER_VARIABLE
     "model=toy_mlp",
     "trainer.progress=false",
     "trainer.lr_schedule=constant",
@@ -73,7 +74,8 @@ def checkpoint_steps(run_dir: Path) -> List[int]:
 def start_background(
     args: List[str], run_dir: Path, extra_env: Dict[str, str], stderr=subprocess.DEVNULL, cwd: Optional[Path] = None
 ) -> subprocess.Popen:
-    """`hpc-train ARGS` in its own process group (so kill_group reaches the launcher and every rank)."""
+    """`hpc-train ARGS` in its own process group (so kill_group reaches the launcher and every rank): its ranks are
+    fresh processes, never forked warm by the fork server (tests/support/warm_ranks.py), which is outside the group."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **extra_env)
     return subprocess.Popen(
         [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
@@ -122,3 +124,4 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.Co
 
 def assert_ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
+    env.pop(FORK_SERVER_VARIABLE, None)

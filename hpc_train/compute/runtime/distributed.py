@@ -14,6 +14,7 @@ from torch.distributed import ProcessGroup
 
 from hpc_train.compute.runtime import heartbeat
 from hpc_train.compute.runtime.ranks import RankInfo
+from hpc_train.processes.rank_env import MASTER_FD_VARIABLE
 from hpc_train.records import rundir
 from hpc_train.records.hang import COLLECTIVE
 
@@ -67,12 +68,15 @@ def init_process_group(
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = handed_store(info, timeout)
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        init_method=None if store is not None else f"tcp://{info.master_addr}:{info.master_port}",
+        store=store,
         rank=info.rank,
         world_size=info.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
     global _control_group
     # Small CPU-side messages (stop requests, RNG states for checkpoints) go over gloo even when
@@ -83,6 +87,23 @@ def init_process_group(
 
 
 _control_group = None
+
+
+def handed_store(info: RankInfo, timeout: datetime.timedelta) -> Optional[dist.Store]:
+    """The rendezvous's store when the local launcher handed rank 0 its listening socket (MASTER_FD_VARIABLE): rank 0
+    serves on that socket, the others connect. None: the tcp:// rendezvous, where rank 0 binds MASTER_PORT."""
+    handed = os.environ.get(MASTER_FD_VARIABLE)
+    if not handed:
+        return None
+    is_master = info.rank == 0
+    return dist.TCPStore(
+        info.master_addr,
+        info.master_port,
+        info.world_size,
+        is_master,
+        timeout,
+        master_listen_fd=int(handed) if is_master else None,
+    )
 
 
 def teardown() -> None:

@@ -22,31 +22,46 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hpc_train.config.view import plain
 from hpc_train.containers.job_step import LocalContainer, local_container
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
 from hpc_train.processes.procfs import oom_kills
+from hpc_train.processes.rank_env import MASTER_FD_VARIABLE
+from hpc_train.processes.script_command import is_script_job
+from hpc_train.processes.warm_ranks import start_rank
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
 from hpc_train.records.rank_errors import OOM_KILL_KNOWN, death_cause, is_sigkill, read_records, root_cause
 
 GRACE_S = 10.0
+BACKLOG = 128  # connections to the rendezvous queued before rank 0's store accepts them
 CONTAINER_FILES = "container"  # the run dir's folder of what a local run in an image needs (an OCI task's bundle)
 
 
 def free_port() -> int:
+    """A port free now; another process may take it before the rank that binds it starts (see master_listener)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+def master_listener() -> socket.socket:
+    """The rendezvous's socket, bound to a free port and listening from now on: rank 0 inherits it
+    (MASTER_FD_VARIABLE) and serves its store on it, so the port cannot be taken between the launcher's choice and
+    rank 0's start; the other ranks' connections wait in its queue meanwhile."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(BACKLOG)
+    return sock
+
+
 def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = "") -> Dict[str, str]:
     env = dict(os.environ)
     # A stale Slurm/torchrun environment (e.g. running inside an allocation) must not leak in.
-    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_"))]:
+    for key in [k for k in env if k.startswith(("SLURM_", "SUBMITIT_", "TORCHELASTIC_")) or k == MASTER_FD_VARIABLE]:
         del env[key]
     env.update(
         RANK=str(rank),
@@ -103,14 +118,15 @@ def container_line(plan: RunPlan) -> Optional[str]:
 def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
     """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
     world = plan.layout.world_size
-    port = master_port or free_port()
+    image = run_image(plan, stage=True)
+    listener = _listener(plan, image, master_port)
+    port = master_port or (listener.getsockname()[1] if listener else free_port())
     threads = max(1, (os.cpu_count() or 1) // world)
     run_dir = plan.run_dir
     (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
     files = []
     module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
-    image = run_image(plan, stage=True)
     launch_id = f"{os.getpid()}-{time.time_ns()}"
     forwarded = _forward_stop_signals(procs)
     try:
@@ -121,9 +137,15 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
                 out = open(rundir.rank_output(run_dir, rank), "w")
                 files.append(out)
             command, env = [sys.executable, *module_args], worker_env(rank, world, port, threads, launch_id)
+            passed: Tuple[int, ...] = ()
+            if listener is not None:
+                env[MASTER_FD_VARIABLE] = str(listener.fileno())
+                passed = (listener.fileno(),) if rank == 0 else ()
             if image is not None:  # the image's Python runs the rank (hpc_train.containers)
                 command, env = image.task(module_args, env, f"hpc-train-{os.getpid()}-{rank}")
-            procs.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
+            procs.append(start_rank(command, env, out, passed))
+        if listener is not None:
+            listener.close()  # rank 0 holds it now
         return _watch(procs, run_dir, started=time.time())
     except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
         _stop(procs, signal.SIGINT)
@@ -134,6 +156,15 @@ def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = Non
         _stop(procs)
         for handle in files:
             handle.close()
+        if listener is not None:
+            listener.close()
+
+
+def _listener(plan: RunPlan, image: Optional[LocalContainer], master_port: Optional[int]) -> Optional[socket.socket]:
+    """The rendezvous's socket handed to rank 0 (master_listener); None where rank 0 binds the port itself: a
+    port the user chose, one rank, a script job (the user's script binds it), ranks in an image."""
+    handed = not master_port and plan.layout.world_size > 1 and image is None and not is_script_job(plan.config)
+    return master_listener() if handed else None
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)

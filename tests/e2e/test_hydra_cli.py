@@ -1,8 +1,11 @@
-"""Hydra's standard doors: its flags, users' config dirs, hydra/ groups and its real plugins.
+"""Hydra's standard doors that start something: a user's cluster profile in a Slurm dry run (sinfo), the plain
+launchers and the optuna sweeper running trials; and the command in its own process answering as it does called in
+the test's process.
 
 Every command runs the real `hpc-train` entry point in a subprocess; the sweeper and launcher
 plugins are the real hydra-optuna-sweeper, hydra-joblib-launcher and hydra-submitit-launcher
-packages (installed by the test extra).
+packages (installed by the test extra). Hydra's flags, its errors reworded, users' config dirs refused and the
+hydra/launcher refusals, called in-process: tests/unit/test_hydra_flags.py.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.cli import TINY, assert_ok, run_cli
+from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process, user_cluster_conf
 
 ONE_EPOCH = [*TINY, "trainer.epochs=1", "data.num_samples=256"]
 
@@ -22,121 +25,10 @@ def _yaml(text: str):
     return yaml.safe_load(text)
 
 
-# -- flags, in both spellings ------------------------------------------------------------------
-@pytest.mark.parametrize("flag", [["--cfg", "job"], ["--cfg=job"], ["-c", "job"]])
-def test_cfg_job_prints_the_composed_job_config(flag):
-    proc = run_cli([*flag, "strategy=single", "trainer.lr=0.125"])
-    assert_ok(proc)
-    cfg = _yaml(proc.stdout)
-    assert cfg["strategy"]["name"] == "single" and cfg["trainer"]["lr"] == 0.125
-    assert "hydra" not in cfg
-
-
-@pytest.mark.parametrize("flag", [["--cfg", "hydra"], ["--cfg=hydra"]])
-def test_cfg_hydra_prints_hydra_config_with_our_launcher_and_sweeper(flag):
-    proc = run_cli(flag)
-    assert_ok(proc)
-    hydra_cfg = _yaml(proc.stdout)["hydra"]
-    assert hydra_cfg["launcher"]["_target_"].endswith("HpcTrainLauncher")
-    assert hydra_cfg["sweeper"]["_target_"].endswith("HpcTrainSweeper")
-
-
-@pytest.mark.parametrize("flag", [["--cfg", "all"], ["--cfg=all"]])
-def test_cfg_all_prints_both(flag):
-    proc = run_cli(flag)
-    assert_ok(proc)
-    cfg = _yaml(proc.stdout)
-    assert {"hydra", "strategy", "trainer", "objective"} <= set(cfg)
-
-
-@pytest.mark.parametrize("flag", [["-p", "trainer"], ["--package=trainer"], ["--package", "trainer"]])
-def test_package_flag_selects_one_node_and_resolve_resolves(flag):
-    proc = run_cli(["--cfg", "job", *flag, "--resolve", "trainer.batch_size=48"])
-    assert_ok(proc)
-    assert proc.stdout.startswith("# @package trainer")
-    assert _yaml(proc.stdout)["batch_size"] == 48
-
-
-def test_info_defaults_lists_the_defaults_tree():
-    proc = run_cli(["--info", "defaults", "model=toy_mlp"])
-    assert_ok(proc)
-    assert (
-        "Defaults List" in proc.stdout and "model/toy_mlp" in proc.stdout and "hydra/sweeper/hpc_train" in proc.stdout
-    )
-
-
-def test_shell_completion_install_prints_hydras_bash_script():
-    proc = run_cli(["-sc", "install=bash"])
-    assert_ok(proc)
-    assert "hydra_bash_completion" in proc.stdout and "complete" in proc.stdout
-
-
-def test_add_and_delete_overrides():
-    proc = run_cli(["--cfg", "job", "+new.key=1", "~logger"])
-    assert_ok(proc)
-    cfg = _yaml(proc.stdout)
-    assert cfg["new"] == {"key": 1} and "logger" not in cfg
-
-
-def test_deleting_a_required_key_is_refused_without_traceback(tmp_path):
-    proc = run_cli([*TINY, "~trainer.lr"], tmp_path / "run")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    message = proc.stderr.strip()
-    assert "`trainer.lr`" in message and "Fix:" in message and "\n" not in message, message
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert not (tmp_path / "run" / "job_config.yaml").exists()
-
-
-@pytest.mark.parametrize(
-    "overrides, key, fix",
-    [
-        (["+seed=3"], "seed", "seed=<value>"),
-        (["+hydra/sweeper=optuna"], "hydra/sweeper", "hydra/sweeper=<option>"),
-        (["hydra/sweeper=optunna"], "hydra/sweeper", "optuna"),
-        (["~trainer.lrr"], "trainer.lrr", "check the spelling"),
-        (["strategy=single,ddp"], "strategy", "-m"),
-        (["objective=accuracy"], "objective", "eval_accuracy"),
-        (["--config-dir", "/no/such/dir"], "--config-dir", "existing folder"),
-        (["--config-name", "nope"], "--config-name", "--config-dir"),
-        (
-            ["-c", "job", "--info", "defaults"],
-            "--cfg with --info",
-            "at most one of --cfg, --info",
-        ),  # Hydra: a traceback
-        (["--resolve"], "--resolve", "--resolve only with --cfg"),
-    ],
-)
-def test_hydra_errors_become_one_paragraph_with_key_and_fix(overrides, key, fix, tmp_path):
-    proc = run_cli([*overrides, *TINY], tmp_path / "run")  # flags before overrides, as argparse wants
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    message = proc.stderr.strip()
-    assert f"`{key}`" in message and "Fix:" in message and fix in message, message
-    assert "\n" not in message and "Traceback" not in message
-
-
-def test_hydra_job_logging_disabled_is_selectable(tmp_path):
-    default_dir, quiet_dir = tmp_path / "default", tmp_path / "quiet"
-    default_dir.mkdir(), quiet_dir.mkdir()  # a dry run removes a run dir it made itself; these it finds
-    assert_ok(run_cli([*TINY, "dry_run=true"], default_dir))
-    assert_ok(run_cli([*TINY, "dry_run=true", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"], quiet_dir))
-    assert list(default_dir.glob("*.log")), "Hydra's default job logging writes <task>.log in the run dir"
-    assert not list(quiet_dir.glob("*.log")), "hydra/job_logging=disabled writes no log file"
-
-
 # -- a user's own config dir -------------------------------------------------------------------
-def _user_conf(root: Path, gpus_per_node: int = 2) -> Path:
-    conf = root / "my_conf"
-    (conf / "cluster").mkdir(parents=True)
-    (conf / "cluster" / "mysite.yaml").write_text(
-        "defaults:\n  - slurm\n  - _self_\n\nname: mysite\npartition: gpu_p2\ncpus_per_gpu: 1\ngpus_per_node: "
-        f"{gpus_per_node}\ntime: '00:05:00'\n"
-    )
-    return conf
-
-
 @pytest.mark.parametrize("spelling", ["space", "equals", "short"])
 def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
-    conf = _user_conf(tmp_path)
+    conf = user_cluster_conf(tmp_path)
     flag = {"space": ["--config-dir", str(conf)], "equals": [f"--config-dir={conf}"], "short": ["-cd", str(conf)]}[
         spelling
     ]
@@ -148,49 +40,7 @@ def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
     assert any(line.startswith("#SBATCH --signal=B:USR2@") for line in sbatch)  # inherited behaviour
 
 
-def test_user_option_is_listed_and_validated_like_a_shipped_one(tmp_path):
-    conf = _user_conf(tmp_path, gpus_per_node=0)
-    typo = run_cli(
-        ["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysit", "dry_run=true"], tmp_path / "a"
-    )
-    assert typo.returncode == 2 and "did you mean 'mysite'?" in typo.stderr, typo.stderr
-    bad = run_cli(
-        ["--config-dir", str(conf), *TINY, "launcher=slurm", "cluster=mysite", "dry_run=true"], tmp_path / "b"
-    )
-    assert bad.returncode == 2 and "`cluster.gpus_per_node`" in bad.stderr and "Fix:" in bad.stderr, bad.stderr
-    assert "Traceback" not in bad.stderr
-
-
-def test_hydra_searchpath_adds_a_config_dir(tmp_path):
-    conf = _user_conf(tmp_path)
-    proc = run_cli(
-        [
-            *TINY,
-            f"hydra.searchpath=[file://{conf}]",
-            "launcher=slurm",
-            "cluster=mysite",
-            "--cfg",
-            "job",
-            "-p",
-            "cluster",
-        ]
-    )
-    assert_ok(proc)
-    assert _yaml(proc.stdout)["partition"] == "gpu_p2"
-
-
 # -- hydra/launcher choices ----------------------------------------------------------------------
-@pytest.mark.parametrize("launcher", ["submitit_slurm", "submitit_local", "hpc_train_slurm", "hpc_train_local"])
-def test_submitit_launchers_are_refused_in_one_line(launcher, tmp_path):
-    proc = run_cli(
-        ["-m", f"hydra/launcher={launcher}", *TINY, "strategy=single,ddp", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    message = proc.stderr.strip()
-    assert "`hydra/launcher`" in message and "launcher=slurm" in message and "\n" not in message, message
-    assert not list((tmp_path / "sweep").glob("*/summary.json"))
-
-
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_plain_hydra_launchers_run_every_job(launcher, tmp_path):
     sweep = tmp_path / "sweep"
@@ -278,27 +128,21 @@ def test_a_null_objective_fails_the_trial_naming_objective(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_dry_run_is_refused_under_a_sweeper_that_optimises(tmp_path):
-    proc = run_cli([*_optuna(tmp_path / "sweep", "trainer.lr=interval(0.01,0.1)"), *TINY, "dry_run=true"])
-    assert proc.returncode == 2
-    message = proc.stderr.strip()
-    assert "`dry_run`" in message and "\n" not in message, message
-
-
-def test_config_path_and_name_pick_another_primary_config(tmp_path):
-    """-cp/-cn: a user's own primary config that starts from the shipped one."""
-    (tmp_path / "exp.yaml").write_text("defaults:\n  - config\n  - _self_\n\nseed: 42\n")
-    proc = run_cli(
-        ["-cp", str(tmp_path), "-cn", "exp", "hydra.searchpath=[pkg://hpc_train.conf]", "--cfg", "job", "-p", "seed"]
-    )
-    assert_ok(proc)
-    assert proc.stdout.strip().splitlines()[-1] == "42"
-
-
-def test_hydra_help_version_and_search_path_info(tmp_path):
-    conf = _user_conf(tmp_path)
-    assert run_cli(["--hydra-help"]).stdout.startswith("Hydra (")
-    assert run_cli(["--version"]).stdout.startswith("Hydra ")
-    info = run_cli(["--info", "searchpath", "--config-dir", str(conf)])
-    assert_ok(info)
-    assert f"file://{conf}" in info.stdout
+# -- the command in its own process ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--cfg", "job", "strategy=single", "trainer.lr=0.125"],  # Hydra's flag: the config printed
+        [*TINY, "trainer.epochs=0"],  # refused: hpc-train's paragraph, exit code 2
+        ["--resolve", *TINY],  # Hydra's flag check, reworded
+        ["--version"],  # argparse's own exit
+        [*TINY, "strategy=ddp", "resources.gpus_per_node=2", "dry_run=true"],  # a dry run's plan
+    ],
+    ids=["cfg", "refused", "flag-check", "version", "dry-run"],
+)
+def test_the_command_in_its_own_process_answers_as_it_does_called_in_process(args, tmp_path):
+    """tests/unit calls the entry point in the test's process (run_cli_in_process); the command as users start it, a
+    new Python, gives the same exit code, stdout and stderr."""
+    own = run_cli(args, tmp_path / "run")
+    called = run_cli_in_process(args, tmp_path / "run", refused=own.returncode != 0)
+    assert (called.returncode, called.stdout, called.stderr) == (own.returncode, own.stdout, own.stderr)

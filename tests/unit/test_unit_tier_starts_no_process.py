@@ -24,3 +24,16 @@ def test_a_unit_test_that_starts_a_process_fails_at_that_call():
         multiprocessing.get_context("spawn").Process(target=sys.exit).start()
     with pytest.raises(ProcessStarted, match="os.posix_spawn"):
         os.posix_spawn("/bin/true", ["true"], {})
+
+
+def test_the_cli_called_in_process_runs_only_what_starts_nothing(tmp_path):
+    """run_cli_in_process takes a dry run, a printing flag or a refusal; a command that would train is refused
+    before it is called, and one called as a refusal that goes on to start its ranks fails at that start."""
+    from tests.support.cli import TINY, run_cli_in_process
+
+    with pytest.raises(AssertionError, match="may start a run: use run_cli"):
+        run_cli_in_process([*TINY, "trainer.max_steps=1"], tmp_path / "run")
+    with pytest.raises(AssertionError, match=r"started a process \(subprocess.Popen .*hpc_train.compute.worker"):
+        run_cli_in_process([*TINY, "trainer.max_steps=1"], tmp_path / "run", refused=True)
+    with pytest.raises(AssertionError, match="was not refused"):
+        run_cli_in_process([*TINY, "dry_run=true"], tmp_path / "dry", refused=True)

@@ -121,7 +121,7 @@ def _live(sweep_dir: Path, rows: Dict[str, job_table.JobRow]) -> List[Tuple[job_
 
 
 def _taken_by_live(sweep_dir: Path, live: List[Tuple[job_table.JobRow, str]]) -> ConfigError:
-    named = ", ".join(f"#{row.job} as {row.job_id} ({state})" for row, state in live)
+    named = ", ".join(f"job #{row.job} as {row.job_id} ({state})" for row, state in live)
     if len(live) > SHOWN:
         named = ", ".join(named.split(", ")[:SHOWN]) + f" and {len(live) - SHOWN} more"
     ids = sorted({records.split_packed_id(row.job_id)[0] for row, state in live if state != LOCAL})

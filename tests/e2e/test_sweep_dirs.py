@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import yaml
 
-from tests.support.cli import run_cli
+from tests.support.cli import TINY, run_cli
 from tests.support.paths import SCRIPTS
 
 NO_SLURM = {**os.environ, "PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": ""}  # no sbatch, no sinfo
@@ -99,4 +100,27 @@ def test_a_sweep_refused_for_its_sweep_dir_and_a_dry_run_into_it_change_nothing_
     dry = app_sweep(tmp_path, *APP_ON_SLURM, f"hydra.sweep.dir={sweep_dir}", "gpus=1,2")
     assert_ok(dry)
     assert "#1 gpus=2: 1 node(s) x 1 task(s)" in dry.stdout, dry.stdout
+    assert files(sweep_dir) == before
+
+
+def test_a_local_sweeps_jobs_record_their_own_overrides_and_its_dry_run_changes_nothing_there(tmp_path):
+    """hpc-train's local sweep: each job's .hydra/overrides.yaml holds all of its overrides (its swept value too), as
+    Hydra's own launcher writes them; the same sweep's dry run into that sweep dir writes nothing there."""
+    sweep_dir = tmp_path / "sweep"
+    words = [
+        "-m",
+        *TINY,
+        "strategy=single",
+        "trainer.max_steps=2",
+        "trainer.epochs=null",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    assert_ok(run_cli([*words, "seed=1,2"], cwd=tmp_path, env=NO_SLURM))
+    for job, seed in (("0", 1), ("1", 2)):
+        recorded = yaml.safe_load((sweep_dir / job / ".hydra" / "overrides.yaml").read_text())
+        assert f"seed={seed}" in recorded and "trainer.max_steps=2" in recorded, recorded
+    before = files(sweep_dir)
+    dry = run_cli([*words, "seed=1,2", "dry_run=true"], cwd=tmp_path, env=NO_SLURM)
+    assert_ok(dry)
+    assert f"run dir: {sweep_dir / '1'}" in dry.stdout, dry.stdout
     assert files(sweep_dir) == before

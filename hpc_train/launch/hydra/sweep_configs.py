@@ -105,6 +105,8 @@ class SweepConfigs:
             config = self._loader.load_sweep_config(self._config, list(overrides))
         with open_dict(config):
             _identify(config.hydra, overrides, parsed, idx)
+            # what Hydra's run_job writes as the job's .hydra/overrides.yaml: all of its own, its swept values too
+            config.hydra.overrides.task = [o.input_line for o in parsed if not o.is_hydra_override()]
         return config
 
     def resolved(self, overrides: Sequence[str], idx: int) -> JobConfig:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy
 import torch
+import torch._dynamo  # noqa: F401  # as every training rank imports it (its first optimizer)
 from threadpoolctl import threadpool_info
 
 

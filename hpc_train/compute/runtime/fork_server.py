@@ -6,7 +6,8 @@ server forks and the child becomes the rank as a fresh ``python -m MODULE ARGS``
 
 * its file descriptors: the rank's stdin, stdout and stderr and any passed on, at the same numbers; the server's
   own sockets closed; what the imports opened kept (a fresh process opens the same);
-* its folder, umask, environment (``os.environ`` replaced before anything reads it), ``sys.argv`` and
+* its folder, umask, environment (``os.environ`` replaced before anything reads it, with what the imports set in
+  it, as they set it in a fresh rank), ``sys.argv`` and
   ``sys.path[0]``, ``sys.std*`` rebuilt as Python builds them (``PYTHONUNBUFFERED``, a terminal or not);
 * its signals: every disposition back to the default, then what a fresh Python has (the launcher's ignored
   signals, SIGPIPE and SIGXFSZ ignored, SIGINT raising KeyboardInterrupt) and the launcher's mask;
@@ -51,6 +52,7 @@ from hpc_train.processes.warm_ranks import DECLINED, EXIT, MAX_FDS, PID, SIGNAL,
 PRELOAD = (
     "torch",
     "torch.distributed",
+    "torch._dynamo",  # imported by a rank's first torch.optim optimizer (torch's _disable_dynamo wrappers)
     "numpy",
     "hpc_train.compute.worker",
     "hpc_train.compute.checkpointing.checkpointer",
@@ -90,9 +92,10 @@ class ForkServer:
     """One listening socket; per rank one connection, its pid, its exit status."""
 
     def __init__(self, path: str) -> None:
+        self.env = dict(os.environ)  # what a rank's environment must agree with, as it was before the imports
         for name in PRELOAD:
             importlib.import_module(name)
-        self.env = dict(os.environ)
+        self.set_by_imports = {k: v for k, v in os.environ.items() if self.env.get(k) != v}  # TORCHINDUCTOR_CACHE_DIR
         self.imported_fds = set(_open_fds())  # what the imports hold: a fresh rank's imports hold the same
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -235,6 +238,8 @@ class ForkServer:
             os.umask(int(request["umask"]))
             os.environ.clear()
             os.environ.update(request["env"])
+            for name, value in self.set_by_imports.items():  # as the same imports in a fresh rank set them
+                os.environ.setdefault(name, value)
             _rebuild_stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
             self._fresh_state(int(os.environ["OMP_NUM_THREADS"]))
             code = _run_module(request[START][2], request[START][3:])

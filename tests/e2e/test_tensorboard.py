@@ -92,8 +92,3 @@ def test_missing_tensorboard_is_refused_before_anything_runs(launcher, tmp_path)
         and not (run_dir / "slurm").exists()
         and not (run_dir / "logs").exists()
     )
-
-
-def test_unknown_logger_is_refused(tmp_path):
-    proc = run_cli([*TRAIN, "logger.name=wandb"], tmp_path / "run")
-    assert proc.returncode == 2 and "invalid configuration for `logger`" in proc.stderr

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, Iterator, List
 
@@ -28,7 +26,6 @@ from tests.support.cli import (
     start_background,
     wait_for,
 )
-from tests.support.paths import REPO
 
 TRAIN = [*TINY, "trainer.epochs=null", "trainer.batch_size=32", "strategy=single"]
 RESUMED = [*TRAIN, "trainer.max_steps=20", "trainer.log_every=1", "trainer.checkpoint_every=4"]
@@ -259,36 +256,6 @@ def test_a_missing_tracker_package_is_refused_before_anything_runs(logger, missi
     assert "invalid configuration for `logger`" in proc.stderr and f"needs the {missing} package" in proc.stderr
     assert pip in proc.stderr and "logger=jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert not (run_dir / "job_config.yaml").exists() and not (run_dir / "logs").exists()
-
-
-@pytest.mark.parametrize(
-    "overrides, key, words",
-    [
-        (["logger=mlflow", "logger.tracking_uri=/tmp/mlruns"], "logger.tracking_uri", "MLFLOW_ALLOW_FILE_STORE=true"),
-        (["logger=mlflow", "logger.tracking_uri=file:///tmp/mlruns"], "logger.tracking_uri", "sqlite:////abs/path"),
-        (["logger=wandb", "logger.mode=sometimes"], "logger.mode", "logger.mode=offline"),
-        (["logger=wandb", "logger.project=a/b"], "logger.project", "logger.project=my-project"),
-        (["logger=[tensorboard,mlflow]", "+logger.trackers.comet=true"], "logger", "unknown logger 'comet'"),
-        (["logger.name=mlflow"], "logger", "logger.name alone does not pick a logger"),
-    ],
-)
-def test_bad_tracker_settings_are_refused(overrides, key, words, tmp_path):
-    proc = run_cli([*TRAIN, "trainer.max_steps=4", "dry_run=true", *overrides], tmp_path / "run")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"invalid configuration for `{key}`" in proc.stderr and words in proc.stderr, proc.stderr
-
-
-def test_several_loggers_compose_into_one_node():
-    """Hydra's list syntax for a config group merges the options; `trackers` keeps every one."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "hpc_train.cli", "--cfg", "job", "-p", "logger", "logger=[tensorboard,wandb,mlflow]"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert_ok(proc)
-    assert "trackers:\n  tensorboard: true\n  wandb: true\n  mlflow: true\n" in proc.stdout
-    assert "log_dir: tensorboard" in proc.stdout and "tracking_uri: null" in proc.stdout and "mode: null" in proc.stdout
 
 
 def test_the_login_node_never_imports_a_tracker(tmp_path):

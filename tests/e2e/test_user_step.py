@@ -72,31 +72,6 @@ def test_a_broken_step_is_refused_at_the_start_of_the_job(target, words, tmp_pat
     assert not (tmp_path / "run" / "checkpoints").exists(), "nothing may train"
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [
-        ["strategy=pipeline"],
-        ["strategy=model_parallel"],
-        ["strategy=hybrid"],
-        ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"],
-    ],
-    ids=["pipeline", "model_parallel", "hybrid", "pipelining"],
-)
-def test_split_strategies_refuse_a_user_step_on_the_login_node(strategy, tmp_path):
-    proc = run_cli([*TINY, *strategy, step_node("hpc_train.compute.training.steps.model_loss")], tmp_path / "run")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
-    assert "`trainer.step`" in out and "strategy=" in out and "Fix:" in out and "Traceback" not in out, out
-    assert not (tmp_path / "run" / "job_config.yaml").exists(), "refused before anything is made"
-
-
-def test_a_metric_objective_needs_a_user_step(tmp_path):
-    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true"], tmp_path / "run")
-    assert proc.returncode == 2 and "`objective`" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
-    proc = run_cli([*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.support.user_steps.cross_entropy")])
-    assert_ok(proc)
-
-
 def test_data_shard_outside_a_job_is_the_whole_stream():
     """A streamed dataset built in a notebook or a unit test reads everything; `import hpc_train` stays torch-free."""
     import hpc_train

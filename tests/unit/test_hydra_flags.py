@@ -120,6 +120,14 @@ def test_hydra_job_logging_disabled_is_selectable(tmp_path):
     assert not list(quiet_dir.glob("*.log")), "hydra/job_logging=disabled writes no log file"
 
 
+def test_several_loggers_compose_into_one_node():
+    """Hydra's list syntax for a config group merges the options; `trackers` keeps every one."""
+    proc = run_cli_in_process(["--cfg", "job", "-p", "logger", "logger=[tensorboard,wandb,mlflow]"])
+    assert_ok(proc)
+    assert "trackers:\n  tensorboard: true\n  wandb: true\n  mlflow: true\n" in proc.stdout
+    assert "log_dir: tensorboard" in proc.stdout and "tracking_uri: null" in proc.stdout and "mode: null" in proc.stdout
+
+
 # -- a user's own config dir -------------------------------------------------------------------
 def test_user_option_is_listed_and_validated_like_a_shipped_one(tmp_path):
     conf = user_cluster_conf(tmp_path, gpus_per_node=0)

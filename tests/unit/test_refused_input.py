@@ -6,7 +6,7 @@ ask Slurm first (a packed sweep's, after sinfo): tests/e2e/test_bad_input.py.
 
 import pytest
 
-from tests.support.cli import TINY, TINY_TRAINER, run_cli_in_process
+from tests.support.cli import TINY, TINY_TRAINER, assert_ok, run_cli_in_process
 
 
 @pytest.mark.parametrize(
@@ -302,3 +302,107 @@ def test_bad_fsdp_settings_are_refused_before_anything_runs(overrides, key, tmp_
     proc = run_cli_in_process([*TINY, "strategy=fsdp", *overrides, "dry_run=true"], tmp_path / "run")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and f"`{key}`" in out and "Fix:" in out and "Traceback" not in out, out
+
+
+# -- strategies: combinations no layout can take (what only the built model tells: tests/e2e/test_strategies.py) --
+STRATEGIES_RUN = [*TINY, "trainer.batch_size=32", "trainer.max_steps=20", "trainer.epochs=null", "trainer.eval=false"]
+STRATEGIES_RUN += ["seed=7"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["strategy=hybrid", "strategy.stages=3", "resources.gpus_per_node=4"], "strategy.stages"),
+        (["strategy=pipeline", "strategy.chunks=64", "trainer.batch_size=32"], "strategy.chunks"),
+        (["strategy=pipeline", "resources.nodes=2"], "resources.nodes"),
+        (["strategy=pipeline", "strategy.balance=[1,1,2]", "strategy.stages=2"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.split_points=[2]", "strategy.stages=3"], "strategy.stages"),
+        (["strategy=pipeline", "strategy.split_points=[2]", "strategy.balance=time"], "strategy.balance"),
+        (["strategy=pipeline", "strategy.split_points=[2,2]"], "strategy.split_points"),
+        (["strategy=pipeline", "strategy.batchnorm=sync"], "strategy.batchnorm"),
+        (
+            [
+                "strategy=pipeline",
+                "strategy.engine=pipelining",
+                "resources.gpus_per_node=2",
+                "strategy.schedule=1f1b",
+                "strategy.chunks=1",
+            ],
+            "strategy.chunks",
+        ),
+        (
+            ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "strategy.stages=3"],
+            "strategy.stages",
+        ),
+        (
+            ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2", "trainer.precision=16"],
+            "trainer.precision",
+        ),
+    ],
+)
+def test_invalid_combinations_fail_before_running(overrides, key, tmp_path):
+    proc = run_cli_in_process([*STRATEGIES_RUN, *overrides], tmp_path / "run", refused=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"`{key}`" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "job_config.yaml").exists()
+
+
+# -- loggers and trackers (a missing package, in a new interpreter that cannot find it: tests/e2e/test_trackers.py) --
+TRACKED_RUN = [*TINY, "trainer.epochs=null", "trainer.batch_size=32", "strategy=single"]
+LOGGED_RUN = [*TINY, "trainer.max_steps=12", "trainer.epochs=null", "trainer.batch_size=32", "trainer.log_every=4"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["logger=mlflow", "logger.tracking_uri=/tmp/mlruns"], "logger.tracking_uri", "MLFLOW_ALLOW_FILE_STORE=true"),
+        (["logger=mlflow", "logger.tracking_uri=file:///tmp/mlruns"], "logger.tracking_uri", "sqlite:////abs/path"),
+        (["logger=wandb", "logger.mode=sometimes"], "logger.mode", "logger.mode=offline"),
+        (["logger=wandb", "logger.project=a/b"], "logger.project", "logger.project=my-project"),
+        (["logger=[tensorboard,mlflow]", "+logger.trackers.comet=true"], "logger", "unknown logger 'comet'"),
+        (["logger.name=mlflow"], "logger", "logger.name alone does not pick a logger"),
+    ],
+)
+def test_bad_tracker_settings_are_refused(overrides, key, words, tmp_path):
+    proc = run_cli_in_process([*TRACKED_RUN, "trainer.max_steps=4", "dry_run=true", *overrides], tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"invalid configuration for `{key}`" in proc.stderr and words in proc.stderr, proc.stderr
+
+
+def test_unknown_logger_is_refused(tmp_path):
+    proc = run_cli_in_process([*LOGGED_RUN, "logger.name=wandb"], tmp_path / "run", refused=True)
+    assert proc.returncode == 2 and "invalid configuration for `logger`" in proc.stderr
+
+
+# -- a user's training step (one that fails at the job's start: tests/e2e/test_user_step.py) --------------------
+def step_node(target: str) -> str:
+    return f"trainer.step={{_target_:{target},_partial_:true}}"
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["strategy=pipeline"],
+        ["strategy=model_parallel"],
+        ["strategy=hybrid"],
+        ["strategy=pipeline", "strategy.engine=pipelining", "resources.gpus_per_node=2"],
+    ],
+    ids=["pipeline", "model_parallel", "hybrid", "pipelining"],
+)
+def test_split_strategies_refuse_a_user_step_on_the_login_node(strategy, tmp_path):
+    proc = run_cli_in_process(
+        [*TINY, *strategy, step_node("hpc_train.compute.training.steps.model_loss")], tmp_path / "run", refused=True
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "`trainer.step`" in out and "strategy=" in out and "Fix:" in out and "Traceback" not in out, out
+    assert not (tmp_path / "run" / "job_config.yaml").exists(), "refused before anything is made"
+
+
+def test_a_metric_objective_needs_a_user_step(tmp_path):
+    proc = run_cli_in_process([*TINY, "objective=eval_top1", "dry_run=true"], tmp_path / "run")
+    assert proc.returncode == 2 and "`objective`" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
+    proc = run_cli_in_process(
+        [*TINY, "objective=eval_top1", "dry_run=true", step_node("tests.support.user_steps.cross_entropy")]
+    )
+    assert_ok(proc)

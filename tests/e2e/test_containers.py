@@ -90,6 +90,7 @@ def test_replica_groups_train_in_the_image_and_a_dead_group_restarts_in_it(runti
     with_torchft = build_image(tmp_path / "ft-image", extra=TORCHFT_PACKAGES)
     run_dir = tmp_path / "run"
     failure = {"HPC_TRAIN_KILL_AT": "1:6", "HPC_TRAIN_RESTART_SLEEP": "6", "HPC_TRAIN_STEP_SLEEP": "0.5"}
+    failure["HPC_TRAIN_STEP_SLEEP_FROM"] = "7"  # the steps before the kill at full speed
     env = dict(os.environ, **failure, HPC_TRAIN_REPLICA_DIGESTS="1")
     proc = run_cli([*job, *in_image(with_torchft)], run_dir, env=env)
     assert_ok(proc)

@@ -9,6 +9,7 @@ while rank 0 (group 0, whose output is the terminal's) is inside torchft's colle
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,6 +32,7 @@ RUN = [
     "fault_tolerance.replica_groups=2",  # every other fault_tolerance key at its default
 ]
 ENV = {"HPC_TRAIN_KILL_AT": f"1:{KILL}.average", "HPC_TRAIN_REPLICA_DIGESTS": "1", "HPC_TRAIN_STEP_SLEEP": "0.2"}
+ENV["HPC_TRAIN_STEP_SLEEP_FROM"] = str(KILL + 1)  # the steps before the kill at full speed
 # The survivor's longest pause between two steps: the default heartbeat timeout (5 s) or the restarted group's start-up,
 # whichever ends later (torch and torchft imported: ~3 s here), plus a quorum tick and a step on 2 busy cores. Measured:
 # 5.3-5.6 s. The collective timeout (fault_tolerance.timeout_s, 60 s) is far above: a pause that grows back to it fails.
@@ -43,7 +45,7 @@ LOG_LINE = re.compile(
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory) -> Tuple[Path, str]:
     run_dir = tmp_path_factory.mktemp("death") / "run"
-    proc = run_cli(RUN, run_dir, env=ENV, timeout=240)
+    proc = run_cli(RUN, run_dir, env=dict(os.environ, **ENV), timeout=240)
     assert_ok(proc)
     return run_dir, proc.stdout + proc.stderr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from tests.support.cli import assert_ok, run_cli
@@ -24,7 +25,8 @@ RUN = [
 
 def test_a_hung_group_is_named_restarted_alone_and_rejoins(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_cli(RUN, run_dir, env={"HPC_TRAIN_STEP_SLEEP": "0.3", "HPC_TRAIN_REPLICA_DIGESTS": "1"}, timeout=240)
+    slow = {"HPC_TRAIN_STEP_SLEEP": "0.3", "HPC_TRAIN_REPLICA_DIGESTS": "1"}
+    proc = run_cli(RUN, run_dir, env=dict(os.environ, **slow), timeout=240)
     assert_ok(proc)
     out = proc.stderr + proc.stdout
     # The group's watchdog names the sleeping rank (rank 1 of group 1: rank 3 of the job), and only that group stops

@@ -8,6 +8,7 @@ for torchft comes from hpc_train (hpc_train.compute.replicas.group).
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Dict
 
@@ -33,7 +34,7 @@ def step_digests(log: str) -> Dict[int, str]:
 def test_a_group_that_dies_in_start_up_is_restarted_and_the_groups_start_together(tmp_path):
     run_dir = tmp_path / "run"
     env = {"HPC_TRAIN_KILL_AT": "1:start", "HPC_TRAIN_REPLICA_DIGESTS": "1"}  # group 1's only rank, before it is ready
-    proc = run_cli(RUN, run_dir, env=env, timeout=180)
+    proc = run_cli(RUN, run_dir, env=dict(os.environ, **env), timeout=180)
     assert_ok(proc)
     out = proc.stderr + proc.stdout
     assert "replica group 1: rank 1 was killed by SIGKILL" in out and "restarting group 1 (1 of at most 3)" in out, out

@@ -43,16 +43,18 @@ DIGESTS = {"HPC_TRAIN_REPLICA_DIGESTS": "1"}
 
 # The failure: rank 1 of group 1 (global rank 3) SIGKILLs itself before step 21, in the group's first start only. The
 # launcher restarts group 1 at once; the restarted group sleeps RESTART_SLEEP_S before it rejoins, longer than
-# TIMEOUT_S, so that the lighthouse drops it first. Each step sleeps STEP_SLEEP_S, so that the live groups are still
-# training when it comes back: they train on 27-28 s after the kill (measured), it is back after ~15 s (22 s on a
-# machine loaded 3 times over). It must come back while they train: one that comes back after they finished is not
-# healed (hpc_train today trains it alone from its first step, over the run's records).
+# TIMEOUT_S, so that the lighthouse drops it first. Each step after the kill sleeps STEP_SLEEP_S (the steps before it
+# run at full speed: HPC_TRAIN_STEP_SLEEP_FROM), so that the live groups are still training when it comes back: they
+# train on 27-28 s after the kill (measured), it is back after ~15 s (22 s on a machine loaded 3 times over). It must
+# come back while they train: one that comes back after they finished is not healed (hpc_train today trains it alone
+# from its first step, over the run's records).
 KILLED_RANK, KILL_STEP, LONG = 3, 20, 60
 RESTART_SLEEP_S, STEP_SLEEP_S = 10, 0.5
 FAILURE = {
     "HPC_TRAIN_KILL_AT": f"{KILLED_RANK}:{KILL_STEP}",
     "HPC_TRAIN_RESTART_SLEEP": str(RESTART_SLEEP_S),
     "HPC_TRAIN_STEP_SLEEP": str(STEP_SLEEP_S),
+    "HPC_TRAIN_STEP_SLEEP_FROM": str(KILL_STEP + 1),
 }
 # A live group waits for the dead one at most TIMEOUT_S (the lighthouse's heartbeat timeout) plus this slack: the
 # quorum's round trip (a heartbeat and a quorum tick of 0.1 s each), then the step itself (STEP_SLEEP_S and the

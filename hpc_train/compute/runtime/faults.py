@@ -21,6 +21,8 @@
   and the rename that installs its dir). See :data:`DISK_FULL_POINTS`.
 * ``HPC_TRAIN_OOM_AT=RANK:STEP``: that rank's forward pass of step STEP+1 raises CUDA's out-of-memory error, on a
   CPU too, so a test sees what the message of a real one says.
+* ``HPC_TRAIN_STEP_SLEEP_FROM=STEP``: with HPC_TRAIN_STEP_SLEEP, the steps before STEP run at full speed: a test
+  that needs the time only after a fault (the live groups training on while a killed one restarts) sleeps only then.
 * ``HPC_TRAIN_STEP_SLEEP_RANK=RANK``: with HPC_TRAIN_STEP_SLEEP, only that rank sleeps (the rank
   from ``RANK`` or ``SLURM_PROCID``), so the other ranks wait for it inside the next collective:
   a test can deliver a stop signal while rank 0 is blocked in one.
@@ -111,8 +113,9 @@ def _own_rank() -> str:
     return os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
 
 
-def step_sleep(resumed: bool = False) -> None:
-    delay = 0.0 if resumed else _float("HPC_TRAIN_STEP_SLEEP")
+def step_sleep(step: int, resumed: bool = False) -> None:
+    """HPC_TRAIN_STEP_SLEEP after optimizer step `step` (1 for the first) of an attempt from scratch."""
+    delay = 0.0 if resumed or step < _float("HPC_TRAIN_STEP_SLEEP_FROM") else _float("HPC_TRAIN_STEP_SLEEP")
     only = os.environ.get("HPC_TRAIN_STEP_SLEEP_RANK", "").strip()
     if only and only != _own_rank():
         return

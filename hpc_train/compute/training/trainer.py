@@ -471,7 +471,7 @@ class Trainer:
     def _after_step(self) -> None:
         """Checkpoint when due; stop (after a checkpoint) when any rank got a stop signal."""
         step = self.state.global_step
-        faults.step_sleep(resumed=self.resumed_from_step is not None)
+        faults.step_sleep(step, resumed=self.resumed_from_step is not None)
         with self.perf.phase("checkpoint"):
             if self.writes_checkpoints:
                 self.saves.after_step(step, self._flush_before_checkpoint)

@@ -3,13 +3,13 @@ against, the step clock's windows, the FLOP counter on a written-down model, the
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
 
-from hpc_train.compute.performance import memory, peaks
+from hpc_train.compute.performance import memory, peaks, step_clock
 from hpc_train.compute.performance.flops import StepFlops
 from hpc_train.compute.performance.step_clock import StepClock
 from hpc_train.records import performance
@@ -63,21 +63,26 @@ def test_the_flop_counter_counts_a_linear_stack_as_written_down():
     assert flops.per_step == 2 * first + 3 * second
 
 
-def test_the_clock_leaves_excluded_time_out_of_the_step_and_splits_it_into_phases():
+def test_the_clock_leaves_excluded_time_out_of_the_step_and_splits_it_into_phases(monkeypatch):
+    """The clock's arithmetic on a clock the test advances (no wall-clock bound on a loaded machine): each step is
+    0.25 s of data, 0.5 s of compute and 0.125 s untimed, then 10 s excluded (binary fractions: sums exact)."""
+    now = [0.0]
+    monkeypatch.setattr(step_clock, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     clock = StepClock(torch.device("cpu"), first_timed_step=2)
     for step in (1, 2, 3):
         clock.step_boundary(step)
         with clock.phase("data"):
-            pass
+            now[0] += 0.25
         with clock.phase("forward_backward"):
-            torch.ones(64, 64) @ torch.ones(64, 64)
+            now[0] += 0.5
+        now[0] += 0.125  # in the step, in no phase
         with clock.excluded():
-            time.sleep(0.2)  # an evaluation: not part of the step
+            now[0] += 10.0  # an evaluation: not part of the step
     clock.finish()
     window = clock.take_window()
-    assert window.steps == 3 and window.wall < 0.2  # the three sleeps are left out
-    assert sum(window.phases.values()) <= window.wall
-    assert clock.run.steps == 2  # step 1 is the warm-up
+    assert window.steps == 3 and window.wall == 3 * 0.875  # the excluded 30 s are left out
+    assert window.phases["data"] == 3 * 0.25 and window.phases["forward_backward"] == 3 * 0.5
+    assert (clock.run.steps, clock.run.wall) == (2, 2 * 0.875)  # step 1 is the warm-up
     assert clock.take_window().steps == 0  # a new window after each
 
 

@@ -41,6 +41,15 @@ def mark_refused(sweep_dir: Path, message: str) -> None:
     _write(sweep_dir, REFUSED, message=message)
 
 
+def live_launcher(sweep_dir: Path) -> Optional[dict]:
+    """The status of a sweep whose launcher is still at work on this host (its pid alive); None otherwise (no status,
+    the launcher done, refused or gone, or on another host, where its pid says nothing)."""
+    status = rundir.read_json(Path(sweep_dir) / STATUS)
+    if not isinstance(status, dict) or status.get("state") != RUNNING or status.get("host") != socket.gethostname():
+        return None
+    return status if alive(status.get("pid")) else None
+
+
 def never_running(sweep_dir: Path) -> Optional[str]:
     """Why the sweep's unfinished jobs will never run, in words; None when they may (or no launcher said)."""
     status = rundir.read_json(Path(sweep_dir) / STATUS)

@@ -10,6 +10,7 @@ refused for jobs of another sweep that are still queued, on Slurm: tests/slurm/t
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from tests.support.cli import TINY, run_cli
+from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import SCRIPTS
 
 NO_SLURM = {**os.environ, "PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": ""}  # no sbatch, no sinfo
@@ -103,9 +104,10 @@ def test_a_sweep_refused_for_its_sweep_dir_and_a_dry_run_into_it_change_nothing_
     assert files(sweep_dir) == before
 
 
-def test_a_local_sweeps_jobs_record_their_own_overrides_and_its_dry_run_changes_nothing_there(tmp_path):
-    """hpc-train's local sweep: each job's .hydra/overrides.yaml holds all of its overrides (its swept value too), as
-    Hydra's own launcher writes them; the same sweep's dry run into that sweep dir writes nothing there."""
+def test_a_local_sweeps_jobs_record_their_own_overrides_and_its_sweep_dir_is_kept_for_it(tmp_path):
+    """hpc-train's local sweep (no job table): each job's .hydra/overrides.yaml holds all of its overrides (its swept
+    value too), as Hydra's own launcher writes them; the same sweep's dry run into that sweep dir goes on and writes
+    nothing there, a sweep of other overrides is refused before anything runs, and changes nothing there either."""
     sweep_dir = tmp_path / "sweep"
     words = [
         "-m",
@@ -124,3 +126,37 @@ def test_a_local_sweeps_jobs_record_their_own_overrides_and_its_dry_run_changes_
     assert_ok(dry)
     assert f"run dir: {sweep_dir / '1'}" in dry.stdout, dry.stdout
     assert files(sweep_dir) == before
+    other = run_cli([*words, "seed=3,4"], cwd=tmp_path, env=NO_SLURM)
+    assert other.returncode == 2 and "Traceback" not in other.stderr, other.stdout + other.stderr
+    assert "holds job #0 of an earlier sweep (" in other.stderr and f"whose run dir {sweep_dir / '0'}" in other.stderr
+    assert "seed=1" in other.stderr and "Nothing was run" in other.stderr and "hpc-train: sweep job" not in other.stdout
+    assert files(sweep_dir) == before
+
+
+def test_a_sweep_into_the_sweep_dir_of_a_local_sweep_at_work_is_refused(tmp_path):
+    """A local sweep keeps no job table: its launcher, still running on this host, holds the sweep dir."""
+    sweep_dir = tmp_path / "sweep"
+    words = [
+        "-m",
+        *TINY,
+        "strategy=single",
+        "trainer.max_steps=50",
+        "trainer.epochs=null",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    command = [sys.executable, "-m", "hpc_train.cli", *words, "seed=1,2"]
+    slow = {**NO_SLURM, "HPC_TRAIN_STEP_SLEEP": "0.5"}  # 50 steps: 25 s at least, the launcher at work meanwhile
+    first = subprocess.Popen(
+        command, cwd=tmp_path, env=slow, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        wait_for(lambda: (sweep_dir / "0" / "metrics.jsonl").exists(), 120, "the first sweep's job #0 to train")
+        before = files(sweep_dir / ".hpc_train")
+        again = run_cli([*words, "seed=1,2"], cwd=tmp_path, env=NO_SLURM)  # even the same sweep: its runs are busy
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stdout + again.stderr
+    assert f"is in use by a sweep whose launcher still runs (pid {first.pid} on this host)" in again.stderr
+    assert f"kill -INT {first.pid}" in again.stderr and "Nothing was run" in again.stderr
+    assert files(sweep_dir / ".hpc_train") == before

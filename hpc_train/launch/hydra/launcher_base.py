@@ -75,7 +75,7 @@ class SweepLauncherBase(Launcher, abc.ABC):
         if self._sweep_dir_checked or self._runs_elsewhere():
             return
         self._sweep_dir_checked = True
-        jobs = [(initial_job_idx + i, " ".join(filter_overrides(o))) for i, o in enumerate(job_overrides)]
+        jobs = [(initial_job_idx + i, filter_overrides(o)) for i, o in enumerate(job_overrides)]
         try:
             taken.check(sweep_dir, jobs)
         except ConfigError as err:

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_states, job_table, submissions
-from hpc_train.jobs.sweep_status import MULTIRUN, STATUS, alive
+from hpc_train.jobs.sweep_status import MULTIRUN, STATUS, alive, live_launcher
+from hpc_train.launch.hydra.cli_child import overrides_of
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
 
@@ -89,19 +90,27 @@ def _rmdir(path: Path) -> bool:
     return True
 
 
-def check(sweep_dir: Path, jobs: Sequence[Tuple[int, str]]) -> None:
-    """Refuse (ConfigError naming hydra.sweep.dir) a sweep of `jobs` ((number, overrides as the job table writes
-    them)) into `sweep_dir` when its job table lists live jobs, or a run of other overrides under one of the numbers."""
+def check(sweep_dir: Path, jobs: Sequence[Tuple[int, Sequence[str]]]) -> None:
+    """Refuse (ConfigError naming hydra.sweep.dir) a sweep of `jobs` ((number, its overrides without Hydra's own))
+    into `sweep_dir` when its job table lists live jobs, or a sweep's launcher still runs there on this host (a local
+    sweep keeps no job table), or a run of other overrides holds one of the numbers (as the job table lists it, else as
+    the run's own record of its overrides says)."""
     rows = job_table.newest(sweep_dir)
-    if not rows:
-        return
-    live = _live(sweep_dir, rows)
+    live = _live(sweep_dir, rows) if rows else []
     if live:
         raise _taken_by_live(sweep_dir, live)
-    for number, overrides in jobs:
-        earlier = rows.get(str(number))
+    launcher = live_launcher(sweep_dir)
+    if launcher is not None:
+        raise _taken_by_launcher(sweep_dir, launcher)
+    for number, words in jobs:
+        overrides, earlier = " ".join(words), rows.get(str(number))
         if earlier is not None and earlier.overrides != overrides:
             raise _taken_by_ended(sweep_dir, number, overrides, earlier)
+        # a local sweep's run: its overrides as Hydra recorded them; one written before each job recorded its swept
+        # values names only those its sweep's jobs shared (a subset of the same sweep's)
+        recorded = overrides_of(sweep_dir / str(number), []) if earlier is None else []
+        if not set(recorded) <= set(words):
+            raise _taken_by_local_run(sweep_dir, number, overrides, " ".join(recorded))
 
 
 def _live(sweep_dir: Path, rows: Dict[str, job_table.JobRow]) -> List[Tuple[job_table.JobRow, str]]:
@@ -135,6 +144,30 @@ def _taken_by_live(sweep_dir: Path, live: List[Tuple[job_table.JobRow, str]]) ->
         " numbered from 0 as well, would take their run dirs. Nothing was queued.",
         f"give this sweep another sweep dir (hydra.sweep.dir=...), or wait until those jobs end"
         f" (hpc-train-report {sweep_dir} --watch), or cancel them: {cancel}.",
+    )
+
+
+def _taken_by_launcher(sweep_dir: Path, launcher: dict) -> ConfigError:
+    pid = launcher.get("pid")
+    return ConfigError(
+        KEY,
+        f"the sweep dir {sweep_dir} is in use by a sweep whose launcher still runs (pid {pid} on this host): its jobs"
+        " run there one after another, and this sweep's jobs, numbered from 0 as well, would take their run dirs."
+        " Nothing was run.",
+        f"give this sweep another sweep dir (hydra.sweep.dir=...), or wait until that sweep ends"
+        f" (hpc-train-report {sweep_dir} --watch), or stop it (Ctrl-C where it runs, or kill -INT {pid}).",
+    )
+
+
+def _taken_by_local_run(sweep_dir: Path, number: int, overrides: str, recorded: str) -> ConfigError:
+    run_dir = Path(sweep_dir) / str(number)
+    return ConfigError(
+        KEY,
+        f"the sweep dir {sweep_dir} holds job #{number} of an earlier sweep ({recorded}), whose run dir {run_dir} this"
+        f" sweep's job #{number} ({overrides or 'no overrides'}) would reuse: a run dir holds one run's records."
+        " Nothing was run.",
+        f"give this sweep another sweep dir (hydra.sweep.dir=...); to go on with that sweep's unfinished jobs, run its"
+        f" own command again with hydra.sweep.dir={sweep_dir}.",
     )
 
 

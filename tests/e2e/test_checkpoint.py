@@ -204,14 +204,19 @@ def test_incompatible_checkpoint_is_refused_before_anything_runs(change, expecte
 
 
 def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path):
+    """Quickly: rank 0 is not left in the step's collective until its timeout (trainer.dist_timeout_s); the time is
+    counted from rank 1's failure (its log's last write, the traceback), not from the start of a loaded machine."""
     run_dir = tmp_path / "run"
-    started = time.monotonic()
+    timeout_s = 20
     proc = run_cli(
-        [*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=20"], run_dir, env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5")
+        [*RESUME, *LAYOUTS["ddp"], f"trainer.dist_timeout_s={timeout_s}"],
+        run_dir,
+        env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5"),
     )
-    elapsed = time.monotonic() - started
+    ended = time.time()
     assert proc.returncode != 0
-    assert elapsed < 60, f"the job took {elapsed:.0f} s to fail"
+    after_failure = ended - (run_dir / "logs" / "rank1.log").stat().st_mtime
+    assert after_failure < timeout_s, f"the job ended {after_failure:.1f} s after rank 1 failed: the collective timeout"
     # rank 0 fails too (its peer vanished) and may exit first: the launcher names the root cause
     assert "rank 1 failed first (InjectedFailure: HPC_TRAIN_FAIL_AT=1:5: rank 1 fails after 5 steps" in proc.stderr, (
         proc.stderr
@@ -231,13 +236,16 @@ def rank_pid(launcher_pid: int, rank: int) -> int:
     raise AssertionError(f"no worker with RANK={rank} among {children}")
 
 
+COLLECTIVE_TIMEOUT_S = 120
+
+
 def test_local_rank_killed_by_sigkill_ends_the_job_quickly(tmp_path):
     """A rank that dies without a word (OOM killer, kill -9) must not leave its peer waiting in a collective."""
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "launcher.err"
     with open(stderr_path, "w") as stderr:
         proc = start_background(
-            [*RESUME, *LAYOUTS["ddp"], "trainer.dist_timeout_s=120"],
+            [*RESUME, *LAYOUTS["ddp"], f"trainer.dist_timeout_s={COLLECTIVE_TIMEOUT_S}"],
             run_dir,
             {"HPC_TRAIN_STEP_SLEEP": "0.15"},
             stderr=stderr,
@@ -246,13 +254,14 @@ def test_local_rank_killed_by_sigkill_ends_the_job_quickly(tmp_path):
         wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
         os.kill(rank_pid(proc.pid, 1), signal.SIGKILL)
         killed = time.monotonic()
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=COLLECTIVE_TIMEOUT_S + 60)
     finally:
         if proc.poll() is None:
             kill_group(proc)
     elapsed = time.monotonic() - killed
     assert code != 0 and not (run_dir / "summary.json").exists()
-    assert elapsed < 30, f"the job took {elapsed:.0f} s to end after a rank died (the collective timeout is 120 s)"
+    # Quickly: before the collective timeout, which a peer left waiting would sit out (any load ends well before it).
+    assert elapsed < COLLECTIVE_TIMEOUT_S, f"the job ended {elapsed:.0f} s after a rank died: the collective timeout"
     said = stderr_path.read_text()
     assert re.search(r"rank 1 \(pid \d+\) was killed by SIGKILL \(signal 9\).*; stopping the other ranks", said), said
 

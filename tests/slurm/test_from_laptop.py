@@ -15,7 +15,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Dict, List
@@ -214,6 +213,21 @@ HELD = ["launcher=slurm", f"cluster={PROFILE}", "model=toy_mlp", "strategy=singl
 SLOW_SBATCH = '#!/bin/sh\nsleep 0.3\nexec /usr/bin/sbatch "$@"\n'  # the cluster side queues for ~10 s
 
 
+def _cluster_commands_running() -> List[str]:
+    """The laptop's commands on the cluster that have not ended: serve.py records each one's exit code in
+    ~/.cache/hpc_train/commands/<id>.json there (a runner gone without one has ended too)."""
+    running = []
+    for path in (cluster_home() / ".cache" / "hpc_train" / "commands").glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # being written
+            running.append(path.name)
+            continue
+        if "code" not in record and Path(f"/proc/{record.get('runner', 0)}").exists():
+            running.append(path.name)
+    return running
+
+
 def _held_sweep(laptop, name: str, sweep: str) -> subprocess.Popen:
     """30 held jobs of 30 time limits: 30 sbatch calls on the cluster, each 0.3 s slower than sbatch (its setup
     lines put a slow sbatch first on the PATH of the cluster side), so the interruption lands mid-queueing."""
@@ -238,8 +252,9 @@ def test_ctrl_c_on_the_laptop_while_the_cluster_queues_cancels_the_whole_sweep(l
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 130, out
         assert re.search(r"interrupted while queueing the sweep: the \d+ jobs already queued were cancelled", out), out
-        time.sleep(2)
-        assert slurm_jobs_of(user, name) == []  # not one left queued
+        # Not one left queued: read once the cluster's command has ended, after which nothing more can be queued.
+        wait_for(lambda: _cluster_commands_running() == [], 60, "the cluster's hpc-train command to end")
+        assert slurm_jobs_of(user, name) == []
     finally:
         subprocess.run(["scancel", "-u", user, "-n", name], capture_output=True)
 

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -197,34 +196,41 @@ def test_parsed_sinfo_agrees_with_scontrol(slurm_cluster):
 
 # -- no Slurm configuration on this machine -----------------------------------------------------
 NO_CONF = "/nonexistent/slurm.conf"
-SLOW_CLIENT_S = 15  # what the capacity check's sinfo cost before: Slurm retries a missing SLURM_CONF for 60 s
 
 
 def _no_conf_env() -> dict:
     return dict(os.environ, SLURM_CONF=NO_CONF)
 
 
+def _noting_sinfo(tmp_path: Path) -> tuple:
+    """A `sinfo` first on a PATH that only notes it ran: (that PATH, the note). What a check that must not wait for
+    the real client (it retries a missing SLURM_CONF for 60 s) is about is that it did not run it, not a time."""
+    shim, ran = tmp_path / "shim", tmp_path / "sinfo-ran"
+    shim.mkdir()
+    (shim / "sinfo").write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    (shim / "sinfo").chmod(0o755)
+    return f"{shim}:{os.environ['PATH']}", ran
+
+
 def test_dry_run_without_a_slurm_configuration_prints_the_layout_and_why_nothing_was_checked(slurm_cluster, tmp_path):
-    """The real sinfo with a SLURM_CONF naming no file would wait 60 s: the dry run does not wait for it."""
-    started = time.monotonic()
-    proc = run_cli(["launcher=slurm", *TRAIN, "dry_run=true"], tmp_path / "run", env=_no_conf_env())
-    elapsed = time.monotonic() - started
+    """The real sinfo with a SLURM_CONF naming no file would wait 60 s: the dry run does not run it."""
+    path, ran = _noting_sinfo(tmp_path)
+    proc = run_cli(["launcher=slurm", *TRAIN, "dry_run=true"], tmp_path / "run", env=dict(_no_conf_env(), PATH=path))
     assert_ok(proc)
     assert "#SBATCH --nodes=1" in proc.stdout and "hpc-train (dry run, nothing submitted): ddp:" in proc.stdout
     note = [line for line in proc.stderr.splitlines() if "capacity check could not run" in line]
     assert len(note) == 1 and f"SLURM_CONF={NO_CONF} names no configuration file" in note[0], proc.stderr
-    assert elapsed < SLOW_CLIENT_S - 5, f"{elapsed:.1f} s"
+    assert not ran.exists(), "sinfo was run"
 
 
 def test_submission_without_a_slurm_configuration_is_one_message_naming_slurm_conf(slurm_cluster, tmp_path):
     job_name = f"noconf-{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
-    started = time.monotonic()
-    proc = run_cli(["launcher=slurm", *TRAIN, f"job_name={job_name}"], run_dir, env=_no_conf_env())
-    elapsed = time.monotonic() - started
+    path, ran = _noting_sinfo(tmp_path)
+    proc = run_cli(["launcher=slurm", *TRAIN, f"job_name={job_name}"], run_dir, env=dict(_no_conf_env(), PATH=path))
     assert_refused(proc, "launcher", "export SLURM_CONF=", job_name, run_dir)
     assert "find no configuration" in proc.stderr and NO_CONF in proc.stderr
-    assert elapsed < SLOW_CLIENT_S - 5, f"{elapsed:.1f} s"
+    assert not ran.exists(), "sinfo was run"
 
 
 def _hidden_default_config() -> list:
@@ -260,12 +266,13 @@ def test_no_default_configuration_and_no_configless_controller_is_the_clients_ow
     assert len(real.stderr.strip().splitlines()) == 1, real.stderr
 
 
-def test_what_counts_as_no_configuration():
+def test_what_counts_as_no_configuration(tmp_path, monkeypatch):
     """A SLURM_CONF naming no file is refused without running the command; Slurm's own fatal line is read, and a
     controller that does not answer is not mistaken for a missing configuration."""
-    started = time.monotonic()
+    path, ran = _noting_sinfo(tmp_path)
+    monkeypatch.setenv("PATH", path)  # the command slurm_cli finds and would run
     done = slurm_cli.run(["sinfo"], env=_no_conf_env())
-    assert time.monotonic() - started < 1 and done.returncode == 1 and slurm_cli.unconfigured(done)
+    assert not ran.exists() and done.returncode == 1 and slurm_cli.unconfigured(done)
     assert slurm_cli.said(done) == f"sinfo was not run: SLURM_CONF={NO_CONF} names no configuration file"
     assert slurm_cli.config_problem({"SLURM_CONF": ""}) and slurm_cli.config_problem({}) is None
     configless = (

@@ -48,7 +48,7 @@
 #       sshd.stdout                 (what sshd printed before daemonising)
 #     plus the lock file ${HPC_TRAIN_SSH_DIR}.lock (start/stop serialised).
 #   * sshd: `/usr/sbin/sshd -f sshd_config -E sshd.log` (daemon, no systemd),
-#     127.0.0.1:$HPC_TRAIN_SSH_PORT (2222) only; public keys only (no
+#     127.0.0.1:$HPC_TRAIN_SSH_PORT only (a free port, kept); public keys only (no
 #     passwords, no PAM), AllowUsers hpccluster, MaxSessions 100, MaxStartups
 #     100:30:200, StrictModes yes, sftp subsystem (scp uses it), and
 #       SetEnv SLURM_CONF=<the Slurm test cluster's slurm.conf>
@@ -111,7 +111,7 @@
 #
 # ENVIRONMENT VARIABLES (all optional)
 #   HPC_TRAIN_SSH_DIR           state dir                     [/tmp/hpc-train-ssh]
-#   HPC_TRAIN_SSH_PORT          port on 127.0.0.1                          [2222]
+#   HPC_TRAIN_SSH_PORT          port on 127.0.0.1  [the last start's, else a free one]
 #   HPC_TRAIN_SSH_BASE_PYTHON   the project venv's python [<checkout>/.venv/bin/python]
 #   HPC_TRAIN_SSH_VENV_PYTHON   interpreter the user venvs are made from  [see above]
 #   HPC_TRAIN_SSH_SLURM_CONF    slurm.conf for SetEnv [from slurm_test_cluster.sh env]
@@ -130,7 +130,6 @@ REPO_DIR="$(dirname "$SCRIPT_DIR")"
 SLURM_SCRIPT="$SCRIPT_DIR/slurm_test_cluster.sh"
 
 STATE_DIR="${HPC_TRAIN_SSH_DIR:-/tmp/hpc-train-ssh}"
-PORT="${HPC_TRAIN_SSH_PORT:-2222}"
 BASE_PYTHON="${HPC_TRAIN_SSH_BASE_PYTHON:-$REPO_DIR/.venv/bin/python}"
 VENV_PYTHON="${HPC_TRAIN_SSH_VENV_PYTHON:-}"
 SLURM_ACCOUNT="${HPC_TRAIN_SSH_SLURM_ACCOUNT:-hpctest}"
@@ -154,8 +153,12 @@ CONFIG="$STATE_DIR/sshd_config"
 HOST_KEY="$STATE_DIR/ssh_host_ed25519_key"
 PID_FILE="$STATE_DIR/sshd.pid"
 LOG_FILE="$STATE_DIR/sshd.log"
+# The port: HPC_TRAIN_SSH_PORT, else the one this state dir's server was given (its sshd_config), else a free one
+# that start picks (pick_port): a fixed default would meet whatever else listens on this machine.
+PORT="${HPC_TRAIN_SSH_PORT:-$(sed -n 's/^Port //p' "$CONFIG" 2>/dev/null | head -n 1)}"
 # how known_hosts names 127.0.0.1:PORT
-if [ "$PORT" = 22 ]; then KNOWN_NAME="$LISTEN"; else KNOWN_NAME="[$LISTEN]:$PORT"; fi
+known_name() { if [ "$PORT" = 22 ]; then KNOWN_NAME="$LISTEN"; else KNOWN_NAME="[$LISTEN]:$PORT"; fi; }
+known_name
 
 log() { printf '[ssh-test-server] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -166,7 +169,7 @@ validate() {
   [ -n "$STATE_DIR" ] || die "refusing HPC_TRAIN_SSH_DIR=/"
   case "$STATE_DIR" in /*) ;; *) die "HPC_TRAIN_SSH_DIR must be an absolute path (got '$STATE_DIR')" ;; esac
   [[ "$STATE_DIR" =~ ^[A-Za-z0-9_./-]+$ ]] || die "HPC_TRAIN_SSH_DIR may hold only letters, digits and _./- (got '$STATE_DIR')"
-  { [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ]; } ||
+  [ -z "$PORT" ] || { [[ "$PORT" =~ ^[0-9]+$ ]] && [ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ]; } ||
     die "HPC_TRAIN_SSH_PORT must be a port number (got '$PORT')"
   [[ "$START_TIMEOUT" =~ ^[0-9]+$ ]] || die "HPC_TRAIN_SSH_START_TIMEOUT must be a number of seconds"
 }
@@ -507,6 +510,17 @@ dump_log() {
   done
 }
 
+# The port start uses: HPC_TRAIN_SSH_PORT as given (a taken one is refused), else the recorded one while our sshd
+# holds it or it is free, else a free one the kernel hands out (bound and released just before sshd binds it).
+pick_port() {
+  [ -n "${HPC_TRAIN_SSH_PORT:-}" ] && return 0
+  if [ -n "$PORT" ] && { our_pid >/dev/null || ! port_taken; }; then return 0; fi
+  PORT="$("$BASE_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')" ||
+    die "could not find a free port with $BASE_PYTHON"
+  known_name
+  log "port $PORT: a free one (HPC_TRAIN_SSH_PORT sets one)"
+}
+
 port_refused() {
   if port_taken; then
     die "$LISTEN:$PORT is already in use by another process ($(ss -ltnpH "sport = :$PORT" 2>/dev/null | head -n 1)); set HPC_TRAIN_SSH_PORT"
@@ -570,6 +584,7 @@ cmd_start() {
 
   # the server first decided (and a taken port refused) before the laptop's
   # files are touched
+  pick_port
   new="$(render_config "$conf")"
   if pid="$(our_pid)" && [ "$new" = "$(cat "$CONFIG" 2>/dev/null)" ] && answers; then
     running=1

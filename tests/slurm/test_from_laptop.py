@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -213,6 +214,13 @@ HELD = ["launcher=slurm", f"cluster={PROFILE}", "model=toy_mlp", "strategy=singl
 SLOW_SBATCH = '#!/bin/sh\nsleep 0.3\nexec /usr/bin/sbatch "$@"\n'  # the cluster side queues for ~10 s
 
 
+def _closed_port() -> int:
+    """A port nothing listens on: one the kernel hands out free, released (a fixed one could be the server's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _cluster_commands_running() -> List[str]:
     """The laptop's commands on the cluster that have not ended: serve.py records each one's exit code in
     ~/.cache/hpc_train/commands/<id>.json there (a runner gone without one has ended too)."""
@@ -282,15 +290,16 @@ def test_a_connection_cut_mid_submission_leaves_the_sweep_whole_and_found(laptop
 @pytest.mark.parametrize(
     "override, key, words",
     [
-        ("cluster.login=ssh://hpccluster@localhost:2222", "cluster.login", "host key of"),
-        ("cluster.login=ssh://nobody@127.0.0.1:2222", "cluster.login", "refused the login"),
-        ("cluster.login=ssh://hpccluster@127.0.0.1:2999", "cluster.login", "cannot be reached"),
+        ("cluster.login=ssh://hpccluster@localhost:PORT", "cluster.login", "host key of"),
+        ("cluster.login=ssh://nobody@127.0.0.1:PORT", "cluster.login", "refused the login"),
+        ("cluster.login=ssh://hpccluster@127.0.0.1:CLOSED", "cluster.login", "cannot be reached"),
         ("cluster.remote_python=OLD", "cluster.remote_python", "hpc_train 0.0.1"),
     ],
     ids=["host key unknown", "authentication refused", "unreachable", "version mismatch"],
 )
 def test_each_connection_problem_is_one_clear_message_and_nothing_is_queued(laptop, override, key, words):
     override = override.replace("OLD", laptop["env"]["HPC_TRAIN_SSH_OLD_PYTHON"])
+    override = override.replace("PORT", laptop["env"]["HPC_TRAIN_SSH_PORT"]).replace("CLOSED", str(_closed_port()))
     done = hpc_train(laptop, *TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", override, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     message = [line for line in done.stderr.splitlines() if line.startswith("hpc-train:")]

@@ -253,6 +253,7 @@ class ForkServer:
             sock.close()
 
     def _fresh_state(self, threads: int) -> None:
+        # numpy and torch: loaded by PRELOAD, after the server read its environment (their imports set variables in it)
         import numpy
         import torch
 
@@ -362,6 +363,7 @@ def _blas_threads(server_env: Dict[str, str], env) -> None:
 
     if wanted(env) == wanted(server_env):
         return
+    # threadpoolctl (scikit-learn's dependency): only where a rank's BLAS threads differ from the server's
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=int(wanted(env) or os.cpu_count() or 1), user_api="blas")

@@ -13,12 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import yaml
 
+from hpc_train.jobs import job_table
 from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import SCRIPTS
 
@@ -160,3 +162,21 @@ def test_a_sweep_into_the_sweep_dir_of_a_local_sweep_at_work_is_refused(tmp_path
     assert f"is in use by a sweep whose launcher still runs (pid {first.pid} on this host)" in again.stderr
     assert f"kill -INT {first.pid}" in again.stderr and "Nothing was run" in again.stderr
     assert files(sweep_dir / ".hpc_train") == before
+
+
+def test_sweeps_started_in_the_same_second_get_sweep_dirs_of_their_own(tmp_path):
+    """A sweep dir named by the clock is made for one command: <time>-1, -2, ... when another took that second. The
+    clock's pattern here is the year, so "the same second" holds for commands run one after the other."""
+    year = time.strftime("%Y")
+    by_year = ["hydra/launcher=hpc_train_local", "hydra.launcher.timeout_min=2", "hydra.sweep.dir=multi/${now:%Y}"]
+    assert_ok(app_sweep(tmp_path, *by_year, "gpus=1,2"))
+    first = files(tmp_path / "multi" / year)
+    second = app_sweep(tmp_path, *by_year, "gpus=3,4")  # its own sweep dir, not the first's (taken: refused)
+    assert_ok(second)
+    assert f"multi/{year}-1/jobs.tsv" in second.stdout, second.stdout
+    assert [row.overrides for row in job_table.read(tmp_path / "multi" / f"{year}-1")] == ["gpus=3", "gpus=4"]
+    assert (tmp_path / "multi" / f"{year}-1" / "0" / "seen.json").exists()
+    dry = app_sweep(tmp_path, *APP_ON_SLURM, "hydra.sweep.dir=multi/${now:%Y}", "gpus=5")
+    assert_ok(dry)
+    assert sorted(p.name for p in (tmp_path / "multi").iterdir()) == [year, f"{year}-1"]  # the dry run's -2 is gone
+    assert files(tmp_path / "multi" / year) == first

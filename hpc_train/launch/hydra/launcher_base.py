@@ -24,7 +24,8 @@ class SweepLauncherBase(Launcher, abc.ABC):
     it done, or refused (with the refusal's message) when the batch was refused as a whole. The first batch is
     refused first, leaving the sweep dir as it is, when another sweep's runs hold the sweep dir
     (hpc_train.launch.hydra.sweep_dir); a dry run leaves the sweep dir as it was found (or none). What it was is
-    taken at ``setup``, which Hydra's sweeper calls before it writes its multirun.yaml into the sweep dir."""
+    taken at ``setup``, which Hydra's sweeper calls before it writes its multirun.yaml into the sweep dir; a sweep
+    dir named by the clock is made there for this sweep alone (hpc_train.launch.hydra.sweep_dir.found_for)."""
 
     def __init__(self) -> None:
         self.config: Optional[DictConfig] = None
@@ -35,7 +36,7 @@ class SweepLauncherBase(Launcher, abc.ABC):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
-        self._found = taken.Found.take(Path(str(config.hydra.sweep.dir)))
+        self._found = taken.found_for(config)  # a sweep dir named by the clock: this command's own
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         setup_globals()

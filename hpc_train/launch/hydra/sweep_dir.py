@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_states, job_table, submissions
 from hpc_train.jobs.sweep_status import MULTIRUN, STATUS, alive, live_launcher
-from hpc_train.launch.hydra.cli_child import overrides_of
+from hpc_train.launch.hydra.cli_child import fresh_dir, overrides_of, path_value
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
 
@@ -73,6 +75,24 @@ class Found:
             for folder in [self.path, *self.path.parents]:
                 if not folder.is_relative_to(self.top) or not _rmdir(folder):
                     return
+
+
+def found_for(config: DictConfig) -> Found:
+    """The sweep dir of this command as found, taken at the launcher's ``setup``. One named by the clock (``${now:``,
+    the default ``multirun/<date>/<time>``) is made now for this command alone, ``<time>-1``, ``-2``, ... when another
+    command took that second (an atomic mkdir, as for run dirs), written into the config and into Hydra's overrides,
+    from which every job's config is composed again."""
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    found = Found.take(sweep_dir)
+    if "${now:" not in str(OmegaConf.to_container(config.hydra.sweep, resolve=False).get("dir")):
+        return found  # a sweep dir the user named is shared on purpose: check() guards it
+    made = fresh_dir(sweep_dir)
+    if made == sweep_dir:
+        return found
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.sweep.dir = str(made)
+        config.hydra.overrides.hydra.append(f"{KEY}={path_value(made)}")
+    return Found(made, made, {name: None for name in SWEEP_RECORDS})
 
 
 def _read(path: Path) -> Optional[bytes]:

@@ -213,11 +213,11 @@ class GroupSteps:
                     break
                 waiting.remove(group)
                 self.restarts[group] += 1
-                self.start(group, free[: self.group_nodes], lighthouse)
-                where = ",".join(self.nodes[group])
-                marks.append_event(
-                    self.folder, marks.RESTARTED, group, time.time(), restart=self.restarts[group], where=where
+                nodes, restart = free[: self.group_nodes], self.restarts[group]
+                marks.append_event(  # on record before its step starts, as the local launcher does
+                    self.folder, marks.RESTARTED, group, time.time(), restart=restart, where=",".join(nodes)
                 )
+                self.start(group, nodes, lighthouse)
             if all(count < 0 for count in self.restarts.values()):
                 return 0
             limit = float(self.plan["timeout_s"]) + 60

@@ -19,6 +19,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from hpc_train.records.replicas import ORDER
 from tests.support.cli import TINY, assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
 
@@ -82,9 +83,15 @@ def test_torchfts_traceback_goes_to_the_ranks_log_and_the_console_names_the_grou
 def test_the_failure_the_restart_and_the_return_are_rows_and_in_the_summary(killed):
     run_dir, out = killed
     rows = replica_rows(run_dir)
+    # The rows in the order defined: by step, and within a step failed, dropped, restarted, rejoined. Group 1 is
+    # dropped (once, between its failure and its return) only when its restart outlasts the heartbeat timeout: timing
+    assert rows == sorted(rows, key=lambda row: (row["step"], ORDER.index(row["event"]))), rows
     events = [(row["event"], row["group"]) for row in rows]
-    assert events[:2] == [("failed", 1), ("restarted", 1)] and events[-1] == ("rejoined", 1), rows
-    failed, restarted, rejoined = rows[0], rows[1], rows[-1]
+    assert [event for event in events if event != ("dropped", 1)] == [("failed", 1), ("restarted", 1), ("rejoined", 1)]
+    assert events.count(("dropped", 1)) <= 1, rows
+    [failed, restarted, rejoined] = [row for row in rows if row["event"] != "dropped"]
+    # The launcher records both within a poll (0.2 s) of the death; the survivor retries step KILL + 1 no sooner than
+    # the restarted group is back or the heartbeat timeout (5 s) has passed, and reads them then
     assert failed["step"] == restarted["step"] == KILL + 1, rows
     assert (failed["who"], failed["cause"], restarted["restart"]) == ("rank 1", "SIGKILL", 1), rows
     assert KILL + 1 <= rejoined["step"] <= STEPS and rejoined["groups"] == 2, rows
@@ -105,5 +112,6 @@ def test_the_report_names_the_failure_and_the_wait(killed):
     proc = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [line] = [line for line in proc.stdout.splitlines() if line.startswith("replica groups: 2")]
-    assert f"group 1 failed at step {KILL + 1} (rank 1, SIGKILL), restarted at step {KILL + 1}" in line, line
+    said = [f"{row['event']} at step {row['step']}" for row in replica_rows(run_dir)]  # dropped too, if it was
+    assert f"group 1 {said[0]} (rank 1, SIGKILL), {', '.join(said[1:])}" in line, line
     assert "the others waited" in line, line

@@ -170,8 +170,10 @@ class Groups:
             file=sys.stderr,
             flush=True,
         )
-        self.start(group)
+        # On record before its processes start: whoever meets the restarted group (its own ranks, the live groups in
+        # the quorum it joins) finds its restart in the file, and its rows come failed, restarted, rejoined
         replicas.append_event(self.folder, replicas.RESTARTED, group, time.time(), restart=self.restarts[group])
+        self.start(group)
         self.oom_kills = oom_kills() or 0
 
     def _end(self, code: int, started: float) -> int:

@@ -54,6 +54,10 @@ EXIT_INTERRUPTED = (
 )
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.records.hang)
 EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
+# The file into which the hpc-train command writes its refusal (EXIT_REFUSED) as data, key, problem and fix, named
+# by its caller in this variable: the Python API (hpc_train.launch.hydra.cli_child), a laptop's forwarded command
+# (hpc_train.remote.serve). The caller reads that, never the words printed for a person.
+CLI_RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"
 
 # How a job stopped before its end goes on from its last checkpoint, in the words of where it ran: the job spec's
 # job.sweep (hpc_train.launch.planning.jobspec) is None for a run; for a sweep's job, its sweep dir and how the

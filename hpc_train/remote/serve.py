@@ -27,7 +27,6 @@ from hpc_train.records import profile_traces, rundir
 MODULE = "hpc_train.remote.serve"  # this module's name (``__name__`` is ``__main__`` when run with -m)
 COMMANDS = Path("~/.cache/hpc_train/commands")
 EXIT_LOST = 255  # the command's runner died without recording an exit status (the node rebooted, a kill -9)
-RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"  # the CLI's refusal as data (hpc_train.launch.hydra.cli_child reads it)
 # What a report needs of a run dir, and what it does not: checkpoints, weights, traces and event files stay on the
 # cluster (``hpc-train-report --fetch`` copies them too); so does any file bigger than RECORD_MAX_BYTES.
 SKIPPED_DIRS = (rundir.CHECKPOINTS, profile_traces.PROFILE, "tensorboard", "wandb", "mlruns")
@@ -74,7 +73,7 @@ def start(ident: str, module: str, args: List[str]) -> Dict[str, Any]:
 def run(ident: str, module: str, args: List[str]) -> int:
     """Run ``python -m MODULE ARGS`` here (its output is ours), record its pid, then its exit status."""
     files = _paths(ident)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{RESULT_VARIABLE: str(files["result"])})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{rundir.CLI_RESULT_VARIABLE: str(files["result"])})
     child = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, env=env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the child's (``interrupt``); the runner records
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

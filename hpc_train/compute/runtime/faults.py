@@ -38,6 +38,8 @@ import signal
 import time
 from typing import Union
 
+from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
+
 DISK_FULL_POINTS = ("write", "header", "fsync", "rename", "manifest", "install")
 
 
@@ -69,7 +71,7 @@ def maybe_fail(rank: int, steps_done: int) -> None:
 
 
 def maybe_kill(rank: int, steps_done: Union[int, str]) -> None:
-    if _at("HPC_TRAIN_KILL_AT", rank, steps_done) and int(os.environ.get("HPC_TRAIN_REPLICA_RESTART") or 0) == 0:
+    if _at("HPC_TRAIN_KILL_AT", rank, steps_done) and int(os.environ.get(REPLICA_RESTART_VARIABLE) or 0) == 0:
         if os.getpid() == 1:  # the first process of a container's pid namespace ignores its own SIGKILL
             os._exit(128 + signal.SIGKILL)  # what a shell reports for a process killed by it
         os.kill(os.getpid(), signal.SIGKILL)

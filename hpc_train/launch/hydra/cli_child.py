@@ -29,6 +29,7 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs.job_states import rank_error
 from hpc_train.launch.hydra import hydra_internals
+from hpc_train.records import rundir
 from hpc_train.records.rank_errors import refusal_words
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
 RESULT_NAME = "hpc-train.result.json"  # beside it: the CLI's refusal as data (key, problem, fix), for the API
-RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"  # where the API asks the child CLI to write that file
 START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
 
 
@@ -233,7 +233,7 @@ def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> Non
 
 def write_result(error: BaseException) -> None:
     """The child CLI's side: its refusal (exit code 2) as data, into the file the API named (nothing otherwise)."""
-    path = os.environ.get(RESULT_VARIABLE)
+    path = os.environ.get(rundir.CLI_RESULT_VARIABLE)
     if not path:
         return
     if isinstance(error, CliWords):
@@ -255,7 +255,7 @@ def result_path(output: Path) -> Path:
 def _child_env(output: Path) -> Dict[str, str]:
     """The child's environment: ours, and where to write its refusal (an old one removed first)."""
     result_path(output).unlink(missing_ok=True)
-    return {**os.environ, RESULT_VARIABLE: str(result_path(output))}
+    return {**os.environ, rundir.CLI_RESULT_VARIABLE: str(result_path(output))}
 
 
 def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, str]:

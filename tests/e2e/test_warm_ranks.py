@@ -78,6 +78,17 @@ def test_a_warm_rank_ignores_what_the_launcher_ignores(server, tmp_path):
     assert fresh["signals"]["SIGUSR2"] == warm["signals"]["SIGUSR2"] == "ignored"
 
 
+def test_a_launcher_that_imported_torch_still_gets_warm_ranks(server, tmp_path):
+    """A launcher whose own imports set what a rank's imports set (torch._dynamo: TORCHINDUCTOR_CACHE_DIR, as in a
+    test process that imported it) hands it on: the rank is served warm, and is what a fresh one is."""
+    import torch._dynamo  # noqa: F401  # sets TORCHINDUCTOR_CACHE_DIR here, as it does in every rank
+
+    env = dict(_rank_env(threads="1"), TORCHINDUCTOR_CACHE_DIR=os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    fresh = _fresh_state(tmp_path / "fresh.json", env)
+    warm = _warm_state(server, tmp_path / "warm.json", env)
+    assert warm["environ"] == fresh["environ"]
+
+
 def _console(proc: subprocess.CompletedProcess, run_dir) -> list:
     """The run's console lines in words: its folder, ports and figures masked."""
     text = (proc.stdout + proc.stderr).replace(str(run_dir), "RUN_DIR")

@@ -214,7 +214,7 @@ class ForkServer:
         if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
             return f"not {sys.executable} -m MODULE: {argv[:3]}"
         env = request["env"]
-        differing = sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k) and not _run_time(k))
+        differing = sorted(k for k in set(env) | set(self.env) if not self._agrees(k, env.get(k)) and not _run_time(k))
         if differing:
             return f"variables read at start-up differ from the server's: {', '.join(differing)}"
         if not env.get("OMP_NUM_THREADS", "").isdigit() or int(env["OMP_NUM_THREADS"]) < 1:
@@ -225,6 +225,11 @@ class ForkServer:
         if _threads() != 1:
             return f"{_threads()} threads run in the server (a fork keeps only one)"
         return ""
+
+    def _agrees(self, name: str, value: Optional[str]) -> bool:
+        """A rank's variable as the server started, or already what the server's imports set it to (a launcher that
+        imported torch itself passes TORCHINDUCTOR_CACHE_DIR on: a fresh rank's imports keep that value)."""
+        return value == self.env.get(name) or (name in self.set_by_imports and value == self.set_by_imports[name])
 
     # -- the child ------------------------------------------------------------------------------------------------
     def _become_rank(self, request: Dict, fds: List[int]) -> None:

@@ -30,7 +30,10 @@ Run dirs: without ``run_dir`` (or a ``hydra.run.dir=`` override) a job gets the 
 ``outputs/<date>/<time>`` under the current directory, made unique with a ``-1``, ``-2``...
 suffix, because two calls in the same second would otherwise share a dir and the second would
 resume the first's checkpoint. An explicit run dir is used as is (resume semantics, as with the
-CLI). What the CLI prints goes to ``<run dir>/hpc-train.out`` (``<sweep dir>/hpc-train.out``).
+CLI). What the CLI prints goes to ``<run dir>/hpc-train.out`` (``<sweep dir>/hpc-train.out``). A dry
+run's goes to a temporary file instead (shown, and returned by :func:`run`), so a dry run leaves no dir
+behind and touches no file of a dir that was there; a call refused for bad input removes the dir it
+made when nothing but that output and Hydra's own files is in it (the ConfigError carries the message).
 
 Local sweeps run in one background ``hpc-train -m`` process, their jobs one after another as
 the CLI runs them; each job's :class:`Job` watches ``<sweep dir>/<n>``. Slurm sweeps return
@@ -263,8 +266,9 @@ def run(
     end (``launcher.wait=true``). What hpc-train prints is shown here (``quiet=True``: only in
     ``<run dir>/hpc-train.out``). With ``dry_run=true`` nothing runs and the result is
     ``{"dry_run": True, "run_dir": ..., "output": <what was printed, e.g. the sbatch script>}``, ``run_dir`` the dir
-    the job would get: a dry run leaves no dir behind (one that was there stays).
-    Raises ConfigError for bad input, JobFailed when the job fails.
+    the job would get: a dry run leaves no dir behind and writes no ``hpc-train.out`` (a dir that was there stays as
+    it was). Raises ConfigError for bad input (the run dir this call made is removed again when the refusal left
+    nothing but what was printed and Hydra's own files in it), JobFailed when the job fails.
     """
     overrides = child.checked(overrides)
     cfg, dirs = _compose(overrides, config_dir)
@@ -273,18 +277,19 @@ def run(
     kind = launcher_kind(cfg.launcher.name)
     extra = [f"hydra.run.dir={child.path_value(target)}"] + (["launcher.wait=true"] if kind.submits else [])
     started = time.time()
-    code, out, _ = child.foreground(
-        child.cli_command(overrides, config_dir) + extra, target / OUTPUT_NAME, echo=not quiet
-    )
-    if code == EXIT_BAD_INPUT:
-        raise child.bad_input(target / OUTPUT_NAME, target, started)
+    with own.output(bool(cfg.dry_run)) as output:  # a dry run's: nothing behind, nothing of an earlier run touched
+        code, out, _ = child.foreground(child.cli_command(overrides, config_dir) + extra, output, echo=not quiet)
+        if code == EXIT_BAD_INPUT:
+            raise own.refused(child.bad_input(output, target, started))
+    if (
+        code == 0 and cfg.dry_run
+    ):  # the output names the run dir the job would have had (an earlier run's summary: not this)
+        return {"dry_run": True, "run_dir": str(target), "output": out}
     summary = states.read_summary(target)
     if code == 0 and summary is not None:
         return summary
-    if code == 0 and (bool(cfg.dry_run) or kind.prepares_only):
-        if cfg.dry_run:  # nothing behind: the output names the run dir the job would have had
-            own.remove()
-        return {"dry_run": bool(cfg.dry_run), "run_dir": str(target), "output": out}
+    if code == 0 and kind.prepares_only:
+        return {"dry_run": False, "run_dir": str(target), "output": out}
     rank, error = states.rank_error(target, started)
     submitted = newest_submission(target) if kind.submits else None
     what = f"Slurm job {submitted['job_id']}" if submitted else "the job"
@@ -306,11 +311,13 @@ def submit(
     """Start the job and return at once: locally a background hpc-train process, on Slurm once it is queued.
 
     A local job returns as soon as it has passed validation and its ranks are starting (a few
-    seconds); bad input raises ConfigError here. Its output goes to ``<run dir>/hpc-train.out``.
+    seconds); bad input raises ConfigError here (and the run dir made for the call is removed again, as by
+    :func:`run`). Its output goes to ``<run dir>/hpc-train.out``.
     """
     overrides = child.checked(overrides)
     cfg, dirs = _compose(overrides, config_dir)
-    target = child.own_dir(run_dir, overrides, "hydra.run.dir", dirs["run"])
+    own = child.reserve(run_dir, overrides, "hydra.run.dir", dirs["run"])
+    target = own.path
     command = child.cli_command(overrides, config_dir) + [f"hydra.run.dir={child.path_value(target)}"]
     output = target / OUTPUT_NAME
     started = time.time()
@@ -318,7 +325,7 @@ def submit(
     if launcher_kind(launcher).submits:
         code, _, _ = child.foreground(command + ["launcher.wait=false"], output, echo=False)
         if code == EXIT_BAD_INPUT:
-            raise child.bad_input(output)
+            raise own.refused(child.bad_input(output))
         submitted = newest_submission(target)
         if code != 0 or submitted is None:
             raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {output}", exit_code=code or 1)
@@ -326,7 +333,7 @@ def submit(
     process = child.background(command, output)
     child.wait_for_start(process, [target / rundir.JOB_CONFIG], started)
     if process.poll() == EXIT_BAD_INPUT:
-        raise child.bad_input(output, target, started)
+        raise own.refused(child.bad_input(output, target, started))
     return Job(f"local-{process.pid}", target, launcher, overrides, process=process, output=output, started=started)
 
 
@@ -339,12 +346,14 @@ def sweep(
     runs in one background process, jobs one after another in ``<sweep dir>/<n>``; returns once
     the first job has started. All jobs must use the same launcher. With a sweeper that
     optimises (``hydra/sweeper=optuna``...), the number of jobs is not known in advance:
-    sweep() then returns when the study has ended.
+    sweep() then returns when the study has ended. With ``dry_run=true`` nothing runs: what
+    hpc-train prints (each job's layout, run dir, sbatch script) is shown here, the result is
+    ``[]`` and no sweep dir is left behind (one that was there stays as it was).
     """
     overrides = child.checked(overrides)
     jobs = child.expand(overrides)
     cfg, dirs = _compose(jobs[0], config_dir)
-    target = child.own_dir(sweep_dir, overrides, "hydra.sweep.dir", dirs["sweep"])
+    own = child.reserve(sweep_dir, overrides, "hydra.sweep.dir", dirs["sweep"])
     launchers = {child.launcher_of(job, str(cfg.launcher.name)) for job in jobs}
     if len(launchers) > 1:
         raise ConfigError(
@@ -353,37 +362,69 @@ def sweep(
             "sweep the local and the Slurm jobs in two sweep() calls.",
         )
     launcher = launchers.pop()
-    command = child.cli_command(overrides, config_dir, multirun=True) + [f"hydra.sweep.dir={child.path_value(target)}"]
-    output = target / OUTPUT_NAME
-    started = time.time()
+    command = child.cli_command(overrides, config_dir, multirun=True) + [
+        f"hydra.sweep.dir={child.path_value(own.path)}"
+    ]
+    if cfg.dry_run:
+        return _dry_sweep(command, own)
+    if launcher_kind(launcher).submits:
+        return _queued_sweep(command, own, launcher)
     optimising = any(
         o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.split("=", 1)[1] != "hpc_train" for o in overrides
     )
-    if launcher_kind(launcher).submits:
-        known = job_table.read(target)
-        code, _, _ = child.foreground(command, output, echo=False)
+    return _local_sweep(command, own, launcher, None if optimising else jobs)
+
+
+def _dry_sweep(command: List[str], own: child.OwnDir) -> List[Job]:
+    """A sweep's dry run, in the foreground: what it prints shown here, nothing left behind; no jobs."""
+    with own.output(dry_run=True) as output:
+        code, _, _ = child.foreground(command, output, echo=True)
         if code == EXIT_BAD_INPUT:
             raise child.bad_input(output)
-        rows = job_table.read(target)[len(known) :]
-        if code != 0 and not rows:
-            raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
-        run_dirs = {row.job_id: target / row.job for row in rows if not is_packed_id(row.job_id)}
-        shared = states.SharedStates(list(run_dirs), run_dirs=run_dirs)
-        packed = SharedPackedStates(target)  # read only when a packed run's state is asked
-        return [
-            Job(
-                row.job_id,
-                target / row.job,
-                launcher,
-                child.overrides_of(target / row.job, row.overrides.split()),
-                output=output,
-                started=started,
-                shared_states=packed if is_packed_id(row.job_id) else shared,
-            )
-            for row in rows
-        ]
+    if code != 0:
+        raise JobFailed(
+            f"the dry run of the sweep failed (exit code {code}); see what it printed above", exit_code=code
+        )
+    return []
+
+
+def _queued_sweep(command: List[str], own: child.OwnDir, launcher: str) -> List[Job]:
+    """A Slurm sweep: one Job per job queued (read from the sweep's job table)."""
+    target = own.path
+    output = target / OUTPUT_NAME
+    started = time.time()
+    known = job_table.read(target)
+    code, _, _ = child.foreground(command, output, echo=False)
+    if code == EXIT_BAD_INPUT:
+        raise own.refused(child.bad_input(output))
+    rows = job_table.read(target)[len(known) :]
+    if code != 0 and not rows:
+        raise JobFailed(f"hpc-train -m did not queue the sweep (exit code {code}); see {output}", exit_code=code)
+    run_dirs = {row.job_id: target / row.job for row in rows if not is_packed_id(row.job_id)}
+    shared = states.SharedStates(list(run_dirs), run_dirs=run_dirs)
+    packed = SharedPackedStates(target)  # read only when a packed run's state is asked
+    return [
+        Job(
+            row.job_id,
+            target / row.job,
+            launcher,
+            child.overrides_of(target / row.job, row.overrides.split()),
+            output=output,
+            started=started,
+            shared_states=packed if is_packed_id(row.job_id) else shared,
+        )
+        for row in rows
+    ]
+
+
+def _local_sweep(command: List[str], own: child.OwnDir, launcher: str, jobs: Optional[List[List[str]]]) -> List[Job]:
+    """A local sweep in one background process: one Job per job, returned once the first has started (`jobs`: each
+    job's overrides; None: an optimising sweeper decides, and its study is waited for)."""
+    target = own.path
+    output = target / OUTPUT_NAME
+    started = time.time()
     process = child.background(command, output)
-    if optimising:  # the sweeper decides how many jobs there are: wait for it
+    if jobs is None:  # the sweeper decides how many jobs there are: wait for it
         process.wait()
         numbers = sorted(int(p.name) for p in target.iterdir() if p.name.isdigit() and (p / ".hydra").exists())
         jobs = [child.overrides_of(target / str(n), []) for n in numbers]
@@ -391,7 +432,7 @@ def sweep(
         numbers = list(range(len(jobs)))
         child.wait_for_start(process, [target / "0" / ".hydra" / "overrides.yaml"], started)
     if process.poll() == EXIT_BAD_INPUT and not any((target / str(n) / ".hydra").exists() for n in numbers):
-        raise child.bad_input(output)
+        raise own.refused(child.bad_input(output))
     return [
         Job(
             f"local-{process.pid}_{n}",

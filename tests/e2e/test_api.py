@@ -51,7 +51,22 @@ def test_bad_input_raises_config_error_with_the_clis_message(overrides, key, tmp
     assert err.value.key == key
     proc = run_cli([*JOB, *overrides], tmp_path / "cli")
     assert proc.returncode == 2 and err.value.message == proc.stderr.strip(), (err.value.message, proc.stderr)
-    assert not (tmp_path / "api" / "job_config.yaml").exists()
+    assert not (tmp_path / "api").exists()  # the dir made for the call is gone with what it printed: the error says it
+
+
+@pytest.mark.parametrize(
+    "call, bad, key",
+    [
+        (hpc_train.submit, ["strategy=ddp", "trainer.batch_size=63"], "trainer.batch_size"),  # the job's validation
+        (hpc_train.sweep, ["objective=nope", "seed=0,1"], "objective"),  # the sweep's, before the sweeper starts
+    ],
+    ids=["submit", "sweep"],
+)
+def test_a_refused_submit_or_sweep_leaves_no_dir(call, bad, key, tmp_path):
+    with pytest.raises(hpc_train.ConfigError) as err:
+        call([*JOB, *bad])
+    assert err.value.key == key
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))  # outputs/<date>/<time>, multirun/...: gone
 
 
 REWORDED = """
@@ -60,7 +75,7 @@ errors.ConfigError.message = property(lambda self: f"refused {self.key!r}; becau
 """
 
 
-def test_the_apis_errors_survive_a_change_of_the_clis_wording(tmp_path, monkeypatch):
+def test_the_apis_errors_survive_a_change_of_the_clis_wording(tmp_path, monkeypatch, capsys):
     """The child CLI hands its refusal back as data (key, problem, fix), not as the line it prints: with every
     ConfigError printed in other words, the API still raises the same key, problem and fix."""
     (tmp_path / "site").mkdir()
@@ -68,8 +83,8 @@ def test_the_apis_errors_survive_a_change_of_the_clis_wording(tmp_path, monkeypa
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
     overrides = [*JOB, "strategy=ddp", "trainer.batch_size=63"]
     with pytest.raises(hpc_train.ConfigError) as err:
-        hpc_train.run(overrides, run_dir=tmp_path / "api", quiet=True)
-    printed = (tmp_path / "api" / "hpc-train.out").read_text()
+        hpc_train.run(overrides, run_dir=tmp_path / "api")
+    printed = capsys.readouterr().err
     assert "refused 'trainer.batch_size'; because:" in printed  # the child spoke in the new words
     assert err.value.key == "trainer.batch_size" and err.value.fix and err.value.problem in printed
 
@@ -79,6 +94,11 @@ def test_run_returns_the_summary_with_the_clis_loss(tmp_path):
     summary = hpc_train.run(JOB, run_dir=tmp_path / "api", quiet=True)
     assert summary == read_summary(tmp_path / "api") and summary["global_step"] == 4
     assert "hpc-train: done: 4 steps" in (tmp_path / "api" / "hpc-train.out").read_text()
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "api").rglob("*") if p.is_file()}
+    dry = hpc_train.run([*JOB, "dry_run=true"], run_dir=tmp_path / "api", quiet=True)
+    assert dry["dry_run"] and f"run dir: {tmp_path / 'api'}" in dry["output"], dry["output"]
+    # A dry run into the run's dir touches none of its files (hpc-train.out: the run's output, not the dry run's).
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "api").rglob("*") if p.is_file()} == files
     proc = run_cli(JOB, tmp_path / "cli")
     assert_ok(proc)
     assert summary["train_loss"] == read_summary(tmp_path / "cli")["train_loss"]
@@ -135,6 +155,14 @@ def test_cancel_stops_a_local_job_after_a_checkpoint(monkeypatch, tmp_path):
 
 
 # -- sweep ------------------------------------------------------------------------------------
+def test_a_dry_sweep_prints_its_jobs_and_leaves_no_sweep_dir(tmp_path, capsys):
+    assert hpc_train.sweep([*JOB, *SLURM, "seed=0,1", "dry_run=true"]) == []  # multirun/<date>/<time>
+    assert hpc_train.sweep([*JOB, "seed=0,1", "dry_run=true"], sweep_dir=tmp_path / "mine") == []
+    printed = capsys.readouterr().out  # what hpc-train printed: the dry run's answer is shown, not kept
+    assert "#1 " in printed and "seed=1" in printed and f"run dir: {tmp_path / 'mine' / '1'}" in printed, printed
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))
+
+
 def test_local_sweep_gives_one_job_per_run(tmp_path):
     jobs = hpc_train.sweep([*JOB, "seed=0,1"], sweep_dir=tmp_path / "sweep")
     assert [job.run_dir for job in jobs] == [tmp_path / "sweep" / "0", tmp_path / "sweep" / "1"]

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 PathLike = Union[str, "os.PathLike[str]"]
 OUTPUT_NAME = "hpc-train.out"  # what the CLI printed, in the run (or sweep) dir
 RESULT_NAME = "hpc-train.result.json"  # beside it: the CLI's refusal as data (key, problem, fix), for the API
+CLI_MODULE = "hpc_train.cli"  # the child: python -m CLI_MODULE
+# What Hydra writes into a run dir before the job starts: its .hydra/ and the job's log, named after the module
+HYDRA_FILES = frozenset({Path(rundir.HYDRA_OVERRIDES).parent.name, CLI_MODULE.rsplit(".", 1)[-1] + ".log"})
 START_TIMEOUT_S = 120.0  # submit()/sweep() wait at most this long for a local job to start
 
 
@@ -146,7 +150,7 @@ def checked(overrides: Sequence[str]) -> List[str]:
 
 
 def cli_command(overrides: Sequence[str], config_dir: Optional[PathLike], multirun: bool = False) -> List[str]:
-    command = [sys.executable, "-m", "hpc_train.cli"]
+    command = [sys.executable, "-m", CLI_MODULE]
     if multirun:
         command.append("--multirun")
     if config_dir is not None:
@@ -196,6 +200,29 @@ class OwnDir:
                 folder.rmdir()
             except OSError:
                 return
+
+    @contextlib.contextmanager
+    def output(self, dry_run: bool) -> Iterator[Path]:
+        """The file for what the call's CLI prints (and its refusal as data, beside it): ``<dir>/hpc-train.out``. A dry
+        run's goes to a temporary folder, and the dir this call made is removed when the call ends: a dry run leaves
+        nothing behind and touches no file of a dir that was there (an earlier run's hpc-train.out)."""
+        if not dry_run:
+            yield self.path / OUTPUT_NAME
+            return
+        try:
+            with tempfile.TemporaryDirectory(prefix="hpc-train-dry-run-") as folder:
+                yield Path(folder) / OUTPUT_NAME
+        finally:
+            self.remove()
+
+    def refused(self, error: ConfigError) -> ConfigError:
+        """`error`, after the CLI refused the call (exit code 2) with it as data: the dir this call made is removed
+        when nothing but the call's output, the refusal and Hydra's own files is in it (the error says what was
+        printed); a dir with more (a rank's logs), or one that was there, stays."""
+        names = {p.name for p in self.path.iterdir()} if self.path.is_dir() else set()
+        if RESULT_NAME in names and names <= {OUTPUT_NAME, RESULT_NAME, *HYDRA_FILES}:
+            self.remove()
+        return error
 
 
 def reserve(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> OwnDir:

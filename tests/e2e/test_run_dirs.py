@@ -33,13 +33,22 @@ def test_commands_started_in_the_same_second_get_distinct_run_dirs(tmp_path):
     first = run_cli([*ONE_STEP, BY_YEAR], cwd=tmp_path, env=NO_SLURM)
     assert first.returncode == 0, first.stdout + first.stderr
     taken = tmp_path / "out" / year
-    before = {p.relative_to(taken): p.stat().st_mtime_ns for p in taken.rglob("*")}
+    before = files_of(taken)
     assert Path("summary.json") in before and Path(".hydra/config.yaml") in before
+    # A command refused into the finished run's dir leaves every file of that run as it was (.hydra/, cli.log).
+    refused = run_cli([*ONE_STEP, "trainer.lr=-1", f"hydra.run.dir={taken}"], cwd=tmp_path, env=NO_SLURM)
+    assert refused.returncode == 2 and "`trainer.lr`" in refused.stderr, refused.stdout + refused.stderr
+    assert files_of(taken) == before
     dry = run_cli(["launcher=slurm", "strategy=single", "dry_run=true", BY_YEAR], cwd=tmp_path, env=NO_SLURM)
     assert dry.returncode == 0 and f"out/{year}-1/slurm/" in dry.stdout, dry.stdout + dry.stderr
     assert not (tmp_path / "out" / f"{year}-1").exists()  # the dry run's own dir is gone again
     second = run_cli([*ONE_STEP, "trainer.lr=0.05", BY_YEAR], cwd=tmp_path, env=NO_SLURM)
     assert second.returncode == 0 and f"out/{year}-1/summary.json" in second.stdout, second.stdout + second.stderr
-    assert {p.relative_to(taken): p.stat().st_mtime_ns for p in taken.rglob("*")} == before  # untouched
+    assert files_of(taken) == before  # untouched
     overrides = (tmp_path / "out" / f"{year}-1" / ".hydra" / "overrides.yaml").read_text()
     assert "trainer.lr=0.05" in overrides
+
+
+def files_of(run_dir: Path) -> dict:
+    """Every file of a run dir: its bytes and its modification time."""
+    return {p.relative_to(run_dir): (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()}

@@ -5,7 +5,9 @@ after composing the sweep's config and before it builds the sweeper and the laun
 ``on_run_start`` before a single run's Hydra writes its files into the run dir. There a run dir named by the
 clock (``${now:...}``, the default ``outputs/<date>/<time>``) is made for this command alone (``-1``, ``-2``, ...
 when another command took that second), and ``tidy_run_dir`` removes it again after a dry run or a refusal that
-left nothing but Hydra's own files in it.
+left nothing but Hydra's own files in it. A run dir that was there (a finished run's, a resume's) is read as found
+first (:class:`FoundRunDir`), and a refused command puts Hydra's files there back as they were: its ``.hydra/``
+and the job's log describe the run that ran, not the command that was refused.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
@@ -25,7 +27,7 @@ from hpc_train.launch.backends import torchrun_client
 from hpc_train.launch.hydra.cli_child import fresh_dir
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
-from hpc_train.records import run_claim
+from hpc_train.records import run_claim, rundir
 from hpc_train.records.rundir import EXIT_REFUSED
 
 # Launchers that would wrap hpc-train's own launcher in one more Slurm job of a fixed shape.
@@ -60,7 +62,76 @@ class MadeRunDir:
     dry_run: bool
 
 
+@dataclass
+class FoundRunDir:
+    """Hydra's files in a run dir that was there, as this command found them (before Hydra writes .hydra/ and opens
+    the job's log), to be put back after a refusal: each .hydra/ file's bytes and times (None: absent), the log's
+    size and times (None: absent; only a refused command's lines are cut, never the run's)."""
+
+    path: Path
+    hydra_files: Dict[Path, Optional[Tuple[bytes, int, int]]]
+    log: Path
+    log_found: Optional[Tuple[int, int, int]]
+
+    @classmethod
+    def take(cls, run_dir: Path, subdir: Optional[str], log_name: str) -> "FoundRunDir":
+        folder = run_dir / (subdir or ".hydra")
+        names = {*(p.name for p in folder.glob("*.yaml")), *HYDRA_RECORDS}
+        log = run_dir / log_name
+        found = _stat(log)
+        return cls(
+            run_dir,
+            {folder / name: _found(folder / name) for name in names},
+            log,
+            None if found is None else (found.st_size, found.st_atime_ns, found.st_mtime_ns),
+        )
+
+    def put_back(self) -> None:
+        for path, found in self.hydra_files.items():
+            if found is None:
+                path.unlink(missing_ok=True)
+            elif _found(path) != found:
+                rundir.write_bytes_atomic(found[0], path)
+                os.utime(path, ns=found[1:])
+        folder = next(iter(self.hydra_files)).parent
+        if all(found is None for found in self.hydra_files.values()):
+            _rmdir(folder)
+        now = _stat(self.log)
+        if self.log_found is None:
+            if now is not None and now.st_size == 0:  # made by this command's logging, nothing in it
+                self.log.unlink(missing_ok=True)
+        elif now is not None and (now.st_size, now.st_mtime_ns) != (self.log_found[0], self.log_found[2]):
+            os.truncate(self.log, min(now.st_size, self.log_found[0]))
+            os.utime(self.log, ns=self.log_found[1:])
+
+
+HYDRA_RECORDS = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra's run_job writes into .hydra/
+
+
+def _found(path: Path) -> Optional[Tuple[bytes, int, int]]:
+    try:
+        found = path.stat()
+        return path.read_bytes(), found.st_atime_ns, found.st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
+def _stat(path: Path) -> Optional[os.stat_result]:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 _MADE: Optional[MadeRunDir] = None  # this process's single run, from on_run_start to tidy_run_dir
+_FOUND: Optional[FoundRunDir] = None  # or the run dir it found there, from on_run_start to tidy_run_dir
 
 
 class LaunchGuard(Callback):
@@ -80,13 +151,13 @@ class LaunchGuard(Callback):
         if config.get("dry_run"):
             with read_write(config.hydra):
                 config.hydra.output_subdir = None
-        if config.get("dry_run") or kind is None or kind.prepares_only:
-            # a bad name is refused with the other keys; a plain sbatch script's step claims nothing
-            return
-        try:
-            run_claim.check_free(run_dir)
-        except run_claim.RunDirBusy as busy:
-            raise Refused(JobFailed(str(busy), exit_code=EXIT_REFUSED)) from None
+        # a bad name is refused with the other keys; a plain sbatch script's step claims nothing
+        if not (config.get("dry_run") or kind is None or kind.prepares_only):
+            try:
+                run_claim.check_free(run_dir)
+            except run_claim.RunDirBusy as busy:
+                raise Refused(JobFailed(str(busy), exit_code=EXIT_REFUSED)) from None
+        _find_run_dir(config, run_dir)  # after the check: a live run's files are never read as found and put back
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -129,6 +200,16 @@ def _own_run_dir(config: DictConfig, run_dir: Path) -> Path:
     return made
 
 
+def _find_run_dir(config: DictConfig, run_dir: Path) -> None:
+    """A run dir this command did not make (a dry run writes nothing there): Hydra's files in it as found."""
+    global _FOUND
+    if config.get("dry_run") or (_MADE is not None and _MADE.path == run_dir) or not run_dir.is_dir():
+        return
+    subdir = OmegaConf.select(config, "hydra.output_subdir", default=None)
+    log = f"{OmegaConf.select(config, 'hydra.job.name', default='')}.log"
+    _FOUND = FoundRunDir.take(run_dir, None if subdir is None else str(subdir), log)
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
@@ -136,7 +217,10 @@ def _mkdir(path: Path) -> Path:
 
 def tidy_run_dir(exit_code: object) -> None:
     """After the command: the run dir it made is removed again when the command was a dry run, or was refused (exit
-    code 2) before anything but Hydra's own files was written there; so is the dated folder made for it, if empty."""
+    code 2) before anything but Hydra's own files was written there; so is the dated folder made for it, if empty.
+    A refused command's Hydra files in a run dir that was there are put back as they were found."""
+    if _FOUND is not None and exit_code == EXIT_REFUSED:
+        _FOUND.put_back()
     made = _MADE
     if made is None or not made.path.is_dir():
         return

@@ -177,6 +177,12 @@ def ready_file(folder: Path, group: int) -> Path:
     return Path(folder) / f"ready.group{group}"
 
 
+def asking_file(folder: Path, group: int, rank: int) -> Path:
+    """Rank `rank` of restarted group `group` asks for its first quorum; it holds the group's restart number. Written
+    under HPC_TRAIN_HOLD_AT only (a test facility: hpc_train.compute.runtime.faults)."""
+    return Path(folder) / f"asking.group{group}.rank{rank}"
+
+
 def finished_file(folder: Path, group: int) -> Path:
     """Group `group` trained to the end: its launcher does not restart it (srun says 0 after a node failure too)."""
     return Path(folder) / f"finished.group{group}"

@@ -32,8 +32,12 @@ RUN = [
     "trainer.eval=false",
     "fault_tolerance.replica_groups=2",  # every other fault_tolerance key at its default
 ]
-ENV = {"HPC_TRAIN_KILL_AT": f"1:{KILL}.average", "HPC_TRAIN_REPLICA_DIGESTS": "1", "HPC_TRAIN_STEP_SLEEP": "0.2"}
-ENV["HPC_TRAIN_STEP_SLEEP_FROM"] = str(KILL + 1)  # the steps before the kill at full speed
+ENV = {"HPC_TRAIN_KILL_AT": f"1:{KILL}.average", "HPC_TRAIN_REPLICA_DIGESTS": "1"}
+# Every step at full speed; from the step after the kill's, group 0 waits for group 1 to be back (asking for its
+# quorum) before a step, should it not have rejoined yet: the return is on record however long the restart takes
+HOLD = KILL + 2
+ENV["HPC_TRAIN_HOLD_AT"] = str(HOLD)
+HELD = re.compile(r"replica group 0: held (\d+\.\d) s before step (\d+)")  # the rank's note of a hold over 0.5 s
 # The survivor's longest pause between two steps: the default heartbeat timeout (5 s) or the restarted group's start-up,
 # whichever ends later (torch and torchft imported: ~3 s here), plus a quorum tick and a step on 2 busy cores. Measured:
 # 5.3-5.6 s. The collective timeout (fault_tolerance.timeout_s, 60 s) is far above: a pause that grows back to it fails.
@@ -69,8 +73,11 @@ def test_the_survivor_pauses_a_few_seconds_not_the_collective_timeout(killed):
     run_dir, _ = killed
     times = step_times(run_dir)
     assert [step for step, _ in times] == list(range(1, STEPS + 1)), times
-    pause = max(later - earlier for (_, earlier), (_, later) in zip(times, times[1:]))
-    assert pause <= PAUSE_BOUND_S, f"group 0 stood {pause:.1f} s between two steps"
+    gaps = {step: later - earlier for (_, earlier), (step, later) in zip(times, times[1:])}
+    for held, step in HELD.findall((run_dir / "logs" / "rank0.log").read_text()):
+        gaps[int(step)] -= float(held)  # the test's own wait for group 1 (HPC_TRAIN_HOLD_AT), not the product's
+    step, pause = max(gaps.items(), key=lambda item: item[1])
+    assert pause <= PAUSE_BOUND_S, f"group 0 stood {pause:.1f} s before step {step}"
 
 
 def test_torchfts_traceback_goes_to_the_ranks_log_and_the_console_names_the_group(killed):

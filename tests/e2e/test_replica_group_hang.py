@@ -25,8 +25,10 @@ RUN = [
 
 def test_a_hung_group_is_named_restarted_alone_and_rejoins(tmp_path):
     run_dir = tmp_path / "run"
-    slow = {"HPC_TRAIN_STEP_SLEEP": "0.3", "HPC_TRAIN_REPLICA_DIGESTS": "1"}
-    proc = run_cli(RUN, run_dir, env=dict(os.environ, **slow), timeout=240)
+    # Group 1 hangs in step 8; from step 10 group 0 waits for the restarted group to ask for its quorum before a step
+    # (HPC_TRAIN_HOLD_AT): it is back before group 0 finishes, however long the hang's detection and its restart take
+    env = {"HPC_TRAIN_HOLD_AT": "10", "HPC_TRAIN_REPLICA_DIGESTS": "1"}
+    proc = run_cli(RUN, run_dir, env=dict(os.environ, **env), timeout=240)
     assert_ok(proc)
     out = proc.stderr + proc.stdout
     # The group's watchdog names the sleeping rank (rank 1 of group 1: rank 3 of the job), and only that group stops

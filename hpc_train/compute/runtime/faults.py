@@ -23,6 +23,13 @@
   CPU too, so a test sees what the message of a real one says.
 * ``HPC_TRAIN_STEP_SLEEP_FROM=STEP``: with HPC_TRAIN_STEP_SLEEP, the steps before STEP run at full speed: a test
   that needs the time only after a fault (the live groups training on while a killed one restarts) sleeps only then.
+* ``HPC_TRAIN_HOLD_AT=STEP``: with replica groups, from optimizer step STEP on, a group takes a step only once its
+  launcher has restarted a group and every group missing from the last step has each of its ranks asking for the
+  quorum again (a restarted group's ranks say so before their first quorum): the live groups are still training
+  when a restarted group comes back, however long its start-up takes, where a per-step sleep would only make that
+  likely. A test of a fault before STEP names the step after it; a test that brings the fault about itself (a node
+  set down) names the step it acts at, and every group holds there until the restart. Read by
+  hpc_train.compute.training.replica_steps.
 * ``HPC_TRAIN_STEP_SLEEP_RANK=RANK``: with HPC_TRAIN_STEP_SLEEP, only that rank sleeps (the rank
   from ``RANK`` or ``SLURM_PROCID``), so the other ranks wait for it inside the next collective:
   a test can deliver a stop signal while rank 0 is blocked in one.
@@ -36,11 +43,14 @@ import errno
 import os
 import signal
 import time
-from typing import Union
+from typing import Callable, Union
 
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 
 DISK_FULL_POINTS = ("write", "header", "fsync", "rename", "manifest", "install")
+HOLD_VARIABLE = "HPC_TRAIN_HOLD_AT"  # replica groups: from that step on, the groups wait for a restarted one
+HOLD_POLL_S = 0.05  # how often a held group looks again (HPC_TRAIN_HOLD_AT)
+HOLD_LIMIT_S = 300.0  # a hold for a group that never comes back ends here: the test fails on what it checks
 
 
 class InjectedFailure(RuntimeError):
@@ -123,3 +133,20 @@ def step_sleep(step: int, resumed: bool = False) -> None:
         return
     if delay > 0:
         time.sleep(delay)
+
+
+def hold_from() -> int:
+    """The step HPC_TRAIN_HOLD_AT names (0: unset)."""
+    return int(_float(HOLD_VARIABLE))
+
+
+def hold(step: int, back: Callable[[], bool]) -> float:
+    """Before optimizer step `step`, from the step HPC_TRAIN_HOLD_AT names on: wait until `back()` (at most
+    HOLD_LIMIT_S); the seconds waited."""
+    at = hold_from()
+    if not at or step < at:
+        return 0.0
+    started = time.monotonic()
+    while not back() and time.monotonic() - started < HOLD_LIMIT_S:
+        time.sleep(HOLD_POLL_S)
+    return time.monotonic() - started

@@ -25,17 +25,18 @@ from hpc_train.compute.replicas.state import (
     model_state,
     optimizer_state,
 )
-from hpc_train.compute.runtime import distributed, faults
+from hpc_train.compute.runtime import distributed, faults, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.compute.training.reproducible import parameter_digest
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
+from hpc_train.records import hang, rundir
 from hpc_train.records import replicas as rows
-from hpc_train.records import rundir
 
 log = logging.getLogger("hpc_train")
 
 DIGESTS_VARIABLE = "HPC_TRAIN_REPLICA_DIGESTS"  # "1": every group's rank 0 logs its parameters' digest at each step
+HOLD_NOTE_S = 0.5  # a hold (HPC_TRAIN_HOLD_AT) longer than this is noted in the rank's log
 START_WAIT_S = 3600.0  # how long the groups of a starting attempt wait for each other before the first step
 
 
@@ -143,17 +144,19 @@ class GroupSteps:
         while True:
             if self._quorum_open:  # healed in this step's quorum: the step itself is still to take, with the others
                 self._quorum_open = False
-            elif self.group.begin_step():
-                t.epochs.resume_at(t.state.epoch, t.state.step_in_epoch, False)
-                self._quorum_open = True
-                self._orphan = False
-                return None
-            elif self._orphan and self.group.alone:
-                raise Refusal(
-                    f"replica group {self.group.group} restarted, but no live group is left to take the training"
-                    " state from (the others finished or failed): the run cannot go on from memory. Fix:"
-                    f" {rundir.resume_hint(t.run_dir)}."
-                )
+            else:
+                self._hold()  # HPC_TRAIN_HOLD_AT only
+                if self.group.begin_step():
+                    t.epochs.resume_at(t.state.epoch, t.state.step_in_epoch, False)
+                    self._quorum_open = True
+                    self._orphan = False
+                    return None
+                if self._orphan and self.group.alone:
+                    raise Refusal(
+                        f"replica group {self.group.group} restarted, but no live group is left to take the training"
+                        " state from (the others finished or failed): the run cannot go on from memory. Fix:"
+                        f" {rundir.resume_hint(t.run_dir)}."
+                    )
             self._orphan = False
             try:
                 result = t.train_step(batch, logged)
@@ -168,6 +171,41 @@ class GroupSteps:
                 continue
             self._after_commit()
             return result
+
+    # -- HPC_TRAIN_HOLD_AT: the live groups wait for a restarted one (a test facility) ---------------------
+    def _hold(self) -> None:
+        """A restarted group's rank says, before its first quorum, that it asks for one; from the step the variable
+        names on, the others wait for it before their quorum (whose lighthouse then takes it in: it is a
+        participant already)."""
+        if not faults.hold_from():
+            return
+        t, group = self.trainer, self.group
+        folder = rows.attempt_folder(t.run_dir, os.environ)
+        if self._orphan:
+            rows.asking_file(folder, group.group, t.ranks.rank).write_text(str(restart_number()))
+            return
+        step = t.state.global_step + 1
+        heartbeat.mark(hang.QUORUM, step)  # waiting for another group, as in a quorum: not hung
+        waited = faults.hold(step, lambda: self._all_back(folder))
+        if waited > HOLD_NOTE_S:
+            said = f"replica group {group.group}: held {waited:.1f} s before step {step} ({faults.HOLD_VARIABLE})"
+            log_to_file(said, logging.INFO)
+
+    def _all_back(self, folder: Path) -> bool:
+        """A group was restarted, and every rank of each group missing from the last step asks for the quorum since
+        its group's last restart."""
+        restarts = {
+            int(line.get("group", -1)): int(line.get("restart", 0))
+            for line in rows.read_events(folder)
+            if line.get("event") == rows.RESTARTED
+        }
+        away = set(range(self.group.groups)) - set(self.group.members)
+        asking = [
+            _number(rows.asking_file(folder, g, rank)) >= restarts.get(g, 1)
+            for g in away
+            for rank in range(self.trainer.ranks.world_size)
+        ]
+        return bool(restarts) and all(asking)
 
     def average_and_commit(self, loss: torch.Tensor) -> torch.Tensor:
         """Inside the step, after the group's own backward pass: gradients and loss over the live groups; raises
@@ -232,3 +270,11 @@ class GroupSteps:
                 for entry in self.group.history
             ],
         }
+
+
+def _number(path: Path) -> int:
+    """The number a small file holds (0: none yet)."""
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0

@@ -34,6 +34,10 @@ CLI). What the CLI prints goes to ``<run dir>/hpc-train.out`` (``<sweep dir>/hpc
 run's goes to a temporary file instead (shown, and returned by :func:`run`), so a dry run leaves no dir
 behind and touches no file of a dir that was there; a call refused for bad input removes the dir it
 made when nothing but that output and Hydra's own files is in it (the ConfigError carries the message).
+In a run dir that was there (a finished run's, resumed), run() and submit() write what the CLI prints into
+a hidden folder of the call's own there and move it over ``hpc-train.out`` once the call is not refused
+(run(): when it ends; submit(): once the job started, its output going on in the same file), so a
+refused call leaves that run's files as they were.
 
 Local sweeps run in one background ``hpc-train -m`` process, their jobs one after another as
 the CLI runs them; each job's :class:`Job` watches ``<sweep dir>/<n>``. Slurm sweeps return
@@ -312,29 +316,44 @@ def submit(
 
     A local job returns as soon as it has passed validation and its ranks are starting (a few
     seconds); bad input raises ConfigError here (and the run dir made for the call is removed again, as by
-    :func:`run`). Its output goes to ``<run dir>/hpc-train.out``.
+    :func:`run`). Its output goes to ``<run dir>/hpc-train.out``. ``dry_run=true`` raises ConfigError (key
+    ``dry_run``) before anything is made: a dry run starts no job to return; :func:`run` does dry runs.
     """
     overrides = child.checked(overrides)
     cfg, dirs = _compose(overrides, config_dir)
+    if cfg.dry_run:  # before any dir is reserved: a dry run starts no job to return
+        raise ConfigError(
+            "dry_run",
+            "submit() starts a job and returns it; a dry run starts none.",
+            "call hpc_train.run([..., 'dry_run=true']) to see what would run (it returns what hpc-train prints).",
+        )
     own = child.reserve(run_dir, overrides, "hydra.run.dir", dirs["run"])
     target = own.path
     command = child.cli_command(overrides, config_dir) + [f"hydra.run.dir={child.path_value(target)}"]
-    output = target / OUTPUT_NAME
     started = time.time()
-    launcher = str(cfg.launcher.name)
+    with own.output(dry_run=False) as output:  # in a run dir that was there: moved into place unless refused
+        job = _start(command, own, str(cfg.launcher.name), overrides, output, started)
+    return job
+
+
+def _start(
+    command: List[str], own: child.OwnDir, launcher: str, overrides: List[str], output: Path, started: float
+) -> Job:
+    """submit()'s job started: queued on Slurm (its id read from the run dir's submissions), or a local process."""
+    target, printed = own.path, own.path / OUTPUT_NAME  # `output` is there once the call was not refused
     if launcher_kind(launcher).submits:
         code, _, _ = child.foreground(command + ["launcher.wait=false"], output, echo=False)
         if code == EXIT_BAD_INPUT:
             raise own.refused(child.bad_input(output))
         submitted = newest_submission(target)
         if code != 0 or submitted is None:
-            raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {output}", exit_code=code or 1)
-        return Job(str(submitted["job_id"]), target, launcher, overrides, output=output, started=started)
+            raise JobFailed(f"hpc-train did not queue the job (exit code {code}); see {printed}", exit_code=code or 1)
+        return Job(str(submitted["job_id"]), target, launcher, overrides, output=printed, started=started)
     process = child.background(command, output)
     child.wait_for_start(process, [target / rundir.JOB_CONFIG], started)
     if process.poll() == EXIT_BAD_INPUT:
         raise own.refused(child.bad_input(output, target, started))
-    return Job(f"local-{process.pid}", target, launcher, overrides, process=process, output=output, started=started)
+    return Job(f"local-{process.pid}", target, launcher, overrides, process=process, output=printed, started=started)
 
 
 def sweep(

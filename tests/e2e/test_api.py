@@ -99,6 +99,15 @@ def test_run_returns_the_summary_with_the_clis_loss(tmp_path):
     assert dry["dry_run"] and f"run dir: {tmp_path / 'api'}" in dry["output"], dry["output"]
     # A dry run into the run's dir touches none of its files (hpc-train.out: the run's output, not the dry run's).
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "api").rglob("*") if p.is_file()} == files
+    # A call refused into the run's dir leaves its files as they were (.hydra/, cli.log, hpc-train.out): none added.
+    for call in (hpc_train.run, hpc_train.submit):
+        with pytest.raises(hpc_train.ConfigError) as err:
+            call([*JOB, "trainer.lr=-1"], run_dir=tmp_path / "api")
+        assert err.value.key == "trainer.lr"
+        assert {
+            p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (tmp_path / "api").rglob("*") if p.is_file()
+        } == files
+    assert sorted(p.name for p in (tmp_path / "api").iterdir() if p.name.startswith(".")) == [".hydra"]
     proc = run_cli(JOB, tmp_path / "cli")
     assert_ok(proc)
     assert summary["train_loss"] == read_summary(tmp_path / "cli")["train_loss"]
@@ -112,6 +121,14 @@ def test_dry_runs_print_the_script_and_leave_no_run_dir(tmp_path, capsys):
     given = hpc_train.run([*JOB, *SLURM, "dry_run=true"], run_dir=tmp_path / "mine", quiet=True)
     assert f"{tmp_path / 'mine'}/slurm/" in given["output"]
     assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))  # the dirs the job would have: none made
+
+
+def test_submit_refuses_a_dry_run_and_leaves_nothing(tmp_path, capsys):
+    """A dry run starts no job: submit() says to use run() for it, before any dir is made."""
+    with pytest.raises(hpc_train.ConfigError) as err:
+        hpc_train.submit([*JOB, *SLURM, "dry_run=true"])
+    assert err.value.key == "dry_run" and "hpc_train.run(" in err.value.fix
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))
 
 
 def test_a_failing_job_raises_job_failed_naming_the_rank(monkeypatch, tmp_path):

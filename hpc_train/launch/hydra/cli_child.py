@@ -206,14 +206,36 @@ class OwnDir:
         """The file for what the call's CLI prints (and its refusal as data, beside it): ``<dir>/hpc-train.out``. A dry
         run's goes to a temporary folder, and the dir this call made is removed when the call ends: a dry run leaves
         nothing behind and touches no file of a dir that was there (an earlier run's hpc-train.out)."""
-        if not dry_run:
+        if not dry_run and self.made is not None:
             yield self.path / OUTPUT_NAME
+            return
+        if not dry_run:
+            with self._found_dir_output() as output:
+                yield output
             return
         try:
             with tempfile.TemporaryDirectory(prefix="hpc-train-dry-run-") as folder:
                 yield Path(folder) / OUTPUT_NAME
         finally:
             self.remove()
+
+    @contextlib.contextmanager
+    def _found_dir_output(self) -> Iterator[Path]:
+        """In a dir that was there (a finished run's), the call's output and refusal go to a hidden folder of the
+        call's own in it; once the call is not refused, its output replaces ``<dir>/hpc-train.out`` (the same file:
+        a background job's output goes on in it), and a refusal (ConfigError) leaves the dir's files as they were."""
+        folder = Path(tempfile.mkdtemp(prefix=".hpc-train-call-", dir=self.path))
+        try:
+            yield folder / OUTPUT_NAME
+        except ConfigError:
+            raise
+        except BaseException:
+            _move(folder / OUTPUT_NAME, self.path / OUTPUT_NAME)
+            raise
+        else:
+            _move(folder / OUTPUT_NAME, self.path / OUTPUT_NAME)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def refused(self, error: ConfigError) -> ConfigError:
         """`error`, after the CLI refused the call (exit code 2) with it as data: the dir this call made is removed
@@ -223,6 +245,11 @@ class OwnDir:
         if RESULT_NAME in names and names <= {OUTPUT_NAME, RESULT_NAME, *HYDRA_FILES}:
             self.remove()
         return error
+
+
+def _move(source: Path, target: Path) -> None:
+    if source.exists():
+        os.replace(source, target)
 
 
 def reserve(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> OwnDir:
@@ -270,8 +297,11 @@ def write_result(error: BaseException) -> None:
     else:
         data = {"key": "", "words": str(error)}
     tmp = Path(path + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except FileNotFoundError:  # the call that named it has returned (a started job's later refusal): said on the
+        pass  # terminal and in the rank's records, which the API reads then
 
 
 def result_path(output: Path) -> Path:

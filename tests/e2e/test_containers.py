@@ -89,8 +89,9 @@ def test_replica_groups_train_in_the_image_and_a_dead_group_restarts_in_it(runti
     job += ["fault_tolerance.replica_groups=2", "fault_tolerance.timeout_s=5", f"container.command={runtime}"]
     with_torchft = build_image(tmp_path / "ft-image", extra=TORCHFT_PACKAGES)
     run_dir = tmp_path / "run"
-    failure = {"HPC_TRAIN_KILL_AT": "1:6", "HPC_TRAIN_RESTART_SLEEP": "6", "HPC_TRAIN_STEP_SLEEP": "0.5"}
-    failure["HPC_TRAIN_STEP_SLEEP_FROM"] = "7"  # the steps before the kill at full speed
+    # Dead before step 7, and back after the heartbeat timeout (dropped first); from step 8 group 0 waits for it to ask
+    # for its quorum before a step (HPC_TRAIN_HOLD_AT), so that it rejoins however long its restart takes
+    failure = {"HPC_TRAIN_KILL_AT": "1:6", "HPC_TRAIN_RESTART_SLEEP": "6", "HPC_TRAIN_HOLD_AT": "8"}
     env = dict(os.environ, **failure, HPC_TRAIN_REPLICA_DIGESTS="1")
     proc = run_cli([*job, *in_image(with_torchft)], run_dir, env=env)
     assert_ok(proc)

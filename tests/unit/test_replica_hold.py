@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import List
 
 from hpc_train.compute.runtime import faults
+from hpc_train.compute.training import replica_steps
 from hpc_train.compute.training.replica_steps import GroupSteps
 from hpc_train.records import replicas
 
@@ -35,10 +36,12 @@ def steps(members: set, ranks: int = 2) -> GroupSteps:
     held = GroupSteps.__new__(GroupSteps)
     held.trainer = SimpleNamespace(ranks=SimpleNamespace(world_size=ranks))
     held.group = SimpleNamespace(groups=3, members=members)
+    held._asked = {}
     return held
 
 
-def test_the_live_groups_go_on_once_a_group_was_restarted_and_every_rank_of_an_absent_group_asks(tmp_path):
+def test_the_live_groups_go_on_once_a_group_was_restarted_and_every_rank_of_an_absent_group_asks(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica_steps, "HOLD_SETTLE_S", 0.0)
     assert not steps({0, 1, 2})._all_back(tmp_path)  # no restart yet: the fault is still to come
     replicas.append_event(tmp_path, replicas.FAILED, 1, 1.0, who="rank 3", cause="SIGKILL", restart=0)
     replicas.append_event(tmp_path, replicas.RESTARTED, 1, 2.0, restart=1)
@@ -52,3 +55,17 @@ def test_the_live_groups_go_on_once_a_group_was_restarted_and_every_rank_of_an_a
     replicas.append_event(tmp_path, replicas.RESTARTED, 1, 3.0, restart=2)  # it failed again: its second restart
     assert not away._all_back(tmp_path)  # the first restart's ranks asked, not the second's
     assert not steps({0, 1})._all_back(tmp_path)  # group 2 away, never restarted: it must come back from one
+
+
+def test_an_absent_group_that_asks_is_given_time_for_its_request_to_reach_the_lighthouse(tmp_path, monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(replica_steps.time, "monotonic", lambda: clock[0])
+    replicas.append_event(tmp_path, replicas.RESTARTED, 1, 2.0, restart=1)
+    for rank in (0, 1):
+        replicas.asking_file(tmp_path, 1, rank).write_text("1")
+    away = steps({0, 2})
+    assert not away._all_back(tmp_path)  # seen asking just now
+    clock[0] += replica_steps.HOLD_SETTLE_S / 2
+    assert not away._all_back(tmp_path)
+    clock[0] += replica_steps.HOLD_SETTLE_S / 2
+    assert away._all_back(tmp_path)

@@ -31,6 +31,7 @@ RUN = [
     "trainer.log_every=1",
     *GROUPS,
 ]
+HOLD = 13  # the node-down test's step: the groups hold before it (HPC_TRAIN_HOLD_AT) and the test sets a node down
 DIGEST = re.compile(r"replica group (\d+) step (\d+) parameter digest (\w+)")
 
 
@@ -90,12 +91,14 @@ def test_a_node_down_takes_down_only_its_group_which_restarts_on_the_spare_and_r
         RUN,
         run_dir,
         out,
-        HPC_TRAIN_STEP_SLEEP="0.4",
+        # Every step at full speed. The groups hold before step HOLD until group 1 has been restarted (the test sets
+        # its node down there), and from then on the others take a step only with it back or asking for its quorum
+        HPC_TRAIN_HOLD_AT=str(HOLD),
         HPC_TRAIN_REPLICA_DIGESTS="1",
         HPC_TRAIN_RESTART_SLEEP="10",  # the restarted group starts slowly: the others train without it first
     )
     job = submitted(out)
-    wait_for(lambda: train_steps(run_dir) >= 12, 180, "12 training steps")
+    wait_for(lambda: train_steps(run_dir) >= HOLD - 1, 180, f"{HOLD - 1} training steps")
     placed = {g: n for g, n in re.findall(r"replica group (\d) on (\S+)", _agent_log(run_dir, job))}
     down = placed["1"]
     subprocess.run(["scontrol", "update", f"nodename={down}", "state=down", "reason=replica-groups-test"], check=True)
@@ -162,7 +165,10 @@ def test_launcher_wait_follows_a_replica_group_job_to_its_completion(slurm_clust
         "fault_tolerance.replica_groups=2", "fault_tolerance.timeout_s=6", "trainer.max_steps=40",
         "trainer.checkpoint_every=0", "trainer.eval=false",
     ]  # fmt: skip
-    env: Dict[str, str] = {"HPC_TRAIN_KILL_AT": kill, "HPC_TRAIN_STEP_SLEEP": "0.3"} if kill else {}
+    # The killed group is back before the other finishes: from 2 steps after the kill the other waits for it to ask
+    # for its quorum before a step (HPC_TRAIN_HOLD_AT), however long its restart on the spare node takes
+    hold = str(int(kill.partition(":")[2]) + 2) if kill else ""
+    env: Dict[str, str] = {"HPC_TRAIN_KILL_AT": kill, "HPC_TRAIN_HOLD_AT": hold} if kill else {}
     proc = follow(args, run_dir, out, **env)
     job = submitted(out)
     followed_to_its_end(proc, out, 40)

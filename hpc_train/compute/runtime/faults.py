@@ -22,7 +22,8 @@
 * ``HPC_TRAIN_OOM_AT=RANK:STEP``: that rank's forward pass of step STEP+1 raises CUDA's out-of-memory error, on a
   CPU too, so a test sees what the message of a real one says.
 * ``HPC_TRAIN_STEP_SLEEP_FROM=STEP``: with HPC_TRAIN_STEP_SLEEP, the steps before STEP run at full speed: a test
-  that needs the time only after a fault (the live groups training on while a killed one restarts) sleeps only then.
+  that needs the time only after a fault sleeps only then (one that waits for a restarted replica group holds
+  instead: HPC_TRAIN_HOLD_AT).
 * ``HPC_TRAIN_HOLD_AT=STEP``: with replica groups, from optimizer step STEP on, a group takes a step only once its
   launcher has restarted a group and every group missing from the last step has each of its ranks asking for the
   quorum again (a restarted group's ranks say so before their first quorum): the live groups are still training

@@ -7,7 +7,14 @@ the same numbers to each tracker: TensorBoard (``tracker_tensorboard``), Weights
 (``hpc_train.contracts.logger_table`` reads the choice). Only rank 0 builds trackers, and a tracker
 imports its package only then: the login node and the other ranks never import them.
 
-A tracker has ``write(record)`` (train and eval records only), ``flush()`` (before every checkpoint
+With replica groups the trackers are group 0's (its rank 0 opens them as it starts), while metrics.jsonl is written by
+whichever group leads. A group 0 its launcher restarted continues the trackers' runs (the ids kept in the run dir,
+as a resumed attempt does) and, at its first row, first passes them every row of the attempt that metrics.jsonl holds
+(``catch_up``): the rows the group that led while it was out wrote (its failure and restart among them). TensorBoard
+opens a new event file whose purge step is the attempt's first row, so the rows the dead process logged are replaced,
+not doubled; MLflow skips a (metric, step) its run has; W&B logs them again, as a resumed attempt does.
+
+A tracker has ``write(record)`` (train, eval and replica records), ``flush()`` (before every checkpoint
 and at the stop signal: the rows written so far survive a kill -9 of rank 0 from then on, so what
 a checkpoint covers is in the tracker too) and ``close()`` (once, at the end of a finished run);
 what the trackers share is in ``tracker_common``. Each tracker module is imported
@@ -22,7 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from hpc_train.compute.runtime.runlog import MetricsWriter
-from hpc_train.compute.training.tracker_common import KINDS, LoggerSettings, in_run_dir
+from hpc_train.compute.training.tracker_common import KINDS, LoggerSettings, attempt_rows, in_run_dir
 from hpc_train.contracts import logger_table
 
 
@@ -38,18 +45,25 @@ def logger_settings(node: Optional[Mapping[str, Any]]) -> Optional[LoggerSetting
 
 
 def metrics_writer(
-    settings: Optional[LoggerSettings], run_dir: Path, enabled: bool, config: Mapping[str, Any], slurm_job: bool
+    settings: Optional[LoggerSettings],
+    run_dir: Path,
+    enabled: bool,
+    config: Mapping[str, Any],
+    slurm_job: bool,
+    restarted: bool = False,
 ) -> MetricsWriter:
     """The metrics writer the logger settings ask for (metrics.jsonl alone without a logger node). `config` is the
-    job spec as plain data, which W&B and MLflow record with the run; `slurm_job` is its ``backend.slurm_job``."""
+    job spec as plain data, which W&B and MLflow record with the run; `slurm_job` is its ``backend.slurm_job``;
+    `restarted`: a replica group its launcher restarted inside the attempt (its trackers continue and catch up)."""
     if not enabled or settings is None or not settings.trackers:
         return MetricsWriter(run_dir, enabled)
-    return TrackingWriter(
-        run_dir, enabled, [make_tracker(name, settings, run_dir, config, slurm_job) for name in settings.trackers]
-    )
+    trackers = [make_tracker(name, settings, run_dir, config, slurm_job, restarted) for name in settings.trackers]
+    return TrackingWriter(run_dir, enabled, trackers, catch_up=restarted)
 
 
-def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], slurm_job: bool) -> Any:
+def make_tracker(
+    name: str, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], slurm_job: bool, restarted: bool
+) -> Any:
     # each tracker module imports its optional package (tensorboard, wandb, mlflow): only the chosen one loads
     if name == "tensorboard":
         from hpc_train.compute.training.tracker_tensorboard import TensorBoardTracker  # optional: tensorboard
@@ -58,22 +72,32 @@ def make_tracker(name: str, settings: LoggerSettings, run_dir: Path, config: Map
     if name == "wandb":
         from hpc_train.compute.training.tracker_wandb import WandbTracker  # optional: wandb
 
-        return WandbTracker(settings, run_dir, config, slurm_job)
+        return WandbTracker(settings, run_dir, config, slurm_job, continues=restarted)
     from hpc_train.compute.training.tracker_mlflow import MlflowTracker  # optional: mlflow
 
-    return MlflowTracker(settings, run_dir, config)
+    return MlflowTracker(settings, run_dir, config, continues=restarted)
 
 
 class TrackingWriter(MetricsWriter):
     """metrics.jsonl first (a tracker that fails leaves it complete), then every tracker, in order."""
 
-    def __init__(self, run_dir: Path, enabled: bool, trackers: List[Any]) -> None:
+    def __init__(self, run_dir: Path, enabled: bool, trackers: List[Any], catch_up: bool = False) -> None:
+        """`catch_up`: before the first row, the trackers take the attempt's rows metrics.jsonl holds already."""
         super().__init__(run_dir, enabled)
         self.trackers = trackers
+        self.catch_up = catch_up
 
     def write(self, record: Dict[str, Any]) -> None:
+        if self.enabled and self.catch_up:
+            self.catch_up = False
+            for row in attempt_rows(self.path.parent):  # read before this record is appended
+                self._track(row)
         super().write(record)
-        if self.enabled and record.get("kind") in KINDS:
+        if self.enabled:
+            self._track(record)
+
+    def _track(self, record: Dict[str, Any]) -> None:
+        if record.get("kind") in KINDS:
             for tracker in self.trackers:
                 tracker.write(record)
 

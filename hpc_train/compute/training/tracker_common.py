@@ -12,8 +12,9 @@ from hpc_train.records import replicas, rundir
 
 # The record kinds sent to trackers: every number of the record (the loss, lr, accuracy and the metrics of a
 # user's trainer.step) as a scalar named after its kind and key, except these bookkeeping keys.
-# A replica group's drop or rejoin (hpc_train.records.replicas) reaches them as replica/group and replica/groups (how
-# many groups train on) at its step; its wall clock ("s") is bookkeeping.
+# A replica group's row (hpc_train.records.replicas) reaches them at its step as replica/<event> = the group
+# (replica/failed, replica/restarted, replica/dropped, replica/rejoined), replica/groups (how many groups train on)
+# and its other numbers (the restart's number, the seconds the others waited); its wall clock ("s") is bookkeeping.
 KINDS = ("train", "eval", replicas.KIND)
 NOT_SCALARS = ("kind", "step", "epoch", "time", "samples", "s")
 
@@ -40,6 +41,8 @@ class LoggerSettings:
 def scalars(record: Dict[str, Any]) -> Iterator[Tuple[str, float]]:
     """(key, value) for every number of a record but the bookkeeping keys (booleans are no numbers here)."""
     for key, value in record.items():
+        if key == "group" and record.get("kind") == replicas.KIND:
+            key = str(record.get("event"))  # which event, as its tag: two events of one step stay apart
         if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
             yield key, float(value)
 
@@ -59,8 +62,21 @@ def run_label(run_dir: Path) -> str:
 def resumed_attempt(run_dir: Path) -> bool:
     """Whether this attempt continues a run from a checkpoint (read from attempts.jsonl, which the trainer writes
     before the first record): a tracker then continues its run instead of starting a new one."""
+    return _attempt_start(run_dir) is not None
+
+
+def _attempt_start(run_dir: Path) -> Optional[int]:
+    """The step this attempt resumed from (None: it started from scratch, or there is no attempt log)."""
     starts = [r for r in rundir.read_attempts(run_dir) if r.get("event") == "start"]
-    return bool(starts) and starts[-1].get("resumed_from_step") is not None
+    resumed = starts[-1].get("resumed_from_step") if starts else None
+    return None if resumed is None else int(resumed)
+
+
+def attempt_rows(run_dir: Path) -> List[Dict[str, Any]]:
+    """The rows of metrics.jsonl this attempt wrote so far (those at or past the step it started from), in order."""
+    first = _attempt_start(run_dir) or 0
+    rows = rundir.read_jsonl(Path(run_dir) / rundir.METRICS)
+    return [row for row in rows if isinstance(row.get("step"), int) and row["step"] >= first]
 
 
 def read_run_file(path: Path) -> Optional[Dict[str, Any]]:

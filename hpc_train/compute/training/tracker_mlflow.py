@@ -64,8 +64,11 @@ def flat_params(config: Any, prefix: str = "") -> Iterator[Tuple[str, str]]:
 
 
 class MlflowTracker:
-    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any]) -> None:
-        """`config`: the job spec as plain data, flattened into the run's params."""
+    def __init__(
+        self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], continues: bool = False
+    ) -> None:
+        """`config`: the job spec as plain data, flattened into the run's params; `continues`: a restarted replica
+        group 0, which continues the run it opened before its failure, as a resumed attempt does."""
         # connected here, before training starts: creating an SQLite store takes a second or two
         self.run_dir = Path(run_dir)
         own_store = settings.tracking_uri is None  # null: an SQLite store in the run dir
@@ -86,12 +89,14 @@ class MlflowTracker:
             self.experiment_id = experiment.experiment_id
         self.run_id: Optional[str] = None
         self.closed = False
+        self.continues = continues
         self._logged: Set[Tuple[str, int]] = set()  # (metric, step) the run had when this attempt continued it
 
     # -- the run ------------------------------------------------------------------------------
     def _kept_run(self) -> Optional[Any]:
-        """The run this attempt continues: the one in mlflow_run.json, if this attempt resumed and the store has it."""
-        if not resumed_attempt(self.run_dir):
+        """The run this attempt continues: the one in mlflow_run.json, if this attempt resumed (or this is a restarted
+        group 0) and the store has it."""
+        if not self.continues and not resumed_attempt(self.run_dir):
             return None
         kept = read_run_file(self.run_dir / RUN_FILE)
         if not kept or kept.get("tracking_uri") != self.uri or not kept.get("run_id"):

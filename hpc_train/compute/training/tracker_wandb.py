@@ -68,9 +68,17 @@ def new_run_id() -> str:
 
 
 class WandbTracker:
-    def __init__(self, settings: LoggerSettings, run_dir: Path, config: Mapping[str, Any], slurm_job: bool) -> None:
+    def __init__(
+        self,
+        settings: LoggerSettings,
+        run_dir: Path,
+        config: Mapping[str, Any],
+        slurm_job: bool,
+        continues: bool = False,
+    ) -> None:
         """`config`: the job spec as plain data (the run's config in W&B); `slurm_job`: the job spec's
-        ``backend.slurm_job`` (offline by default, :func:`wandb_mode`)."""
+        ``backend.slurm_job`` (offline by default, :func:`wandb_mode`); `continues`: a restarted replica group 0,
+        which continues the run it opened before its failure, as a resumed attempt does."""
         import wandb  # here, before training starts (about 0.3 s), rather than at the first logged step
 
         self._wandb = wandb
@@ -86,10 +94,11 @@ class WandbTracker:
         }
         self._run: Optional[Any] = None
         self._open_step: Optional[int] = None  # the step of the rows logged since the last flush
+        self.continues = continues
 
     def _start(self) -> None:
         path = self.run_dir / RUN_FILE
-        kept = read_run_file(path) if resumed_attempt(self.run_dir) else None
+        kept = read_run_file(path) if self.continues or resumed_attempt(self.run_dir) else None
         run_id = str(kept["id"]) if kept and kept.get("id") else new_run_id()
         write_run_file(path, {"id": run_id, "project": self.init_args["project"], "dir": str(self.dir)})
         self.dir.mkdir(parents=True, exist_ok=True)

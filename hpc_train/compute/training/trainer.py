@@ -70,7 +70,12 @@ class Trainer:
         # A replica group (fault_tolerance.replica_groups): its rank 0 writes the run's rows while it leads
         self.groups = GroupSteps(self, replicas) if replicas is not None else None
         self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks: the first group's alone)
-            settings.logger, run_dir, self.is_main, settings.job_spec, settings.backend.slurm_job
+            settings.logger,
+            run_dir,
+            self.is_main,
+            settings.job_spec,
+            settings.backend.slurm_job,
+            restarted=self.groups is not None and self.groups.restarted,
         )
         self.state = TrainState()
         self.resumed_from_step: Optional[int] = None

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from hpc_train.processes.rank_env import (
     LIGHTHOUSE_VARIABLE,
@@ -39,7 +39,7 @@ from hpc_train.processes.rank_env import (
 from hpc_train.records import replicas as marks
 from hpc_train.records import rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
-from hpc_train.records.rank_errors import NODE_DOWN_KNOWN, death_cause, short_cause
+from hpc_train.records.rank_errors import NODE_DOWN_KNOWN, OOM_CAUSE, SLURM_OOM_KNOWN, death_cause, short_cause
 from hpc_train.records.rundir import EXIT_HUNG, EXIT_INTERRUPTED, EXIT_REFUSED
 from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
@@ -51,6 +51,30 @@ NODE_WAIT_S = 5.0  # between two looks for nodes to restart a group on
 SRUN_ZERO = "srun says so when a node of its step failed (Slurm may have returned the node to service since)"
 SUBMITIT_TASK = "submitit.core._submit"  # submitit's task entry, the module the job step's command runs
 GROUP_TASK = "hpc_train.compute.entry.group_task"  # the same task for a group's step, without a result file
+OUT_OF_MEMORY = "OUT_OF_MEMORY"  # sacct's state of a step that its cgroup's out-of-memory killer ended
+NOT_ENDED = ("", "PENDING", "RUNNING", "COMPLETING")  # a step's state before accounting has its end
+STEP_STATE_WAIT_S = 3.0  # how long a failed group's agent waits for accounting to record its step's end
+
+
+def last_step(rows: List[List[str]], job: str, nodes: List[str]) -> Optional[Tuple[str, str]]:
+    """(step id, state) of the step of `job` on exactly `nodes` that started last, from sacct's rows of JobID,
+    NodeList, State (the state's first word: "CANCELLED by 0" is CANCELLED); None when accounting has none."""
+    found: Optional[Tuple[int, str, str]] = None
+    for row in rows:
+        if len(row) < 3:
+            continue
+        owner, _, number = row[0].partition(".")
+        if owner != job or not number.isdigit() or sorted(expand_hostlist(row[1])) != sorted(nodes):
+            continue
+        if found is None or int(number) > found[0]:
+            found = (int(number), row[0], (row[2].split() or [""])[0])
+    return None if found is None else (found[1], found[2])
+
+
+def slurm_oom_known(step: Optional[Tuple[str, str]]) -> str:
+    """What Slurm's accounting tells of a failed step: the out-of-memory killer when it recorded OUT_OF_MEMORY, else
+    "" (another end, or no accounting: the usual cause of the exit status is said instead)."""
+    return SLURM_OOM_KNOWN.format(step=step[0]) if step is not None and step[1] == OUT_OF_MEMORY else ""
 
 
 def group_command(srun: List[str]) -> List[str]:
@@ -151,7 +175,10 @@ class GroupSteps:
         down = self.down_nodes(self.nodes[group])
         states = "/".join(sorted(set(down.values()))).upper()
         known = NODE_DOWN_KNOWN.format(nodes=",".join(down), state=states) if down else ""
-        how, cause = f"srun {death_cause(code, known)}", f"node {states}" if down else short_cause(code)
+        oom = "" if down or code in (0, EXIT_HUNG) else slurm_oom_known(self.ended_step(group))
+        how, cause = f"srun {death_cause(code, known or oom)}", f"node {states}" if down else short_cause(code)
+        if oom:
+            cause = OOM_CAUSE.format(signal=cause)
         if code == 0 and not down:  # no word of Slurm's beyond srun's 0, which a node failure gives too
             how, cause = f"srun exited with code 0: {SRUN_ZERO}", "node failure (srun exit 0)"
         if code == EXIT_HUNG:
@@ -166,6 +193,19 @@ class GroupSteps:
         marks.append_event(
             self.folder, marks.FAILED, group, time.time(), who=nodes, cause=cause, restart=self.restarts[group]
         )
+
+    def ended_step(self, group: int) -> Optional[Tuple[str, str]]:
+        """(step id, state) that Slurm's accounting gives the group's step that ended, once it has its end (up to
+        STEP_STATE_WAIT_S after srun's exit); None without accounting."""
+        job = self.env.get("SLURM_JOB_ID", "")
+        deadline = time.monotonic() + STEP_STATE_WAIT_S
+        while job:
+            rows = slurm_cli.sacct_steps(job, "JobID,NodeList,State")
+            step = last_step(rows or [], job, self.nodes[group])
+            if rows is None or (step is not None and step[1] not in NOT_ENDED) or time.monotonic() > deadline:
+                return step
+            time.sleep(0.5)
+        return None
 
     def down_nodes(self, nodes: List[str]) -> Dict[str, str]:
         """The nodes among `nodes` that Slurm reports unusable (DOWN, DRAIN, FAIL, ...): node -> its state."""

@@ -128,6 +128,12 @@ def is_sigkill(code: int) -> bool:
 
 OOM_KILL_KNOWN = "the kernel's out-of-memory killer took it (its cgroup's memory.events counted an OOM kill)"
 NODE_DOWN_KNOWN = "its node {nodes} is {state} in Slurm (a node failure, not the process itself)"
+SLURM_OOM_KNOWN = (
+    "the kernel's out-of-memory killer took it (Slurm's accounting records its step {step} as OUT_OF_MEMORY)"
+)
+OOM_CAUSE = (
+    "out of memory ({signal})"  # a record's cause when hpc_train knows of the OOM kill: "out of memory (SIGKILL)"
+)
 
 
 SIGNAL_NUMBERS = frozenset(int(number) for number in signal.Signals)

@@ -122,6 +122,13 @@ def sacct_runs(job_ids: List[str], fields: str, timeout: float = TIMEOUT_S, ever
     return sacct_answer(job_ids, fields, timeout, every_run) or []
 
 
+def sacct_steps(job_id: str, fields: str, timeout: float = TIMEOUT_S) -> Optional[List[List[str]]]:
+    """``sacct -n -P -o FIELDS -j JOB``: the job and each of its steps (``JOB.0``, ``JOB.batch``, ...) as rows of
+    fields; None when accounting does not answer (off, closed to users, down)."""
+    text = query(["sacct", "-n", "-P", "-j", job_id, "-o", fields], timeout)
+    return None if text is None else [line.strip().split("|") for line in text.splitlines() if line.strip()]
+
+
 def sacct_answer(
     job_ids: List[str], fields: str, timeout: float = TIMEOUT_S, every_run: bool = False
 ) -> Optional[List[List[str]]]:

@@ -177,6 +177,8 @@ def test_launcher_wait_follows_a_replica_group_job_to_its_completion(slurm_clust
     ).stdout.split() == ["COMPLETED"]
     agent = _agent_log(run_dir, job)
     assert agent.count("replica group 1 on") == (2 if kill else 1), agent
+    if kill:  # a kill -9: Slurm's accounting records the step FAILED, not OUT_OF_MEMORY; the usual cause, not a fact
+        assert "usually the kernel's out-of-memory killer" in agent and "as OUT_OF_MEMORY" not in agent, agent
     assert read_summary(run_dir)["global_step"] == 40
     # Every group's step ended COMPLETED in Slurm's record (the killed group's first aside) with no traceback in its
     # logs: no step shares a file of submitit's with another (a group's step writes no result file at all)

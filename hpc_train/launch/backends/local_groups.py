@@ -39,7 +39,7 @@ from hpc_train.processes.rank_env import (
 )
 from hpc_train.records import hang, replicas, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE
-from hpc_train.records.rank_errors import death_cause, short_cause
+from hpc_train.records.rank_errors import OOM_CAUSE, death_cause, short_cause
 
 # Exits that end the whole run; a group that hangs (its watchdog's EXIT_HUNG) is restarted like one that died
 ENDING = (rundir.EXIT_REFUSED, rundir.EXIT_INTERRUPTED)
@@ -158,7 +158,7 @@ class Groups:
             culprits = verdict.get("culprits") or []
             rank = ", ".join(f"rank {r}" for r in culprits) if culprits else None
         elif known:
-            cause = "out of memory (SIGKILL)"
+            cause = OOM_CAUSE.format(signal=short_cause(code))
         replicas.append_event(
             self.folder, replicas.FAILED, group, time.time(), who=rank, cause=cause, restart=self.restarts[group]
         )

@@ -30,7 +30,7 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs.job_states import rank_error
 from hpc_train.launch.hydra import hydra_internals
-from hpc_train.records import rundir
+from hpc_train.records import as_found, rundir
 from hpc_train.records.rank_errors import refusal_words
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ def own_dir(given: Optional[PathLike], overrides: Sequence[str], key: str, compo
     composed_path = Path(composed).resolve()
     if _named(overrides, key):
         return composed_path
-    return fresh_dir(composed_path)
+    return as_found.fresh_dir(composed_path)
 
 
 def _named(overrides: Sequence[str], key: str) -> bool:
@@ -190,16 +190,7 @@ class OwnDir:
     def remove(self) -> None:
         """The dir this call made removed again, with the folders made for it when empty: a dry run leaves nothing
         behind."""
-        if self.made is None:
-            return
-        shutil.rmtree(self.path, ignore_errors=True)
-        for folder in self.path.parents:
-            if not folder.is_relative_to(self.made):
-                return
-            try:
-                folder.rmdir()
-            except OSError:
-                return
+        as_found.remove_made(self.path, self.made)
 
     @contextlib.contextmanager
     def output(self, dry_run: bool) -> Iterator[Path]:
@@ -255,22 +246,9 @@ def _move(source: Path, target: Path) -> None:
 def reserve(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> OwnDir:
     """own_dir, remembering whether this call makes it (it or the CLI, and the call's output in it) or found it."""
     wanted = Path(given if given is not None else composed).resolve()
-    top = next((p for p in reversed([wanted, *wanted.parents]) if not p.exists()), None)
+    top = as_found.highest_missing(wanted)
     path = own_dir(given, overrides, key, composed)
     return OwnDir(path, top if path == wanted else path)  # else fresh_dir made <name>-1 (-2, ...) for this call
-
-
-def fresh_dir(path: Path) -> Path:
-    """A new dir of this command's own: `path`, else `path-1`, `path-2`, ... (mkdir fails if another call or
-    process took one first, so two commands started in the same second never share one)."""
-    candidate, n = path, 0
-    while True:
-        try:
-            candidate.mkdir(parents=True)
-            return candidate
-        except FileExistsError:
-            n += 1
-            candidate = path.with_name(f"{path.name}-{n}")
 
 
 def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> None:

@@ -12,11 +12,9 @@ and the job's log describe the run that ran, not the command that was refused.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
@@ -24,10 +22,9 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import LAUNCHERS
 from hpc_train.launch.backends import torchrun_client
-from hpc_train.launch.hydra.cli_child import fresh_dir
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
-from hpc_train.records import run_claim, rundir
+from hpc_train.records import as_found, run_claim
 from hpc_train.records.rundir import EXIT_REFUSED
 
 # Launchers that would wrap hpc-train's own launcher in one more Slurm job of a fixed shape.
@@ -68,66 +65,25 @@ class FoundRunDir:
     the job's log), to be put back after a refusal: each .hydra/ file's bytes and times (None: absent), the log's
     size and times (None: absent; only a refused command's lines are cut, never the run's)."""
 
-    path: Path
-    hydra_files: Dict[Path, Optional[Tuple[bytes, int, int]]]
-    log: Path
-    log_found: Optional[Tuple[int, int, int]]
+    folder: Path
+    hydra_files: as_found.FilesAsFound
+    log: as_found.LogAsFound
 
     @classmethod
     def take(cls, run_dir: Path, subdir: Optional[str], log_name: str) -> "FoundRunDir":
         folder = run_dir / (subdir or ".hydra")
         names = {*(p.name for p in folder.glob("*.yaml")), *HYDRA_RECORDS}
-        log = run_dir / log_name
-        found = _stat(log)
-        return cls(
-            run_dir,
-            {folder / name: _found(folder / name) for name in names},
-            log,
-            None if found is None else (found.st_size, found.st_atime_ns, found.st_mtime_ns),
-        )
+        files = as_found.FilesAsFound.take(folder / name for name in names)
+        return cls(folder, files, as_found.LogAsFound.take(run_dir / log_name))
 
     def put_back(self) -> None:
-        for path, found in self.hydra_files.items():
-            if found is None:
-                path.unlink(missing_ok=True)
-            elif _found(path) != found:
-                rundir.write_bytes_atomic(found[0], path)
-                os.utime(path, ns=found[1:])
-        folder = next(iter(self.hydra_files)).parent
-        if all(found is None for found in self.hydra_files.values()):
-            _rmdir(folder)
-        now = _stat(self.log)
-        if self.log_found is None:
-            if now is not None and now.st_size == 0:  # made by this command's logging, nothing in it
-                self.log.unlink(missing_ok=True)
-        elif now is not None and (now.st_size, now.st_mtime_ns) != (self.log_found[0], self.log_found[2]):
-            os.truncate(self.log, min(now.st_size, self.log_found[0]))
-            os.utime(self.log, ns=self.log_found[1:])
+        self.hydra_files.put_back()
+        if self.hydra_files.absent():
+            as_found.remove_empty(self.folder)
+        self.log.cut_back()
 
 
 HYDRA_RECORDS = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra's run_job writes into .hydra/
-
-
-def _found(path: Path) -> Optional[Tuple[bytes, int, int]]:
-    try:
-        found = path.stat()
-        return path.read_bytes(), found.st_atime_ns, found.st_mtime_ns
-    except FileNotFoundError:
-        return None
-
-
-def _stat(path: Path) -> Optional[os.stat_result]:
-    try:
-        return path.stat()
-    except FileNotFoundError:
-        return None
-
-
-def _rmdir(path: Path) -> None:
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 _MADE: Optional[MadeRunDir] = None  # this process's single run, from on_run_start to tidy_run_dir
@@ -185,11 +141,11 @@ def _own_run_dir(config: DictConfig, run_dir: Path) -> Path:
     command took in the same second becomes ``<name>-1`` (then ``-2``, ...), written back into the config."""
     global _MADE
     named_by_clock = "${now:" in str(OmegaConf.to_container(config.hydra.run, resolve=False).get("dir"))
-    top = next((p for p in reversed([run_dir, *run_dir.parents]) if not p.exists()), None)
+    top = as_found.highest_missing(run_dir)
     if top is None and not named_by_clock:
         return run_dir  # a dir the user named, there already: a resume, a rerun; it stays as it is
     try:
-        made = fresh_dir(run_dir) if named_by_clock else _mkdir(run_dir)
+        made = as_found.fresh_dir(run_dir) if named_by_clock else _mkdir(run_dir)
     except FileExistsError:  # another command made the user's dir just now: it is theirs
         return run_dir
     if made != run_dir:
@@ -227,10 +183,4 @@ def tidy_run_dir(exit_code: object) -> None:
     refused = exit_code == EXIT_REFUSED and {p.name for p in made.path.iterdir()} <= made.hydra_files
     if not (made.dry_run or refused):
         return
-    shutil.rmtree(made.path, ignore_errors=True)
-    for parent in made.path.parents:
-        if made.top != made.path and parent.is_relative_to(made.top):
-            try:
-                os.rmdir(parent)
-            except OSError:
-                return
+    as_found.remove_made(made.path, made.top)

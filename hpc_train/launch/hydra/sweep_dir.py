@@ -17,8 +17,6 @@ the sweeper writes before the launcher runs, is put back as it was (:class:`Foun
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,9 +26,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from hpc_train.config.errors import ConfigError
 from hpc_train.jobs import job_states, job_table, submissions
 from hpc_train.jobs.sweep_status import MULTIRUN, STATUS, alive, live_launcher
-from hpc_train.launch.hydra.cli_child import fresh_dir, overrides_of, path_value
+from hpc_train.launch.hydra.cli_child import overrides_of, path_value
 from hpc_train.pack import records, status
-from hpc_train.records import rundir
+from hpc_train.records import as_found, rundir
 
 KEY = "hydra.sweep.dir"
 SHOWN = 5  # live jobs named in the message (the count says the rest)
@@ -46,13 +44,13 @@ class Found:
 
     path: Path
     top: Optional[Path]  # the highest folder this command will make for it; None: the sweep dir was there
-    records: Dict[Path, Optional[bytes]]  # each of SWEEP_RECORDS as it was (None: absent)
+    records: as_found.FilesAsFound  # each of SWEEP_RECORDS' bytes as they were (None: absent)
     made: List[Path] = field(default_factory=list)  # job dirs this command made in it (a local dry run's jobs)
 
     @classmethod
     def take(cls, sweep_dir: Path) -> "Found":
-        top = next((p for p in reversed([sweep_dir, *sweep_dir.parents]) if not p.exists()), None)
-        return cls(sweep_dir, top, {name: _read(sweep_dir / name) for name in SWEEP_RECORDS})
+        records = as_found.FilesAsFound.take((sweep_dir / name for name in SWEEP_RECORDS), times=False)
+        return cls(sweep_dir, as_found.highest_missing(sweep_dir), records)
 
     def note_job_dir(self, job_dir: Path) -> None:
         """A job's dir, before the job runs: this command's to remove when it is new."""
@@ -63,18 +61,12 @@ class Found:
         """The sweep dir as found: the job dirs this command made removed, the records rewritten as they were (or
         removed when they were not there), and the folders made for them removed when that leaves them empty."""
         for job_dir in self.made:
-            shutil.rmtree(job_dir, ignore_errors=True)
-        for name, data in self.records.items():
-            if data is None:
-                (self.path / name).unlink(missing_ok=True)
-            elif _read(self.path / name) != data:
-                rundir.write_bytes_atomic(data, self.path / name)
-        if self.records[STATUS] is None:
-            _rmdir(self.path / STATUS.parent)
+            as_found.remove_made(job_dir, job_dir)
+        self.records.put_back()
+        if self.records.files[self.path / STATUS] is None:
+            as_found.remove_empty(self.path / STATUS.parent)
         if self.top is not None:
-            for folder in [self.path, *self.path.parents]:
-                if not folder.is_relative_to(self.top) or not _rmdir(folder):
-                    return
+            as_found.remove_empty(self.path, self.top)
 
 
 def found_for(config: DictConfig) -> Found:
@@ -86,28 +78,13 @@ def found_for(config: DictConfig) -> Found:
     found = Found.take(sweep_dir)
     if "${now:" not in str(OmegaConf.to_container(config.hydra.sweep, resolve=False).get("dir")):
         return found  # a sweep dir the user named is shared on purpose: check() guards it
-    made = fresh_dir(sweep_dir)
+    made = as_found.fresh_dir(sweep_dir)
     if made == sweep_dir:
         return found
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.sweep.dir = str(made)
         config.hydra.overrides.hydra.append(f"{KEY}={path_value(made)}")
-    return Found(made, made, {name: None for name in SWEEP_RECORDS})
-
-
-def _read(path: Path) -> Optional[bytes]:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
-def _rmdir(path: Path) -> bool:
-    try:
-        os.rmdir(path)
-    except OSError:
-        return False
-    return True
+    return Found(made, made, as_found.FilesAsFound({made / name: None for name in SWEEP_RECORDS}, times=False))
 
 
 def check(sweep_dir: Path, jobs: Sequence[Tuple[int, Sequence[str]]]) -> None:

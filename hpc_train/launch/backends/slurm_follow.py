@@ -44,6 +44,7 @@ RESULT_POLL_S = 1.0  # how often the result file is looked at (a file test)
 STATE_POLL_S = 5.0  # how often Slurm is asked while no result says the attempt failed (a job that ended without one)
 HURRY_S = 60.0  # after an end mark changed: how long Slurm is asked every RESULT_POLL_S (the end comes in seconds)
 UNKNOWN_GRACE_S = 30.0  # nobody lists the job (no accounting, no run dir to read): how long before it counts as ended
+GONE = "neither squeue nor sacct knows it any more"  # how a job Slurm forgot ended
 
 
 class _Said:
@@ -150,19 +151,28 @@ class Follower:
         hurry = time.monotonic() < self.hurry_until and not self.in_queue()
         if not (hurry or self.due()):
             return None
-        found = self.state()
-        if found is not None and found.state in job_states.ENDED:
-            return self.ended(found)
-        if found is not None:
-            self.unknown_since = None
-            return None
-        self.unknown_since = self.unknown_since or time.monotonic()
-        if time.monotonic() - self.unknown_since <= UNKNOWN_GRACE_S:
-            return None
-        gone = "neither squeue nor sacct knows it any more"
+        ending, unknown_for = self.slurm_word()
+        if ending is not None or unknown_for is None or unknown_for <= UNKNOWN_GRACE_S:
+            return ending
         if self.summarised():  # its run says it finished: the records are the word left
             return Ending(None, "COMPLETED", requeues=self.requeues)
-        return Ending(NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues)
+        return self.gone()
+
+    def slurm_word(self) -> Tuple[Optional[Ending], Optional[float]]:
+        """Slurm's word on the job: its Ending once it has ended; else None, with how long neither squeue nor sacct
+        has known it (None while Slurm knows it)."""
+        found = self.state()
+        if found is not None and found.state in job_states.ENDED:
+            return self.ended(found), None
+        if found is not None:
+            self.unknown_since = None
+            return None, None
+        self.unknown_since = self.unknown_since or time.monotonic()
+        return None, time.monotonic() - self.unknown_since
+
+    def gone(self) -> Ending:
+        """The end of a job Slurm no longer knows: the attempt's failure when one was read, else that it is gone."""
+        return Ending(self.failure or NoResult(f"Slurm job {self.job_id}: {GONE}"), None, GONE, self.requeues)
 
     def end_marks(self) -> Tuple[Optional[float], ...]:
         """When the files that change as an attempt ends were last written: the run's summary and attempt log, the
@@ -190,16 +200,11 @@ class Follower:
         # back in the queue (a requeued job may wait there for hours)
         if not (fresh or (self.failure is not None and not self.in_queue()) or self.due()):
             return None
-        found = self.state()
-        if found is not None and found.state in job_states.ENDED:
-            return self.ended(found)
-        if found is not None:
-            self.unknown_since = None
-            return None
-        self.unknown_since = self.unknown_since or time.monotonic()
-        if self.failure is not None or time.monotonic() - self.unknown_since > UNKNOWN_GRACE_S:
-            gone = "neither squeue nor sacct knows it any more"
-            return Ending(self.failure or NoResult(f"Slurm job {self.job_id}: {gone}"), None, gone, self.requeues)
+        ending, unknown_for = self.slurm_word()
+        if ending is not None or unknown_for is None:
+            return ending
+        if self.failure is not None or unknown_for > UNKNOWN_GRACE_S:
+            return self.gone()
         return None
 
     def read_result(self) -> Optional[BaseException]:

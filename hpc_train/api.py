@@ -64,7 +64,7 @@ from hpc_train.jobs.submissions import newest_submission
 from hpc_train.launch.backends.base import JobRef
 from hpc_train.launch.backends.registry import backend_for
 from hpc_train.launch.backends.remote_watch import RemoteWatch
-from hpc_train.launch.backends.slurm_follow import Follower
+from hpc_train.launch.backends.slurm.follow import Follower
 from hpc_train.launch.hydra import cli_child as child
 from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
 from hpc_train.launch.planning.errors import JobFailed
@@ -174,7 +174,7 @@ class Job:
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Block until the job ends; return its summary.
 
-        A Slurm job is followed as ``launcher.wait`` follows it (hpc_train.launch.backends.slurm_follow): a requeue
+        A Slurm job is followed as ``launcher.wait`` follows it (hpc_train.launch.backends.slurm.follow): a requeue
         is said in the same line, and from a laptop a dropped connection is opened again. Raises JobFailed when it
         did not complete, ConfigError when hpc-train refused its input, TimeoutError when it is still going after
         `timeout` seconds (the job keeps going).

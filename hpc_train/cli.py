@@ -36,9 +36,9 @@ import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import checked_view, whole_mappings  # noqa: E402
 from hpc_train.config.errors import ConfigError  # noqa: E402
-from hpc_train.launch.backends import torchrun_client  # noqa: E402
+from hpc_train.launch.backends.local import torchrun as torchrun_client  # noqa: E402
+from hpc_train.launch.backends.local.torchrun import rank_argv  # noqa: E402
 from hpc_train.launch.backends.registry import run_configured  # noqa: E402
-from hpc_train.launch.backends.torchrun_client import rank_argv  # noqa: E402
 from hpc_train.launch.hydra import forwarding  # noqa: E402
 from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
 from hpc_train.launch.hydra.hydra_callbacks import Refused, tidy_run_dir  # noqa: E402

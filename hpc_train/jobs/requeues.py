@@ -1,6 +1,6 @@
 """A Slurm job's requeues as a follower sees them, and the one line that says each new attempt.
 
-``launcher.wait`` and ``Job.wait()`` (hpc_train.launch.backends.slurm_follow) and ``hpc-train-report --watch``
+``launcher.wait`` and ``Job.wait()`` (hpc_train.launch.backends.slurm.follow) and ``hpc-train-report --watch``
 (hpc_train.report.watch) count a job's attempts here and say each new one in the same words, once.
 
 A new attempt is seen in the run dir's attempt log (a start per attempt since the launch: hpc_train's jobs and

@@ -78,7 +78,7 @@ class AllocationPlan:
     max_requeues: int
     runs: List[PackedRun]
     job_id: Optional[str] = None
-    # The sbatch parameters its batch script was rendered from (hpc_train.launch.backends.packed.render: job name,
+    # The sbatch parameters its batch script was rendered from (hpc_train.launch.backends.slurm.packed.render: job name,
     # nodes, tasks, CPUs, GPUs, time, partition, account, QOS, constraint, memory, setup lines, the other flags),
     # as data: what --rerun-failed renders a new allocation from. None: a plan written before they were recorded.
     sbatch: Optional[Dict[str, Any]] = None
@@ -93,7 +93,7 @@ class AllocationPlan:
 
 
 class Shape(Protocol):
-    """What an allocation is: a PackShape (hpc_train.launch.backends.packed), or an earlier allocation's plan."""
+    """What an allocation is: a PackShape (hpc_train.launch.backends.slurm.packed), or an earlier allocation's plan."""
 
     nodes: int
     gpus_per_node: int

@@ -11,7 +11,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from hpc_train.launch.backends.slurm_params import time_minutes
+from hpc_train.launch.backends.slurm.params import time_minutes
 from tests.support.cli import TINY, assert_ok, run_cli, run_python
 from tests.support.paths import REPO
 from tests.unit.test_sbatch_script_per_strategy import SCRIPTS
@@ -88,7 +88,7 @@ def _slurm_params(overrides: List[str], run_dir: Path) -> Dict:
     from hydra import compose, initialize_config_dir
 
     from hpc_train.conf import CONFIG_DIR
-    from hpc_train.launch.backends.slurm_params import slurm_parameters
+    from hpc_train.launch.backends.slurm.params import slurm_parameters
     from hpc_train.launch.planning.plan import make_plan
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -98,7 +98,7 @@ def _slurm_params(overrides: List[str], run_dir: Path) -> Dict:
 
 def _submitted_script(overrides: List[str], tmp_path: Path, monkeypatch) -> Tuple[Dict, Path, str]:
     """The job's slurm parameters, its submitit folder and the script submitit wrote (a stand-in sbatch took it)."""
-    from hpc_train.launch.backends.slurm import make_executor
+    from hpc_train.launch.backends.slurm.submit import make_executor
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -117,7 +117,7 @@ def _submitted_script(overrides: List[str], tmp_path: Path, monkeypatch) -> Tupl
 
 @pytest.mark.parametrize("case", list(RENDER_CASES))
 def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
-    from hpc_train.launch.backends.slurm_script import render_sbatch
+    from hpc_train.launch.backends.slurm.script import render_sbatch
 
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
     params, folder, written = _submitted_script(RENDER_CASES[case], tmp_path, monkeypatch)
@@ -130,7 +130,7 @@ def test_dry_run_script_is_what_submitit_writes(case, tmp_path, monkeypatch):
 def test_a_preempt_signal_left_in_the_login_shell_does_not_change_the_jobs_signal(tmp_path, monkeypatch):
     """SUBMITIT_PREEMPT_SIGNAL=USR1 exported on the login node (another project's habit), launcher.signal USR2 (the
     default): Slurm is still asked for USR2 and submitit's handler in the job listens to USR2, as the trainer does."""
-    from hpc_train.launch.backends.slurm_script import render_sbatch
+    from hpc_train.launch.backends.slurm.script import render_sbatch
 
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
     params, folder, written = _submitted_script(["launcher=slurm", "launcher.signal_delay_s=60"], tmp_path, monkeypatch)

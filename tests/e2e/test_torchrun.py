@@ -117,7 +117,7 @@ def test_worker_alone_for_a_job_planned_for_two_ranks_is_refused(reference, tmp_
 
 def test_the_torchrun_client_and_host_lists_do_not_import_torch():
     code = (
-        "import sys\nimport hpc_train.launch.backends.torchrun_client, hpc_train.slurm.hostlist, "
+        "import sys\nimport hpc_train.launch.backends.local.torchrun, hpc_train.slurm.hostlist, "
         "hpc_train.compute.runtime.ranks\nassert 'torch' not in sys.modules\n"
     )
     proc = run_python(code)

@@ -17,7 +17,7 @@ import pytest
 
 from hpc_train import compose
 from hpc_train.jobs import job_table
-from hpc_train.launch.backends import slurm
+from hpc_train.launch.backends.slurm import submit as slurm
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from tests.support.cli import TINY

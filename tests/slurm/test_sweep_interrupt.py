@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional
 import pytest
 
 from hpc_train import compose
-from hpc_train.launch.backends import slurm, slurm_queueing
+from hpc_train.launch.backends.slurm import queueing as slurm_queueing
+from hpc_train.launch.backends.slurm import submit as slurm
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from tests.support.cli import wait_for

@@ -19,8 +19,8 @@ from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
 from hpc_train.containers import inside, library
 from hpc_train.containers.base import ENTRY_FILE, LAUNCH_ENV_VARIABLES, LAUNCH_PREFIX_VARIABLE, ROOTFS_VARIABLE
-from hpc_train.launch.backends.slurm_params import slurm_parameters
-from hpc_train.launch.backends.slurm_script import render_sbatch
+from hpc_train.launch.backends.slurm.params import slurm_parameters
+from hpc_train.launch.backends.slurm.script import render_sbatch
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.processes.rank_env import REPLICA_GROUPS_VARIABLE
 from hpc_train.records.job_requests import REQUESTS_VARIABLE

@@ -19,10 +19,10 @@ from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.fingerprint import differences, fingerprint
 from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.strategy_table import KINDS
-from hpc_train.launch.backends.sbatch import check_allocation
-from hpc_train.launch.backends.slurm_params import slurm_parameters, submitit_parameters
-from hpc_train.launch.backends.slurm_script import render_sbatch
-from hpc_train.launch.backends.slurm_step import step_python
+from hpc_train.launch.backends.slurm.params import slurm_parameters, submitit_parameters
+from hpc_train.launch.backends.slurm.sbatch import check_allocation
+from hpc_train.launch.backends.slurm.script import render_sbatch
+from hpc_train.launch.backends.slurm.step import step_python
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.parallelism import resolve_parallelism

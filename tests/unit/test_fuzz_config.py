@@ -31,7 +31,9 @@ from hpc_train.config.cluster import PEAK_PRECISIONS
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.logger_table import TRACKERS
-from hpc_train.launch.backends import slurm, slurm_params, slurm_script
+from hpc_train.launch.backends.slurm import params as slurm_params
+from hpc_train.launch.backends.slurm import script as slurm_script
+from hpc_train.launch.backends.slurm import submit as slurm
 from hpc_train.launch.hydra.hydra_errors import translate
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.objective import check_objective

@@ -4,7 +4,7 @@ import pytest
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.strategy import strategy_id
-from hpc_train.launch.backends.slurm_params import time_minutes
+from hpc_train.launch.backends.slurm.params import time_minutes
 from hpc_train.launch.planning.layout import compute_layout
 
 # strategy, engine, N, G, S -> nodes, tasks/node, gpus/node (gres), gpus/task

@@ -1,4 +1,4 @@
-"""--rerun-failed on a packed sweep (hpc_train.launch.backends.packed_rerun): only the FAILED and CANCELLED runs,
+"""--rerun-failed on a packed sweep (hpc_train.launch.backends.slurm.packed_rerun): only the FAILED and CANCELLED runs,
 together in
 one new allocation of the same shape and sbatch parameters, with the next index; jobs.tsv and submissions.jsonl
 extended. sbatch is a stand-in here (launch.pack.submit patched), as is Slurm's word (job_states.slurm_states)."""
@@ -12,9 +12,9 @@ import pytest
 from hpc_train.jobs import job_states, job_table
 from hpc_train.jobs.job_table import JobRow
 from hpc_train.jobs.submissions import submissions
-from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import packed_rerun
 from hpc_train.launch.backends.rerun import rerun_failed
+from hpc_train.launch.backends.slurm import packed as pack
+from hpc_train.launch.backends.slurm import packed_rerun
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun, RunState
 from hpc_train.slurm import slurm_cli

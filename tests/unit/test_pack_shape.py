@@ -5,8 +5,8 @@ launcher.pack.* and a Hydra app's hydra.launcher.pack.* alike, and their plans b
 import pytest
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import packed_rerun
+from hpc_train.launch.backends.slurm import packed as pack
+from hpc_train.launch.backends.slurm import packed_rerun
 from hpc_train.launch.hydra import app_launcher
 from hpc_train.pack import records
 from hpc_train.pack.records import PackedRun

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hpc_train.launch.backends.packed import PackShape, share_out_runs
+from hpc_train.launch.backends.slurm.packed import PackShape, share_out_runs
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.pack.scheduler import Scheduler

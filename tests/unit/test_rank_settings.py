@@ -46,7 +46,7 @@ READERS = {
 # logger.trackers, with logger.name, is read through hpc_train.contracts.logger_table as the trackers chosen.
 READ_THROUGH = {"logger": {"trackers"}}
 # Nodes of a section that only some of its options have, which no rank reads: launcher.pack.* (launcher=slurm only)
-# says how the login node packs a sweep's runs into allocations (hpc_train.launch.backends.packed).
+# says how the login node packs a sweep's runs into allocations (hpc_train.launch.backends.slurm.packed).
 LOGIN_ONLY = {"launcher": {"pack"}}
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from hpc_train.compute.runtime.ranks import describe_tasks, detect_ranks, tasks_per_node, world_mismatch
-from hpc_train.launch.backends.local import worker_env
+from hpc_train.launch.backends.local.processes import worker_env
 from hpc_train.processes.rank_env import PORT_BASE, PORT_SPAN, port_for_job
 
 # What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).

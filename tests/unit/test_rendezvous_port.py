@@ -1,5 +1,5 @@
 """The local launcher's rendezvous port cannot be taken between the launcher's choice and rank 0's store: the
-launcher listens on it from the start and rank 0 serves on that very socket (hpc_train.launch.backends.local,
+launcher listens on it from the start and rank 0 serves on that very socket (hpc_train.launch.backends.local.processes,
 hpc_train.compute.runtime.distributed)."""
 
 import datetime
@@ -11,7 +11,7 @@ import pytest
 
 from hpc_train.compute.runtime.distributed import handed_store
 from hpc_train.compute.runtime.ranks import RankInfo
-from hpc_train.launch.backends.local import master_listener
+from hpc_train.launch.backends.local.processes import master_listener
 from hpc_train.processes.rank_env import MASTER_FD_VARIABLE
 
 

@@ -157,7 +157,7 @@ def test_the_local_launcher_records_a_groups_failure_and_restart_before_it_start
     """The restarted group's ranks, and the live groups in the quorum it joins, read events.jsonl from then on: the
     restart on record before its processes exist, its rows come failed, restarted, rejoined (never a rejoin before the
     restart that it follows). The group's start is the launcher's own, replaced: no process starts."""
-    from hpc_train.launch.backends.local_groups import Groups
+    from hpc_train.launch.backends.local.groups import Groups
 
     node = SimpleNamespace(replica_groups=2, timeout_s=6.0, max_restarts=3)
     plan = SimpleNamespace(config=SimpleNamespace(fault_tolerance=node), layout=SimpleNamespace(world_size=2))

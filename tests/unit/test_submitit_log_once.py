@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from hpc_train.launch.backends import submitit_import
+from hpc_train.launch.backends.slurm import submitit_import
 
 
 def test_a_submitit_warning_is_printed_once(capsys):

@@ -5,7 +5,7 @@
 the task's rank in its step (``<job>_<rank>_result.pkl``, written through ``<...>.save_tmp``): every group's step has
 a task of rank 0, so the groups would all write one file through one temporary path, and the step that lost the race
 failed after training (``FileNotFoundError: No file was saved at the temporary path``). A group's return value is no
-job's outcome: the job's end is Slurm's state and the run's records (hpc_train.launch.backends.slurm_follow), so a
+job's outcome: the job's end is Slurm's state and the run's records (hpc_train.launch.backends.slurm.follow), so a
 group's task writes none. A failure raises as under submitit: its traceback in the step's ``.err`` log, its rank's
 error record in the run dir. Imports no torch itself (the callable does, once it runs).
 """

@@ -15,10 +15,10 @@ from hpc_train.config.engine import checked_view
 from hpc_train.config.launcher import LauncherKind, launcher_kind
 from hpc_train.config.view import ConfigView
 from hpc_train.launch.backends.base import Backend
-from hpc_train.launch.backends.local_backend import LocalBackend
+from hpc_train.launch.backends.local.backend import LocalBackend
 from hpc_train.launch.backends.run import run_job
-from hpc_train.launch.backends.sbatch import SbatchBackend
-from hpc_train.launch.backends.slurm_backend import SlurmBackend
+from hpc_train.launch.backends.slurm.backend import SlurmBackend
+from hpc_train.launch.backends.slurm.sbatch import SbatchBackend
 
 BACKENDS: Dict[str, Type[Backend]] = {
     "local": LocalBackend,

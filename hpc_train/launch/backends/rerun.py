@@ -8,7 +8,7 @@ CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY or was otherwise not COMPLETED, sub
 what each ran, with its parameters, again (same job number, same job dir: an hpc-train job
 resumes from its checkpoint), and appends the new attempt to ``jobs.tsv`` (a second row for the
 same job number: every reader takes the newest row of a job). The failed runs of a packed sweep go again
-together, in one new allocation (hpc_train.launch.backends.packed_rerun). No torch here: a login node runs it.
+together, in one new allocation (hpc_train.launch.backends.slurm.packed_rerun). No torch here: a login node runs it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
-from hpc_train.launch.backends.packed_rerun import rerun_packed
+from hpc_train.launch.backends.slurm.packed_rerun import rerun_packed
 from hpc_train.pack.records import is_packed_id
 from hpc_train.records import rundir
 
@@ -41,8 +41,8 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
 def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple[int, Optional[str]]:
     """Resubmit, each as it was, the jobs of `rows` (job number -> job id, overrides, layout) that did not complete."""
     # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
-    from hpc_train.launch.backends.slurm import make_executor
-    from hpc_train.launch.backends.submitit_import import submitit_module
+    from hpc_train.launch.backends.slurm.submit import make_executor
+    from hpc_train.launch.backends.slurm.submitit_import import submitit_module
 
     recorded = submissions(sweep_dir)
     if any(entry.get("local") for entry in recorded.values()):

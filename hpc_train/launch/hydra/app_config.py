@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import ConfigView
 from hpc_train.containers.settings import ContainerSettings
-from hpc_train.launch.backends.slurm_params import cluster_account, cluster_qos
+from hpc_train.launch.backends.slurm.params import cluster_account, cluster_qos
 from hpc_train.launch.hydra import cli_child
 
 

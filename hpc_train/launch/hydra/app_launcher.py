@@ -9,13 +9,13 @@ state carried to the job), its return value handed back to the sweeper. What it 
   config, so ``hydra.launcher.gpus_per_node=${model.gpus}`` gives every job its own ``--gres``;
   jobs with equal parameters go into one array, cut under MaxArraySize and throttled by
   ``array_parallelism``, through the same code as hpc-train's own sweeps
-  (:func:`hpc_train.launch.backends.slurm.submit_jobs`), with the same job table (``jobs.tsv``);
+  (:func:`hpc_train.launch.backends.slurm.submit.submit_jobs`), with the same job table (``jobs.tsv``);
 * **failed means failed**: a job whose task function raised exits non-zero (``sacct`` says
   FAILED, not COMPLETED), and the launcher counts it as failed; the exception is still handed
   back to the sweeper as Hydra's launchers do;
 * **packed sweeps**: ``hydra.launcher.pack.allocations=N`` runs the jobs as job steps of N Slurm jobs
-  (hpc_train.launch.backends.packed, as hpc-train's own ``launcher.pack``), each step running the job's pickled task
-  (hpc_train.pack.app_step); their return values come back to the sweeper as from submitit's jobs;
+  (hpc_train.launch.backends.slurm.packed, as hpc-train's own ``launcher.pack``), each step running the job's
+  pickled task (hpc_train.pack.app_step); their return values come back to the sweeper as from submitit's jobs;
 * **dry run**: ``hydra.launcher.dry_run=true`` prints what would be queued and queues nothing.
 
 Hydra itself refuses to *sweep* a ``hydra.*`` key (``hydra.launcher.gpus_per_node=1,2``: "Sweeping
@@ -42,10 +42,14 @@ from hpc_train.config.errors import ConfigError
 from hpc_train.containers.checks import check_container
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.jobs import job_table, submissions, sweep_status
-from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import slurm, slurm_follow, slurm_params, slurm_queueing, submitit_import
 from hpc_train.launch.backends.registry import app_backend
-from hpc_train.launch.backends.slurm_step import STEP_KEY
+from hpc_train.launch.backends.slurm import follow as slurm_follow
+from hpc_train.launch.backends.slurm import packed as pack
+from hpc_train.launch.backends.slurm import params as slurm_params
+from hpc_train.launch.backends.slurm import queueing as slurm_queueing
+from hpc_train.launch.backends.slurm import submit as slurm
+from hpc_train.launch.backends.slurm import submitit_import
+from hpc_train.launch.backends.slurm.step import STEP_KEY
 from hpc_train.launch.hydra import hydra_internals
 from hpc_train.launch.hydra.app_config import (
     LOCAL_KEYS,
@@ -239,10 +243,9 @@ class AppLauncher(SweepLauncherBase):
         return [handles[id(job)] for job in prepared]
 
     def _submit_packed(self, jobs: List[AppJob], shape: pack.PackShape, sweep_dir: Path) -> Optional[List[str]]:
-        """hydra.launcher.pack: the jobs shared out among a few allocations (hpc_train.launch.backends.packed), each a
-        job step
-        running its pickled task (hpc_train.pack.app_step) with the layout its own hydra.launcher node gives it;
-        the packed runs' ids (None: a dry run). Everything is checked before anything is queued."""
+        """hydra.launcher.pack: the jobs shared out among a few allocations (hpc_train.launch.backends.slurm.packed),
+        each a job step running its pickled task (hpc_train.pack.app_step) with the layout its own hydra.launcher node
+        gives it; the packed runs' ids (None: a dry run). Everything is checked before anything is queued."""
         _check_slurm_commands(jobs[0].launcher, sweep_dir)
         runs, params, requeues = [], [], []
         for job in jobs:
@@ -432,7 +435,7 @@ def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: P
 
 
 def _step(launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
-    """The job step's description (hpc_train.launch.backends.slurm_step): the app's container, checked, with the
+    """The job step's description (hpc_train.launch.backends.slurm.step): the app's container, checked, with the
     sweep dir mounted."""
     section = container_section(launcher)
     binds = [str(Path(sweep_dir).absolute())]
@@ -555,7 +558,7 @@ def _failed(overrides: List[str], error: BaseException) -> JobReturn:
 
 def _result(handle: Any, overrides: List[str], since: float, local: bool) -> JobReturn:
     """The job's JobReturn; a failed job's (its exception inside) from the file it left, else one made here. A Slurm
-    job is followed to the end of its last attempt (hpc_train.launch.backends.slurm_follow: a requeued job's first
+    job is followed to the end of its last attempt (hpc_train.launch.backends.slurm.follow: a requeued job's first
     attempt
     leaves a failed result while the job goes on)."""
     try:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import LAUNCHERS
-from hpc_train.launch.backends import torchrun_client
+from hpc_train.launch.backends.local import torchrun as torchrun_client
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.records import as_found, run_claim

@@ -31,9 +31,11 @@ from omegaconf import DictConfig, open_dict
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.jobs import job_table, submissions
-from hpc_train.launch.backends import packed as pack
-from hpc_train.launch.backends import slurm, slurm_params, slurm_queueing
-from hpc_train.launch.backends.slurm_follow import follow_job
+from hpc_train.launch.backends.slurm import packed as pack
+from hpc_train.launch.backends.slurm import params as slurm_params
+from hpc_train.launch.backends.slurm import queueing as slurm_queueing
+from hpc_train.launch.backends.slurm import submit as slurm
+from hpc_train.launch.backends.slurm.follow import follow_job
 from hpc_train.launch.hydra import forwarding, hydra_internals
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
@@ -226,8 +228,8 @@ class SweepLauncher(SweepLauncherBase):
         returns: List[Optional[JobReturn]],
         optimising: bool,
     ) -> List[JobReturn]:
-        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.backends.packed), each run a job
-        step."""
+        """launcher.pack: the runs shared out among a few allocations (hpc_train.launch.backends.slurm.packed), each
+        run a job step."""
         view = batch[0][2].view
         jobs = [job for _, job in prepared]
         plans = pack.plan_allocations(

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from hpc_train.launch.backends.slurm_step import STEP_KEY, step_python
+from hpc_train.launch.backends.slurm.step import STEP_KEY, step_python
 
 _SBATCH_KEYS = frozenset(
     "job_name nodes ntasks_per_node cpus_per_task time gres gpus_per_node partition account qos constraint mem".split()

@@ -6,8 +6,8 @@ from typing import Any, Dict, Optional
 
 from hpc_train.jobs import job_states as states
 from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
-from hpc_train.launch.backends.local import container_line, run_local
-from hpc_train.launch.backends.local_groups import run_groups
+from hpc_train.launch.backends.local.groups import run_groups
+from hpc_train.launch.backends.local.processes import container_line, run_local
 from hpc_train.launch.backends.run import report_summary
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus

@@ -12,7 +12,7 @@ from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
-from hpc_train.launch.backends.slurm_step import STEP_KEY, step_parameters
+from hpc_train.launch.backends.slurm.step import STEP_KEY, step_parameters
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.layout import JobLayout
 from hpc_train.launch.planning.plan import RunPlan

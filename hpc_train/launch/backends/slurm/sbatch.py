@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from omegaconf import DictConfig
-
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.launcher import LauncherKind, launcher_kind
+from hpc_train.config.launcher import LauncherKind
 from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
-from hpc_train.launch.backends.local_backend import LocalWatch
-from hpc_train.launch.backends.run import run_job
+from hpc_train.launch.backends.local.backend import LocalWatch
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.layout import JobLayout
 from hpc_train.launch.planning.plan import RunPlan
@@ -82,11 +78,6 @@ def check_allocation(layout: JobLayout, env: Mapping[str, str]) -> List[str]:
             f" uses {cpus}"
         )
     return warnings
-
-
-def prepare(cfg: DictConfig, run_dir: Path, env: Optional[Mapping[str, str]] = None) -> int:
-    """Validate, check the allocation and write job_config.yaml; returns the exit code."""
-    return run_job(SbatchBackend(launcher_kind(cfg.launcher.name), env), cfg, run_dir)
 
 
 class SbatchBackend(Backend):

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.launch.backends.slurm_params import check_partition, slurm_parameters, submitit_parameters, time_key
-from hpc_train.launch.backends.slurm_queueing import CtrlC, Submission, SubmissionInterrupted
-from hpc_train.launch.backends.slurm_refusals import refusal_error
-from hpc_train.launch.backends.slurm_step import step_python
-from hpc_train.launch.backends.submitit_import import submitit_module
+from hpc_train.launch.backends.slurm.params import check_partition, slurm_parameters, submitit_parameters, time_key
+from hpc_train.launch.backends.slurm.queueing import CtrlC, Submission, SubmissionInterrupted
+from hpc_train.launch.backends.slurm.refusals import refusal_error
+from hpc_train.launch.backends.slurm.step import step_python
+from hpc_train.launch.backends.slurm.submitit_import import submitit_module
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.launch.planning.sweep_limits import array_chunk

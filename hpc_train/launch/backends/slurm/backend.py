@@ -9,9 +9,11 @@ from typing import Any, Dict
 
 from hpc_train.jobs import job_states as states
 from hpc_train.jobs import submissions
-from hpc_train.launch.backends import slurm, slurm_queueing, slurm_script
 from hpc_train.launch.backends.base import Backend, JobRef, JobWatch
-from hpc_train.launch.backends.slurm_follow import follow_job
+from hpc_train.launch.backends.slurm import queueing as slurm_queueing
+from hpc_train.launch.backends.slurm import script as slurm_script
+from hpc_train.launch.backends.slurm import submit as slurm
+from hpc_train.launch.backends.slurm.follow import follow_job
 from hpc_train.launch.planning.jobspec import write_job_spec
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.launch.planning.replica_checks import say_groups

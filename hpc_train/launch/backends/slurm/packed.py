@@ -22,13 +22,13 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.view import wrap
 from hpc_train.jobs import job_table
-from hpc_train.launch.backends import slurm_queueing
 from hpc_train.launch.backends.run import report_summary
-from hpc_train.launch.backends.slurm import PreparedJob
-from hpc_train.launch.backends.slurm_params import time_minutes
-from hpc_train.launch.backends.slurm_refusals import refusal_error
-from hpc_train.launch.backends.slurm_script import sbatch_flag
-from hpc_train.launch.backends.slurm_step import STEP_KEY, container_of
+from hpc_train.launch.backends.slurm import queueing as slurm_queueing
+from hpc_train.launch.backends.slurm.params import time_minutes
+from hpc_train.launch.backends.slurm.refusals import refusal_error
+from hpc_train.launch.backends.slurm.script import sbatch_flag
+from hpc_train.launch.backends.slurm.step import STEP_KEY, container_of
+from hpc_train.launch.backends.slurm.submit import PreparedJob
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.errors import StoppedWaiting
 from hpc_train.pack import records, status
@@ -367,7 +367,7 @@ def queue(
     plans: List[Tuple[AllocationPlan, Dict[str, Any]]], sweep_dir: Path, rows: Sequence[Tuple[str, str, str]]
 ) -> Tuple[List[AllocationPlan], Dict[str, str]]:
     """Submit the allocations and list their runs in jobs.tsv, `rows` being each run's (number, overrides, layout);
-    Ctrl-C meanwhile cancels them all (hpc_train.launch.backends.slurm_queueing.Queueing). The plans submitted, and
+    Ctrl-C meanwhile cancels them all (hpc_train.launch.backends.slurm.queueing.Queueing). The plans submitted, and
     each run's packed id by its number."""
     with slurm_queueing.Queueing(len(plans)) as queueing:
         submitted = submit(plans, sweep_dir)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from hpc_train.containers.job_step import LocalContainer
-from hpc_train.launch.backends.local import (
+from hpc_train.launch.backends.local.processes import (
     GRACE_S,
     _forward_stop_signals,
     _stop,

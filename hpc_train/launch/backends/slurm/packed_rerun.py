@@ -2,7 +2,7 @@
 
 Each run goes again as its allocation's plan describes it (hpc_train.pack.records.PackedRun: run dir, layout, its
 step's command and environment), into one allocation of the same shape (nodes, GPUs, CPUs, time, signal) submitted
-as hpc_train.launch.backends.packed submits any: plan written, script rendered, sbatch. Its sbatch parameters are
+as hpc_train.launch.backends.slurm.packed submits any: plan written, script rendered, sbatch. Its sbatch parameters are
 the ones the plan of the allocation that had the first of those runs records (AllocationPlan.sbatch, the data its
 script was rendered from), but for the job name's index; the batch script itself is never read back. A plan
 written before plans recorded them (an older hpc-train's) is refused, with the fix in words, rather than guessed
@@ -64,7 +64,7 @@ def rerun_packed(sweep_dir: Path, rows: Mapping[str, job_table.JobRow]) -> Tuple
     """Pack the failed runs among `rows` (run number -> its newest jobs.tsv row, a packed id) into one new
     allocation; (how many, a refusal in words or None)."""
     # launch.pack loads the launcher's Slurm side (~0.1 s): hpc-train-report and the API import this module too
-    from hpc_train.launch.backends import packed as pack
+    from hpc_train.launch.backends.slurm import packed as pack
 
     sweep_dir = Path(sweep_dir).absolute()  # the batch script names its plan and logs wherever sbatch runs it
     numbers = failed_runs(status.packed_states(sweep_dir), list(rows))

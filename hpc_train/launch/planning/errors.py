@@ -1,6 +1,7 @@
 """The exceptions the launch side raises once a config is accepted, and how they are shown.
 
-A refused config is ``hpc_train.config.errors.ConfigError``, raised below the launch side too.
+A refused config (``ConfigError``) and a failed job (``JobFailed``) are families of ``hpc_train.errors``, raised
+below the launch side too; JobFailed is importable here as it always was.
 """
 
 from __future__ import annotations
@@ -8,22 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from hpc_train.errors import JobFailed
 from hpc_train.records.rundir import EXIT_CTRL_C
 
-
-class JobFailed(Exception):
-    """A job that started (or was queued) and did not finish.
-
-    ``exit_code`` is what the CLI exits with: the worker's code locally (3: stopped after a
-    checkpoint), 1 for a failed Slurm job. ``error`` holds the failing rank's one-line cause
-    when one is known.
-    """
-
-    def __init__(self, message: str, exit_code: int = 1, error: Optional[str] = None, reported: bool = False) -> None:
-        self.exit_code = exit_code
-        self.error = error
-        self.reported = reported  # the launcher already printed what failed and where the logs are
-        super().__init__(message)
+__all__ = ["Forwarded", "Interrupted", "JobFailed", "StoppedWaiting"]
 
 
 class Interrupted(KeyboardInterrupt):

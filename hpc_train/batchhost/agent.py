@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import List, Optional
 
 from hpc_train.containers.base import IMAGE_VARIABLE, LAUNCH_PREFIX_VARIABLE
+from hpc_train.processes.signal_relay import RELAYED, handling, relay_to
 from hpc_train.records import job_requests
 from hpc_train.records.run_claim import slurm_job_id
 from hpc_train.records.rundir import EXIT_REFUSED
 from hpc_train.slurm.requeue import requeue_job
 
-RELAYED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGCONT)
 WAIT_FOR_REQUEUE_S = 300.0  # after scontrol requeue, Slurm ends this process: do not report an exit first
 
 
@@ -67,21 +67,12 @@ def run_step(command: List[str], env: dict) -> int:
     """Start the step and pass every stop signal on until it ends; its exit status."""
     # Found with this process's PATH: the step's may be the image's (Slurm's OCI support), without srun on it.
     step = subprocess.Popen([shutil.which(command[0]) or command[0], *command[1:]], env=env)
-
-    def relay(signum: int, _frame: object) -> None:
-        if step.poll() is None:
-            step.send_signal(signum)
-
-    previous = {signum: signal.signal(signum, relay) for signum in RELAYED}
-    try:
+    with handling(RELAYED, relay_to([step])):
         while True:
             try:
                 return step.wait()
             except InterruptedError:  # a relayed signal woke the wait
                 continue
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def act(path: Path, code: int, image: str = "") -> int:

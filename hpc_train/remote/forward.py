@@ -7,17 +7,16 @@ Ctrl-C, cancels what it queued), and the local run dir's link says where to find
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
+from hpc_train.processes.signal_relay import handling
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteLink, write_link
@@ -43,7 +42,9 @@ def forward(conn: Connection, module: str, args: List[str], local: Path, remote:
     link = RemoteLink(conn.target.login, remote, conn.settings.python, list(conn.settings.setup), ident)
     write_link(local, link)  # before anything starts: a later command finds the cluster's copy whatever happens
     assert conn.cluster is not None, "open() the connection first"
-    with _ctrl_c_raises():
+    # Ctrl-C is a KeyboardInterrupt inside, even in a process started with SIGINT ignored (a background job of a
+    # script, a test runner's worker): it is the one way to stop what the cluster queues.
+    with handling([signal.SIGINT], signal.default_int_handler):
         return _forwarded(conn, module, args, local, link)
 
 
@@ -71,20 +72,6 @@ def _forwarded(conn: Connection, module: str, args: List[str], local: Path, link
     found = conn.serve_json("result", ident)
     mirror.refresh(conn, local, link)
     return Outcome(int(found.get("code", 1)), found.get("refusal"))
-
-
-@contextlib.contextmanager
-def _ctrl_c_raises() -> Iterator[None]:
-    """Ctrl-C is a KeyboardInterrupt inside, even in a process started with SIGINT ignored (a background job of a
-    script, a test runner's worker): it is the one way to stop what the cluster queues (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _follow(conn: Connection, ident: str, offset: int) -> int:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 from hpc_train.config.view import plain
 from hpc_train.containers.job_step import LocalContainer, local_container
@@ -31,6 +31,7 @@ from hpc_train.launch.planning.plan import RunPlan, count_local_gpus
 from hpc_train.processes.procfs import oom_kills
 from hpc_train.processes.rank_env import MASTER_FD_VARIABLE
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.processes.signal_relay import handling, relay_to
 from hpc_train.processes.warm_ranks import start_rank
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import LAUNCH_ID_VARIABLE, LOCAL_LAUNCHER_VARIABLE
@@ -78,7 +79,8 @@ def worker_env(rank: int, world: int, port: int, threads: int, launch_id: str = 
     return env
 
 
-def _stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+def stop(procs: List[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+    """Send `sig` to each process still running; kill those still running GRACE_S later."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(sig)
@@ -117,47 +119,57 @@ def container_line(plan: RunPlan) -> Optional[str]:
 
 def run_local(plan: RunPlan, config_path: Path, master_port: Optional[int] = None) -> int:
     """Run every task of the plan on this machine; return the job's exit code (0: all ranks succeeded)."""
-    world = plan.layout.world_size
     image = run_image(plan, stage=True)
     listener = _listener(plan, image, master_port)
     port = master_port or (listener.getsockname()[1] if listener else free_port())
-    threads = max(1, (os.cpu_count() or 1) // world)
-    run_dir = plan.run_dir
-    (run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
+    (plan.run_dir / rundir.LOGS).mkdir(parents=True, exist_ok=True)
     procs: List[subprocess.Popen] = []
-    files = []
-    module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
-    launch_id = f"{os.getpid()}-{time.time_ns()}"
-    forwarded = _forward_stop_signals(procs)
+    files: List[IO[str]] = []
     try:
-        for rank in range(world):
-            if rank == 0:
-                out = None
-            else:
-                out = open(rundir.rank_output(run_dir, rank), "w")
-                files.append(out)
-            command, env = [sys.executable, *module_args], worker_env(rank, world, port, threads, launch_id)
-            passed: Tuple[int, ...] = ()
-            if listener is not None:
-                env[MASTER_FD_VARIABLE] = str(listener.fileno())
-                passed = (listener.fileno(),) if rank == 0 else ()
-            if image is not None:  # the image's Python runs the rank (hpc_train.containers)
-                command, env = image.task(module_args, env, f"hpc-train-{os.getpid()}-{rank}")
-            procs.append(start_rank(command, env, out, passed))
-        if listener is not None:
-            listener.close()  # rank 0 holds it now
-        return _watch(procs, run_dir, started=time.time())
-    except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
-        _stop(procs, signal.SIGINT)
-        return rundir.EXIT_CTRL_C
+        with forwarding_stop_signals(procs):
+            try:
+                _start_ranks(plan, config_path, image, listener, port, procs, files)
+                return _watch(procs, plan.run_dir, started=time.time())
+            except KeyboardInterrupt:  # a Ctrl-C before the ranks started, or a third one: stop at once
+                stop(procs, signal.SIGINT)
+                return rundir.EXIT_CTRL_C
     finally:
-        for signum, previous in forwarded.items():
-            signal.signal(signum, previous)
-        _stop(procs)
+        stop(procs)
         for handle in files:
             handle.close()
         if listener is not None:
             listener.close()
+
+
+def _start_ranks(
+    plan: RunPlan,
+    config_path: Path,
+    image: Optional[LocalContainer],
+    listener: Optional[socket.socket],
+    port: int,
+    procs: List[subprocess.Popen],
+    files: List[IO[str]],
+) -> None:
+    """Start each rank into `procs` as it starts (a stop signal meanwhile reaches those started); rank 0 keeps the
+    console, the others write to their files, kept in `files`."""
+    world = plan.layout.world_size
+    threads = max(1, (os.cpu_count() or 1) // world)
+    module_args = ["-m", "hpc_train.compute.worker", str(config_path)]
+    launch_id = f"{os.getpid()}-{time.time_ns()}"
+    for rank in range(world):
+        out = None if rank == 0 else open(rundir.rank_output(plan.run_dir, rank), "w")
+        if out is not None:
+            files.append(out)
+        command, env = [sys.executable, *module_args], worker_env(rank, world, port, threads, launch_id)
+        passed: Tuple[int, ...] = ()
+        if listener is not None:
+            env[MASTER_FD_VARIABLE] = str(listener.fileno())
+            passed = (listener.fileno(),) if rank == 0 else ()
+        if image is not None:  # the image's Python runs the rank (hpc_train.containers)
+            command, env = image.task(module_args, env, f"hpc-train-{os.getpid()}-{rank}")
+        procs.append(start_rank(command, env, out, passed))
+    if listener is not None:
+        listener.close()  # rank 0 holds it now
 
 
 def _listener(plan: RunPlan, image: Optional[LocalContainer], master_port: Optional[int]) -> Optional[socket.socket]:
@@ -170,19 +182,32 @@ def _listener(plan: RunPlan, image: Optional[LocalContainer], master_port: Optio
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
+def stop_forwarder(procs: List[subprocess.Popen]) -> Callable[[int, Any], None]:
     """Stop signals sent to the launcher reach every rank: they checkpoint after the current step and stop (a second
     one stops them at once). A third SIGINT stops the launcher itself (KeyboardInterrupt), killing the ranks."""
     received: Dict[int, int] = {}
+    relay = relay_to(procs)
 
-    def forward(signum: int, frame: object) -> None:
+    def forward(signum: int, frame: Any) -> None:
         received[signum] = received.get(signum, 0) + 1
         if signum == signal.SIGINT and received[signum] > 2:
             raise KeyboardInterrupt
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
+        relay(signum, frame)
 
+    return forward
+
+
+def forwarding_stop_signals(procs: List[subprocess.Popen]) -> ContextManager[bool]:
+    """Inside, STOP_SIGNALS go to `procs` (stop_forwarder); the launcher's own handlers come back after."""
+    return handling(STOP_SIGNALS, stop_forwarder(procs))
+
+
+# local/groups.py's names until it uses stop and forwarding_stop_signals; then these two go.
+_stop = stop
+
+
+def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
+    forward = stop_forwarder(procs)
     return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
 
 
@@ -201,19 +226,19 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
         if failed:
             rank, code = failed[0]
             if code == rundir.EXIT_REFUSED:  # the rank said why in one line (on the console already)
-                _stop(procs)
+                stop(procs)
                 return code
             if code == rundir.EXIT_HUNG:  # the watchdog's verdict: print it, the ranks are leaving by themselves
                 verdict = hang.read_request(run_dir, since=started) or {}
                 print(verdict.get("message") or "hpc-train: the job hung (see logs/rank<r>.log)", file=sys.stderr)
-                _stop(procs)
+                stop(procs)
                 return code
             if code == rundir.EXIT_INTERRUPTED:  # the others stop at the same step
                 print(f"hpc-train: rank {rank} stopped (signal).", file=sys.stderr)
                 deadline = time.monotonic() + GRACE_S
                 while time.monotonic() < deadline and any(p.poll() is None for p in procs):
                     time.sleep(0.1)
-                _stop(procs)
+                stop(procs)
                 return code
             # The process that exits first is often a peer that lost its connection: name the root cause.
             first, record = root_cause(failed, read_records(run_dir, len(procs), since=started))
@@ -237,7 +262,7 @@ def _watch(procs: List[subprocess.Popen], run_dir: Path, started: float) -> int:
                     f" stopping the other ranks. Its log: {rundir.rank_log(run_dir, first)}",
                     file=sys.stderr,
                 )
-            _stop(procs)
+            stop(procs)
             return code if code > 0 else 1
         if all(code == 0 for code in codes):
             return 0

@@ -6,12 +6,12 @@ import contextlib
 import os
 import shutil
 import signal
-import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 from hpc_train.launch.planning.errors import Interrupted
+from hpc_train.processes.signal_relay import handling
 from hpc_train.records.rundir import RecordNotWritten
 from hpc_train.slurm import slurm_cli
 
@@ -144,8 +144,8 @@ class CtrlC:
 
     def __init__(self) -> None:
         self.count = 0
-        self._installed = threading.current_thread() is threading.main_thread()
-        self._previous: Any = signal.signal(signal.SIGINT, self._pressed) if self._installed else None
+        self._handling = contextlib.ExitStack()
+        self._handling.enter_context(handling([signal.SIGINT], self._pressed))
 
     def _pressed(self, signum: int, frame: Any) -> None:
         self.count += 1
@@ -157,22 +157,12 @@ class CtrlC:
             raise KeyboardInterrupt
 
     def restore(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
-            self._installed = False
+        self._handling.close()  # a second call does nothing
 
 
-@contextlib.contextmanager
-def _ctrl_c_ignored() -> Iterator[None]:
+def _ctrl_c_ignored() -> ContextManager[bool]:
     """SIGINT ignored inside (in the main thread; elsewhere Python delivers it to the main thread anyway)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return handling([signal.SIGINT], signal.SIG_IGN)
 
 
 def _stray_jobs(new_files: Sequence[Path], known: Sequence[str]) -> List[str]:

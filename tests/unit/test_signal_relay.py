@@ -1,0 +1,102 @@
+"""hpc_train.processes.signal_relay: a handler for the length of a block, the previous one back after it (nested
+blocks, an exception, a KeyboardInterrupt raised by the handler itself), nothing installed off the main thread."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from hpc_train.processes.signal_relay import handling, relay_to
+
+SIG = signal.SIGUSR1
+
+
+def _raise(signum: int, _frame: object) -> None:
+    raise LookupError(f"signal {signum} reached the handler")
+
+
+def _deliver(signum: int = SIG) -> None:
+    """Send `signum` to this process; Python runs its handler before the next line in the main thread."""
+    os.kill(os.getpid(), signum)
+
+
+@pytest.fixture
+def outside():
+    """The test's own handler for SIG, and the one before it back after the test."""
+    seen = []
+    before = signal.signal(SIG, lambda signum, _frame: seen.append(("outside", signum)))
+    yield seen
+    signal.signal(SIG, before)
+
+
+def test_nested_blocks_each_hand_back_what_they_found(outside):
+    seen = outside
+    found = signal.getsignal(SIG)
+    with handling([SIG, signal.SIGUSR2], lambda signum, _frame: seen.append(("outer", signum))) as installed:
+        assert installed
+        outer = signal.getsignal(SIG)
+        with handling([SIG], lambda signum, _frame: seen.append(("inner", signum))):
+            _deliver()
+        assert signal.getsignal(SIG) is outer
+        _deliver()
+        _deliver(signal.SIGUSR2)
+    assert signal.getsignal(SIG) is found
+    _deliver()
+    assert seen == [("inner", SIG), ("outer", SIG), ("outer", signal.SIGUSR2), ("outside", SIG)]
+
+
+def test_the_handlers_come_back_after_an_exception_even_one_the_handler_raised(outside):
+    found = signal.getsignal(SIG)
+    with pytest.raises(RuntimeError):
+        with handling([SIG], signal.SIG_IGN):
+            raise RuntimeError("the block failed")
+    assert signal.getsignal(SIG) is found
+    with pytest.raises(LookupError, match="reached the handler"):
+        with handling([SIG], _raise):
+            _deliver()
+    assert signal.getsignal(SIG) is found
+
+
+def test_off_the_main_thread_the_block_runs_and_nothing_is_installed(outside):
+    """signal.signal raises ValueError outside the main thread: the work must still be done there (the Python API in
+    a worker thread), with the process's handlers as they were."""
+    found = signal.getsignal(SIG)
+    results = []
+
+    def work() -> None:
+        try:
+            with handling([SIG, signal.SIGINT], _raise) as installed:
+                results.append(("ran", installed, signal.getsignal(SIG) is found))
+        except BaseException as error:  # what the thread would have died of
+            results.append(("failed", repr(error)))
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert results == [("ran", False, True)]
+    assert signal.getsignal(SIG) is found
+
+
+class _Child:
+    """A child process as relay_to sees it (poll, send_signal): running until told otherwise."""
+
+    def __init__(self, running: bool = True) -> None:
+        self.running, self.received = running, []
+
+    def poll(self):
+        return None if self.running else 0
+
+    def send_signal(self, signum: int) -> None:
+        self.received.append(signum)
+
+
+def test_relay_passes_the_signal_to_the_children_still_running_including_those_added_later(outside):
+    children = [_Child(), _Child(running=False)]
+    with handling([SIG], relay_to(children)):
+        children.append(_Child())
+        _deliver()
+    assert [child.received for child in children] == [[SIG], [], [SIG]]
+    assert outside == []

@@ -37,6 +37,27 @@ LAUNCHERS: Dict[str, LauncherKind] = {
         LauncherKind(
             "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="batch host", prepares_only=False
         ),
+
+
+@dataclass(frozen=True)
+class AppLauncherKind:
+    """A launcher for any Hydra app's sweeps (``hydra/launcher=<name>``): the backend its jobs run on (a name of
+    LAUNCHERS) and its class, which Hydra instantiates only from under ``hydra_plugins``."""
+
+    name: str  # its name in hydra/launcher
+    backend: str  # the launcher.name of the backend that runs its jobs
+    class_name: str  # its class in APP_PLUGIN
+
+    @property
+    def target(self) -> str:
+        """The class's dotted path, as a ``_target_`` names it."""
+        return f"{APP_PLUGIN}.{self.class_name}"
+
+
+APP_PLUGIN = "hydra_plugins.hpc_train_launcher"
+APP_SLURM = AppLauncherKind("hpc_train_slurm", "slurm", "AppSlurmLauncher")
+APP_LOCAL = AppLauncherKind("hpc_train_local", "local", "AppLocalLauncher")
+APP_LAUNCHERS: Dict[str, AppLauncherKind] = {kind.name: kind for kind in (APP_SLURM, APP_LOCAL)}
         LauncherKind(
             "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="batch host", prepares_only=True
         ),

@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from hpc_train.launch.hydra.app_config import AppLauncherConf, AppLocalLauncherConf
+from hpc_train.config.launcher import APP_LAUNCHERS
+from hpc_train.launch.hydra.app_config import APP_CONFS
 from hpc_train.launch.hydra.app_launcher import AppLauncher
 from hpc_train.launch.hydra.sweep import SweepLauncher
 
@@ -23,18 +24,14 @@ class HpcTrainLauncher(SweepLauncher):
     pass
 
 
-class AppSlurmLauncher(AppLauncher):
-    launcher_name = "hpc_train_slurm"
-
-
-class AppLocalLauncher(AppLauncher):
-    launcher_name = "hpc_train_local"
-
-
-ConfigStore.instance().store(group="hydra/launcher", name="hpc_train_slurm", node=AppLauncherConf, provider="hpc_train")
-ConfigStore.instance().store(
-    group="hydra/launcher", name="hpc_train_local", node=AppLocalLauncherConf, provider="hpc_train"
-)
+# One class per app launcher (AppSlurmLauncher, AppLocalLauncher), each named once in config.launcher.APP_LAUNCHERS.
+for _kind in APP_LAUNCHERS.values():
+    globals()[_kind.class_name] = type(
+        _kind.class_name, (AppLauncher,), {"launcher_name": _kind.name, "__module__": __name__}
+    )
+    ConfigStore.instance().store(
+        group="hydra/launcher", name=_kind.name, node=APP_CONFS[_kind.name], provider="hpc_train"
+    )
 
 
 @dataclass

@@ -6,12 +6,12 @@ import ast
 
 import pytest
 
-from hpc_train.config.launcher import LAUNCHERS
+from hpc_train.config.launcher import APP_LAUNCHERS, LAUNCHERS
 from hpc_train.launch.backends import registry
 from hpc_train.launch.backends.base import Backend, JobRef
 from tests.support.paths import SRC
 
-NAMES = set(LAUNCHERS) | set(registry.APP_LAUNCHERS)
+NAMES = set(LAUNCHERS) | set(APP_LAUNCHERS)
 # Where a launcher's name is declared (the key's values and what each is) and mapped to code: nowhere else.
 DECLARED_IN = {"hpc_train/config/launcher.py", "hpc_train/launch/backends/registry.py"}
 
@@ -62,8 +62,8 @@ def test_every_launcher_has_a_backend_of_its_kind():
     for name, kind in LAUNCHERS.items():
         backend = registry.backend_for(name)
         assert isinstance(backend, Backend) and backend.kind is kind and backend.name == name
-    for app_name, name in registry.APP_LAUNCHERS.items():
-        assert registry.app_backend(app_name).kind is LAUNCHERS[name]
+    for app_name, app in APP_LAUNCHERS.items():
+        assert registry.app_backend(app_name).kind is LAUNCHERS[app.backend]
 
 
 def test_an_unknown_launcher_is_refused_with_the_key_and_the_choices():
@@ -90,3 +90,17 @@ def test_a_packed_run_cannot_be_cancelled_alone(tmp_path):
     watch = registry.backend_for("slurm").watch(JobRef("123:4", tmp_path / "4"))
     with pytest.raises(ValueError, match="scancel 123"):
         watch.cancel()
+
+
+def test_each_app_launcher_named_once_is_the_class_hydra_instantiates():
+    """APP_LAUNCHERS is the one spelling of the app launchers: its target is a class under hydra_plugins that
+    carries its name, and Hydra's config store offers it under that name with that target."""
+    import importlib
+
+    from hydra.core.config_store import ConfigStore
+
+    for name, app in APP_LAUNCHERS.items():
+        module, _, class_name = app.target.rpartition(".")
+        assert getattr(importlib.import_module(module), class_name).launcher_name == name
+        stored = ConfigStore.instance().load(f"hydra/launcher/{name}.yaml").node
+        assert stored._target_ == app.target

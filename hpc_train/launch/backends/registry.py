@@ -1,9 +1,10 @@
 """Which backend runs a launcher's jobs: the one place where a launcher's name picks code.
 
 ``launcher.name`` (``local``, ``slurm``, ``sbatch``: declared with what each is in ``config.launcher.LAUNCHERS``)
-and the Hydra app launchers (``hydra/launcher=hpc_train_local|hpc_train_slurm``) map to a backend class here;
-nothing else compares a launcher's name (``tests/unit/test_launcher_registry.py`` holds the package to that).
-A new way of running jobs is a class on ``base.Backend``, a row in ``LAUNCHERS`` and a row here.
+and the Hydra app launchers (``hydra/launcher=hpc_train_local|hpc_train_slurm``, declared with the backend of their
+jobs in ``config.launcher.APP_LAUNCHERS``) map to a backend class here; nothing else compares a launcher's name
+(``tests/unit/test_launcher_registry.py`` holds the package to that). A new way of running jobs is a class on
+``base.Backend``, a row in ``LAUNCHERS`` and a row here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Type
 
 from hpc_train.config.engine import checked_view
-from hpc_train.config.launcher import LauncherKind, launcher_kind
+from hpc_train.config.launcher import APP_LAUNCHERS, LauncherKind, launcher_kind
 from hpc_train.config.view import ConfigView
 from hpc_train.launch.backends.base import Backend
 from hpc_train.launch.backends.local.backend import LocalBackend
@@ -25,11 +26,6 @@ BACKENDS: Dict[str, Type[Backend]] = {
     "slurm": SlurmBackend,
     "sbatch": SbatchBackend,
 }
-# The Hydra app launchers (hydra_plugins.hpc_train_launcher) -> the backend of their jobs.
-APP_LAUNCHERS: Dict[str, str] = {
-    "hpc_train_local": "local",
-    "hpc_train_slurm": "slurm",
-}
 
 
 def backend_for(name: Any) -> Backend:
@@ -40,7 +36,7 @@ def backend_for(name: Any) -> Backend:
 
 def app_backend(app_launcher: str) -> Backend:
     """The backend that runs the jobs of a Hydra app launcher (its name in ``hydra/launcher``)."""
-    return backend_for(APP_LAUNCHERS[app_launcher])
+    return backend_for(APP_LAUNCHERS[app_launcher].backend)
 
 
 def run_configured(cfg: Any, run_dir: Path, wait: bool = False) -> int:

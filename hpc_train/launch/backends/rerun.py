@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+from hpc_train.config.launcher import APP_LOCAL
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
@@ -48,7 +49,7 @@ def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple
     if any(entry.get("local") for entry in recorded.values()):
         return (
             0,
-            f"{sweep_dir} is a local sweep (hydra/launcher=hpc_train_local): only a Slurm sweep's jobs are rerun;"
+            f"{sweep_dir} is a local sweep (hydra/launcher={APP_LOCAL.name}): only a Slurm sweep's jobs are rerun;"
             " run the sweep again",
         )
     # Without Slurm's accounting, how an ended job went comes from its run dir (job_states.run_dir_state).

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from omegaconf import OmegaConf
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import APP_LOCAL, APP_SLURM
 from hpc_train.config.view import ConfigView
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.launch.backends.slurm.params import cluster_account, cluster_qos
@@ -22,7 +23,7 @@ from hpc_train.launch.hydra import cli_child
 class AppLocalLauncherConf:
     """The keys hydra-submitit-launcher's local launcher takes (same names, defaults and meaning)."""
 
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppLocalLauncher"
+    _target_: str = APP_LOCAL.target
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
     timeout_min: int = 60
     cpus_per_task: Optional[int] = None
@@ -63,7 +64,7 @@ class AppContainerConf:
 class AppLauncherConf(AppLocalLauncherConf):
     """hydra-submitit-launcher's Slurm keys, and hpc_train's ``cluster``, ``wait``, ``pack`` and ``dry_run``."""
 
-    _target_: str = "hydra_plugins.hpc_train_launcher.AppSlurmLauncher"
+    _target_: str = APP_SLURM.target
     partition: Optional[str] = None
     qos: Optional[str] = None
     comment: Optional[str] = None
@@ -90,6 +91,8 @@ class AppLauncherConf(AppLocalLauncherConf):
 
 # launcher key -> submitit SlurmExecutor parameter (the rest keep their names)
 SLURM_NAMES = {"timeout_min": "time", "tasks_per_node": "ntasks_per_node", "name": "job_name"}
+# Each app launcher's keys, by its name in hydra/launcher (hydra_plugins.hpc_train_launcher registers them).
+APP_CONFS = {APP_SLURM.name: AppLauncherConf, APP_LOCAL.name: AppLocalLauncherConf}
 _NOT_SBATCH = {"_target_", "submitit_folder", "max_num_timeout", "wait", "cluster", "pack", "dry_run", "container"}
 LOCAL_KEYS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "nodes", "mem_gb")
 

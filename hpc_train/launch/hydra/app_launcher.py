@@ -39,6 +39,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from omegaconf import DictConfig, OmegaConf
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.config.launcher import APP_LOCAL, APP_SLURM
 from hpc_train.containers.checks import check_container
 from hpc_train.containers.settings import ContainerSettings
 from hpc_train.jobs import job_table, submissions, sweep_status
@@ -76,7 +77,7 @@ class AppLauncher(SweepLauncherBase):
     """Shared by the Slurm and the local variant: ``launcher_name`` (its name in ``hydra/launcher``) picks the
     backend of its jobs in the registry; a backend that runs jobs on this machine takes submitit's local executor."""
 
-    launcher_name = "hpc_train_slurm"
+    launcher_name = APP_SLURM.name
 
     def __init__(self, **params: Any) -> None:
         super().__init__()
@@ -306,9 +307,9 @@ class AppLauncher(SweepLauncherBase):
 
 APP_WORDS = slurm.SlurmWords(  # a refusal for want of Slurm, in the app's keys
     "hydra/launcher",
-    "hydra/launcher=hpc_train_slurm",
+    f"hydra/launcher={APP_SLURM.name}",
     "hydra.launcher.dry_run=true",
-    "hydra/launcher=hpc_train_local to run the jobs here",
+    f"hydra/launcher={APP_LOCAL.name} to run the jobs here",
 )
 PACK_SIGNAL = "USR2"  # submitit's: Slurm sends it signal_delay_s before an allocation's time limit
 # What the runs of one allocation must agree on: hpc-train's list, and the app launcher's other sbatch keys of a job.

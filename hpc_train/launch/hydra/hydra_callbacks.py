@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.config.launcher import LAUNCHERS
+from hpc_train.config.launcher import APP_LAUNCHERS, LAUNCHERS
 from hpc_train.launch.backends.local import torchrun as torchrun_client
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.objective import check_objective
@@ -32,8 +32,7 @@ REFUSED_LAUNCHERS = {
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher": "submitit_slurm",
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher": "submitit_local",
     # hpc_train's own launchers for other Hydra apps (hpc_train.launch.hydra.app_launcher): the same trap
-    "hydra_plugins.hpc_train_launcher.AppSlurmLauncher": "hpc_train_slurm",
-    "hydra_plugins.hpc_train_launcher.AppLocalLauncher": "hpc_train_local",
+    **{kind.target: kind.name for kind in APP_LAUNCHERS.values()},
 }
 
 

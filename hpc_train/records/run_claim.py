@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Tuple
 
+from hpc_train.errors import RunDirRefused
 from hpc_train.processes import procfs
 from hpc_train.records import rundir
 from hpc_train.slurm import slurm_cli
@@ -121,7 +122,7 @@ def _write(run_dir: Path, claim: Claim) -> None:
         rundir.write_json_atomic(path, asdict(claim))
 
 
-class RunDirBusy(Exception):
+class RunDirBusy(RunDirRefused):
     """The run dir is claimed by a live job; the message names it, its host and the fix."""
 
     def __init__(self, run_dir: Path, claim: Claim, why: str) -> None:

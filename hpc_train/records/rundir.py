@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
 
+from hpc_train.errors import DiskFull
+
 JOB_CONFIG = "job_config.yaml"
 SUMMARY = "summary.json"
 METRICS = "metrics.jsonl"
@@ -53,8 +55,11 @@ EXIT_INTERRUPTED = (
     3  # stopped by a signal, after a checkpoint (a second signal: at once): run the same command to resume
 )
 EXIT_HUNG = 4  # the hang watchdog stopped the job: no rank advanced for trainer.hang_timeout_s (hpc_train.records.hang)
+EXIT_UNREACHABLE = 5  # the login side could not reach the cluster (hpc_train.errors.Unreachable): nothing is wrong
+# with the config; the same command may work once the connection does. No rank ever exits with it.
 EXIT_CTRL_C = 130  # 128 + SIGINT, as a shell reports Ctrl-C: a third one killed the ranks, or one stopped the queueing
-# The file into which the hpc-train command writes its refusal (EXIT_REFUSED) as data, key, problem and fix, named
+# The file into which the hpc-train command writes its refusal (EXIT_REFUSED, EXIT_UNREACHABLE) as data (its family,
+# key, problem and fix: hpc_train.launch.hydra.exits), named
 # by its caller in this variable: the Python API (hpc_train.launch.hydra.cli_child), a laptop's forwarded command
 # (hpc_train.remote.serve). The caller reads that, never the words printed for a person.
 CLI_RESULT_VARIABLE = "HPC_TRAIN_CLI_RESULT"
@@ -250,7 +255,7 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left, or the user's 
 FREE_AND_RERUN = "free space on that file system (old runs' checkpoints, quota), then run the same command again"
 
 
-class RecordNotWritten(Exception):
+class RecordNotWritten(DiskFull):
     """A run's or a sweep's record that a full disk (or a quota) kept from being written: ``str(err)`` is the one
     message (which file, what was kept, the fix); the command stops with EXIT_REFUSED, no traceback."""
 

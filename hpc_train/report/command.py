@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from hpc_train.errors import RunDirRefused
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, NO_RECORD, SlurmState, run_dir_state, slurm_job_states
 from hpc_train.jobs.sweep_status import never_running
@@ -43,8 +44,8 @@ LAYOUT_LEGEND = "layout = nodes x tasks per node x GPUs per task"
 INSTALL_HINT = "pip install 'hpc-train[report]'  (or: pip install matplotlib)"
 
 
-class ReportError(Exception):
-    pass
+class ReportError(RunDirRefused):
+    """A path hpc-train-report cannot report: not a folder, or no run in it; ``str(err)`` says what to give."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from hpc_train.errors import HpcTrainError, RunDirRefused
 from hpc_train.jobs.text_table import format_table
 from hpc_train.records.profile_traces import PHASES, STEP_PREFIX, list_traces, profile_dir, step_number, trace_of
 
@@ -53,12 +54,12 @@ HOW_TO = "trainer.profile.steps=[10,12] (and trainer.profile.ranks=all to compar
 Spans = List[Tuple[float, float]]
 
 
-class TraceError(Exception):
+class TraceError(HpcTrainError):
     """A trace that cannot be read or holds no profiled step: one line saying so."""
 
 
-class NoTraces(Exception):
-    pass
+class NoTraces(RunDirRefused):
+    """A run dir with no profiler trace to report (or no run dir at all): one line saying so and how to take one."""
 
 
 @dataclass

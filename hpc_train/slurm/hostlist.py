@@ -20,11 +20,13 @@ import itertools
 import re
 from typing import List
 
+from hpc_train.errors import HpcTrainError
+
 MAX_RANGE = 65536  # Slurm's own limit on the hosts of one range
 _NUMBERS = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
-class HostlistError(ValueError):
+class HostlistError(HpcTrainError, ValueError):
     """A Slurm node list that cannot be expanded; the message names the list and what is wrong."""
 
     def __init__(self, nodelist: str, problem: str) -> None:

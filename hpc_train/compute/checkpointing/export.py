@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from hpc_train.errors import RunDirRefused
 from hpc_train.records import rundir
 
 
-class ExportError(RuntimeError):
+class ExportError(RunDirRefused, RuntimeError):
     """Nothing to export from the given run dir; ``str(err)`` says why."""
 
 

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from hpc_train import errors
 from hpc_train.compute.runtime import faults
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.records import rundir
@@ -53,7 +54,7 @@ MAGIC = b"HPCTRAIN-CKPT"
 FORMAT = 2  # 2: loadable with weights_only=True (format 1 pickled numpy RNG states)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(errors.HpcTrainError, RuntimeError):
     """A checkpoint that cannot be used: unreadable, corrupt, or from an incompatible run."""
 
 
@@ -64,7 +65,7 @@ class CheckpointRefused(CheckpointError, Refusal):
     """
 
 
-class DiskFull(CheckpointError, Refusal):
+class DiskFull(CheckpointError, Refusal, errors.DiskFull):
     """A checkpoint could not be written for lack of space (ENOSPC/EDQUOT); the previous one stays.
 
     A :class:`Refusal` (exit code hpc_train.records.rundir.EXIT_REFUSED, one message, no traceback): the

@@ -53,6 +53,7 @@ from hpc_train.compute.settings import JobSettings, section
 from hpc_train.containers.inside import image_record
 from hpc_train.contracts import strategy_table
 from hpc_train.contracts.job_layout import JobLayout
+from hpc_train.errors import JobFailed
 from hpc_train.processes import procfs
 from hpc_train.processes.rank_env import is_torchrun_variable
 from hpc_train.processes.script_command import direct_command, torchrun_command
@@ -72,7 +73,7 @@ TAIL_LINES = 20  # lines of the script's stderr kept for the failure message
 POLL_S = 0.05  # how often the task looks for a stop request: ranks forward script.signal within this of each other
 
 
-class ScriptFailed(Exception):
+class ScriptFailed(JobFailed):
     """The script exited non-zero or was killed by a signal; the message names the rank and the cause."""
 
 

@@ -71,7 +71,7 @@ def build_strategy(setup: StrategySetup, shard: Tuple[int, int]) -> Strategy:
     strategy = strategy_class(setup.settings.identity)(setup)
     placed = (strategy.data_parallel_rank, strategy.data_parallel_size)
     if placed != tuple(shard):
-        raise RuntimeError(
+        raise AssertionError(  # hpc_train's own invariant, not the user's input: a traceback is wanted
             f"hpc_train bug: rank {setup.ranks.rank} read data shard {shard[0]} of {shard[1]} (the job's layout) but"
             f" the {strategy.name} strategy places it in shard {placed[0]} of {placed[1]}"
         )

@@ -13,6 +13,8 @@ from typing import Any, Callable, Dict, Mapping
 import torch
 import torch.nn as nn
 
+from hpc_train.errors import JobFailed
+
 
 def local_tree(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
@@ -40,7 +42,7 @@ def load_model_state(model: nn.Module, incoming: Mapping[str, torch.Tensor]) -> 
     own = model.state_dict()
     missing = sorted(set(own) - set(incoming))
     if missing:
-        raise RuntimeError(f"the live group's state lacks {missing[:3]}: the groups do not hold the same model")
+        raise JobFailed(f"the live group's state lacks {missing[:3]}: the groups do not hold the same model")
     for name, value in own.items():
         target = value.to_local() if _is_dtensor(value) else value
         target.copy_(incoming[name].to(target.device))

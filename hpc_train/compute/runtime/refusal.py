@@ -8,15 +8,15 @@ hide the message.
 
 from __future__ import annotations
 
-from hpc_train.records.rundir import RecordNotWritten
+from hpc_train.errors import DiskFull, HpcTrainError
 
 
-class Refusal(RuntimeError):
+class Refusal(HpcTrainError, RuntimeError):
     """This rank will not run; ``str(err)`` says why and what to do."""
 
     on_console = False  # set once the message went to the console (rank 0's log does), so it is not printed twice
 
 
-# What a rank reports as one line and EXIT_REFUSED: its refusals, and a record of the run that a full disk kept from
-# being written (hpc_train.records.rundir.recording).
-REFUSALS = (Refusal, RecordNotWritten)
+# What a rank reports as one line and EXIT_REFUSED: its refusals, and a record or a checkpoint that a full disk kept
+# from being written (hpc_train.records.rundir.recording, the checkpoint's own DiskFull).
+REFUSALS = (Refusal, DiskFull)

@@ -29,6 +29,7 @@ from hpc_train.compute.runtime import distributed, faults, heartbeat
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.runtime.runlog import log_to_file
 from hpc_train.compute.training.reproducible import parameter_digest
+from hpc_train.errors import JobFailed
 from hpc_train.processes.rank_env import REPLICA_RESTART_VARIABLE
 from hpc_train.records import hang, rundir
 from hpc_train.records import replicas as rows
@@ -131,7 +132,7 @@ class GroupSteps:
         deadline = time.monotonic() + START_WAIT_S
         while not all(rows.ready_file(folder, g).exists() for g in range(self.group.groups)):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the replica groups did not all start within {START_WAIT_S:.0f} s ({folder})")
+                raise JobFailed(f"the replica groups did not all start within {START_WAIT_S:.0f} s ({folder})")
             time.sleep(0.05)
 
     def finished(self) -> None:

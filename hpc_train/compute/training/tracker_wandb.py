@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.training.tracker_common import (
     LoggerSettings,
     in_run_dir,
@@ -112,7 +113,7 @@ class WandbTracker:
                 **self.init_args,
             )
         except self._wandb.errors.UsageError as err:  # no API key, most often: online mode needs `wandb login`
-            raise RuntimeError(
+            raise Refusal(
                 f"logger=wandb could not start its run ({err}): run `wandb login` in this environment, or log offline"
                 " with logger.mode=offline and upload later with `wandb sync`"
             ) from err

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple
 
+from hpc_train.errors import JobFailed
 from hpc_train.jobs import job_states
 from hpc_train.jobs.requeues import Requeues
 from hpc_train.launch.backends.run import report_summary
@@ -57,7 +58,7 @@ def say_accounting_silent() -> None:
         print(f"hpc-train: {job_states.FROM_RUN_DIRS}", flush=True)
 
 
-class NoResult(RuntimeError):
+class NoResult(JobFailed):
     """A job that ended without a result file (cancelled, killed, out of time or memory, a node lost)."""
 
 

@@ -9,8 +9,9 @@ The package is split in two halves that never mix:
   models, strategies and the training loop.
 
 The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func:`run`,
-:func:`submit`, :func:`sweep`, :class:`Job`, the errors :class:`ConfigError` and
-:class:`JobFailed`, :func:`staged_model` for in-process timing, and :func:`data_shard` for a
+:func:`submit`, :func:`sweep`, :class:`Job`, the errors (:class:`HpcTrainError` and its families
+:class:`ConfigError`, :class:`Unreachable`, :class:`JobFailed`, :class:`RunDirRefused`, :class:`DiskFull`),
+:func:`staged_model` for in-process timing, and :func:`data_shard` for a
 user's streamed dataset (which share of the stream this training process reads), and
 :func:`log_metrics` for a script of your own run by ``hpc-train ... -- train.py`` (rows of the
 run dir's metrics.jsonl). ``import hpc_train``
@@ -25,8 +26,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigError",
+    "DiskFull",
+    "HpcTrainError",
     "Job",
     "JobFailed",
+    "RunDirRefused",
+    "Unreachable",
     "compose",
     "data_shard",
     "log_metrics",
@@ -37,8 +42,23 @@ __all__ = [
     "__version__",
 ]
 
+_ERRORS = ("ConfigError", "DiskFull", "HpcTrainError", "JobFailed", "RunDirRefused", "Unreachable")
+
 if TYPE_CHECKING:
-    from hpc_train.api import ConfigError, Job, JobFailed, compose, run, staged_model, submit, sweep  # noqa: F401
+    from hpc_train.api import (  # noqa: F401
+        ConfigError,
+        DiskFull,
+        HpcTrainError,
+        Job,
+        JobFailed,
+        RunDirRefused,
+        Unreachable,
+        compose,
+        run,
+        staged_model,
+        submit,
+        sweep,
+    )
     from hpc_train.compute.data.loaders import data_shard  # noqa: F401
 
 
@@ -52,6 +72,10 @@ def __getattr__(name: str) -> Any:
         from hpc_train.records.metrics_log import log_metrics
 
         return log_metrics
+    if name in _ERRORS:  # hpc_train.errors: a module of classes only, the API not loaded for them
+        from hpc_train import errors
+
+        return getattr(errors, name)
     if name in __all__:
         from hpc_train import api  # on first use (PEP 562): the hpc-train command does not pay for the API module
 

@@ -19,12 +19,15 @@ process: it builds the config with Hydra's compose API over the search path the 
 other functions compose first as well, which raises a composition error before any process
 starts and tells them the launcher and the default run dir.
 
-Errors: bad input raises :class:`ConfigError` with the message the CLI prints (composition
-errors are translated in-process by ``hydra_errors.translate``; later ones, exit code 2 of the
-CLI, come back as data: the child writes its refusal's key, problem and fix into
-``hpc-train.result.json`` beside its output, and a rank's refusal is read from the rank's error record;
-no printed line is parsed). A job that fails raises :class:`JobFailed`, whose
-``error`` is the one-line cause left by the rank that failed first (``logs/rank<r>.error.json``).
+Errors: every one is an :class:`HpcTrainError`, of one family (hpc_train.errors). Bad input raises
+:class:`ConfigError` with the message the CLI prints (composition errors are translated in-process by
+``hydra_errors.translate``); a cluster that cannot be reached, :class:`Unreachable`; a run dir a live job
+holds, :class:`RunDirRefused`; a record a full disk kept from being written, :class:`DiskFull`. Past
+composition these come back from the CLI (its exit codes ``exits.REFUSED``) as data: the child writes its
+refusal's family and key, problem and fix into ``hpc-train.result.json`` beside its output, and a rank's
+refusal is read from the rank's error record; no printed line is parsed. A job that fails raises
+:class:`JobFailed`, whose ``error`` is the one-line cause left by the rank that failed first
+(``logs/rank<r>.error.json``), ``run_dir`` and ``logs`` where its records and logs are.
 
 Run dirs: without ``run_dir`` (or a ``hydra.run.dir=`` override) a job gets the CLI's default,
 ``outputs/<date>/<time>`` under the current directory, made unique with a ``-1``, ``-2``...
@@ -54,9 +57,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train.config import default_of
-from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import DEFAULT_LAUNCHER, launcher_kind
 from hpc_train.config.strategy import micro_batches
+from hpc_train.errors import (
+    ConfigError,
+    DiskFull,
+    HpcTrainError,
+    JobFailed,
+    RunDirRefused,
+    Unreachable,
+)
 from hpc_train.jobs import job_states as states
 from hpc_train.jobs import job_table
 from hpc_train.jobs.job_states import ENDED
@@ -67,7 +77,7 @@ from hpc_train.launch.backends.remote_watch import RemoteWatch
 from hpc_train.launch.backends.slurm.follow import Follower
 from hpc_train.launch.hydra import cli_child as child
 from hpc_train.launch.hydra.cli_child import OUTPUT_NAME, PathLike
-from hpc_train.launch.planning.errors import JobFailed
+from hpc_train.launch.hydra.exits import REFUSED  # the CLI's exit codes of a refusal: nothing ran
 from hpc_train.pack.records import is_packed_id
 from hpc_train.pack.status import SharedPackedStates
 from hpc_train.records import rundir
@@ -76,10 +86,22 @@ from hpc_train.remote.settings import read_link
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-EXIT_BAD_INPUT = rundir.EXIT_REFUSED  # the CLI's exit code for bad input: nothing ran
 UNKNOWN_GRACE_S = 60.0  # a Slurm job neither squeue nor sacct knows for this long is gone
 
-__all__ = ["ConfigError", "Job", "JobFailed", "compose", "run", "staged_model", "submit", "sweep"]
+__all__ = [
+    "ConfigError",
+    "DiskFull",
+    "HpcTrainError",
+    "Job",
+    "JobFailed",
+    "RunDirRefused",
+    "Unreachable",
+    "compose",
+    "run",
+    "staged_model",
+    "submit",
+    "sweep",
+]
 
 
 # -- composing --------------------------------------------------------------------------------
@@ -204,6 +226,7 @@ class Job:
                 raise JobFailed(
                     f"Slurm job {self.job_id}: {ending.detail}, and it left no summary in {self.run_dir}",
                     error=self._error(),
+                    **self._records(),
                 )
             return ending.state
         state = self._last_state = self.state()
@@ -217,6 +240,7 @@ class Job:
             raise JobFailed(
                 f"job {self.job_id}: nothing says it is running any more, and it left no summary in {self.run_dir}",
                 error=self._error(),
+                **self._records(),
             )
         return None
 
@@ -234,7 +258,7 @@ class Job:
             if own_command:  # a dry run, or a plain sbatch script's step: nothing trained
                 return {}
         code = self._watch.exit_code()
-        if own_command and code == EXIT_BAD_INPUT and self._output is not None:
+        if own_command and code in REFUSED and self._output is not None:
             raise child.bad_input(self._output, self.run_dir, self._started)
         rank, error = states.rank_error(self.run_dir, self._started)
         cause = f": rank {rank} failed first ({error})" if error else ""
@@ -250,7 +274,12 @@ class Job:
             f"job {self.job_id} {state}{cause}{where}{printed}",
             exit_code=code if code not in (None, 0) else 1,
             error=error,
+            **self._records(),
         )
+
+    def _records(self) -> Dict[str, Path]:
+        """What a JobFailed of this job carries: its run dir (its records) and the folder of its logs."""
+        return {"run_dir": self.run_dir, "logs": self.run_dir / rundir.LOGS}
 
     def _error(self) -> Optional[str]:
         return states.rank_error(self.run_dir, self._started)[1]
@@ -283,7 +312,7 @@ def run(
     started = time.time()
     with own.output(bool(cfg.dry_run)) as output:  # a dry run's: nothing behind, nothing of an earlier run touched
         code, out, _ = child.foreground(child.cli_command(overrides, config_dir) + extra, output, echo=not quiet)
-        if code == EXIT_BAD_INPUT:
+        if code in REFUSED:
             raise own.refused(child.bad_input(output, target, started))
     if (
         code == 0 and cfg.dry_run
@@ -306,6 +335,8 @@ def run(
         f"{what} in {target} failed{cause}; see {target / 'logs'} and {target / OUTPUT_NAME}",
         exit_code=code or 1,
         error=error,
+        run_dir=target,
+        logs=target / rundir.LOGS,
     )
 
 
@@ -343,7 +374,7 @@ def _start(
     target, printed = own.path, own.path / OUTPUT_NAME  # `output` is there once the call was not refused
     if launcher_kind(launcher).submits:
         code, _, _ = child.foreground(command + ["launcher.wait=false"], output, echo=False)
-        if code == EXIT_BAD_INPUT:
+        if code in REFUSED:
             raise own.refused(child.bad_input(output))
         submitted = newest_submission(target)
         if code != 0 or submitted is None:
@@ -351,7 +382,7 @@ def _start(
         return Job(str(submitted["job_id"]), target, launcher, overrides, output=printed, started=started)
     process = child.background(command, output)
     child.wait_for_start(process, [target / rundir.JOB_CONFIG], started)
-    if process.poll() == EXIT_BAD_INPUT:
+    if process.poll() in REFUSED:
         raise own.refused(child.bad_input(output, target, started))
     return Job(f"local-{process.pid}", target, launcher, overrides, process=process, output=printed, started=started)
 
@@ -398,7 +429,7 @@ def _dry_sweep(command: List[str], own: child.OwnDir) -> List[Job]:
     """A sweep's dry run, in the foreground: what it prints shown here, nothing left behind; no jobs."""
     with own.output(dry_run=True) as output:
         code, _, _ = child.foreground(command, output, echo=True)
-        if code == EXIT_BAD_INPUT:
+        if code in REFUSED:
             raise child.bad_input(output)
     if code != 0:
         raise JobFailed(
@@ -414,7 +445,7 @@ def _queued_sweep(command: List[str], own: child.OwnDir, launcher: str) -> List[
     started = time.time()
     known = job_table.read(target)
     code, _, _ = child.foreground(command, output, echo=False)
-    if code == EXIT_BAD_INPUT:
+    if code in REFUSED:
         raise own.refused(child.bad_input(output))
     rows = job_table.read(target)[len(known) :]
     if code != 0 and not rows:
@@ -450,7 +481,7 @@ def _local_sweep(command: List[str], own: child.OwnDir, launcher: str, jobs: Opt
     else:
         numbers = list(range(len(jobs)))
         child.wait_for_start(process, [target / "0" / ".hydra" / "overrides.yaml"], started)
-    if process.poll() == EXIT_BAD_INPUT and not any((target / str(n) / ".hydra").exists() for n in numbers):
+    if process.poll() in REFUSED and not any((target / str(n) / ".hydra").exists() for n in numbers):
         raise own.refused(child.bad_input(output))
     return [
         Job(

@@ -35,33 +35,33 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import checked_view, whole_mappings  # noqa: E402
-from hpc_train.config.errors import ConfigError  # noqa: E402
+from hpc_train.errors import HpcTrainError, JobFailed  # noqa: E402
 from hpc_train.launch.backends.local import torchrun as torchrun_client  # noqa: E402
 from hpc_train.launch.backends.local.torchrun import rank_argv  # noqa: E402
 from hpc_train.launch.backends.registry import run_configured  # noqa: E402
-from hpc_train.launch.hydra import forwarding  # noqa: E402
+from hpc_train.launch.hydra import exits, forwarding  # noqa: E402
 from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
 from hpc_train.launch.hydra.hydra_callbacks import Refused, tidy_run_dir  # noqa: E402
 from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
 from hpc_train.launch.planning import objective  # noqa: E402
-from hpc_train.launch.planning.errors import Forwarded, Interrupted, JobFailed  # noqa: E402
+from hpc_train.launch.planning.errors import Forwarded, Interrupted  # noqa: E402
 from hpc_train.launch.planning.jobspec import build_job_spec  # noqa: E402
 from hpc_train.launch.planning.plan import make_plan  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
-from hpc_train.records.rundir import EXIT_CTRL_C, RecordNotWritten  # noqa: E402
+from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
 from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
 
 
 def _task(cfg: DictConfig) -> Optional[float]:
     """Hydra's task function: run or submit one job; returns its objective when a sweeper optimises.
 
-    In a sweep, bad input and failed jobs are raised, so Hydra marks that job FAILED and the
+    In a sweep, hpc_train's errors (bad input, a failed job, ...) are raised, so Hydra marks that job FAILED and the
     sweeper decides (Optuna's max_failure_rate); a single run prints the message and exits.
     """
     hydra_cfg = HydraConfig.get()
     try:
         return _run_one(cfg, Path(hydra_cfg.runtime.output_dir), objective.sweeper_wants_objective(hydra_cfg))
-    except (ConfigError, JobFailed) as err:
+    except HpcTrainError as err:
         if str(getattr(hydra_cfg.mode, "name", hydra_cfg.mode)) == "MULTIRUN":
             raise
         _fail(err, user_wants_traceback=False)
@@ -86,7 +86,11 @@ def _run_one(cfg: DictConfig, run_dir: Path, wants_objective: bool) -> Optional[
         raise translated from None
     if code != 0:
         raise JobFailed(
-            f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}", exit_code=code, reported=True
+            f"the job in {run_dir} failed (exit code {code}); see {run_dir / 'logs'}",
+            exit_code=code,
+            reported=True,
+            run_dir=run_dir,
+            logs=run_dir / "logs",
         )
     return objective.read_objective(run_dir, str(cfg.objective)) if wants_objective and not cfg.dry_run else None
 
@@ -102,26 +106,16 @@ def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def _exit_forwarded(forwarded: Forwarded) -> NoReturn:
-    """The cluster's hpc-train ran the command and printed its words: its exit code, its refusal as data."""
-    refusal = forwarded.refusal or {}
-    if "problem" in refusal:  # a ConfigError on the cluster: the same one here
-        write_result(ConfigError(refusal["key"], refusal["problem"], refusal["fix"]))
-    elif refusal:  # a refusal in words (a run dir a live job holds, Hydra's own)
-        write_result(CliWords(str(refusal.get("words", "")), str(refusal.get("key", ""))))
+    """The cluster's hpc-train ran the command and printed its words: its exit code, its refusal as data (the same
+    family here: exits.from_data)."""
+    if forwarded.refusal:
+        write_result(exits.from_data(forwarded.refusal))
     sys.exit(forwarded.exit_code)
 
 
 def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
-    if isinstance(err, JobFailed):
-        if not err.reported:
-            print(f"hpc-train: {err}", file=sys.stderr)
-        if err.exit_code == EXIT_BAD_INPUT:  # refused (a run dir a live job holds): as data for the Python API
-            write_result(CliWords(f"hpc-train: {err}"))
-        sys.exit(err.exit_code)
-    if isinstance(err, RecordNotWritten):  # a full disk under a run's or a sweep's record: one message
-        print(f"hpc-train: {err}", file=sys.stderr)
-        write_result(CliWords(f"hpc-train: {err}"))
-        sys.exit(EXIT_BAD_INPUT)
+    if exits.family_of(err) is not None:  # one of hpc_train.errors' families: its one message and exit code
+        _end_on(err)  # type: ignore[arg-type]
     translated = translate(err, sys.argv[1:])
     if translated is not None:
         print(translated.message, file=sys.stderr)
@@ -136,6 +130,16 @@ def _fail(err: BaseException, user_wants_traceback: bool) -> NoReturn:
         sys.exit(EXIT_BAD_INPUT)
     traceback.print_exception(type(err), err, err.__traceback__)
     sys.exit(1)
+
+
+def _end_on(err: HpcTrainError) -> NoReturn:
+    """The command's end on a family of hpc_train.errors (hpc_train.launch.hydra.exits): its one message (a failed job
+    the launcher reported already says nothing more), a refusal as data for whoever started the command, its code."""
+    if not (isinstance(err, JobFailed) and err.reported):
+        print(exits.one_message(err), file=sys.stderr)
+    if isinstance(err, exits.REFUSALS):
+        write_result(err)
+    sys.exit(exits.exit_code(err))
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Dict, Union
 from omegaconf import DictConfig
 
 from hpc_train.config.view import ConfigView
-from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.processes.script_command import is_script_job, script_args
@@ -41,10 +40,7 @@ def run_job(backend: "Backend", cfg: Union[DictConfig, ConfigView], run_dir: Pat
 def claim_run_dir(run_dir: Path) -> str:
     """Claim the run dir for this launch (its token, which the job spec carries to every attempt's rank 0)."""
     token = run_claim.new_token()
-    try:
-        taken_over = run_claim.acquire(run_dir, token)
-    except run_claim.RunDirBusy as busy:
-        raise JobFailed(str(busy), exit_code=rundir.EXIT_REFUSED) from None
+    taken_over = run_claim.acquire(run_dir, token)  # RunDirBusy (a RunDirRefused) while a live job holds it
     if taken_over:
         print(f"hpc-train: {taken_over}", flush=True)
     return token

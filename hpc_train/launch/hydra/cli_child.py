@@ -3,7 +3,8 @@
 ``hpc_train.api`` shows the calls users make; this module holds how they are carried out:
 Hydra initialised as the CLI initialises it (for ``compose``), the command line, the child's
 output pumped to a file (and the terminal), waiting for a job to start, turning the CLI's
-exit-code-2 message back into a ConfigError, and reading a sweep's ``jobs.tsv``.
+refusal (exit code 2, or 5: the cluster unreachable) back into its family of hpc_train.errors (``exits``), and
+reading a sweep's ``jobs.tsv``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import yaml
 
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
+from hpc_train.errors import HpcTrainError
 from hpc_train.jobs.job_states import rank_error
-from hpc_train.launch.hydra import hydra_internals
+from hpc_train.launch.hydra import exits, hydra_internals
+from hpc_train.launch.hydra.exits import CliWords
 from hpc_train.records import as_found, rundir
 from hpc_train.records.rank_errors import refusal_words
 
@@ -120,20 +123,6 @@ def as_config_error(err: BaseException) -> BaseException:
     return err
 
 
-class CliWords(ConfigError):
-    """Bad input reported in words of its own (Hydra's, a busy run dir, a rank's refusal): the message is that text.
-
-    ``key``: the config key it is about, where the words come with one (a rank's refusal names none)."""
-
-    def __init__(self, text: str, key: str = "") -> None:
-        self._text = text.strip()
-        super().__init__(key, self._text, "")
-
-    @property
-    def message(self) -> str:
-        return self._text
-
-
 def checked(overrides: Sequence[str]) -> List[str]:
     if isinstance(overrides, (str, bytes)):
         raise TypeError(f"overrides must be a list of 'key=value' strings, not one string: [{overrides!r}]")
@@ -214,11 +203,11 @@ class OwnDir:
     def _found_dir_output(self) -> Iterator[Path]:
         """In a dir that was there (a finished run's), the call's output and refusal go to a hidden folder of the
         call's own in it; once the call is not refused, its output replaces ``<dir>/hpc-train.out`` (the same file:
-        a background job's output goes on in it), and a refusal (ConfigError) leaves the dir's files as they were."""
+        a background job's output goes on in it), and a refusal (exits.REFUSALS) leaves the dir's files as they were."""
         folder = Path(tempfile.mkdtemp(prefix=".hpc-train-call-", dir=self.path))
         try:
             yield folder / OUTPUT_NAME
-        except ConfigError:
+        except exits.REFUSALS:
             raise
         except BaseException:
             _move(folder / OUTPUT_NAME, self.path / OUTPUT_NAME)
@@ -228,8 +217,8 @@ class OwnDir:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def refused(self, error: ConfigError) -> ConfigError:
-        """`error`, after the CLI refused the call (exit code 2) with it as data: the dir this call made is removed
+    def refused(self, error: HpcTrainError) -> HpcTrainError:
+        """`error`, after the CLI refused the call (exits.REFUSED) with it as data: the dir this call made is removed
         when nothing but the call's output, the refusal and Hydra's own files is in it (the error says what was
         printed); a dir with more (a rank's logs), or one that was there, stays."""
         names = {p.name for p in self.path.iterdir()} if self.path.is_dir() else set()
@@ -264,16 +253,11 @@ def pump_output(source: IO[bytes], sinks: List[IO[str]], keep: List[str]) -> Non
 
 
 def write_result(error: BaseException) -> None:
-    """The child CLI's side: its refusal (exit code 2) as data, into the file the API named (nothing otherwise)."""
+    """The child CLI's side: its refusal (exits.REFUSED) as data, into the file the API named (nothing otherwise)."""
     path = os.environ.get(rundir.CLI_RESULT_VARIABLE)
     if not path:
         return
-    if isinstance(error, CliWords):
-        data: Dict[str, str] = {"key": error.key, "words": error.message}
-    elif isinstance(error, ConfigError):
-        data = {"key": error.key, "problem": error.problem, "fix": error.fix}
-    else:
-        data = {"key": "", "words": str(error)}
+    data = exits.as_data(error)
     tmp = Path(path + ".tmp")
     try:
         tmp.write_text(json.dumps(data))
@@ -337,17 +321,16 @@ def background(command: List[str], output: Path) -> subprocess.Popen:
         )
 
 
-def bad_input(output: Path, run_dir: Optional[Path] = None, since: float = 0.0) -> ConfigError:
-    """The ConfigError of a CLI that exited with code 2 (bad input), from the refusal it wrote as data beside its
-    output `output` (``write_result``), else from a rank's refusal record in `run_dir`; never from printed words."""
+def bad_input(output: Path, run_dir: Optional[Path] = None, since: float = 0.0) -> HpcTrainError:
+    """The error of a CLI that refused (exits.REFUSED), of its family (a ConfigError for bad input), from the refusal
+    it wrote as data beside its output `output` (``write_result``), else from a rank's refusal record in `run_dir`;
+    never from printed words."""
     try:
         data = json.loads(result_path(output).read_text())
     except (OSError, ValueError):
         data = None
-    if isinstance(data, dict) and "problem" in data:
-        return ConfigError(str(data["key"]), str(data["problem"]), str(data["fix"]))
-    if isinstance(data, dict) and "words" in data:
-        return CliWords(str(data["words"]), key=str(data.get("key") or ""))
+    if isinstance(data, dict) and ("problem" in data or "words" in data):
+        return exits.from_data(data)
     if run_dir is not None:
         refused = refusal_words(rank_error(run_dir, since)[1])
         if refused:  # a rank refused: what it printed

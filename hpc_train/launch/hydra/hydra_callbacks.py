@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import APP_LAUNCHERS, LAUNCHERS
+from hpc_train.errors import HpcTrainError
 from hpc_train.launch.backends.local import torchrun as torchrun_client
-from hpc_train.launch.planning.errors import JobFailed
+from hpc_train.launch.hydra import exits
 from hpc_train.launch.planning.objective import check_objective
 from hpc_train.records import as_found, run_claim
-from hpc_train.records.rundir import EXIT_REFUSED
 
 # Launchers that would wrap hpc-train's own launcher in one more Slurm job of a fixed shape.
 REFUSED_LAUNCHERS = {
@@ -37,13 +37,13 @@ REFUSED_LAUNCHERS = {
 
 
 class Refused(BaseException):
-    """A ConfigError (or a launch refused as JobFailed) raised from a callback.
+    """A ConfigError (or a run dir refused: RunDirBusy) raised from a callback.
 
     Hydra turns an Exception raised in a callback into a warning and carries on; a
     BaseException passes through to hpc_train.cli.main, which prints the error.
     """
 
-    def __init__(self, error: Union[ConfigError, JobFailed]) -> None:
+    def __init__(self, error: HpcTrainError) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -111,7 +111,7 @@ class LaunchGuard(Callback):
             try:
                 run_claim.check_free(run_dir)
             except run_claim.RunDirBusy as busy:
-                raise Refused(JobFailed(str(busy), exit_code=EXIT_REFUSED)) from None
+                raise Refused(busy) from None
         _find_run_dir(config, run_dir)  # after the check: a live run's files are never read as found and put back
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -172,14 +172,15 @@ def _mkdir(path: Path) -> Path:
 
 def tidy_run_dir(exit_code: object) -> None:
     """After the command: the run dir it made is removed again when the command was a dry run, or was refused (exit
-    code 2) before anything but Hydra's own files was written there; so is the dated folder made for it, if empty.
+    code 2, or 5: exits.REFUSED) before anything but Hydra's own files was written there; so is the dated folder
+    made for it, if empty.
     A refused command's Hydra files in a run dir that was there are put back as they were found."""
-    if _FOUND is not None and exit_code == EXIT_REFUSED:
+    if _FOUND is not None and exit_code in exits.REFUSED:
         _FOUND.put_back()
     made = _MADE
     if made is None or not made.path.is_dir():
         return
-    refused = exit_code == EXIT_REFUSED and {p.name for p in made.path.iterdir()} <= made.hydra_files
+    refused = exit_code in exits.REFUSED and {p.name for p in made.path.iterdir()} <= made.hydra_files
     if not (made.dry_run or refused):
         return
     as_found.remove_made(made.path, made.top)

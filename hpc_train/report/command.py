@@ -359,6 +359,23 @@ def _gib(count: Optional[int]) -> str:
 
 # -- the command -----------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    link = remote_report.link_of(args.path)  # a laptop's copy of a cluster's run dir: its records brought up to date
+    if link is not None and args.rerun_failed:
+        return remote_report.rerun_on_cluster(args.path, link)
+    refresh = remote_report.prepare(args.path, link, args.fetch) if link is not None else None
+    if args.profile:  # per profiled rank: top operators, where the steps' time went, the slowest rank
+        return profile_report.main(args.path, args.json, remote=link is not None)
+    if args.rerun_failed:
+        return _rerun_failed(args.path)
+    if args.watch:
+        return _watch(args.path, args.every, refresh)
+    if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
+        return _app_report(args.path, args.json)
+    return _report(args.path, args.json, None if args.no_png else (args.png or (args.path / PNG_NAME)))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hpc-train-report",
         description=(
@@ -392,80 +409,88 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="a run dir of a cluster's job, from a laptop: copy all of it here (checkpoints, event files) first",
     )
     parser.add_argument("--profile", action="store_true", help="summarise the run's torch.profiler traces (profile/)")
-    args = parser.parse_args(argv)
-    link = remote_report.link_of(args.path)  # a laptop's copy of a cluster's run dir: its records brought up to date
-    if link is not None and args.rerun_failed:
-        return remote_report.rerun_on_cluster(args.path, link)
-    refresh = remote_report.prepare(args.path, link, args.fetch) if link is not None else None
-    if args.profile:  # per profiled rank: top operators, where the steps' time went, the slowest rank
-        return profile_report.main(args.path, args.json, remote=link is not None)
-    if args.rerun_failed:
-        count, refusal = rerun_failed(args.path)
-        if refusal:
-            print(f"hpc-train-report: {refusal}", file=sys.stderr)
-            return 2
-        print(f"hpc-train-report: {count} job(s) resubmitted" + ("" if count else ": none failed"))
-        return 0
-    if args.watch:
-        if not args.path.is_dir():
-            print(
-                f"hpc-train-report: {args.path} is not a folder: give a sweep dir (multirun/DATE/TIME).",
-                file=sys.stderr,
-            )
-            return 2
-        return watch(args.path, args.every or REFRESH_S, refresh=refresh)
+    return parser
 
-    if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
-        found = app_report.rows(args.path)
-        print(json.dumps(found, indent=2) if args.json else app_report.render(args.path, found))
-        return 0 if all(r["state"] == "COMPLETED" for r in found) else 1
+
+def _rerun_failed(path: Path) -> int:
+    count, refusal = rerun_failed(path)
+    if refusal:
+        print(f"hpc-train-report: {refusal}", file=sys.stderr)
+        return 2
+    print(f"hpc-train-report: {count} job(s) resubmitted" + ("" if count else ": none failed"))
+    return 0
+
+
+def _watch(path: Path, every: Optional[float], refresh: Any) -> int:
+    if not path.is_dir():
+        print(f"hpc-train-report: {path} is not a folder: give a sweep dir (multirun/DATE/TIME).", file=sys.stderr)
+        return 2
+    return watch(path, every or REFRESH_S, refresh=refresh)
+
+
+def _app_report(path: Path, as_json: bool) -> int:
+    found = app_report.rows(path)
+    print(json.dumps(found, indent=2) if as_json else app_report.render(path, found))
+    return 0 if all(r["state"] == "COMPLETED" for r in found) else 1
+
+
+def _report(path: Path, as_json: bool, png: Optional[Path]) -> int:
+    """The table (or the rows as JSON) of a run or a sweep, then its plot (`png` None: none)."""
     try:
-        kind, jobs = collect(args.path)
+        kind, jobs = collect(path)
     except ReportError as err:
-        why = never_running(args.path) if args.path.is_dir() else None  # refused before any job folder was made
+        why = never_running(path) if path.is_dir() else None  # refused before any job folder was made
         print(f"hpc-train-report: {why or err}", file=sys.stderr)
         return 1 if why else 2
     apply_slurm_states(jobs)
-    if args.json:
+    if as_json:
         print(json.dumps([asdict(job) for job in jobs], indent=2))
     else:
-        common, _ = split_overrides(jobs)
-        what = f"sweep of {len(jobs)} job{'s' if len(jobs) != 1 else ''}" if kind == "sweep" else "run"
-        print(f"hpc-train-report: {args.path} ({what})")
-        if common:
-            print(f"overrides shared by every job: {' '.join(common)}")
-        print(format_table(*table_rows(jobs), right=NUMERIC_COLUMNS))
-        print(
-            f"({LAYOUT_LEGEND}; samples/s after the warm-up steps, evaluation excluded; train loss of the last logged"
-            " step)"
-        )
-        print(f"states: {state_counts(jobs)}")
-        if kind == "run" and jobs[0].performance:
-            print(performance.report_lines(jobs[0].performance))
-        if kind == "run" and jobs[0].replicas:
-            print(jobs[0].replicas)
-        for image in sorted({job.image for job in jobs if job.image}):
-            print(f"image: {image} ({sum(job.image == image for job in jobs)} of {len(jobs)} jobs)")
-        if any(job.state_from_run_dir for job in jobs):
-            print(f"({FROM_RUN_DIRS})")
-        for line in failure_lines(jobs):
-            print(line)
-    why = never_running(args.path) if kind == "sweep" else None
-    status = 1 if why else 0  # a sweep that will never run is not a success, whatever its table shows
+        _print_table(path, kind, jobs)
+    why = never_running(path) if kind == "sweep" else None
     if why:
         print(f"hpc-train-report: {why}", file=sys.stderr)
-    if args.no_png:
+    status = 1 if why else 0  # a sweep that will never run is not a success, whatever its table shows
+    if png is None:
         return status
+    return _plot(jobs, path, png, as_json) or status
+
+
+def _print_table(path: Path, kind: str, jobs: List[JobReport]) -> None:
+    """The table of the jobs, the shared overrides above it, the states, images and failures below it."""
+    common, _ = split_overrides(jobs)
+    what = f"sweep of {len(jobs)} job{'s' if len(jobs) != 1 else ''}" if kind == "sweep" else "run"
+    print(f"hpc-train-report: {path} ({what})")
+    if common:
+        print(f"overrides shared by every job: {' '.join(common)}")
+    print(format_table(*table_rows(jobs), right=NUMERIC_COLUMNS))
+    print(
+        f"({LAYOUT_LEGEND}; samples/s after the warm-up steps, evaluation excluded; train loss of the last logged step)"
+    )
+    print(f"states: {state_counts(jobs)}")
+    if kind == "run" and jobs[0].performance:
+        print(performance.report_lines(jobs[0].performance))
+    if kind == "run" and jobs[0].replicas:
+        print(jobs[0].replicas)
+    for image in sorted({job.image for job in jobs if job.image}):
+        print(f"image: {image} ({sum(job.image == image for job in jobs)} of {len(jobs)} jobs)")
+    if any(job.state_from_run_dir for job in jobs):
+        print(f"({FROM_RUN_DIRS})")
+    for line in failure_lines(jobs):
+        print(line)
+
+
+def _plot(jobs: List[JobReport], path: Path, png: Path, as_json: bool) -> int:
+    """Write the PNG, or say why not; 0, or the exit code of a record that could not be written."""
     if len(jobs) > PNG_MAX_JOBS:
         print(
             f"hpc-train-report: no plot: {len(jobs):,} jobs are more bars than a chart can show (at most"
             f" {PNG_MAX_JOBS}); use --json for the numbers.",
             file=sys.stderr,
         )
-        return status
-    png = args.png or (args.path / PNG_NAME)
+        return 0
     try:
-        write_png(jobs, *split_overrides(jobs), str(args.path), png)
+        write_png(jobs, *split_overrides(jobs), str(path), png)
     except ModuleNotFoundError as err:
         if not (err.name or "").startswith("matplotlib"):
             raise
@@ -473,12 +498,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"hpc-train-report: no plot written: matplotlib is not installed. Get it with: {INSTALL_HINT}",
             file=sys.stderr,
         )
-        return status
+        return 0
     except rundir.RecordNotWritten as full:
         print(f"hpc-train-report: no plot written: {full}", file=sys.stderr)
         return rundir.EXIT_REFUSED
-    print(f"hpc-train-report: plot written to {png}", file=sys.stderr if args.json else sys.stdout)
-    return status
+    print(f"hpc-train-report: plot written to {png}", file=sys.stderr if as_json else sys.stdout)
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import sys
 from typing import List, Optional
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.hosts.ssh import SshError, SshTarget
-from hpc_train.remote.connection import Connection, refusal
+from hpc_train.errors import Unreachable
+from hpc_train.hosts.ssh import SshTarget
+from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import CONNECT_COMMAND, RemoteSettings
 
 DEFAULT_HOURS = 12.0  # a working day: the connection closes itself after this long without a command
@@ -62,13 +63,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             state = ("closed" if args.close else "open") if alive else "not open"
             print(f"{CONNECT_COMMAND}: the connection to {settings.login} is {state}")
             return 0 if alive or args.close else 1
-        if not target.master_alive():
-            try:
-                target.open_master(interactive=sys.stdin.isatty(), persist=f"{int(args.hours * 60)}m")
-            except SshError as err:
-                raise refusal(settings, err) from None
-        cluster = Connection(settings).open()
-    except ConfigError as err:
+        conn = Connection(settings)
+        conn.host.open(interactive=sys.stdin.isatty(), persist=f"{int(args.hours * 60)}m")
+        cluster = conn.open()
+    except (ConfigError, Unreachable) as err:
         print(err.message, file=sys.stderr)
         return 2
     print(

@@ -10,7 +10,8 @@ the cluster as Ctrl-C (and a master outlives the command that opened it). Every 
 with ``BatchMode=yes`` (never a prompt from a notebook or a background process) and ``StrictHostKeyChecking=yes``
 (an unknown host key is refused, whatever the user's config says; only the interactive ``open_master`` asks, in the
 terminal). ssh's own failures (exit status 255) become an :class:`SshError` whose ``kind`` says which: the host
-key, the authentication, the host unreachable, the connection dropped.
+key, the authentication, the host unreachable, the connection dropped; ``unreachable`` says each as hpc_train's
+refusal (``hpc_train.errors.Unreachable``) with the one thing to do.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from hpc_train.errors import Unreachable
+
 SSH_FAILED = 255  # ssh's exit status for its own failure (the remote command's status otherwise)
 CONNECT_TIMEOUT_S = 20
 AUTO_PERSIST = "15m"  # a master opened by a command without a terminal outlives it this long when idle
 SOCKET_DIR = Path("~/.cache/hpc_train/ssh")  # control sockets, mode 0700 (a socket path must stay under ~100 bytes)
+LOGIN_KEY = "cluster.login"  # the setting that names the destination: every refusal of this module names it
 
 # ssh's words for each failure (OpenSSH 7 to 9), first match wins.
 KINDS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
@@ -71,6 +75,54 @@ class SshError(Exception):
     def __init__(self, login: str, kind: str, said: str) -> None:
         self.login, self.kind, self.said = login, kind, said
         super().__init__(f"ssh {login}: {said}")
+
+
+def ssh_failure(login: str, code: int, stderr: str) -> Optional[SshError]:
+    """ssh's own failure, told by its exit status and its words; None when the remote command ran (whatever its
+    status) or ssh said nothing it is known to say."""
+    if code == SSH_FAILED and kind_of(stderr) != "other":
+        return SshError(login, kind_of(stderr), said_line(stderr))
+    return None
+
+
+def unreachable(err: SshError, connect: str) -> Unreachable:
+    """ssh's failure said as hpc_train's refusal: what went wrong and the one thing to do; ``connect`` is the command
+    that opens the connection in a terminal (hpc-train-connect with the cluster's words)."""
+    login, said = err.login, f"(ssh said: {err.said})"
+    if err.kind == "host_key_unknown":
+        problem = (
+            f"the host key of {login} is not known to this machine {said}; hpc_train never accepts a host key on its"
+            " own."
+        )
+        fix = (
+            "check the key's fingerprint against your site's documentation, then connect once in a terminal and"
+            f" answer yes: {connect} (or ssh {login})."
+        )
+    elif err.kind == "host_key_changed":
+        problem = f"the host key of {login} has CHANGED since you last connected {said}."
+        fix = (
+            "ask your site whether its key changed; if it did, remove the old one (ssh-keygen -R HOST) and connect"
+            f" once in a terminal: {connect}."
+        )
+    elif err.kind == "auth_refused":
+        problem = (
+            f"{login} refused the login {said}; hpc_train asks for nothing itself (no password, no second factor"
+            " outside a terminal)."
+        )
+        fix = (
+            "load your key into your agent (ssh-add) or name it in ~/.ssh/config (IdentityFile); on a site that asks"
+            f" for a password or a second factor, open the connection once in a terminal: {connect} (later commands,"
+            " the Python API and notebooks reuse it)."
+        )
+    elif err.kind == "unreachable":
+        problem = f"{login} cannot be reached {said}."
+        fix = f"check the host name and port (ssh -v {login}), your VPN, or the ProxyJump of your ~/.ssh/config."
+    elif err.kind == "dropped":
+        problem = f"the connection to {login} dropped {said}."
+        fix = f"run the command again (a new connection opens; on a two-factor site: {connect} first)."
+    else:
+        problem, fix = f"ssh to {login} failed {said}.", f"try ssh -v {login}; then {connect}."
+    return Unreachable(LOGIN_KEY, problem, fix)
 
 
 def kind_of(stderr: str) -> str:

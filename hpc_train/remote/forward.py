@@ -76,7 +76,9 @@ def _forwarded(conn: Connection, module: str, args: List[str], local: Path, link
 
 def _follow(conn: Connection, ident: str, offset: int) -> int:
     """Copy the command's output from ``offset`` to ours until it ends; the offset reached."""
-    process = conn.popen(conn.serve_words("follow", ident, str(offset)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = conn.host.popen(
+        conn.serve_words("follow", ident, str(offset)), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert process.stdout is not None and process.stderr is not None
     out = sys.stdout.buffer
     while True:

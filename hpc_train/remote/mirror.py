@@ -11,7 +11,6 @@ import tarfile
 from pathlib import Path
 from typing import Dict, List
 
-from hpc_train.config.errors import ConfigError
 from hpc_train.records import rundir
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteLink
@@ -32,7 +31,7 @@ def refresh(conn: Connection, local: Path, link: RemoteLink, everything: bool = 
     """Bring ``local`` up to date with ``link.path`` on the cluster; the number of files that came."""
     local.mkdir(parents=True, exist_ok=True)
     words = conn.serve_words("pack", link.path, *(["--all"] if everything else []))
-    process = conn.popen(words, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = conn.host.popen(words, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     process.stdin.write(json.dumps(_have(local)).encode())
     process.stdin.close()
@@ -48,12 +47,5 @@ def refresh(conn: Connection, local: Path, link: RemoteLink, everything: bool = 
     except tarfile.ReadError:  # nothing came: the connection failed (said below)
         pass
     said = process.stderr.read().decode(errors="replace")
-    code = process.wait()
-    conn.check_ssh(code, said)
-    if code != 0:
-        raise ConfigError(
-            "cluster.login",
-            f"reading {link.path} on {conn.target.login} failed ({said.strip() or code}).",
-            "run the command again.",
-        )
+    conn.ended(process.wait(), said, "cluster.login", f"reading {link.path} on {conn.target.login}")
     return count

@@ -8,14 +8,14 @@ import time
 from typing import Callable, Optional, TypeVar
 
 from hpc_train.config.errors import ConfigError
-from hpc_train.hosts.ssh import SshError
-from hpc_train.remote.connection import Connection, refusal
+from hpc_train.errors import Unreachable
+from hpc_train.hosts.ssh import LOGIN_KEY
+from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteSettings
 
 T = TypeVar("T")
 RETRY_S = 5.0  # between two tries to open the connection again
 GIVE_UP_S = 600.0  # without a connection this long, the follower stops with the connection's error
-CONNECTION_KEY = "cluster.login"  # the key a connection's failure names (remote.connection.refusal)
 
 
 class Reconnecting:
@@ -30,11 +30,6 @@ class Reconnecting:
     def connection(self) -> Connection:
         if self.conn is None:
             conn = Connection(self.settings)
-            if not conn.target.master_alive():
-                try:
-                    conn.target.open_master()
-                except SshError as err:
-                    raise refusal(self.settings, err) from None
             conn.open()
             self.multiplexed = self.multiplexed or conn.target.master_alive()
             self.conn, self.opened = conn, True
@@ -56,9 +51,9 @@ class Reconnecting:
                         )
                     return result
                 problem = "its control connection ended"
-            except ConfigError as err:
+            except (Unreachable, ConfigError) as err:  # a fetch that failed (ConfigError) names the login too
                 gave_up = lost_at is not None and time.monotonic() - lost_at > GIVE_UP_S
-                if err.key != CONNECTION_KEY or not self.opened or gave_up:  # never connected: its error at once
+                if err.key != LOGIN_KEY or not self.opened or gave_up:  # never connected: its error at once
                     raise
                 problem = err.problem
             if lost_at is None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.hosts.ssh import SSH_FAILED
 from hpc_train.remote.connection import Cluster, Connection
 from hpc_train.remote.serve import EXIT_DISK_FULL
 
@@ -178,7 +179,7 @@ def _rsync(conn: Connection, root: Path, files: Sequence[str], remote: str) -> i
     if done.returncode != 0:
         if any(words in said for words in DISK_FULL_WORDS):
             raise _disk_full(conn, remote, said)
-        conn.check_ssh(255 if "connection unexpectedly closed" in said else done.returncode, said)
+        conn.host.check(SSH_FAILED if "connection unexpectedly closed" in said else done.returncode, said)
         last = said.strip().splitlines()[-1] if said.strip() else f"exit status {done.returncode}"
         raise ConfigError(
             "cluster.sync",
@@ -197,7 +198,7 @@ def _stream(conn: Connection, root: Path, files: Sequence[str], remote: str) -> 
             changed.append(rel)
     if not changed:
         return 0
-    process = conn.popen(
+    process = conn.host.popen(
         conn.serve_words("unpack", remote), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     errors: List[bytes] = []
@@ -215,13 +216,7 @@ def _stream(conn: Connection, root: Path, files: Sequence[str], remote: str) -> 
     said = b"".join(errors).decode(errors="replace")
     if code == EXIT_DISK_FULL or any(words in said for words in DISK_FULL_WORDS):
         raise _disk_full(conn, remote, said)
-    conn.check_ssh(code, said)
-    if code != 0:
-        raise ConfigError(
-            "cluster.sync",
-            f"copying the project to {conn.target.login}:{remote} failed ({said.strip() or code}).",
-            "run the command again.",
-        )
+    conn.ended(code, said, "cluster.sync", f"copying the project to {conn.target.login}:{remote}")
     return len(changed)
 
 

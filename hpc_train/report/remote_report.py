@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable, NoReturn, Optional
+from typing import Callable, NoReturn, Optional, Union
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.errors import Unreachable
 from hpc_train.hosts import hosts
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
@@ -23,7 +24,7 @@ def link_of(path: Path) -> Optional[RemoteLink]:
     return read_link(path) if path.is_dir() else None
 
 
-def _said(err: ConfigError) -> NoReturn:
+def _said(err: Union[ConfigError, Unreachable]) -> NoReturn:
     """The connection's problem, one message, the report's exit code for it (2); a --watch stops here."""
     print(err.message.replace("hpc-train:", "hpc-train-report:", 1), file=sys.stderr)
     raise SystemExit(2)
@@ -38,7 +39,7 @@ def rerun_on_cluster(path: Path, link: RemoteLink) -> int:
     except Dropped as dropped:
         print(dropped, file=sys.stderr)
         return 1
-    except ConfigError as err:
+    except (ConfigError, Unreachable) as err:
         _said(err)
     return outcome.code
 
@@ -50,12 +51,12 @@ def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None
     reconnecting = Reconnecting(link.settings())
 
     def fetch(conn: Connection, everything: bool = False) -> int:
-        hosts.use(conn.host())  # a reconnection's host for this process's Slurm commands
+        hosts.use(conn.host)  # a reconnection's host for this process's Slurm commands
         return mirror.refresh(conn, path, link, everything=everything)
 
     try:
         count = reconnecting.run(lambda conn: fetch(conn, everything))
-    except ConfigError as err:
+    except (ConfigError, Unreachable) as err:
         _said(err)
     if everything:
         print(f"hpc-train-report: fetched {count} file(s) of {link.login}:{link.path} into {path}", file=sys.stderr)
@@ -63,7 +64,7 @@ def prepare(path: Path, link: RemoteLink, everything: bool) -> Callable[[], None
     def refresh() -> None:
         try:
             reconnecting.run(fetch)
-        except ConfigError as err:  # no connection for minutes: the next --watch goes on
+        except (ConfigError, Unreachable) as err:  # no connection for minutes: the next --watch goes on
             _said(err)
 
     return refresh

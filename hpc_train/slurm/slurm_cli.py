@@ -38,21 +38,13 @@ def run(
     would not be done). SIGKILL still comes KillWait later.
     """
     args = [str(word) for word in command]
-    remote = hosts.current()
-    if remote is not None:  # a laptop following a cluster's jobs: the command runs on its login node, over SSH
-        return remote.run(args, timeout, env)
-    if shutil.which(args[0]) is None:
-        return subprocess.CompletedProcess(args, 127, "", f"{args[0]}: command not found")
-    problem = config_problem(env)
+    # Here, or on a cluster's login node over SSH (a laptop following a cluster's jobs); a failure is returned.
+    host = hosts.current() or hosts.LOCAL
+    problem = config_problem(env) if host is hosts.LOCAL and shutil.which(args[0]) else None
     if problem:
         return subprocess.CompletedProcess(args, 1, "", f"{args[0]} was not run: {problem}")
-    try:
-        with _sigterm_blocked(hold_sigterm):  # a child starts with its parent thread's signal mask
-            return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, env=env)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(args, 124, "", f"{args[0]} did not answer within {timeout:g} s")
-    except OSError as err:
-        return subprocess.CompletedProcess(args, 126, "", f"{args[0]}: {err}")
+    with _sigterm_blocked(hold_sigterm):  # a child starts with its parent thread's signal mask
+        return host.run(args, timeout, env, text=True, failure=hosts.RETURN)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import pytest
 from hpc_train import api
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
+from hpc_train.errors import Unreachable
 from hpc_train.hosts.ssh import SshTarget, kind_of, remote_line, said_line
 from hpc_train.remote import paths, serve, sync
 from hpc_train.remote.settings import RemoteLink, RemoteSettings, read_link, write_link
@@ -188,9 +189,10 @@ class _Cluster:
     def __init__(self) -> None:
         self.asked: list = []
 
-    def run(self, args, timeout, env=None):
+    def run(self, args, timeout=None, env=None, **how):
         import subprocess
 
+        assert how == {"text": True, "failure": "return"}  # Slurm's callers read any failure as no answer
         self.asked.append((list(args), dict(env or {})))
         return subprocess.CompletedProcess(list(args), 0, "1|RUNNING\n", "")
 
@@ -204,8 +206,10 @@ def test_slurms_commands_go_where_the_switch_says_and_nowhere_else():
         assert slurm_cli.query(["squeue", "-h"], env={**os.environ, "SLURM_TIME_FORMAT": "%s"}) == "1|RUNNING\n"
     assert cluster.asked == [(["squeue", "-h"], {**os.environ, "SLURM_TIME_FORMAT": "%s"})]
     assert hosts.current() is None  # the block ended: this machine again
-    refused = hosts.Unconnected("mysite").run(["sinfo"], 5)
+    refused = hosts.Unconnected("mysite").run(["sinfo"], 5, text=True, failure=hosts.RETURN)
     assert refused.returncode == 127 and "no connection to mysite is open" in refused.stderr
+    with pytest.raises(Unreachable, match="no connection to mysite is open"):
+        hosts.Unconnected("mysite").run(["sinfo"], 5)
 
 
 def test_a_hydra_apps_profile_with_a_login_is_refused_with_the_way_that_works(tmp_path):

@@ -46,7 +46,7 @@ class RemoteWatch(JobWatch):
         (what it read while the connection dropped is not trusted)."""
 
         def there(conn: Connection) -> T:
-            with hosts.commands_on(conn.host()):
+            with hosts.commands_on(conn.host):
                 self._refresh(1.0)
                 return look()
 

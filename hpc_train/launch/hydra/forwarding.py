@@ -56,7 +56,7 @@ def dry_run_commands(cfg: Any, hydra_cfg: Any = None) -> None:
     """A dry run's checks that ask Slurm go to the cluster when a connection is open; else they are skipped, said."""
     settings = settings_of(cfg, hydra_cfg if hydra_cfg is not None else _current_hydra())
     if SshTarget(str(settings.login)).master_alive():
-        hosts.use(Connection(settings).host())
+        hosts.use(Connection(settings).host)
         return
     print(
         f"hpc-train (dry run): no connection to {settings.login} is open, so the checks that ask the cluster"

@@ -213,31 +213,71 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None], before: Optional[Callable[[str], None]] = None) -> None:
+def write_atomic(
+    path: Path,
+    write: Callable[[BinaryIO], None],
+    before: Optional[Callable[[str], None]] = None,
+    durable: bool = True,
+    make_folder: bool = True,
+) -> None:
     """`write` into a temporary file beside `path`, flush, fsync, rename, fsync the folder: never a torn file under
-    `path`; the temporary file is removed when any of it fails. The one atomic writer of hpc_train. `before` is
-    called with ``"fsync"`` and ``"rename"`` just before each (a test hook that injects a failure there)."""
+    `path`; the temporary file is removed when any of it fails. The one atomic writer of hpc_train: every record,
+    small or streamed (`write` gets the open file), takes this way or :func:`replace_atomic`.
+
+    The file gets the mode a plain ``open(path, "w")`` gives (0666 less the umask). `durable=False` skips both fsyncs
+    (a record rewritten every heartbeat, whose loss the next one repairs); `make_folder=False` writes nothing when
+    the folder is gone (FileNotFoundError) instead of making it again. `before` is called with ``"fsync"`` and
+    ``"rename"`` just before each (a test hook that injects a failure there)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_name(path)
     hook = before or (lambda point: None)
     try:
-        with open(tmp, "wb") as handle:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as handle:
             write(handle)
             handle.flush()
             hook("fsync")
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         hook("rename")
-        os.replace(tmp, path)
+        replace_atomic(tmp, path, durable)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_path(path.parent)
 
 
-def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], None]] = None) -> None:
-    """`data` under `path`, atomically (write_atomic). `halfway` runs between the two halves of the write (a test
-    hook that widens the window in which a kill can hit mid-write)."""
+def replace_atomic(source: Path, path: Path, durable: bool = True) -> None:
+    """`source` (a finished file, a link, a folder) renamed to `path` in one step, replacing a file or link there;
+    then, `durable`, the folder fsynced. hpc_train's one rename of a record (write_atomic's last step; the checkpoint
+    directories' own are in compute/checkpointing/dcp_dirs.py). A folder onto a non-empty one raises OSError."""
+    os.replace(source, path)
+    if durable:
+        fsync_path(Path(path).parent)
+
+
+def link_atomic(path: Path, points_at: str) -> None:
+    """The symbolic link `path` -> `points_at`, replacing what is there in one step (made beside it, then renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_name(path)
+    tmp.symlink_to(points_at)
+    try:
+        replace_atomic(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(
+    data: bytes,
+    path: Path,
+    halfway: Optional[Callable[[], None]] = None,
+    durable: bool = True,
+    make_folder: bool = True,
+) -> None:
+    """`data` under `path`, atomically (write_atomic, with its `durable` and `make_folder`). `halfway` runs between the
+    two halves of the write (a test hook that widens the window in which a kill can hit mid-write)."""
     view = memoryview(data)  # its slices copy nothing
 
     def write(handle: BinaryIO) -> None:
@@ -247,7 +287,7 @@ def write_bytes_atomic(data: bytes, path: Path, halfway: Optional[Callable[[], N
             halfway()
         handle.write(view[half:])
 
-    write_atomic(path, write)
+    write_atomic(path, write, durable=durable, make_folder=make_folder)
 
 
 # -- a full disk while writing a record -----------------------------------------------------------
@@ -313,8 +353,8 @@ def append_line_durable(path: Path, line: str) -> None:
     append_whole(path, line + "\n", durable=True)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_bytes_atomic(text.encode(), path)
+def write_text_atomic(path: Path, text: str, durable: bool = True, make_folder: bool = True) -> None:
+    write_bytes_atomic(text.encode(), path, durable=durable, make_folder=make_folder)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

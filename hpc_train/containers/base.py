@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.containers.settings import IMAGE_PYTHON, ContainerSettings, Mount
+from hpc_train.records import rundir
 
 # The launching environment's Python stays outside: inside, the image's own Python and packages run.
 LAUNCH_ENV_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV")
@@ -80,19 +81,12 @@ class StepCommand:
             target = Path(path)
             if target.is_file() and target.read_text() == text:
                 continue  # written already (a sweep's runs share one)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".partial")
-            partial.write_text(text)
-            partial.replace(target)
+            rundir.write_text_atomic(target, text)
         for path, points_at in self.links.items():
             link = Path(path)
             if link.is_symlink() and os.readlink(link) == points_at:
                 continue
-            link.parent.mkdir(parents=True, exist_ok=True)
-            partial = link.with_name(link.name + ".partial")
-            partial.unlink(missing_ok=True)
-            partial.symlink_to(points_at)
-            partial.replace(link)
+            rundir.link_atomic(link, points_at)
 
 
 class ContainerRuntime:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from hpc_train.containers.base import ENTRY_FILE, ENTRY_MODULE
+from hpc_train.records import rundir
 
 # The packages the ranks import beside torch (tests/unit/test_containers.py checks this list against a rank's imports).
 RANK_PACKAGES = (
@@ -84,8 +85,7 @@ def stage() -> Path:
     target = library_dir()
     if (target / ENTRY_FILE).exists():
         return target
-    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = rundir.temporary_name(target)  # two submissions in containers (both pid 1) never share it
     partial.mkdir(parents=True)
     for name, path in _sources():
         parent = partial.joinpath(*name.split(".")[:-1])  # a namespace package's part: its own folder only
@@ -98,7 +98,7 @@ def stage() -> Path:
             shutil.copy2(path, parent / path.name)
     (partial / ENTRY_FILE).write_text(ENTRY_TEXT)
     try:
-        partial.rename(target)
+        rundir.replace_atomic(partial, target)
     except OSError:  # another submission staged the same content first
         shutil.rmtree(partial, ignore_errors=True)
     return target

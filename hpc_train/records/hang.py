@@ -111,10 +111,7 @@ class RankProgress:
 
 def write_progress(run_dir: Path, record: RankProgress) -> None:
     """Replace the rank's record (a rename: readers never see half of it; no fsync, it is written every beat)."""
-    path = rundir.rank_progress(run_dir, record.rank)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record.__dict__))
-    tmp.replace(path)
+    rundir.write_text_atomic(rundir.rank_progress(run_dir, record.rank), json.dumps(record.__dict__), durable=False)
 
 
 def read_progress(run_dir: Path, world_size: int, attempt: str, first: int = 0) -> Dict[int, RankProgress]:

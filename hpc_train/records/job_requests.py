@@ -33,9 +33,7 @@ def write(action: str, exclude: Optional[List[str]] = None, message: str = "", w
     if path is None:
         return False
     record: Dict[str, Any] = {"action": action, "exclude": list(exclude or []), "message": message, "why": why}
-    partial = rundir.temporary_name(path)
-    partial.write_text(json.dumps(record))
-    partial.replace(path)
+    rundir.write_json_atomic(path, record)
     return True
 
 

@@ -49,9 +49,7 @@ def _read(path: Path) -> Dict[str, Any]:
 
 
 def _write(path: Path, data: Dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    rundir.write_text_atomic(path, json.dumps(data))
 
 
 def start(ident: str, module: str, args: List[str]) -> Dict[str, Any]:

@@ -4,7 +4,6 @@ and the link a local run dir keeps to its copy on the cluster (``remote.json``).
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,10 +82,7 @@ class RemoteLink:
 
 
 def write_link(local_dir: Path, link: RemoteLink) -> None:
-    local_dir.mkdir(parents=True, exist_ok=True)
-    tmp = local_dir / (rundir.REMOTE_LINK + ".tmp")
-    tmp.write_text(json.dumps(asdict(link), indent=1))
-    os.replace(tmp, local_dir / rundir.REMOTE_LINK)
+    rundir.write_text_atomic(local_dir / rundir.REMOTE_LINK, json.dumps(asdict(link), indent=1))
 
 
 def read_link(local_dir: Path) -> Optional[RemoteLink]:

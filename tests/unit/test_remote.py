@@ -180,7 +180,7 @@ def test_a_sweep_job_dir_is_linked_through_its_sweep_dir(tmp_path):
     assert read_link(sweep / "3").path == link.path + "/3"
     assert json.loads((sweep / "remote.json").read_text())["login"] == "testcluster"
     assert read_link(tmp_path) is None
-    assert not any(name.endswith(".tmp") for name in os.listdir(sweep))
+    assert sorted(os.listdir(sweep)) == ["3", "remote.json"]  # no temporary file left beside the link
 
 
 class _Cluster:

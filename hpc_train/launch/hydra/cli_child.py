@@ -229,7 +229,7 @@ class OwnDir:
 
 def _move(source: Path, target: Path) -> None:
     if source.exists():
-        os.replace(source, target)
+        rundir.replace_atomic(source, target)
 
 
 def reserve(given: Optional[PathLike], overrides: Sequence[str], key: str, composed: str) -> OwnDir:
@@ -258,10 +258,8 @@ def write_result(error: BaseException) -> None:
     if not path:
         return
     data = exits.as_data(error)
-    tmp = Path(path + ".tmp")
     try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        rundir.write_text_atomic(Path(path), json.dumps(data), make_folder=False)
     except FileNotFoundError:  # the call that named it has returned (a started job's later refusal): said on the
         pass  # terminal and in the rank's records, which the API reads then
 

@@ -1,5 +1,7 @@
 """The ``step_<N>/`` dirs of a checkpoints folder (names, listing, installing a finished save by an atomic
-rename, pruning, size), so that a kill at any moment leaves the newest complete checkpoint in place.
+rename, pruning, size), so that a kill at any moment leaves the newest complete checkpoint in place; and the
+checkpoints folder moved aside whole (``resume=never``). Every rename of a checkpoint directory is here (a file's
+goes through hpc_train.records.rundir.write_atomic).
 
 A save writes into ``.step_<N>.dcp.tmp/`` and renames it to ``step_<N>/`` once complete; a replaced
 or pruned dir is renamed to ``.step_<N>.dcp.tmp-replaced`` / ``-pruned`` before it is deleted. What
@@ -12,6 +14,7 @@ import ctypes
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -22,7 +25,8 @@ from hpc_train.records import rundir
 log = logging.getLogger("hpc_train")
 
 # Temporaries of both formats: ".step_000000010.dcp.tmp" (this module, also "-replaced"/"-pruned")
-# and ".step_000000010.ckpt.tmp<pid>" (rundir.write_atomic, under files.write_checkpoint, for single-file checkpoints).
+# and ".step_000000010.ckpt.tmp<host>.<pid>.<random>" (rundir.write_atomic, under files.write_checkpoint, for
+# single-file checkpoints).
 
 
 def step_dir(folder: Path, step: int) -> Path:
@@ -114,3 +118,13 @@ def prune(folder: Path, keep: int) -> None:
             log.warning("could not delete old checkpoint %s: %s", old, err)
             continue
         rundir.remove_path(doomed)
+
+
+def set_aside(folder: Path) -> Path:
+    """The checkpoints folder renamed whole to ``<folder>.replaced-<time>`` (resume=never: kept, never deleted);
+    the new name."""
+    folder = Path(folder)
+    aside = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.rename(folder, aside)
+    rundir.fsync_path(folder.parent)
+    return aside

@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import importlib
 import importlib.util
+import shlex
 import sys
 from pathlib import Path
 from typing import List
@@ -22,6 +23,9 @@ from hpc_train.config import engine
 from hpc_train.config import fault_tolerance as keys
 from hpc_train.config.engine import whole_mappings
 from hpc_train.config.errors import ConfigError
+from hpc_train.contracts.replica_plan import ReplicaPlan
+from hpc_train.launch.backends.slurm.params import slurm_parameters
+from hpc_train.launch.backends.slurm.step import STEP_KEY, step_python
 from hpc_train.launch.planning import replica_checks
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import RunPlan, make_plan
@@ -342,3 +346,15 @@ def test_the_check_imports_neither_torch_nor_torchft(monkeypatch, tmp_path):
         importlib.reload(replica_checks)
     assert asked == []
     assert {name for name in sys.modules if name.split(".")[0] in ("torch", "torchft")} == loaded
+
+
+# -- the groups' plan, as the Slurm job and its batch host get it ---------------------------------------------------
+def test_the_slurm_job_holds_the_spare_and_its_agent_gets_the_plan_laid_out_from_the_layout(tmp_path):
+    """sbatch's nodes are the groups' and the spare; the agent's --replicas is the plan's text, read back typed."""
+    planned = plan([*SLURM, "resources.nodes=4", f"{KEY}=2", "fault_tolerance.max_restarts=5"], tmp_path)
+    params = slurm_parameters(planned)
+    assert params["nodes"] == 5 and params["additional_parameters"]["no-kill"] is True
+    groups = ReplicaPlan.from_record(params[STEP_KEY]["replicas"])
+    assert (groups.groups, groups.group_nodes, groups.tasks_per_node, groups.max_restarts) == (2, 2, 4, 5)
+    words = shlex.split(step_python(tmp_path / "slurm", params).removeprefix("exec "))
+    assert ReplicaPlan.from_text(words[words.index("--replicas") + 1]) == groups

@@ -12,6 +12,7 @@ from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import signal_name
 from hpc_train.config.view import ConfigView, plain
+from hpc_train.contracts.replica_plan import ReplicaPlan
 from hpc_train.launch.backends.slurm.step import STEP_KEY, step_parameters
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.layout import JobLayout
@@ -144,7 +145,7 @@ def slurm_parameters(plan: RunPlan) -> Dict[str, Any]:
     replicas = params[STEP_KEY].get("replicas")
     if replicas:  # a failed node takes down its group's step only; spare nodes to restart it on at once
         extra["no-kill"] = True
-        params["nodes"] = layout.nodes + int(replicas["spare_nodes"])
+        params["nodes"] = layout.nodes + ReplicaPlan.from_record(replicas).spare_nodes
     params["additional_parameters"] = extra
     throttle = cfg.launcher.get("array_parallelism") or cluster.get("array_parallelism")
     if throttle:

@@ -9,7 +9,6 @@ ranks' requests (requeue, a hang's nodes) are carried out by the agent, outside 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from hpc_train.config.view import ConfigView, plain
 from hpc_train.containers.base import StepCommand
 from hpc_train.containers.job_step import container_step
 from hpc_train.containers.settings import ContainerSettings
+from hpc_train.contracts.replica_plan import ReplicaPlan, replica_plan
 from hpc_train.launch.planning.layout import JobLayout
 
 AGENT = "hpc_train.batchhost.agent"
@@ -32,22 +32,9 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
     section = plain(cfg.get("container"))
     container = section if ContainerSettings.from_section(section).enabled else None
     step = {"container": container, "binds": [str(Path(run_dir).absolute().parent)], "gpus": layout.gpus_per_node > 0}
-    groups = (plain(cfg.get("fault_tolerance")) or {}).get("replica_groups")
-    if groups:  # one step per replica group, run by the batch host's agent (hpc_train.batchhost.groups)
-        node = plain(cfg.fault_tolerance)
-        step["replicas"] = {
-            "groups": int(groups),
-            "group_nodes": max(1, layout.nodes // int(groups)),
-            "tasks_per_node": layout.tasks_per_node
-            if layout.nodes >= int(groups)
-            else layout.world_size // int(groups),
-            "spare_nodes": int(node["spare_nodes"]),
-            "min_replicas": int(node["min_replicas"]),
-            "timeout_s": float(node["timeout_s"]),
-            "heartbeat_timeout_s": float(node["heartbeat_timeout_s"]),
-            "max_restarts": int(node["max_restarts"]),
-            "run_dir": str(Path(run_dir).absolute()),
-        }
+    node = plain(cfg.get("fault_tolerance")) or {}
+    if node.get("replica_groups"):  # one step per replica group, run by the batch host's agent (batchhost/groups.py)
+        step["replicas"] = replica_plan(layout, node, run_dir).record()
     return step
 
 
@@ -87,7 +74,7 @@ def step_python(
     container = container_of(step, folder, stage)
     agent: List[str] = [python, "-m", AGENT, "--requests", str(_job_files(folder))]
     if step.get("replicas"):
-        agent += ["--replicas", json.dumps(step["replicas"], sort_keys=True)]
+        agent += ["--replicas", ReplicaPlan.from_record(step["replicas"]).text()]
     inner: List[str] = [python]
     flags: List[str] = []
     if container is not None:

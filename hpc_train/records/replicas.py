@@ -206,21 +206,3 @@ def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> s
 
 
 LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/: the lighthouse's output
-
-
-def lighthouse_command(python: str, port: int, node: Mapping[str, Any]) -> List[str]:
-    """The lighthouse's process (hpc_train.compute.replicas.lighthouse), as both launchers start it, from the
-    fault_tolerance keys (`node`)."""
-    return [
-        python,
-        "-m",
-        "hpc_train.compute.replicas.lighthouse",
-        "--port",
-        str(port),
-        "--min-replicas",
-        str(int(node["min_replicas"])),
-        "--timeout-s",
-        str(float(node["timeout_s"])),
-        "--heartbeat-timeout-s",
-        str(float(node["heartbeat_timeout_s"])),
-    ]

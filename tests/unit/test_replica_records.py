@@ -5,9 +5,7 @@ the report imports no torch takes a process: tests/e2e/test_replica_groups.py)."
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Dict, List
 
 from hpc_train.launch.backends.run import report_summary
@@ -151,23 +149,6 @@ def test_the_launchers_events_file_is_read_in_whole_lines(tmp_path):
         {"event": "restarted", "group": 1, "s": 6.0, "restart": 1},
     ]
     assert replicas.read_events(tmp_path / "none") == []
-
-
-def test_the_local_launcher_records_a_groups_failure_and_restart_before_it_starts_the_group_again(tmp_path):
-    """The restarted group's ranks, and the live groups in the quorum it joins, read events.jsonl from then on: the
-    restart on record before its processes exist, its rows come failed, restarted, rejoined (never a rejoin before the
-    restart that it follows). The group's start is the launcher's own, replaced: no process starts."""
-    from hpc_train.launch.backends.local.groups import Groups
-
-    node = SimpleNamespace(replica_groups=2, timeout_s=6.0, max_restarts=3)
-    plan = SimpleNamespace(config=SimpleNamespace(fault_tolerance=node), layout=SimpleNamespace(world_size=2))
-    plan.run_dir = tmp_path
-    groups = Groups(plan, tmp_path / "config.yaml", "http://127.0.0.1:1", [])  # type: ignore[arg-type]
-    groups.procs = {0: [], 1: []}
-    on_record: List[List[str]] = []
-    groups.start = lambda group: on_record.append([line["event"] for line in replicas.read_events(groups.folder)])
-    groups._restart(1, 1, -9, time.time())  # rank 1 (group 1's only rank) killed by SIGKILL
-    assert on_record == [[replicas.FAILED, replicas.RESTARTED]]
 
 
 # -- the report and the closing line on a run dir ------------------------------------------------------------

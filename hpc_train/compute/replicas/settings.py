@@ -1,4 +1,6 @@
-"""The ``fault_tolerance`` keys a rank reads (declared in hpc_train.config.fault_tolerance)."""
+"""The ``fault_tolerance`` keys a rank reads (declared in hpc_train.config.fault_tolerance). The launcher's own,
+``spare_nodes`` and ``max_restarts``, are read by the launch side and the groups' supervisor from the groups' plan
+(hpc_train.contracts.replica_plan), not here."""
 
 from __future__ import annotations
 
@@ -17,8 +19,6 @@ class ReplicaSettings:
     min_replicas: int  # below this many live groups, steps wait for groups to return
     timeout_s: float  # how long a collective across the groups may take (and the join timeout's base)
     heartbeat_timeout_s: float  # how long a group may go without a heartbeat before the quorum goes on without it
-    spare_nodes: int  # Slurm: nodes held for restarting a failed group at once
-    max_restarts: int  # restarts of one group in one attempt before the whole job fails
 
     @property
     def enabled(self) -> bool:
@@ -30,6 +30,6 @@ def replica_settings(spec: Mapping[str, Any]) -> Optional[ReplicaSettings]:
     node = spec.get("fault_tolerance")
     if not node:
         return None
-    values = {name: node[name] for name in ReplicaSettings.__dataclass_fields__ if name in node}
-    settings = ReplicaSettings(**{**DEFAULTS, **values})
+    values = {name: node[name] if name in node else DEFAULTS[name] for name in ReplicaSettings.__dataclass_fields__}
+    settings = ReplicaSettings(**values)
     return settings if settings.enabled else None

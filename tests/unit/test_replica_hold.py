@@ -9,7 +9,7 @@ from typing import List
 
 from hpc_train.compute.runtime import faults
 from hpc_train.compute.training import replica_steps
-from hpc_train.compute.training.replica_steps import GroupSteps
+from hpc_train.compute.training.replica_steps import ReplicaLoop
 from hpc_train.records import replicas
 
 
@@ -31,9 +31,9 @@ def test_the_hold_waits_from_the_step_named_on_until_the_condition_holds(monkeyp
     assert len(asked) == 4  # later steps too: it holds at once now
 
 
-def steps(members: set, ranks: int = 2) -> GroupSteps:
-    """A GroupSteps of 3 groups of `ranks` ranks whose last step was taken by `members` (no trainer, no torchft)."""
-    held = GroupSteps.__new__(GroupSteps)
+def steps(members: set, ranks: int = 2) -> ReplicaLoop:
+    """A ReplicaLoop of 3 groups of `ranks` ranks whose last step was taken by `members` (no trainer, no torchft)."""
+    held = ReplicaLoop.__new__(ReplicaLoop)
     held.trainer = SimpleNamespace(ranks=SimpleNamespace(world_size=ranks))
     held.group = SimpleNamespace(groups=3, members=members)
     held._asked = {}

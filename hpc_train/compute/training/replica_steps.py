@@ -55,7 +55,10 @@ def restarted() -> bool:
     return restart_number() > 0
 
 
-class GroupSteps:
+class ReplicaLoop:
+    """The training loop's side of this rank's replica group: each step's quorum, the average across the live groups
+    and its commit, the state a restarting group takes, the rows while the group leads (the module's words)."""
+
     def __init__(self, trainer: Any, group: ReplicaGroup) -> None:
         """`trainer`: the Trainer (hpc_train.compute.training.trainer) whose loop this serves; not imported here, the
         trainer imports this module."""

@@ -36,7 +36,7 @@ from hpc_train.compute.training.activation_checkpointing import checkpoint_block
 from hpc_train.compute.training.ema import WeightAverage
 from hpc_train.compute.training.loggers import metrics_writer
 from hpc_train.compute.training.optim import group_lrs, make_optimizer, make_schedule, param_groups, total_steps
-from hpc_train.compute.training.replica_steps import GroupSteps
+from hpc_train.compute.training.replica_steps import ReplicaLoop
 from hpc_train.compute.training.reproducible import parameter_digest, seed_everything
 from hpc_train.compute.training.saves import Saves
 from hpc_train.compute.training.settings import TrainingSettings
@@ -68,7 +68,7 @@ class Trainer:
         self.settings, self.loop = settings, settings.trainer  # every section; the loop's own keys
         self.ranks, self.run_dir, self.stop_flag = ranks, run_dir, stop_flag
         # A replica group (fault_tolerance.replica_groups): its rank 0 writes the run's rows while it leads
-        self.groups = GroupSteps(self, replicas) if replicas is not None else None
+        self.groups = ReplicaLoop(self, replicas) if replicas is not None else None
         self.metrics = metrics_writer(  # metrics.jsonl (+ the trackers the logger picks: the first group's alone)
             settings.logger,
             run_dir,

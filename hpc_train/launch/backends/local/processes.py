@@ -202,15 +202,6 @@ def forwarding_stop_signals(procs: List[subprocess.Popen]) -> ContextManager[boo
     return handling(STOP_SIGNALS, stop_forwarder(procs))
 
 
-# local/groups.py's names until it uses stop and forwarding_stop_signals; then these two go.
-_stop = stop
-
-
-def _forward_stop_signals(procs: List[subprocess.Popen]) -> Dict[int, object]:
-    forward = stop_forwarder(procs)
-    return {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
-
-
 def oom_known(code: int, before: int) -> str:
     """What hpc_train knows of a SIGKILL's sender: the out-of-memory killer, when this cgroup's count of OOM kills
     grew since `before`; "" when it cannot tell."""

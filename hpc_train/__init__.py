@@ -72,8 +72,8 @@ def __getattr__(name: str) -> Any:
         from hpc_train.records.metrics_log import log_metrics
 
         return log_metrics
-    if name in _ERRORS:  # hpc_train.errors: a module of classes only, the API not loaded for them
-        from hpc_train import errors
+    if name in _ERRORS:
+        from hpc_train import errors  # on first use (PEP 562): a module of classes only, the API not loaded for them
 
         return getattr(errors, name)
     if name in __all__:

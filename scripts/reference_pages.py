@@ -3,10 +3,12 @@
     .venv/bin/python scripts/reference_pages.py           # rewrite them (after changing a declaration or conf/)
     .venv/bin/python scripts/reference_pages.py --check   # exit 1, naming each page that differs
 
-Two pages: ``docs/reference/config.md`` (every option of every group with its values, then every declared key
-with what a config that leaves it out runs with) and the table of config groups in ``docs/reference/cli.md`` (the
-groups and options ``hpc-train --help`` lists: the folders and files of the shipped ``conf/``). Each page keeps
-its own words above the line ``BEGIN``; everything from that line on is this script's. A unit test
+Three pages: ``docs/reference/config.md`` (every option of every group with its values, then every declared key
+with what a config that leaves it out runs with), the table of config groups in ``docs/reference/cli.md`` (the
+groups and options ``hpc-train --help`` lists: the folders and files of the shipped ``conf/``) and the tree of
+errors in ``docs/reference/api.md`` (``hpc_train.errors``' classes, each family's exit code from
+``hpc_train.launch.hydra.exits``). Each page keeps its own words above its line ``BEGIN`` (``BEGINS``); everything
+from that line on is this script's, up to the page's next heading of the same level (config.md: to its end). A unit test
 (``tests/unit/test_reference_pages.py``) fails when a page in the repository and this script's text differ, so a
 reader on GitHub or in a checkout sees what the declarations say.
 
@@ -34,14 +36,20 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from hpc_train import errors
 from hpc_train.config import RULES
 from hpc_train.config.checks import type_text
 from hpc_train.config.targets import TARGET_ARGS
+from hpc_train.launch.hydra import exits
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 COMMAND = ".venv/bin/python scripts/reference_pages.py"
 BEGIN = f"<!-- generated from hpc_train/config/ and conf/ by `{COMMAND}`: edit those, not the text below -->"
+ERRORS_BEGIN = (
+    f"<!-- generated from hpc_train/errors.py and hpc_train/launch/hydra/exits.py by `{COMMAND}`: edit those, not the"
+    " text below -->"
+)
 
 KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*|\"[^\"]*\"|'[^']*'):(?:\s+(?P<rest>.*)|\s*)$")
 ITEM = re.compile(r"^(?P<indent> *)- (?P<rest>.*)$")
@@ -282,18 +290,50 @@ def cli_groups() -> str:
     )
 
 
-PAGES: Dict[str, Callable[[], str]] = {"docs/reference/config.md": reference, "docs/reference/cli.md": cli_groups}
+def api_errors() -> str:
+    """docs/reference/api.md's generated part: the tree of hpc_train's errors, what each family is (its docstring's
+    first sentence) and what the `hpc-train` command exits with on it."""
+    base = errors.HpcTrainError
+    rows = [f"| `{base.__name__}` | {_first_sentence(base)} | |"]
+    for family in exits.FAMILIES:
+        code = "the job's own (`exit_code`)" if family.kind is errors.JobFailed else str(family.exit_code)
+        rows.append(f"| `{family.kind.__name__}` | {_first_sentence(family.kind)} | {code} |")
+    return "\n".join(
+        [
+            f"Every error hpc_train raises on purpose is an `hpc_train.{base.__name__}`, of one of these families"
+            " (each importable from `hpc_train`):",
+            "",
+            "| class | what it is | `hpc-train` exits with |",
+            "|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+def _first_sentence(kind: type) -> str:
+    text = " ".join((kind.__doc__ or "").split()).replace("``", "`")
+    return re.split(r"[.:;] ", text)[0].rstrip(".") + "."
+
+
+PAGES: Dict[str, Callable[[], str]] = {
+    "docs/reference/config.md": reference,
+    "docs/reference/cli.md": cli_groups,
+    "docs/reference/api.md": api_errors,
+}
+BEGINS = {"docs/reference/api.md": ERRORS_BEGIN}  # each page's line; BEGIN for the others
 
 
 def generated(page: str, current: str) -> str:
-    """The page as it must be: its own words up to BEGIN, then this script's text up to the page's next heading
-    of the same level or above (cli.md goes on after its table; config.md's part runs to its end)."""
-    if BEGIN not in current:
-        raise SystemExit(f"{page}: no line {BEGIN!r}: put it where the generated text starts")
-    before, after = current.split(BEGIN, 1)
-    rest = re.search(r"^## ", after, flags=re.M) if page.endswith("cli.md") else None
+    """The page as it must be: its own words up to its BEGIN line, then this script's text up to the page's next
+    heading of the same level or above (cli.md and api.md go on after it; config.md's part runs to its end)."""
+    begin = BEGINS.get(page, BEGIN)
+    if begin not in current:
+        raise SystemExit(f"{page}: no line {begin!r}: put it where the generated text starts")
+    before, after = current.split(begin, 1)
+    rest = re.search(r"^## ", after, flags=re.M) if not page.endswith("config.md") else None
     tail = after[rest.start() :] if rest else ""
-    return f"{before}{BEGIN}\n\n{PAGES[page]()}" + (f"\n{tail}" if tail else "")
+    return f"{before}{begin}\n\n{PAGES[page]()}" + (f"\n{tail}" if tail else "")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -10,7 +10,7 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -121,28 +121,74 @@ def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
 def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
     """hpc_train's own trainer as this rank."""
     # torch and the trainer: a script job's task (train() above) starts the user's script without them
-    import torch
+    from hpc_train.compute.runtime import distributed
+    from hpc_train.compute.runtime.heartbeat import Heartbeat
+    from hpc_train.compute.runtime.interrupts import StopFlag, signal_number
+    from hpc_train.compute.training.trainer import Trainer
 
+    replica = replica_settings(cfg)  # fault_tolerance.replica_groups: this rank's group is a job of its own to torch
+    planned, settings = _training_settings(cfg, ranks, replica)
+    devices = _prepare_process(settings, ranks, log)
+    stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
+    # progress, hang watchdog, 2nd stop signal (a replica group watches its own ranks)
+    beat = Heartbeat(run_dir, ranks, settings.watchdog, stop_flag).start()
+    trainer = group = None
+
+    def record_end(how: str) -> None:
+        if trainer is not None and trainer.is_main:
+            _record_attempt_end(run_dir, trainer, how)
+
+    try:
+        problem = allocation_mismatch(planned.layout, ranks)
+        if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
+            raise Refusal(problem)
+        distributed.init_process_group(
+            ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
+        )
+        group = _replica_group(replica, ranks, devices[0])
+        trainer = Trainer(settings, ranks, devices, run_dir, stop_flag, group)
+        summary = trainer.fit()
+        record_end("finish")
+        distributed.barrier()
+        return summary
+    except TrainingInterrupted as stop:
+        log.warning("rank %d: %s", ranks.rank, stop)
+        record_end(stop.reason)
+        raise
+    except BaseException as err:
+        _record_failure(err, run_dir, ranks, log)
+        with contextlib.suppress(RecordNotWritten):  # a full disk: the first record refused is the message
+            record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
+        raise
+    finally:
+        if group is not None:
+            group.close()
+        beat.close()
+        stop_flag.uninstall()
+        trainer = None  # noqa: F841 (see release_before_teardown)
+        release_before_teardown()
+        distributed.teardown()
+
+
+def _training_settings(cfg: DictConfig, ranks: RankInfo, replica: Any) -> Tuple[JobSettings, Any]:
+    """(the job section as planned, the TrainingSettings): the job spec read once into the settings of the rank's
+    parts; nothing after reads the spec. The layout is the allocation's: a job planned for a range of nodes runs on
+    the count Slurm gave it (and a replica group's is its group's)."""
+    # the trainer's parts (torch): a script job's task (train() above) reads its own settings without them
     from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
     from hpc_train.compute.data.loaders import DataSettings
     from hpc_train.compute.parallel import strategy_class
-    from hpc_train.compute.runtime import attempts, distributed
-    from hpc_train.compute.runtime.heartbeat import Heartbeat, WatchdogSettings
-    from hpc_train.compute.runtime.interrupts import LauncherSettings, StopFlag, signal_number
+    from hpc_train.compute.runtime.heartbeat import WatchdogSettings
+    from hpc_train.compute.runtime.interrupts import LauncherSettings
     from hpc_train.compute.training.loggers import logger_settings
     from hpc_train.compute.training.optim import OptimSettings
     from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
-    from hpc_train.compute.training.trainer import Trainer
-    from hpc_train.compute.user.instantiate import add_code_dirs
 
-    # The job spec read once into the settings of the rank's parts; nothing below reads the spec. The layout is the
-    # allocation's: a job planned for a range of nodes runs on the count Slurm gave it.
     planned = section(JobSettings, cfg.job)
-    replica = replica_settings(cfg)  # fault_tolerance.replica_groups: this rank's group is a job of its own to torch
     if replica is not None:
         planned = replace(planned, layout=group_layout(planned.layout, int(replica.replica_groups)))
     job = replace(planned, layout=settle_layout(planned.layout, cfg.strategy, ranks.world_size))
-    settings = TrainingSettings(
+    return planned, TrainingSettings(
         run=section(RunSettings, cfg),
         job=job,
         trainer=section(TrainerSettings, cfg.trainer),
@@ -157,67 +203,58 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         peak_tflops=OmegaConf.to_container(cfg.cluster, resolve=True)["gpu_peak_tflops"],  # type: ignore[index]
         job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
     )
+
+
+def _prepare_process(settings: Any, ranks: RankInfo, log: logging.Logger) -> List[Any]:
+    """The user's code made importable, torch's threads set to the CPUs Slurm gave the task; this rank's devices,
+    announced in its log."""
+    # torch: a script job's task (train() above) starts the user's script without it
+    import torch
+
+    from hpc_train.compute.runtime import distributed
+    from hpc_train.compute.user.instantiate import add_code_dirs
+
     add_code_dirs(settings.job.code_dirs)  # the user's package, importable as on the submitting side
     threads = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("OMP_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
-    layout = settings.job.layout
-    devices = distributed.task_devices(ranks, int(layout.gpus_per_task))
+    devices = distributed.task_devices(ranks, int(settings.job.layout.gpus_per_task))
     _announce(log, ranks, f", devices {[str(d) for d in devices]}")
-    stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
-    beat = Heartbeat(
-        run_dir, ranks, settings.watchdog, stop_flag
-    ).start()  # a replica group watches its own ranks  # progress, hang watchdog, 2nd stop signal
-    trainer = group = None
+    return devices
 
-    def record_end(how: str) -> None:
-        if trainer is not None and trainer.is_main:
-            if trainer.attempt:
-                attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
-            else:  # a replica group that leads now, started after the attempt began
-                attempts.end_current(run_dir, how, trainer.state.global_step)
 
-    try:
-        problem = allocation_mismatch(planned.layout, ranks)
-        if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
-            raise Refusal(problem)
-        distributed.init_process_group(
-            ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
+def _replica_group(replica: Any, ranks: RankInfo, device: Any) -> Any:
+    """This rank's replica group (None: the run has no replica groups), joined through the lighthouse its launcher
+    started."""
+    if replica is None:
+        return None
+    if LIGHTHOUSE_VARIABLE not in os.environ:  # torchrun, or an allocation of packed runs: no lighthouse
+        raise Refusal(
+            "fault_tolerance.replica_groups: this rank was not started by hpc-train's local or Slurm launcher,"
+            " which start the groups' lighthouse. Fix: launch with launcher=local or launcher=slurm, or"
+            " fault_tolerance.replica_groups=null."
         )
-        if replica is not None:
-            if LIGHTHOUSE_VARIABLE not in os.environ:  # torchrun, or an allocation of packed runs: no lighthouse
-                raise Refusal(
-                    "fault_tolerance.replica_groups: this rank was not started by hpc-train's local or Slurm launcher,"
-                    " which start the groups' lighthouse. Fix: launch with launcher=local or launcher=slurm, or"
-                    " fault_tolerance.replica_groups=null."
-                )
-            from hpc_train.compute.replicas.group import ReplicaGroup  # torchft: only runs with replica groups
+    from hpc_train.compute.replicas.group import ReplicaGroup  # torchft: only runs with replica groups
 
-            group = ReplicaGroup(replica, ranks, devices[0], os.environ[LIGHTHOUSE_VARIABLE])
-        trainer = Trainer(settings, ranks, devices, run_dir, stop_flag, group)
-        summary = trainer.fit()
-        record_end("finish")
-        distributed.barrier()
-        return summary
-    except TrainingInterrupted as stop:
-        log.warning("rank %d: %s", ranks.rank, stop)
-        record_end(stop.reason)
-        raise
-    except BaseException as err:
-        write_error_record(run_dir, ranks.global_rank, err)  # first, before peers see broken connections
-        if isinstance(err, REFUSALS):
-            log.error("%s", err)
-            err.on_console = ranks.is_main
-        else:
-            log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())
-        with contextlib.suppress(RecordNotWritten):  # a full disk: the first record refused is the message
-            record_end("crash" if isinstance(err, Exception) else f"stopped ({type(err).__name__})")
-        raise
-    finally:
-        if group is not None:
-            group.close()
-        beat.close()
-        stop_flag.uninstall()
-        trainer = None  # noqa: F841 (see release_before_teardown)
-        release_before_teardown()
-        distributed.teardown()
+    return ReplicaGroup(replica, ranks, device, os.environ[LIGHTHOUSE_VARIABLE])
+
+
+def _record_attempt_end(run_dir: Path, trainer: Any, how: str) -> None:
+    """How this attempt ended, in attempts.jsonl (by the main rank)."""
+    from hpc_train.compute.runtime import attempts  # the trainer's side (torch): not a script job's
+
+    if trainer.attempt:
+        attempts.end(run_dir, trainer.attempt, how, trainer.state.global_step)
+    else:  # a replica group that leads now, started after the attempt began
+        attempts.end_current(run_dir, how, trainer.state.global_step)
+
+
+def _record_failure(err: BaseException, run_dir: Path, ranks: RankInfo, log: logging.Logger) -> None:
+    """This rank's failure record (first, before peers see broken connections) and its log: a refusal's one line
+    (on the console by rank 0), else the traceback."""
+    write_error_record(run_dir, ranks.global_rank, err)
+    if isinstance(err, REFUSALS):
+        log.error("%s", err)
+        err.on_console = ranks.is_main
+    else:
+        log.error("rank %d failed:\n%s", ranks.rank, traceback.format_exc())

@@ -84,75 +84,86 @@ class Trainer:
         shard = rank_data_shard(settings.job.layout, ranks)  # (rank, size) of this rank's data, as the layout says
         self._build_data(replica_shard(shard, ranks), shard)  # a replica group reads its share of the job's data
         self._build_model(devices, shard)  # self.strategy, built complete around the user's step; the model it wraps
-        optim = settings.optim
-        self.optimizer = make_optimizer(optim, param_groups(optim, self.strategy.unwrap(self.wrapped)))
+        self._build_optimizer()
+        seed_everything(seed + ranks.global_rank)  # per-rank streams from here on (dropout, augmentation)
+        self.checkpointer = self._make_checkpointer()
+        self.saves = Saves(
+            self.checkpointer, self.metrics, ranks.is_main, settings.backend.slurm_job, settings.launcher.signal_delay_s
+        )
+        self._begin_attempt()
+        self._build_meters(devices)
+        self._settled = False  # the strategy settled on the first batch of this attempt (_settle_once)
+        self._flush_owed = False  # a checkpoint was written before its step's rows could be flushed
+        self._rates = ""  # the progress line's throughput, from the last logged step
+
+    def _build_optimizer(self) -> None:
+        """The optimizer and its LR schedule, the gradient scaler, clipping, accumulation, the weight average."""
+        optim, model = self.settings.optim, self.strategy.unwrap(self.wrapped)
+        self.optimizer = make_optimizer(optim, param_groups(optim, model))
         self.scheduler = make_schedule(optim, self.optimizer, self.total_steps)
         self.scaler = self.strategy.make_grad_scaler()
         self.grad_clip: Optional[float] = optim.grad_clip  # null: gradients are not clipped
         self.accum_steps = int(optim.grad_accum_steps)  # micro-batches per optimizer step
-        self.ema = (
-            WeightAverage(self.strategy.unwrap(self.wrapped), float(optim.ema_decay))
-            if optim.ema_decay is not None
-            else None
-        )
-        seed_everything(seed + ranks.global_rank)  # per-rank streams from here on (dropout, augmentation)
-        if self.strategy.sharded_checkpoints:
+        self.ema = WeightAverage(model, float(optim.ema_decay)) if optim.ema_decay is not None else None
+
+    def _make_checkpointer(self) -> Checkpointer:
+        """The checkpointer of the run's state: sharded (torch.distributed.checkpoint) where the strategy shards it."""
+        settings, strategy = self.settings, self.strategy
+        if strategy.sharded_checkpoints:
             # torch.distributed.checkpoint costs ~1 s to import: only strategies with sharded checkpoints pay it
             from hpc_train.compute.checkpointing.sharded import ShardedCheckpointer as checkpointer
         else:
             checkpointer = Checkpointer
-        self.checkpointer = checkpointer(
-            run_dir,
-            ranks,
-            fingerprint(
-                settings.job_spec,
-                ranks.world_size,
-                self.strategy.sharded_checkpoints,
-                any_world=KINDS[settings.job.layout.strategy].any_world,
-            ),
+        any_world = KINDS[settings.job.layout.strategy].any_world
+        return checkpointer(
+            self.run_dir,
+            self.ranks,
+            fingerprint(settings.job_spec, self.ranks.world_size, strategy.sharded_checkpoints, any_world=any_world),
             sharded={
-                "model": self.strategy.unwrap(self.wrapped),
+                "model": strategy.unwrap(self.wrapped),
                 "optimizer": self.optimizer,
                 "scaler": self.scaler,
                 "ema": self.ema,
             },
             shared={"scheduler": self.scheduler, "state": self.state, **self._group_state()},
             per_rank={"data": self.epochs.loader} if self.epochs.exact_resume else {},
-            shard_key=self.strategy.checkpoint_key,
-            owns_shard=self.strategy.owns_checkpoint_shard,
+            shard_key=strategy.checkpoint_key,
+            owns_shard=strategy.owns_checkpoint_shard,
             settings=settings.checkpointing,
             resume=str(settings.run.resume),
         )
-        self.saves = Saves(
-            self.checkpointer, self.metrics, ranks.is_main, settings.backend.slurm_job, settings.launcher.signal_delay_s
-        )
-        restarted = self.groups is not None and self.groups.restarted  # it rejoins from a live group, not from disk
+
+    def _begin_attempt(self) -> None:
+        """Resume from the newest checkpoint, and record the attempt's start (the main rank). A restarted replica group
+        does neither: it rejoins from a live group, not from disk."""
+        restarted = self.groups is not None and self.groups.restarted
         if not restarted:
             self._resume()
+        fresh = str(self.settings.run.resume) == "never"
         self.attempt = (
-            attempts.begin(run_dir, fresh=str(settings.run.resume) == "never", resumed_from_step=self.resumed_from_step)
+            attempts.begin(self.run_dir, fresh=fresh, resumed_from_step=self.resumed_from_step)
             if self.is_main and not restarted
             else 0
         )
-        self.meter = Throughput(  # from the restored position
+
+    def _build_meters(self, devices: List[torch.device]) -> None:
+        """Throughput from the restored position; FLOPs and MFU, the steps' phases, peak memory, profiles."""
+        self.meter = Throughput(
             self.state.global_step,
             self.total_steps,
             int(self.loop.throughput_warmup_steps),
             int(self.loop.batch_size),
             self._sync,
         )
-        self.perf = PerformanceMeter(  # FLOPs and MFU, the steps' phases, peak memory; profiles (trainer.profile)
+        self.perf = PerformanceMeter(
             self.loop.profile,
-            settings.peak_tflops,
+            self.settings.peak_tflops,
             str(self.loop.precision),
-            ranks,
+            self.ranks,
             devices,
-            run_dir,
+            self.run_dir,
             first_timed_step=self.meter.warmup + 1,
         )
-        self._settled = False  # the strategy settled on the first batch of this attempt (_settle_once)
-        self._flush_owed = False  # a checkpoint was written before its step's rows could be flushed
-        self._rates = ""  # the progress line's throughput, from the last logged step
 
     @property
     def is_main(self) -> bool:

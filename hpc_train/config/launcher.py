@@ -37,6 +37,12 @@ LAUNCHERS: Dict[str, LauncherKind] = {
         LauncherKind(
             "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="batch host", prepares_only=False
         ),
+        LauncherKind(
+            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="batch host", prepares_only=True
+        ),
+    )
+}
+DEFAULT_LAUNCHER = "local"
 
 
 @dataclass(frozen=True)
@@ -58,12 +64,6 @@ APP_PLUGIN = "hydra_plugins.hpc_train_launcher"
 APP_SLURM = AppLauncherKind("hpc_train_slurm", "slurm", "AppSlurmLauncher")
 APP_LOCAL = AppLauncherKind("hpc_train_local", "local", "AppLocalLauncher")
 APP_LAUNCHERS: Dict[str, AppLauncherKind] = {kind.name: kind for kind in (APP_SLURM, APP_LOCAL)}
-        LauncherKind(
-            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="batch host", prepares_only=True
-        ),
-    )
-}
-DEFAULT_LAUNCHER = "local"
 _PICK_ONE = "pick the launcher with " + ", ".join(f"launcher={name}" for name in LAUNCHERS) + "."
 
 

@@ -190,83 +190,162 @@ def _fewer(key: str, nodes: int, a_range: bool) -> str:
     return f"set {key}={nodes} or fewer, or a range whose least fits, e.g. {key}={nodes // 2}-{nodes}"
 
 
-def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys) -> Optional[Tuple[str, str, str]]:
+@dataclass(frozen=True)
+class _Request:
+    """What a job asks of each node, read from its sbatch parameters."""
+
+    nodes: int  # the least it can start on (resources.nodes=2-4: 2)
+    most: int  # the most it takes
+    gpus: int
+    tasks: int
+    cpus_per_task: int
+    by_core: bool  # --hint=nomultithread (or one thread per core): CPUs are counted in cores
+    mem: Any  # the parameter as given ("64G"), for messages
+    mem_mb: Optional[int]  # None: the partition's default
+
+    @classmethod
+    def of(cls, params: Dict[str, Any]) -> "_Request":
+        # A range (resources.nodes=2-4) can start once its least fits: Slurm gives no more nodes than the partition has.
+        nodes, most = count_range(params.get("nodes") or 1)
+        extra = params.get("additional_parameters") or {}
+        by_core = str(extra.get("hint", "")) == "nomultithread" or str(extra.get("threads-per-core", "")) == "1"
+        tasks, cpus_per_task = int(params.get("ntasks_per_node") or 1), int(params.get("cpus_per_task") or 1)
+        return cls(
+            nodes,
+            most,
+            _requested_gpus(params),
+            tasks,
+            cpus_per_task,
+            by_core,
+            params.get("mem"),
+            _requested_mem_mb(params),
+        )
+
+    @property
+    def cpus(self) -> int:
+        return self.tasks * self.cpus_per_task
+
+    @property
+    def unit(self) -> str:
+        return "cores" if self.by_core else "CPUs"
+
+    @property
+    def asks(self) -> str:
+        return (
+            f"at least {self.nodes} nodes ({self.nodes}-{self.most})"
+            if self.most > self.nodes
+            else f"{self.nodes} nodes"
+        )
+
+    def cpus_of(self, node: Node) -> int:
+        return node.cores if self.by_core else node.cpus
+
+    def fits(self, node: Node) -> bool:
+        return (
+            node.gpus >= self.gpus
+            and self.cpus_of(node) >= self.cpus
+            and (self.mem_mb is None or node.mem_mb >= self.mem_mb)
+        )
+
+
+_Problem = Tuple[str, str, str]  # (key, problem with a {where} slot, fix)
+
+
+def _problem(params: Dict[str, Any], part: Partition, time_key: str, keys: Keys) -> Optional[_Problem]:
     """(key, problem with a {where} slot, fix) for the first thing the partition's nodes cannot give, or None."""
-    # A range (resources.nodes=2-4) can start once its least fits: Slurm gives no more nodes than the partition has.
-    nodes, most = count_range(params.get("nodes") or 1)
-    asks = f"at least {nodes} nodes ({nodes}-{most})" if most > nodes else f"{nodes} nodes"
-    gpus = _requested_gpus(params)
-    tasks, cpus_per_task = int(params.get("ntasks_per_node") or 1), int(params.get("cpus_per_task") or 1)
-    cpus = tasks * cpus_per_task
-    extra = params.get("additional_parameters") or {}
-    by_core = str(extra.get("hint", "")) == "nomultithread" or str(extra.get("threads-per-core", "")) == "1"
-    unit = "cores" if by_core else "CPUs"
-
-    def cpus_of(node: Node) -> int:
-        return node.cores if by_core else node.cpus
-
-    mem_mb = _requested_mem_mb(params)
-    if nodes > len(part.nodes):
-        return (
-            keys.nodes,
-            f"the job asks for {asks}, but {{where}} has {len(part.nodes)}.",
-            _fewer(keys.nodes, len(part.nodes), most > nodes),
-        )
-    most_gpus = max(n.gpus for n in part.nodes)
-    if gpus > most_gpus:
-        fix = f"set {keys.gpus}={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
-        return (
-            keys.gpus,
-            f"the job asks for {gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.",
-            fix,
-        )
-    most_cpus = max(cpus_of(n) for n in part.nodes)
-    if cpus > most_cpus:
-        per_gpu = most_cpus // gpus if gpus else 0
-        if not keys.cpus_per_gpu:
-            fix = (
-                f"set {keys.cpus}={max(1, most_cpus // tasks)} or fewer ({most_cpus} {unit} / {tasks} task(s) per node)"
-            )
-        elif per_gpu:
-            fix = f"set {keys.cpus}={per_gpu} or fewer ({most_cpus} {unit} / {gpus} GPUs per node)"
-        else:
-            fix = f"ask for fewer GPUs per node ({keys.gpus})"
-        hint = " with --hint=nomultithread" if by_core else ""
-        return (
-            keys.cpus,
-            (
-                f"the job asks for {tasks} task(s) x {cpus_per_task} CPUs = {cpus} {unit} per node{hint}, but the nodes"
-                f" of {{where}} have at most {most_cpus}."
-            ),
-            fix,
-        )
-    most_mem = max(n.mem_mb for n in part.nodes)
-    if mem_mb is not None and mem_mb > most_mem:
-        return (
-            keys.mem,
-            f"the job asks for {params['mem']} per node, but the nodes of {{where}} have at most {most_mem} MB.",
-            f"set {keys.mem}={most_mem // 1024} or less, or {keys.mem}=null for the partition's default",
-        )
-    fitting = sum(
-        1 for n in part.nodes if n.gpus >= gpus and cpus_of(n) >= cpus and (mem_mb is None or n.mem_mb >= mem_mb)
+    asked = _Request.of(params)
+    return (
+        _too_many_nodes(asked, part, keys)
+        or _too_many_gpus(asked, part, keys)
+        or _too_many_cpus(asked, part, keys)
+        or _too_much_memory(asked, part, keys)
+        or _too_few_nodes_that_fit(asked, part, keys)
+        or _too_long(int(params["time"]), part, time_key)
     )
-    if fitting < nodes:
-        each = f"{gpus} GPUs and {cpus} {unit}" + ("" if mem_mb is None else f" and {mem_mb} MB")
-        fewer = f"{_fewer(keys.nodes, fitting, most > nodes)}, or " if fitting else ""
-        fix = f"{fewer}ask for less per node"
-        return (
-            keys.nodes,
-            f"the job asks for {asks} with {each} each, but only {fitting} node(s) of {{where}} have that much.",
-            fix,
+
+
+def _too_many_nodes(asked: _Request, part: Partition, keys: Keys) -> Optional[_Problem]:
+    if asked.nodes <= len(part.nodes):
+        return None
+    return (
+        keys.nodes,
+        f"the job asks for {asked.asks}, but {{where}} has {len(part.nodes)}.",
+        _fewer(keys.nodes, len(part.nodes), asked.most > asked.nodes),
+    )
+
+
+def _too_many_gpus(asked: _Request, part: Partition, keys: Keys) -> Optional[_Problem]:
+    most_gpus = max(n.gpus for n in part.nodes)
+    if asked.gpus <= most_gpus:
+        return None
+    fix = f"set {keys.gpus}={most_gpus} or fewer" if most_gpus else "use a partition with GPUs"
+    return (
+        keys.gpus,
+        f"the job asks for {asked.gpus} GPUs per node, but the nodes of {{where}} have at most {most_gpus}.",
+        fix,
+    )
+
+
+def _too_many_cpus(asked: _Request, part: Partition, keys: Keys) -> Optional[_Problem]:
+    most_cpus = max(asked.cpus_of(n) for n in part.nodes)
+    if asked.cpus <= most_cpus:
+        return None
+    per_gpu = most_cpus // asked.gpus if asked.gpus else 0
+    if not keys.cpus_per_gpu:
+        fix = (
+            f"set {keys.cpus}={max(1, most_cpus // asked.tasks)} or fewer ({most_cpus} {asked.unit} / {asked.tasks}"
+            " task(s) per node)"
         )
-    minutes = int(params["time"])
-    if part.max_minutes is not None and minutes > part.max_minutes:
-        return (
-            time_key,
-            (
-                f"{minutes} minutes is longer than {{where}} allows (MaxTime {part.max_minutes} minutes): the job would"
-                " pend forever."
-            ),
-            f"set {time_key}={part.max_minutes} or less",
-        )
-    return None
+    elif per_gpu:
+        fix = f"set {keys.cpus}={per_gpu} or fewer ({most_cpus} {asked.unit} / {asked.gpus} GPUs per node)"
+    else:
+        fix = f"ask for fewer GPUs per node ({keys.gpus})"
+    hint = " with --hint=nomultithread" if asked.by_core else ""
+    return (
+        keys.cpus,
+        (
+            f"the job asks for {asked.tasks} task(s) x {asked.cpus_per_task} CPUs = {asked.cpus} {asked.unit} per"
+            f" node{hint}, but the nodes of {{where}} have at most {most_cpus}."
+        ),
+        fix,
+    )
+
+
+def _too_much_memory(asked: _Request, part: Partition, keys: Keys) -> Optional[_Problem]:
+    most_mem = max(n.mem_mb for n in part.nodes)
+    if asked.mem_mb is None or asked.mem_mb <= most_mem:
+        return None
+    return (
+        keys.mem,
+        f"the job asks for {asked.mem} per node, but the nodes of {{where}} have at most {most_mem} MB.",
+        f"set {keys.mem}={most_mem // 1024} or less, or {keys.mem}=null for the partition's default",
+    )
+
+
+def _too_few_nodes_that_fit(asked: _Request, part: Partition, keys: Keys) -> Optional[_Problem]:
+    """Each of GPUs, CPUs and memory fits some node, but not enough nodes have all of them."""
+    fitting = sum(1 for n in part.nodes if asked.fits(n))
+    if fitting >= asked.nodes:
+        return None
+    each = f"{asked.gpus} GPUs and {asked.cpus} {asked.unit}" + (
+        "" if asked.mem_mb is None else f" and {asked.mem_mb} MB"
+    )
+    fewer = f"{_fewer(keys.nodes, fitting, asked.most > asked.nodes)}, or " if fitting else ""
+    return (
+        keys.nodes,
+        f"the job asks for {asked.asks} with {each} each, but only {fitting} node(s) of {{where}} have that much.",
+        f"{fewer}ask for less per node",
+    )
+
+
+def _too_long(minutes: int, part: Partition, time_key: str) -> Optional[_Problem]:
+    if part.max_minutes is None or minutes <= part.max_minutes:
+        return None
+    return (
+        time_key,
+        (
+            f"{minutes} minutes is longer than {{where}} allows (MaxTime {part.max_minutes} minutes): the job"
+            " would pend forever."
+        ),
+        f"set {time_key}={part.max_minutes} or less",
+    )

@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any, Deque, Dict, List, Mapping, Optional
+from typing import IO, Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -212,36 +212,15 @@ def _stop(proc: subprocess.Popen, signum: int, grace: float) -> None:
 
 def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict[str, Any]]:
     """Run the job's script as this rank until it ends; rank 0 returns (and writes) the summary."""
-    # The job spec read once into this task's settings; nothing below reads the spec.
-    kind = strategy_table.kind_of(cfg.strategy)
-    settings = ScriptJobSettings(
-        script=section(ScriptSettings, OmegaConf.to_container(cfg.script, resolve=True)),  # type: ignore[arg-type]
-        job=section(JobSettings, cfg.job),
-        launcher=section(LauncherSettings, cfg.launcher),
-        watchdog=section(WatchdogSettings, cfg.trainer),
-        one_process=kind is not None and kind.one_process,
-        objective=str(cfg.objective) if "objective" in cfg else None,
-    )
+    settings = _script_job_settings(cfg)  # the job spec read once; nothing below reads the spec
     script, layout = settings.script, settings.job.layout
     cwd = Path(str(script.cwd))
-    torchrun = script.launcher == "torchrun"
-    mode = TORCHRUN if torchrun else ONE_PROCESS if settings.one_process else DIRECT
     key = attempt_key()
     attempt = attempt_number(run_dir, key)
     if ranks.is_main:
         attempts.begin(run_dir, fresh=False, resumed_from_step=None, key=key)
     resume = resumes(script, attempt, cwd)
-    if torchrun:
-        endpoint = f"{ranks.master_addr}:{ranks.master_port}"
-        run_id = os.environ.get("SLURM_JOB_ID") or os.environ.get(LAUNCH_ID_VARIABLE) or str(os.getppid())
-        per_node = int(layout.gpus_per_node)
-        nodes = int(layout.nodes)
-        command = torchrun_command(asdict(script), sys.executable, resume, nodes, per_node, endpoint, run_id)
-        threads = task_threads(layout, per_node)
-    else:
-        command = direct_command(asdict(script), sys.executable, resume)
-        threads = task_threads(layout, 1)
-    env = script_env(ranks, run_dir, attempt, mode, threads, int(layout.nodes))
+    command, env = _command_and_env(settings, ranks, run_dir, attempt, resume)
     requeue_signal = signal_number(str(settings.launcher.signal))
     flag = StopFlag(requeue_signal, then="stopping the script").install()
     reads = _StartupReads()
@@ -282,6 +261,39 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         return None
     found = out.found or err.found
     return _finish(run_dir, attempt, command, int(layout.world_size), settings.objective, found)
+
+
+def _script_job_settings(cfg: DictConfig) -> ScriptJobSettings:
+    kind = strategy_table.kind_of(cfg.strategy)
+    return ScriptJobSettings(
+        script=section(ScriptSettings, OmegaConf.to_container(cfg.script, resolve=True)),  # type: ignore[arg-type]
+        job=section(JobSettings, cfg.job),
+        launcher=section(LauncherSettings, cfg.launcher),
+        watchdog=section(WatchdogSettings, cfg.trainer),
+        one_process=kind is not None and kind.one_process,
+        objective=str(cfg.objective) if "objective" in cfg else None,
+    )
+
+
+def _command_and_env(
+    settings: ScriptJobSettings, ranks: RankInfo, run_dir: Path, attempt: int, resume: bool
+) -> Tuple[List[str], Dict[str, str]]:
+    """The script's command line (under torchrun, or run directly) and its environment, threads shared among the
+    processes the task starts."""
+    script, layout = settings.script, settings.job.layout
+    torchrun = script.launcher == "torchrun"
+    mode = TORCHRUN if torchrun else ONE_PROCESS if settings.one_process else DIRECT
+    if torchrun:
+        endpoint = f"{ranks.master_addr}:{ranks.master_port}"
+        run_id = os.environ.get("SLURM_JOB_ID") or os.environ.get(LAUNCH_ID_VARIABLE) or str(os.getppid())
+        per_node = int(layout.gpus_per_node)
+        nodes = int(layout.nodes)
+        command = torchrun_command(asdict(script), sys.executable, resume, nodes, per_node, endpoint, run_id)
+        threads = task_threads(layout, per_node)
+    else:
+        command = direct_command(asdict(script), sys.executable, resume)
+        threads = task_threads(layout, 1)
+    return command, script_env(ranks, run_dir, attempt, mode, threads, int(layout.nodes))
 
 
 def _wait(

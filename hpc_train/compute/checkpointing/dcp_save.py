@@ -130,6 +130,44 @@ def _fail(
     return exc
 
 
+class _CollectiveSave:
+    """One save's dirs and this rank's first error; after each step every rank agrees whether any rank failed, and
+    then all go on or all raise."""
+
+    def __init__(
+        self,
+        folder: Path,
+        step: int,
+        is_main: bool,
+        barrier: Callable[[], None],
+        agree: Callable[[bool], bool],
+        needed: Callable[[], int],
+    ) -> None:
+        self.folder, self.step, self.is_main = folder, step, is_main
+        self.tmp, self.final = temporary(folder, step), step_dir(folder, step)
+        self.barrier, self.agree, self.needed = barrier, agree, needed
+        self.error: Optional[BaseException] = None
+        self.disk_full = False
+
+    def failed(self, err: BaseException, disk_full: Optional[bool] = None) -> None:
+        self.error, self.disk_full = err, is_disk_full(err) if disk_full is None else disk_full
+
+    def agreed(self) -> None:
+        """Every rank: on, or (when any rank failed) the error raised after rank 0 removed the temporary dir."""
+        if self.agree(self.error is not None):
+            raise _fail(
+                self.folder,
+                self.tmp,
+                self.step,
+                self.error,
+                self.disk_full,
+                self.needed,
+                self.is_main,
+                self.barrier,
+                self.agree,
+            )
+
+
 def save_dcp(
     state: Dict[str, Any],
     folder: Path,
@@ -156,46 +194,56 @@ def save_dcp(
     after rank 0 removed this save's temporary dir.
     """
     folder = Path(folder)
-    tmp = temporary(folder, step)
-    final = step_dir(folder, step)
-
-    def needed() -> int:
-        return _needed(folder, state, extra)
-
-    error: Optional[BaseException] = None
-    disk_full = False
+    save = _CollectiveSave(folder, step, is_main, barrier, agree, needed=lambda: _needed(folder, state, extra))
     if is_main:
-        try:
-            rundir.remove_path(tmp)  # a stale one of a killed attempt at this step
-            tmp.mkdir(parents=True)
-        except OSError as err:
-            error, disk_full = err, is_disk_full(err)
-    if agree(error is not None):
-        raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
-    writer = _Writer(str(tmp))
-    own: Optional[Entries] = None
-    try:
-        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer, process_group=process_group)
-        faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits a save half-done
-        own = file_entries(tmp, writer.written)
-    except (Exception, CheckpointException) as err:
-        error, disk_full = err, writer.disk_full or is_disk_full(err)
-    everyone = gather(own)  # also on a rank that failed (it sends None): no rank waits for ever
-    if is_main and error is None and (hashed := merged_entries(everyone)) is not None:
-        try:
-            _write_rank0_files(tmp, step, extra, hashed)
-        except Exception as err:
-            error, disk_full = err, is_disk_full(err)
-    if agree(error is not None):
-        raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
+        _make_temporary(save)
+    save.agreed()
+    everyone = gather(_write_shards(save, state, process_group))  # also on a rank that failed: no rank waits for ever
+    if is_main and save.error is None and (hashed := merged_entries(everyone)) is not None:
+        _write_rank0_files_of(save, extra, hashed)
+    save.agreed()
     if is_main:
-        try:
-            faults.disk_full_at("install", step)
-            install(tmp, final)
-        except OSError as err:
-            error, disk_full = err, is_disk_full(err)
-    if agree(error is not None):
-        raise _fail(folder, tmp, step, error, disk_full, needed, is_main, barrier, agree)
+        _install(save)
+    save.agreed()
     if is_main:
         prune(folder, keep)  # logs what it cannot delete: the checkpoint is installed
-    return final
+    return save.final
+
+
+def _make_temporary(save: _CollectiveSave) -> None:
+    """Rank 0: the save's temporary dir, new (a stale one of a killed attempt at this step removed)."""
+    try:
+        rundir.remove_path(save.tmp)
+        save.tmp.mkdir(parents=True)
+    except OSError as err:
+        save.failed(err)
+
+
+def _write_shards(save: _CollectiveSave, state: Dict[str, Any], process_group: Any) -> Optional[Entries]:
+    """Every rank's shards written by DCP into the temporary dir; the entries of the files this rank wrote (None when
+    it failed)."""
+    writer = _Writer(str(save.tmp))
+    try:
+        dcp.save(state, checkpoint_id=str(save.tmp), storage_writer=writer, process_group=process_group)
+        faults.slow_checkpoint_write()  # a test hook: widen the window in which a kill hits a save half-done
+        return file_entries(save.tmp, writer.written)
+    except (Exception, CheckpointException) as err:
+        save.failed(err, writer.disk_full or is_disk_full(err))
+        return None
+
+
+def _write_rank0_files_of(save: _CollectiveSave, extra: Dict[str, Any], hashed: Entries) -> None:
+    """Rank 0, once every rank wrote its shards: loop.pt and the manifest of them all."""
+    try:
+        _write_rank0_files(save.tmp, save.step, extra, hashed)
+    except Exception as err:
+        save.failed(err)
+
+
+def _install(save: _CollectiveSave) -> None:
+    """Rank 0: the complete temporary dir renamed to the step's dir."""
+    try:
+        faults.disk_full_at("install", save.step)
+        install(save.tmp, save.final)
+    except OSError as err:
+        save.failed(err)

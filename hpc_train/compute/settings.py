@@ -50,11 +50,10 @@ class JobSettings:
 @dataclass(frozen=True)
 class BackendSettings:
     """The ``backend`` section the launch side adds to the spec (hpc_train.config.launcher.LauncherKind.rank_settings):
-    how the ranks were started. A rank chooses by these fields; the launcher's name is only recorded."""
+    how the ranks were started. A rank chooses by these fields, never by the launcher's name. A spec written when the
+    section also held ``name`` and ``requeue`` reads the same: keys no field names are not read."""
 
-    name: str
     slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its stop signal, compute nodes without internet
-    requeue: str  # who requeues a job stopped before its time limit: "batch host" or "none"
 
 
 def backend_section(spec: Mapping[str, Any]) -> BackendSettings:

@@ -19,27 +19,21 @@ class LauncherKind:
     on_this_machine: bool  # the ranks start on the machine the command runs on: one node, whose GPUs are counted here
     submits: bool  # the command queues a Slurm job (a job id, the queue, accounting) instead of running the ranks
     slurm_job: bool  # the ranks run inside a Slurm job: a time limit, its signal, compute nodes without internet
-    requeue: str  # who requeues a job stopped before its time limit: "batch host" (hpc_train.batchhost.agent), "none"
     prepares_only: bool  # the command only checks its allocation and writes the job spec (a plain sbatch script's step)
 
     def rank_settings(self) -> Dict[str, Any]:
         """The job spec's ``backend`` section: what a rank needs to know of how it was started (never the name to
-        branch on; the name is recorded as data)."""
-        return {key: value for key, value in asdict(self).items() if key in ("name", "slurm_job", "requeue")}
+        branch on: the spec's ``launcher.name`` records it). Who requeues is not among it: a rank asks the batch host
+        when one listens (hpc_train.compute.runtime.requeue), whatever started it."""
+        return {key: value for key, value in asdict(self).items() if key == "slurm_job"}
 
 
 LAUNCHERS: Dict[str, LauncherKind] = {
     kind.name: kind
     for kind in (
-        LauncherKind(
-            "local", on_this_machine=True, submits=False, slurm_job=False, requeue="none", prepares_only=False
-        ),
-        LauncherKind(
-            "slurm", on_this_machine=False, submits=True, slurm_job=True, requeue="batch host", prepares_only=False
-        ),
-        LauncherKind(
-            "sbatch", on_this_machine=False, submits=False, slurm_job=True, requeue="batch host", prepares_only=True
-        ),
+        LauncherKind("local", on_this_machine=True, submits=False, slurm_job=False, prepares_only=False),
+        LauncherKind("slurm", on_this_machine=False, submits=True, slurm_job=True, prepares_only=False),
+        LauncherKind("sbatch", on_this_machine=False, submits=False, slurm_job=True, prepares_only=True),
     )
 }
 DEFAULT_LAUNCHER = "local"

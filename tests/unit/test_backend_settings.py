@@ -24,7 +24,8 @@ def test_the_backend_section_is_what_the_launch_side_writes():
 
 
 def test_the_section_not_the_name_decides():
-    # a spec's backend section is read as it is, whatever the launcher's name says
+    # a spec's backend section is read as it is, whatever the launcher's name says; the name and requeue keys a spec
+    # written by an earlier version holds there are not read
     spec = {"backend": {"name": "local", "slurm_job": True, "requeue": "scontrol"}, "launcher": {"name": "local"}}
     assert backend_section(spec).slurm_job
 

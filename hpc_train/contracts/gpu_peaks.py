@@ -20,14 +20,17 @@ from hpc_train.config.cluster import PEAK_PRECISIONS as PRECISIONS
 
 
 @dataclass(frozen=True)
-class DevicePeak:
+class PeakRow:
+    """One row of the table: a device's datasheet peaks (a rank's peak for its run is
+    hpc_train.compute.performance.peaks.DevicePeak)."""
+
     device: str  # the row's name ("H100 SXM")
     tflops: Mapping[str, float]  # precision (PRECISIONS) -> dense peak TFLOP/s of one device (as torch sees it)
     source: str  # where the figures come from
 
 
-def _row(device: str, source: str, **tflops: float) -> DevicePeak:
-    return DevicePeak(device, MappingProxyType(dict(tflops)), source)
+def _row(device: str, source: str, **tflops: float) -> PeakRow:
+    return PeakRow(device, MappingProxyType(dict(tflops)), source)
 
 
 _V100 = "NVIDIA V100 Tensor Core GPU datasheet"
@@ -37,7 +40,7 @@ _HOPPER = dict(bf16=989.4, fp16=989.4, tf32=494.7, fp32=66.9)  # H100 SXM, H200 
 _NVL = dict(bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0)  # H100 NVL and H200 NVL
 
 # (pattern searched in torch's device name, ignoring case; its row), the most specific first.
-TABLE: Tuple[Tuple[str, DevicePeak], ...] = (
+TABLE: Tuple[Tuple[str, PeakRow], ...] = (
     (r"V100S", _row("V100S PCIe", _V100, fp16=130.0, fp32=16.4)),
     (r"V100.*PCIE", _row("V100 PCIe", _V100, fp16=112.0, fp32=14.0)),
     (r"V100", _row("V100 SXM2", _V100, fp16=125.0, fp32=15.7)),
@@ -71,7 +74,7 @@ TABLE: Tuple[Tuple[str, DevicePeak], ...] = (
 )
 
 
-def peak_for(device_name: str) -> Optional[DevicePeak]:
+def peak_for(device_name: str) -> Optional[PeakRow]:
     """The table's row for a device named as torch names it; None for a device the table does not know."""
     for pattern, row in TABLE:
         if re.search(pattern, device_name, flags=re.IGNORECASE):
@@ -85,4 +88,4 @@ def precision_peak(peak: Mapping[str, float], precision: str) -> Optional[float]
     return float(value) if value is not None else None
 
 
-__all__ = ["PRECISIONS", "DevicePeak", "TABLE", "peak_for", "precision_peak"]
+__all__ = ["PRECISIONS", "PeakRow", "TABLE", "peak_for", "precision_peak"]

@@ -15,8 +15,10 @@ PRECISION_KEYS = {"bf16": "bf16", "16": "fp16"}  # trainer.precision -> the tabl
 
 @dataclass(frozen=True)
 class DevicePeak:
+    """The peak a rank's MFU is computed against: its device's, for the run's precision (the table's rows:
+    hpc_train.contracts.gpu_peaks.PeakRow)."""
+
     name: str  # the device's name as torch reports it ("cpu" for a CPU)
-    precision: str  # the table's column: bf16 | fp16 | tf32 | fp32
     tflops: Optional[float]  # None: no known peak (a CPU, a device the table lacks)
     source: Optional[str]
 
@@ -31,10 +33,10 @@ def column(precision: str) -> str:
 def device_peak(device: torch.device, precision: str, override: Optional[Mapping[str, float]]) -> DevicePeak:
     key = column(precision)
     if device.type != "cuda":
-        return DevicePeak(device.type, key, None, None)
+        return DevicePeak(device.type, None, None)
     name = torch.cuda.get_device_name(device)
     if override and override.get(key) is not None:
-        return DevicePeak(name, key, float(override[key]), "cluster.gpu_peak_tflops")
+        return DevicePeak(name, float(override[key]), "cluster.gpu_peak_tflops")
     row = peak_for(name)
     value = precision_peak(row.tflops, key) if row is not None else None
-    return DevicePeak(name, key, value, f"{row.device}: {row.source}" if row is not None and value else None)
+    return DevicePeak(name, value, f"{row.device}: {row.source}" if row is not None and value else None)

@@ -260,7 +260,7 @@ class Job:
         code = self._watch.exit_code()
         if own_command and code in REFUSED and self._output is not None:
             raise child.bad_input(self._output, self.run_dir, self._started)
-        rank, error = states.rank_error(self.run_dir, self._started)
+        rank, error = states.first_rank_error(self.run_dir, self._started)
         cause = f": rank {rank} failed first ({error})" if error else ""
         where = (
             f"; its traceback: {rundir.rank_log(self.run_dir, rank)}"
@@ -282,7 +282,7 @@ class Job:
         return {"run_dir": self.run_dir, "logs": self.run_dir / rundir.LOGS}
 
     def _error(self) -> Optional[str]:
-        return states.rank_error(self.run_dir, self._started)[1]
+        return states.first_rank_error(self.run_dir, self._started)[1]
 
 
 # -- run, submit, sweep -----------------------------------------------------------------------
@@ -323,7 +323,7 @@ def run(
         return summary
     if code == 0 and kind.prepares_only:
         return {"dry_run": False, "run_dir": str(target), "output": out}
-    rank, error = states.rank_error(target, started)
+    rank, error = states.first_rank_error(target, started)
     submitted = newest_submission(target) if kind.submits else None
     what = f"Slurm job {submitted['job_id']}" if submitted else "the job"
     cause = (

@@ -51,15 +51,10 @@ ENDED = frozenset(
 )
 
 
-def rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[str]]:
-    """(rank, one-line error) of the rank that failed first, from logs/rank<r>.error.json written after `since`."""
-    log_dir = run_dir / rundir.LOGS
-    ranks = [
-        int(m.group(1))
-        for m in (re.fullmatch(r"rank(\d+)\.error\.json", p.name) for p in log_dir.glob("rank*.error.json"))
-        if m
-    ]
-    records = read_records(run_dir, max(ranks) + 1, since) if ranks else {}
+def first_rank_error(run_dir: Path, since: float) -> Tuple[Optional[int], Optional[str]]:
+    """(rank, one-line error) of the rank that failed first, from the failure records written after `since`."""
+    ranks = rundir.ranks_with_error_files(run_dir)
+    records = read_records(run_dir, ranks[-1] + 1, since) if ranks else {}
     if not records:
         return None, None
     rank, record = root_cause([], records)
@@ -156,7 +151,7 @@ def run_dir_state(run_dir: Path) -> SlurmState:
     ends = [r for r in records[last:] if r.get("event") == "end"] if starts else []
     # errors of this attempt: written after the previous attempt's end (a rank may fail before rank 0 records a start)
     since = max((float(r.get("time", 0)) for r in records[:last] if r.get("event") == "end"), default=0.0)
-    error = rank_error(run_dir, since)[1]
+    error = first_rank_error(run_dir, since)[1]
     if ends:
         how = str(ends[-1].get("how") or "")
         state = _ending(how)

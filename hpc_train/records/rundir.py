@@ -108,6 +108,15 @@ def rank_error(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / LOGS / f"rank{rank}.error.json"
 
 
+_RANK_ERROR = re.compile(r"^rank(\d+)\.error\.json$")  # rank_error's name
+
+
+def ranks_with_error_files(run_dir: Path) -> List[int]:
+    """The ranks whose rank_error file is in the run dir (of any attempt), in order."""
+    paths = (Path(run_dir) / LOGS).glob("rank*.error.json")
+    return sorted(int(found.group(1)) for path in paths if (found := _RANK_ERROR.match(path.name)))
+
+
 def rank_progress(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / LOGS / f"rank{rank}.progress.json"
 

@@ -14,7 +14,7 @@ import pickle
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from hpc_train.jobs.job_states import rank_error
+from hpc_train.jobs.job_states import first_rank_error
 from hpc_train.pack import app_step, records
 from hpc_train.pack.records import RunState
 from hpc_train.records import rundir
@@ -42,7 +42,7 @@ def logs(run_dir: Path, allocation_job_id: Optional[str]) -> List[Path]:
 def why(run_dir: Path, run: RunState, allocation_state: Optional[str] = None) -> str:
     """The first line of why the run did not complete: its first failing rank's error (this attempt's), else its
     step's stderr, else what the records say (the step's exit code, or its allocation's end)."""
-    error = rank_error(Path(run_dir), run.started or 0.0)[1]
+    error = first_rank_error(Path(run_dir), run.started or 0.0)[1]
     if error:
         return error
     returned = job_return(Path(run_dir))

@@ -26,7 +26,7 @@ from typing import IO, Callable, Dict, List, Optional, Set, Tuple
 import yaml
 
 from hpc_train.jobs import job_table
-from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, rank_error, slurm_job_states
+from hpc_train.jobs.job_states import ENDED, FROM_RUN_DIRS, first_rank_error, slurm_job_states
 from hpc_train.jobs.requeues import Requeues, accounted_attempts
 from hpc_train.jobs.sweep_status import MULTIRUN, never_running
 from hpc_train.launch.hydra.cli_child import expand
@@ -141,7 +141,7 @@ def _progress(job: WatchedJob) -> None:
 
 
 def _failure(job: WatchedJob, sweep_dir: Path) -> None:
-    rank, error = rank_error(job.run_dir, 0.0)
+    rank, error = first_rank_error(job.run_dir, 0.0)
     if error:
         job.error, job.log = error, rundir.rank_log(job.run_dir, rank or 0)
         return
@@ -233,7 +233,7 @@ def snapshot(sweep_dir: Path) -> Snapshot:
             job = WatchedJob(str(number), sweep_dir / str(number))
             if (job.run_dir / rundir.SUMMARY).exists():
                 job.state, job.elapsed_s = "COMPLETED", _local_elapsed(job.run_dir)
-            elif number in started and (number < newest or rank_error(job.run_dir, 0.0)[1]):
+            elif number in started and (number < newest or first_rank_error(job.run_dir, 0.0)[1]):
                 job.state = "FAILED"  # a later job started (local sweeps run one at a time), or a rank failed
             elif number in started:
                 job.state = "RUNNING"

@@ -30,7 +30,7 @@ import yaml
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
 from hpc_train.errors import HpcTrainError
-from hpc_train.jobs.job_states import rank_error
+from hpc_train.jobs.job_states import first_rank_error
 from hpc_train.launch.hydra import exits, hydra_internals
 from hpc_train.launch.hydra.exits import CliWords
 from hpc_train.records import as_found, rundir
@@ -330,7 +330,7 @@ def bad_input(output: Path, run_dir: Optional[Path] = None, since: float = 0.0) 
     if isinstance(data, dict) and ("problem" in data or "words" in data):
         return exits.from_data(data)
     if run_dir is not None:
-        refused = refusal_words(rank_error(run_dir, since)[1])
+        refused = refusal_words(first_rank_error(run_dir, since)[1])
         if refused:  # a rank refused: what it printed
             return CliWords("hpc-train: " + refused)
     return CliWords(f"hpc-train: the input was refused (exit code 2); what it printed: {output}")

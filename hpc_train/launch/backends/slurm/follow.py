@@ -263,7 +263,7 @@ def follow_job(handle: Any, run_dir: Path) -> int:
         code = 0
     else:  # submitit re-raises the remote failure; its traceback is in the Slurm log
         verdict = hang.read_request(run_dir, since=submitted)
-        rank, error = job_states.rank_error(run_dir, submitted)
+        rank, error = job_states.first_rank_error(run_dir, submitted)
         refused = refusal_words(error)
         if verdict is not None and verdict.get("state") == hang.STOPPING:  # the watchdog's words, not submitit's
             print(verdict.get("message", ""))

@@ -260,7 +260,6 @@ def stack_lines(shown: Folded, sources: Dict[Frame, str], indent: str = "      "
 class Verdict:
     culprits: List[int]
     waiting: List[int]
-    silent: List[int]  # ranks that published nothing recent (process frozen or gone) or dumped no stacks
     stalled_s: float
 
 
@@ -278,8 +277,7 @@ def diagnose(records: Dict[int, RankProgress], stacks: Dict[int, Optional[RankSt
         culprits = behind or rest
         waiting |= set(rest) - set(culprits)
     stalled = now - max((records[r].since for r in ranks), default=now)
-    silent = [r for r in ranks if stacks.get(r) is None]
-    return Verdict(culprits, sorted(waiting), silent, stalled)
+    return Verdict(culprits, sorted(waiting), stalled)
 
 
 def describe(

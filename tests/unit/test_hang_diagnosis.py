@@ -129,7 +129,7 @@ def test_a_py_spy_dump_is_shown_as_a_traceback_with_each_line_of_code(tmp_path):
     stacks = hang.parse_stacks("\n".join([head, *dump, hang.STACKS_END.format(rank=1, stamp=stamp)]), 1, stamp)
     assert stacks.main[0] == hang.Frame(str(script), 2, "read_shard")
     records = {0: record(0, 0, hang.RUNNING), 1: record(1, 0, hang.RUNNING)}
-    message = hang.describe(hang.Verdict([1], [0], [], 30.0), records, {0: None, 1: stacks}, 6, tmp_path)
+    message = hang.describe(hang.Verdict([1], [0], 30.0), records, {0: None, 1: stacks}, 6, tmp_path)
     assert (
         f'      File "{script}", line 2, in read_shard\n'
         "        return handle.read()  # a dead file system\n"

@@ -1,9 +1,10 @@
-"""A rank's typed settings (hpc_train.compute.settings) hold exactly the declared keys of their sections.
+"""A rank's typed settings (hpc_train.compute.settings) hold the declared keys of their sections that a rank reads.
 
 The settings classes sit beside the parts that read them and list field names only; the declarations
 (hpc_train.config) say what each key accepts and defaults to. These tests keep the two in step: a key
-declared with a default or as required is a field of its section's settings, no field is undeclared,
-and a completed spec of every shipped option reads into them.
+declared with a default or as required is a field of its section's settings unless it is listed here as the
+login side's alone (or read from the spec itself), no field is undeclared nor listed so, and a completed spec of
+every shipped option reads into them.
 """
 
 from __future__ import annotations
@@ -45,9 +46,17 @@ READERS = {
 # Declared keys a spec may leave out (Rule.left_out) that a rank still reads, and the field that holds them:
 # logger.trackers, with logger.name, is read through hpc_train.contracts.logger_table as the trackers chosen.
 READ_THROUGH = {"logger": {"trackers"}}
-# Nodes of a section that only some of its options have, which no rank reads: launcher.pack.* (launcher=slurm only)
-# says how the login node packs a sweep's runs into allocations (hpc_train.launch.backends.slurm.packed).
-LOGIN_ONLY = {"launcher": {"pack"}}
+# Keys a rank reads from the spec itself, not through a settings class: trainer.max_requeues, read once training has
+# stopped (hpc_train.compute.worker, hpc_train.compute.entry.job), where no settings are left.
+READ_FROM_THE_SPEC = {"trainer": {"max_requeues"}}
+# Keys of a section that no rank reads, the login side's alone: the job's name and dry_run (the plan and the
+# submission), the launcher's name, wait, master_port (the launch side turns it into the ranks' MASTER_PORT) and
+# array_parallelism; launcher.pack.* (launcher=slurm only) says how the login node packs a sweep's runs into
+# allocations (hpc_train.launch.backends.slurm.packed).
+LOGIN_ONLY = {
+    "": {"job_name", "dry_run"},
+    "launcher": {"name", "wait", "master_port", "array_parallelism", "pack"},
+}
 
 
 def names(*classes: type) -> List[str]:
@@ -64,12 +73,12 @@ def carried(section_name: str) -> Set[str]:
 
 
 @pytest.mark.parametrize("section_name", sorted(READERS), ids=lambda s: s or "top")
-def test_each_section_is_read_whole_by_its_settings(section_name):
+def test_each_key_of_a_section_is_read_by_its_settings_or_listed(section_name):
     read = names(*READERS[section_name])
     assert len(read) == len(set(read)), f"a key of {section_name or 'the top level'} is read by two settings"
-    assert set(read) | LOGIN_ONLY.get(section_name, set()) == carried(section_name) | READ_THROUGH.get(
-        section_name, set()
-    )
+    others = LOGIN_ONLY.get(section_name, set()) | READ_FROM_THE_SPEC.get(section_name, set())
+    assert not set(read) & others, "a key listed as read elsewhere is read by a settings class too"
+    assert set(read) | others == carried(section_name) | READ_THROUGH.get(section_name, set())
 
 
 @pytest.mark.parametrize("identity", sorted(strategy_table.KINDS))
@@ -170,7 +179,7 @@ def test_a_completed_spec_reads_into_every_settings(overrides):
 
 
 def test_a_missing_key_is_an_error_naming_it_not_a_default():
-    node = {"checkpoint_every": 10, "keep_checkpoints": 2, "async_checkpoint": True}
-    with pytest.raises(KeyError, match="max_requeues"):
+    node = {"checkpoint_every": 10, "async_checkpoint": True}
+    with pytest.raises(KeyError, match="keep_checkpoints"):
         section(CheckpointSettings, node)
-    assert section(CheckpointSettings, {**node, "max_requeues": 3, "other": 1}) == CheckpointSettings(10, 2, 3, True)
+    assert section(CheckpointSettings, {**node, "keep_checkpoints": 2, "other": 1}) == CheckpointSettings(10, 2, True)

@@ -56,13 +56,12 @@ log = logging.getLogger("hpc_train")
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """The trainer keys of checkpointing: every how many steps, how many are kept, how often a stopped job is requeued
-    to resume from one (read by the requeue, hpc_train.compute.runtime.requeue), whether saves are written in the
-    background."""
+    """The trainer keys of checkpointing: every how many steps, how many are kept, whether saves are written in the
+    background. (How often a stopped job is requeued, ``trainer.max_requeues``, is read from the spec after training
+    has stopped: hpc_train.compute.worker.)"""
 
     checkpoint_every: int
     keep_checkpoints: int
-    max_requeues: int
     async_checkpoint: bool
 
 

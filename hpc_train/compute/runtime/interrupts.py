@@ -32,15 +32,11 @@ NONE, REQUEUE, TERMINATE = 0, 1, 2  # ordered: when ranks disagree, the stronges
 
 @dataclass(frozen=True)
 class LauncherSettings:
-    """The ``launcher`` section: a rank reads its name, the requeue signal and how long before the time limit it
-    comes; the other keys are the login side's."""
+    """The ``launcher`` section as a rank reads it: the requeue signal and how long before the time limit it comes
+    (the other keys are the login side's: tests/unit/test_rank_settings.py lists them)."""
 
-    name: str
-    wait: bool
     signal: str
     signal_delay_s: int
-    master_port: Optional[int]
-    array_parallelism: Optional[int]
 
 
 class StopFlag:

@@ -25,11 +25,9 @@ from hpc_train.compute.training.tracker_common import LoggerSettings
 
 @dataclass(frozen=True)
 class RunSettings:
-    """The top-level keys: the seed, the job's name, dry_run, what to resume from, and the model's ``_target_`` node."""
+    """The top-level keys a rank reads: the seed, what to resume from, and the model's ``_target_`` node."""
 
     seed: int
-    job_name: str
-    dry_run: bool
     resume: str  # auto | never | a path (hpc_train.compute.checkpointing.checkpointer)
     model: Mapping[str, Any]
 

@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.utils import (
     JobReturn,
@@ -145,25 +145,9 @@ class SweepLauncher(SweepLauncherBase):
         assert self.config is not None
         optimising = sweeper_wants_objective(self.config.hydra)
         returns: List[Optional[JobReturn]] = [None] * len(batch)
-        prepared = []
-        laid_out = Progress(len(batch), "validated and laid out")
-        for i, (num, overrides, job) in enumerate(batch):
-            label = " ".join(filter_overrides(overrides))
-            try:
-                plan = make_plan(job.view, job.run_dir)
-                prepared.append((i, slurm.prepare(plan, build_job_spec(plan, job.choices), label)))
-            except ConfigError as err:
-                if optimising:
-                    print(f"hpc-train: trial #{num} ({label}) not submitted: {err.message}", file=sys.stderr)
-                    returns[i] = _job_return(overrides, job.run_dir, err)
-                    continue
-                raise ConfigError(
-                    err.key,
-                    f"sweep job #{num} ({label}): {err.problem} Because of it, nothing was submitted.",
-                    err.fix,
-                ) from None
-            laid_out.tick()
-        shape = pack.pack_shape(batch[0][2].view) if prepared else None
+        prepared = _prepare_jobs(batch, returns, optimising)
+        view = batch[0][2].view
+        shape = pack.pack_shape(view) if prepared else None
         if shape is not None:
             return self._submit_packed(batch, prepared, shape, sweep_dir, returns, optimising)
         if prepared:
@@ -172,51 +156,18 @@ class SweepLauncher(SweepLauncherBase):
                 {job.params.get("account") for _, job in prepared},
                 prepared[0][1].params.get("array_parallelism"),
             )
-        if batch[0][2].view.dry_run:
+        if view.dry_run:
             for _, job in prepared:
                 print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         if not prepared:
             return returns  # type: ignore[return-value]
-        # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
-        # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
-        with slurm_queueing.Queueing(len(prepared)) as queueing:  # Ctrl-C until jobs.tsv lists them: all cancelled
-            submitted = queueing.submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
-            for i, job in prepared:
-                write_job_spec(job.spec, job.plan.run_dir)
-                hydra_dir = job.plan.run_dir / ".hydra"
-                hydra_dir.mkdir(parents=True, exist_ok=True)
-                write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
-            handles = {id(job): handle for job, handle in submitted}
-            rows = [
-                job_table.JobRow(
-                    str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe()
-                )
-                for _, job in prepared
-            ]
-            job_table.print_and_append(sweep_dir, rows)
-            numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
-            submissions.record(
-                sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted])
-            )
-        wait = bool(batch[0][2].view.launcher.wait)
-        objective = str(batch[0][2].view.objective)
-        if optimising or wait:
-            if optimising:
-                print(
-                    f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {objective}"
-                )
-            for i, job in prepared:
-                handle = handles[id(job)]
-                overrides, run_dir = batch[i][1], job.plan.run_dir
-                code = follow_job(handle, run_dir)
-                job_id = str(handle.job_id)
-                returns[i] = _ended(overrides, run_dir, job_id, f"Slurm job {job_id}", code, optimising, objective)
-            if wait and not optimising:
-                _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
+        handles = _queue_arrays(batch, prepared, sweep_dir)
+        if optimising or bool(view.launcher.wait):
+            _follow_batch(batch, prepared, handles, returns, optimising, sweep_dir)
         for i, job in prepared:
             if returns[i] is None:
-                returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[id(job)].job_id)
+                returns[i] = _job_return(batch[i][1], job.plan.run_dir, handles[i].job_id)
         return returns  # type: ignore[return-value]
 
     def _submit_packed(
@@ -243,10 +194,7 @@ class SweepLauncher(SweepLauncherBase):
                 print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         for i, job in prepared:  # before sbatch: an allocation may start its first step at once
-            write_job_spec(job.spec, job.plan.run_dir)
-            hydra_dir = job.plan.run_dir / ".hydra"
-            hydra_dir.mkdir(parents=True, exist_ok=True)
-            write_yaml(list(batch[i][1]), hydra_dir / "overrides.yaml")
+            _write_job_records(job, batch[i][1])
         try:
             rows = [(job.plan.run_dir.name, job.label, job.plan.layout.describe()) for job in jobs]
             submitted, ids = pack.queue(plans, sweep_dir, rows)
@@ -271,6 +219,86 @@ class SweepLauncher(SweepLauncherBase):
         if wait and not optimising:
             _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
         return returns  # type: ignore[return-value]
+
+
+def _prepare_jobs(
+    batch: List[Tuple[int, Sequence[str], JobConfig]], returns: List[Optional[JobReturn]], optimising: bool
+) -> List[Tuple[int, slurm.PreparedJob]]:
+    """Each job of the batch planned, its spec built and its sbatch parameters made, by its index in the batch. A job
+    refused: the sweep stops (ConfigError naming the job), or, for a sweeper that optimises, its trial comes back
+    FAILED in `returns` and the others go on."""
+    prepared = []
+    laid_out = Progress(len(batch), "validated and laid out")
+    for i, (num, overrides, job) in enumerate(batch):
+        label = " ".join(filter_overrides(overrides))
+        try:
+            plan = make_plan(job.view, job.run_dir)
+            prepared.append((i, slurm.prepare(plan, build_job_spec(plan, job.choices), label)))
+        except ConfigError as err:
+            if optimising:
+                print(f"hpc-train: trial #{num} ({label}) not submitted: {err.message}", file=sys.stderr)
+                returns[i] = _job_return(overrides, job.run_dir, err)
+                continue
+            raise ConfigError(
+                err.key,
+                f"sweep job #{num} ({label}): {err.problem} Because of it, nothing was submitted.",
+                err.fix,
+            ) from None
+        laid_out.tick()
+    return prepared
+
+
+def _queue_arrays(
+    batch: List[Tuple[int, Sequence[str], JobConfig]], prepared: List[Tuple[int, slurm.PreparedJob]], sweep_dir: Path
+) -> Dict[int, Any]:
+    """The prepared jobs queued in arrays, then their records written (job spec, overrides, the sweep's job table and
+    submissions); each job's handle by its index in the batch. Ctrl-C before jobs.tsv lists them cancels them all."""
+    # Submitted first: a refused sbatch leaves no job_config.yaml that a later resume would misread
+    # (the ranks read the spec submitit pickled; job_config.yaml is the readable record).
+    with slurm_queueing.Queueing(len(prepared)) as queueing:
+        submitted = queueing.submitted = slurm.submit_jobs([job for _, job in prepared], log_root=sweep_dir)
+        for i, job in prepared:
+            _write_job_records(job, batch[i][1])
+        handles = {id(job): handle for job, handle in submitted}
+        rows = [
+            job_table.JobRow(str(handles[id(job)].job_id), job.plan.run_dir.name, job.label, job.plan.layout.describe())
+            for _, job in prepared
+        ]
+        job_table.print_and_append(sweep_dir, rows)
+        numbers = {id(job): job.plan.run_dir.name for _, job in prepared}
+        submissions.record(sweep_dir, slurm.submission_records(submitted, [numbers[id(job)] for job, _ in submitted]))
+    return {i: handles[id(job)] for i, job in prepared}
+
+
+def _write_job_records(job: slurm.PreparedJob, overrides: Sequence[str]) -> None:
+    """A sweep job's readable records in its run dir: its job spec and its overrides (.hydra/overrides.yaml)."""
+    write_job_spec(job.spec, job.plan.run_dir)
+    hydra_dir = job.plan.run_dir / ".hydra"
+    hydra_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(list(overrides), hydra_dir / "overrides.yaml")
+
+
+def _follow_batch(
+    batch: List[Tuple[int, Sequence[str], JobConfig]],
+    prepared: List[Tuple[int, slurm.PreparedJob]],
+    handles: Dict[int, Any],
+    returns: List[Optional[JobReturn]],
+    optimising: bool,
+    sweep_dir: Path,
+) -> None:
+    """Each queued job followed to its end, its return in `returns` (for a sweeper that optimises: its objective);
+    with launcher.wait alone, the sweep's closing line."""
+    objective = str(batch[0][2].view.objective)
+    if optimising:
+        print(f"hpc-train: waiting for this batch of {len(prepared)} job(s): the sweeper needs their {objective}")
+    for i, job in prepared:
+        handle = handles[i]
+        overrides, run_dir = batch[i][1], job.plan.run_dir
+        code = follow_job(handle, run_dir)
+        job_id = str(handle.job_id)
+        returns[i] = _ended(overrides, run_dir, job_id, f"Slurm job {job_id}", code, optimising, objective)
+    if not optimising:
+        _say_how_they_ended([(batch[i][0], returns[i]) for i, _ in prepared], sweep_dir)
 
 
 def _ended(

@@ -140,11 +140,7 @@ def submit_jobs(
     from hpc_train.compute.entry.job import TrainingJob  # compute side (imports submitit): only to submit
 
     make_task = task or TrainingJob
-    groups: Dict[str, List[PreparedJob]] = {}
-    for job in jobs:
-        groups.setdefault(_group_key(job.params), []).append(job)
-    chunk = array_chunk() if any(len(members) > 1 for members in groups.values()) else 1
-    arrays = [part for members in groups.values() for part in _chunks(members, chunk)]
+    arrays = _arrays(jobs)
     submission = Submission()
     submitted: List[Tuple[PreparedJob, Any]] = []
     previous_throttled: Optional[str] = None
@@ -152,34 +148,7 @@ def submit_jobs(
     try:
         for number, members in enumerate(arrays, 1):
             pressed.take_effect()
-            first = members[0]
-            folder = first.folder or (
-                (log_root if (log_root is not None and len(members) > 1) else first.log_dir) / rundir.SLURM_LOGS
-            )
-            submission.watch(folder)
-            params = dict(first.params)
-            throttled = "array_parallelism" in params
-            params.setdefault("array_parallelism", len(members))  # submitit would throttle to 256 otherwise
-            if throttled and len(members) > 1 and previous_throttled:
-                # One throttled array after the other: the whole sweep runs at most P jobs at once.
-                extra = dict(params.get("additional_parameters") or {})
-                extra["dependency"] = ",".join(
-                    filter(None, [str(extra.get("dependency") or ""), f"afterany:{previous_throttled}"])
-                )
-                params["additional_parameters"] = extra
-            executor = make_executor(folder, params, first.max_requeues, array=len(members) > 1)
-            submission.sending(len(members))
-            with contextlib.redirect_stderr(io.StringIO()):
-                if len(members) == 1:
-                    handles = [executor.submit(_payload(first, make_task))]
-                else:
-                    with executor.batch():
-                        handles = [executor.submit(_payload(job, make_task)) for job in members]
-            for job in members:
-                job.submitted_to = folder
-            submission.sent(str(handles[0].job_id).split("_")[0], len(members))
-            if throttled and len(members) > 1:
-                previous_throttled = submission.queued[-1]
+            handles, previous_throttled = _submit_array(members, log_root, make_task, submission, previous_throttled)
             submitted.extend(zip(members, handles))
             if len(arrays) > 1 and len(members) > 1:
                 print(
@@ -204,6 +173,59 @@ def submit_jobs(
     finally:
         pressed.restore()
     return submitted
+
+
+def _arrays(jobs: Sequence[PreparedJob]) -> List[List[PreparedJob]]:
+    """The jobs grouped by identical sbatch parameters, each group cut into arrays of at most MaxArraySize - 1 (a
+    group of one: a single job)."""
+    groups: Dict[str, List[PreparedJob]] = {}
+    for job in jobs:
+        groups.setdefault(_group_key(job.params), []).append(job)
+    chunk = array_chunk() if any(len(members) > 1 for members in groups.values()) else 1
+    return [part for members in groups.values() for part in _chunks(members, chunk)]
+
+
+def _submit_array(
+    members: List[PreparedJob],
+    log_root: Optional[Path],
+    make_task: Callable[[Dict[str, Any]], Any],
+    submission: Submission,
+    previous_throttled: Optional[str],
+) -> Tuple[List[Any], Optional[str]]:
+    """One array (or one job) through sbatch, watched by `submission`: its handles, and the throttled array the next
+    throttled one waits for."""
+    first, array = members[0], len(members) > 1
+    folder = first.folder or ((log_root if (log_root is not None and array) else first.log_dir) / rundir.SLURM_LOGS)
+    submission.watch(folder)
+    params = _array_params(first.params, len(members), previous_throttled)
+    executor = make_executor(folder, params, first.max_requeues, array=array)
+    submission.sending(len(members))
+    with contextlib.redirect_stderr(io.StringIO()):
+        if not array:
+            handles = [executor.submit(_payload(first, make_task))]
+        else:
+            with executor.batch():
+                handles = [executor.submit(_payload(job, make_task)) for job in members]
+    for job in members:
+        job.submitted_to = folder
+    submission.sent(str(handles[0].job_id).split("_")[0], len(members))
+    throttled = "array_parallelism" in first.params
+    return handles, submission.queued[-1] if throttled and array else previous_throttled
+
+
+def _array_params(params: Dict[str, Any], size: int, previous_throttled: Optional[str]) -> Dict[str, Any]:
+    """An array's parameters: throttled to launcher.array_parallelism when set (else all its `size` tasks may run at
+    once), and a throttled array queued after the previous throttled one, so the sweep runs at most P jobs at once."""
+    params = dict(params)
+    throttled = "array_parallelism" in params
+    params.setdefault("array_parallelism", size)  # submitit would throttle to 256 otherwise
+    if throttled and size > 1 and previous_throttled:
+        extra = dict(params.get("additional_parameters") or {})
+        extra["dependency"] = ",".join(
+            filter(None, [str(extra.get("dependency") or ""), f"afterany:{previous_throttled}"])
+        )
+        params["additional_parameters"] = extra
+    return params
 
 
 def submission_records(submitted: List[Tuple[PreparedJob, Any]], numbers: List[str]) -> List[Dict[str, Any]]:

@@ -96,19 +96,24 @@ def _check_batch_split(trainer: ConfigView, parallel: Parallelism, every: Sequen
     divisor = batch_divisor(trainer, parallel)
     if batch % divisor != 0:
         divisor = math.lcm(divisor, *(batch_divisor(trainer, other) for other in every))
-        parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
-        if accum > 1:
-            parts.append(f"trainer.grad_accum_steps={accum}")
-        if chunks > 1:
-            parts.append(f"strategy.chunks={chunks}")
         suggestion = max(divisor, (batch // divisor) * divisor)
         raise ConfigError(
             "trainer.batch_size",
-            f"the global batch {batch} does not split evenly over the {' x '.join(parts)}"
+            f"the global batch {batch} does not split evenly over the {_batch_parts(replicas, accum, chunks)}"
             f" ({parallel.layout.describe()}).",
             f"use a multiple of {divisor}, e.g. trainer.batch_size={suggestion}"
             + (", or change trainer.grad_accum_steps." if accum > 1 else "."),
         )
+
+
+def _batch_parts(replicas: int, accum: int, chunks: int) -> str:
+    """What a global batch is split over, in words: the data-parallel ranks, micro-batches and pipeline chunks."""
+    parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
+    if accum > 1:
+        parts.append(f"trainer.grad_accum_steps={accum}")
+    if chunks > 1:
+        parts.append(f"strategy.chunks={chunks}")
+    return " x ".join(parts)
 
 
 def _check_continued_batch_split(cfg: ConfigView, parallel: Parallelism, run_dir: Path) -> None:
@@ -124,15 +129,11 @@ def _check_continued_batch_split(cfg: ConfigView, parallel: Parallelism, run_dir
     if batch % (replicas * chunks * accum) == 0:
         return
     sizes = [str(n) for n in range(1, batch + 1) if batch % (n * chunks * accum) == 0]
-    parts = [f"world size {replicas}" if chunks == 1 and accum == 1 else f"data-parallel size {replicas}"]
-    if accum > 1:
-        parts.append(f"trainer.grad_accum_steps={accum}")
-    if chunks > 1:
-        parts.append(f"strategy.chunks={chunks}")
+    over = _batch_parts(replicas, accum, chunks)
     raise ConfigError(
         "resources.gpus_per_node",
         f"this run continues the checkpoint {target}, whose global batch of {batch} (trainer.batch_size, kept by a"
-        f" resumed run) does not split evenly over the {' x '.join(parts)} ({parallel.layout.describe()}).",
+        f" resumed run) does not split evenly over the {over} ({parallel.layout.describe()}).",
         f"resume on a data-parallel size of {', '.join(sizes[:-1])} or {sizes[-1]} ranks (resources.nodes x"
         " resources.gpus_per_node)"
         + (", or change trainer.grad_accum_steps" if accum > 1 else "")

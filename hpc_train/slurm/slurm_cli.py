@@ -16,15 +16,43 @@ nothing. Any other missing configuration the client refuses itself within millis
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import subprocess
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from hpc_train.hosts import hosts
 
 TIMEOUT_S = 60.0  # a busy controller answers within this; every call has a timeout (a hung slurmctld never hangs us)
+REMEMBER_S = 60.0  # how long a process keeps the cluster's answer to a question it asks once per command
+_T = TypeVar("_T")
+_REMEMBERED: List[Dict[str, Tuple[float, Any]]] = []
+
+
+def remembered(ask: Callable[[], _T]) -> Callable[[], _T]:
+    """The cluster's answer to ``ask()`` (a question without arguments: its configuration, its nodes) kept for
+    REMEMBER_S seconds in this process: a command or a sweep asks once, a process that lives longer (a notebook's
+    kernel, the Python API, a session whose cluster was reconfigured) asks again once the answer is older."""
+    kept: Dict[str, Tuple[float, Any]] = {}
+    _REMEMBERED.append(kept)
+
+    @functools.wraps(ask)
+    def answer() -> _T:
+        now = time.monotonic()
+        if "answer" not in kept or now - kept["answer"][0] > REMEMBER_S:
+            kept["answer"] = (now, ask())
+        return kept["answer"][1]
+
+    return answer
+
+
+def forget_answers() -> None:
+    """Every remembered answer dropped: the next question asks the cluster (after the cluster itself changed)."""
+    for kept in _REMEMBERED:
+        kept.clear()
 
 
 def run(

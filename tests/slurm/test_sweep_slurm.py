@@ -44,9 +44,8 @@ def queued(user: str = "root") -> int:
 
 def sweep_sizes(jobs: int) -> list:
     """The arrays a sweep of `jobs` goes in as: as many of MaxArraySize - 1 tasks as fit, then the rest."""
-    from hpc_train.launch.planning.sweep_limits import array_chunk, controller_config
+    from hpc_train.launch.planning.sweep_limits import array_chunk
 
-    controller_config.cache_clear()  # the cluster this test runs on (a scale run restarts it with another size)
     chunk = array_chunk()
     return [chunk] * (jobs // chunk) + ([jobs % chunk] if jobs % chunk else [])
 

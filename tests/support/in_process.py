@@ -129,8 +129,11 @@ def _hpc_train_state() -> Iterator[None]:
 
 
 def _clear_caches() -> None:
-    """Every functools cache at the top level of an imported hpc_train module (sinfo's answer, say, once per
-    process)."""
+    """Every functools cache at the top level of an imported hpc_train module, and the cluster's remembered answers
+    (sinfo's, once per command)."""
+    from hpc_train.slurm import slurm_cli
+
+    slurm_cli.forget_answers()
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith(("hpc_train", "hydra_plugins.hpc_train")):
             continue

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from hpc_train.slurm import slurm_cli
 from tests.support.paths import REPO
 
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm_test_cluster.sh"
@@ -45,6 +46,7 @@ def start_slurm_cluster(nodes: int = SUITE_NODES) -> None:
     for key, value in re.findall(r"^export (\w+)=(\S+)$", env, flags=re.M):
         os.environ[key] = value.strip("'\"")  # every sbatch/scontrol the tests run (and the CLI) talks to this cluster
     assert shutil.which("sbatch") and shutil.which("scontrol")
+    slurm_cli.forget_answers()  # what this process asked the cluster before it was (re)started, its size say
 
 
 def reset_association_limits() -> None:

@@ -90,9 +90,9 @@ class Answer:
     unconfigured: bool = False
 
 
-@functools.lru_cache(maxsize=1)
+@slurm_cli.remembered
 def answer() -> Answer:
-    """What this cluster's ``sinfo`` says, once per process (a sweep asks once)."""
+    """What this cluster's ``sinfo`` says, asked once per command (a sweep asks once; slurm_cli.remembered)."""
     done = slurm_cli.run(["sinfo", "-h", "-N", "-o", _FORMAT], timeout=SINFO_TIMEOUT_S)
     if done.returncode != 0:
         return Answer(None, slurm_cli.said(done), slurm_cli.unconfigured(done))

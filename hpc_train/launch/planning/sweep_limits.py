@@ -16,7 +16,6 @@ refuse anything: the excess waits (reason ``AssocMaxJobsLimit``); the user is to
 
 from __future__ import annotations
 
-import functools
 import getpass
 import os
 import sys
@@ -30,9 +29,10 @@ DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default, used when scontrol does not an
 SWEEP_KEY = "sweep"  # the key a refusal names: the sweep as a whole, not one job's setting
 
 
-@functools.lru_cache(maxsize=1)
+@slurm_cli.remembered
 def controller_config() -> Dict[str, str]:
-    """``scontrol show config`` as {name: value}, once per process; {} when it does not answer."""
+    """``scontrol show config`` as {name: value}, asked once per command (slurm_cli.remembered); {} when it does not
+    answer."""
     text = slurm_cli.query(["scontrol", "show", "config"], timeout=30) or ""
     found: Dict[str, str] = {}
     for line in text.splitlines():

@@ -45,10 +45,6 @@ def override_args(overrides: Mapping[str, Any], style: str) -> List[str]:
     return args
 
 
-def is_module(argv: Sequence[str]) -> bool:
-    return len(argv) >= 1 and argv[0] == "-m"
-
-
 def script_args(script: Mapping[str, Any], resume: bool) -> List[str]:
     """The script (``train.py`` or ``-m package.module``) and its arguments, without the interpreter."""
     argv = [str(a) for a in script["argv"]]

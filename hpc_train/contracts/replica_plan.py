@@ -37,6 +37,19 @@ class ReplicaPlan:
     def describe(self) -> str:
         return f"{self.groups} replica groups of {self.group_nodes} node(s) and {self.spare_nodes} spare node(s)"
 
+    def launch_line(self, nodes: int, slurm: bool) -> str:
+        """The launch's words on the groups, under the layout line of a dry run or a start (`nodes`: the job's
+        nodes without the spares; on Slurm each group has whole nodes when there are as many nodes as groups)."""
+        size = self.group_size
+        where = f", {self.group_nodes} node(s) each" if slurm and nodes >= self.groups else ""
+        spare = self.spare_nodes if slurm else 0
+        held = f"; {spare} spare node(s): the job holds {nodes + spare}" if spare else ""
+        return (
+            f"{self.groups} replica groups of {size} rank{'s' if size > 1 else ''}{where}: a group that fails restarts"
+            f" alone while the others train on (a group without a heartbeat is dropped after"
+            f" {self.heartbeat_timeout_s:g} s){held}"
+        )
+
     def lighthouse_command(self, python: str, port: int) -> List[str]:
         """The lighthouse's process (hpc_train.compute.replicas.lighthouse), as both launchers start it."""
         return [

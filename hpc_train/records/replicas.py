@@ -188,21 +188,4 @@ def finished_file(folder: Path, group: int) -> Path:
     return Path(folder) / f"finished.group{group}"
 
 
-def plan_line(node: Mapping[str, Any], world: int, nodes: int, slurm: bool) -> str:
-    """The launch's words on the groups ("" without them): under the layout line of a dry run or a start."""
-    groups = node.get("replica_groups") if node else None
-    if not groups:
-        return ""
-    groups = int(groups)
-    size = world // groups
-    where = f", {nodes // groups} node(s) each" if slurm and nodes >= groups else ""
-    spare = int(node.get("spare_nodes") or 0) if slurm else 0
-    held = f"; {spare} spare node(s): the job holds {nodes + spare}" if spare else ""
-    return (
-        f"{groups} replica groups of {size} rank{'s' if size > 1 else ''}{where}: a group that fails restarts alone"
-        f" while the others train on (a group without a heartbeat is dropped after"
-        f" {float(node.get('heartbeat_timeout_s', 0)):g} s){held}"
-    )
-
-
 LIGHTHOUSE_LOG = "lighthouse.log"  # in the run dir's logs/: the lighthouse's output

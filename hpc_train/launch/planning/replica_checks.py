@@ -13,6 +13,7 @@ imported (``find_spec`` of a top-level package imports nothing).
 from __future__ import annotations
 
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, List
 
 from hpc_train.config.errors import ConfigError
@@ -20,9 +21,9 @@ from hpc_train.config.fault_tolerance import NODE_FIX, TORCHFT_INSTALL, fault_to
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.config.view import ConfigView, plain
 from hpc_train.contracts.job_layout import JobLayout
+from hpc_train.contracts.replica_plan import replica_plan
 from hpc_train.launch.planning.parallelism import Parallelism
 from hpc_train.processes.script_command import is_script_job
-from hpc_train.records import replicas
 
 KEY = "fault_tolerance.replica_groups"
 STRATEGIES = ("ddp", "fsdp", "mesh")  # the strategy identities whose data parallelism the groups split
@@ -197,8 +198,8 @@ def _among(values: List[int]) -> str:
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
-def say_groups(cfg: ConfigView, layout: JobLayout, slurm: bool) -> None:
+def say_groups(cfg: ConfigView, layout: JobLayout, run_dir: Path, slurm: bool) -> None:
     """Under the layout line of a dry run or a start: the replica groups, when the job has them."""
-    line = replicas.plan_line(plain(cfg.get("fault_tolerance")), layout.world_size, layout.nodes, slurm)
-    if line:
-        print(f"hpc-train: {line}")
+    node = plain(cfg.get("fault_tolerance"))
+    if node and node.get("replica_groups"):
+        print(f"hpc-train: {replica_plan(layout, node, run_dir).launch_line(layout.nodes, slurm)}")

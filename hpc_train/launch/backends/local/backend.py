@@ -20,7 +20,7 @@ class LocalBackend(Backend):
 
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
         print(f"hpc-train (dry run, local): {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
-        say_groups(plan.config, plan.layout, slurm=False)
+        say_groups(plan.config, plan.layout, plan.run_dir, slurm=False)
         print(f"  run dir: {plan.run_dir}")
         line = container_line(plan)
         if line:
@@ -32,7 +32,7 @@ class LocalBackend(Backend):
         try:
             config_path = write_job_spec(spec, run_dir)
             print(f"hpc-train: {plan.layout.describe(on_cpus=count_local_gpus() == 0)}")
-            say_groups(plan.config, plan.layout, slurm=False)
+            say_groups(plan.config, plan.layout, plan.run_dir, slurm=False)
             print(f"hpc-train: run dir {run_dir}")
             if (plan.config.get("fault_tolerance") or {}).get("replica_groups"):  # groups, their lighthouse, restarts
                 code = run_groups(plan, config_path)

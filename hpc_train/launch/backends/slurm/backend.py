@@ -41,7 +41,7 @@ class SlurmBackend(Backend):
         if side is not None:
             print(f"hpc-train (dry run): {side.note(side.path_of(plan.run_dir))}")
         print(f"hpc-train (dry run, nothing submitted): {plan.layout.describe()}")
-        say_groups(plan.config, plan.layout, slurm=True)
+        say_groups(plan.config, plan.layout, plan.run_dir, slurm=True)
         return 0
 
     def start(self, plan: RunPlan, spec: Dict[str, Any], wait: bool) -> int:
@@ -62,7 +62,7 @@ class SlurmBackend(Backend):
             raise
         folder = plan.run_dir / rundir.SLURM_LOGS
         print(f"hpc-train: submitted Slurm job {handle.job_id}: {plan.layout.describe()}")
-        say_groups(plan.config, plan.layout, slurm=True)
+        say_groups(plan.config, plan.layout, plan.run_dir, slurm=True)
         print(f"hpc-train: run dir {plan.run_dir}")
         print(
             f"hpc-train: Slurm logs {folder}/{handle.job_id}_<task>_log.out / .err;"

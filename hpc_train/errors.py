@@ -9,8 +9,8 @@ cannot do, or one family for one kind of trouble.
     └── DiskFull        a record or a checkpoint a full disk (or quota) kept from being written
 
 ``str(err)`` is the whole message: what happened and the fix. The ``hpc-train`` command maps each family to its
-exit code and its one-message form in one place (``hpc_train/cli.py``). The bottom layer: it imports nothing of
-hpc_train, so every package can raise these.
+exit code and its one-message form in one place (``hpc_train/launch/hydra/exits.py``). The bottom layer: it imports
+nothing of hpc_train, so every package can raise these.
 """
 
 from __future__ import annotations

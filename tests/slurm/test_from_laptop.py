@@ -22,6 +22,7 @@ from typing import Dict, List
 
 import pytest
 
+from hpc_train.records.rundir import EXIT_REFUSED, EXIT_UNREACHABLE
 from tests.support.cli import wait_for
 from tests.support.paths import REPO
 from tests.support.ssh_server import as_laptop, as_laptop_popen, cluster_home, laptop_dir, start_ssh_server
@@ -288,20 +289,20 @@ def test_a_connection_cut_mid_submission_leaves_the_sweep_whole_and_found(laptop
 
 
 @pytest.mark.parametrize(
-    "override, key, words",
-    [
-        ("cluster.login=ssh://hpccluster@localhost:PORT", "cluster.login", "host key of"),
-        ("cluster.login=ssh://nobody@127.0.0.1:PORT", "cluster.login", "refused the login"),
-        ("cluster.login=ssh://hpccluster@127.0.0.1:CLOSED", "cluster.login", "cannot be reached"),
-        ("cluster.remote_python=OLD", "cluster.remote_python", "hpc_train 0.0.1"),
+    "override, key, words, code",
+    [  # ssh's failures are Unreachable (nothing is wrong with the config); the cluster's old version is a refusal
+        ("cluster.login=ssh://hpccluster@localhost:PORT", "cluster.login", "host key of", EXIT_UNREACHABLE),
+        ("cluster.login=ssh://nobody@127.0.0.1:PORT", "cluster.login", "refused the login", EXIT_UNREACHABLE),
+        ("cluster.login=ssh://hpccluster@127.0.0.1:CLOSED", "cluster.login", "cannot be reached", EXIT_UNREACHABLE),
+        ("cluster.remote_python=OLD", "cluster.remote_python", "hpc_train 0.0.1", EXIT_REFUSED),
     ],
     ids=["host key unknown", "authentication refused", "unreachable", "version mismatch"],
 )
-def test_each_connection_problem_is_one_clear_message_and_nothing_is_queued(laptop, override, key, words):
+def test_each_connection_problem_is_one_clear_message_and_nothing_is_queued(laptop, override, key, words, code):
     override = override.replace("OLD", laptop["env"]["HPC_TRAIN_SSH_OLD_PYTHON"])
     override = override.replace("PORT", laptop["env"]["HPC_TRAIN_SSH_PORT"]).replace("CLOSED", str(_closed_port()))
     done = hpc_train(laptop, *TINY, "launcher=slurm", f"cluster={PROFILE}", "strategy=single", override, timeout=120)
-    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.returncode == code, done.stdout + done.stderr
     message = [line for line in done.stderr.splitlines() if line.startswith("hpc-train:")]
     assert len(message) == 1 and f"`{key}`" in message[0] and words in message[0] and "Fix:" in message[0], done.stderr
     assert "Traceback" not in done.stderr

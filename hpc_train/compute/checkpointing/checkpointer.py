@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Tuple
 
-from hpc_train.compute.checkpointing import dcp_dirs
 from hpc_train.compute.checkpointing.background import FAILURE_WAIT_S, BackgroundWrite, Ticket
 from hpc_train.compute.checkpointing.files import (
     FORMAT,
@@ -228,6 +227,8 @@ class Checkpointer:
         target = rundir.resume_target(self.resume, self.run_dir)
         if target is None:  # resume=never
             if self.ranks.is_main and rundir.list_checkpoints(self.folder):
+                from hpc_train.compute.checkpointing import dcp_dirs  # torch.distributed.checkpoint: DCP jobs only
+
                 aside = dcp_dirs.set_aside(self.folder)
                 log.warning("resume=never: the existing checkpoints were moved to %s", aside)
             return None, None

@@ -70,12 +70,16 @@ def test_readme_links_exist(page):
 
 
 def test_the_architecture_page_names_every_module_and_package():
-    """`ls hpc_train hpc_train/*/ hpc_train/compute/*/ hpc_train/launch/*/` matches the architecture page."""
+    """`ls hpc_train hpc_train/*/ hpc_train/compute/*/ hpc_train/launch/*/ hpc_train/launch/backends/*/` matches the
+    architecture page."""
     page = (ROOT / "docs" / "architecture.md").read_text()
     root = ROOT / "hpc_train"
     folders = [root, *sorted(p for p in root.glob("*/") if (p / "__init__.py").exists())]
     folders += sorted(
-        p for sub in ("compute", "launch") for p in (root / sub).glob("*/") if (p / "__init__.py").exists()
+        p
+        for sub in ("compute", "launch", "launch/backends")
+        for p in (root / sub).glob("*/")
+        if (p / "__init__.py").exists()
     )
     unnamed = [
         str(path.relative_to(root))

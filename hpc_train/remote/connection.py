@@ -1,7 +1,7 @@
 """One cluster, reached over the user's multiplexed ssh (hpc_train.hosts.hosts.SshHost): opened once per connection,
-the two hpc_train versions compared, the project folder made. A cluster that cannot be reached raises
-``Unreachable`` naming ``cluster.login``; what the cluster's side refuses, one ConfigError naming the key at fault;
-each with the fix."""
+the two hpc_train versions compared, the project folder made. A cluster that cannot be reached (or a connection that
+ended mid-command) raises ``Unreachable`` naming ``cluster.login``; what the cluster's side refuses, one ConfigError
+naming the key at fault; each with the fix."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from importlib import metadata
 from typing import Dict, List, Optional
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.errors import HpcTrainError, Unreachable
 from hpc_train.hosts.hosts import SshHost
+from hpc_train.hosts.ssh import LOGIN_KEY, SSH_FAILED
 from hpc_train.remote.settings import RemoteSettings
 
 PACKAGE = "hpc-train"
@@ -89,12 +91,24 @@ class Connection:
         self.cluster = Cluster(found["version"], found["home"], found["dir"], bool(found["rsync"]), found["python"])
         return self.cluster
 
-    def ended(self, code: int, said: str, key: str, what: str) -> None:
-        """How a command streamed through ``host.popen`` ended (a fetch, a sync): ssh's own failure raises
-        Unreachable, another failure one ConfigError naming ``key``: ``what`` failed, in the command's words."""
-        self.host.check(code, said)
+    def ended(self, code: int, said: str, key: str, what: str, fix: str) -> None:
+        """How a command streamed through ``host.popen`` ended (a fetch, a sync): a failure raises ``failure``'s."""
         if code != 0:
-            raise ConfigError(key, f"{what} failed ({said.strip() or code}).", "run the command again.")
+            raise self.failure(code, said, key, what, fix)
+
+    def failure(self, code: int, said: str, key: str, what: str, fix: str) -> HpcTrainError:
+        """A command on the cluster that ended with ``code`` (not 0): ssh's own failure (raised in ssh's words where
+        it is known to say them, else told by ssh's exit status 255 or a killed session) is Unreachable; the
+        cluster's side failing is a ConfigError naming ``key`` with ``fix``; ``what`` failed, in the command's words."""
+        self.host.check(code, said)
+        line = said.strip().splitlines()[-1] if said.strip() else f"exit status {code}"
+        if code == SSH_FAILED or code < 0:
+            return Unreachable(
+                LOGIN_KEY,
+                f"{what} failed: the connection to {self.target.login} ended ({line}).",
+                "run the command again (a new connection opens).",
+            )
+        return ConfigError(key, f"{what} failed ({line}).", fix)
 
     def serve_words(self, action: str, *words: str) -> List[str]:
         return [self.settings.python, "-m", SERVE, action, *words]
@@ -108,11 +122,12 @@ class Connection:
         data = None if stdin is None else json.dumps(stdin).encode()
         done = self.serve(action, *words, stdin=data, cwd=cwd)
         if done.returncode != 0:
-            words_said = done.stderr.decode(errors="replace").strip()
-            raise ConfigError(
+            raise self.failure(
+                done.returncode,
+                done.stderr.decode(errors="replace"),
                 "cluster.remote_python",
-                f"hpc_train on {self.target.login} failed to {action}: {words_said or done.returncode}.",
-                "run the command again; if it fails again, run it on the cluster itself.",
+                f"hpc_train's {action} on {self.target.login}",
+                f"run `{self.settings.python} -m {SERVE} {action}` on the cluster itself to see why.",
             )
         return json.loads(done.stdout.decode().strip().splitlines()[-1])
 

@@ -47,5 +47,11 @@ def refresh(conn: Connection, local: Path, link: RemoteLink, everything: bool = 
     except tarfile.ReadError:  # nothing came: the connection failed (said below)
         pass
     said = process.stderr.read().decode(errors="replace")
-    conn.ended(process.wait(), said, "cluster.login", f"reading {link.path} on {conn.target.login}")
+    conn.ended(
+        process.wait(),
+        said,
+        "cluster.remote_python",
+        f"reading {link.path} on {conn.target.login}",
+        f"run hpc-train-report {link.path} on the cluster itself to see why.",
+    )
     return count

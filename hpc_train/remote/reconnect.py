@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, TypeVar
 
-from hpc_train.config.errors import ConfigError
 from hpc_train.errors import Unreachable
 from hpc_train.hosts.ssh import LOGIN_KEY
 from hpc_train.remote.connection import Connection
@@ -51,7 +50,7 @@ class Reconnecting:
                         )
                     return result
                 problem = "its control connection ended"
-            except (Unreachable, ConfigError) as err:  # a fetch that failed (ConfigError) names the login too
+            except Unreachable as err:  # a fetch whose connection ended is one too (Connection.failure)
                 gave_up = lost_at is not None and time.monotonic() - lost_at > GIVE_UP_S
                 if err.key != LOGIN_KEY or not self.opened or gave_up:  # never connected: its error at once
                     raise

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpc_train.config.errors import ConfigError
+from hpc_train.errors import DiskFull, HpcTrainError
 from hpc_train.hosts.ssh import SSH_FAILED
 from hpc_train.remote.connection import Cluster, Connection
 from hpc_train.remote.serve import EXIT_DISK_FULL
@@ -29,6 +30,8 @@ NEVER_TOP = {"outputs", "multirun"}  # Hydra's output roots: run dirs, which the
 NEVER_SUFFIXES = (".pyc", ".pyo")
 BIGGEST_SHOWN = 5
 DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "no space left on the cluster's disk")
+# rsync's exit statuses for a connection that failed: socket I/O, the protocol stream cut, timeouts (and ssh's own)
+RSYNC_CONNECTION_LOST = (10, 12, 30, 35, SSH_FAILED)
 
 
 @dataclass(frozen=True)
@@ -156,13 +159,12 @@ def push(conn: Connection, cluster: Cluster, root: Path, files: Sequence[str], r
     return Synced(len(files), sent, total, how)
 
 
-def _disk_full(conn: Connection, remote: str, said: str) -> ConfigError:
-    return ConfigError(
-        "cluster.remote_dir",
+def _disk_full(conn: Connection, remote: str, said: str) -> DiskFull:
+    return DiskFull(
         f"the cluster's disk is full under {remote} on {conn.target.login} ({said.strip().splitlines()[-1]});"
-        " the sync stopped part-way, and nothing was submitted.",
-        "free space there (old run dirs' checkpoints, quota: see your site's quota command), or set"
-        " cluster.remote_dir to a file system with room (a work or scratch folder).",
+        " the sync stopped part-way, and nothing was submitted. Fix: free space there (old run dirs' checkpoints,"
+        " quota: see your site's quota command), or set `cluster.remote_dir` to a file system with room (a work or"
+        " scratch folder)."
     )
 
 
@@ -175,18 +177,25 @@ def _rsync(conn: Connection, root: Path, files: Sequence[str], remote: str) -> i
     done = subprocess.run(
         command, input="\0".join(files).encode(), capture_output=True, check=False, start_new_session=True
     )
-    said = done.stderr.decode(errors="replace")
     if done.returncode != 0:
-        if any(words in said for words in DISK_FULL_WORDS):
-            raise _disk_full(conn, remote, said)
-        conn.host.check(SSH_FAILED if "connection unexpectedly closed" in said else done.returncode, said)
-        last = said.strip().splitlines()[-1] if said.strip() else f"exit status {done.returncode}"
-        raise ConfigError(
-            "cluster.sync",
-            f"rsync to {conn.target.login}:{remote} failed ({last}).",
-            "run the command again, or set cluster.sync=ssh to copy with a stream through ssh.",
-        )
+        raise rsync_failure(conn, remote, done.returncode, done.stderr.decode(errors="replace"))
     return sum(1 for line in done.stdout.decode(errors="replace").splitlines() if line and not line.endswith("/"))
+
+
+def rsync_failure(conn: Connection, remote: str, code: int, said: str) -> HpcTrainError:
+    """rsync's failure (``code``, its stderr ``said``): a full disk there is DiskFull; a connection that failed or
+    was cut, Unreachable; anything else, a ConfigError naming ``cluster.sync`` (the stream through ssh is the other
+    way)."""
+    if any(words in said for words in DISK_FULL_WORDS):
+        return _disk_full(conn, remote, said)
+    lost = code in RSYNC_CONNECTION_LOST and "command not found" not in said
+    return conn.failure(
+        SSH_FAILED if lost else code,
+        said,
+        "cluster.sync",
+        f"rsync to {conn.target.login}:{remote}",
+        f"set cluster.sync=ssh to copy with a stream through ssh (or check that you can write under {remote} there).",
+    )
 
 
 def _stream(conn: Connection, root: Path, files: Sequence[str], remote: str) -> int:
@@ -216,7 +225,13 @@ def _stream(conn: Connection, root: Path, files: Sequence[str], remote: str) -> 
     said = b"".join(errors).decode(errors="replace")
     if code == EXIT_DISK_FULL or any(words in said for words in DISK_FULL_WORDS):
         raise _disk_full(conn, remote, said)
-    conn.ended(code, said, "cluster.sync", f"copying the project to {conn.target.login}:{remote}")
+    conn.ended(
+        code,
+        said,
+        "cluster.remote_dir",
+        f"copying the project to {conn.target.login}:{remote}",
+        "set cluster.remote_dir to a folder of yours on the cluster that you can write.",
+    )
     return len(changed)
 
 

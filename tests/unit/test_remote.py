@@ -15,9 +15,12 @@ import pytest
 from hpc_train import api
 from hpc_train.config.engine import checked_view
 from hpc_train.config.errors import ConfigError
-from hpc_train.errors import Unreachable
+from hpc_train.errors import DiskFull, Unreachable
 from hpc_train.hosts.ssh import SshTarget, kind_of, remote_line, said_line
+from hpc_train.launch.hydra import exits
+from hpc_train.records.rundir import EXIT_REFUSED
 from hpc_train.remote import paths, serve, sync
+from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteLink, RemoteSettings, read_link, write_link
 
 # What OpenSSH 9.2 says for each failure (captured from the test server; the slurm tier meets them for real).
@@ -29,6 +32,11 @@ SSH_SAYS = {
     "unreachable": "ssh: connect to host 127.0.0.1 port 2999: Connection refused",
     "dropped": "Connection to 127.0.0.1 closed by remote host.",
 }
+# What rsync 3.5.0 says (exit status 12) when its remote shell ends at once: `rsync -a -e true DIR/ login:/r/`.
+RSYNC_CUT = (
+    "rsync: [sender] safe_write failed to write 4 bytes to socket: Broken pipe (32)\n"
+    "rsync error: error in rsync protocol data stream (code 12) at io.c(387) [sender=3.5.0]"
+)
 
 
 def test_an_ssh_destination_is_read_as_ssh_reads_it():
@@ -116,6 +124,25 @@ def test_a_project_over_the_size_limit_is_refused_naming_its_biggest_folder(tmp_
         sync.check_size(tmp_path, files, limit_mb=2)
     assert refused.value.key == "cluster.sync_limit_mb"
     assert "data/ (3 MB)" in refused.value.problem and ".gitignore" in refused.value.fix
+
+
+def test_a_sync_or_a_fetch_that_fails_is_said_by_its_family():
+    """A connection cut under rsync is Unreachable, as ssh's own failure in words ssh is not known to say is; a full
+    disk there is DiskFull (exit code 2, naming cluster.remote_dir); the cluster's side failing is a ConfigError
+    naming the key at fault."""
+    conn = Connection(RemoteSettings(login="me@login.example.org"))  # nothing opened: the failures are said only
+    with pytest.raises(Unreachable) as lost:
+        raise sync.rsync_failure(conn, "/r", 12, RSYNC_CUT)
+    assert lost.value.key == "cluster.login" and "run the command again" in lost.value.fix
+    no_space = 'rsync: [receiver] write failed on "/r/a.py": No space left on device (28)'
+    full = sync.rsync_failure(conn, "/r", 11, no_space)
+    assert isinstance(full, DiskFull) and "`cluster.remote_dir`" in str(full) and "No space left" in str(full)
+    assert exits.exit_code(full) == EXIT_REFUSED
+    said = "could not write under /r on the cluster: [Errno 13] Permission denied: '/r'"
+    refused = conn.failure(1, said, "cluster.remote_dir", "copying the project", "set cluster.remote_dir.")
+    assert type(refused) is ConfigError and refused.key == "cluster.remote_dir" and "Permission denied" in str(refused)
+    ended = conn.failure(255, "a word ssh is not known to say", "cluster.remote_python", "reading /r", "run it there.")
+    assert isinstance(ended, Unreachable) and ended.key == "cluster.login" and "connection" in ended.problem
 
 
 def _members(packed):

@@ -27,7 +27,7 @@ from hpc_train.launch.backends.slurm import queueing as slurm_queueing
 from hpc_train.launch.backends.slurm.params import time_minutes
 from hpc_train.launch.backends.slurm.refusals import refusal_error
 from hpc_train.launch.backends.slurm.script import sbatch_flag
-from hpc_train.launch.backends.slurm.step import STEP_KEY, container_of
+from hpc_train.launch.backends.slurm.step import STEP_KEY, container_of, job_files_of
 from hpc_train.launch.backends.slurm.submit import PreparedJob
 from hpc_train.launch.planning import capacity
 from hpc_train.launch.planning.errors import StoppedWaiting
@@ -222,8 +222,8 @@ def packed_run(job: PreparedJob) -> PackedRun:
             f"give packed runs resources.nodes=N (e.g. resources.nodes={layout.nodes}), or leave launcher.pack out to"
             " submit each run as its own job.",
         )
-    folder = run_dir.absolute().parent
-    step = container_of(job.params.get(STEP_KEY) or {}, folder / "slurm", stage=not job.plan.config.dry_run)
+    job_files = job_files_of(run_dir.absolute().parent / "slurm")
+    step = container_of(job.params.get(STEP_KEY) or {}, job_files, stage=not job.plan.config.dry_run)
     inner = step.argv([]) if step is not None else [sys.executable]
     return PackedRun(
         job=run_dir.name,

@@ -38,18 +38,19 @@ def step_parameters(cfg: ConfigView, layout: JobLayout, run_dir: Path) -> Dict[s
     return step
 
 
-def _job_files(folder: Path) -> Path:
+def job_files_of(folder: Path) -> Path:
     """The folder without Slurm's %j-style parts (a Hydra app's submitit_folder may have them)."""
     parts = Path(folder).absolute().parts
     return Path(*parts[: next((i for i, p in enumerate(parts) if "%" in p), len(parts))])
 
 
-def container_of(step: Dict[str, Any], folder: Path, stage: bool) -> Optional[StepCommand]:
-    """The step's command in its image (None: no container); `stage`: hpc_train's library copied and the step's
-    files (an OCI bundle) written now, as a submission needs them; a dry run only names them."""
+def container_of(step: Dict[str, Any], job_files: Path, stage: bool) -> Optional[StepCommand]:
+    """The step's command in its image (None: no container), its files in `job_files` (the submission's folder
+    without %j-style parts); `stage`: hpc_train's library copied and the step's files (an OCI bundle) written now,
+    as a submission needs them; a dry run only names them."""
     settings = ContainerSettings.from_section(step.get("container"))
-    binds = [*step.get("binds", []), str(_job_files(folder))]
-    command = container_step(settings, binds, bool(step.get("gpus")), _job_files(folder), stage=stage)
+    binds = [*step.get("binds", []), str(job_files)]
+    command = container_step(settings, binds, bool(step.get("gpus")), job_files, stage=stage)
     if command is not None and stage:
         command.write_files()
     return command
@@ -71,18 +72,18 @@ def step_python(
     a laptop's dry run names the cluster's)."""
     python = python or sys.executable
     step = params.get(STEP_KEY) or {}
-    container = container_of(step, folder, stage)
-    agent: List[str] = [python, "-m", AGENT, "--requests", str(_job_files(folder))]
+    job_files = job_files_of(folder)
+    error = [] if params.get("stderr_to_stdout") else ["--error", log_pattern(folder, array, "err")]
+    srun = ["srun", "--unbuffered", "--output", log_pattern(folder, array, "out"), *error]
+    srun += params.get("srun_args") or []
+    container = container_of(step, job_files, stage)
+    agent: List[str] = [python, "-m", AGENT, "--requests", str(job_files)]
     if step.get("replicas"):
         agent += ["--replicas", ReplicaPlan.from_record(step["replicas"]).text()]
     inner: List[str] = [python]
-    flags: List[str] = []
     if container is not None:
         agent += [f"--unset={name}" for name in container.unset]
         agent += [f"--set={key}={value}" for key, value in sorted(container.set_env.items())]
-        flags = container.srun_flags
+        srun += container.srun_flags
         inner = container.argv([])
-    error = [] if params.get("stderr_to_stdout") else ["--error", log_pattern(folder, array, "err")]
-    srun = ["srun", "--unbuffered", "--output", log_pattern(folder, array, "out"), *error]
-    srun += [*(params.get("srun_args") or []), *flags]
     return "exec " + shlex.join([*agent, "--", *srun, *inner])

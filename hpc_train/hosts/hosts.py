@@ -161,7 +161,7 @@ class SshHost:
         if err is not None and failure == RAISE:
             raise unreachable(err, self.connect_command)
         if err is not None:
-            return _failed(args, SSH_FAILED, str(err), text)
+            return _failed(args, SSH_FAILED, err.line, text)
         return subprocess.CompletedProcess(args, done.returncode, done.stdout, done.stderr)
 
     def popen(self, words: Sequence[str], cwd: str = "", **kwargs: Any) -> subprocess.Popen:

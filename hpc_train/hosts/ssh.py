@@ -10,8 +10,8 @@ the cluster as Ctrl-C (and a master outlives the command that opened it). Every 
 with ``BatchMode=yes`` (never a prompt from a notebook or a background process) and ``StrictHostKeyChecking=yes``
 (an unknown host key is refused, whatever the user's config says; only the interactive ``open_master`` asks, in the
 terminal). ssh's own failures (exit status 255) become an :class:`SshError` whose ``kind`` says which: the host
-key, the authentication, the host unreachable, the connection dropped; ``unreachable`` says each as hpc_train's
-refusal (``hpc_train.errors.Unreachable``) with the one thing to do.
+key, the authentication, the host unreachable, the connection dropped; it is hpc_train's ``Unreachable``, its
+message saying each with the one thing to do.
 """
 
 from __future__ import annotations
@@ -69,12 +69,21 @@ KINDS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 _URI = re.compile(r"ssh://(?:(?P<user>[^@/]+)@)?(?P<host>[^:/]+)(?::(?P<port>[0-9]+))?/?")
 
 
-class SshError(Exception):
-    """ssh itself failed (not the remote command): ``kind`` is one of KINDS' names or ``other``; ``said`` its line."""
+class SshError(Unreachable):
+    """ssh itself failed (not the remote command): ``kind`` is one of KINDS' names or ``other``; ``said`` its line.
 
-    def __init__(self, login: str, kind: str, said: str) -> None:
+    An :class:`~hpc_train.errors.Unreachable` naming ``cluster.login``: what went wrong and the one thing to do;
+    ``connect`` is the command that opens the connection in a terminal (hpc-train-connect with the cluster's words;
+    ``ssh LOGIN`` when not given)."""
+
+    def __init__(self, login: str, kind: str, said: str, connect: str = "") -> None:
         self.login, self.kind, self.said = login, kind, said
-        super().__init__(f"ssh {login}: {said}")
+        super().__init__(LOGIN_KEY, *_problem_and_fix(login, kind, f"(ssh said: {said})", connect or f"ssh {login}"))
+
+    @property
+    def line(self) -> str:
+        """ssh's failure in one line, as a failed process's stderr says it (``ssh LOGIN: WORDS``)."""
+        return f"ssh {self.login}: {self.said}"
 
 
 def ssh_failure(login: str, code: int, stderr: str) -> Optional[SshError]:
@@ -85,11 +94,13 @@ def ssh_failure(login: str, code: int, stderr: str) -> Optional[SshError]:
     return None
 
 
-def unreachable(err: SshError, connect: str) -> Unreachable:
-    """ssh's failure said as hpc_train's refusal: what went wrong and the one thing to do; ``connect`` is the command
-    that opens the connection in a terminal (hpc-train-connect with the cluster's words)."""
-    login, said = err.login, f"(ssh said: {err.said})"
-    if err.kind == "host_key_unknown":
+def unreachable(err: SshError, connect: str) -> SshError:
+    """``err`` with ``connect`` (the command that opens the connection in a terminal) in its fix."""
+    return SshError(err.login, err.kind, err.said, connect)
+
+
+def _problem_and_fix(login: str, kind: str, said: str, connect: str) -> Tuple[str, str]:
+    if kind == "host_key_unknown":
         problem = (
             f"the host key of {login} is not known to this machine {said}; hpc_train never accepts a host key on its"
             " own."
@@ -98,13 +109,13 @@ def unreachable(err: SshError, connect: str) -> Unreachable:
             "check the key's fingerprint against your site's documentation, then connect once in a terminal and"
             f" answer yes: {connect} (or ssh {login})."
         )
-    elif err.kind == "host_key_changed":
+    elif kind == "host_key_changed":
         problem = f"the host key of {login} has CHANGED since you last connected {said}."
         fix = (
             "ask your site whether its key changed; if it did, remove the old one (ssh-keygen -R HOST) and connect"
             f" once in a terminal: {connect}."
         )
-    elif err.kind == "auth_refused":
+    elif kind == "auth_refused":
         problem = (
             f"{login} refused the login {said}; hpc_train asks for nothing itself (no password, no second factor"
             " outside a terminal)."
@@ -114,15 +125,15 @@ def unreachable(err: SshError, connect: str) -> Unreachable:
             f" for a password or a second factor, open the connection once in a terminal: {connect} (later commands,"
             " the Python API and notebooks reuse it)."
         )
-    elif err.kind == "unreachable":
+    elif kind == "unreachable":
         problem = f"{login} cannot be reached {said}."
         fix = f"check the host name and port (ssh -v {login}), your VPN, or the ProxyJump of your ~/.ssh/config."
-    elif err.kind == "dropped":
+    elif kind == "dropped":
         problem = f"the connection to {login} dropped {said}."
         fix = f"run the command again (a new connection opens; on a two-factor site: {connect} first)."
     else:
         problem, fix = f"ssh to {login} failed {said}.", f"try ssh -v {login}; then {connect}."
-    return Unreachable(LOGIN_KEY, problem, fix)
+    return problem, fix
 
 
 def kind_of(stderr: str) -> str:

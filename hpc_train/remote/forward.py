@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hpc_train.errors import HpcTrainError
 from hpc_train.processes.signal_relay import handling
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
@@ -32,8 +33,10 @@ class Outcome:
     refusal: Optional[Dict[str, Any]]
 
 
-class Dropped(Exception):
-    """The connection dropped while the command ran on the cluster (where it goes on)."""
+class Dropped(HpcTrainError):
+    """The connection dropped while the command ran on the cluster (where it goes on). Not an ``Unreachable``: the
+    command is not to be run again (it would submit again), nor the following retried; the command's callers say it
+    and exit 1, pointing at hpc-train-report."""
 
 
 def forward(conn: Connection, module: str, args: List[str], local: Path, remote: str) -> Outcome:

@@ -14,8 +14,10 @@ from typing import Dict, List, Set
 import pytest
 
 from hpc_train import errors
+from hpc_train.hosts import ssh
 from hpc_train.launch.hydra import exits
 from hpc_train.records import run_claim, rundir
+from hpc_train.remote import forward
 from tests.support.cli import TINY, run_cli_in_process
 from tests.support.paths import SRC
 
@@ -30,8 +32,6 @@ NOT_IN_THE_TREE = {
     "StepNotCommitted": "a replica step the quorum did not agree on, caught by the step loop and taken again",
     "InjectedFailure": "HPC_TRAIN_FAIL_AT's stand-in for a bug: a RuntimeError as a bug would raise",
     "ForkServerLost": "the tests' fork server gone, caught by the local launcher (a fresh process instead)",
-    "SshError": "ssh's own failure, said as an Unreachable (hpc_train.hosts.ssh.unreachable) before a caller sees it",
-    "Dropped": "a forwarded command's connection lost, caught by hpc_train.remote.forward (reconnected)",
 }
 
 
@@ -103,8 +103,10 @@ def test_every_exception_class_is_an_hpc_train_error():
         (run_claim.RunDirBusy(Path("/r"), run_claim.Claim("t", "n", 1, None, 0.0, 0.0), "alive"), rundir.EXIT_REFUSED),
         (rundir.RecordNotWritten("no space left to write summary.json in /r: nothing."), rundir.EXIT_REFUSED),
         (errors.JobFailed("the job failed", exit_code=rundir.EXIT_HUNG), rundir.EXIT_HUNG),
+        (ssh.SshError("me@x", "unreachable", "Connection refused"), rundir.EXIT_UNREACHABLE),
+        (forward.Dropped("the connection to me@x dropped while the cluster's hpc-train ran"), rundir.EXIT_FAILED),
     ],
-    ids=["config", "unreachable", "run_dir", "disk_full", "job_failed"],
+    ids=["config", "unreachable", "run_dir", "disk_full", "job_failed", "ssh_failed", "dropped_while_forwarded"],
 )
 def test_each_family_has_its_exit_code_and_comes_back_as_itself(error, code):
     """The table holds every family; a refusal written as data is read back as the same family (the API's side)."""

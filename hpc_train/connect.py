@@ -17,6 +17,7 @@ from typing import List, Optional
 from hpc_train.config.errors import ConfigError
 from hpc_train.errors import Unreachable
 from hpc_train.hosts.ssh import SshTarget
+from hpc_train.launch.hydra import exits
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import CONNECT_COMMAND, RemoteSettings
 
@@ -66,9 +67,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         conn = Connection(settings)
         conn.host.open(interactive=sys.stdin.isatty(), persist=f"{int(args.hours * 60)}m")
         cluster = conn.open()
-    except (ConfigError, Unreachable) as err:
-        print(err.message, file=sys.stderr)
-        return 2
+    except (ConfigError, Unreachable) as err:  # the hpc-train command's message and exit code (5: unreachable)
+        print(exits.one_message(err), file=sys.stderr)
+        return exits.exit_code(err)
     print(
         f"{CONNECT_COMMAND}: connected to {settings.login} (hpc_train {cluster.version} on both sides, {cluster.python}"
         f" there); it stays open {args.hours:g} h after its last use. Close it: {CONNECT_COMMAND}"

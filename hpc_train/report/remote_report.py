@@ -11,6 +11,7 @@ from typing import Callable, NoReturn, Optional, Union
 from hpc_train.config.errors import ConfigError
 from hpc_train.errors import Unreachable
 from hpc_train.hosts import hosts
+from hpc_train.launch.hydra import exits
 from hpc_train.remote import mirror
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.forward import Dropped, forward
@@ -25,9 +26,10 @@ def link_of(path: Path) -> Optional[RemoteLink]:
 
 
 def _said(err: Union[ConfigError, Unreachable]) -> NoReturn:
-    """The connection's problem, one message, the report's exit code for it (2); a --watch stops here."""
-    print(err.message.replace("hpc-train:", "hpc-train-report:", 1), file=sys.stderr)
-    raise SystemExit(2)
+    """The connection's problem, one message, and the hpc-train command's exit code for it (5: the cluster cannot be
+    reached, 2: refused); a --watch stops here."""
+    print(exits.one_message(err).replace("hpc-train:", "hpc-train-report:", 1), file=sys.stderr)
+    raise SystemExit(exits.exit_code(err))
 
 
 def rerun_on_cluster(path: Path, link: RemoteLink) -> int:

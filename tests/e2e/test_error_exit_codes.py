@@ -5,10 +5,14 @@ carrying its run dir and logs. The families called in this process: tests/unit/t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import hpc_train
 from hpc_train.records import run_claim, rundir
+from hpc_train.remote.settings import RemoteLink, write_link
 from tests.support.cli import run_cli
 from tests.unit.test_api_without_a_job import JOB, cpu_here  # noqa: F401  (cpu_here: an autouse fixture)
 
@@ -31,6 +35,26 @@ def test_a_cluster_that_cannot_be_reached_exits_5_and_raises_unreachable(tmp_pat
         hpc_train.run([*JOB, *NOWHERE], run_dir=tmp_path / "api", quiet=True)
     assert not isinstance(err.value, hpc_train.ConfigError) and err.value.key == "cluster.login"
     assert isinstance(err.value, hpc_train.HpcTrainError) and "Fix:" in str(err.value)
+
+
+def test_the_laptops_connect_and_report_exit_5_too_on_a_cluster_that_cannot_be_reached(tmp_path):
+    """hpc-train-connect, and hpc-train-report on a run dir whose jobs run on the cluster: Unreachable's exit code
+    and its one message, as the hpc-train command."""
+    nowhere = NOWHERE[-1].split("=", 1)[1]
+
+    def command(*words: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(
+            [sys.executable, "-m", *words], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120
+        )
+
+    connect = command("hpc_train.connect", nowhere)
+    assert connect.returncode == rundir.EXIT_UNREACHABLE, connect.stdout + connect.stderr
+    assert connect.stderr.startswith("hpc-train: cannot reach the cluster (`cluster.login`): nobody@"), connect.stderr
+    write_link(tmp_path / "run", RemoteLink(nowhere, "/home/nobody/run", "python3", []))
+    report = command("hpc_train.report.command", str(tmp_path / "run"))
+    assert report.returncode == rundir.EXIT_UNREACHABLE, report.stdout + report.stderr
+    assert report.stderr.startswith("hpc-train-report: cannot reach the cluster (`cluster.login`)"), report.stderr
+    assert "Traceback" not in connect.stderr + report.stderr
 
 
 def test_a_run_dir_a_live_job_holds_raises_run_dir_refused(tmp_path):

@@ -161,8 +161,8 @@ def read_plans(sweep_dir: Path) -> List[AllocationPlan]:
     return sorted(found, key=lambda plan: plan.index)
 
 
-def next_index(sweep_dir: Path) -> int:
-    plans = read_plans(sweep_dir)
+def next_index(plans: List[AllocationPlan]) -> int:
+    """The index the next allocation takes, after every one of `plans` (the sweep's, as read_plans read them)."""
     return max((plan.index for plan in plans), default=-1) + 1
 
 
@@ -187,6 +187,12 @@ def read_events(sweep_dir: Path, index: int) -> List[Dict[str, Any]]:
         except ValueError:
             continue  # a line cut short by a crash mid-write
     return events
+
+
+def finished(sweep_dir: Path, index: int) -> bool:
+    """Whether the allocation's scheduler ended for good (its last event ``finished``, not a requeue)."""
+    events = read_events(sweep_dir, index)
+    return bool(events) and events[-1].get("event") == "finished"
 
 
 def srun_log_path(run_dir: Path, allocation_job_id: str) -> Path:
@@ -228,14 +234,19 @@ class RunState:
     srun_log: str = ""  # the file that holds it
 
 
-def run_states(sweep_dir: Path, allocation_ended: Optional[Dict[str, bool]] = None) -> Dict[str, RunState]:
+def run_states(
+    sweep_dir: Path,
+    allocation_ended: Optional[Dict[str, bool]] = None,
+    plans: Optional[List[AllocationPlan]] = None,
+) -> Dict[str, RunState]:
     """Each packed run's state, by its number: the newest allocation that lists it decides (a rerun's).
 
     `allocation_ended`: Slurm's word on each allocation's job id (True: it has ended, for good); a run its
-    allocation never finished is then CANCELLED rather than WAITING or RUNNING.
+    allocation never finished is then CANCELLED rather than WAITING or RUNNING. `plans`: the sweep's plans, read
+    already (read now when None).
     """
     states: Dict[str, RunState] = {}
-    for plan in read_plans(sweep_dir):
+    for plan in read_plans(sweep_dir) if plans is None else plans:
         listed = {run.job: RunState(WAITING, plan.index, plan.job_id) for run in plan.runs}
         for event in read_events(sweep_dir, plan.index):
             job = event.get("run")

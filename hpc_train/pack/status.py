@@ -21,11 +21,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from hpc_train.jobs import job_states
 from hpc_train.pack import records
-from hpc_train.pack.records import RunState
+from hpc_train.pack.records import AllocationPlan, RunState
 
 # Slurm's states of an allocation that is in the queue again after it ran (its steps are gone).
 BACK_IN_QUEUE = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
@@ -55,23 +55,19 @@ def run_seconds(run: RunState, now: Optional[float] = None) -> Optional[float]:
 @dataclass(frozen=True)
 class PackStatus:
     """One reading of a packed sweep: each run's state (by its number), Slurm's state of each allocation (by its
-    job id; missing: Slurm does not know it), each allocation's plan index (by its job id) and each run's folder (by
-    its number: its run dir, or a Hydra app's run folder, where its step's logs are)."""
+    job id; missing: Slurm does not know it), each allocation's plan index (by its job id), each run's folder (by
+    its number: its run dir, or a Hydra app's run folder, where its step's logs are) and the allocations' plans the
+    states were read from (by index)."""
 
     runs: Dict[str, RunState]
     allocations: Dict[str, str]
     indices: Dict[str, int]
     run_dirs: Dict[str, str] = field(default_factory=dict)
+    plans: List[AllocationPlan] = field(default_factory=list)
 
     def of(self, packed: str) -> Optional[RunState]:
         """The state of the run a packed id names."""
         return self.runs.get(records.split_packed_id(packed)[1])
-
-
-def _finished(sweep_dir: Path, index: int) -> bool:
-    """Whether the allocation's scheduler ended for good (its last event ``finished``, not a requeue)."""
-    events = records.read_events(sweep_dir, index)
-    return bool(events) and events[-1].get("event") == "finished"
 
 
 def read(sweep_dir: Path) -> PackStatus:
@@ -79,8 +75,8 @@ def read(sweep_dir: Path) -> PackStatus:
     plans = records.read_plans(sweep_dir)
     ids = [str(plan.job_id) for plan in plans if plan.job_id]
     slurm = job_states.slurm_states(ids) if ids else {}
-    over = {str(plan.job_id) for plan in plans if plan.job_id and _finished(sweep_dir, plan.index)}
-    recorded = records.run_states(sweep_dir)
+    over = {str(plan.job_id) for plan in plans if plan.job_id and records.finished(sweep_dir, plan.index)}
+    recorded = records.run_states(sweep_dir, plans=plans)
     # Back in the queue with runs running, says accounting: or it has just started and accounting lags. squeue knows.
     doubt = {
         str(run.job_id)
@@ -93,7 +89,7 @@ def read(sweep_dir: Path) -> PackStatus:
         job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()
     }
     indices = {str(plan.job_id): plan.index for plan in plans if plan.job_id}
-    return PackStatus(runs, slurm, indices, {run.job: run.run_dir for plan in plans for run in plan.runs})
+    return PackStatus(runs, slurm, indices, {run.job: run.run_dir for plan in plans for run in plan.runs}, plans)
 
 
 def packed_states(sweep_dir: Path) -> Dict[str, RunState]:

@@ -270,7 +270,7 @@ def plan_packed(
     capacity.check_capacity(
         packed_allocation_params(params[0], shape, 0, shared, any_gpus), shape.time_key, keys=keys.capacity
     )
-    start = records.next_index(sweep_dir)
+    start = records.next_index(records.read_plans(sweep_dir))
     out = []
     for k, taken in enumerate(share_out_runs(runs, shape) if shares is None else shares):
         index = start + k

@@ -67,10 +67,11 @@ def rerun_packed(sweep_dir: Path, rows: Mapping[str, job_table.JobRow]) -> Tuple
     from hpc_train.launch.backends.slurm import packed as pack
 
     sweep_dir = Path(sweep_dir).absolute()  # the batch script names its plan and logs wherever sbatch runs it
-    numbers = failed_runs(status.packed_states(sweep_dir), list(rows))
+    now = status.read(sweep_dir)  # the runs' states and the plans they were read from: read once
+    numbers = failed_runs(now.runs, list(rows))
     if not numbers:
         return 0, None
-    plan, source = rerun_plan(records.read_plans(sweep_dir), numbers, records.next_index(sweep_dir))
+    plan, source = rerun_plan(now.plans, numbers, records.next_index(now.plans))
     params = rerun_params(source, plan.index)
     if params is None:
         return 0, (

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from hpc_train.records import rundir
+from hpc_train.remote import serve
 from hpc_train.remote.connection import Connection
 from hpc_train.remote.settings import RemoteLink
 
@@ -37,14 +38,8 @@ def refresh(conn: Connection, local: Path, link: RemoteLink, everything: bool = 
     process.stdin.close()
     count = 0
     try:
-        with tarfile.open(fileobj=process.stdout, mode="r|") as stream:
-            for member in stream:
-                parts = Path(member.name).parts
-                if not parts or Path(member.name).is_absolute() or ".." in parts or not member.isfile():
-                    continue
-                stream.extract(member, local, set_attrs=True)
-                count += 1
-    except tarfile.ReadError:  # nothing came: the connection failed (said below)
+        count = serve.receive(process.stdout, local)  # each file whole: a report reading here never sees half of one
+    except tarfile.ReadError:  # nothing (or part) came: the connection failed (said below)
         pass
     said = process.stderr.read().decode(errors="replace")
     conn.ended(

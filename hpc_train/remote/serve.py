@@ -14,6 +14,7 @@ import argparse
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,14 +155,10 @@ def manifest(root: Path, names: List[str]) -> Dict[str, List[int]]:
 
 
 def unpack(root: Path, source: BinaryIO) -> int:
-    """A tar stream from ``source`` into ``root`` (names checked to stay inside it); a full disk is EXIT_DISK_FULL."""
+    """A tar stream from ``source`` into ``root`` (``receive``); a full disk is EXIT_DISK_FULL."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=source, mode="r|") as stream:
-            for member in stream:
-                if not _inside(member.name) or not (member.isfile() or member.isdir()):
-                    continue
-                stream.extract(member, root, set_attrs=True)
+        receive(source, root)
     except OSError as err:
         if err.errno == errno.ENOSPC:
             print(f"no space left on the cluster's disk under {root}", file=sys.stderr)
@@ -169,6 +166,46 @@ def unpack(root: Path, source: BinaryIO) -> int:
         print(f"could not write under {root} on the cluster: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def receive(source: BinaryIO, root: Path) -> int:
+    """The tar stream ``source`` under ``root`` (names checked to stay inside it; folders made, links skipped): each
+    file written whole through the one writer (rundir.write_atomic), so a reader there (a report, a rank reading the
+    project) sees the old file or the new one, never part of one. The number of files written. Both ends use it:
+    ``unpack`` (the project synced to the cluster) and the laptop's mirror of a run dir's records."""
+    count = 0
+    with tarfile.open(fileobj=source, mode="r|") as stream:
+        for member in stream:
+            if not _inside(member.name):
+                continue
+            if member.isdir():
+                (root / member.name).mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                _write_member(stream, member, root / member.name)
+                count += 1
+    return count
+
+
+def _write_member(stream: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
+    """One file of the stream at ``path``, with the member's mode and mtime (what ``manifest`` and ``pack`` compare):
+    set on the temporary file before its rename (after it where a file descriptor cannot take them: Windows). Not
+    fsynced: a copy, which the next sync or refresh sends again."""
+    data = stream.extractfile(member)
+    assert data is not None  # a regular file's
+    mode, times = member.mode & 0o777, (member.mtime, member.mtime)
+    by_fd = os.chmod in os.supports_fd and os.utime in os.supports_fd
+
+    def write(handle: BinaryIO) -> None:
+        shutil.copyfileobj(data, handle)
+        handle.flush()
+        if by_fd:
+            os.chmod(handle.fileno(), mode)
+            os.utime(handle.fileno(), times)
+
+    rundir.write_atomic(path, write, durable=False)
+    if not by_fd:
+        os.chmod(path, mode)
+        os.utime(path, times)
 
 
 def _inside(name: str) -> bool:

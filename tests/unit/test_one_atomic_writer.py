@@ -102,3 +102,22 @@ def test_the_scan_finds_a_hand_rolled_writer_in_a_copy_of_the_package(tmp_path):
         (first + lines.index("    from os import replace"), "from os import replace"),
     ]
     assert hand_rolled_renames(tmp_path) == [f"hpc_train/remote/settings.py:{n} {what}" for n, what in expected]
+
+
+def tar_extractions(root: Path) -> List[str]:
+    """``path:line`` of each ``.extract(...)`` or ``.extractall(...)`` call in `root`/hpc_train: tarfile's, which
+    write a file in place."""
+    found = []
+    for path in sorted((root / "hpc_train").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in ("extract", "extractall"):
+                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_a_tar_stream_is_unpacked_only_through_the_writer():
+    """tarfile's extract writes each file in place, so a reader of a mirrored summary.json (or of a synced module)
+    could see half of it: remote/serve.receive writes each member through the writer instead."""
+    found = tar_extractions(SRC)
+    assert not found, "unpack a tar stream with hpc_train.remote.serve.receive (each file whole):\n" + "\n".join(found)

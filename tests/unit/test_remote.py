@@ -185,6 +185,44 @@ def test_records_are_packed_without_checkpoints_and_only_what_changed(tmp_path):
     assert (here / "checkpoints" / "step_4.ckpt").read_bytes() == b"w" * 100
 
 
+class _Watched(io.BytesIO):
+    """A tar stream that, before each read, looks at ``path`` as a reader there would (a report, a rank)."""
+
+    def __init__(self, data: bytes, path: Path) -> None:
+        super().__init__(data)
+        self.path, self.seen = path, set()
+
+    def read(self, size=-1):
+        if self.path.exists():
+            self.seen.add(self.path.read_bytes())
+        return super().read(size)
+
+
+@pytest.mark.parametrize(
+    "unpacking",
+    [lambda root, source: serve.unpack(root, source), lambda root, source: serve.receive(source, root)],
+    ids=["unpack, the cluster's side", "receive, the laptop's mirror"],
+)
+def test_a_file_a_tar_stream_brings_replaces_the_old_one_whole(tmp_path, unpacking):
+    """While the stream is read, a reader of summary.json sees the old one until the new one is whole, never part
+    of it; the new one keeps the member's mode and mtime (what the next sync or refresh compares)."""
+    import tarfile
+
+    old, new = b'{"old": true}', json.dumps({"loss": [0.5] * 200_000}).encode()  # ~1 MB: read in many pieces
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        info = tarfile.TarInfo("summary.json")
+        info.size, info.mtime, info.mode = len(new), 1_700_000_000, 0o640
+        tar.addfile(info, io.BytesIO(new))
+    (tmp_path / "summary.json").write_bytes(old)
+    source = _Watched(packed.getvalue(), tmp_path / "summary.json")
+    unpacking(tmp_path, source)
+    assert old in source.seen and source.seen <= {old, new}, sorted(len(seen) for seen in source.seen)
+    assert (tmp_path / "summary.json").read_bytes() == new and os.listdir(tmp_path) == ["summary.json"]
+    info = (tmp_path / "summary.json").stat()
+    assert int(info.st_mtime) == 1_700_000_000 and info.st_mode & 0o777 == 0o640
+
+
 def test_a_tar_naming_a_path_outside_its_folder_writes_nothing_there(tmp_path):
     import tarfile
 

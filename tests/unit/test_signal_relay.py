@@ -3,12 +3,16 @@ blocks, an exception, a KeyboardInterrupt raised by the handler itself), nothing
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import threading
+from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
+import hpc_train
 from hpc_train.processes.signal_relay import handling, relay_to
 
 SIG = signal.SIGUSR1
@@ -100,3 +104,57 @@ def test_relay_passes_the_signal_to_the_children_still_running_including_those_a
         _deliver()
     assert [child.received for child in children] == [[SIG], [], [SIG]]
     assert outside == []
+
+
+# -- the one place: no module of the package sets a signal's handler by hand ---------------------------------------
+PACKAGE = Path(hpc_train.__file__).parent
+RELAY = "processes/signal_relay.py"
+# (module, function) -> why it sets a disposition itself rather than through `handling` for a block: each sets one for
+# the rest of a process's life (a child's before exec, a forked rank's start, a process's last moments), never a
+# handler to be put back.
+OWN_DISPOSITIONS = {
+    ("compute/entry/script_job.py", "preexec"): "in the user's script before exec: its requeue signal ignored for"
+    " its whole life (a disposition that survives exec)",
+    ("compute/runtime/fork_server.py", "_reset_signals"): "a forked warm rank starts with a fresh Python's"
+    " dispositions, for its whole life",
+    ("compute/runtime/fork_server.py", "_exit"): "a warm rank ending as killed by a signal: the default back just"
+    " before it sends itself that signal",
+    ("batchhost/agent.py", "act"): "the batch host ignores SIGTERM for the rest of its life once it asked Slurm to"
+    " requeue the job: it waits to be ended",
+    ("remote/serve.py", "run"): "the cluster-side runner ignores Ctrl-C and hang-up for the rest of its life, set"
+    " after its child started so that the child does not inherit them",
+}
+
+
+def _signal_calls(path: Path) -> List[Tuple[str, int]]:
+    """(enclosing function, line) of each ``signal.signal(...)`` call in a module."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            call = child.func if isinstance(child, ast.Call) else None
+            if isinstance(call, ast.Attribute) and call.attr == "signal" and getattr(call.value, "id", "") == "signal":
+                found.append((function, child.lineno))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text(), str(path)), "<module>")
+    return found
+
+
+def test_no_module_but_the_relay_sets_a_handler_by_hand():
+    """A handler installed by hand is one not put back when its block ends (an exception, a nested block, a caller
+    in the same process): `handling` is the one way. What sets a disposition for a process's whole life says why in
+    OWN_DISPOSITIONS."""
+    calls = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(PACKAGE).as_posix()
+        if module != RELAY:
+            for function, line in _signal_calls(path):
+                calls.setdefault((module, function), []).append(line)
+    unlisted = sorted(f"{m}:{lines[0]} in {f}" for (m, f), lines in calls.items() if (m, f) not in OWN_DISPOSITIONS)
+    assert not unlisted, (
+        f"signal.signal outside {RELAY} (use handling for a block, or say why in OWN_DISPOSITIONS): {unlisted}"
+    )
+    stale = sorted(set(OWN_DISPOSITIONS) - set(calls))
+    assert not stale, f"OWN_DISPOSITIONS lists places that no longer call signal.signal: {stale}"

@@ -14,7 +14,7 @@ together, in one new allocation (hpc_train.launch.backends.slurm.packed_rerun). 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from hpc_train.config.launcher import APP_LOCAL
 from hpc_train.jobs import job_table
@@ -30,58 +30,66 @@ def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     newest = job_table.newest(sweep_dir)
     if not newest:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"
+    recorded = submissions(sweep_dir)  # job id -> how it was submitted: read once, with the job table
     packed = {number: row for number, row in newest.items() if is_packed_id(row.job_id)}
-    rows = {number: (row.job_id, row.overrides, row.layout) for number, row in newest.items() if number not in packed}
-    count, refusal = _rerun_jobs(sweep_dir, rows) if rows else (0, None)
-    if refusal or not packed:
-        return count, refusal
+    rows = {number: row for number, row in newest.items() if number not in packed}
+    failed, refusal = _failed_jobs(sweep_dir, rows, recorded) if rows else ({}, None)
+    if refusal:
+        return 0, refusal
+    count = _resubmit(sweep_dir, failed, recorded) if failed else 0
+    if not packed:
+        return count, None
     again, refusal = rerun_packed(sweep_dir, packed)
     return count + again, refusal
 
 
-def _rerun_jobs(sweep_dir: Path, rows: Dict[str, Tuple[str, str, str]]) -> Tuple[int, Optional[str]]:
-    """Resubmit, each as it was, the jobs of `rows` (job number -> job id, overrides, layout) that did not complete."""
+def _failed_jobs(
+    sweep_dir: Path, rows: Dict[str, job_table.JobRow], recorded: Dict[str, Dict[str, Any]]
+) -> Tuple[Dict[str, Tuple[job_table.JobRow, str]], Optional[str]]:
+    """Which of `rows` (job number -> its newest row) ended and did not complete, each with its state; or a refusal
+    in words (a local sweep; a job with no submission record in `recorded`, job id -> record, to submit again)."""
+    if any(entry.get("local") for entry in recorded.values()):
+        return {}, (
+            f"{sweep_dir} is a local sweep (hydra/launcher={APP_LOCAL.name}): only a Slurm sweep's jobs are rerun;"
+            " run the sweep again"
+        )
+    # Without Slurm's accounting, how an ended job went comes from its run dir (job_states.run_dir_state).
+    run_dirs = {row.job_id: Path(sweep_dir) / number for number, row in rows.items()}
+    states = {job_id: state.state for job_id, state in slurm_job_states(run_dirs, run_dirs).items()}
+    failed = {
+        number: (row, states[row.job_id])
+        for number, row in rows.items()
+        if states.get(row.job_id) in ENDED and states[row.job_id] != "COMPLETED"
+    }
+    missing = [row.job_id for row, _ in failed.values() if row.job_id not in recorded]
+    if missing:
+        return {}, (
+            f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
+            " submitted by an hpc-train older than --rerun-failed; rerun those jobs with their overrides by hand"
+        )
+    return failed, None
+
+
+def _resubmit(
+    sweep_dir: Path, failed: Dict[str, Tuple[job_table.JobRow, str]], recorded: Dict[str, Dict[str, Any]]
+) -> int:
+    """Submit each of `failed` again as it was (its submitit folder, what it ran, its sbatch parameters and requeue
+    budget, from its record in `recorded`) and add the new attempts to the sweep's records; how many."""
     # launch.slurm loads OmegaConf and the planner (~0.1 s): hpc-train-report and the API import this module too
     from hpc_train.launch.backends.slurm.submit import make_executor
     from hpc_train.launch.backends.slurm.submitit_import import submitit_module
 
-    recorded = submissions(sweep_dir)
-    if any(entry.get("local") for entry in recorded.values()):
-        return (
-            0,
-            f"{sweep_dir} is a local sweep (hydra/launcher={APP_LOCAL.name}): only a Slurm sweep's jobs are rerun;"
-            " run the sweep again",
-        )
-    # Without Slurm's accounting, how an ended job went comes from its run dir (job_states.run_dir_state).
-    run_dirs = {job_id: Path(sweep_dir) / number for number, (job_id, _, _) in rows.items()}
-    states = slurm_job_states(run_dirs, run_dirs)
-    failed = {
-        number: row
-        for number, row in rows.items()
-        if row[0] in states and states[row[0]].state in ENDED and states[row[0]].state != "COMPLETED"
-    }
-    missing = [row[0] for row in failed.values() if row[0] not in recorded]
-    if missing:
-        return 0, (
-            f"no submission record for job(s) {', '.join(missing)} in {Path(sweep_dir) / SUBMISSIONS}: the sweep was"
-            " submitted by an hpc-train older than --rerun-failed; rerun those jobs with their overrides by hand"
-        )
     submitit = submitit_module()  # (~50 ms): only a rerun submits; hpc-train-report and the API import this module
-
     new_rows, entries = [], []
-    for number, (job_id, overrides, layout) in sorted(failed.items(), key=lambda item: int(item[0])):
-        entry = recorded[job_id]
+    for number, (row, state) in sorted(failed.items(), key=lambda item: int(item[0])):
+        entry = recorded[row.job_id]
         folder = Path(entry["folder"])
-        delayed = submitit.SlurmJob(folder=folder, job_id=job_id).submission()
+        delayed = submitit.SlurmJob(folder=folder, job_id=row.job_id).submission()
         executor = make_executor(folder, entry["params"], int(entry["max_requeues"]))
         handle = executor.submit(delayed.function, *delayed.args, **delayed.kwargs)
-        print(
-            f"hpc-train: job #{number} ({overrides}): {states[job_id].state} as {job_id},"
-            f" resubmitted as {handle.job_id}"
-        )
-        new_rows.append(job_table.JobRow(str(handle.job_id), number, overrides, layout))
-        entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": job_id})
-    if new_rows:
-        record(sweep_dir, entries)
-        job_table.print_and_append(sweep_dir, new_rows)
-    return len(new_rows), None
+        print(f"hpc-train: job #{number} ({row.overrides}): {state} as {row.job_id}, resubmitted as {handle.job_id}")
+        new_rows.append(job_table.JobRow(str(handle.job_id), number, row.overrides, row.layout))
+        entries.append({**entry, "job_id": str(handle.job_id), "rerun_of": row.job_id})
+    record(sweep_dir, entries)
+    job_table.print_and_append(sweep_dir, new_rows)
+    return len(new_rows)

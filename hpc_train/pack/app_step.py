@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from hpc_train.pack import records
+from hpc_train.processes.signal_relay import handling
 from hpc_train.records import rundir
 
 TASK_FILE = "task.pkl"  # the run's AppTask (cloudpickle), written by the login side before sbatch
@@ -49,14 +50,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return rundir.EXIT_REFUSED
     folder = Path(argv[0])
     task = pickle.loads((folder / TASK_FILE).read_bytes())
-    for number in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(number, _interrupted)
-    ret = task.run(os.environ.get(records.PACKED_ENV) or os.environ.get("SLURM_JOB_ID", ""))
-    if os.environ.get("SLURM_PROCID", "0") == "0":  # as submitit: the first task's result is the job's
-        import cloudpickle  # a failed JobReturn carries the task's exception, which plain pickle may not write
+    with handling((signal.SIGUSR1, signal.SIGUSR2), _interrupted):  # until its result is written
+        ret = task.run(os.environ.get(records.PACKED_ENV) or os.environ.get("SLURM_JOB_ID", ""))
+        if os.environ.get("SLURM_PROCID", "0") == "0":  # as submitit: the first task's result is the job's
+            import cloudpickle  # a failed JobReturn carries the task's exception, which plain pickle may not write
 
-        rundir.write_bytes_atomic(cloudpickle.dumps(ret), folder / RETURN_FILE)
-    return rundir.EXIT_OK if ret.status.name == "COMPLETED" else rundir.EXIT_FAILED
+            rundir.write_bytes_atomic(cloudpickle.dumps(ret), folder / RETURN_FILE)
+        return rundir.EXIT_OK if ret.status.name == "COMPLETED" else rundir.EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Dict, List, Optional
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.processes.rank_env import port_for_job
+from hpc_train.processes.signal_relay import handling
 from hpc_train.records import rundir
 from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
@@ -102,21 +103,19 @@ class Scheduler:
         self.end_time = _end_time(self.job_id)
         records.append_event(self.sweep_dir, self.plan.index, "began", job_id=self.job_id, restart=self.restart)
         waiting = self.left()
-        for name, number in _SIGNALS.items():
-            if name == self.plan.signal:
-                signal.signal(number, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
-        while waiting or self.running:
-            if not self.stopping:
-                waiting = self._start_what_fits(waiting)
-            self._reap()
-            if self.stopping and not self.running:
-                break
-            if not self.running and waiting and not self.stopping:
-                if not any(self._fits_now(run) for run in waiting) and not self._any_time_for(waiting):
-                    break  # nothing left can finish in this allocation: requeue for a fresh one
-            time.sleep(POLL_S)
-        return self._finish(waiting)
+        signals = [number for name, number in _SIGNALS.items() if name == self.plan.signal] + [signal.SIGTERM]
+        with handling(signals, self._on_signal):  # the allocation's signal and Slurm's SIGTERM, while the pool runs
+            while waiting or self.running:
+                if not self.stopping:
+                    waiting = self._start_what_fits(waiting)
+                self._reap()
+                if self.stopping and not self.running:
+                    break
+                if not self.running and waiting and not self.stopping:
+                    if not any(self._fits_now(run) for run in waiting) and not self._any_time_for(waiting):
+                        break  # nothing left can finish in this allocation: requeue for a fresh one
+                time.sleep(POLL_S)
+            return self._finish(waiting)
 
     def _start_what_fits(self, waiting: List[PackedRun]) -> List[PackedRun]:
         """Room first (in memory), then time (reads every allocation's records): a pass over runs that cannot be

@@ -57,6 +57,7 @@ from hpc_train.errors import JobFailed
 from hpc_train.processes import procfs
 from hpc_train.processes.rank_env import is_torchrun_variable
 from hpc_train.processes.script_command import direct_command, torchrun_command
+from hpc_train.processes.signal_relay import handling
 from hpc_train.records import hang, rundir
 from hpc_train.records.metrics_log import (
     ATTEMPT_VARIABLE,
@@ -222,39 +223,39 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
     resume = resumes(script, attempt, cwd)
     command, env = _command_and_env(settings, ranks, run_dir, attempt, resume)
     requeue_signal = signal_number(str(settings.launcher.signal))
-    flag = StopFlag(requeue_signal, then="stopping the script").install()
-    reads = _StartupReads()
-    progress = _probes(_metrics_probe(run_dir), reads)
-    beat = heartbeat.Heartbeat(run_dir, ranks, settings.watchdog, flag, probe=progress).start()
-    log.info(
-        "rank %d (attempt %d%s): %s (in %s)",
-        ranks.rank,
-        attempt,
-        ", resuming" if resume else "",
-        " ".join(command),
-        cwd,
-    )
-    pattern = re.compile(str(script.objective_regex)) if script.objective_regex is not None else None
-    try:
-        proc = subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=_ignore(requeue_signal),
+    flag = StopFlag(requeue_signal, then="stopping the script")
+    with handling(flag.stop_signals, flag.on_signal):  # the stop signals are the script's run's
+        reads = _StartupReads()
+        progress = _probes(_metrics_probe(run_dir), reads)
+        beat = heartbeat.Heartbeat(run_dir, ranks, settings.watchdog, flag, probe=progress).start()
+        log.info(
+            "rank %d (attempt %d%s): %s (in %s)",
+            ranks.rank,
+            attempt,
+            ", resuming" if resume else "",
+            " ".join(command),
+            cwd,
         )
-        beat.script_pid = reads.pid = proc.pid
-        beat.mark(hang.RUNNING)
-        out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
-        out.start()
-        err.start()
-        _wait(proc, flag, script, ranks, attempt, run_dir, float(settings.launcher.signal_delay_s))
-        out.join(timeout=5)
-        err.join(timeout=5)
-    finally:
-        beat.close()
-        flag.uninstall()
+        pattern = re.compile(str(script.objective_regex)) if script.objective_regex is not None else None
+        try:
+            proc = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=_ignore(requeue_signal),
+            )
+            beat.script_pid = reads.pid = proc.pid
+            beat.mark(hang.RUNNING)
+            out, err = _Tee(proc.stdout, sys.stdout, pattern), _Tee(proc.stderr, sys.stderr, pattern)
+            out.start()
+            err.start()
+            _wait(proc, flag, script, ranks, attempt, run_dir, float(settings.launcher.signal_delay_s))
+            out.join(timeout=5)
+            err.join(timeout=5)
+        finally:
+            beat.close()
     if proc.returncode != 0:
         raise ScriptFailed(_failure(proc.returncode, ranks, command, err.tail))
     if not ranks.is_main:

@@ -28,6 +28,7 @@ from hpc_train.containers.inside import image_record
 from hpc_train.contracts.job_layout import group_layout
 from hpc_train.processes.rank_env import LIGHTHOUSE_VARIABLE
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.processes.signal_relay import handling
 from hpc_train.records import run_claim
 from hpc_train.records.rank_errors import write_error_record
 from hpc_train.records.rundir import RecordNotWritten
@@ -119,17 +120,40 @@ def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
 
 
 def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
-    """hpc_train's own trainer as this rank."""
+    """hpc_train's own trainer as this rank. The stop signals (interrupts.StopFlag) are the run's for its length:
+    their previous handlers are back before the process group is torn down."""
     # torch and the trainer: a script job's task (train() above) starts the user's script without them
     from hpc_train.compute.runtime import distributed
-    from hpc_train.compute.runtime.heartbeat import Heartbeat
     from hpc_train.compute.runtime.interrupts import StopFlag, signal_number
-    from hpc_train.compute.training.trainer import Trainer
 
     replica = replica_settings(cfg)  # fault_tolerance.replica_groups: this rank's group is a job of its own to torch
     planned, settings = _training_settings(cfg, ranks, replica)
     devices = _prepare_process(settings, ranks, log)
-    stop_flag = StopFlag(signal_number(str(settings.launcher.signal))).install()
+    stop_flag = StopFlag(signal_number(str(settings.launcher.signal)))
+    try:
+        with handling(stop_flag.stop_signals, stop_flag.on_signal):
+            return _fit(settings, planned, ranks, devices, run_dir, stop_flag, replica, log)
+    finally:
+        release_before_teardown()
+        distributed.teardown()
+
+
+def _fit(
+    settings: Any,
+    planned: JobSettings,
+    ranks: RankInfo,
+    devices: List[Any],
+    run_dir: Path,
+    stop_flag: Any,
+    replica: Any,
+    log: logging.Logger,
+) -> Optional[Dict[str, Any]]:
+    """The process group joined, the trainer's fit, and how it ended in the attempt log."""
+    # torch and the trainer, as in _train: a script job's task starts the user's script without them
+    from hpc_train.compute.runtime import distributed
+    from hpc_train.compute.runtime.heartbeat import Heartbeat
+    from hpc_train.compute.training.trainer import Trainer
+
     # progress, hang watchdog, 2nd stop signal (a replica group watches its own ranks)
     beat = Heartbeat(run_dir, ranks, settings.watchdog, stop_flag).start()
     trainer = group = None
@@ -164,10 +188,7 @@ def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger)
         if group is not None:
             group.close()
         beat.close()
-        stop_flag.uninstall()
         trainer = None  # noqa: F841 (see release_before_teardown)
-        release_before_teardown()
-        distributed.teardown()
 
 
 def _training_settings(cfg: DictConfig, ranks: RankInfo, replica: Any) -> Tuple[JobSettings, Any]:

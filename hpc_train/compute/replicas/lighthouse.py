@@ -18,6 +18,8 @@ import signal
 import sys
 import threading
 
+from hpc_train.processes.signal_relay import handling
+
 QUORUM_TICK_MS = 100  # how often the lighthouse looks for a quorum
 JOIN_FACTOR = 2  # a heartbeating group that has not asked for the quorum is left out after JOIN_FACTOR x timeout_s
 
@@ -48,10 +50,9 @@ def main(argv=None) -> int:
         flush=True,
     )
     stopped = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopped.set())
-    stopped.wait()
-    server.shutdown()
+    with handling((signal.SIGTERM, signal.SIGINT), lambda *_: stopped.set()):
+        stopped.wait()
+        server.shutdown()
     return 0
 
 

@@ -45,6 +45,7 @@ import traceback
 from typing import Dict, List, Optional
 
 from hpc_train.processes.rank_env import TORCHRUN_VARIABLES
+from hpc_train.processes.signal_relay import handling
 from hpc_train.processes.warm_ranks import DECLINED, EXIT, MAX_FDS, PID, SIGNAL, START, STATS, send
 
 # What every training rank imports (hpc_train.compute.worker and what entry/train.py imports for a run); a rank
@@ -113,20 +114,19 @@ class ForkServer:
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def serve(self) -> int:
-        signal.set_wakeup_fd(self.wake_w.fileno())
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._stop)
-        while not self.stopping and os.getppid() == self.parent:
-            for key, _ in self.selector.select(timeout=1.0):
-                if key.fileobj is self.listener:
-                    self._accept()
-                elif key.fileobj is self.wake_r:
-                    self._drain_wakeups()
-                else:
-                    self._from_launcher(key.fileobj)  # type: ignore[arg-type]
-            self._reap()
-        for pid in list(self.ranks):
-            _kill(pid, signal.SIGKILL)
+        signal.set_wakeup_fd(self.wake_w.fileno())  # SIGCHLD (a no-op handler) wakes the loop when a rank ends
+        with handling([signal.SIGCHLD], lambda *_: None), handling([signal.SIGTERM], self._stop):
+            while not self.stopping and os.getppid() == self.parent:
+                for key, _ in self.selector.select(timeout=1.0):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    elif key.fileobj is self.wake_r:
+                        self._drain_wakeups()
+                    else:
+                        self._from_launcher(key.fileobj)  # type: ignore[arg-type]
+                self._reap()
+            for pid in list(self.ranks):
+                _kill(pid, signal.SIGKILL)
         return 0
 
     def _stop(self, *_: object) -> None:

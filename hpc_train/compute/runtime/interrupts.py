@@ -40,32 +40,26 @@ class LauncherSettings:
 
 
 class StopFlag:
-    """The flag the handlers set, and the previous handlers (submitit's), kept for chaining."""
+    """The flag the handler (``on_signal``) sets, and the handlers found before (submitit's), kept for the reason.
+
+    The entry point installs the handler for the rank's run: ``with handling(flag.stop_signals, flag.on_signal)``
+    (hpc_train.processes.signal_relay), which puts the previous ones back whatever ends the run."""
 
     def __init__(self, requeue_signal: int, then: str = "checkpointing after the current step") -> None:
         self.requeue_signal = requeue_signal
         self.then = then  # what happens next, for the line the handler prints
         self.request = NONE
-        self.previous: Dict[int, Any] = {}
         self.stop_signals = (self.requeue_signal, signal.SIGTERM, signal.SIGINT)
+        self.previous: Dict[int, Any] = {signum: signal.getsignal(signum) for signum in self.stop_signals}
         self.announce = True  # False once a heartbeat thread says it (at once, even while the main thread is stuck)
 
     def request_stop(self, signum: int) -> None:
         self.request = max(self.request, REQUEUE if signum == self.requeue_signal else TERMINATE)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def on_signal(self, signum: int, frame: Any) -> None:
         self.request_stop(signum)
         if self.announce:  # logging from a signal handler can deadlock on the handler's lock: write directly
             os.write(2, f"hpc-train: received {signal.Signals(signum).name}: {self.then}\n".encode())
-
-    def install(self) -> "StopFlag":
-        for signum in self.stop_signals:
-            self.previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def uninstall(self) -> None:
-        for signum, handler in self.previous.items():  # kept in self.previous: the requeue path still needs them
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     def submitit_handler(self) -> Optional[Callable]:
         """submitit's checkpoint-and-requeue handler, when this process runs under submitit."""

@@ -38,7 +38,7 @@ from hpc_train.processes.rank_env import (
     REPLICA_GROUP_VARIABLE,
     REPLICA_GROUPS_VARIABLE,
     REPLICA_RESTART_VARIABLE,
-    port_for_job,
+    step_port,
 )
 from hpc_train.processes.signal_relay import RELAYED, handling, relay_to
 from hpc_train.records import replicas as marks
@@ -100,7 +100,7 @@ class SrunGroupSteps:
         self.folder = marks.attempt_folder(Path(plan.run_dir), env)
         self.steps: Dict[int, subprocess.Popen] = {}
         self.nodes: Dict[int, List[str]] = {}
-        self.port = port_for_job(env.get("SLURM_JOB_ID", "0")) + 1  # the groups' rendezvous ports follow the job's
+        self.job_id = env.get("SLURM_JOB_ID", "0")  # group g rendezvous on the job's step_port(g)
 
     def start(self, group: int, restart: int, nodes: Optional[List[str]]) -> None:
         if nodes is None:  # the group's own nodes: the groups were laid out from the front of the allocation
@@ -114,7 +114,7 @@ class SrunGroupSteps:
                 REPLICA_RESTART_VARIABLE: str(restart),
                 LIGHTHOUSE_VARIABLE: self.lighthouse,
                 LAUNCH_ID_VARIABLE: self.folder.name,
-                "MASTER_PORT": str(self.port + group),
+                "MASTER_PORT": str(step_port(self.job_id, group)),
             }
         )
         srun = [shutil.which(self.srun[0]) or self.srun[0], *self.srun[1:]]

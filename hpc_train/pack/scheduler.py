@@ -34,14 +34,13 @@ from typing import Dict, List, Optional
 
 from hpc_train.pack import records
 from hpc_train.pack.records import AllocationPlan, PackedRun
-from hpc_train.processes.rank_env import port_for_job
+from hpc_train.processes.rank_env import STEP_PORTS, step_port
 from hpc_train.processes.signal_relay import handling
 from hpc_train.records import rundir
 from hpc_train.slurm import slurm_cli
 from hpc_train.slurm.hostlist import expand_hostlist
 
 POLL_S = 0.2
-PORTS = 500  # the rendezvous ports a step may take after the allocation's own (port_for_job + 1 + slot)
 _SIGNALS = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
 # A step's exit code -> the run's state (the worker's codes: hpc_train.records.rundir).
 _ENDINGS = {rundir.EXIT_OK: records.COMPLETED, rundir.EXIT_INTERRUPTED: records.INTERRUPTED}
@@ -141,13 +140,13 @@ class Scheduler:
         for node in nodes:
             node.gpus -= run.gpus_per_node
             node.cpus -= run.cpus_per_node
-        slot = min(set(range(PORTS)) - {step.slot for step in self.running})
+        slot = min(set(range(STEP_PORTS)) - {step.slot for step in self.running})
         dropped = {*run.unset, *ALLOCATION_GPU_VARIABLES}
         env = {
             **{key: value for key, value in os.environ.items() if key not in dropped},
             **run.environment,
             records.PACKED_ENV: f"{self.job_id}:{run.job}",
-            "MASTER_PORT": str(port_for_job(self.job_id) + 1 + slot),
+            "MASTER_PORT": str(step_port(self.job_id, slot)),
         }
         srun_log = records.srun_log_path(Path(run.run_dir), self.job_id)
         srun_log.parent.mkdir(parents=True, exist_ok=True)

@@ -47,11 +47,32 @@ PORT_BASE = 20000
 PORT_SPAN = 12768  # 20000 .. 32767: clear of the ephemeral range 32768-60999
 
 
+# The ports of a job's own steps (a packed allocation's runs, a job's replica groups): a band of their own below the
+# jobs' ports, one block of STEP_PORTS per job. Taken right after the job's own port, they were the ports of the next
+# jobs, which often run at the same time on the same node.
+STEP_PORT_BASE = 10000
+STEP_PORTS = 500  # per job
+STEP_BLOCKS = 20  # 10000 .. 19999: the steps of 20 consecutive jobs never share a port
+
+
 def port_for_job(job_id: str) -> int:
-    """A rendezvous port that differs between jobs (array tasks included) sharing a node; a packed allocation's
-    job steps take the ports after its own (hpc_train.pack.scheduler)."""
-    digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
+    """A rendezvous port that differs between jobs (array tasks included) sharing a node; a job's steps take
+    ``step_port``s, never the port of another job."""
+    return PORT_BASE + _job_number(job_id) % PORT_SPAN
+
+
+def step_port(job_id: str, index: int) -> int:
+    """The rendezvous port of a job's ``index``-th step (a packed allocation's slot, a replica group): in the job's
+    block of the steps' band, so never another job's port (port_for_job), nor a step's of the STEP_BLOCKS - 1 jobs
+    queued just before or after it."""
+    if not 0 <= index < STEP_PORTS:
+        raise ValueError(f"a job has {STEP_PORTS} step ports (0 .. {STEP_PORTS - 1}), not {index}")
+    return STEP_PORT_BASE + (_job_number(job_id) % STEP_BLOCKS) * STEP_PORTS + index
+
+
+def _job_number(job_id: str) -> int:
+    """A job id's digits (an array task's ``123_7`` is 1237)."""
+    return int(re.sub(r"\D", "", str(job_id)) or "0")
 
 
 # Replica groups (fault_tolerance.replica_groups): each group is a job of its own to torch (RANK and WORLD_SIZE

@@ -4,7 +4,7 @@ import pytest
 
 from hpc_train.compute.runtime.ranks import describe_tasks, detect_ranks, tasks_per_node, world_mismatch
 from hpc_train.launch.backends.local.processes import worker_env
-from hpc_train.processes.rank_env import PORT_BASE, PORT_SPAN, port_for_job
+from hpc_train.processes.rank_env import PORT_BASE, PORT_SPAN, STEP_BLOCKS, STEP_PORTS, port_for_job, step_port
 
 # What srun sets for task 5 of an 8-task step on 4 nodes (2 per node).
 SRUN_TASK = {
@@ -240,6 +240,21 @@ def test_rendezvous_ports_stay_below_the_ephemeral_range():
         len({port_for_job(str(job)) for job in range(5000, 5000 + PORT_SPAN)}) == PORT_SPAN
     )  # neighbours never collide
     assert port_for_job("4242_7") == port_for_job("42427")  # array ids use their digits
+
+
+def test_the_ports_of_a_jobs_steps_are_no_other_jobs():
+    """A job of replica groups and a packed allocation give their steps ports of their own (step_port): never the port
+    of another job, which may run beside them on the same node (the next jobs' ports were theirs when they followed
+    the job's own: a job of replica groups made the next job's rank 0 fail with EADDRINUSE), nor the steps' ports of
+    the jobs queued just before or after."""
+    job = 4333
+    steps = [step_port(str(j), k) for j in range(job, job + STEP_BLOCKS) for k in range(STEP_PORTS)]
+    jobs = {port_for_job(str(j)) for j in range(PORT_SPAN)}  # every job's own port
+    assert not jobs & set(steps)
+    assert len(set(steps)) == len(steps)
+    assert min(steps) >= 1024 and max(steps) <= 32767  # unprivileged, below the ephemeral range
+    with pytest.raises(ValueError, match="step"):
+        step_port(str(job), STEP_PORTS)
 
 
 def test_slurm_batch_script_without_srun_is_a_single_process():

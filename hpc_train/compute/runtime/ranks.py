@@ -59,8 +59,10 @@ Rendezvous port of Slurm and submitit jobs: ``20000 + job id mod 12768``, i.e. 2
 That is below Linux's ephemeral range (32768-60999 by default, ``net.ipv4.ip_local_port_range``),
 from which the kernel picks the local port of every outgoing connection on the node, so such a
 connection cannot already hold it; and two jobs sharing a node (array tasks have job ids of
-their own) get different ports unless their ids differ by a multiple of 12768. ``MASTER_PORT``
-(and ``MASTER_ADDR``) in the environment override it.
+their own) get different ports unless their ids differ by a multiple of 12768. A job's own steps
+(a packed allocation's runs, a job's replica groups) are given ports of their own, 10000-19999
+(hpc_train.processes.rank_env.step_port), never another job's. ``MASTER_PORT`` (and ``MASTER_ADDR``)
+in the environment override it.
 
 This module is pure Python so that it can be tested (and used) without torch.
 """

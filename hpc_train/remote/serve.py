@@ -60,18 +60,22 @@ def start(ident: str, module: str, args: List[str]) -> Dict[str, Any]:
     with files["out"].open("wb") as out:
         runner = subprocess.Popen(
             [sys.executable, "-m", MODULE, "run", ident, module, "--", *args],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     _write(files["json"], {"runner": runner.pid})
+    assert runner.stdin is not None
+    runner.stdin.close()  # the runner writes its own record only now, so this one never replaces it (see run)
     return {"runner": runner.pid}
 
 
 def run(ident: str, module: str, args: List[str]) -> int:
-    """Run ``python -m MODULE ARGS`` here (its output is ours), record its pid, then its exit status."""
+    """Run ``python -m MODULE ARGS`` here (its output is ours), record its pid, then its exit status. Started by
+    ``start``, which records this runner first: the record is written once ``start`` closed our stdin (or ended)."""
     files = _paths(ident)
+    sys.stdin.buffer.read()  # else start's record, written late on a loaded node, could replace ours and its pid
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{rundir.CLI_RESULT_VARIABLE: str(files["result"])})
     child = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.DEVNULL, env=env)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the child's (``interrupt``); the runner records

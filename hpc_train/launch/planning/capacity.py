@@ -157,8 +157,8 @@ def check_capacity(
 ) -> None:
     """Raise ConfigError when no ``nodes`` nodes of the partition can hold this request, or its time is over MaxTime.
 
-    ``params`` are the submitit sbatch parameters (``slurm_params.slurm_parameters``); ``time_key`` is the
-    config key the time limit came from. ``found`` defaults to what ``sinfo`` answers.
+    ``params`` are the submitit sbatch parameters (``launch.backends.slurm.params.slurm_parameters``); ``time_key``
+    is the config key the time limit came from. ``found`` defaults to what ``sinfo`` answers.
     """
     if found is None:
         found = partitions()

@@ -56,10 +56,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
+from hpc_train import __all__ as _PUBLIC
 from hpc_train.config import default_of
 from hpc_train.config.launcher import DEFAULT_LAUNCHER, launcher_kind
 from hpc_train.config.strategy import micro_batches
-from hpc_train.errors import (
+from hpc_train.errors import (  # noqa: F401 (the errors are the API's names too: __all__)
     ConfigError,
     DiskFull,
     HpcTrainError,
@@ -87,21 +88,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 UNKNOWN_GRACE_S = 60.0  # a Slurm job neither squeue nor sacct knows for this long is gone
-
-__all__ = [
-    "ConfigError",
-    "DiskFull",
-    "HpcTrainError",
-    "Job",
-    "JobFailed",
-    "RunDirRefused",
-    "Unreachable",
-    "compose",
-    "run",
-    "staged_model",
-    "submit",
-    "sweep",
-]
 
 
 # -- composing --------------------------------------------------------------------------------
@@ -547,3 +533,7 @@ def staged_model(
         example=example,
         split_points=points or None,
     )
+
+
+# The front door's names (hpc_train/__init__.py, the one list) that this module holds.
+__all__ = [name for name in _PUBLIC if name in globals()]

@@ -113,8 +113,12 @@ def test_the_report_reads_the_traces_without_torch_and_names_the_slow_rank(profi
 
 
 def test_a_run_waiting_on_its_data_says_so_in_its_closing_line(tmp_path):
+    """One intra-op thread: with two (the launcher's share of a 2-core machine) on a machine the other tests keep
+    busy, each op of the tiny MLP waits at an OpenMP barrier for a descheduled thread, and forward-backward took up to
+    half of a step (measured: data 0.43 and 0.51 under load, 0.99 with one thread under the same load)."""
     slow_data = "data.train={_target_:tests.support.perf_parts.SlowReads,sleep_s:0.004}"
-    proc = run_cli([*QUICK, "strategy=single", "trainer.max_steps=4", slow_data], tmp_path / "run")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = run_cli([*QUICK, "strategy=single", "trainer.max_steps=4", slow_data], tmp_path / "run", env=env)
     assert_ok(proc)
     share = read_summary(tmp_path / "run")["step_breakdown"]["data"]
     assert share > 0.5  # 32 reads of 4 ms against a step of a tiny MLP

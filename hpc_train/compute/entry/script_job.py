@@ -213,7 +213,15 @@ def _stop(proc: subprocess.Popen, signum: int, grace: float) -> None:
 
 def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict[str, Any]]:
     """Run the job's script as this rank until it ends; rank 0 returns (and writes) the summary."""
-    settings = _script_job_settings(cfg)  # the job spec read once; nothing below reads the spec
+    kind = strategy_table.kind_of(cfg.strategy)
+    settings = ScriptJobSettings(  # the job spec read once; nothing below reads the spec
+        script=section(ScriptSettings, OmegaConf.to_container(cfg.script, resolve=True)),  # type: ignore[arg-type]
+        job=section(JobSettings, cfg.job),
+        launcher=section(LauncherSettings, cfg.launcher),
+        watchdog=section(WatchdogSettings, cfg.trainer),
+        one_process=kind is not None and kind.one_process,
+        objective=str(cfg.objective) if "objective" in cfg else None,
+    )
     script, layout = settings.script, settings.job.layout
     cwd = Path(str(script.cwd))
     key = attempt_key()
@@ -228,14 +236,8 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         reads = _StartupReads()
         progress = _probes(_metrics_probe(run_dir), reads)
         beat = heartbeat.Heartbeat(run_dir, ranks, settings.watchdog, flag, probe=progress).start()
-        log.info(
-            "rank %d (attempt %d%s): %s (in %s)",
-            ranks.rank,
-            attempt,
-            ", resuming" if resume else "",
-            " ".join(command),
-            cwd,
-        )
+        how = ", resuming" if resume else ""
+        log.info("rank %d (attempt %d%s): %s (in %s)", ranks.rank, attempt, how, " ".join(command), cwd)
         pattern = re.compile(str(script.objective_regex)) if script.objective_regex is not None else None
         try:
             proc = subprocess.Popen(
@@ -262,18 +264,6 @@ def run_script(cfg: DictConfig, ranks: RankInfo, run_dir: Path) -> Optional[Dict
         return None
     found = out.found or err.found
     return _finish(run_dir, attempt, command, int(layout.world_size), settings.objective, found)
-
-
-def _script_job_settings(cfg: DictConfig) -> ScriptJobSettings:
-    kind = strategy_table.kind_of(cfg.strategy)
-    return ScriptJobSettings(
-        script=section(ScriptSettings, OmegaConf.to_container(cfg.script, resolve=True)),  # type: ignore[arg-type]
-        job=section(JobSettings, cfg.job),
-        launcher=section(LauncherSettings, cfg.launcher),
-        watchdog=section(WatchdogSettings, cfg.trainer),
-        one_process=kind is not None and kind.one_process,
-        objective=str(cfg.objective) if "objective" in cfg else None,
-    )
 
 
 def _command_and_env(

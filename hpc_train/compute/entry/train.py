@@ -10,7 +10,7 @@ import sys
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -120,33 +120,55 @@ def _announce(log: logging.Logger, ranks: RankInfo, devices: str = "") -> None:
 
 
 def _train(cfg: DictConfig, ranks: RankInfo, run_dir: Path, log: logging.Logger) -> Optional[Dict[str, Any]]:
-    """hpc_train's own trainer as this rank. The stop signals (interrupts.StopFlag) are the run's for its length:
-    their previous handlers are back before the process group is torn down."""
-    # torch and the trainer: a script job's task (train() above) starts the user's script without them
+    """hpc_train's own trainer as this rank. The job spec is read once, here, into the settings of the rank's parts;
+    nothing after reads the spec. The layout is the allocation's: a job planned for a range of nodes runs on the
+    count Slurm gave it (and a replica group's is its group's). The stop signals (interrupts.StopFlag) are the
+    run's for its length: their previous handlers are back before the process group is torn down."""
+    # torch and the trainer's parts: a script job's task (train() above) starts the user's script without them
+    from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
+    from hpc_train.compute.data.loaders import DataSettings
+    from hpc_train.compute.parallel import strategy_class
     from hpc_train.compute.runtime import distributed
-    from hpc_train.compute.runtime.interrupts import StopFlag, signal_number
+    from hpc_train.compute.runtime.heartbeat import WatchdogSettings
+    from hpc_train.compute.runtime.interrupts import LauncherSettings, StopFlag, signal_number
+    from hpc_train.compute.training.loggers import logger_settings
+    from hpc_train.compute.training.optim import OptimSettings
+    from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
 
+    planned = section(JobSettings, cfg.job)
     replica = replica_settings(cfg)  # fault_tolerance.replica_groups: this rank's group is a job of its own to torch
-    planned, settings = _training_settings(cfg, ranks, replica)
+    if replica is not None:
+        planned = replace(planned, layout=group_layout(planned.layout, int(replica.replica_groups)))
+    job = replace(planned, layout=settle_layout(planned.layout, cfg.strategy, ranks.world_size))
+    settings = TrainingSettings(
+        run=section(RunSettings, cfg),
+        job=job,
+        planned_layout=planned.layout,
+        replicas=replica,
+        trainer=section(TrainerSettings, cfg.trainer),
+        optim=section(OptimSettings, cfg.trainer),
+        checkpointing=section(CheckpointSettings, cfg.trainer),
+        watchdog=section(WatchdogSettings, cfg.trainer),
+        strategy=section(strategy_class(strategy_id(cfg.strategy)).settings_type, cfg.strategy),
+        data=section(DataSettings, cfg.data),
+        logger=logger_settings(cfg.logger if "logger" in cfg else None),
+        launcher=section(LauncherSettings, cfg.launcher),
+        backend=backend_section(cfg),
+        peak_tflops=OmegaConf.to_container(cfg.cluster, resolve=True)["gpu_peak_tflops"],  # type: ignore[index]
+        job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+    )
     devices = _prepare_process(settings, ranks, log)
     stop_flag = StopFlag(signal_number(str(settings.launcher.signal)))
     try:
         with handling(stop_flag.stop_signals, stop_flag.on_signal):
-            return _fit(settings, planned, ranks, devices, run_dir, stop_flag, replica, log)
+            return _fit(settings, ranks, devices, run_dir, stop_flag, log)
     finally:
         release_before_teardown()
         distributed.teardown()
 
 
 def _fit(
-    settings: Any,
-    planned: JobSettings,
-    ranks: RankInfo,
-    devices: List[Any],
-    run_dir: Path,
-    stop_flag: Any,
-    replica: Any,
-    log: logging.Logger,
+    settings: Any, ranks: RankInfo, devices: List[Any], run_dir: Path, stop_flag: Any, log: logging.Logger
 ) -> Optional[Dict[str, Any]]:
     """The process group joined, the trainer's fit, and how it ended in the attempt log."""
     # torch and the trainer, as in _train: a script job's task starts the user's script without them
@@ -163,13 +185,13 @@ def _fit(
             _record_attempt_end(run_dir, trainer, how)
 
     try:
-        problem = allocation_mismatch(planned.layout, ranks)
+        problem = allocation_mismatch(settings.planned_layout, ranks)
         if problem:  # training alone (or in a wrong world) would "succeed" with the wrong result
             raise Refusal(problem)
         distributed.init_process_group(
             ranks, str(settings.strategy.backend), float(settings.watchdog.dist_timeout_s), devices[0], run_dir
         )
-        group = _replica_group(replica, ranks, devices[0])
+        group = _replica_group(settings.replicas, ranks, devices[0])
         trainer = Trainer(settings, ranks, devices, run_dir, stop_flag, group)
         summary = trainer.fit()
         record_end("finish")
@@ -189,41 +211,6 @@ def _fit(
             group.close()
         beat.close()
         trainer = None  # noqa: F841 (see release_before_teardown)
-
-
-def _training_settings(cfg: DictConfig, ranks: RankInfo, replica: Any) -> Tuple[JobSettings, Any]:
-    """(the job section as planned, the TrainingSettings): the job spec read once into the settings of the rank's
-    parts; nothing after reads the spec. The layout is the allocation's: a job planned for a range of nodes runs on
-    the count Slurm gave it (and a replica group's is its group's)."""
-    # the trainer's parts (torch): a script job's task (train() above) reads its own settings without them
-    from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
-    from hpc_train.compute.data.loaders import DataSettings
-    from hpc_train.compute.parallel import strategy_class
-    from hpc_train.compute.runtime.heartbeat import WatchdogSettings
-    from hpc_train.compute.runtime.interrupts import LauncherSettings
-    from hpc_train.compute.training.loggers import logger_settings
-    from hpc_train.compute.training.optim import OptimSettings
-    from hpc_train.compute.training.settings import RunSettings, TrainerSettings, TrainingSettings
-
-    planned = section(JobSettings, cfg.job)
-    if replica is not None:
-        planned = replace(planned, layout=group_layout(planned.layout, int(replica.replica_groups)))
-    job = replace(planned, layout=settle_layout(planned.layout, cfg.strategy, ranks.world_size))
-    return planned, TrainingSettings(
-        run=section(RunSettings, cfg),
-        job=job,
-        trainer=section(TrainerSettings, cfg.trainer),
-        optim=section(OptimSettings, cfg.trainer),
-        checkpointing=section(CheckpointSettings, cfg.trainer),
-        watchdog=section(WatchdogSettings, cfg.trainer),
-        strategy=section(strategy_class(strategy_id(cfg.strategy)).settings_type, cfg.strategy),
-        data=section(DataSettings, cfg.data),
-        logger=logger_settings(cfg.logger if "logger" in cfg else None),
-        launcher=section(LauncherSettings, cfg.launcher),
-        backend=backend_section(cfg),
-        peak_tflops=OmegaConf.to_container(cfg.cluster, resolve=True)["gpu_peak_tflops"],  # type: ignore[index]
-        job_spec=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
-    )
 
 
 def _prepare_process(settings: Any, ranks: RankInfo, log: logging.Logger) -> List[Any]:

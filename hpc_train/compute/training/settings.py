@@ -16,11 +16,13 @@ from hpc_train.compute.checkpointing.checkpointer import CheckpointSettings
 from hpc_train.compute.data.loaders import DataSettings
 from hpc_train.compute.parallel.base import StrategySettings
 from hpc_train.compute.performance.settings import ProfileSettings
+from hpc_train.compute.replicas.settings import ReplicaSettings
 from hpc_train.compute.runtime.heartbeat import WatchdogSettings
 from hpc_train.compute.runtime.interrupts import LauncherSettings
 from hpc_train.compute.settings import BackendSettings, JobSettings
 from hpc_train.compute.training.optim import OptimSettings
 from hpc_train.compute.training.tracker_common import LoggerSettings
+from hpc_train.contracts.job_layout import JobLayout
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class TrainingSettings:
     checkpoint's fingerprint and the trackers record it."""
 
     run: RunSettings
-    job: JobSettings
+    job: JobSettings  # its layout settled on the allocation (and a replica group's is its group's)
+    planned_layout: JobLayout  # the layout as submitted: what the allocation is checked against
+    replicas: Optional[ReplicaSettings]  # None: no replica groups (fault_tolerance)
     trainer: TrainerSettings
     optim: OptimSettings
     checkpointing: CheckpointSettings

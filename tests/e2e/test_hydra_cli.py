@@ -92,7 +92,7 @@ def test_optuna_maximises_another_objective(tmp_path):
 def test_a_trial_that_fails_validation_does_not_end_the_study(tmp_path):
     """Grid over a batch size that does not split over 2 DDP ranks (31) and one that does (32).
 
-    The seeded sampler draws both values in 3 trials. (Optuna 2.10's grid sampler raises when its
+    The seeded sampler draws both values in 3 trials. (Optuna's grid sampler raises when its
     last point fails, so it is not used here.)
     """
     sweep = tmp_path / "sweep"

@@ -170,7 +170,8 @@ def _missing_option(err) -> ConfigError:
         else ""
     )
     plugin = (
-        " If it is a Hydra plugin, install it into this environment (e.g. pip install hydra-optuna-sweeper)."
+        " If it is a Hydra plugin, install it into this environment (e.g. pip install --no-deps hydra-optuna-sweeper,"
+        " beside optuna>=4.0: the plugin declares optuna<3 but runs on Optuna 5)."
         if group.startswith("hydra/")
         else ""
     )

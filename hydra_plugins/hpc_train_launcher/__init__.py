@@ -2,7 +2,8 @@
 
 * `hydra/launcher=hpc_train`: hpc-train's own sweeps (`hpc_train.launch.hydra.sweep.SweepLauncher`);
 * `hydra/launcher=hpc_train_slurm` and `hpc_train_local`: any Hydra app's sweeps, a drop-in for
-  hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.hydra.app_launcher`).
+  hydra-submitit-launcher's `submitit_slurm` / `submitit_local` (`hpc_train.launch.hydra.app_launcher`);
+* `hydra/sweeper=adaptive`: an asynchronous study that stops poor trials early (`hpc_train.tune`).
 
 Hydra only instantiates launchers that live under the `hydra_plugins` package, so these are
 thin shims. Hydra's plugin scan finds this package in a normal install and in an editable one
@@ -18,6 +19,8 @@ from hpc_train.config.launcher import APP_LAUNCHERS
 from hpc_train.launch.hydra.app_config import APP_CONFS
 from hpc_train.launch.hydra.app_launcher import AppLauncher
 from hpc_train.launch.hydra.sweep import SweepLauncher
+from hpc_train.tune.settings import TuneConf
+from hpc_train.tune.sweeper import AdaptiveSweeper as _AdaptiveSweeperBase
 
 
 class HpcTrainLauncher(SweepLauncher):
@@ -87,3 +90,15 @@ def register() -> None:
     global HpcTrainSweeper
     HpcTrainSweeper = _make_sweeper_class()
     plugins.class_name_to_class[f"{__name__}.HpcTrainSweeper"] = HpcTrainSweeper
+
+
+class AdaptiveSweeper(_AdaptiveSweeperBase):
+    pass
+
+
+@dataclass
+class AdaptiveSweeperConf(TuneConf):
+    _target_: str = "hydra_plugins.hpc_train_launcher.AdaptiveSweeper"
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="adaptive", node=AdaptiveSweeperConf, provider="hpc_train")

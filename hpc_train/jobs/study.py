@@ -1,0 +1,74 @@
+"""An adaptive sweep's study on disk: an Optuna journal in the sweep dir, and what each trial's attributes mean.
+
+The journal (``<sweep dir>/study.journal``) is Optuna's JournalStorage over a file, locked by open(O_EXCL) so that it
+holds on a shared (NFS) filesystem. It is the controller's whole state: a controller started again on the same sweep
+dir reads it and goes on; ``hpc-train-report`` and ``optuna-dashboard`` read it as well. Each trial is an Optuna
+trial: its parameters, its rungs' objective values as intermediate values (step = the rung's budget), and the
+user attributes named below. A trial paused at a rung (it may yet be promoted) is RUNNING to Optuna; at the end of the
+study it is PRUNED. Optuna is imported only where a study is opened (it is the `tune` extra).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+JOURNAL = "study.journal"
+STUDY_NAME = "hpc-train"
+# A trial's user attributes
+STATUS = "status"  # running | paused | completed | failed | stopped (hpc_train.tune.scheduler.STATUSES)
+RUNG = "rung"  # the rung it runs, or the last it finished (0 = the first)
+BRACKET = "bracket"
+JOB = "job_id"  # the job of its current (or last) rung
+LAUNCHER = "launcher"
+RUN_DIR = "run_dir"
+ERROR = "error"  # why it failed
+RUNG_VALUES = "rung_values"  # {rung: objective}: what the scheduler ranks (also the intermediate values, by budget)
+RUNG_SECONDS = "rung_seconds"  # {rung: seconds the rung's job ran}: what the study spent
+# The study's
+SETTINGS = "settings"  # the sweeper's settings and search space when it started: a rerun must ask for the same
+
+
+def journal_path(sweep_dir: Path) -> Path:
+    return Path(sweep_dir) / JOURNAL
+
+
+def storage(sweep_dir: Path) -> Any:
+    """The study's storage: Optuna's journal over the sweep dir's file."""
+    # the tune extra: only adaptive sweeps open a study
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+
+    path = str(journal_path(sweep_dir))
+    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+
+
+def trial_rows(sweep_dir: Path) -> Optional[List[Dict[str, Any]]]:
+    """Each trial as a plain row (number, state, status, params, rung values, value, error...), or None when the sweep
+    dir holds no study."""
+    if not journal_path(sweep_dir).exists():
+        return None
+    import optuna  # the tune extra (see storage)
+
+    study = optuna.load_study(study_name=STUDY_NAME, storage=storage(sweep_dir))
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        rows.append(
+            {
+                "number": trial.number,
+                "state": trial.state.name,
+                "status": attrs.get(STATUS),
+                "params": dict(trial.params),
+                "rung": attrs.get(RUNG),
+                "bracket": attrs.get(BRACKET),
+                "rung_values": {int(k): v for k, v in (attrs.get(RUNG_VALUES) or {}).items()},
+                "rung_seconds": {int(k): v for k, v in (attrs.get(RUNG_SECONDS) or {}).items()},
+                "intermediate": dict(trial.intermediate_values),
+                "value": trial.value if trial.state.name == "COMPLETE" else None,
+                "run_dir": attrs.get(RUN_DIR),
+                "job_id": attrs.get(JOB),
+                "error": attrs.get(ERROR),
+            }
+        )
+    return rows

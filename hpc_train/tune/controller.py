@@ -1,0 +1,232 @@
+"""The adaptive sweep's controller: asks Optuna for trials, runs their rungs, fills a free slot at once.
+
+One loop, every ``poll_s``: look at each running rung (its job ended with a summary, failed, or still runs); a finished
+rung's objective goes into the journal, and the trial pauses there or completes; then every free slot gets the
+scheduler's next action (a promotion, resuming the trial's checkpoint, or a new trial). All state is the journal
+(hpc_train.jobs.study): a controller started again on the same sweep dir adopts the rungs still running and goes on,
+so no trial is lost or started twice. At the end the paused trials are stopped (PRUNED to Optuna) and the best is
+said; past ``max_failures`` failed trials the study stops with one message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+from hpc_train.errors import ConfigError, JobFailed
+from hpc_train.jobs import study as names
+from hpc_train.tune import scheduler as sched
+from hpc_train.tune.settings import TuneSettings
+from hpc_train.tune.space import SearchSpace, grid
+from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, Look
+
+log = logging.getLogger("hpc_train")
+STARTED = "started"  # a trial's attribute: when its current rung was started (epoch seconds)
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc", "gp", "nsgaii", "bruteforce")
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: TuneSettings,
+        space: SearchSpace,
+        trials: HpcTrainTrials,
+        sweep_dir: Path,
+        value_of: Callable[[Look, Path], float],
+    ) -> None:
+        self.settings, self.space, self.trials = settings, space, trials
+        self.sweep_dir = Path(sweep_dir)
+        self.value_of = value_of  # the rung's objective from its look (JobFailed when there is none)
+        self.scheduler = sched.Scheduler(settings.scheduler, settings.direction)
+        self.storage: Any = None
+        self.study: Any = None
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> Dict[str, Any]:
+        """The study to its end; returns the best trial's number, value and parameters."""
+        self._open()
+        while self._step():
+            time.sleep(self.settings.poll_s)
+        return self._finish()
+
+    def _step(self) -> bool:
+        """One look at the running rungs, then the free slots filled; False once nothing runs and nothing is left."""
+        for trial in self._trials():
+            if trial.user_attrs.get(names.STATUS) in (None, sched.RUNNING):
+                self._look(trial)
+        self._check_failures()
+        views = self._views()
+        running = sum(view.status == sched.RUNNING for view in views)
+        while running < self.settings.max_concurrent:
+            action = self.scheduler.next_action(views, len(views), self.settings.max_trials)
+            if action is None:
+                break
+            self._act(action)
+            views, running = self._views(), running + 1
+        return running > 0
+
+    # -- the journal ----------------------------------------------------------------------------
+    def _open(self) -> None:
+        import optuna  # the tune extra: only an adaptive sweep's controller needs it
+
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.storage = names.storage(self.sweep_dir)
+        self.study = optuna.create_study(
+            storage=self.storage,
+            study_name=names.STUDY_NAME,
+            direction=self.settings.direction,
+            sampler=self._sampler(),
+            load_if_exists=True,
+        )
+        asked = {"settings": repr(self.settings), "space": repr(sorted(self.space.distributions.items()))}
+        held = self.study.user_attrs.get(names.SETTINGS)
+        if held is None:
+            self.study.set_user_attr(names.SETTINGS, asked)
+        elif held != asked:
+            raise ConfigError(
+                "hydra.sweep.dir",
+                f"{self.sweep_dir} holds a study of other settings or another search space ({held}).",
+                "run the same command line to go on with that study, or give this one a new hydra.sweep.dir.",
+            )
+
+    def _sampler(self) -> Any:
+        import optuna  # the tune extra (see _open)
+
+        name, seed = self.settings.sampler, self.settings.seed
+        if name == "grid":
+            return optuna.samplers.GridSampler(grid(self.space), seed=seed)
+        classes = {
+            "tpe": optuna.samplers.TPESampler,
+            "random": optuna.samplers.RandomSampler,
+            "cmaes": optuna.samplers.CmaEsSampler,
+            "qmc": optuna.samplers.QMCSampler,
+            "gp": optuna.samplers.GPSampler,
+            "nsgaii": optuna.samplers.NSGAIISampler,
+            "bruteforce": optuna.samplers.BruteForceSampler,
+        }
+        if name not in classes:
+            choices = ", ".join(SAMPLERS)
+            raise ConfigError("hydra.sweeper.sampler", f"{name!r} is no sampler.", f"pick one of {choices}.")
+        return classes[name](seed=seed)
+
+    def _trials(self) -> List[Any]:
+        return self.study.get_trials(deepcopy=False)
+
+    def _set(self, number: int, **attrs: Any) -> None:
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        for key, value in attrs.items():
+            self.storage.set_trial_user_attr(trial_id, key, value)
+
+    def _views(self) -> List[sched.TrialView]:
+        views = []
+        for trial in self._trials():
+            attrs = trial.user_attrs
+            values = {int(rung): float(value) for rung, value in (attrs.get(names.RUNG_VALUES) or {}).items()}
+            status = attrs.get(names.STATUS) or sched.RUNNING  # asked, its first rung not yet started: runs now
+            bracket = int(attrs.get(names.BRACKET, self.scheduler.bracket_of(trial.number)))
+            views.append(sched.TrialView(trial.number, bracket, int(attrs.get(names.RUNG, 0)), status, values))
+        return views
+
+    # -- a rung ---------------------------------------------------------------------------------
+    def _act(self, action: sched.Action) -> None:
+        if action.kind == sched.NEW:
+            trial = self.study.ask(fixed_distributions=self.space.distributions)
+            self._set(trial.number, **{names.BRACKET: action.bracket, names.RUNG: action.rung})
+            number = trial.number
+        else:
+            number = int(action.trial)  # type: ignore[arg-type]
+            log.info("hpc-train: trial %d promoted to rung %d", number, action.rung)
+        self._start_rung(number, action.rung)
+
+    def _start_rung(self, number: int, rung: int) -> None:
+        """The trial's rung, started in its run dir (a promotion resumes the checkpoint the last rung left there)."""
+        trial = self.study.trials[number]
+        run_dir = self.sweep_dir / str(number)
+        overrides = self.space.overrides(trial.params)
+        budget = self.scheduler.budgets[rung]
+        key = self.settings.scheduler.resource_key
+        if key and budget is not None:
+            overrides.append(f"{key}={budget}")
+        started = time.time()
+        attrs = {names.STATUS: sched.RUNNING, names.RUNG: rung, names.JOB: None, STARTED: started}
+        self._set(number, **attrs, **{names.RUN_DIR: str(run_dir)})
+        job_id = self.trials.start(overrides, run_dir)
+        self._set(number, **{names.JOB: job_id})
+        log.info("hpc-train: trial %d rung %d (%s=%s): job %s in %s", number, rung, key, budget, job_id, run_dir)
+
+    def _look(self, trial: Any) -> None:
+        attrs = trial.user_attrs
+        if attrs.get(names.STATUS) is None:  # asked by a controller that stopped before starting it
+            self._start_rung(trial.number, int(attrs.get(names.RUNG, 0)))
+            return
+        run_dir, job_id = Path(attrs[names.RUN_DIR]), attrs.get(names.JOB)
+        since = float(attrs.get(STARTED, 0.0))
+        look = self.trials.look(job_id, run_dir, since) if job_id else Look(LOST)
+        if look.state == RUNNING:
+            return
+        if look.state == LOST:  # its job ended without finishing the rung (or never started): run it again
+            self._start_rung(trial.number, int(attrs[names.RUNG]))
+            return
+        if look.state == FAILED:
+            self._failed(trial.number, look.error or "failed")
+            return
+        try:
+            value = self.value_of(look, run_dir)
+        except JobFailed as err:
+            self._failed(trial.number, str(err))
+            return
+        self._rung_done(trial, value, time.time() - since)
+
+    def _rung_done(self, trial: Any, value: float, seconds: float) -> None:
+        from optuna.trial import TrialState  # the tune extra (see _open)
+
+        attrs, number = trial.user_attrs, trial.number
+        rung = int(attrs[names.RUNG])
+        values = {**(attrs.get(names.RUNG_VALUES) or {}), str(rung): value}
+        spent = {**(attrs.get(names.RUNG_SECONDS) or {}), str(rung): seconds}
+        budget = self.scheduler.budgets[rung]
+        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        self.storage.set_trial_intermediate_value(trial_id, int(budget if budget is not None else rung), value)
+        last = self.scheduler.is_last(rung)
+        status = sched.COMPLETED if last else sched.PAUSED
+        self._set(number, **{names.RUNG_VALUES: values, names.RUNG_SECONDS: spent, names.STATUS: status})
+        if last:
+            self.study.tell(number, value, state=TrialState.COMPLETE)
+        log.info("hpc-train: trial %d rung %d: %s = %g (%s)", number, rung, "objective", value, status)
+
+    def _failed(self, number: int, error: str) -> None:
+        from optuna.trial import TrialState  # the tune extra (see _open)
+
+        self._set(number, **{names.STATUS: sched.FAILED, names.ERROR: error})
+        self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+        log.warning("hpc-train: trial %d failed: %s", number, error)
+
+    def _check_failures(self) -> None:
+        failed = [t for t in self._trials() if t.user_attrs.get(names.STATUS) == sched.FAILED]
+        if len(failed) <= self.settings.max_failures:
+            return
+        running = [t.user_attrs.get(names.JOB) for t in self._trials() if t.user_attrs.get(names.STATUS) == "running"]
+        self.trials.cancel([job for job in running if job])
+        last = failed[-1]
+        raise JobFailed(
+            f"the study stopped: {len(failed)} trials failed, more than hydra.sweeper.max_failures="
+            f"{self.settings.max_failures}; the last (trial {last.number}): {last.user_attrs.get(names.ERROR)}",
+            run_dir=self.sweep_dir,
+        )
+
+    # -- the end --------------------------------------------------------------------------------
+    def _finish(self) -> Dict[str, Any]:
+        from optuna.trial import TrialState  # the tune extra (see _open)
+
+        for trial in self._trials():
+            if trial.user_attrs.get(names.STATUS) == sched.PAUSED:
+                self._set(trial.number, **{names.STATUS: sched.STOPPED})
+                self.study.tell(trial.number, state=TrialState.PRUNED, skip_if_finished=True)
+        complete = [t for t in self._trials() if t.state == TrialState.COMPLETE]
+        if not complete:
+            raise JobFailed(f"the study ended with no completed trial; see {self.sweep_dir}", run_dir=self.sweep_dir)
+        best = self.study.best_trial
+        return {"number": best.number, "value": best.value, "params": dict(best.params)}

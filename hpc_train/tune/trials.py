@@ -1,0 +1,75 @@
+"""How the controller runs a trial's rung and looks at it: an hpc-train job per rung, submitted as
+:func:`hpc_train.submit` submits (locally a background process, on Slurm a queued job, packed, or from a laptop over
+SSH: the launcher in the overrides decides), into the trial's run dir, so that a promoted trial resumes its checkpoint.
+
+A look says whether the rung's job runs, ended with a summary, failed (with its error), or was lost: a local job
+adopted from an earlier controller (its process is not this one's child) that ended without finishing its rung, which
+the controller runs again (it resumes its checkpoint). A local job's liveness then comes from its run dir's claim,
+which its rank 0 keeps fresh (hpc_train.records.run_claim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hpc_train import api
+from hpc_train.config.launcher import launcher_kind
+from hpc_train.errors import HpcTrainError
+from hpc_train.jobs.job_states import read_summary
+from hpc_train.records import run_claim
+from hpc_train.records.rundir import SUMMARY
+
+RUNNING, DONE, FAILED, LOST = "running", "done", "failed", "lost"
+
+
+@dataclass(frozen=True)
+class Look:
+    state: str  # RUNNING, DONE, FAILED or LOST
+    summary: Optional[Dict[str, Any]] = None  # DONE: the rung's summary.json
+    error: Optional[str] = None  # FAILED: why
+
+
+class HpcTrainTrials:
+    def __init__(self, launcher: str, config_dir: Optional[str] = None) -> None:
+        self.launcher = launcher
+        self.config_dir = config_dir
+        self._jobs: Dict[str, api.Job] = {}  # started by this controller
+
+    def start(self, overrides: Sequence[str], run_dir: Path) -> str:
+        """The rung's job, started (ConfigError for bad input, as hpc_train.submit raises it)."""
+        job = api.submit(list(overrides), self.config_dir, run_dir)
+        self._jobs[job.job_id] = job
+        return job.job_id
+
+    def look(self, job_id: str, run_dir: Path, since: float) -> Look:
+        """The rung's job now; `since`: when it was started (an adopted local job's summary must be newer)."""
+        job = self._jobs.get(job_id)
+        if job is None and not launcher_kind(self.launcher).submits:
+            return _adopted_local(run_dir, since)
+        if job is None:
+            job = self._jobs[job_id] = api.Job(job_id, run_dir, self.launcher, started=since)
+        try:
+            summary = job.wait(timeout=0)
+        except TimeoutError:
+            return Look(RUNNING)
+        except HpcTrainError as err:
+            return Look(FAILED, error=str(err))
+        return Look(DONE, summary=summary)
+
+    def cancel(self, job_ids: List[str]) -> None:
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is not None:
+                job.cancel()
+
+
+def _adopted_local(run_dir: Path, since: float) -> Look:
+    claim = run_claim.read(run_dir)
+    if claim is not None and run_claim.liveness(claim)[0]:
+        return Look(RUNNING)
+    summary_file = run_dir / SUMMARY
+    if summary_file.exists() and summary_file.stat().st_mtime >= since - 1.0:
+        return Look(DONE, summary=read_summary(run_dir))
+    return Look(LOST)

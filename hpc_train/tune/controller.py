@@ -164,7 +164,7 @@ class Controller:
             return
         run_dir, job_id = Path(attrs[names.RUN_DIR]), attrs.get(names.JOB)
         since = float(attrs.get(STARTED, 0.0))
-        look = self.trials.look(job_id, run_dir, since) if job_id else Look(LOST)
+        look = self.trials.look(job_id, run_dir, since)
         if look.state == RUNNING:
             return
         if look.state == LOST:  # its job ended without finishing the rung (or never started): run it again

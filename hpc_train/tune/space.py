@@ -76,9 +76,11 @@ def distribution(key: str, sweep: Any) -> BaseDistribution:
 
 def _range(key: str, sweep: RangeSweep) -> BaseDistribution:
     start, stop, step = sweep.start, sweep.stop, sweep.step
-    if all(isinstance(x, int) for x in (start, stop, step)) and step > 0 and stop > start:
-        last = start + (stop - 1 - start) // step * step
-        return IntDistribution(int(start), int(last), step=int(step))
+    if all(isinstance(x, int) for x in (start, stop, step)) and step and list(range(start, stop, step)):
+        whole = list(range(start, stop, step))
+        if step > 0:
+            return IntDistribution(start, whole[-1], step=step)
+        return CategoricalDistribution(whole)  # descending: the values as Hydra's basic sweeper gives them
     values = []
     value = float(start)
     while (step > 0 and value < stop) or (step < 0 and value > stop):

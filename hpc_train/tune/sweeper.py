@@ -86,6 +86,12 @@ def _check_job(job: DictConfig, settings: TuneSettings, swept: Any) -> str:
     OmegaConf.set_struct(job, False)
     job.objective = objective
     check_objective(job)
+    if str(objective).startswith("eval_") and not OmegaConf.select(job, "trainer.eval", default=True):
+        raise ConfigError(
+            "objective",
+            f"{objective} comes from evaluation, and trainer.eval=false evaluates nothing: no rung would report it.",
+            "set trainer.eval=true, or sweep on a training metric (objective=train_loss).",
+        )
     return str(objective)
 
 

@@ -18,6 +18,7 @@ from hpc_train import api
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.errors import HpcTrainError
 from hpc_train.jobs.job_states import read_summary
+from hpc_train.jobs.submissions import SUBMISSIONS, newest_submission
 from hpc_train.records import run_claim
 from hpc_train.records.rundir import SUMMARY
 
@@ -43,12 +44,16 @@ class HpcTrainTrials:
         self._jobs[job.job_id] = job
         return job.job_id
 
-    def look(self, job_id: str, run_dir: Path, since: float) -> Look:
-        """The rung's job now; `since`: when it was started (an adopted local job's summary must be newer)."""
-        job = self._jobs.get(job_id)
+    def look(self, job_id: Optional[str], run_dir: Path, since: float) -> Look:
+        """The rung's job now; `since`: when it was started. `job_id` None: the controller that started the rung
+        stopped before it noted the job: a job found in the run dir's records since then is that job."""
+        job = self._jobs.get(job_id) if job_id else None
         if job is None and not launcher_kind(self.launcher).submits:
             return _adopted_local(run_dir, since)
         if job is None:
+            job_id = job_id or _submitted_since(run_dir, since)
+            if job_id is None:
+                return Look(LOST)
             job = self._jobs[job_id] = api.Job(job_id, run_dir, self.launcher, started=since)
         try:
             summary = job.wait(timeout=0)
@@ -63,6 +68,15 @@ class HpcTrainTrials:
             job = self._jobs.get(job_id)
             if job is not None:
                 job.cancel()
+
+
+def _submitted_since(run_dir: Path, since: float) -> Optional[str]:
+    """The Slurm job submitted into `run_dir` since `since` (its submission record), if any."""
+    path = run_dir / SUBMISSIONS
+    if not path.exists() or path.stat().st_mtime < since - 1.0:
+        return None
+    newest = newest_submission(run_dir)
+    return str(newest["job_id"]) if newest else None
 
 
 def _adopted_local(run_dir: Path, since: float) -> Look:

@@ -36,7 +36,6 @@ def test_a_sweep_becomes_its_distribution(sweep, expected):
     assert _one(sweep) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="space._range: a descending integer range becomes floats (9.0, 6.0, 3.0)")
 def test_a_descending_integer_range_stays_integers():
     # Hydra's basic sweeper runs range(9,0,-3) as 9, 6, 3; a float 9.0 is refused by an int key (trainer.max_steps)
     values = _one("range(9,0,-3)").choices

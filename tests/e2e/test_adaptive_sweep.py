@@ -1,0 +1,117 @@
+"""hydra/sweeper=adaptive on this machine (launcher=local): an ASHA study whose controller is killed mid-study and
+started again, every trial in the journal once, a promoted trial equal to an uninterrupted run to its budget, and the
+refusals before any trial starts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_train.jobs.study import trial_rows
+from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process
+from tests.support.paths import REPO
+
+TRIALS, SLOTS, RUNGS = 6, 2, (1, 3, 9)  # min_resource 1, eta 3, max_resource 9: rungs of 1, 3 and 9 steps
+STUDY = [
+    *TINY,
+    "trainer.batch_size=32",
+    "trainer.checkpoint_every=0",
+    "hydra/sweeper=adaptive",
+    "trainer.lr=interval(0.01,0.3)",
+    "hydra.sweeper.sampler=random",
+    "hydra.sweeper.seed=3",
+    f"hydra.sweeper.max_trials={TRIALS}",
+    f"hydra.sweeper.max_concurrent={SLOTS}",
+    f"hydra.sweeper.scheduler.max_resource={RUNGS[-1]}",
+    "hydra.sweeper.poll_s=0.3",
+]
+
+
+def _command(sweep_dir: Path):
+    return [sys.executable, "-m", "hpc_train.cli", "-m", *STUDY, f"hydra.sweep.dir={sweep_dir}"]
+
+
+def _rows_with_values(sweep_dir: Path):
+    try:
+        return [row for row in trial_rows(sweep_dir) or [] if row["rung_values"]]
+    except Exception:  # the journal's first lines are being written
+        return []
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The study's controller killed (SIGKILL) once two trials have finished a rung, then the same command again."""
+    sweep_dir = tmp_path_factory.mktemp("study")
+    first = subprocess.Popen(_command(sweep_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    while len(_rows_with_values(sweep_dir)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.poll() is None, first.communicate()[0].decode()[-3000:]
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = trial_rows(sweep_dir)
+    again = subprocess.run(_command(sweep_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert_ok(again)
+    return sweep_dir, killed_at, again
+
+
+def test_a_controller_killed_mid_study_and_started_again_ends_it_with_every_trial_once(study):
+    sweep_dir, killed_at, again = study
+    rows = trial_rows(sweep_dir)
+    assert [row["number"] for row in rows] == list(range(TRIALS))
+    assert any(row["status"] == "running" for row in killed_at), killed_at  # the kill left rungs running
+    assert {row["state"] for row in rows} <= {"COMPLETE", "PRUNED"}, rows
+    for row in rows:
+        assert row["run_dir"] == str(sweep_dir / str(row["number"]))
+        starts = [
+            json.loads(line) for line in (sweep_dir / str(row["number"]) / "attempts.jsonl").read_text().splitlines()
+        ]
+        starts = [entry for entry in starts if entry["event"] == "start"]
+        # each rung ran once: one attempt per rung, each resuming where the last rung ended
+        assert len(starts) == len(row["rung_values"]), (row, starts)
+        assert [entry["resumed_from_step"] for entry in starts] == [None, *RUNGS[: len(starts) - 1]]
+        assert sorted(row["intermediate"]) == list(RUNGS[: len(row["rung_values"])])
+    best = json.loads(json.dumps(rows))  # plain data
+    completed = [row for row in best if row["state"] == "COMPLETE"]
+    assert completed and all(row["rung"] == len(RUNGS) - 1 for row in completed)
+    assert "hpc-train: study done: best trial" in again.stdout
+
+
+def test_a_promoted_trial_ends_with_the_parameters_of_an_uninterrupted_run_to_its_budget(study, tmp_path):
+    import torch
+
+    sweep_dir, _, _ = study
+    trial = next(row for row in trial_rows(sweep_dir) if row["state"] == "COMPLETE")
+    lr = trial["params"]["trainer.lr"]
+    plain = tmp_path / "plain"
+    overrides = [*TINY, "trainer.batch_size=32", "trainer.checkpoint_every=0", f"trainer.lr={lr}"]
+    assert_ok(run_cli([*overrides, f"trainer.max_steps={RUNGS[-1]}"], plain))
+    promoted = torch.load(sweep_dir / str(trial["number"]) / "model.pt", map_location="cpu")
+    uninterrupted = torch.load(plain / "model.pt", map_location="cpu")
+    assert promoted.keys() == uninterrupted.keys()
+    for name in promoted:
+        assert torch.equal(promoted[name], uninterrupted[name]), name  # bit-identical
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        (["hydra.sweeper.scheduler.resource_key=trainer.no_such_key"], "hydra.sweeper.scheduler.resource_key"),
+        (["hydra.sweeper.scheduler.min_resource=10"], "hydra.sweeper.scheduler.min_resource"),
+        (["objective=eval_loss", "trainer.eval=false"], "objective"),
+        (["dry_run=true"], "dry_run"),
+        (["trainer.max_steps=1,2"], "hydra.sweeper.scheduler.resource_key"),
+    ],
+    ids=["resource-key-unread", "min-above-max", "objective-never-reported", "dry-run", "resource-key-swept"],
+)
+def test_a_study_that_cannot_work_is_refused_before_any_trial(extra, key, tmp_path):
+    proc = run_cli_in_process(["-m", *STUDY, *extra, f"hydra.sweep.dir={tmp_path / 'study'}"], refused=True)
+    assert f"`{key}`" in proc.stdout + proc.stderr or key in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "Fix:" in proc.stdout + proc.stderr
+    assert not (tmp_path / "study" / "0").exists()  # no trial started

@@ -25,6 +25,7 @@ RUN_DIR = "run_dir"
 ERROR = "error"  # why it failed
 RUNG_VALUES = "rung_values"  # {rung: objective}: what the scheduler ranks (also the intermediate values, by budget)
 RUNG_SECONDS = "rung_seconds"  # {rung: seconds the rung's job ran}: what the study spent
+RUNG_TIMES = "rung_times"  # {rung: [started, seen to end]} (epoch seconds): when the controller started it, saw it end
 # The study's
 SETTINGS = "settings"  # the sweeper's settings and search space when it started: a rerun must ask for the same
 

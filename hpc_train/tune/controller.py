@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
-from hpc_train.errors import ConfigError, JobFailed
+from hpc_train.errors import ConfigError, HpcTrainError, JobFailed, Unreachable
 from hpc_train.jobs import study as names
 from hpc_train.tune import scheduler as sched
 from hpc_train.tune.settings import TuneSettings
 from hpc_train.tune.space import SearchSpace, grid
-from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, Look
+from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, Look, ran_for
 
 log = logging.getLogger("hpc_train")
 STARTED = "started"  # a trial's attribute: when its current rung was started (epoch seconds)
@@ -153,7 +153,20 @@ class Controller:
         started = time.time()
         attrs = {names.STATUS: sched.RUNNING, names.RUNG: rung, names.JOB: None, STARTED: started}
         self._set(number, **attrs, **{names.RUN_DIR: str(run_dir)})
-        job_id = self.trials.start(overrides, run_dir)
+        try:
+            job_id = self.trials.start(overrides, run_dir)
+        except Unreachable as err:  # Slurm (or the cluster) did not answer: the next look starts the rung again
+            log.warning(
+                "hpc-train: trial %d rung %d not started, tried again in %g s: %s",
+                number,
+                rung,
+                self.settings.poll_s,
+                err,
+            )
+            return
+        except HpcTrainError as err:  # its overrides refused, or its job not queued: a failed trial
+            self._failed(number, str(err))
+            return
         self._set(number, **{names.JOB: job_id})
         log.info("hpc-train: trial %d rung %d (%s=%s): job %s in %s", number, rung, key, budget, job_id, run_dir)
 
@@ -178,21 +191,25 @@ class Controller:
         except JobFailed as err:
             self._failed(trial.number, str(err))
             return
-        self._rung_done(trial, value, time.time() - since)
+        self._rung_done(trial, value, since, ran_for(run_dir, since))
 
-    def _rung_done(self, trial: Any, value: float, seconds: float) -> None:
+    def _rung_done(self, trial: Any, value: float, started: float, seconds: float) -> None:
+        """The rung's objective recorded (an intermediate value at its budget), with the seconds its job ran and when
+        it was started and seen to end; the trial pauses there, or completes at the last rung."""
         from optuna.trial import TrialState  # the tune extra (see _open)
 
         attrs, number = trial.user_attrs, trial.number
         rung = int(attrs[names.RUNG])
         values = {**(attrs.get(names.RUNG_VALUES) or {}), str(rung): value}
         spent = {**(attrs.get(names.RUNG_SECONDS) or {}), str(rung): seconds}
+        times = {**(attrs.get(names.RUNG_TIMES) or {}), str(rung): [started, time.time()]}
         budget = self.scheduler.budgets[rung]
         trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
         self.storage.set_trial_intermediate_value(trial_id, int(budget if budget is not None else rung), value)
         last = self.scheduler.is_last(rung)
         status = sched.COMPLETED if last else sched.PAUSED
-        self._set(number, **{names.RUNG_VALUES: values, names.RUNG_SECONDS: spent, names.STATUS: status})
+        self._set(number, **{names.RUNG_VALUES: values, names.RUNG_SECONDS: spent, names.RUNG_TIMES: times})
+        self._set(number, **{names.STATUS: status})
         if last:
             self.study.tell(number, value, state=TrialState.COMPLETE)
         log.info("hpc-train: trial %d rung %d: %s = %g (%s)", number, rung, "objective", value, status)

@@ -10,6 +10,7 @@ which its rank 0 keeps fresh (hpc_train.records.run_claim).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -20,7 +21,7 @@ from hpc_train.errors import HpcTrainError
 from hpc_train.jobs.job_states import read_summary
 from hpc_train.jobs.submissions import SUBMISSIONS, newest_submission
 from hpc_train.records import run_claim
-from hpc_train.records.rundir import SUMMARY
+from hpc_train.records.rundir import SUMMARY, read_attempts
 
 RUNNING, DONE, FAILED, LOST = "running", "done", "failed", "lost"
 
@@ -87,3 +88,17 @@ def _adopted_local(run_dir: Path, since: float) -> Look:
     if summary_file.exists() and summary_file.stat().st_mtime >= since - 1.0:
         return Look(DONE, summary=read_summary(run_dir))
     return Look(LOST)
+
+
+def ran_for(run_dir: Path, since: float) -> float:
+    """Seconds the run's attempts started since `since` ran (start to end, a requeue's attempts added up): what the
+    rung's job cost, its wait in the queue left out. Without an attempt record, the seconds since `since`."""
+    records = read_attempts(run_dir)
+    total, begun = 0.0, None
+    for record in records:
+        at = float(record.get("time", 0.0))
+        if record.get("event") == "start" and at >= since:
+            begun = at
+        elif record.get("event") == "end" and begun is not None:
+            total, begun = total + at - begun, None
+    return total if total > 0 else time.time() - since

@@ -11,7 +11,7 @@ study it is PRUNED. Optuna is imported only where a study is opened (it is the `
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 JOURNAL = "study.journal"
 STUDY_NAME = "hpc-train"
@@ -28,6 +28,8 @@ RUNG_SECONDS = "rung_seconds"  # {rung: seconds the rung's job ran}: what the st
 RUNG_TIMES = "rung_times"  # {rung: [started, seen to end]} (epoch seconds): when the controller started it, saw it end
 # The study's
 SETTINGS = "settings"  # the sweeper's settings and search space when it started: a rerun must ask for the same
+INFO = "info"  # what the report reads, as plain data: direction, objective, resource_key, budgets (one per rung),
+# max_trials, max_concurrent (objective None: the config's, which each trial's job_config.yaml holds)
 
 
 def journal_path(sweep_dir: Path) -> Path:
@@ -47,29 +49,36 @@ def storage(sweep_dir: Path) -> Any:
 def trial_rows(sweep_dir: Path) -> Optional[List[Dict[str, Any]]]:
     """Each trial as a plain row (number, state, status, params, rung values, value, error...), or None when the sweep
     dir holds no study."""
+    found = read_study(sweep_dir)
+    return None if found is None else found[1]
+
+
+def read_study(sweep_dir: Path) -> Optional[Tuple[Dict[str, Any], List[Dict[str, Any]]]]:
+    """(the study's INFO, with its direction always, each trial as trial_rows gives it), or None when the sweep dir
+    holds no study; the journal is read once."""
     if not journal_path(sweep_dir).exists():
         return None
     import optuna  # the tune extra (see storage)
 
     study = optuna.load_study(study_name=STUDY_NAME, storage=storage(sweep_dir))
-    rows = []
-    for trial in study.get_trials(deepcopy=False):
-        attrs = trial.user_attrs
-        rows.append(
-            {
-                "number": trial.number,
-                "state": trial.state.name,
-                "status": attrs.get(STATUS),
-                "params": dict(trial.params),
-                "rung": attrs.get(RUNG),
-                "bracket": attrs.get(BRACKET),
-                "rung_values": {int(k): v for k, v in (attrs.get(RUNG_VALUES) or {}).items()},
-                "rung_seconds": {int(k): v for k, v in (attrs.get(RUNG_SECONDS) or {}).items()},
-                "intermediate": dict(trial.intermediate_values),
-                "value": trial.value if trial.state.name == "COMPLETE" else None,
-                "run_dir": attrs.get(RUN_DIR),
-                "job_id": attrs.get(JOB),
-                "error": attrs.get(ERROR),
-            }
-        )
-    return rows
+    info = {"direction": study.direction.name.lower(), **(study.user_attrs.get(INFO) or {})}
+    return info, [_row(trial) for trial in study.get_trials(deepcopy=False)]
+
+
+def _row(trial: Any) -> Dict[str, Any]:
+    attrs = trial.user_attrs
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "status": attrs.get(STATUS),
+        "params": dict(trial.params),
+        "rung": attrs.get(RUNG),
+        "bracket": attrs.get(BRACKET),
+        "rung_values": {int(k): v for k, v in (attrs.get(RUNG_VALUES) or {}).items()},
+        "rung_seconds": {int(k): v for k, v in (attrs.get(RUNG_SECONDS) or {}).items()},
+        "intermediate": dict(trial.intermediate_values),
+        "value": trial.value if trial.state.name == "COMPLETE" else None,
+        "run_dir": attrs.get(RUN_DIR),
+        "job_id": attrs.get(JOB),
+        "error": attrs.get(ERROR),
+    }

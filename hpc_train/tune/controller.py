@@ -91,6 +91,11 @@ class Controller:
                 f"{self.sweep_dir} holds a study of other settings or another search space ({held}).",
                 "run the same command line to go on with that study, or give this one a new hydra.sweep.dir.",
             )
+        s = self.settings
+        info = {"direction": s.direction, "objective": s.objective, "resource_key": s.scheduler.resource_key}
+        info.update(budgets=list(self.scheduler.budgets), max_trials=s.max_trials, max_concurrent=s.max_concurrent)
+        if self.study.user_attrs.get(names.INFO) != info:  # for hpc-train-report (jobs.study.INFO)
+            self.study.set_user_attr(names.INFO, info)
 
     def _sampler(self) -> Any:
         import optuna  # the tune extra (see _open)

@@ -14,9 +14,15 @@ done
 packages=""
 if ! $fast && [[ $(id -u) == 0 ]] && [[ ${#args[@]} == 0 || " ${args[*]} " == *slurm* || " ${args[*]} " == *" -m "* ]]; then
     # The whole suite (or its Slurm tests): the Debian packages of the test infrastructure (the Slurm test cluster's,
-    # crun, the SSH test server's openssh-server) install while pip installs (both mostly wait on downloads), not
-    # inside pytest's time. Their logs: /tmp/hpc-train-slurm-apt.log, /tmp/hpc-train-ssh-apt.log.
-    { bash scripts/slurm_test_cluster.sh install && bash scripts/ssh_test_server.sh install; } &
+    # crun, the SSH test server's openssh-server, the browser tests' chromium) install while pip installs (both mostly
+    # wait on downloads), not inside pytest's time, one apt-get after the other. Their logs:
+    # /tmp/hpc-train-slurm-apt.log, /tmp/hpc-train-ssh-apt.log, /tmp/hpc-train-browser-apt.log.
+    {
+        failed=0
+        { bash scripts/slurm_test_cluster.sh install && bash scripts/ssh_test_server.sh install; } || failed=1
+        bash scripts/browser_test_tool.sh install || failed=1
+        exit "$failed"
+    } &
     packages=$!
 fi
 python3 -m venv .venv
@@ -29,7 +35,7 @@ python3 -m venv .venv
 .venv/bin/ruff format --check .
 if [[ -n $packages ]]; then
     if ! wait "$packages"; then
-        echo "scripts/test.sh: the test infrastructure's packages did not install; the Slurm tests will say why" >&2
+        echo "scripts/test.sh: the test infrastructure's packages did not install; the Slurm and browser tests will say why" >&2
     fi
     # Then the Slurm test cluster and the SSH test server start, before pytest rather than in the first test that
     # needs them (the Slurm tests run one after the other: their start-up would lengthen the longest group).

@@ -33,7 +33,7 @@ from hpc_train.jobs.text_table import format_table
 from hpc_train.launch.backends.rerun import rerun_failed
 from hpc_train.pack import records, status
 from hpc_train.records import performance, replicas, rundir
-from hpc_train.report import app_report, packed_runs, profile_report, remote_report
+from hpc_train.report import app_report, packed_runs, profile_report, remote_report, study_report
 from hpc_train.report.plot import write_png
 from hpc_train.report.watch import REFRESH_S, watch
 
@@ -370,6 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _rerun_failed(args.path)
     if args.watch:
         return _watch(args.path, args.every, refresh)
+    if args.path.is_dir() and study_report.is_study(args.path):  # an adaptive sweep: its trials from the journal
+        return study_report.main(args.path, args.json)
     if args.path.is_dir() and app_report.is_app_sweep(args.path):  # a Hydra app's jobs: states and return values
         return _app_report(args.path, args.json)
     return _report(args.path, args.json, None if args.no_png else (args.png or (args.path / PNG_NAME)))

@@ -32,7 +32,7 @@ from hpc_train.jobs.sweep_status import MULTIRUN, never_running
 from hpc_train.launch.hydra.cli_child import expand
 from hpc_train.pack import records, status
 from hpc_train.records import rundir
-from hpc_train.report import app_report, packed_runs
+from hpc_train.report import app_report, packed_runs, study_report
 
 REFRESH_S = 5.0
 FAILED_SHOWN = 10  # failed jobs listed with their error (the count covers all of them)
@@ -338,32 +338,46 @@ def render(sweep_dir: Path, snap: Snapshot) -> str:
 def watch(
     sweep_dir: Path, every: float = REFRESH_S, out: IO[str] = sys.stdout, refresh: Optional[Callable[[], None]] = None
 ) -> int:
-    """Redraw until every job has ended; 0 when all completed, 1 when some did not (Ctrl-C stops watching only).
+    """Redraw until every job (an adaptive study: every trial) has ended; 0 when all completed, 1 when some did not
+    (Ctrl-C stops watching only).
 
     refresh: run before each redraw (a laptop's copy of a cluster's sweep dir brought up to date)."""
     redraw = out.isatty()
-    requeues = RequeueNotes()
+    sweep_look = _sweep_look(redraw)
     try:
         while True:
             if refresh is not None:
                 refresh()
-            snap = snapshot(sweep_dir)
-            text = render(sweep_dir, snap)
-            said = requeues.note(snap)
-            if redraw:  # the screen is cleared at every redraw: the lines said so far stay under the table
-                text += "".join(f"\n{line}" for line in requeues.said)
-            elif said:  # written once, before the table of the look that found them
-                text = "\n".join(said) + "\n" + text
-            why = None if snap.done else never_running(sweep_dir)
-            if why:
-                text += f"\nhpc-train-report: {why}"
+            look = study_report.look if study_report.is_study(sweep_dir) else sweep_look  # its journal may come later
+            text, code = look(sweep_dir)
             out.write(("\033[H\033[J" if redraw else "") + text + "\n" + ("" if redraw else "\n"))
             out.flush()
-            if why:
-                return 1
-            if snap.done:
-                return 1 if snap.failed else 0
+            if code is not None:
+                return code
             time.sleep(every)
     except KeyboardInterrupt:
         out.write("hpc-train-report: stopped watching (the jobs go on)\n")
         return rundir.EXIT_CTRL_C
+
+
+def _sweep_look(redraw: bool) -> Callable[[Path], Tuple[str, Optional[int]]]:
+    """A sweep's look for watch(): (its table now, its exit code once every job has ended, else None); the requeue
+    lines under the table (`redraw`: the screen is cleared each time) or once, above the look that found them."""
+    requeues = RequeueNotes()
+
+    def look(sweep_dir: Path) -> Tuple[str, Optional[int]]:
+        snap = snapshot(sweep_dir)
+        text = render(sweep_dir, snap)
+        said = requeues.note(snap)
+        if redraw:
+            text += "".join(f"\n{line}" for line in requeues.said)
+        elif said:
+            text = "\n".join(said) + "\n" + text
+        why = None if snap.done else never_running(sweep_dir)
+        if why:
+            return text + f"\nhpc-train-report: {why}", 1
+        if snap.done:
+            return text, 1 if snap.failed else 0
+        return text, None
+
+    return look

@@ -99,6 +99,31 @@ def test_a_promoted_trial_ends_with_the_parameters_of_an_uninterrupted_run_to_it
         assert torch.equal(promoted[name], uninterrupted[name]), name  # bit-identical
 
 
+def test_the_report_counts_the_study_s_trials_and_names_its_best_as_the_journal_does(study):
+    """hpc-train-report on the study's sweep dir, in a process that imports no torch: its counts and its best trial
+    (number, objective, parameters) are the journal's, and it writes nothing into the sweep dir."""
+    sweep_dir, _, _ = study
+    rows = trial_rows(sweep_dir)
+    before = sorted(str(path) for path in sweep_dir.rglob("*"))
+    code = (
+        "import sys; from hpc_train.report import command; code = command.main([sys.argv[1]]);"
+        " assert 'torch' not in sys.modules, 'the report imported torch'; sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(sweep_dir)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    completed = [row for row in rows if row["status"] == "completed"]
+    stopped = sum(row["status"] == "stopped" for row in rows)
+    counts = f"trials: {len(completed)} completed, {stopped} stopped, 0 failed, 0 running, 0 paused"
+    assert f"{counts} ({TRIALS} of {TRIALS} started)" in lines, done.stdout
+    best = min(completed, key=lambda row: (row["value"], row["number"]))  # the study minimizes
+    params = " ".join(f"{name}={value}" for name, value in best["params"].items())
+    assert f"best: trial {best['number']}, eval_loss = {best['value']:g}, {params}" in lines, done.stdout
+    assert sorted(str(path) for path in sweep_dir.rglob("*")) == before
+
+
 @pytest.mark.parametrize(
     "extra, key",
     [

@@ -14,7 +14,8 @@ The public Python API lives here (see ``hpc_train.api``): :func:`compose`, :func
 :func:`staged_model` for in-process timing, and :func:`data_shard` for a
 user's streamed dataset (which share of the stream this training process reads), and
 :func:`log_metrics` for a script of your own run by ``hpc-train ... -- train.py`` (rows of the
-run dir's metrics.jsonl). ``import hpc_train``
+run dir's metrics.jsonl), and :func:`report_objective` for a script or Hydra app swept by
+``hydra/sweeper=adaptive``. ``import hpc_train``
 imports neither torch nor Hydra; the jobs run in their own processes, as with the CLI.
 The API module is loaded on first use of one of its names (PEP 562), so the ``hpc-train``
 command, which imports submodules of this package, does not pay for it on a login node.
@@ -35,6 +36,7 @@ __all__ = [
     "compose",
     "data_shard",
     "log_metrics",
+    "report_objective",
     "run",
     "staged_model",
     "submit",
@@ -67,11 +69,11 @@ def __getattr__(name: str) -> Any:
         from hpc_train.compute.data.loaders import data_shard  # on first use (PEP 562): it imports torch
 
         return data_shard
-    if name == "log_metrics":  # for a script of your own (hpc-train ... -- train.py): no torch, no Hydra
+    if name in ("log_metrics", "report_objective"):  # for a script or Hydra app of your own: no torch, no Hydra
         # on first use (PEP 562): `import hpc_train` loads no submodule
-        from hpc_train.records.metrics_log import log_metrics
+        from hpc_train.records import metrics_log
 
-        return log_metrics
+        return getattr(metrics_log, name)
     if name in _ERRORS:
         from hpc_train import errors  # on first use (PEP 562): a module of classes only, the API not loaded for them
 

@@ -6,15 +6,20 @@ which ``hpc-train-report`` (its loss curve, ``--watch``) and the job's ``summary
 values, so Optuna can read an ``objective``) read as for hpc_train's own jobs. Elsewhere (the same
 script run by hand, or on another rank) it does nothing, so a script can call it unconditionally.
 No torch here: tensors are read through ``.item()``.
+
+``hpc_train.report_objective(step, value)`` is the one line a script or any Hydra app adds for an adaptive sweep
+(``hydra/sweeper=adaptive``): rank 0 appends ``{"kind": "objective", "step": ..., "value": ...}`` to the same file,
+in an hpc-train job's run dir or, in a Hydra app, its job's output dir; the sweep ranks a rung by the last one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from hpc_train.records import rundir
 
@@ -22,6 +27,7 @@ RUN_DIR_VARIABLE = "HPC_TRAIN_RUN_DIR"
 ATTEMPT_VARIABLE = "HPC_TRAIN_ATTEMPT"
 LAUNCH_ID_VARIABLE = "HPC_TRAIN_LAUNCH_ID"  # set by the local launcher: one value per launch (an attempt)
 LOCAL_LAUNCHER_VARIABLE = "HPC_TRAIN_LOCAL_LAUNCHER"  # "1" on the local launcher's ranks: trust their RANK etc.
+OBJECTIVE = "objective"  # the kind of a row report_objective writes
 
 
 def _number(value: Any) -> Any:
@@ -39,3 +45,36 @@ def log_metrics(step: int, kind: str = "train", **metrics: Any) -> Optional[Dict
     with open(Path(run_dir) / rundir.METRICS, "a") as handle:
         handle.write(json.dumps(record) + "\n")
     return record
+
+
+def report_objective(step: int, value: Any) -> Optional[Dict[str, Any]]:
+    """Report the objective `value` reached at `step` to an adaptive sweep: one metrics row by rank 0, in the run dir
+    of an hpc-train job or the output dir of a Hydra app's job; the row, or None where nothing was written (no run
+    dir: not under hpc-train or Hydra; or not rank 0)."""
+    run_dir = os.environ.get(RUN_DIR_VARIABLE) or _hydra_output_dir()
+    if not run_dir or os.environ.get("RANK", "0") != "0":
+        return None
+    record = {"kind": OBJECTIVE, "step": int(step), "value": float(_number(value)), "time": time.time()}
+    with open(Path(run_dir) / rundir.METRICS, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    return record
+
+
+def last_objective(run_dir: Path) -> Optional[Tuple[int, float]]:
+    """(step, value) of the last objective row reported in `run_dir` (a NaN is a value too), or None."""
+    path = Path(run_dir) / rundir.METRICS
+    rows = rundir.read_jsonl(path) if path.exists() else []
+    reported = [row for row in rows if row.get("kind") == OBJECTIVE]
+    if not reported:
+        return None
+    last = reported[-1]
+    value = float(last["value"])
+    return int(last["step"]), value
+
+
+def _hydra_output_dir() -> Optional[str]:
+    """The output dir of the Hydra job this process runs, if Hydra runs one (never imported here for it)."""
+    module = sys.modules.get("hydra.core.hydra_config")
+    if module is None or not module.HydraConfig.initialized():
+        return None
+    return str(module.HydraConfig.get().runtime.output_dir)

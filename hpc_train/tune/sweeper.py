@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpc_train.errors import ConfigError
 from hpc_train.records.rundir import write_text_atomic
 from hpc_train.tune.settings import PREFIX, TuneSettings, tune_settings
 
 log = logging.getLogger("hpc_train")
+# hpc-train's own Hydra launcher, which only hpc-train's config picks: a sweep with it sweeps hpc-train jobs
+OWN_LAUNCHER = "hydra_plugins.hpc_train_launcher.HpcTrainLauncher"
 RESULTS = "optimization_results.yaml"  # in the sweep dir, as Hydra's Optuna sweeper writes it: the best trial
 _MISSING = object()
 
@@ -30,39 +32,64 @@ class AdaptiveSweeper(Sweeper):
         self.conf = conf
         self.config: Optional[DictConfig] = None
         self.hydra_context: Any = None
+        self.task_function: Any = None
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: DictConfig) -> None:
-        self.hydra_context, self.config = hydra_context, config
+        self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
 
     def sweep(self, arguments: List[str]) -> Any:
         # the study's parts (Optuna): only a sweep that starts imports them
-        from hpc_train.launch.planning.objective import read_objective
         from hpc_train.tune.controller import Controller
         from hpc_train.tune.space import search_space
-        from hpc_train.tune.trials import HpcTrainTrials
 
         assert self.config is not None
         settings = tune_settings(OmegaConf.to_container(OmegaConf.create(self.conf), resolve=True))  # type: ignore
         space = search_space(arguments, settings.params)
         job = self.hydra_context.config_loader.load_sweep_config(self.config, list(space.fixed))
-        objective = _check_job(job, settings, space.distributions)
+        _check_resource(job, settings, space.distributions)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        trials = HpcTrainTrials(str(job.launcher.name), _config_dir(self.config))
-
-        def value_of(look: Any, run_dir: Path) -> float:
-            return read_objective(run_dir, objective)
-
+        if OmegaConf.select(self.config, "hydra.launcher._target_") == OWN_LAUNCHER:
+            objective = _check_objective(job, settings)
+            trials, value_of = _hpc_train_trials(job, self.config, objective)
+        else:
+            objective = "the reported objective"
+            trials, value_of = self._app_trials(sweep_dir)
         best = Controller(settings, space, trials, sweep_dir, value_of).run()
         write_text_atomic(sweep_dir / RESULTS, OmegaConf.to_yaml(OmegaConf.create({"best": best})))
         print(f"hpc-train: study done: best trial {best['number']}, {objective} = {best['value']:g}, {best['params']}")
         return best
 
+    def _app_trials(self, sweep_dir: Path) -> Tuple[Any, Any]:
+        """A Hydra app's trials: its own Hydra launcher (hpc_train's), told not to wait, starts each rung."""
+        # a Hydra app's rungs: run by its launcher (Hydra's plugins), the trials' records read through the report
+        from hydra.core.plugins import Plugins
 
-def _check_job(job: DictConfig, settings: TuneSettings, swept: Any) -> str:
-    """The objective key the trials report; ConfigError for what cannot be swept adaptively."""
-    from hpc_train.launch.planning.objective import check_objective  # hpc-train's objective keys (login side)
+        from hpc_train.tune.app_trials import AppTrials, reported_value
 
-    objective = settings.objective or job.get("objective")
+        assert self.config is not None
+        with open_dict(self.config):
+            if "wait" in self.config.hydra.launcher:
+                self.config.hydra.launcher.wait = False
+        launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=self.hydra_context, task_function=self.task_function, config=self.config
+        )
+        return AppTrials(launcher, sweep_dir), reported_value
+
+
+def _hpc_train_trials(job: DictConfig, config: DictConfig, objective: str) -> Tuple[Any, Any]:
+    """hpc-train's trials: each rung an hpc-train job through the API; its objective the summary's key."""
+    # hpc-train's rungs: through the API (a child hpc-train per rung)
+    from hpc_train.launch.planning.objective import read_objective
+    from hpc_train.tune.trials import HpcTrainTrials
+
+    def value_of(look: Any, run_dir: Path) -> float:
+        return read_objective(run_dir, objective)
+
+    return HpcTrainTrials(str(job.launcher.name), _config_dir(config)), value_of
+
+
+def _check_resource(job: DictConfig, settings: TuneSettings, swept: Any) -> None:
+    """A dry run, and a resource key the job does not have or that is swept, refused (ConfigError)."""
     if job.get("dry_run"):
         raise ConfigError(
             "dry_run",
@@ -70,19 +97,27 @@ def _check_job(job: DictConfig, settings: TuneSettings, swept: Any) -> str:
             "drop dry_run=true (or see the layouts with the default sweeper: hpc-train -m ... dry_run=true).",
         )
     key = settings.scheduler.resource_key
-    if key and settings.scheduler.name != "none":
-        if OmegaConf.select(job, key, default=_MISSING) is _MISSING:
-            raise ConfigError(
-                f"{PREFIX}.scheduler.resource_key",
-                f"{key} is no key of the job's config, so the rungs would not change what the trials train.",
-                "name the key the run reads as its length, e.g. trainer.max_steps or trainer.epochs.",
-            )
-        if any(name.lstrip("+~") == key for name in swept):
-            raise ConfigError(
-                f"{PREFIX}.scheduler.resource_key",
-                f"{key} is swept, but the scheduler sets it rung by rung.",
-                f"take {key} out of the search space.",
-            )
+    if not key or settings.scheduler.name == "none":
+        return
+    if OmegaConf.select(job, key, default=_MISSING) is _MISSING:
+        raise ConfigError(
+            f"{PREFIX}.scheduler.resource_key",
+            f"{key} is no key of the job's config, so the rungs would not change what the trials train.",
+            "name the key the run reads as its length, e.g. trainer.max_steps or trainer.epochs.",
+        )
+    if any(name.lstrip("+~") == key for name in swept):
+        raise ConfigError(
+            f"{PREFIX}.scheduler.resource_key",
+            f"{key} is swept, but the scheduler sets it rung by rung.",
+            f"take {key} out of the search space.",
+        )
+
+
+def _check_objective(job: DictConfig, settings: TuneSettings) -> str:
+    """hpc-train's objective key, checked as every sweep's is, and one an evaluation must report with none."""
+    from hpc_train.launch.planning.objective import check_objective  # hpc-train's objective keys (login side)
+
+    objective = settings.objective or job.get("objective")
     OmegaConf.set_struct(job, False)
     job.objective = objective
     check_objective(job)

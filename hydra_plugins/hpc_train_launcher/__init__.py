@@ -20,6 +20,7 @@ from hpc_train.launch.hydra.app_config import APP_CONFS
 from hpc_train.launch.hydra.app_launcher import AppLauncher
 from hpc_train.launch.hydra.sweep import SweepLauncher
 from hpc_train.tune.settings import TuneConf
+from hpc_train.tune.sweeper import OWN_LAUNCHER
 from hpc_train.tune.sweeper import AdaptiveSweeper as _AdaptiveSweeperBase
 
 
@@ -39,7 +40,7 @@ for _kind in APP_LAUNCHERS.values():
 
 @dataclass
 class HpcTrainLauncherConf:
-    _target_: str = "hydra_plugins.hpc_train_launcher.HpcTrainLauncher"
+    _target_: str = OWN_LAUNCHER
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="hpc_train", node=HpcTrainLauncherConf, provider="hpc_train")

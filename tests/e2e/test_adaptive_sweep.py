@@ -15,7 +15,7 @@ import pytest
 
 from hpc_train.jobs.study import trial_rows
 from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process
-from tests.support.paths import REPO
+from tests.support.paths import REPO, SCRIPTS
 
 TRIALS, SLOTS, RUNGS = 6, 2, (1, 3, 9)  # min_resource 1, eta 3, max_resource 9: rungs of 1, 3 and 9 steps
 STUDY = [
@@ -140,3 +140,34 @@ def test_a_study_that_cannot_work_is_refused_before_any_trial(extra, key, tmp_pa
     assert f"`{key}`" in proc.stdout + proc.stderr or key in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert "Fix:" in proc.stdout + proc.stderr
     assert not (tmp_path / "study" / "0").exists()  # no trial started
+
+
+def test_a_plain_hydra_app_reporting_its_objective_is_swept_with_asha_and_resumes_its_own_state(tmp_path):
+    """tests/support/scripts/tuned_app: gradient descent on (w - 3)^2, `steps` steps at `lr`, its state in its output
+    dir, hpc_train.report_objective(step, loss) each step; its jobs started by hydra/launcher=hpc_train_local."""
+    sweep_dir = tmp_path / "app_study"
+    command = [sys.executable, str(SCRIPTS / "tuned_app" / "app.py"), "-m", "hydra/sweeper=adaptive"]
+    command += ["hydra/launcher=hpc_train_local", "lr=interval(0.01,0.9)", "hydra.sweeper.sampler=random"]
+    command += ["hydra.sweeper.seed=2", f"hydra.sweeper.max_trials={TRIALS}", f"hydra.sweeper.max_concurrent={SLOTS}"]
+    command += ["hydra.sweeper.scheduler.resource_key=steps", f"hydra.sweeper.scheduler.max_resource={RUNGS[-1]}"]
+    done = subprocess.run(
+        [*command, "hydra.sweeper.poll_s=0.3", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = trial_rows(sweep_dir)
+    assert [row["number"] for row in rows] == list(range(TRIALS))
+    for row in rows:
+        runs = (sweep_dir / str(row["number"]) / "runs.txt").read_text().split("\n")[:-1]
+        # each rung ran once, starting where the trial's last rung ended, with the next rung's budget
+        budgets = RUNGS[: len(row["rung_values"])]
+        assert runs == [f"{start} {end}" for start, end in zip((0, *budgets[:-1]), budgets)], runs
+        for rung, value in row["rung_values"].items():
+            expected = 9.0 * (1.0 - 2.0 * row["params"]["lr"]) ** (2 * RUNGS[rung])  # (w - 3)^2 from w = 0
+            # the app's steps round w - 3 each time: near 0 the relative error grows, its size stays below 1e-12
+            assert value == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    best = min((row for row in rows if row["state"] == "COMPLETE"), key=lambda row: row["value"])
+    assert f"hpc-train: study done: best trial {best['number']}," in done.stdout

@@ -21,7 +21,8 @@ from hpc_train.launch.hydra import cli_child
 
 @dataclass
 class AppLocalLauncherConf:
-    """The keys hydra-submitit-launcher's local launcher takes (same names, defaults and meaning)."""
+    """The keys hydra-submitit-launcher's local launcher takes (same names, defaults and meaning), and hpc_train's
+    ``wait`` (false: the jobs are started and the launch returns their ids; the adaptive sweeper follows them)."""
 
     _target_: str = APP_LOCAL.target
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
@@ -33,6 +34,7 @@ class AppLocalLauncherConf:
     nodes: int = 1
     name: str = "${hydra.job.name}"
     stderr_to_stdout: bool = False
+    wait: bool = True
 
 
 @dataclass
@@ -83,7 +85,6 @@ class AppLauncherConf(AppLocalLauncherConf):
     setup: Optional[List[str]] = None
     srun_args: Optional[List[str]] = None
     cluster: Optional[str] = None
-    wait: bool = True
     pack: AppPackConf = field(default_factory=AppPackConf)
     container: AppContainerConf = field(default_factory=AppContainerConf)
     dry_run: bool = False

@@ -481,6 +481,7 @@ def _describe(params: Dict[str, Any]) -> str:
 RESULTLESS_SWEEPERS = (
     hydra_internals.BASIC_SWEEPER,
     "hydra_plugins.hpc_train_launcher.HpcTrainSweeper",
+    "hydra_plugins.hpc_train_launcher.AdaptiveSweeper",  # reads each trial's reported objective from its dir
 )  # sweepers that read no job's result: the only ones hydra.launcher.wait=false can serve
 
 

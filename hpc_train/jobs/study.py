@@ -25,7 +25,7 @@ RUN_DIR = "run_dir"
 ERROR = "error"  # why it failed
 RUNG_VALUES = "rung_values"  # {rung: objective}: what the scheduler ranks (also the intermediate values, by budget)
 RUNG_SECONDS = "rung_seconds"  # {rung: seconds the rung's job ran}: what the study spent
-RUNG_TIMES = "rung_times"  # {rung: [started, seen to end]} (epoch seconds): when the controller started it, saw it end
+RUNG_TIMES = "rung_times"  # {rung: [started, seen to end or None]}: when the controller started it and saw it end
 # The study's
 SETTINGS = "settings"  # the sweeper's settings and search space when it started: a rerun must ask for the same
 INFO = "info"  # what the report reads, as plain data: direction, objective, resource_key, budgets (one per rung),
@@ -76,6 +76,7 @@ def _row(trial: Any) -> Dict[str, Any]:
         "bracket": attrs.get(BRACKET),
         "rung_values": {int(k): v for k, v in (attrs.get(RUNG_VALUES) or {}).items()},
         "rung_seconds": {int(k): v for k, v in (attrs.get(RUNG_SECONDS) or {}).items()},
+        "rung_times": {int(k): v for k, v in (attrs.get(RUNG_TIMES) or {}).items()},
         "intermediate": dict(trial.intermediate_values),
         "value": trial.value if trial.state.name == "COMPLETE" else None,
         "run_dir": attrs.get(RUN_DIR),

@@ -102,7 +102,7 @@ class Controller:
 
         name, seed = self.settings.sampler, self.settings.seed
         if name == "grid":
-            return optuna.samplers.GridSampler(grid(self.space), seed=seed)
+            return _grid_sampler(optuna, grid(self.space), seed)
         classes = {
             "tpe": optuna.samplers.TPESampler,
             "random": optuna.samplers.RandomSampler,
@@ -156,8 +156,9 @@ class Controller:
         if key and budget is not None:
             overrides.append(f"{key}={budget}")
         started = time.time()
+        times = {**(trial.user_attrs.get(names.RUNG_TIMES) or {}), str(rung): [started, None]}
         attrs = {names.STATUS: sched.RUNNING, names.RUNG: rung, names.JOB: None, STARTED: started}
-        self._set(number, **attrs, **{names.RUN_DIR: str(run_dir)})
+        self._set(number, **attrs, **{names.RUN_DIR: str(run_dir), names.RUNG_TIMES: times})
         try:
             job_id = self.trials.start(overrides, run_dir)
         except Unreachable as err:  # Slurm (or the cluster) did not answer: the next look starts the rung again
@@ -222,7 +223,12 @@ class Controller:
     def _failed(self, number: int, error: str) -> None:
         from optuna.trial import TrialState  # the tune extra (see _open)
 
-        self._set(number, **{names.STATUS: sched.FAILED, names.ERROR: error})
+        attrs = self.study.trials[number].user_attrs
+        times = dict(attrs.get(names.RUNG_TIMES) or {})
+        rung = str(attrs.get(names.RUNG, 0))
+        if rung in times:  # seen to end now
+            times[rung] = [times[rung][0], time.time()]
+        self._set(number, **{names.STATUS: sched.FAILED, names.ERROR: error, names.RUNG_TIMES: times})
         self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
         log.warning("hpc-train: trial %d failed: %s", number, error)
 
@@ -252,3 +258,14 @@ class Controller:
             raise JobFailed(f"the study ended with no completed trial; see {self.sweep_dir}", run_dir=self.sweep_dir)
         best = self.study.best_trial
         return {"number": best.number, "value": best.value, "params": dict(best.params)}
+
+
+def _grid_sampler(optuna: Any, values: Dict[str, List[Any]], seed: Any) -> Any:
+    """Optuna's grid sampler, which would stop the study once its grid is used up: Study.stop works only inside
+    Study.optimize, and raised here on the last trial's tell; this controller ends the study at max_trials."""
+
+    class StudyGrid(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return StudyGrid(values, seed=seed)

@@ -73,8 +73,13 @@ def read_objective(run_dir: Path, key: str) -> float:
     if summary is None:
         raise JobFailed(f"the job in {run_dir} wrote no {rundir.SUMMARY}, so it has no objective ({key}).")
     value = summary.get(key)
-    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(float(value)):
-        hint = " (trainer.eval=false runs no evaluation)" if key.startswith("eval_") else ""
+    if isinstance(value, float) and math.isnan(value):  # the run trained, and its loss is not a number
+        raise JobFailed(
+            f"`objective`: summary.json of {run_dir} has {key}=nan: the run diverged. Fix: lower trainer.lr, or clip"
+            " the gradients (trainer.grad_clip)."
+        )
+    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        hint = " (trainer.eval=false runs no evaluation)" if value is None and key.startswith("eval_") else ""
         raise JobFailed(
             f"`objective`: summary.json of {run_dir} has {key}={value!r}{hint}; a sweeper needs a number. Fix: set"
             " objective= to a key this run reports, e.g. objective=train_loss."

@@ -17,7 +17,7 @@ from hpc_train.jobs.study import trial_rows
 from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process
 from tests.support.paths import REPO, SCRIPTS
 
-TRIALS, SLOTS, RUNGS = 6, 2, (1, 3, 9)  # min_resource 1, eta 3, max_resource 9: rungs of 1, 3 and 9 steps
+TRIALS, SLOTS, RUNGS = 4, 2, (1, 3, 9)  # min_resource 1, eta 3, max_resource 9: rungs of 1, 3 and 9 steps
 STUDY = [
     *TINY,
     "trainer.batch_size=32",

@@ -38,23 +38,23 @@ def _number(value: Any) -> Any:
 def log_metrics(step: int, kind: str = "train", **metrics: Any) -> Optional[Dict[str, Any]]:
     """Append a metrics row as rank 0 of an hpc_train job (``kind="eval"`` for an evaluation); the row, or None
     where nothing was written (outside hpc_train, or not rank 0)."""
-    run_dir = os.environ.get(RUN_DIR_VARIABLE)
-    if not run_dir or os.environ.get("RANK", "0") != "0":
-        return None
     record = {"kind": kind, "step": int(step), **{k: _number(v) for k, v in metrics.items()}, "time": time.time()}
-    with open(Path(run_dir) / rundir.METRICS, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
-    return record
+    return _append(os.environ.get(RUN_DIR_VARIABLE), record)
 
 
 def report_objective(step: int, value: Any) -> Optional[Dict[str, Any]]:
     """Report the objective `value` reached at `step` to an adaptive sweep: one metrics row by rank 0, in the run dir
     of an hpc-train job or the output dir of a Hydra app's job; the row, or None where nothing was written (no run
     dir: not under hpc-train or Hydra; or not rank 0)."""
-    run_dir = os.environ.get(RUN_DIR_VARIABLE) or _hydra_output_dir()
+    record = {"kind": OBJECTIVE, "step": int(step), "value": float(_number(value)), "time": time.time()}
+    return _append(os.environ.get(RUN_DIR_VARIABLE) or _hydra_output_dir(), record)
+
+
+def _append(run_dir: Optional[str], record: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """`record` appended to `run_dir`'s metrics.jsonl by rank 0; None where nothing was written (no run dir, or
+    another rank)."""
     if not run_dir or os.environ.get("RANK", "0") != "0":
         return None
-    record = {"kind": OBJECTIVE, "step": int(step), "value": float(_number(value)), "time": time.time()}
     with open(Path(run_dir) / rundir.METRICS, "a") as handle:
         handle.write(json.dumps(record) + "\n")
     return record
@@ -68,8 +68,7 @@ def last_objective(run_dir: Path) -> Optional[Tuple[int, float]]:
     if not reported:
         return None
     last = reported[-1]
-    value = float(last["value"])
-    return int(last["step"]), value
+    return int(last["step"]), float(last["value"])
 
 
 def _hydra_output_dir() -> Optional[str]:

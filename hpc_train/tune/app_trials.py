@@ -67,7 +67,7 @@ class AppTrials:
         return {str(row["job"]): row for row in app_report.rows(self.sweep_dir)}
 
 
-def reported_value(look: Look, run_dir: Path) -> float:
+def reported_value(run_dir: Path) -> float:
     """The rung's objective: the last value the app reported in its dir (JobFailed naming the call when none)."""
     found = last_objective(run_dir)
     if found is None:

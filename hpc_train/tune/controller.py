@@ -20,11 +20,10 @@ from hpc_train.jobs import study as names
 from hpc_train.tune import scheduler as sched
 from hpc_train.tune.settings import TuneSettings
 from hpc_train.tune.space import SearchSpace, grid
-from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, Look, ran_for
+from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, ran_for
 
 log = logging.getLogger("hpc_train")
 STARTED = "started"  # a trial's attribute: when its current rung was started (epoch seconds)
-SAMPLERS = ("tpe", "random", "grid", "cmaes", "qmc", "gp", "nsgaii", "bruteforce")
 
 
 class Controller:
@@ -34,11 +33,11 @@ class Controller:
         space: SearchSpace,
         trials: HpcTrainTrials,
         sweep_dir: Path,
-        value_of: Callable[[Look, Path], float],
+        value_of: Callable[[Path], float],
     ) -> None:
         self.settings, self.space, self.trials = settings, space, trials
         self.sweep_dir = Path(sweep_dir)
-        self.value_of = value_of  # the rung's objective from its look (JobFailed when there is none)
+        self.value_of = value_of  # a finished rung's objective, from its run dir (JobFailed when there is none)
         self.scheduler = sched.Scheduler(settings.scheduler, settings.direction)
         self.storage: Any = None
         self.study: Any = None
@@ -113,7 +112,7 @@ class Controller:
             "bruteforce": optuna.samplers.BruteForceSampler,
         }
         if name not in classes:
-            choices = ", ".join(SAMPLERS)
+            choices = ", ".join(["grid", *classes])
             raise ConfigError("hydra.sweeper.sampler", f"{name!r} is no sampler.", f"pick one of {choices}.")
         return classes[name](seed=seed)
 
@@ -193,7 +192,7 @@ class Controller:
             self._failed(trial.number, look.error or "failed")
             return
         try:
-            value = self.value_of(look, run_dir)
+            value = self.value_of(run_dir)
         except JobFailed as err:
             self._failed(trial.number, str(err))
             return
@@ -236,8 +235,8 @@ class Controller:
         failed = [t for t in self._trials() if t.user_attrs.get(names.STATUS) == sched.FAILED]
         if len(failed) <= self.settings.max_failures:
             return
-        running = [t.user_attrs.get(names.JOB) for t in self._trials() if t.user_attrs.get(names.STATUS) == "running"]
-        self.trials.cancel([job for job in running if job])
+        running = [t.user_attrs for t in self._trials() if t.user_attrs.get(names.STATUS) == sched.RUNNING]
+        self.trials.cancel([attrs[names.JOB] for attrs in running if attrs.get(names.JOB)])
         last = failed[-1]
         raise JobFailed(
             f"the study stopped: {len(failed)} trials failed, more than hydra.sweeper.max_failures="

@@ -82,7 +82,7 @@ def _hpc_train_trials(job: DictConfig, config: DictConfig, objective: str) -> Tu
     from hpc_train.launch.planning.objective import read_objective
     from hpc_train.tune.trials import HpcTrainTrials
 
-    def value_of(look: Any, run_dir: Path) -> float:
+    def value_of(run_dir: Path) -> float:
         return read_objective(run_dir, objective)
 
     return HpcTrainTrials(str(job.launcher.name), _config_dir(config)), value_of

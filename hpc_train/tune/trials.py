@@ -13,12 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from hpc_train import api
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.errors import HpcTrainError
-from hpc_train.jobs.job_states import read_summary
 from hpc_train.jobs.submissions import SUBMISSIONS, newest_submission
 from hpc_train.records import run_claim
 from hpc_train.records.rundir import SUMMARY, read_attempts
@@ -29,7 +28,6 @@ RUNNING, DONE, FAILED, LOST = "running", "done", "failed", "lost"
 @dataclass(frozen=True)
 class Look:
     state: str  # RUNNING, DONE, FAILED or LOST
-    summary: Optional[Dict[str, Any]] = None  # DONE: the rung's summary.json
     error: Optional[str] = None  # FAILED: why
 
 
@@ -57,12 +55,12 @@ class HpcTrainTrials:
                 return Look(LOST)
             job = self._jobs[job_id] = api.Job(job_id, run_dir, self.launcher, started=since)
         try:
-            summary = job.wait(timeout=0)
+            job.wait(timeout=0)
         except TimeoutError:
             return Look(RUNNING)
         except HpcTrainError as err:
             return Look(FAILED, error=str(err))
-        return Look(DONE, summary=summary)
+        return Look(DONE)
 
     def cancel(self, job_ids: List[str]) -> None:
         for job_id in job_ids:
@@ -86,7 +84,7 @@ def _adopted_local(run_dir: Path, since: float) -> Look:
         return Look(RUNNING)
     summary_file = run_dir / SUMMARY
     if summary_file.exists() and summary_file.stat().st_mtime >= since - 1.0:
-        return Look(DONE, summary=read_summary(run_dir))
+        return Look(DONE)
     return Look(LOST)
 
 

@@ -119,8 +119,12 @@ class Controller:
     def _trials(self) -> List[Any]:
         return self.study.get_trials(deepcopy=False)
 
+    def _trial_id(self, number: int) -> int:
+        study_id = self.storage.get_study_id_from_name(names.STUDY_NAME)
+        return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
     def _set(self, number: int, **attrs: Any) -> None:
-        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+        trial_id = self._trial_id(number)
         for key, value in attrs.items():
             self.storage.set_trial_user_attr(trial_id, key, value)
 
@@ -147,7 +151,7 @@ class Controller:
 
     def _start_rung(self, number: int, rung: int) -> None:
         """The trial's rung, started in its run dir (a promotion resumes the checkpoint the last rung left there)."""
-        trial = self.study.trials[number]
+        trial = self._trials()[number]  # numbered from 0 in the order asked
         run_dir = self.sweep_dir / str(number)
         overrides = self.space.overrides(trial.params)
         budget = self.scheduler.budgets[rung]
@@ -209,8 +213,8 @@ class Controller:
         spent = {**(attrs.get(names.RUNG_SECONDS) or {}), str(rung): seconds}
         times = {**(attrs.get(names.RUNG_TIMES) or {}), str(rung): [started, time.time()]}
         budget = self.scheduler.budgets[rung]
-        trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
-        self.storage.set_trial_intermediate_value(trial_id, int(budget if budget is not None else rung), value)
+        step = int(budget if budget is not None else rung)
+        self.storage.set_trial_intermediate_value(self._trial_id(number), step, value)
         last = self.scheduler.is_last(rung)
         status = sched.COMPLETED if last else sched.PAUSED
         self._set(number, **{names.RUNG_VALUES: values, names.RUNG_SECONDS: spent, names.RUNG_TIMES: times})
@@ -222,7 +226,7 @@ class Controller:
     def _failed(self, number: int, error: str) -> None:
         from optuna.trial import TrialState  # the tune extra (see _open)
 
-        attrs = self.study.trials[number].user_attrs
+        attrs = self._trials()[number].user_attrs
         times = dict(attrs.get(names.RUNG_TIMES) or {})
         rung = str(attrs.get(names.RUNG, 0))
         if rung in times:  # seen to end now

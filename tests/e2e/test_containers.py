@@ -106,3 +106,27 @@ def test_replica_groups_train_in_the_image_and_a_dead_group_restarts_in_it(runti
     assert events == [("failed", 1), ("dropped", 1), ("restarted", 1), ("rejoined", 1)], events  # each on record
     finals = {re.findall(r"final parameter digest (\w+)", rundir.rank_log(run_dir, r).read_text())[-1] for r in (0, 1)}
     assert len(finals) == 1, finals
+
+
+def test_an_adaptive_study_runs_every_rung_in_the_image_and_resumes_its_promoted_trial_there(image, runtime, tmp_path):
+    """hydra/sweeper=adaptive with container=oci: the controller runs outside the image, every rung of every trial in
+    it; the trial promoted to the full budget resumes its first rung's checkpoint in the image and ends equal to an
+    uninterrupted run outside it. Two trials in two slots, rungs of 1 and 3 steps (eta 3)."""
+    from hpc_train.jobs.study import trial_rows
+
+    sweep_dir = tmp_path / "study"
+    job = [*TINY, "trainer.batch_size=32", "trainer.checkpoint_every=0"]
+    study = ["-m", *job, "hydra/sweeper=adaptive", "trainer.lr=interval(0.01,0.3)", "hydra.sweeper.sampler=random"]
+    study += ["hydra.sweeper.seed=3", "hydra.sweeper.max_trials=2", "hydra.sweeper.max_concurrent=2"]
+    study += ["hydra.sweeper.scheduler.max_resource=3", "hydra.sweeper.poll_s=0.3", f"hydra.sweep.dir={sweep_dir}"]
+    assert_ok(run_cli([*study, *in_image(image), f"container.command={runtime}"]))
+    rows = trial_rows(sweep_dir)
+    assert sorted(row["status"] for row in rows) == ["completed", "stopped"], rows
+    for row in rows:
+        assert_ran_in_the_image(sweep_dir / str(row["number"]), image)
+    promoted = next(row for row in rows if row["status"] == "completed")
+    promoted_dir = sweep_dir / str(promoted["number"])
+    assert "resumed from" in rundir.rank_log(promoted_dir, 0).read_text()  # its second rung went on from the first
+    outside = tmp_path / "outside"
+    assert_ok(run_cli([*job, f"trainer.lr={promoted['params']['trainer.lr']}", "trainer.max_steps=3"], outside))
+    assert_bit_identical(outside, promoted_dir)

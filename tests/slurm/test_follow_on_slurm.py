@@ -4,11 +4,14 @@ laptop a wait whose SSH control connection is killed mid-command reconnects and 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,36 +33,64 @@ def train_rows(run_dir: Path) -> int:
     return path.read_text().count('"kind": "train"') if path.exists() else 0
 
 
-def test_job_wait_says_a_requeue_from_outside_in_launcher_waits_words(slurm_cluster, tmp_path, capsys, monkeypatch):
+def requeue_a_training_job(jobs: list) -> bool:
+    """`scontrol requeue` the first of `jobs` with two training steps, taken off the list; whether the list is empty."""
+    ready = next((job for job in jobs if train_rows(job.run_dir) >= 2), None)
+    if ready is not None:
+        subprocess.run(["scontrol", "requeue", ready.job_id], check=True)
+        jobs.remove(ready)
+    return not jobs
+
+
+@dataclass
+class Requeued:
+    """A job of submit() followed by Job.wait() and a one-job sweep followed by --watch, both requeued by scontrol."""
+
+    job: hpc_train.Job
+    said: str  # what Job.wait() printed
+    summary: dict
+    swept: hpc_train.Job
+    watch: subprocess.Popen
+    watched: str  # what the watch printed
+
+
+@pytest.fixture(scope="module")
+def requeued_from_outside(slurm_cluster, tmp_path_factory) -> Requeued:
+    """The two jobs run side by side (one job's time, not two): each is requeued once it has two training steps."""
+    folder = tmp_path_factory.mktemp("requeued")
+    with pytest.MonkeyPatch.context() as env:  # as cpu_here and the step sleep give a test (module fixtures come first)
+        env.setenv("CUDA_VISIBLE_DEVICES", "")
+        env.chdir(folder)
+        env.setenv("HPC_TRAIN_STEP_SLEEP", "0.3")
+        job = hpc_train.submit([*JOB, *SLURM, "trainer.max_steps=12"], run_dir=folder / "run")
+        (swept,) = hpc_train.sweep([*JOB, *SLURM, "trainer.max_steps=12"], sweep_dir=folder / "sweep")
+        command = [sys.executable, "-m", "hpc_train.report.command", str(folder / "sweep"), "--watch", "--every", "1"]
+        watch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            training = [job, swept]  # each requeued as soon as it has two training steps
+            wait_for(lambda: requeue_a_training_job(training), 180, "two training steps of each job")
+            with contextlib.redirect_stdout(io.StringIO()) as said:
+                summary = job.wait(timeout=300)
+            watched, _ = watch.communicate(timeout=300)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    return Requeued(job, said.getvalue(), summary, swept, watch, watched)
+
+
+def test_job_wait_says_a_requeue_from_outside_in_launcher_waits_words(requeued_from_outside):
     """A job requeued by scontrol while it trains: Job.wait() says so once, in launcher.wait's line, and returns the
-    last attempt's summary; launcher.wait on the same run dir follows a second launch of it to its end too."""
-    monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.3")
-    run_dir = tmp_path / "run"
-    job = hpc_train.submit([*JOB, *SLURM, "trainer.max_steps=12"], run_dir=run_dir)
-    wait_for(lambda: train_rows(run_dir) >= 2, 180, "two training steps")
-    subprocess.run(["scontrol", "requeue", job.job_id], check=True)
-    summary = job.wait(timeout=300)
-    said = capsys.readouterr().out
+    last attempt's summary."""
+    job, said, summary = requeued_from_outside.job, requeued_from_outside.said, requeued_from_outside.summary
     assert said.count(REQUEUED.format(job=job.job_id)) == 1, said
     assert summary["global_step"] == 12 and job.state() == "COMPLETED", summary
-    assert (run_dir / "attempts.jsonl").read_text().count('"event": "start"') == 2  # the job ran twice
+    assert (job.run_dir / "attempts.jsonl").read_text().count('"event": "start"') == 2  # the job ran twice
 
 
-def test_watch_says_a_requeue_from_outside_in_launcher_waits_words(slurm_cluster, tmp_path, monkeypatch):
+def test_watch_says_a_requeue_from_outside_in_launcher_waits_words(requeued_from_outside):
     """hpc-train-report --watch on a sweep whose job is requeued by scontrol while it trains: launcher.wait's line,
     written once, and the watch ends with the job's last attempt (exit 0)."""
-    monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.3")
-    sweep_dir = tmp_path / "sweep"
-    (job,) = hpc_train.sweep([*JOB, *SLURM, "trainer.max_steps=12"], sweep_dir=sweep_dir)
-    command = [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "1"]
-    watch = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: train_rows(job.run_dir) >= 2, 180, "two training steps")
-        subprocess.run(["scontrol", "requeue", job.job_id], check=True)
-        out, _ = watch.communicate(timeout=300)
-    finally:
-        if watch.poll() is None:
-            watch.kill()
+    job, watch, out = requeued_from_outside.swept, requeued_from_outside.watch, requeued_from_outside.watched
     assert out.count(REQUEUED.format(job=job.job_id)) == 1, out
     assert watch.returncode == 0 and "1 job: 1 COMPLETED" in out.split("hpc-train-report --watch")[-1], out
     assert (job.run_dir / "attempts.jsonl").read_text().count('"event": "start"') == 2  # the job ran twice

@@ -10,6 +10,7 @@ stopped at the end of the study PRUNED, a paused or running one RUNNING."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -86,10 +87,23 @@ def _write_study(sweep_dir: Path):
     return study, storage
 
 
+# The dashboard's port: a free one below the kernel's ephemeral range (32768-60999 here), which a port-0 bind or an
+# outgoing connection never takes between this check and the server's own bind (the CLI cannot be handed a socket),
+# and below the local launcher's job and step port blocks (hpc_train.processes.rank_env: from 10000).
+DASHBOARD_PORTS = range(8100, 9000)
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    start = os.getpid() % len(DASHBOARD_PORTS)
+    for offset in range(len(DASHBOARD_PORTS)):
+        port = DASHBOARD_PORTS[(start + offset) % len(DASHBOARD_PORTS)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail(f"no free port in {DASHBOARD_PORTS}")
 
 
 @pytest.fixture

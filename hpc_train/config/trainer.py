@@ -159,6 +159,18 @@ RULES: Tuple[Rule, ...] = (
         mapping=True,
     ),
     R(
+        "trainer.lr_schedule_steps",
+        whole(1),
+        2000,
+        null="the run's own length (trainer.max_steps, or its epochs' steps)",
+        fix="set trainer.lr_schedule_steps=1 or more (the steps the schedule spans), or null for the run's length.",
+        doc=(
+            "The steps the built-in schedule spans (cosine decays over them), wherever the run stops: a run stopped"
+            " early and resumed with a larger trainer.max_steps keeps its schedule; null: the run's length."
+        ),
+        default=None,
+    ),
+    R(
         "trainer.lr_warmup_steps",
         whole(0),
         0,

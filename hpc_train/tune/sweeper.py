@@ -2,14 +2,17 @@
 
 Registered by hydra_plugins.hpc_train_launcher (its keys: hpc_train.tune.settings.TuneConf). Before any trial starts,
 it reads the sweeper's keys and the search space, composes the job config of the trials' fixed part, and refuses
-(ConfigError, nothing started) a dry run, a resource key the job does not have or that is swept, and an objective the
-run does not report. Then the controller (hpc_train.tune.controller) runs the study in the sweep dir. Optuna is
-imported here only once a sweep starts (the plugin scan of every Hydra command stays light).
+(ConfigError, nothing started) a dry run, a resource key the job does not have or that is swept, an objective the
+run does not report, and a cosine LR schedule another resource key than trainer.max_steps would change; with
+trainer.max_steps, every rung's schedule spans the full budget (trainer.lr_schedule_steps). Then the controller
+(hpc_train.tune.controller) runs the study in the sweep dir. Optuna is imported here only once a sweep starts (the
+plugin scan of every Hydra command stays light).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
@@ -50,6 +53,7 @@ class AdaptiveSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         if OmegaConf.select(self.config, "hydra.launcher._target_") == OWN_LAUNCHER:
             objective = _check_objective(job, settings)
+            space = replace(space, fixed=[*space.fixed, *_schedule_overrides(job, settings)])
             trials, value_of = _hpc_train_trials(job, self.config, objective)
         else:
             objective = "the reported objective"
@@ -111,6 +115,30 @@ def _check_resource(job: DictConfig, settings: TuneSettings, swept: Any) -> None
             f"{key} is swept, but the scheduler sets it rung by rung.",
             f"take {key} out of the search space.",
         )
+
+
+def _schedule_overrides(job: DictConfig, settings: TuneSettings) -> List[str]:
+    """hpc-train's LR schedule kept from rung to rung: with trainer.max_steps as the resource, every rung's schedule
+    spans max_resource (trainer.lr_schedule_steps, unless the user set it), so that a promoted trial trains as an
+    uninterrupted run does; with another resource key, a cosine schedule whose length the rung would change is refused
+    (ConfigError), unless trainer.lr_schedule_steps is set."""
+    from hpc_train.processes.script_command import is_script_job  # login side, no torch
+
+    s = settings.scheduler
+    trainer = job.get("trainer") or {}
+    if s.name == "none" or is_script_job(job) or trainer.get("lr_schedule_steps") is not None:
+        return []
+    if s.resource_key == "trainer.max_steps":
+        return [f"++trainer.lr_schedule_steps={s.max_resource}"]
+    if trainer.get("lr_schedule") == "cosine":
+        raise ConfigError(
+            "trainer.lr_schedule_steps",
+            f"trainer.lr_schedule=cosine decays over the run's length, which {s.resource_key} changes from rung to"
+            " rung: a promoted trial would not train as an uninterrupted run.",
+            f"set trainer.lr_schedule_steps to the steps of the full budget ({s.resource_key}={s.max_resource}), use"
+            " trainer.lr_schedule=constant or step, or sweep with scheduler.resource_key=trainer.max_steps.",
+        )
+    return []
 
 
 def _check_objective(job: DictConfig, settings: TuneSettings) -> str:

@@ -1,6 +1,6 @@
 """hydra/sweeper=adaptive on this machine (launcher=local): an ASHA study whose controller is killed mid-study and
-started again, every trial in the journal once, a promoted trial equal to an uninterrupted run to its budget, and the
-refusals before any trial starts."""
+started again, every trial in the journal once, a promoted trial equal to an uninterrupted run to its budget (its
+cosine LR schedule the same at every rung), and the refusals before any trial starts."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ STUDY = [
     *TINY,
     "trainer.batch_size=32",
     "trainer.checkpoint_every=0",
+    "trainer.lr_schedule=cosine",  # the default: a schedule over the run's length, which each rung changes
     "hydra/sweeper=adaptive",
     "trainer.lr=interval(0.01,0.3)",
     "hydra.sweeper.sampler=random",
@@ -91,7 +92,9 @@ def test_a_promoted_trial_ends_with_the_parameters_of_an_uninterrupted_run_to_it
     lr = trial["params"]["trainer.lr"]
     plain = tmp_path / "plain"
     overrides = [*TINY, "trainer.batch_size=32", "trainer.checkpoint_every=0", f"trainer.lr={lr}"]
-    assert_ok(run_cli([*overrides, f"trainer.max_steps={RUNGS[-1]}"], plain))
+    # its rungs of 1 and 3 steps decayed the LR over the full budget, as this run does
+    schedule = ["trainer.lr_schedule=cosine", f"trainer.lr_schedule_steps={RUNGS[-1]}"]
+    assert_ok(run_cli([*overrides, *schedule, f"trainer.max_steps={RUNGS[-1]}"], plain))
     promoted = torch.load(sweep_dir / str(trial["number"]) / "model.pt", map_location="cpu")
     uninterrupted = torch.load(plain / "model.pt", map_location="cpu")
     assert promoted.keys() == uninterrupted.keys()
@@ -132,8 +135,16 @@ def test_the_report_counts_the_study_s_trials_and_names_its_best_as_the_journal_
         (["objective=eval_loss", "trainer.eval=false"], "objective"),
         (["dry_run=true"], "dry_run"),
         (["trainer.max_steps=1,2"], "hydra.sweeper.scheduler.resource_key"),
+        (["hydra.sweeper.scheduler.resource_key=trainer.epochs"], "trainer.lr_schedule_steps"),
     ],
-    ids=["resource-key-unread", "min-above-max", "objective-never-reported", "dry-run", "resource-key-swept"],
+    ids=[
+        "resource-key-unread",
+        "min-above-max",
+        "objective-never-reported",
+        "dry-run",
+        "resource-key-swept",
+        "cosine-over-epochs",
+    ],
 )
 def test_a_study_that_cannot_work_is_refused_before_any_trial(extra, key, tmp_path):
     proc = run_cli_in_process(["-m", *STUDY, *extra, f"hydra.sweep.dir={tmp_path / 'study'}"], refused=True)

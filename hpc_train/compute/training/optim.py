@@ -11,8 +11,9 @@
   this process: FSDP2's sharded DTensors (whose ``dim()`` is the full tensor's), one stage's
   parameters with the pipelining engine.
 * ``trainer.lr_schedule``: ``constant``, ``cosine`` (to ``trainer.min_lr``), ``step``, each after
-  ``trainer.lr_warmup_steps`` of linear warm-up; or a ``_target_`` node with ``_partial_: true``
-  building a ``torch.optim.lr_scheduler`` from the optimizer, stepped once per optimizer step
+  ``trainer.lr_warmup_steps`` of linear warm-up, spanning ``trainer.lr_schedule_steps`` (null: the run's length;
+  set, a run stopped early and resumed to a larger ``trainer.max_steps`` keeps its schedule); or a ``_target_`` node
+  with ``_partial_: true`` building a ``torch.optim.lr_scheduler`` from the optimizer, stepped once per optimizer step
   (it sets its own warm-up and length: ``trainer.lr_warmup_steps`` must stay 0).
 """
 
@@ -42,6 +43,7 @@ class OptimSettings:
     momentum: float
     weight_decay: float
     lr_schedule: Union[str, Any]  # constant | cosine | step | a _target_ node
+    lr_schedule_steps: Optional[int]  # the built-in schedule's length; None: the run's
     lr_warmup_steps: int
     lr_step_every: int
     lr_step_gamma: float
@@ -147,10 +149,12 @@ def lr_factor(settings: OptimSettings, total_steps: int, base_lr: float = 1.0) -
 
 
 def make_schedule(settings: OptimSettings, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    """The LR scheduler; a built-in one spans ``trainer.lr_schedule_steps``, or the run's `total_steps` without."""
     choice = settings.lr_schedule
     if is_target(choice):
         return _user_schedule(choice, optimizer)
-    factors = [lr_factor(settings, total_steps, float(group["lr"])) for group in optimizer.param_groups]
+    length = int(settings.lr_schedule_steps or total_steps)
+    factors = [lr_factor(settings, length, float(group["lr"])) for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 
 

@@ -5,7 +5,8 @@ Written in ``<sweep dir>/.hpc_train/pack/``:
 * ``allocation_<k>.json`` (the login node, at submission): the allocation's shape, its sbatch parameters and its
   runs, each with its layout and the command its job step runs; ``job_id`` is filled in once sbatch answered;
 * ``allocation_<k>.events.jsonl`` (the allocation's scheduler, on its batch host, append-only): one line per
-  event of a run (``started``, ``ended``: a failed step's ``said`` and ``srun_log`` when srun itself wrote an
+  event of a run (``claimed``: a fed allocation took it from the feed, hpc_train.pack.feed, its PackedRun with it;
+  ``started``, ``ended``: a failed step's ``said`` and ``srun_log`` when srun itself wrote an
   error, such as Slurm's refusal of the step) or of the allocation (``began``, ``signal``, ``requeued``, ``finished``;
   ``terminated`` when Slurm's SIGTERM ended it: Slurm's state of the job then says whether it comes back).
 
@@ -37,6 +38,7 @@ FAILED = "FAILED"
 INTERRUPTED = "INTERRUPTED"  # checkpointed on the allocation's signal: resumes when the allocation restarts
 CANCELLED = "CANCELLED"  # its allocation ended (cancelled, out of time, out of requeues) before it finished
 ENDED_STATES = (COMPLETED, FAILED, CANCELLED)
+CLAIMED = "claimed"  # the event of a run a fed allocation took from the feed (hpc_train.pack.feed), with its entry
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ class AllocationPlan:
     # nodes, tasks, CPUs, GPUs, time, partition, account, QOS, constraint, memory, setup lines, the other flags),
     # as data: what --rerun-failed renders a new allocation from. None: a plan written before they were recorded.
     sbatch: Optional[Dict[str, Any]] = None
+    # Fed (hpc_train.pack.feed): its pool also takes runs from the sweep's feed while it runs, until the feed closes
+    # (an adaptive study's allocations, whose plans start empty). False: its plan is all it runs.
+    fed: bool = False
 
     def to_json(self) -> Dict[str, Any]:
         return asdict(self)
@@ -109,6 +114,7 @@ def new_plan(
     max_requeues: int,
     runs: List[PackedRun],
     sbatch: Optional[Dict[str, Any]] = None,
+    fed: bool = False,
 ) -> AllocationPlan:
     """An allocation's plan, not yet submitted: a packed sweep's (launch.backends.packed) and a rerun's
     (launch.backends.packed_rerun, shaped as an earlier allocation) alike."""
@@ -123,6 +129,7 @@ def new_plan(
         max_requeues=max_requeues,
         runs=list(runs),
         sbatch=sbatch,
+        fed=fed,
     )
 
 
@@ -189,6 +196,12 @@ def read_events(sweep_dir: Path, index: int) -> List[Dict[str, Any]]:
     return events
 
 
+def runs_of(plan: AllocationPlan, events: List[Dict[str, Any]]) -> List[PackedRun]:
+    """The runs an allocation has: its plan's, then those its pool took from the feed (its ``claimed`` events)."""
+    fed = [PackedRun(**event["entry"]) for event in events if event.get("event") == CLAIMED and "entry" in event]
+    return [*plan.runs, *fed]
+
+
 def finished(sweep_dir: Path, index: int) -> bool:
     """Whether the allocation's scheduler ended for good (its last event ``finished``, not a requeue)."""
     events = read_events(sweep_dir, index)
@@ -247,8 +260,9 @@ def run_states(
     """
     states: Dict[str, RunState] = {}
     for plan in read_plans(sweep_dir) if plans is None else plans:
-        listed = {run.job: RunState(WAITING, plan.index, plan.job_id) for run in plan.runs}
-        for event in read_events(sweep_dir, plan.index):
+        events = read_events(sweep_dir, plan.index)
+        listed = {run.job: RunState(WAITING, plan.index, plan.job_id) for run in runs_of(plan, events)}
+        for event in events:
             job = event.get("run")
             if job not in listed:
                 continue

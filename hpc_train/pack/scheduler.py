@@ -10,6 +10,11 @@ reads as the step's defaults) is left out of each step's environment: the step's
 srun's own words about a step (a refusal such as "Unable to create step") go to the run's
 ``slurm/<allocation>_srun.err``, and its first error line into the run's ``ended`` event (``said``, ``srun_log``).
 
+A fed allocation (an adaptive study's, hpc_train.pack.feed) also takes runs from the sweep's feed while it runs: once
+its own runs are placed, each fed run that fits now is claimed (a rename: one pool wins it), recorded (``claimed``)
+and started the same way; it ends once the feed is closed and its steps have ended, or at its time limit. A fixed
+plan is a feed closed from the start: the same loop, nothing taken.
+
 One run failing (its step's exit code, a hang, a killed step) does not stop the others. On the allocation's signal
 (``#SBATCH --signal=B:<sig>@<s>``, to this process only) it sends the signal to every running step (srun passes it to
 its tasks, which checkpoint and exit), starts nothing more, waits for them, and requeues the allocation while runs
@@ -21,6 +26,7 @@ run of the sweep that completed so far (the only time known in advance). Exit co
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import re
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from hpc_train.pack import records
+from hpc_train.pack import feed, records
 from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.processes.rank_env import STEP_PORTS, step_port
 from hpc_train.processes.signal_relay import handling
@@ -92,11 +98,21 @@ class Scheduler:
         states = records.run_states(self.sweep_dir)
         return [
             run
-            for run in self.plan.runs
+            for run in self._runs()
             if run.job in states
             and states[run.job].allocation == self.plan.index
             and states[run.job].state not in (records.COMPLETED, records.FAILED)
         ]
+
+    def _runs(self) -> List[PackedRun]:
+        """Its plan's runs, and (fed) those its pool took from the feed so far."""
+        if not self.plan.fed:
+            return self.plan.runs
+        return records.runs_of(self.plan, records.read_events(self.sweep_dir, self.plan.index))
+
+    def _feed_open(self) -> bool:
+        """Whether runs may still come from the feed (a fixed plan's feed is closed from the start)."""
+        return self.plan.fed and not feed.is_closed(self.sweep_dir)
 
     def run(self) -> int:
         self.end_time = _end_time(self.job_id)
@@ -104,9 +120,11 @@ class Scheduler:
         waiting = self.left()
         signals = [number for name, number in _SIGNALS.items() if name == self.plan.signal] + [signal.SIGTERM]
         with handling(signals, self._on_signal):  # the allocation's signal and Slurm's SIGTERM, while the pool runs
-            while waiting or self.running:
+            while waiting or self.running or (self._feed_open() and not self.stopping):
                 if not self.stopping:
                     waiting = self._start_what_fits(waiting)
+                if not self.stopping and not waiting and self.plan.fed:
+                    self._take_from_feed()
                 self._reap()
                 if self.stopping and not self.running:
                     break
@@ -127,6 +145,20 @@ class Scheduler:
                 continue
             self._start(run, placed)
         return still
+
+    def _take_from_feed(self) -> None:
+        """Each fed run that fits now (room and time), claimed (one pool wins it), recorded, then started."""
+        if not any(node.cpus for node in self.nodes):  # full: the feed is not even listed
+            return
+        for entry in feed.waiting(self.sweep_dir):
+            placed = self._place(entry.run)
+            if placed is None or not self._time_for(entry.run):
+                continue
+            if not feed.claim(self.sweep_dir, entry, self.plan.index):
+                continue
+            fields = {"run": entry.run.job, "entry": dataclasses.asdict(entry.run), "fed": entry.fed}
+            records.append_event(self.sweep_dir, self.plan.index, records.CLAIMED, **fields)
+            self._start(entry.run, placed)
 
     def _fits_now(self, run: PackedRun) -> bool:
         return self._place(run) is not None and self._time_for(run)
@@ -243,7 +275,8 @@ class Scheduler:
             )
             if done.returncode == 0:
                 return 0
-        mine = {run.job for run in self.plan.runs}
+        runs = self._runs()
+        mine = {run.job for run in runs}
         failed = [
             job
             for job, state in records.run_states(self.sweep_dir).items()
@@ -253,9 +286,9 @@ class Scheduler:
         print(
             f"hpc-train: allocation {self.plan.index} (job {self.job_id}) ended: "
             + (
-                f"{len(failed)} of {len(self.plan.runs)} runs did not complete ({', '.join(failed)})"
+                f"{len(failed)} of {len(runs)} runs did not complete ({', '.join(failed)})"
                 if failed
-                else f"all {len(self.plan.runs)} runs completed"
+                else f"all {len(runs)} runs completed"
             ),
             flush=True,
         )

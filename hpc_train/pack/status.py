@@ -89,7 +89,13 @@ def read(sweep_dir: Path) -> PackStatus:
         job: merged(state, slurm.get(str(state.job_id)), str(state.job_id) in over) for job, state in recorded.items()
     }
     indices = {str(plan.job_id): plan.index for plan in plans if plan.job_id}
-    return PackStatus(runs, slurm, indices, {run.job: run.run_dir for plan in plans for run in plan.runs}, plans)
+    run_dirs = {run.job: run.run_dir for plan in plans for run in _runs(sweep_dir, plan)}
+    return PackStatus(runs, slurm, indices, run_dirs, plans)
+
+
+def _runs(sweep_dir: Path, plan: AllocationPlan) -> List[records.PackedRun]:
+    """The allocation's runs: its plan's, and a fed allocation's runs taken from the feed."""
+    return records.runs_of(plan, records.read_events(sweep_dir, plan.index)) if plan.fed else plan.runs
 
 
 def packed_states(sweep_dir: Path) -> Dict[str, RunState]:

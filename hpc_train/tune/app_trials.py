@@ -63,6 +63,9 @@ class AppTrials:
     def cancel(self, job_ids: List[str]) -> None:
         """A Hydra app's jobs are left to end on their own (scancel them by id from the sweep's jobs.tsv)."""
 
+    def close(self) -> None:
+        """The study ended: nothing to close (each rung was its own job)."""
+
     def _rows(self) -> Dict[str, Dict[str, Any]]:
         return {str(row["job"]): row for row in app_report.rows(self.sweep_dir)}
 

@@ -43,6 +43,7 @@ class AdaptiveSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Any:
         # the study's parts (Optuna): only a sweep that starts imports them
         from hpc_train.tune.controller import Controller
+        from hpc_train.tune.packed_trials import packed_trials
         from hpc_train.tune.space import search_space
 
         assert self.config is not None
@@ -55,10 +56,12 @@ class AdaptiveSweeper(Sweeper):
             objective = _check_objective(job, settings)
             space = replace(space, fixed=[*space.fixed, *_schedule_overrides(job, settings)])
             trials, value_of = _hpc_train_trials(job, self.config, objective)
+            trials = packed_trials(job, self.hydra_context.config_loader, self.config, space.fixed) or trials
         else:
             objective = "the reported objective"
             trials, value_of = self._app_trials(sweep_dir)
         best = Controller(settings, space, trials, sweep_dir, value_of).run()
+        trials.close()
         write_text_atomic(sweep_dir / RESULTS, OmegaConf.to_yaml(OmegaConf.create({"best": best})))
         print(f"hpc-train: study done: best trial {best['number']}, {objective} = {best['value']:g}, {best['params']}")
         return best

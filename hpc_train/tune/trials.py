@@ -68,6 +68,9 @@ class HpcTrainTrials:
             if job is not None:
                 job.cancel()
 
+    def close(self) -> None:
+        """The study ended: nothing to close (each rung was its own job)."""
+
 
 def _submitted_since(run_dir: Path, since: float) -> Optional[str]:
     """The Slurm job submitted into `run_dir` since `since` (its submission record), if any."""

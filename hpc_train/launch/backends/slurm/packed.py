@@ -6,7 +6,8 @@ task) per run, N Slurm jobs of ``launcher.pack.nodes`` nodes x ``launcher.pack.g
 hpc_train's pool (hpc_train.pack.scheduler), which starts its runs as job steps. The runs are shared out here,
 once (the dry run prints who takes what): in the sweep's order, each to the allocation with the fewest GPUs
 assigned so far. A run larger than an allocation, or runs that disagree on what an allocation is (partition,
-account, setup lines...), are refused before anything is queued.
+account, setup lines...), are refused before anything is queued. An adaptive study's allocations are fed instead
+(plan_fed): submitted with empty plans, each rung handed to them as it starts (hpc_train.pack.feed).
 """
 
 from __future__ import annotations
@@ -286,6 +287,32 @@ def plan_packed(
             packed_allocation_params(params[taken[0]], shape, index, shared, gpus),
         )
         out.append((plan, plan.sbatch))
+    return out
+
+
+def plan_fed(
+    run: PackedRun,
+    params: Dict[str, Any],
+    max_requeues: int,
+    shape: PackShape,
+    sweep_dir: Path,
+    signal: str,
+    signal_delay_s: int,
+) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
+    """Fed allocations (an adaptive study's, hpc_train.pack.feed): their plans empty, each run handed to them later
+    through the feed. Shaped and checked against `run`, a run as the study's runs are (its config's fixed part): one
+    that does not fit an allocation is refused here, before anything is queued."""
+    check_packed_fit([run], [params], shape)
+    gpus = bool(run.gpus_per_node)
+    keys = PackKeys().capacity
+    capacity.check_capacity(packed_allocation_params(params, shape, 0, SHARED, gpus), shape.time_key, keys=keys)
+    start = records.next_index(records.read_plans(sweep_dir))
+    own = shape if gpus else dataclasses.replace(shape, gpus_per_node=0)
+    out = []
+    for index in range(start, start + shape.allocations):
+        sbatch = packed_allocation_params(params, shape, index, SHARED, gpus)
+        plan = records.new_plan(index, own, signal, signal_delay_s, max_requeues, [], sbatch, fed=True)
+        out.append((plan, sbatch))
     return out
 
 

@@ -182,3 +182,15 @@ def test_a_plain_hydra_app_reporting_its_objective_is_swept_with_asha_and_resume
             assert value == pytest.approx(expected, rel=1e-9, abs=1e-12)
     best = min((row for row in rows if row["state"] == "COMPLETE"), key=lambda row: row["value"])
     assert f"hpc-train: study done: best trial {best['number']}," in done.stdout
+
+
+def test_rerun_failed_on_a_study_says_to_run_its_command_again_and_submits_nothing(study, capsys):
+    """A study's trials belong to its controller: --rerun-failed would start rungs its journal does not know."""
+    from hpc_train.report import command
+
+    sweep_dir, _, _ = study
+    before = sorted(str(path) for path in sweep_dir.rglob("*"))
+    assert command.main([str(sweep_dir), "--rerun-failed"]) != 0
+    said = capsys.readouterr()
+    assert "holds an adaptive study" in said.err and "run the study's command again" in said.err, said
+    assert sorted(str(path) for path in sweep_dir.rglob("*")) == before

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from hpc_train.config.launcher import APP_LOCAL
-from hpc_train.jobs import job_table
+from hpc_train.jobs import job_table, study
 from hpc_train.jobs.job_states import ENDED, slurm_job_states
 from hpc_train.jobs.submissions import SUBMISSIONS, record, submissions
 from hpc_train.launch.backends.slurm.packed_rerun import rerun_packed
@@ -27,6 +27,11 @@ from hpc_train.records import rundir
 
 def rerun_failed(sweep_dir: Path) -> Tuple[int, Optional[str]]:
     """Resubmit the jobs whose newest attempt did not complete; (how many, a refusal in words or None)."""
+    if study.journal_path(sweep_dir).exists():
+        return 0, (
+            f"{sweep_dir} holds an adaptive study: its controller runs its trials and a failed trial stays failed;"
+            " run the study's command again (the same hydra.sweep.dir) to go on with it"
+        )
     newest = job_table.newest(sweep_dir)
     if not newest:
         return 0, f"{sweep_dir} has no {rundir.JOB_TABLE}: only a Slurm sweep's jobs can be rerun"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Tuple
 
 import pytest
 
@@ -81,14 +81,39 @@ def test_ddp_in_the_image_equals_the_same_job_outside_it(pair, image):
     assert f"image: {image} (sha256:" in report.stdout, report.stdout + report.stderr
 
 
-def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair, tmp_path):
+# The two ways a job in the image is stopped for a requeue: the time limit's signal, and `scontrol requeue`
+INTERRUPTIONS = {
+    "signal": lambda job: ["scancel", "--batch", "--signal=USR2", job],  # as Slurm sends it before the limit
+    "scontrol": lambda job: ["scontrol", "requeue", job],
+}
+
+
+@pytest.fixture(scope="module")
+def requeued(image, pair, tmp_path_factory) -> Dict[str, Tuple[str, Path, Dict[str, str]]]:
+    """The same job in the image twice, side by side (one requeue's time, not two): each interrupted as
+    INTERRUPTIONS says once it wrote its first checkpoint; (Slurm id, run dir, final scontrol fields) by name."""
+    folder = tmp_path_factory.mktemp("requeued")
+    jobs = {
+        name: submit([*RESUME, *DDP, *in_image(image)], folder / name, HPC_TRAIN_STEP_SLEEP="0.4")
+        for name in INTERRUPTIONS
+    }
+    waiting = dict(jobs)
+
+    def interrupt_the_checkpointed() -> bool:
+        for name, job in list(waiting.items()):
+            if checkpoint_steps(folder / name) != []:
+                subprocess.run(INTERRUPTIONS[name](job), check=True)
+                del waiting[name]
+        return not waiting
+
+    wait_for(interrupt_the_checkpointed, 120, "the first checkpoint of each job")
+    return {name: (job, folder / name, finished(job, folder / name, timeout=240)) for name, job in jobs.items()}
+
+
+def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair, requeued):
     """The time limit's signal goes to the batch host (B:), which passes it on; rank 0 asks for the requeue and the
     batch host runs scontrol requeue, though the image has no Slurm commands."""
-    run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP, *in_image(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
-    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True)  # as Slurm sends it before the limit
-    fields = finished(job, run_dir, timeout=240)
+    job, run_dir, fields = requeued["signal"]
     assert fields["Restarts"] == "1"
     assert read_summary(run_dir)["attempts"] == 2
     assert f"hpc-train: requeued job {job}" in (run_dir / rundir.SLURM_LOGS / f"{job}_0_log.err").read_text()
@@ -96,14 +121,10 @@ def test_requeue_in_the_image_is_done_outside_it_and_resumes_exactly(image, pair
     assert_ran_in_the_image(run_dir, image)
 
 
-def test_a_job_in_the_image_requeued_from_outside_resumes_exactly(image, pair, tmp_path):
+def test_a_job_in_the_image_requeued_from_outside_resumes_exactly(image, pair, requeued):
     """`scontrol requeue` while it runs, as a preemption does: Slurm's SIGTERM reaches the ranks in the image, they
     checkpoint and stop, Slurm requeues the job, and it resumes from that checkpoint."""
-    run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP, *in_image(image)], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
-    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
-    subprocess.run(["scontrol", "requeue", job], check=True)
-    fields = finished(job, run_dir, timeout=240)
+    _, run_dir, fields = requeued["scontrol"]
     assert fields["Restarts"] == "1"
     assert read_summary(run_dir)["attempts"] == 2
     assert_bit_identical(pair[1], run_dir)

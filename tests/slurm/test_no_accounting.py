@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -161,37 +161,46 @@ REQUEUED = {
 }
 
 
+@pytest.fixture(scope="module")
+def requeued_sweeps(accounting_off, tmp_path_factory) -> Dict[str, Tuple[Path, str, int, str]]:
+    """Both sweeps of REQUEUED under launcher.wait, side by side (one requeue's time, not two): each one's job 0
+    requeued once it runs; (sweep dir, job 0's Slurm id, the CLI's exit code, what it printed) by name."""
+    folder = tmp_path_factory.mktemp("requeued")
+    clis: Dict[str, subprocess.Popen] = {}
+    try:
+        for what, (args, extra) in sorted(REQUEUED.items()):
+            split = args.index("--") if "--" in args else len(args)
+            sweep = [*SLURM, "launcher.wait=true", *args[:split], f"hydra.sweep.dir={folder / what}", *args[split:]]
+            command = [sys.executable, "-m", "hpc_train.cli", "-m", *sweep]
+            env = dict(accounting_off, CUDA_VISIBLE_DEVICES="", **extra)
+            clis[what] = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        running = dict.fromkeys(clis)
+        wait_for(lambda: requeue_a_running_job_0(folder, running), 120, "job 0 of each sweep to run")
+        said = {what: cli.communicate(timeout=300)[0] for what, cli in clis.items()}
+        return {what: (folder / what, running[what], cli.returncode, said[what]) for what, cli in clis.items()}
+    finally:
+        for cli in clis.values():
+            cli.kill()
+
+
+def requeue_a_running_job_0(folder: Path, running: Dict[str, Optional[str]]) -> bool:
+    """`scontrol requeue` job 0 of each sweep in `running` (by name) once it runs, its id noted there; all done?"""
+    for what in [what for what, job in running.items() if job is None]:
+        started = folder / what / "0" / ("metrics.jsonl" if what == "training" else "started")
+        if started.exists() and (what == "script" or '"train"' in started.read_text()):
+            running[what] = job_ids(folder / what)[0]
+            subprocess.run(["scontrol", "requeue", running[what]], check=True)
+    return None not in running.values()
+
+
 @pytest.mark.parametrize("what", sorted(REQUEUED))
-def test_a_job_requeued_from_outside_is_followed_to_the_end_of_its_last_attempt(accounting_off, tmp_path, what):
+def test_a_job_requeued_from_outside_is_followed_to_the_end_of_its_last_attempt(requeued_sweeps, what):
     """launcher.wait on a cluster without accounting: the requeued job's end is its last attempt's (not the stopped
     attempt's result), said in one line; submitit's sacct warnings never reach the terminal."""
-    sweep_dir = tmp_path / "sweep"
-    args, extra = REQUEUED[what]
-    split = args.index("--") if "--" in args else len(args)
-    command = [
-        sys.executable,
-        "-m",
-        "hpc_train.cli",
-        "-m",
-        *SLURM,
-        "launcher.wait=true",
-        *args[:split],
-        f"hydra.sweep.dir={sweep_dir}",
-        *args[split:],
-    ]
-    env = dict(accounting_off, CUDA_VISIBLE_DEVICES="", **extra)
-    cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        started = sweep_dir / "0" / ("metrics.jsonl" if what == "training" else "started")
-        wait_for(
-            lambda: started.exists() and (what == "script" or '"train"' in started.read_text()), 120, "job 0 to run"
-        )
-        first = job_ids(sweep_dir)[0]
-        subprocess.run(["scontrol", "requeue", first], check=True)
-        out, _ = cli.communicate(timeout=300)
-    finally:
-        cli.kill()
-    assert cli.returncode == 0, out
+    sweep_dir, first, returncode, out = requeued_sweeps[what]
+    assert returncode == 0, out
     lines = out.strip().splitlines()
     assert [line for line in lines if "was requeued" in line] == [
         f"hpc-train: job {first} was requeued by Slurm (attempt 2); following it to the end of its last attempt"

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from hpc_train.records import rundir
 
@@ -69,6 +69,20 @@ def last_objective(run_dir: Path) -> Optional[Tuple[int, float]]:
         return None
     last = reported[-1]
     return int(last["step"]), float(last["value"])
+
+
+def reported_values(run_dir: Path, objective: Optional[str], since: float = 0.0) -> List[Tuple[int, float, float]]:
+    """(step, value, time) of each objective the run in `run_dir` reported since `since` (epoch seconds), in order: its
+    report_objective rows, or without any, the rows that fill the summary's `objective` key (``train_loss``: the
+    ``loss`` of its train rows, ``eval_loss``: of its eval rows). What a running job has reached so far."""
+    path = Path(run_dir) / rundir.METRICS
+    rows = [row for row in (rundir.read_jsonl(path) if path.exists() else []) if row.get("time", since) >= since]
+    kind, name = OBJECTIVE, "value"  # report_objective's rows
+    if not any(row.get("kind") == OBJECTIVE for row in rows) and objective and "_" in objective:
+        kind, name = objective.split("_", 1)
+    reported = [(row.get("step"), row.get(name), row.get("time")) for row in rows if row.get("kind", "train") == kind]
+    numbers = [row for row in reported if isinstance(row[1], (int, float)) and not isinstance(row[1], bool)]
+    return [(int(step), float(value), float(at or since)) for step, value, at in numbers if step is not None]
 
 
 def _hydra_output_dir() -> Optional[str]:

@@ -25,6 +25,8 @@ from hpc_train.tune.trials import DONE, FAILED, LOST, RUNNING, Look
 
 
 class AppTrials:
+    resumes = True  # each rung runs in the trial's dir, where an app that keeps its state resumes it
+
     def __init__(self, launcher: Any, sweep_dir: Path) -> None:
         if not isinstance(launcher, AppLauncher):
             name = type(launcher).__name__

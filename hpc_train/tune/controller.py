@@ -2,10 +2,12 @@
 
 One loop, every ``poll_s``: look at each running rung (its job ended with a summary, failed, or still runs); a finished
 rung's objective goes into the journal, and the trial pauses there or completes; then every free slot gets the
-scheduler's next action (a promotion, resuming the trial's checkpoint, or a new trial). All state is the journal
-(hpc_train.jobs.study): a controller started again on the same sweep dir adopts the rungs still running and goes on,
-so no trial is lost or started twice. At the end the paused trials are stopped (PRUNED to Optuna) and the best is
-said; past ``max_failures`` failed trials the study stops with one message.
+scheduler's next action (a promotion, resuming the trial's checkpoint, or a new trial). Trials that cannot resume (the
+trials' ``resumes``) take the scheduler's stopping form: each runs its full budget in one job, judged at each rung as
+its reports reach the rung's budget, and stopped there (its job cancelled) when it ranks poorly. All state is the
+journal (hpc_train.jobs.study): a controller started again on the same sweep dir adopts the rungs still running and
+goes on, so no trial is lost or started twice. At the end the paused trials are stopped (PRUNED to Optuna) and the
+best is said; past ``max_failures`` failed trials the study stops with one message.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from hpc_train.errors import ConfigError, HpcTrainError, JobFailed, Unreachable
 from hpc_train.jobs import study as names
 from hpc_train.tune import scheduler as sched
 from hpc_train.tune.settings import TuneSettings
 from hpc_train.tune.space import SearchSpace, grid
-from hpc_train.tune.trials import FAILED, LOST, RUNNING, HpcTrainTrials, ran_for
+from hpc_train.tune.trials import DONE, FAILED, LOST, RUNNING, HpcTrainTrials, began, ran_for
 
 log = logging.getLogger("hpc_train")
 STARTED = "started"  # a trial's attribute: when its current rung was started (epoch seconds)
@@ -154,7 +156,7 @@ class Controller:
         trial = self._trials()[number]  # numbered from 0 in the order asked
         run_dir = self.sweep_dir / str(number)
         overrides = self.space.overrides(trial.params)
-        budget = self.scheduler.budgets[rung]
+        budget = self.scheduler.budgets[-1 if self._stops() else rung]  # the stopping form: the full budget at once
         key = self.settings.scheduler.resource_key
         if key and budget is not None:
             overrides.append(f"{key}={budget}")
@@ -187,6 +189,8 @@ class Controller:
         run_dir, job_id = Path(attrs[names.RUN_DIR]), attrs.get(names.JOB)
         since = float(attrs.get(STARTED, 0.0))
         look = self.trials.look(job_id, run_dir, since)
+        if self._stops() and look.state in (RUNNING, DONE) and not self._judge(trial.number, run_dir, since):
+            return  # stopped at a rung, its job cancelled
         if look.state == RUNNING:
             return
         if look.state == LOST:  # its job ended without finishing the rung (or never started): run it again
@@ -195,6 +199,9 @@ class Controller:
         if look.state == FAILED:
             self._failed(trial.number, look.error or "failed")
             return
+        if self._stops():
+            self._ran_through(trial.number, run_dir, since)
+            return
         try:
             value = self.value_of(run_dir)
         except JobFailed as err:
@@ -202,26 +209,95 @@ class Controller:
             return
         self._rung_done(trial, value, since, ran_for(run_dir, since))
 
-    def _rung_done(self, trial: Any, value: float, started: float, seconds: float) -> None:
+    def _rung_done(
+        self,
+        trial: Any,
+        value: float,
+        started: float,
+        seconds: float,
+        status: Optional[str] = None,
+        ended: Optional[float] = None,
+    ) -> None:
         """The rung's objective recorded (an intermediate value at its budget), with the seconds its job ran and when
-        it was started and seen to end; the trial pauses there, or completes at the last rung."""
+        it was started and seen to end (`ended`: when it ended, if known); the trial pauses there, or completes at the
+        last rung (`status`: the stopping form's, which never pauses)."""
         from optuna.trial import TrialState  # the tune extra (see _open)
 
         attrs, number = trial.user_attrs, trial.number
         rung = int(attrs[names.RUNG])
         values = {**(attrs.get(names.RUNG_VALUES) or {}), str(rung): value}
         spent = {**(attrs.get(names.RUNG_SECONDS) or {}), str(rung): seconds}
-        times = {**(attrs.get(names.RUNG_TIMES) or {}), str(rung): [started, time.time()]}
+        times = {**(attrs.get(names.RUNG_TIMES) or {}), str(rung): [started, ended or time.time()]}
         budget = self.scheduler.budgets[rung]
         step = int(budget if budget is not None else rung)
         self.storage.set_trial_intermediate_value(self._trial_id(number), step, value)
         last = self.scheduler.is_last(rung)
-        status = sched.COMPLETED if last else sched.PAUSED
+        status = sched.COMPLETED if last else status or sched.PAUSED
         self._set(number, **{names.RUNG_VALUES: values, names.RUNG_SECONDS: spent, names.RUNG_TIMES: times})
         self._set(number, **{names.STATUS: status})
         if last:
             self.study.tell(number, value, state=TrialState.COMPLETE)
         log.info("hpc-train: trial %d rung %d: %s = %g (%s)", number, rung, "objective", value, status)
+
+    # -- the stopping form: trials that cannot pause ----------------------------------------------
+    def _stops(self) -> bool:
+        """The trials cannot resume a rung (a script job without script.resume_args): each runs its full budget in
+        one job, judged at each rung as its reports reach it (the scheduler's stopping form)."""
+        return not getattr(self.trials, "resumes", True)
+
+    def _judge(self, number: int, run_dir: Path, since: float) -> bool:
+        """Each rung before the last whose budget the trial's reports have reached, recorded and judged
+        (Scheduler.goes_on); at the first where it does not go on, it is stopped there and its job cancelled. False
+        when it was stopped."""
+        attrs = self._trials()[number].user_attrs
+        reports = self.trials.reported(run_dir, since)
+        for rung, value, at in sched.rungs_reached(reports, self.scheduler.budgets, int(attrs[names.RUNG])):
+            if self.scheduler.is_last(rung):
+                break
+            start = self._rung_start(number, rung, run_dir, since)
+            self._rung_done(self._trials()[number], value, start, at - start, status=sched.RUNNING, ended=at)
+            if not self.scheduler.goes_on(self._views(), number, rung):
+                self._stop(number, rung)
+                return False
+            times = {**(self._trials()[number].user_attrs.get(names.RUNG_TIMES) or {}), str(rung + 1): [at, None]}
+            self._set(number, **{names.RUNG: rung + 1, names.RUNG_TIMES: times})
+        return True
+
+    def _rung_start(self, number: int, rung: int, run_dir: Path, since: float) -> float:
+        """When the rung began: the last rung's report, or for the job's first, its attempt's start."""
+        times = self._trials()[number].user_attrs.get(names.RUNG_TIMES) or {}
+        return max(float((times.get(str(rung)) or [since])[0]), began(run_dir, since))
+
+    def _stop(self, number: int, rung: int) -> None:
+        from optuna.trial import TrialState  # the tune extra (see _open)
+
+        job_id = self._trials()[number].user_attrs.get(names.JOB)
+        # stopped before its job is cancelled: a controller killed between the two leaves a job that runs out, not a
+        # cancelled one taken for a failure
+        self._set(number, **{names.STATUS: sched.STOPPED})
+        self.study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+        if job_id:
+            self.trials.cancel([job_id])
+        log.info("hpc-train: trial %d stopped at rung %d: job %s cancelled", number, rung, job_id)
+
+    def _ran_through(self, number: int, run_dir: Path, since: float) -> None:
+        """The trial's job ran its full budget: its value there (its report at max_resource, or without one the
+        summary's objective) completes it at the last rung."""
+        attrs, last = self._trials()[number].user_attrs, len(self.scheduler.budgets) - 1
+        reports = self.trials.reported(run_dir, since)
+        reached = {rung: value for rung, value, _ in sched.rungs_reached(reports, self.scheduler.budgets, last)}
+        try:
+            value = reached[last] if last in reached else self.value_of(run_dir)
+        except JobFailed as err:
+            self._failed(number, str(err))
+            return
+        rung, times = int(attrs[names.RUNG]), dict(attrs.get(names.RUNG_TIMES) or {})
+        start = self._rung_start(number, rung, run_dir, since)
+        if rung != last:  # its reports reached no budget of the rungs between (a script that reports at the end)
+            times.pop(str(rung), None)
+            self._set(number, **{names.RUNG: last, names.RUNG_TIMES: times})
+        ended = began(run_dir, since) + ran_for(run_dir, since)
+        self._rung_done(self._trials()[number], value, start, ended - start, ended=ended)
 
     def _failed(self, number: int, error: str) -> None:
         from optuna.trial import TrialState  # the tune extra (see _open)

@@ -15,12 +15,17 @@ its checkpoint on disk. A free slot then goes, in this order (asynchronous succe
 none); trial n goes to bracket ``n mod (K+1)``, and promotions stay within a bracket. ``none`` runs every trial at
 ``max_resource`` (or the trial's own length without a resource key) in one rung. Failed trials rank nowhere. Pure:
 it reads the trials as data and says what to do; the controller does it.
+
+A trial that cannot pause (a script job without ``script.resume_args``: promoted, it would start over) takes ASHA's
+stopping form instead: it runs its full budget in one job, and as it reaches each rung's budget, :meth:`goes_on`
+says whether it goes on: if it ranks among the best ``max(1, floor(n / eta))`` of the ``n`` trials of its bracket
+that reached the rung, itself included; else it is stopped there. Such a trial never pauses, so none is promoted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.tune.settings import SchedulerSettings
 
@@ -57,6 +62,22 @@ def budgets(settings: SchedulerSettings) -> List[Optional[int]]:
     return [top // settings.eta ** (steps - k) for k in range(steps + 1)]
 
 
+def rungs_reached(
+    reports: Sequence[Tuple[int, float, float]], budgets: Sequence[Optional[int]], rung: int
+) -> List[Tuple[int, float, float]]:
+    """The stopping form: (rung, value, time) of each rung from `rung` on whose budget a running trial's reports
+    (step, value, time; in order) have reached: a rung's value and time are the first report's at a step at or past
+    its budget."""
+    reached = []
+    for number in range(rung, len(budgets)):
+        budget = int(budgets[number] or 0)
+        first = next((report for report in reports if report[0] >= budget), None)
+        if first is None:
+            break
+        reached.append((number, first[1], first[2]))
+    return reached
+
+
 class Scheduler:
     def __init__(self, settings: SchedulerSettings, direction: str) -> None:
         self.budgets = budgets(settings)
@@ -89,6 +110,15 @@ class Scheduler:
         ranked = sorted(finished, key=lambda t: (self.sign * t.values[rung], t.number))
         top = ranked[: len(ranked) // self.eta]
         return [t for t in top if t.status == PAUSED and t.rung == rung]
+
+    def goes_on(self, trials: Sequence[TrialView], number: int, rung: int) -> bool:
+        """The stopping form: trial `number`, running, has reached `rung` (its value there among its values); True
+        if it ranks among the best max(1, floor(n / eta)) of the n trials of its bracket that reached the rung (itself
+        included), so that it trains on; False: it stops there. The first to reach a rung always goes on."""
+        bracket = next(t.bracket for t in trials if t.number == number)
+        reached = [t for t in trials if t.bracket == bracket and rung in t.values and t.status != FAILED]
+        ranked = sorted(reached, key=lambda t: (self.sign * t.values[rung], t.number))
+        return any(t.number == number for t in ranked[: max(1, len(ranked) // self.eta)])
 
     def _promotion(self, trials: Sequence[TrialView], bracket: int) -> Optional[Action]:
         for rung in range(len(self.budgets) - 2, -1, -1):

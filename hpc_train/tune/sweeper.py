@@ -92,7 +92,15 @@ def _hpc_train_trials(job: DictConfig, config: DictConfig, objective: str) -> Tu
     def value_of(run_dir: Path) -> float:
         return read_objective(run_dir, objective)
 
-    return HpcTrainTrials(str(job.launcher.name), _config_dir(config)), value_of
+    return HpcTrainTrials(str(job.launcher.name), _config_dir(config), objective, _resumes(job)), value_of
+
+
+def _resumes(job: DictConfig) -> bool:
+    """False for a script job without script.resume_args: a next rung could not resume the last (it would start the
+    script over), so its trials take the scheduler's stopping form (each its full budget in one job, stopped at a
+    rung)."""
+    script = job.get("script") or {}
+    return script.get("argv") is None or bool(script.get("resume_args"))
 
 
 def _check_resource(job: DictConfig, settings: TuneSettings, swept: Any) -> None:

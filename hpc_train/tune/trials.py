@@ -13,13 +13,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hpc_train import api
 from hpc_train.config.launcher import launcher_kind
 from hpc_train.errors import HpcTrainError
 from hpc_train.jobs.submissions import SUBMISSIONS, newest_submission
 from hpc_train.records import run_claim
+from hpc_train.records.metrics_log import reported_values
 from hpc_train.records.rundir import SUMMARY, read_attempts
 
 RUNNING, DONE, FAILED, LOST = "running", "done", "failed", "lost"
@@ -32,9 +33,15 @@ class Look:
 
 
 class HpcTrainTrials:
-    def __init__(self, launcher: str, config_dir: Optional[str] = None) -> None:
+    def __init__(
+        self, launcher: str, config_dir: Optional[str] = None, objective: Optional[str] = None, resumes: bool = True
+    ) -> None:
         self.launcher = launcher
         self.config_dir = config_dir
+        self.objective = objective  # the summary key a rung is ranked by
+        # False: a rung cannot resume its trial's last (a script job without script.resume_args), so the scheduler's
+        # stopping form runs each trial's full budget in one job, judged at each rung as its reports reach it
+        self.resumes = resumes
         self._jobs: Dict[str, api.Job] = {}  # started by this controller
 
     def start(self, overrides: Sequence[str], run_dir: Path) -> str:
@@ -61,6 +68,10 @@ class HpcTrainTrials:
         except HpcTrainError as err:
             return Look(FAILED, error=str(err))
         return Look(DONE)
+
+    def reported(self, run_dir: Path, since: float) -> List[Tuple[int, float, float]]:
+        """(step, value, time) of each objective the rung's job has reported so far (since `since`)."""
+        return reported_values(run_dir, self.objective, since - 1.0)
 
     def cancel(self, job_ids: List[str]) -> None:
         for job_id in job_ids:
@@ -89,6 +100,12 @@ def _adopted_local(run_dir: Path, since: float) -> Look:
     if summary_file.exists() and summary_file.stat().st_mtime >= since - 1.0:
         return Look(DONE)
     return Look(LOST)
+
+
+def began(run_dir: Path, since: float) -> float:
+    """When the run's first attempt since `since` started (its start record); `since` without one."""
+    starts = [float(r.get("time", 0.0)) for r in read_attempts(run_dir) if r.get("event") == "start"]
+    return next((at for at in starts if at >= since), since)
 
 
 def ran_for(run_dir: Path, since: float) -> float:

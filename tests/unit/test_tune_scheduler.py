@@ -279,3 +279,40 @@ def test_a_simulated_study_whose_last_trials_are_best_promotes_more(direction):
     rungs = _simulate(lambda n: -n, direction, slots=3)
     assert [len(r) for r in rungs] == [27, 25, 23, 21]
     assert rungs[3] == list(range(6, 27))
+
+
+# -- the stopping form: trials that cannot pause ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_the_stopping_form_lets_a_trial_go_on_while_it_is_in_the_best_third_of_those_at_its_rung(direction):
+    """Trial 9 has reached rung 0 (running): it goes on while it ranks among the best max(1, floor(n / 3)) of the n
+    trials of its bracket with a value there, itself included; failed trials rank nowhere."""
+    scheduler = _scheduler(direction)
+
+    def goes_on(mine, others, bracket=0, failed=()):
+        views = [_view(9, 0, RUNNING, {0: mine}, direction)]
+        for number, value in enumerate(others):
+            status = FAILED if number in failed else STOPPED
+            views.append(_view(number, 0, status, {0: value}, direction, bracket=bracket))
+        return scheduler.goes_on(views, 9, 0)
+
+    assert goes_on(5.0, [])  # the first at a rung always goes on
+    assert goes_on(5.0, [6.0]) and not goes_on(5.0, [4.0])  # n = 2: the best one
+    assert goes_on(2.0, [1.0, 3.0, 4.0, 5.0, 6.0]) and not goes_on(3.0, [1.0, 2.0, 4.0, 5.0, 6.0])  # n = 6: best 2
+    assert goes_on(5.0, [4.0], bracket=1)  # another bracket's trials do not compete
+    assert goes_on(5.0, [4.0], failed=(0,))  # nor do failed ones
+    assert not goes_on(5.0, [5.0])  # a tie: the older trial ranks first, and it is the only one kept
+
+
+def test_the_stopping_form_reads_the_rungs_a_running_trial_s_reports_have_reached():
+    """A rung is reached at the first report at a step at or past its budget; the rungs after the first unreached one
+    are not; reading starts at the trial's current rung."""
+    from hpc_train.tune.scheduler import rungs_reached
+
+    reports = [(1, 5.0, 10.0), (2, 4.0, 11.0), (4, 3.0, 12.0), (5, 2.5, 13.0)]
+    assert rungs_reached(reports, [1, 3, 9], 0) == [(0, 5.0, 10.0), (1, 3.0, 12.0)]  # rung 1's: step 4, not step 2
+    assert rungs_reached(reports, [1, 3, 9], 1) == [(1, 3.0, 12.0)]
+    assert rungs_reached(reports + [(9, 1.0, 14.0)], [1, 3, 9], 2) == [(2, 1.0, 14.0)]
+    assert rungs_reached([], [1, 3, 9], 0) == []
+    assert rungs_reached([(2, 4.0, 11.0)], [3, 9], 0) == []  # a report before the budget reaches nothing

@@ -9,8 +9,9 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -33,24 +34,72 @@ RESUME = ["script.resume_args=['--init_from=resume']", "script.resume_if=${hydra
 SLURM = ["launcher=slurm", "cluster.cpus_per_gpu=1", "cluster.time=5", "strategy=single", "resources.gpus_per_node=1"]
 
 
-def interrupted_after_a_checkpoint(args: List[str], run_dir: Path, command) -> str:
-    """Submit the script job, run `command(job)` (a requeue, a signal) once it wrote a checkpoint, wait for the
-    job to complete; its Slurm id."""
+# The sweep's job 0 and two single jobs, each interrupted once the script wrote its first ckpt.pt (then it is worth
+# interrupting): the sweep's and the scontrol one's by `scontrol requeue`, the signal one's by Slurm's USR2 before
+# the time limit (sent by hand).
+SWEEP = [
+    "-m", *SLURM, "launcher.wait=true", OBJECTIVE, *RESUME, "+script.overrides.learning_rate=0.001,0.1",
+]  # fmt: skip
+SWEEP_SCRIPT = [*SCRIPT, "--max_iters=20", "--eval_interval=5", "--step_sleep=0.3"]
+ONE_JOB_SCRIPT = [*SCRIPT, "--max_iters=30", "--eval_interval=5", "--step_sleep=0.3"]
+ONE_JOB = {
+    "scontrol": [*SLURM, *RESUME, *ONE_JOB_SCRIPT],
+    "signal": [*SLURM, "launcher.signal_delay_s=30", "script.resume_args=['--init_from=resume']", *ONE_JOB_SCRIPT],
+}
+INTERRUPT = {
+    "sweep": lambda job: ["scontrol", "requeue", job],
+    "scontrol": lambda job: ["scontrol", "requeue", job],
+    "signal": lambda job: ["scancel", "--signal=USR2", job],
+}
+
+
+@dataclass
+class Interrupted:
+    sweep: Path  # the sweep's dir
+    first: List[str]  # the sweep's job 0's row of jobs.tsv (its Slurm id first)
+    cli: subprocess.Popen  # the sweep's hpc-train -m (launcher.wait=true)
+    out: str  # what it printed
+    jobs: Dict[str, Tuple[str, Path]]  # the single jobs by ONE_JOB's name: (Slurm id, run dir)
+
+
+@pytest.fixture(scope="module")
+def interrupted(slurm_cluster, tmp_path_factory) -> Interrupted:
+    """The sweep and the two single jobs side by side (one requeue's time, not three), each interrupted once its
+    first checkpoint is there; the sweep followed to its end by launcher.wait, the single jobs to COMPLETED."""
+    folder = tmp_path_factory.mktemp("interrupted")
+    sweep = folder / "sweep"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, "-m", "hpc_train.cli", *SWEEP, f"hydra.sweep.dir={sweep}", *SWEEP_SCRIPT]
+    cli = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        jobs = {name: (submitted(args, folder / name), folder / name) for name, args in ONE_JOB.items()}
+        waiting = {"sweep": (sweep / "0", None), **{name: (run_dir, job) for name, (job, run_dir) in jobs.items()}}
+        deadline = time.monotonic() + 180
+        while waiting:
+            for name, (run_dir, job) in list(waiting.items()):
+                assert cli.poll() is None or name != "sweep", "the sweep's first job wrote no checkpoint"
+                assert time.monotonic() < deadline, f"{name}: no checkpoint yet ({job and scontrol_job(job)})"
+                if (run_dir / "out" / "ckpt.pt").exists():
+                    if name == "sweep":
+                        first = (sweep / "jobs.tsv").read_text().splitlines()[1].split("\t")
+                        job = first[0]
+                    subprocess.run(INTERRUPT[name](job), check=True)
+                    del waiting[name]
+            time.sleep(0.3)
+        out, _ = cli.communicate(timeout=400)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    for job, run_dir in jobs.values():
+        wait_for_completion(job, run_dir)
+    return Interrupted(sweep, first, cli, out, jobs)
+
+
+def submitted(args: List[str], run_dir: Path) -> str:
+    """The script job submitted (hpc-train returns once it is queued); its Slurm id."""
     proc = hpc_train(args, run_dir)
     assert_ok(proc)
-    job = re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
-    wait_for_checkpoint(job, run_dir)
-    subprocess.run(command(job), check=True)
-    wait_for_completion(job, run_dir)
-    return job
-
-
-def wait_for_checkpoint(job: str, run_dir: Path) -> None:
-    """Until the script has written its first ckpt.pt (then it is worth interrupting)."""
-    deadline = time.monotonic() + 180
-    while not (run_dir / "out" / "ckpt.pt").exists():
-        assert time.monotonic() < deadline, f"no checkpoint yet ({scontrol_job(job).get('JobState')})"
-        time.sleep(0.5)
+    return re.search(r"submitted Slurm job (\d+)", proc.stdout).group(1)
 
 
 def wait_for_completion(job: str, run_dir: Path) -> None:
@@ -63,34 +112,11 @@ def wait_for_completion(job: str, run_dir: Path) -> None:
 
 
 @pytest.mark.slurm
-def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate_one_job_requeued(slurm_cluster, tmp_path):
+def test_a_two_job_slurm_sweep_over_the_scripts_learning_rate_one_job_requeued(interrupted):
     """strategy=single on Slurm: no torchrun variable reaches the nanoGPT-shaped script (it would start NCCL and
     fail). One job of the sweep is requeued after its first checkpoint and resumes from it."""
-    sweep = tmp_path / "sweep"
-    args = [
-        "-m",
-        *SLURM,
-        "launcher.wait=true",
-        OBJECTIVE,
-        *RESUME,
-        "+script.overrides.learning_rate=0.001,0.1",
-        f"hydra.sweep.dir={sweep}",
-        *SCRIPT,
-        "--max_iters=20",
-        "--eval_interval=5",
-        "--step_sleep=0.3",
-    ]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    command = [sys.executable, "-m", "hpc_train.cli", *args]
-    cli = subprocess.Popen(command, cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 180
-    while not (sweep / "0" / "out" / "ckpt.pt").exists() and cli.poll() is None:
-        assert time.monotonic() < deadline, "the first job wrote no checkpoint"
-        time.sleep(0.3)
-    first = (sweep / "jobs.tsv").read_text().splitlines()[1].split("\t")
+    sweep, first, cli, out = interrupted.sweep, interrupted.first, interrupted.cli, interrupted.out
     assert first[1] == "0"
-    subprocess.run(["scontrol", "requeue", first[0]], check=True)
-    out, _ = cli.communicate(timeout=400)
     assert cli.returncode == 0, out
     # the printed end of job 0 is its last attempt's (the first one's result file said it failed)
     assert f"hpc-train: job {first[0]} was requeued by Slurm (attempt 2)" in out and "failed" not in out, out
@@ -139,18 +165,8 @@ def test_a_slurm_sweep_gives_each_layout_its_environment(slurm_cluster, tmp_path
 
 
 @pytest.mark.slurm
-def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    args = [
-        *SLURM,
-        "script.resume_args=['--init_from=resume']",
-        "script.resume_if=${hydra:runtime.output_dir}/out/ckpt.pt",
-        *SCRIPT,
-        "--max_iters=30",
-        "--eval_interval=5",
-        "--step_sleep=0.3",
-    ]
-    job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scontrol", "requeue", job])
+def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(interrupted):
+    job, run_dir = interrupted.jobs["scontrol"]
     fields = scontrol_job(job)
     assert fields["Restarts"] == "1"
     summary = read_summary(run_dir)
@@ -164,20 +180,10 @@ def test_scontrol_requeue_resumes_the_script_from_its_checkpoint(slurm_cluster, 
 
 
 @pytest.mark.slurm
-def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(slurm_cluster, tmp_path):
+def test_the_requeue_signal_requeues_a_script_that_does_not_handle_it(interrupted):
     """Slurm's USR2 before the time limit (sent by hand here) reaches every process of the job: the script ignores
     it (an unhandled USR2 would kill it), hpc_train requeues the job, the next attempt resumes."""
-    run_dir = tmp_path / "run"
-    args = [
-        *SLURM,
-        "launcher.signal_delay_s=30",
-        "script.resume_args=['--init_from=resume']",
-        *SCRIPT,
-        "--max_iters=30",
-        "--eval_interval=5",
-        "--step_sleep=0.3",
-    ]
-    job = interrupted_after_a_checkpoint(args, run_dir, lambda job: ["scancel", "--signal=USR2", job])
+    job, run_dir = interrupted.jobs["signal"]
     assert scontrol_job(job)["Restarts"] == "1"
     records = [json.loads(line) for line in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [(r["attempt"], r["how"]) for r in records if r["event"] == "end"] == [(1, "timeout"), (2, "finish")]

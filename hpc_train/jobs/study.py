@@ -10,8 +10,11 @@ study it is PRUNED. Optuna is imported only where a study is opened (it is the `
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from hpc_train.records import run_claim
 
 JOURNAL = "study.journal"
 STUDY_NAME = "hpc-train"
@@ -44,6 +47,25 @@ def storage(sweep_dir: Path) -> Any:
 
     path = str(journal_path(sweep_dir))
     return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+
+
+def controller_state(sweep_dir: Path) -> Tuple[Optional[bool], str]:
+    """(whether the study's controller is alive: True, gone: False, no controller holds the study: None; the line
+    that says so). The controller claims the sweep dir while it runs (hpc_train.tune.placement) and refreshes the
+    claim every run_claim.REFRESH_S: a claim whose holder is gone is a controller that was killed."""
+    claim = run_claim.read(Path(sweep_dir))
+    if claim is None:
+        return None, "controller: none (it ended, or was never started on this sweep dir)"
+    live, why = run_claim.liveness(claim)
+    how = f", {claim.how}" if claim.how else ""
+    if live:
+        return True, f"controller: running, {claim.describe()}{how}"
+    seen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(claim.refreshed))
+    again = f"`{claim.command}`" if claim.command else "the command that started it"
+    return False, (
+        f"controller: gone, last seen alive at {seen} ({claim.describe()}{how}: {why}); nothing runs the study:"
+        f" run {again} again to go on with it"
+    )
 
 
 def trial_rows(sweep_dir: Path) -> Optional[List[Dict[str, Any]]]:

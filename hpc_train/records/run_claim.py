@@ -51,6 +51,8 @@ class Claim:
     refreshed: float
     slurm_job: Optional[str] = None  # the job id as squeue knows it (123 or array task 123_4)
     rank0: Optional[Tuple[str, int, Optional[int]]] = None  # rank 0's (host, pid, pid_start) once it runs
+    command: Optional[str] = None  # the command line that started the holder, to start it again (a study's controller)
+    how: Optional[str] = None  # how it runs, in words: "in the foreground", "detached, its output in ..."
 
     def describe(self) -> str:
         who = f"Slurm job {self.slurm_job}" if self.slurm_job else f"pid {self.pid}"
@@ -146,8 +148,16 @@ def check_free(run_dir: Path, token: Optional[str] = None) -> Tuple[Optional[Cla
     return current, f"taking over run dir {run_dir} from {current.describe()}: {why}"
 
 
-def acquire(run_dir: Path, token: str, slurm_job: Optional[str] = None) -> Optional[str]:
-    """Claim `run_dir` for the launch `token` (this process); raises RunDirBusy while a live job holds it.
+def acquire(
+    run_dir: Path,
+    token: str,
+    slurm_job: Optional[str] = None,
+    pid: Optional[int] = None,
+    command: Optional[str] = None,
+    how: Optional[str] = None,
+) -> Optional[str]:
+    """Claim `run_dir` for the launch `token` (this process, or the child `pid` it started on this host, with the
+    `command` and `how` that name it); raises RunDirBusy while a live job holds it.
 
     Returns the line to say when a dead job's claim was taken over, else None."""
     current, taken_over = check_free(run_dir, token)
@@ -155,8 +165,8 @@ def acquire(run_dir: Path, token: str, slurm_job: Optional[str] = None) -> Optio
         claim = current
         claim.slurm_job = slurm_job or claim.slurm_job
     else:
-        now, pid = time.time(), os.getpid()
-        claim = Claim(token, socket.gethostname(), pid, _start_ticks(pid), now, now, slurm_job)
+        now, pid = time.time(), pid or os.getpid()
+        claim = Claim(token, socket.gethostname(), pid, _start_ticks(pid), now, now, slurm_job, None, command, how)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     _write(run_dir, claim)
     return taken_over

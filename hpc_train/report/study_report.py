@@ -196,7 +196,9 @@ def cost_line(info: Dict[str, Any], spent: Cost) -> str:
     return line + f", against {_hours(spent.full_h)} for every trial at {full}{ratio}"
 
 
-def render(sweep_dir: Path, info: Dict[str, Any], rows: Sequence[Row]) -> str:
+def render(sweep_dir: Path, info: Dict[str, Any], rows: Sequence[Row], controller: Optional[str] = None) -> str:
+    """The report; `controller`: the line on the study's controller (jobs.study.controller_state), left out once the
+    study has ended."""
     best = best_trial(info, rows)
     lines = [
         f"hpc-train-report: {sweep_dir} (adaptive study of {len(rows)} trial{'s' if len(rows) != 1 else ''},"
@@ -207,7 +209,7 @@ def render(sweep_dir: Path, info: Dict[str, Any], rows: Sequence[Row]) -> str:
         best_line(info, rows, best),
         cost_line(info, cost(info, rows)),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + ([controller] if controller and not ended(info, rows) else []))
 
 
 # -- the command ------------------------------------------------------------------------------------
@@ -221,18 +223,24 @@ def main(sweep_dir: Path, as_json: bool) -> int:
     if as_json:
         best = best_trial(info, rows)
         out = {"study": info, "trials": rows, "best": best and best["number"], "cost": asdict(cost(info, rows))}
+        out["controller"] = dict(zip(("alive", "line"), study.controller_state(sweep_dir)))
         print(json.dumps(out, indent=2))
     else:
-        print(render(sweep_dir, info, rows))
+        print(render(sweep_dir, info, rows, study.controller_state(sweep_dir)[1]))
     return 0
 
 
 def look(sweep_dir: Path) -> Tuple[str, Optional[int]]:
     """--watch: (the report as it is now, the exit code once the study has ended: 0 when a trial completed and none
     failed, else 1; None while it goes on)."""
-    info, rows = study.read_study(sweep_dir) or ({"direction": "minimize"}, [])
-    text = f"hpc-train-report --watch {sweep_dir}  ({time.strftime('%H:%M:%S')})\n" + render(sweep_dir, info, rows)
-    if not ended(info, rows):
-        return text, None
-    ok = any(row["status"] == "completed" for row in rows) and not any(row["status"] == "failed" for row in rows)
-    return text, 0 if ok else 1
+    found = study.read_study(sweep_dir)
+    info, rows = found or ({"direction": "minimize"}, [])
+    alive, controller = study.controller_state(sweep_dir)
+    text = f"hpc-train-report --watch {sweep_dir}  ({time.strftime('%H:%M:%S')})\n"
+    text += render(sweep_dir, info, rows, controller)
+    if ended(info, rows):
+        ok = any(row["status"] == "completed" for row in rows) and not any(row["status"] == "failed" for row in rows)
+        return text + "\nhpc-train-report: the study has ended", 0 if ok else 1
+    if found is not None and not alive:  # nothing will change: stop watching, saying so
+        return text + "\nhpc-train-report: the study has not ended and its controller is not running; --watch ends", 1
+    return text, None

@@ -183,7 +183,9 @@ class Controller:
 
     def _look(self, trial: Any) -> None:
         attrs = trial.user_attrs
-        if attrs.get(names.STATUS) is None:  # asked by a controller that stopped before starting it
+        # asked, or its rung's attributes half written (killed between two of them), by a controller that stopped
+        # before it started the rung's job
+        if attrs.get(names.STATUS) is None or names.RUN_DIR not in attrs:
             self._start_rung(trial.number, int(attrs.get(names.RUNG, 0)))
             return
         run_dir, job_id = Path(attrs[names.RUN_DIR]), attrs.get(names.JOB)

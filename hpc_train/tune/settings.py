@@ -10,10 +10,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Mapping, Optional
 
 from hpc_train.errors import ConfigError
+from hpc_train.slurm.slurm_time import limit_minutes
 
 PREFIX = "hydra.sweeper"
 DIRECTIONS = ("minimize", "maximize")
 SCHEDULERS = ("none", "asha", "hyperband")
+CONTROLLERS = ("here", "detached", "slurm")  # where the study's controller runs (hpc_train.tune.placement)
 
 
 @dataclass
@@ -41,6 +43,8 @@ class TuneConf:
     scheduler: SchedulerConf = field(default_factory=SchedulerConf)
     poll_s: float = 2.0  # how often the controller looks at its trials
     params: Optional[Dict[str, str]] = None  # search space in Hydra's sweep syntax, beside the command line's
+    controller: str = "here"  # here (this command), detached (a background process) or slurm (a Slurm job of its own)
+    controller_time: str = "24:00:00"  # controller=slurm: its job's time limit (minutes or a Slurm duration)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,10 @@ class TuneSettings:
     scheduler: SchedulerSettings
     poll_s: float
     params: Mapping[str, str]
+    # where the controller runs: not the study's (a study started here may go on detached), so not in its repr, which
+    # the journal holds to refuse a rerun with other settings
+    controller: str = field(default="here", repr=False, compare=False)
+    controller_minutes: int = field(default=1440, repr=False, compare=False)
 
 
 def tune_settings(node: Mapping[str, Any]) -> TuneSettings:
@@ -80,6 +88,8 @@ def tune_settings(node: Mapping[str, Any]) -> TuneSettings:
         scheduler=scheduler,
         poll_s=float(node.get("poll_s", TuneConf.poll_s)),
         params=dict(node.get("params") or {}),
+        controller=str(node.get("controller", TuneConf.controller)),
+        controller_minutes=_minutes(node.get("controller_time", TuneConf.controller_time)),
     )
     _check_study(settings)
     return settings
@@ -125,7 +135,24 @@ def _check_scheduler(s: SchedulerSettings) -> None:
         raise ConfigError(f"{key}.eta", f"eta={s.eta} keeps every trial at every rung.", f"set {key}.eta=3 (or 2).")
 
 
+def _minutes(value: Any) -> int:
+    try:
+        return limit_minutes(value)
+    except ValueError:
+        raise ConfigError(
+            f"{PREFIX}.controller_time",
+            f"{value!r} is not a positive Slurm time.",
+            f"use minutes or HH:MM:SS, e.g. {PREFIX}.controller_time=48:00:00.",
+        ) from None
+
+
 def _check_study(s: TuneSettings) -> None:
+    if s.controller not in CONTROLLERS:
+        raise ConfigError(
+            f"{PREFIX}.controller",
+            f"{s.controller!r} is no place for the study's controller.",
+            f"pick one of {', '.join(CONTROLLERS)}.",
+        )
     if s.direction not in DIRECTIONS:
         raise ConfigError(f"{PREFIX}.direction", f"{s.direction!r} is no direction.", "minimize or maximize.")
     for name in ("max_trials", "max_concurrent"):

@@ -41,13 +41,15 @@ class AdaptiveSweeper(Sweeper):
         self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
 
     def sweep(self, arguments: List[str]) -> Any:
-        # the study's parts (Optuna): only a sweep that starts imports them
+        # the study's parts (Optuna, the controller's placement): only a sweep that starts imports them
         from hpc_train.tune.controller import Controller
         from hpc_train.tune.packed_trials import packed_trials
+        from hpc_train.tune.placement import Placement
         from hpc_train.tune.space import search_space
 
         assert self.config is not None
         settings = tune_settings(OmegaConf.to_container(OmegaConf.create(self.conf), resolve=True))  # type: ignore
+        place = Placement(Path(str(self.config.hydra.sweep.dir)), settings)  # a live controller of the study refused
         space = search_space(arguments, settings.params)
         job = self.hydra_context.config_loader.load_sweep_config(self.config, list(space.fixed))
         _check_resource(job, settings, space.distributions)
@@ -60,8 +62,11 @@ class AdaptiveSweeper(Sweeper):
         else:
             objective = "the reported objective"
             trials, value_of = self._app_trials(sweep_dir)
-        best = Controller(settings, space, trials, sweep_dir, value_of).run()
-        trials.close()
+        if place.start_elsewhere(job):  # controller=detached or slurm: started there and said; this command returns
+            return None
+        with place.held():
+            best = Controller(settings, space, trials, sweep_dir, value_of).run()
+            trials.close()
         write_text_atomic(sweep_dir / RESULTS, OmegaConf.to_yaml(OmegaConf.create({"best": best})))
         print(f"hpc-train: study done: best trial {best['number']}, {objective} = {best['value']:g}, {best['params']}")
         return best

@@ -1,19 +1,23 @@
-"""hydra/sweeper=adaptive on this machine (launcher=local): an ASHA study whose controller is killed mid-study and
-started again, every trial in the journal once, a promoted trial equal to an uninterrupted run to its budget (its
-cosine LR schedule the same at every rung), and the refusals before any trial starts."""
+"""hydra/sweeper=adaptive on this machine (launcher=local): an ASHA study whose controller is killed mid-study (a
+second controller refused while it ran, the report saying it is gone after) and started again detached, every trial
+in the journal once, a promoted trial equal to an uninterrupted run to its budget (its cosine LR schedule the same at
+every rung), and the refusals before any trial starts."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from hpc_train.jobs.study import trial_rows
+from hpc_train.jobs.study import JOURNAL, controller_state, trial_rows
+from hpc_train.records import run_claim
 from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process
 from tests.support.paths import REPO, SCRIPTS
 
@@ -47,19 +51,35 @@ def _rows_with_values(sweep_dir: Path):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The study's controller killed (SIGKILL) once two trials have finished a rung, then the same command again."""
+    """The study's controller killed (SIGKILL) once two trials have finished a rung (a second controller started
+    meanwhile, refused), its report watched, then the same command again with controller=detached, which returns at
+    once: the study ends in the background."""
     sweep_dir = tmp_path_factory.mktemp("study")
     first = subprocess.Popen(_command(sweep_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    second = None
     deadline = time.monotonic() + 240
     while len(_rows_with_values(sweep_dir)) < 2 and first.poll() is None and time.monotonic() < deadline:
+        if second is None and (sweep_dir / JOURNAL).exists():  # the first controller holds the study
+            second = subprocess.Popen(_command(sweep_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         time.sleep(0.2)
+    assert second is not None
+    refused = second.communicate(timeout=120)[0].decode(), second.returncode
     assert first.poll() is None, first.communicate()[0].decode()[-3000:]
     first.send_signal(signal.SIGKILL)
     first.wait()
     killed_at = trial_rows(sweep_dir)
-    again = subprocess.run(_command(sweep_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert_ok(again)
-    return sweep_dir, killed_at, again
+    watch = [sys.executable, "-m", "hpc_train.report.command", str(sweep_dir), "--watch", "--every", "0.2"]
+    watched = subprocess.run(watch, cwd=REPO, capture_output=True, text=True, timeout=60)
+    detach = [*_command(sweep_dir), "hydra.sweeper.controller=detached"]
+    detached = subprocess.run(detach, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert_ok(detached)
+    held = run_claim.read(sweep_dir)
+    alive_then, session = controller_state(sweep_dir), os.getsid(held.pid)
+    while Path(f"/proc/{held.pid}").exists() and time.monotonic() < deadline + 600:  # the controller's end
+        time.sleep(0.3)
+    seen = SimpleNamespace(first=first.pid, refused=refused, watched=watched, detached=detached, held=held)
+    seen.alive_then, seen.session, seen.log = alive_then, session, (sweep_dir / "controller.log").read_text()
+    return sweep_dir, killed_at, seen
 
 
 def test_a_controller_killed_mid_study_and_started_again_ends_it_with_every_trial_once(study):
@@ -81,7 +101,37 @@ def test_a_controller_killed_mid_study_and_started_again_ends_it_with_every_tria
     best = json.loads(json.dumps(rows))  # plain data
     completed = [row for row in best if row["state"] == "COMPLETE"]
     assert completed and all(row["rung"] == len(RUNGS) - 1 for row in completed)
-    assert "hpc-train: study done: best trial" in again.stdout
+    assert "hpc-train: study done: best trial" in again.log  # the detached controller's output
+
+
+def test_a_second_controller_of_a_study_is_refused_while_the_first_runs(study):
+    _, _, seen = study
+    out, code = seen.refused
+    assert code == 2, out
+    assert "already has a live controller: pid" in out and f"pid {seen.first} " in out, out
+    assert "in the foreground, started by: hpc-train -m" in out, out  # how it was started
+    assert "Fix: follow it with `hpc-train-report" in out and f"kill {seen.first} on" in out, out
+
+
+def test_the_report_of_a_killed_controller_says_it_is_gone_and_watch_ends(study):
+    sweep_dir, _, seen = study
+    watched = seen.watched
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    assert "controller: gone, last seen alive at" in watched.stdout, watched.stdout
+    assert "nothing runs the study: run `hpc-train -m" in watched.stdout, watched.stdout  # the command to go on
+    assert "the study has not ended and its controller is not running; --watch ends" in watched.stdout
+
+
+def test_a_detached_controller_returns_at_once_and_ends_the_study_in_the_background(study):
+    sweep_dir, _, seen = study
+    assert "the study's controller runs as process" in seen.detached.stdout, seen.detached.stdout
+    assert f"hpc-train-report {sweep_dir} --watch" in seen.detached.stdout
+    alive, line = seen.alive_then  # when the command had returned, its controller ran on
+    assert alive is True and f"detached, its output in {sweep_dir / 'controller.log'}" in line, line
+    assert seen.session == seen.held.pid  # a session of its own: a closed terminal's hangup does not reach it
+    assert seen.held.command.endswith("hydra.sweeper.controller=detached")  # what starts it again
+    assert "hpc-train: taking over run dir" in seen.detached.stdout  # the killed controller's claim
+    assert run_claim.read(sweep_dir) is None  # released at the study's end
 
 
 def test_a_promoted_trial_ends_with_the_parameters_of_an_uninterrupted_run_to_its_budget(study, tmp_path):

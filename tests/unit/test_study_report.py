@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import optuna
@@ -14,6 +15,7 @@ import yaml
 from optuna.trial import TrialState
 
 from hpc_train.jobs import study as names
+from hpc_train.records import run_claim
 from hpc_train.report import command, study_report, watch
 
 BUDGETS = [1, 3, 9]  # min_resource 1, eta 3, max_resource 9
@@ -169,10 +171,13 @@ def test_a_cpu_study_counts_ranks_and_before_any_completed_trial_the_best_at_the
 
 
 def test_watch_follows_a_study_until_every_trial_has_ended(gpu_study, tmp_path):
-    """A look while trials run goes on; a study whose trials all ended ends the watch (0: a trial completed, none
-    failed), through the report's one watch loop."""
+    """A look while trials run and their controller (here: this process's claim on the sweep dir) is alive goes on; a
+    study whose trials all ended ends the watch (0: a trial completed, none failed), through the report's one watch
+    loop."""
+    run_claim.acquire(gpu_study, "this-test", command="hpc-train -m ...", how="in the foreground")
     text, code = study_report.look(gpu_study)
     assert code is None and "trials: 1 completed, 1 stopped, 1 failed, 2 running, 1 paused" in text
+    assert f"controller: running, pid {os.getpid()} on " in text and "in the foreground" in text, text
     done = tmp_path / "done"
     done.mkdir()
     for number in range(2):
@@ -182,6 +187,23 @@ def test_watch_follows_a_study_until_every_trial_has_ended(gpu_study, tmp_path):
     assert watch.watch(done, every=0.01, out=out) == 0
     assert out.getvalue().count("hpc-train-report --watch") == 1
     assert "trials: 1 completed, 1 stopped, 0 failed, 0 running, 0 paused (2 of 2 started)" in out.getvalue()
+
+
+def test_watch_ends_when_the_study_s_controller_is_gone_or_none_holds_it(gpu_study):
+    """A controller whose process is gone (its claim left behind, as by a SIGKILL), or no controller at all: the
+    report says so, with the command that goes on with the study, and --watch ends (1: the study did not end)."""
+    run_claim.acquire(gpu_study, "killed", command="hpc-train -m hydra/sweeper=adaptive", how="detached")
+    claim = json.loads((gpu_study / run_claim.CLAIM).read_text())
+    claim["pid_start"] -= 1  # its pid now another process's: the controller that held it is gone
+    (gpu_study / run_claim.CLAIM).write_text(json.dumps(claim))
+    text, code = study_report.look(gpu_study)
+    assert code == 1, text
+    assert "controller: gone, last seen alive at" in text and f"pid {os.getpid()} on" in text, text
+    assert "nothing runs the study: run `hpc-train -m hydra/sweeper=adaptive` again to go on with it" in text
+    assert text.endswith("the study has not ended and its controller is not running; --watch ends")
+    run_claim.release(gpu_study, "killed")
+    text, code = study_report.look(gpu_study)
+    assert code == 1 and "controller: none (it ended, or was never started on this sweep dir)" in text, text
 
 
 def test_the_json_of_a_study(gpu_study, capsys):

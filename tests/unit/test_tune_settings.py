@@ -83,6 +83,9 @@ S = "hydra.sweeper.scheduler"
         ({"max_failures": -1}, "hydra.sweeper.max_failures", "set max_failures >= 0"),
         ({"poll_s": 0}, "hydra.sweeper.poll_s", "set poll_s to seconds > 0"),
         ({"poll_s": -1.5}, "hydra.sweeper.poll_s", "set poll_s to seconds > 0"),
+        ({"controller": "tmux"}, "hydra.sweeper.controller", "pick one of here, detached, slurm"),
+        ({"controller_time": "soon"}, "hydra.sweeper.controller_time", "use minutes or HH:MM:SS"),
+        ({"controller_time": 0}, "hydra.sweeper.controller_time", "use minutes or HH:MM:SS"),
     ],
 )
 def test_each_refusal_names_its_key_and_the_fix(node, key, fix):

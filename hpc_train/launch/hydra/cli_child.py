@@ -309,11 +309,14 @@ def foreground(command: List[str], output: Path, echo: bool) -> Tuple[int, str, 
     return code, "".join(out), "".join(err)
 
 
-def background(command: List[str], output: Path) -> subprocess.Popen:
-    """Start the CLI detached from our terminal (Ctrl-C here does not reach it), its output into `output`."""
+def background(
+    command: List[str], output: Path, env: Optional[Dict[str, str]] = None, append: bool = False
+) -> subprocess.Popen:
+    """Start the CLI detached from our terminal (a session of its own: Ctrl-C and a closed terminal do not reach it,
+    stdin closed), its output into `output` (after what it held, with `append`), `env` added to ours."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    env = _child_env(output)
-    with output.open("w") as log:
+    env = {**_child_env(output), **(env or {})}
+    with output.open("a" if append else "w") as log:
         return subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )

@@ -9,10 +9,11 @@ allocations' slots run at once, and each step has its own GPUs (the pool's first
 
 A look reads the pack's records (hpc_train.pack.status): a run COMPLETED is DONE (the controller reads its objective
 from the run dir, as for any rung), FAILED is FAILED (its first rank error, or Slurm's refusal of its step), a run its
-allocation never finished (cancelled, out of time) is LOST, so the controller feeds it again and it resumes its
-checkpoint. A run fed while no allocation is left stops the study with the fix in words. A controller started again on
-the sweep dir adopts the live allocations (their rungs run on) and submits new ones only when none is left. At the
-study's end the feed is closed: each pool ends once its steps have ended.
+allocation never finished or stopped (cancelled, out of time: its step killed by the allocation's signal) is LOST, so
+the controller feeds it again and it resumes its checkpoint. A run fed while no allocation is left stops the study
+with the fix in words. A controller started again on the sweep dir adopts the live allocations (their rungs run on)
+and submits new ones only when none is left. At the study's end the feed is closed: each pool ends once its steps
+have ended.
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ class PackedTrials:
         )
         return submitted
 
+    def _ensure_allocations(self) -> None:
+        """At this controller's first start or look: the allocations adopted, or submitted (a study going on after
+        its allocations ended gets new ones before its waiting rungs are looked at)."""
+        if self.allocations is None:
+            self.allocations = self._adopt_or_submit()
+            self._read_at = -math.inf  # the next look reads the new plans
+
     def _live(self, now: status.PackStatus) -> List[AllocationPlan]:
         return [
             plan
@@ -129,8 +137,7 @@ class PackedTrials:
     def start(self, overrides: Sequence[str], run_dir: Path) -> str:
         """The rung laid out, its job spec written into the trial's run dir, and fed; its id (ConfigError for a rung
         that does not fit the allocations)."""
-        if self.allocations is None:
-            self.allocations = self._adopt_or_submit()
+        self._ensure_allocations()
         run_dir = Path(run_dir).absolute()
         prepared = self._prepare(list(overrides), run_dir, int(run_dir.name))
         run = pack.packed_run(prepared)
@@ -150,6 +157,7 @@ class PackedTrials:
     def look(self, job_id: Optional[str], run_dir: Path, since: float) -> Look:
         """The rung now; `job_id` None: the controller that started it stopped before it noted the id: the run fed
         into `run_dir` since `since` is that rung."""
+        self._ensure_allocations()
         key = job_id or self._fed_since(Path(run_dir).absolute(), since)
         if key is None:
             return Look(LOST)
@@ -159,11 +167,17 @@ class PackedTrials:
             return self._unclaimed(key, now)
         if state.state == records.COMPLETED:
             return Look(DONE)
+        if state.state == records.CANCELLED or (state.state == records.FAILED and self._stopped(key, state)):
+            return Look(LOST)  # its allocation ended (or stopped it) before it finished: fed again, it resumes
         if state.state == records.FAILED:
             return Look(FAILED, error=self._failure(key, state, Path(run_dir), since))
-        if state.state == records.CANCELLED:  # its allocation ended before it finished: fed again, it resumes
-            return Look(LOST)
         return Look(RUNNING)
+
+    def _stopped(self, key: str, state: records.RunState) -> bool:
+        """Whether the run's step was running when its allocation was told to stop (scancel, Slurm's SIGTERM at the
+        time limit): its exit is the allocation's end, not the trial's failure."""
+        events = records.read_events(self.sweep_dir, state.allocation)
+        return any(event.get("event") == "signal" and key in (event.get("running") or []) for event in events)
 
     def _unclaimed(self, key: str, now: status.PackStatus) -> Look:
         """A rung not in the allocations' records: waiting in the feed, claimed a moment ago, or never fed."""

@@ -3,8 +3,8 @@ steps) in 2 allocations of 2 GPUs, each rung a one-GPU job step, the controller 
 started again. Asserted: the allocations were submitted once (the second controller adopted them), every trial is in
 the journal once and each of its rungs was claimed and ran once, resuming where the last ended (in whichever
 allocation); never more steps at once than the allocations' 4 slots (2 each); steps that ran at the same time on one
-node had different GPUs (Slurm's binding, as each step saw it). 38 s on a loaded machine (load average 8 on 2 cores),
-in the default suite. And a trial larger than an allocation is refused before anything is queued (3 s)."""
+node had different GPUs (Slurm's binding, as each step saw it). 38 to 54 s on a loaded machine (load average 8 on 2
+cores), in the default suite. And a trial larger than an allocation is refused before anything is queued (3 s)."""
 
 from __future__ import annotations
 
@@ -167,3 +167,41 @@ def test_a_trial_larger_than_an_allocation_is_refused_before_anything_is_queued(
     assert "`launcher.pack.gpus_per_node`" in said and "the study's trials" in said, said
     assert "set launcher.pack.gpus_per_node=4 or more" in said, said
     assert not records.read_plans(sweep_dir) and not (sweep_dir / "study.journal").exists()
+
+
+@pytest.mark.scale
+def test_a_study_whose_allocations_ended_stops_and_goes_on_in_new_ones(tmp_path):
+    """Both allocations cancelled mid-study (as their time running out would end them): the rungs they ran are fed
+    again, nothing is left to take them, and the study stops saying so; the same command submits two new allocations
+    and the study ends, each cancelled rung fed again and resumed from its trial's checkpoint. 46 to 55 s on a loaded
+    machine: in the scale tier."""
+    sweep_dir = tmp_path / "study"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    first = subprocess.Popen(
+        _command(sweep_dir), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 180
+    while _finished_rungs(sweep_dir) < 2 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    old = [str(plan.job_id) for plan in records.read_plans(sweep_dir)]
+    subprocess.run(["scancel", *old], check=True)
+    out, _ = first.communicate(timeout=180)
+    assert first.returncode != 0 and "have all ended" in out and "Run the same command again" in out, out[-3000:]
+    again = subprocess.run(_command(sweep_dir), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert_ok(again)
+    plans = records.read_plans(sweep_dir)
+    assert len(plans) == 4 and [str(plan.job_id) for plan in plans[:2]] == old, plans  # two new ones
+    new = {str(plan.job_id) for plan in plans[2:]}
+    rows = trial_rows(sweep_dir)
+    assert [row["number"] for row in rows] == list(range(TRIALS))
+    assert all(row["state"] in ("COMPLETE", "PRUNED") for row in rows), rows
+    for row in rows:
+        starts = [e for e in _attempts(sweep_dir / str(row["number"])) if e["event"] == "start"]
+        budgets = [None, *RUNGS]
+        # each start resumes where the trial's last finished rung ended (a cancelled rung's start: again, resumed)
+        assert all(e["resumed_from_step"] in budgets for e in starts), starts
+        assert {str(e["job_id"]) for e in starts} <= set(old) | new, starts
+    events = _events(sweep_dir)
+    fed_again = {e["run"].split("-")[0] for index in (2, 3) for e in events[index] if e["event"] == "claimed"}
+    cut = [run for run, s in records.run_states(sweep_dir).items() if s.state != records.COMPLETED]  # by the scancel
+    assert cut and {run.split("-")[0] for run in cut} <= fed_again, (cut, fed_again)

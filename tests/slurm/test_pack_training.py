@@ -88,53 +88,58 @@ def mixed_uninterrupted(tmp_path_factory) -> Path:
     return sweep_dir
 
 
-def _stop_mid_sweep(sweep_dir: Path, stop: List[str]) -> Tuple[str, subprocess.Popen]:
-    """Start the mixed sweep slowed down, followed to its end (launcher.wait=true); once the long runs have a
-    checkpoint, run `stop` on the allocation. Its job id, and the following command (running)."""
-    command = [
-        sys.executable,
-        "-m",
-        "hpc_train.cli",
-        "-m",
-        *SLURM,
-        *MIXED,
-        *PACK_ONE,
-        "launcher.wait=true",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
+# The two ways an allocation is stopped mid-sweep: the time limit's signal, and a requeue from outside
+STOPS = {"time-limit-signal": ["scancel", "--batch", "--signal=USR2"], "scontrol-requeue": ["scontrol", "requeue"]}
+
+
+@pytest.fixture(scope="module")
+def stopped_mid_sweep(slurm_cluster, tmp_path_factory) -> Dict[str, Tuple[Path, str, int, str]]:
+    """The mixed sweep twice, side by side (one allocation's restart time, not two), slowed down and followed to its
+    end (launcher.wait=true); once its long runs have a checkpoint, STOPS' command run on its allocation. (Sweep dir,
+    the allocation's job id, the following command's exit code and what it printed) by STOPS' name."""
+    folder = tmp_path_factory.mktemp("stopped")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.3")
-    cli = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(
-        lambda: [plan for plan in records.read_plans(sweep_dir) if plan.job_id], 120, "the allocation to be queued"
-    )
-    job_id = str(records.read_plans(sweep_dir)[0].job_id)
-    wait_for(
-        lambda: checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"),
-        240,
-        "the long runs' checkpoints",
-    )
-    subprocess.run([*stop, job_id], check=True)
-    return job_id, cli
-
-
-@pytest.mark.parametrize(
-    "stop",
-    [["scancel", "--batch", "--signal=USR2"], ["scontrol", "requeue"]],
-    ids=["time-limit-signal", "scontrol-requeue"],
-)
-def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_others(
-    stop, slurm_cluster, mixed_uninterrupted, tmp_path
-):
-    sweep_dir = tmp_path / "sweep"
-    job_id, cli = _stop_mid_sweep(sweep_dir, stop)
+    clis: Dict[str, subprocess.Popen] = {}
     try:
-        out, _ = cli.communicate(timeout=360)
+        for name in STOPS:
+            command = [sys.executable, "-m", "hpc_train.cli", "-m", *SLURM, *MIXED, *PACK_ONE, "launcher.wait=true"]
+            clis[name] = subprocess.Popen(
+                [*command, f"hydra.sweep.dir={folder / name}"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        stopped: Dict[str, str] = {}
+        wait_for(lambda: stop_the_checkpointed(folder, stopped), 240, "the long runs' checkpoints in each sweep")
+        said = {name: cli.communicate(timeout=360)[0] for name, cli in clis.items()}
     finally:
-        cli.kill()
+        for cli in clis.values():
+            cli.kill()
+    return {name: (folder / name, stopped[name], cli.returncode, said[name]) for name, cli in clis.items()}
+
+
+def stop_the_checkpointed(folder: Path, stopped: Dict[str, str]) -> bool:
+    """Run STOPS' command on each sweep's allocation (noted in `stopped`) once its long runs have a checkpoint."""
+    for name in [name for name in STOPS if name not in stopped]:
+        sweep_dir = folder / name
+        plans = [plan for plan in records.read_plans(sweep_dir) if plan.job_id]
+        if plans and checkpoint_steps(sweep_dir / "2") and checkpoint_steps(sweep_dir / "3"):
+            stopped[name] = str(plans[0].job_id)
+            subprocess.run([*STOPS[name], stopped[name]], check=True)
+    return len(stopped) == len(STOPS)
+
+
+@pytest.mark.parametrize("stop", sorted(STOPS, reverse=True))
+def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_others(
+    stop, mixed_uninterrupted, stopped_mid_sweep
+):
+    sweep_dir, job_id, returncode, out = stopped_mid_sweep[stop]
     states = wait_until_all_ended(sweep_dir, 4, timeout=30)
     assert {s.state for s in states.values()} == {records.COMPLETED}
     # launcher.wait followed each run to the end of its last attempt: the two interrupted ones said so, none failed
-    assert cli.returncode == 0 and "failed" not in out, out
+    assert returncode == 0 and "failed" not in out, out
     interrupted = [line for line in out.splitlines() if "was interrupted (its allocation was requeued)" in line]
     assert [line.split()[3] for line in interrupted] == [f"{job_id}:2", f"{job_id}:3"], out
     assert out.strip().splitlines()[-1].startswith("hpc-train: sweep of 4 job(s) ended: 4 completed"), out

@@ -78,7 +78,7 @@ class PackedTrials:
             problem = err.problem.replace(f"sweep job #{first.plan.run_dir.name} ", "the study's trials ")
             raise ConfigError(err.key, problem, err.fix) from None
         self._read_at, self._status = -math.inf, status.PackStatus({}, {}, {})
-        self.allocations: Optional[List[AllocationPlan]] = None  # adopted or submitted at the first rung's start
+        self.allocations: Optional[List[AllocationPlan]] = None  # adopted or submitted at the first start or look
 
     # -- the allocations --------------------------------------------------------------------------
     def _adopt_or_submit(self) -> List[AllocationPlan]:

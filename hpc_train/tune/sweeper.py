@@ -59,6 +59,7 @@ class AdaptiveSweeper(Sweeper):
             space = replace(space, fixed=[*space.fixed, *_schedule_overrides(job, settings)])
             trials, value_of = _hpc_train_trials(job, self.config, objective)
             trials = packed_trials(job, self.hydra_context.config_loader, self.config, space.fixed) or trials
+            _check_resumable(job, trials)
         else:
             objective = "the reported objective"
             trials, value_of = self._app_trials(sweep_dir)
@@ -106,6 +107,19 @@ def _resumes(job: DictConfig) -> bool:
     rung)."""
     script = job.get("script") or {}
     return script.get("argv") is None or bool(script.get("resume_args"))
+
+
+def _check_resumable(job: DictConfig, trials: Any) -> None:
+    """A script job that cannot resume, with trials that only pause and promote (packed ones), refused: each promoted
+    rung would start the script over."""
+    if not _resumes(job) and getattr(trials, "resumes", True):
+        raise ConfigError(
+            "script.resume_args",
+            "a packed adaptive study pauses each trial at a rung and resumes it in a later one, which a script job"
+            " without script.resume_args cannot do (a promoted rung would start the script over).",
+            "set script.resume_args to the arguments that make the script resume (see the own-script guide), or drop"
+            " launcher.pack.*: with one job per trial, a trial that cannot resume is stopped at a rung instead.",
+        )
 
 
 def _check_resource(job: DictConfig, settings: TuneSettings, swept: Any) -> None:

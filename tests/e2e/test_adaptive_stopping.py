@@ -55,3 +55,21 @@ def test_a_script_that_cannot_resume_is_stopped_at_a_rung_mid_run_and_never_star
     assert max(json.loads(line)["step"] for line in metrics) < RUNGS[-1], metrics  # stopped mid-run
     assert "hpc-train: trial 2 stopped at rung 0: job" in done.stdout + done.stderr
     assert [sorted(row["rung_values"]) for row in rows[:2]] == [[0, 1, 2], [0, 1, 2]]
+
+
+def test_a_packed_study_of_a_script_that_cannot_resume_is_refused_before_anything_is_queued(tmp_path):
+    """Packed trials pause and promote only: a script without script.resume_args would start over at each rung."""
+    sweep_dir = tmp_path / "study"
+    command = [sys.executable, "-m", "hpc_train.cli", "-m", "launcher=slurm", "cluster.cpus_per_gpu=1"]
+    command += ["cluster.time=10", "strategy=single", "resources.gpus_per_node=1", "launcher.pack.allocations=1"]
+    command += ["launcher.pack.gpus_per_node=2", "hydra/sweeper=adaptive", "objective=train_loss"]
+    command += ["+script.overrides.lr=interval(0.01,0.3)", f"+script.overrides.steps={RUNGS[-1]}"]
+    command += ["hydra.sweeper.scheduler.resource_key=script.overrides.steps"]
+    command += [f"hydra.sweeper.scheduler.max_resource={RUNGS[-1]}", f"hydra.sweep.dir={sweep_dir}"]
+    done = subprocess.run(
+        [*command, "--", str(SCRIPTS / "tuned_script.py")], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert "`script.resume_args`" in said and "Fix: set script.resume_args" in said, said
+    assert not sweep_dir.exists()  # nothing queued, no journal

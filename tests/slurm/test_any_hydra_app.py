@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 
@@ -149,40 +150,53 @@ def test_rerun_failed_resubmits_exactly_the_failed_job_into_its_own_dir(slurm_cl
     assert "0 job(s) resubmitted: none failed" in none_left.stdout
 
 
-@pytest.mark.parametrize(
-    "stop", [["scancel", "--signal", "USR2"], ["scontrol", "requeue"]], ids=["time-limit-signal", "scontrol-requeue"]
-)
-def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(slurm_cluster, tmp_path, stop):
+# The time limit's signal (submitit's USR2, sent as its own _interrupt sends it) and a requeue from outside
+STOPS = {"time-limit-signal": ["scancel", "--signal", "USR2"], "scontrol-requeue": ["scontrol", "requeue"]}
+
+
+@pytest.fixture(scope="module")
+def stopped_apps(slurm_cluster, tmp_path_factory) -> Dict[str, Tuple[Path, str, int, str, str]]:
+    """The app's one-job sweep twice, side by side (one requeue's time, not two), each job stopped by STOPS' command
+    once it started; (sweep dir, Slurm id, the launcher's exit code, its stdout, its stderr) by STOPS' name."""
+    folder = tmp_path_factory.mktemp("stopped")
+    launchers: Dict[str, subprocess.Popen] = {}
+    try:
+        for name in STOPS:
+            command = [
+                sys.executable, "my_app.py", "-m", *SLURM, "hydra.launcher.max_num_timeout=1", "sleep_s=300", "gpus=2",
+                f"hydra.sweep.dir={folder / name}",
+            ]  # fmt: skip
+            launchers[name] = subprocess.Popen(
+                command, cwd=APP, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        stopped: Dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while len(stopped) < len(STOPS):
+            for name in [name for name in STOPS if name not in stopped]:
+                assert launchers[name].poll() is None, launchers[name].communicate()
+                assert time.monotonic() < deadline, f"{name}: the job never started"
+                attempts = folder / name / "0" / "attempts.txt"
+                if attempts.exists() and attempts.read_text().strip():
+                    stopped[name] = attempts.read_text().split()[0]
+                    subprocess.run([*STOPS[name], stopped[name]], check=True)
+            time.sleep(0.5)
+        said = {name: launcher.communicate(timeout=180) for name, launcher in launchers.items()}
+    finally:
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                launcher.kill()
+    return {name: (folder / name, stopped[name], launchers[name].returncode, *said[name]) for name in STOPS}
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_the_time_limit_signal_requeues_the_job_within_max_num_timeout(stopped_apps, stop):
     """As with the submitit launcher: the signal Slurm sends before the time limit (submitit's USR2, sent here
     with scancel as submitit's own _interrupt sends it, not waiting for the limit) makes the job requeue itself
     while hydra.launcher.max_num_timeout allows; the requeued attempt runs in the same job dir and the sweep
     ends with its result. A requeue from outside (a preemption) is followed the same way, said in one line."""
-    sweep_dir = tmp_path / "sweep"
-    command = [
-        sys.executable,
-        "my_app.py",
-        "-m",
-        *SLURM,
-        "hydra.launcher.max_num_timeout=1",
-        "sleep_s=300",
-        "gpus=2",
-        f"hydra.sweep.dir={sweep_dir}",
-    ]
-    launcher = subprocess.Popen(command, cwd=APP, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        attempts = sweep_dir / "0" / "attempts.txt"
-        deadline = time.monotonic() + 120
-        while not (attempts.exists() and attempts.read_text().strip()):
-            assert launcher.poll() is None, launcher.communicate()
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.5)
-        job_id = attempts.read_text().split()[0]
-        subprocess.run([*stop, job_id], check=True)
-        out, err = launcher.communicate(timeout=180)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-    assert launcher.returncode == 0, err
+    sweep_dir, job_id, returncode, out, err = stopped_apps[stop]
+    attempts = sweep_dir / "0" / "attempts.txt"
+    assert returncode == 0, err
     assert "1 job(s): 1 completed, 0 failed" in err
     assert out.count("was requeued by Slurm (attempt 2); following it to the end of its last attempt") == 1, out
     assert attempts.read_text().split("\n")[:2] == [f"{job_id} 0", f"{job_id} 1"]  # requeued: same job, restart 1

@@ -28,7 +28,7 @@ from typing import Any, Iterator, List
 from omegaconf import OmegaConf
 
 from hpc_train.errors import ConfigError
-from hpc_train.launch.hydra import cli_child
+from hpc_train.launch.hydra import cli_child, forwarding
 from hpc_train.records import run_claim, rundir
 from hpc_train.slurm import slurm_cli
 from hpc_train.tune.settings import PREFIX, TuneSettings
@@ -100,6 +100,15 @@ class Placement:
                 f"run the command on a Slurm login node, or use {PREFIX}.controller=detached (a background process"
                 " on this machine).",
             )
+
+    def forward(self, job: Any, hydra_cfg: Any) -> None:
+        """With cluster.login (a laptop) and trials that queue on the cluster: the same command run by the cluster's
+        hpc-train (synced, checked there again), its controller detached there (or a Slurm job, with
+        controller=slurm), so that a dropped connection or a closed laptop stops nothing; raises Forwarded."""
+        if self.token or job.get("dry_run") or not forwarding.wanted(job):
+            return
+        where = "slurm" if self.settings.controller == "slurm" else "detached"
+        forwarding.run_on_cluster(job, self.sweep_dir, hydra_cfg, multirun=True, also=[f"{PREFIX}.controller={where}"])
 
     @contextmanager
     def held(self) -> Iterator[None]:

@@ -57,6 +57,7 @@ class AdaptiveSweeper(Sweeper):
         if OmegaConf.select(self.config, "hydra.launcher._target_") == OWN_LAUNCHER:
             objective = _check_objective(job, settings)
             space = replace(space, fixed=[*space.fixed, *_schedule_overrides(job, settings)])
+            place.forward(job, self.config.hydra)  # cluster.login: the cluster's hpc-train runs it (raises Forwarded)
             trials, value_of = _hpc_train_trials(job, self.config, objective)
             trials = packed_trials(job, self.hydra_context.config_loader, self.config, space.fixed) or trials
             _check_resumable(job, trials)
@@ -190,7 +191,7 @@ def _check_objective(job: DictConfig, settings: TuneSettings) -> str:
 
 def _config_dir(config: DictConfig) -> Optional[str]:
     """The --config-dir of the command line (the trials search the same config groups)."""
-    for source in config.hydra.runtime.config_sources:
-        if source.provider == "command-line" and str(source.path).startswith("file://"):
-            return str(source.path)[len("file://") :]
+    for source in config.hydra.runtime.config_sources:  # Hydra keeps the scheme apart: path /x, schema file
+        if source.provider == "command-line" and source.schema == "file":
+            return str(source.path)
     return None

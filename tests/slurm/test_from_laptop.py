@@ -22,6 +22,7 @@ from typing import Dict, List
 
 import pytest
 
+from hpc_train.records import run_claim
 from hpc_train.records.rundir import EXIT_REFUSED, EXIT_UNREACHABLE
 from tests.support.cli import wait_for
 from tests.support.paths import REPO
@@ -166,6 +167,27 @@ def test_a_sweep_watched_from_the_laptop_and_its_failed_job_rerun(laptop):
     assert watched.returncode == 0, watched.stdout + watched.stderr
     final = report(laptop, "multirun/flaky", "--no-png")
     assert "states: 4 COMPLETED" in final.stdout, final.stdout
+
+
+def test_an_adaptive_study_from_the_laptop_runs_its_controller_detached_on_the_cluster(laptop):
+    """hydra/sweeper=adaptive with cluster.login: the command goes to the cluster whole, whose hpc-train starts the
+    study's controller detached there (a dropped connection or a closed laptop stops nothing) and returns; the study
+    ends on the cluster, and the laptop's report reads it."""
+    done = hpc_train(
+        laptop, "-m", "launcher=slurm", f"cluster={PROFILE}", *TINY, "hydra/sweeper=adaptive",
+        "trainer.lr=choice(0.05,0.1)", "hydra.sweeper.sampler=grid", "hydra.sweeper.max_trials=1",
+        "hydra.sweeper.scheduler.name=none", "hydra.sweeper.poll_s=0.5", "hydra.sweep.dir=studies/one",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the study's controller runs as process" in done.stdout, done.stdout
+    study = laptop["remote"] / "studies" / "one"
+    claim = run_claim.read(study)
+    assert claim is not None and claim.how.startswith("detached") and claim.host == socket.gethostname(), claim
+    assert os.getsid(claim.pid) == claim.pid  # a session of its own on the cluster, not the forwarded command's
+    wait_for(lambda: not Path(f"/proc/{claim.pid}").exists(), 300, "the study's controller to end")
+    assert "hpc-train: study done: best trial 0" in (study / "controller.log").read_text()
+    shown = report(laptop, "studies/one")
+    assert "trials: 1 completed, 0 stopped, 0 failed, 0 running, 0 paused (1 of 1 started)" in shown.stdout, shown
 
 
 def test_a_script_job_and_a_packed_sweep_run_in_the_clusters_copy(laptop):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 
@@ -66,8 +66,9 @@ def dry_run_commands(cfg: Any, hydra_cfg: Any = None) -> None:
     hosts.use(hosts.Unconnected(str(settings.login)))
 
 
-def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) -> None:
-    """Sync, then run this command on the cluster; raises Forwarded with its exit status (always)."""
+def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool, also: Sequence[str] = ()) -> None:
+    """Sync, then run this command on the cluster (`also`: overrides that replace the command's own of those keys);
+    raises Forwarded with its exit status (always)."""
     settings = settings_of(cfg, hydra_cfg)
     root = Path(str(hydra_cfg.runtime.cwd))
     conn = Connection(settings)
@@ -91,11 +92,12 @@ def run_on_cluster(cfg: Any, local_dir: Path, hydra_cfg: Any, multirun: bool) ->
     if multirun:
         args.append("-m")
     task = [o for o in hydra_cfg.overrides.task if not o.lstrip("+~").startswith("cluster.login=")]
-    own = [o for o in hydra_cfg.overrides.hydra if not o.startswith(_DIR_KEYS)]
+    replaced = (*_DIR_KEYS, *(o.split("=", 1)[0] + "=" for o in also))
+    own = [o for o in hydra_cfg.overrides.hydra if not o.startswith(replaced)]
     args += paths.translate([*task, *own], root, cluster.project, conn)
     local_dir = local_dir if local_dir.is_absolute() else root / local_dir
     remote = paths.remote_of(str(local_dir), root, cluster.project)
-    args += ["cluster.login=null", f"hydra.{'sweep' if multirun else 'run'}.dir={remote}"]
+    args += ["cluster.login=null", f"hydra.{'sweep' if multirun else 'run'}.dir={remote}", *also]
     try:
         outcome = forward(conn, CLI_MODULE, args, local_dir, remote)
     except Dropped as dropped:

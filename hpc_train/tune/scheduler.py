@@ -67,11 +67,11 @@ def rungs_reached(
 ) -> List[Tuple[int, float, float]]:
     """The stopping form: (rung, value, time) of each rung from `rung` on whose budget a running trial's reports
     (step, value, time; in order) have reached: a rung's value and time are the first report's at a step at or past
-    its budget."""
+    its budget. A budget of None (the trial's own length, without a resource key) is reached only by its end."""
     reached = []
     for number in range(rung, len(budgets)):
-        budget = int(budgets[number] or 0)
-        first = next((report for report in reports if report[0] >= budget), None)
+        budget = budgets[number]
+        first = None if budget is None else next((report for report in reports if report[0] >= budget), None)
         if first is None:
             break
         reached.append((number, first[1], first[2]))

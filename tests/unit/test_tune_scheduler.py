@@ -316,3 +316,4 @@ def test_the_stopping_form_reads_the_rungs_a_running_trial_s_reports_have_reache
     assert rungs_reached(reports + [(9, 1.0, 14.0)], [1, 3, 9], 2) == [(2, 1.0, 14.0)]
     assert rungs_reached([], [1, 3, 9], 0) == []
     assert rungs_reached([(2, 4.0, 11.0)], [3, 9], 0) == []  # a report before the budget reaches nothing
+    assert rungs_reached(reports, [None], 0) == []  # the trial's own length (no resource key): only its end says

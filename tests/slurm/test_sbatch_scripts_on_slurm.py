@@ -45,19 +45,39 @@ def submit(
     return proc.stdout.strip().split(";")[0]
 
 
+# test_requeue_signal_resumes_a_plain_sbatch_job's job: hybrid.slurm, 30 slowed steps, a row every 2
+REQUEUED = [*TRAIN, "trainer.max_steps=30", "trainer.log_every=2", "trainer.checkpoint_every=0"]
+
+
 @pytest.fixture(scope="module")
 def submitted(slurm_cluster, tmp_path_factory):
-    """Every script submitted at once (the cluster runs what fits, queues the rest); waits for all."""
+    """Every script submitted at once (the cluster runs what fits, queues the rest); waits for all. Submitted first,
+    beside them: the requeue test's job, sent USR2 at its step 4 (it waits in the queue for its next attempt while
+    the others run), and followed to its end."""
     root = tmp_path_factory.mktemp("sbatch")
+    requeued = submit("hybrid", root, root / "requeued", REQUEUED, HPC_TRAIN_STEP_SLEEP="0.3")
     jobs = {name: submit(name, root, root / name, TRAIN) for name in SCRIPTS}
+    signal_at_step_4(requeued, root / "requeued")
     ended = {name: wait_for_job_end(job_id, timeout=500) for name, job_id in jobs.items()}
-    return root, jobs, ended
+    return root, jobs, ended, (requeued, wait_for_job_end(requeued, timeout=300))
+
+
+def signal_at_step_4(job_id: str, run_dir: Path) -> None:
+    """USR2 (what `#SBATCH --signal=B:USR2@120` sends, through the batch step's agent, before the time limit) once
+    the job logged its step 4."""
+    deadline = time.monotonic() + 180
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and '"step": 4' in metrics.read_text()):
+        assert time.monotonic() < deadline, "training did not start"
+        assert scontrol_job(job_id).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), scontrol_job(job_id)
+        time.sleep(0.3)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_script_runs_on_slurm(name, submitted):
-    root, jobs, ended = submitted
+    root, jobs, ended, _ = submitted
     run_dir, job_id = root / name, jobs[name]
     log = root / f"hpc-train-{job_id}.out"
     assert ended[name]["JobState"] == "COMPLETED", (
@@ -98,21 +118,12 @@ def test_allocation_that_does_not_match_is_refused(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slurm
-def test_requeue_signal_resumes_a_plain_sbatch_job(slurm_cluster, tmp_path):
-    """USR2 (what `#SBATCH --signal=B:USR2@120` sends, through the batch step's agent, before the time limit):
-    checkpoint, requeue, resume in RUN_DIR."""
-    run_dir = tmp_path / "run"
-    args = [*TRAIN, "trainer.max_steps=30", "trainer.log_every=2", "trainer.checkpoint_every=0"]
-    job_id = submit("hybrid", tmp_path, run_dir, args, HPC_TRAIN_STEP_SLEEP="0.3")
-    deadline = time.monotonic() + 180
-    metrics = run_dir / "metrics.jsonl"
-    while not (metrics.exists() and '"step": 4' in metrics.read_text()):
-        assert time.monotonic() < deadline, "training did not start"
-        assert scontrol_job(job_id).get("JobState") in ("PENDING", "CONFIGURING", "RUNNING"), scontrol_job(job_id)
-        time.sleep(0.3)
-    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    fields = wait_for_job_end(job_id, timeout=300)
-    log = (tmp_path / f"hpc-train-{job_id}.out").read_text()
+def test_requeue_signal_resumes_a_plain_sbatch_job(submitted):
+    """USR2 (what `#SBATCH --signal=B:USR2@120` sends, through the batch step's agent, before the time limit), sent by
+    the fixture at step 4: checkpoint, requeue, resume in RUN_DIR."""
+    root, _, _, (job_id, fields) = submitted
+    run_dir, metrics = root / "requeued", root / "requeued" / "metrics.jsonl"
+    log = (root / f"hpc-train-{job_id}.out").read_text()
     assert fields["JobState"] == "COMPLETED", log
     assert int(fields.get("Restarts", "0")) == 1
     assert "received SIGUSR2" in log and "the batch host requeues the job" in log

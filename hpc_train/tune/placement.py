@@ -23,11 +23,12 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
 from hpc_train.errors import ConfigError
+from hpc_train.launch.backends.slurm.params import cluster_account, cluster_qos
 from hpc_train.launch.hydra import cli_child, forwarding
 from hpc_train.records import run_claim, rundir
 from hpc_train.slurm import slurm_cli
@@ -170,6 +171,19 @@ class Placement:
             )
         return done.stdout.strip().split(";")[0]
 
+    def _cluster_options(self, job: Any) -> Dict[str, Optional[str]]:
+        """The profile's partition, account (or its account_env) and QoS (by the controller's time limit) for the
+        controller's job; none for a Hydra app's config, which has no cluster profile."""
+        cluster = OmegaConf.select(job, "cluster", default=None)
+        if cluster is None:
+            return {}
+        try:
+            qos = cluster_qos(cluster, self.settings.controller_minutes)
+        except ConfigError as err:
+            raise ConfigError(f"{PREFIX}.controller_time", err.problem, "ask for less, or pass cluster.qos.") from None
+        partition = cluster.get("partition")
+        return {"partition": partition and str(partition), "account": cluster_account(cluster), "qos": qos}
+
     def _script(self, job: Any, token: str, log: Path) -> str:
         options = [
             "--job-name=hpc-train-controller",
@@ -180,13 +194,11 @@ class Placement:
             f"--output={log}",
             "--open-mode=append",
         ]
-        for key in ("partition", "account", "qos"):
-            value = OmegaConf.select(job, f"cluster.{key}", default=None)
-            options += [f"--{key}={value}"] if value else []
+        options += [f"--{key}={value}" for key, value in self._cluster_options(job).items() if value]
         setup = [str(line) for line in OmegaConf.select(job, "cluster.setup", default=None) or []]
         # the controller's own allocation is not its trials': sbatch and srun in them must not read its variables
         unset = 'for v in $(compgen -e | grep "^SLURM_" | grep -v "^SLURM_CONF$"); do unset "$v"; done'
-        lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), *setup, unset]
+        lines = ["#!/bin/bash", *(f"#SBATCH {option}" for option in options), unset, *setup]
         lines += [f"cd {shlex.quote(os.getcwd())}", f"export {TOKEN_VARIABLE}={token} PYTHONUNBUFFERED=1"]
         lines.append(f"exec {shlex.join(_child_command(self.sweep_dir))}")
         return "\n".join(lines) + "\n"

@@ -7,6 +7,10 @@ where the first allocation with room for it claims it and runs it as a job step 
 allocations' slots run at once, and each step has its own GPUs (the pool's first fit). A rung's id is
 ``<trial>-<n>``: the trial's n-th fed rung, a packed run of its own in the allocations' records.
 
+What a rung runs is the trials' own (`Rungs`): an hpc-train job's worker reading its job spec (HpcTrainRungs), or a
+Hydra app's task run by hpc_train.pack.app_step (hpc_train.tune.app_packed.AppRungs); the feeding and the looks are
+one mechanism for both.
+
 A look reads the pack's records (hpc_train.pack.status): a run COMPLETED is DONE (the controller reads its objective
 from the run dir, as for any rung), FAILED is FAILED (its first rank error, or Slurm's refusal of its step), a run its
 allocation never finished or stopped (cancelled, out of time: its step killed by the allocation's signal) is LOST, so
@@ -22,7 +26,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,7 +40,7 @@ from hpc_train.launch.hydra.sweep_configs import SweepConfigs
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.pack import feed, records, status
-from hpc_train.pack.records import AllocationPlan
+from hpc_train.pack.records import AllocationPlan, PackedRun
 from hpc_train.records import rundir
 from hpc_train.slurm import slurm_cli
 from hpc_train.tune.trials import DONE, FAILED, LOST, RUNNING, Look
@@ -57,26 +61,83 @@ def packed_trials(job: DictConfig, loader: Any, config: DictConfig, fixed: Seque
             " so it runs where the allocations see that dir, not from this machine over cluster.login.",
             "start the study on the cluster's login node, or leave launcher.pack out (each rung its own Slurm job).",
         )
-    configs = SweepConfigs(loader, config)
-    return PackedTrials(configs.resolved, fixed, Path(str(config.hydra.sweep.dir)))
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    return PackedTrials(HpcTrainRungs(SweepConfigs(loader, config).resolved, fixed, sweep_dir), sweep_dir)
 
 
-class PackedTrials:
+@dataclasses.dataclass(frozen=True)
+class Allocations:
+    """What the study's fed allocations are made of: their shape, a rung as every rung is (the trials' fixed part) and
+    its sbatch parameters, the signal their pools forward, and the keys their refusals name."""
+
+    shape: pack.PackShape
+    template: PackedRun
+    params: Dict[str, Any]
+    max_requeues: int
+    signal: str
+    signal_delay_s: int
+    keys: pack.PackKeys = pack.PackKeys()
+    shared: Sequence[str] = pack.SHARED
+
+
+class Rungs(Protocol):
+    """What a study's rungs run, laid out for the feed."""
+
+    allocations: Allocations
+
+    def lay_out(self, overrides: List[str], run_dir: Path, key: str) -> Tuple[PackedRun, Dict[str, Any]]:
+        """The rung as packed run `key` (what its step reads written), with its sbatch parameters."""
+
+    def logs(self, key: str, run_dir: Path) -> Path:
+        """Where a failed rung's logs are."""
+
+
+class HpcTrainRungs:
+    """hpc-train's rungs: each a job whose config is composed and checked, its job spec in the trial's run dir."""
+
     def __init__(self, compose: Callable[[List[str], int], Any], fixed: Sequence[str], sweep_dir: Path) -> None:
         """`compose`: a rung's checked config for its overrides and trial number (a JobConfig with .view, .choices,
         as hpc_train.launch.hydra.sweep_configs.SweepConfigs.resolved gives it); `fixed`: what every trial gets."""
         self.compose = compose
-        self.sweep_dir = Path(sweep_dir).absolute()
-        first = self._prepare(list(fixed), self.sweep_dir / "0", 0)
+        first = self._prepare(list(fixed), sweep_dir / "0")
         shape = pack.pack_shape(first.plan.config)
         assert shape is not None  # the sweeper picks these trials only for a packed job config
-        self.shape, self.first = shape, first
-        try:
-            self.template = pack.packed_run(first)
-            pack.check_packed_fit([self.template], [first.params], shape)
-        except ConfigError as err:  # said of the study's trials, not of a sweep job
-            problem = err.problem.replace(f"sweep job #{first.plan.run_dir.name} ", "the study's trials ")
-            raise ConfigError(err.key, problem, err.fix) from None
+        config = first.plan.config
+        signal, delay = slurm_params.requeue_signal(config), int(config.launcher.signal_delay_s)
+        template = study_refusal(lambda: pack.packed_run(first), first.plan.run_dir.name)
+        self.allocations = Allocations(shape, template, first.params, first.max_requeues, signal, delay)
+
+    def _prepare(self, overrides: List[str], run_dir: Path) -> slurm.PreparedJob:
+        job = self.compose(overrides, int(run_dir.name))
+        plan = make_plan(job.view, run_dir)
+        return slurm.prepare(plan, build_job_spec(plan, job.choices), " ".join(overrides))
+
+    def lay_out(self, overrides: List[str], run_dir: Path, key: str) -> Tuple[PackedRun, Dict[str, Any]]:
+        prepared = self._prepare(overrides, run_dir)
+        run = pack.packed_run(prepared)
+        write_job_spec(prepared.spec, run_dir)
+        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+        write_yaml(overrides, run_dir / ".hydra" / "overrides.yaml")
+        return dataclasses.replace(run, job=key), prepared.params
+
+    def logs(self, key: str, run_dir: Path) -> Path:
+        return run_dir / rundir.LOGS
+
+
+def study_refusal(make: Callable[[], Any], number: str) -> Any:
+    """What `make` returns; its refusal said of the study's trials, not of a sweep job."""
+    try:
+        return make()
+    except ConfigError as err:
+        problem = err.problem.replace(f"sweep job #{number} ", "the study's trials ")
+        raise ConfigError(err.key, problem, err.fix) from None
+
+
+class PackedTrials:
+    def __init__(self, rungs: Rungs, sweep_dir: Path) -> None:
+        self.rungs, self.sweep_dir = rungs, Path(sweep_dir).absolute()
+        fed = rungs.allocations
+        study_refusal(lambda: pack.check_packed_fit([fed.template], [fed.params], fed.shape, fed.keys, fed.shared), "0")
         self._read_at, self._status = -math.inf, status.PackStatus({}, {}, {})
         self.allocations: Optional[List[AllocationPlan]] = None  # adopted or submitted at the first start or look
 
@@ -89,15 +150,17 @@ class PackedTrials:
         if live:
             print(f"hpc-train: the study goes on in its packed allocations {', '.join(str(p.job_id) for p in live)}")
             return live
-        config = self.first.plan.config
+        fed = self.rungs.allocations
         plans = pack.plan_fed(
-            self.template,
-            self.first.params,
-            self.first.max_requeues,
-            self.shape,
+            fed.template,
+            fed.params,
+            fed.max_requeues,
+            fed.shape,
             self.sweep_dir,
-            slurm_params.requeue_signal(config),
-            int(config.launcher.signal_delay_s),
+            fed.signal,
+            fed.signal_delay_s,
+            fed.keys,
+            fed.shared,
         )
         submitted = pack.submit(plans, self.sweep_dir)
         print(
@@ -129,24 +192,16 @@ class PackedTrials:
         return self._status
 
     # -- a rung -----------------------------------------------------------------------------------
-    def _prepare(self, overrides: List[str], run_dir: Path, number: int) -> slurm.PreparedJob:
-        job = self.compose(overrides, number)
-        plan = make_plan(job.view, run_dir)
-        return slurm.prepare(plan, build_job_spec(plan, job.choices), " ".join(overrides))
-
     def start(self, overrides: Sequence[str], run_dir: Path) -> str:
-        """The rung laid out, its job spec written into the trial's run dir, and fed; its id (ConfigError for a rung
-        that does not fit the allocations)."""
+        """The rung laid out (what its step reads written) and fed; its id (ConfigError for a rung that does not fit
+        the allocations)."""
         self._ensure_allocations()
         run_dir = Path(run_dir).absolute()
-        prepared = self._prepare(list(overrides), run_dir, int(run_dir.name))
-        run = pack.packed_run(prepared)
-        pack.check_packed_fit([self.template, run], [self.first.params, prepared.params], self.shape)
-        write_job_spec(prepared.spec, run_dir)
-        (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-        write_yaml(list(overrides), run_dir / ".hydra" / "overrides.yaml")
         key = f"{run_dir.name}-{self._fed_count(run_dir.name) + 1}"
-        feed.put(self.sweep_dir, dataclasses.replace(run, job=key))
+        run, params = self.rungs.lay_out(list(overrides), run_dir, key)
+        fed = self.rungs.allocations
+        pack.check_packed_fit([fed.template, run], [fed.params, params], fed.shape, fed.keys, fed.shared)
+        feed.put(self.sweep_dir, run)
         return key
 
     def _fed_count(self, trial: str) -> int:
@@ -199,8 +254,8 @@ class PackedTrials:
         return Look(RUNNING)
 
     def _fed_since(self, run_dir: Path, since: float) -> Optional[str]:
-        fed = [e for e in feed.waiting(self.sweep_dir) if e.run.run_dir == str(run_dir) and e.fed >= since - 1.0]
-        fed += [e for _, e in feed.claimed(self.sweep_dir) if e.run.run_dir == str(run_dir) and e.fed >= since - 1.0]
+        entries = [*feed.waiting(self.sweep_dir), *(e for _, e in feed.claimed(self.sweep_dir))]
+        fed = [e for e in entries if e.run.job.startswith(f"{run_dir.name}-") and e.fed >= since - 1.0]
         return max(fed, key=lambda e: e.fed).run.job if fed else None
 
     def _failure(self, key: str, state: records.RunState, run_dir: Path, since: float) -> str:
@@ -213,7 +268,7 @@ class PackedTrials:
             return f"packed run {packed} FAILED: rank {rank} failed first ({error}); its traceback: " + str(
                 rundir.rank_log(run_dir, rank)
             )
-        return f"packed run {packed} FAILED (exit code {state.exit_code}); see {run_dir / rundir.LOGS}"
+        return f"packed run {packed} FAILED (exit code {state.exit_code}); see {self.rungs.logs(key, run_dir)}"
 
     # -- the end ----------------------------------------------------------------------------------
     def cancel(self, job_ids: List[str]) -> None:

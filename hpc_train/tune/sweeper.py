@@ -63,7 +63,7 @@ class AdaptiveSweeper(Sweeper):
             _check_resumable(job, trials)
         else:
             objective = "the reported objective"
-            trials, value_of = self._app_trials(sweep_dir)
+            trials, value_of = self._app_trials(sweep_dir, space.fixed)
         if place.start_elsewhere(job):  # controller=detached or slurm: started there and said; this command returns
             return None
         with place.held():
@@ -73,11 +73,13 @@ class AdaptiveSweeper(Sweeper):
         print(f"hpc-train: study done: best trial {best['number']}, {objective} = {best['value']:g}, {best['params']}")
         return best
 
-    def _app_trials(self, sweep_dir: Path) -> Tuple[Any, Any]:
-        """A Hydra app's trials: its own Hydra launcher (hpc_train's), told not to wait, starts each rung."""
+    def _app_trials(self, sweep_dir: Path, fixed: List[str]) -> Tuple[Any, Any]:
+        """A Hydra app's trials: its own Hydra launcher (hpc_train's), told not to wait, starts each rung; with
+        hydra.launcher.pack set, each rung is fed into the study's packed allocations instead (as hpc-train's)."""
         # a Hydra app's rungs: run by its launcher (Hydra's plugins), the trials' records read through the report
         from hydra.core.plugins import Plugins
 
+        from hpc_train.tune.app_packed import app_packed_trials
         from hpc_train.tune.app_trials import AppTrials, reported_value
 
         assert self.config is not None
@@ -87,7 +89,7 @@ class AdaptiveSweeper(Sweeper):
         launcher = Plugins.instance().instantiate_launcher(
             hydra_context=self.hydra_context, task_function=self.task_function, config=self.config
         )
-        return AppTrials(launcher, sweep_dir), reported_value
+        return app_packed_trials(launcher, sweep_dir, fixed) or AppTrials(launcher, sweep_dir), reported_value
 
 
 def _hpc_train_trials(job: DictConfig, config: DictConfig, objective: str) -> Tuple[Any, Any]:

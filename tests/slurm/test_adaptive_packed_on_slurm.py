@@ -4,7 +4,11 @@ started again. Asserted: the allocations were submitted once (the second control
 the journal once and each of its rungs was claimed and ran once, resuming where the last ended (in whichever
 allocation); never more steps at once than the allocations' 4 slots (2 each); steps that ran at the same time on one
 node had different GPUs (Slurm's binding, as each step saw it). 38 to 54 s on a loaded machine (load average 8 on 2
-cores), in the default suite. And a trial larger than an allocation is refused before anything is queued (3 s)."""
+cores), in the default suite. And a trial larger than an allocation is refused before anything is queued (3 s).
+
+A plain Hydra app's study (tests/support/scripts/tuned_app, hydra/launcher=hpc_train_slurm with hydra.launcher.pack.*)
+is fed the same way: its rungs job steps of 2 allocations submitted once, each resuming its trial's own state in the
+trial's output dir (12 s loaded); one larger than an allocation is refused in the app's keys (3 s)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import pytest
 from hpc_train.jobs.study import trial_rows
 from hpc_train.pack import records
 from tests.support.cli import TINY, assert_ok
-from tests.support.paths import REPO
+from tests.support.paths import REPO, SCRIPTS
 
 pytestmark = pytest.mark.slurm
 
@@ -205,3 +209,70 @@ def test_a_study_whose_allocations_ended_stops_and_goes_on_in_new_ones(tmp_path)
     fed_again = {e["run"].split("-")[0] for index in (2, 3) for e in events[index] if e["event"] == "claimed"}
     cut = [run for run, s in records.run_states(sweep_dir).items() if s.state != records.COMPLETED]  # by the scancel
     assert cut and {run.split("-")[0] for run in cut} <= fed_again, (cut, fed_again)
+
+
+def _app_command(sweep_dir: Path, *extra: str) -> List[str]:
+    """tuned_app (gradient descent on (w - 3)^2, `steps` steps at `lr`, its state in its output dir), 4 trials of ASHA
+    (rungs of 1 and 3 steps) in 2 allocations of 2 one-GPU slots."""
+    return [
+        sys.executable,
+        str(SCRIPTS / "tuned_app" / "app.py"),
+        "-m",
+        "hydra/sweeper=adaptive",
+        "hydra/launcher=hpc_train_slurm",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.gpus_per_node=1",
+        "hydra.launcher.pack.allocations=2",
+        f"hydra.launcher.pack.gpus_per_node={SLOTS_PER_ALLOCATION}",
+        "lr=choice(0.1,0.2,0.3,0.4)",
+        "hydra.sweeper.sampler=grid",
+        "hydra.sweeper.max_trials=4",
+        "hydra.sweeper.max_concurrent=4",
+        "hydra.sweeper.scheduler.resource_key=steps",
+        f"hydra.sweeper.scheduler.max_resource={RUNGS[-1]}",
+        "hydra.sweeper.poll_s=0.3",
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
+
+
+def test_a_hydra_app_s_study_is_fed_into_its_packed_allocations_each_rung_resuming_its_trial(tmp_path):
+    sweep_dir = tmp_path / "app_study"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(_app_command(sweep_dir), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    plans = records.read_plans(sweep_dir)
+    assert len(plans) == 2 and all(plan.fed and plan.job_id for plan in plans), plans  # submitted once, fed
+    claimed = [e["run"] for events in _events(sweep_dir).values() for e in events if e["event"] == "claimed"]
+    assert len(claimed) == len(set(claimed)), claimed
+    states = records.run_states(sweep_dir)
+    rows = trial_rows(sweep_dir)
+    assert [row["number"] for row in rows] == [0, 1, 2, 3]
+    for row in rows:
+        assert row["state"] in ("COMPLETE", "PRUNED"), row
+        mine = [run for run in claimed if run.split("-")[0] == str(row["number"])]
+        assert len(mine) == len(row["rung_values"]) and all(states[run].state == records.COMPLETED for run in mine)
+        runs = (sweep_dir / str(row["number"]) / "runs.txt").read_text().split("\n")[:-1]
+        budgets = RUNGS[: len(row["rung_values"])]  # each rung began where the trial's last one ended
+        assert runs == [f"{start} {end}" for start, end in zip((0, *budgets[:-1]), budgets)], runs
+        for rung, value in row["rung_values"].items():  # (w - 3)^2 from w = 0 after RUNGS[rung] steps
+            assert value == pytest.approx(9.0 * (1.0 - 2.0 * row["params"]["lr"]) ** (2 * RUNGS[rung]), abs=1e-12)
+    assert any(len(row["rung_values"]) == len(RUNGS) for row in rows), rows  # promoted, resumed to its full budget
+    assert "hpc-train: study done: best trial" in done.stdout, done.stdout
+
+
+def test_a_hydra_app_s_packed_study_with_a_rung_larger_than_an_allocation_is_refused_before_anything_is_queued(
+    tmp_path,
+):
+    sweep_dir = tmp_path / "app_study"
+    command = [arg for arg in _app_command(sweep_dir) if not arg.startswith("hydra.launcher.gpus_per_node=")]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [*command, "hydra.launcher.gpus_per_node=4"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said
+    assert "`hydra.launcher.pack.gpus_per_node`" in said and "the study's trials" in said, said
+    assert "set hydra.launcher.pack.gpus_per_node=4 or more" in said and "Traceback" not in said, said
+    assert not records.read_plans(sweep_dir) and not (sweep_dir / "study.journal").exists()

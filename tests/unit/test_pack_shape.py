@@ -29,11 +29,11 @@ def test_a_hydra_apps_pack_keys_are_completed_by_the_same_function_from_its_own_
     real = pack.pack_shape
     monkeypatch.setattr(pack, "pack_shape", lambda cfg, *keys: calls.append(*keys) or real(cfg, *keys))
     launcher = {"pack": {"allocations": 3, "gpus_per_node": 2}, "timeout_min": 5, "cpus_per_gpu": 3}
-    assert app_launcher._pack_shape(launcher) == pack.PackShape(3, 1, 2, 6, 5, "hydra.launcher.timeout_min")
-    assert app_launcher._pack_shape({**launcher, "pack": {**launcher["pack"], "time": "00:10:00"}}).minutes == 10
+    assert app_launcher.pack_shape(launcher) == pack.PackShape(3, 1, 2, 6, 5, "hydra.launcher.timeout_min")
+    assert app_launcher.pack_shape({**launcher, "pack": {**launcher["pack"], "time": "00:10:00"}}).minutes == 10
     assert len(calls) == 2 and calls[0].pack == "hydra.launcher.pack"
-    assert app_launcher._pack_shape({"pack": {"allocations": None}}) is None
-    assert app_launcher._pack_shape({}) is None
+    assert app_launcher.pack_shape({"pack": {"allocations": None}}) is None
+    assert app_launcher.pack_shape({}) is None
 
 
 @pytest.mark.parametrize(
@@ -48,7 +48,7 @@ def test_a_hydra_apps_pack_keys_are_completed_by_the_same_function_from_its_own_
 )
 def test_a_hydra_apps_pack_refusals_name_its_own_keys(launcher, key, words):
     with pytest.raises(ConfigError) as refused:
-        app_launcher._pack_shape(launcher)
+        app_launcher.pack_shape(launcher)
     assert refused.value.key == key and words in refused.value.message
 
 

@@ -31,7 +31,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import cloudpickle
 from hydra.core.singleton import Singleton
@@ -98,26 +98,19 @@ class AppLauncher(SweepLauncherBase):
     ) -> Sequence[JobReturn]:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         local = self.backend.kind.on_this_machine
-        shared = self._shared_part(sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl")
+        shared = self.shared_part(sweep_dir / ".hpc_train" / f"app_task_{initial_job_idx}.pkl")
         jobs: List[AppJob] = []
         same = None if _interpolated(self.config.hydra.launcher) else _plain(self.config.hydra.launcher)
         for i, overrides in enumerate(job_overrides):
-            num = initial_job_idx + i
-            if same is None:  # the node refers to the job's own config: compose the job to read it
-                job_config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-                launcher = _plain(job_config.hydra.launcher)
-            else:  # the same for every job (Hydra refuses to sweep hydra.* keys): read once
-                launcher = same
-            task = AppTask(shared, list(overrides), num)
-            jobs.append(AppJob(num, list(overrides), launcher, task))
-            log.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))
+            jobs.append(self.app_job(shared, list(overrides), initial_job_idx + i, same))
+            log.info("\t#%d : %s", initial_job_idx + i, " ".join(filter_overrides(overrides)))
         wait = bool(jobs[0].launcher.get("wait", True))
         if not wait:
             _check_no_wait(self.config.hydra, sweep_dir)
         try:
-            shape = None if local else _pack_shape(jobs[0].launcher)
+            shape = None if local else pack_shape(jobs[0].launcher)
         except ConfigError as err:
-            _refuse(sweep_dir, err)
+            refuse(sweep_dir, err)
         handles: Optional[List[Any]]
         if shape is not None:  # each handle a packed run's id
             handles = self._submit_packed(jobs, shape, sweep_dir)
@@ -140,7 +133,18 @@ class AppLauncher(SweepLauncherBase):
         print(f"hpc-train: {len(returns)} job(s): {len(returns) - failed} completed, {failed} failed", file=sys.stderr)
         return returns
 
-    def _shared_part(self, path: Path) -> SharedPart:
+    def app_job(
+        self, shared: SharedPart, overrides: List[str], num: int, same: Optional[Dict[str, Any]] = None
+    ) -> AppJob:
+        """Job number `num`: its task, and its own hydra.launcher node (`same`: the node every job shares, when it
+        interpolates nothing of the job's own config; else read from the job's composed config)."""
+        assert self.config is not None and self.hydra_context is not None
+        launcher = same
+        if launcher is None:
+            launcher = _plain(self.hydra_context.config_loader.load_sweep_config(self.config, overrides).hydra.launcher)
+        return AppJob(num, overrides, launcher, AppTask(shared, overrides, num))
+
+    def shared_part(self, path: Path) -> SharedPart:
         """What every job of this launch shares, pickled once; a dry run's tasks never run, so it pickles nothing into
         the sweep dir (where another sweep's tasks may be)."""
         if self._dry_run():
@@ -202,11 +206,11 @@ class AppLauncher(SweepLauncherBase):
         for job in jobs:
             num, overrides, launcher, task = job.num, job.overrides, job.launcher, job.task
             label = " ".join(filter_overrides(overrides))
-            params = _job_parameters(num, label, launcher, sweep_dir)
-            try:  # before anything is queued: one job that no node can hold stops the sweep
+            try:  # before anything is queued: one bad job, or one that no node can hold, stops the sweep
+                params = _job_parameters(launcher, sweep_dir)
                 capacity.check_capacity(params, "hydra.launcher.timeout_min", keys=capacity.APP_KEYS)
             except ConfigError as err:
-                _refuse(sweep_dir, _for_job(num, label, err))
+                refuse(sweep_dir, _for_job(num, label, err))
             prepared.append(
                 slurm.PreparedJob(
                     None,
@@ -227,7 +231,7 @@ class AppLauncher(SweepLauncherBase):
             check_sweep_fits(len(prepared), {job.params.get("account") for job in prepared}, None)
             submitted = slurm.submit_jobs(prepared, log_root=sweep_dir)
         except ConfigError as err:  # the cluster's job limits, or sbatch's refusal (nothing left queued)
-            _refuse(sweep_dir, _in_app_keys(err))
+            refuse(sweep_dir, _in_app_keys(err))
         except (
             slurm_queueing.SubmissionInterrupted
         ) as interrupted:  # Ctrl-C part-way: as hpc-train itself says it and exits
@@ -250,18 +254,13 @@ class AppLauncher(SweepLauncherBase):
         _check_slurm_commands(jobs[0].launcher, sweep_dir)
         runs, params, requeues = [], [], []
         for job in jobs:
-            num, overrides, launcher = job.num, job.overrides, job.launcher
-            label = " ".join(filter_overrides(overrides))
-            job_params = _job_parameters(num, label, launcher, sweep_dir)
-            extra = dict(job_params.get("additional_parameters") or {})
-            extra.setdefault("signal", f"{PACK_SIGNAL}@{int(launcher.get('signal_delay_s') or 0)}")  # submitit's
-            job_params["additional_parameters"] = extra
             try:
-                runs.append(_packed_run(num, label, job_params, sweep_dir))
+                run, job_params = packed_job(job, sweep_dir)
             except ConfigError as err:
-                _refuse(sweep_dir, _for_job(num, label, err))
+                refuse(sweep_dir, err)
+            runs.append(run)
             params.append(job_params)
-            requeues.append(int(launcher.get("max_num_timeout") or 0))
+            requeues.append(int(job.launcher.get("max_num_timeout") or 0))
         first = jobs[0].launcher
         try:
             plans = pack.plan_packed(
@@ -278,7 +277,7 @@ class AppLauncher(SweepLauncherBase):
             check_sweep_fits(len(plans), {p.get("account") for p in params}, None)
         except ConfigError as err:
             err = _in_app_keys(err)
-            _refuse(sweep_dir, ConfigError(err.key, f"{err.problem} Nothing was queued.", err.fix))
+            refuse(sweep_dir, ConfigError(err.key, f"{err.problem} Nothing was queued.", err.fix))
         if first.get("dry_run"):
             for plan, plan_params in plans:
                 print(pack.describe(plan, plan_params, sweep_dir))
@@ -294,7 +293,7 @@ class AppLauncher(SweepLauncherBase):
             rows = [(run.job, run.label, _describe(job_params)) for run, job_params in zip(runs, params)]
             submitted, ids = pack.queue(plans, sweep_dir, rows)
         except ConfigError as err:  # sbatch's refusal (pack.submit cancelled what it had queued)
-            _refuse(sweep_dir, _in_app_keys(err))
+            refuse(sweep_dir, _in_app_keys(err))
         except slurm_queueing.SubmissionInterrupted as interrupted:
             print(interrupted, file=sys.stderr, flush=True)
             raise SystemExit(interrupted.exit_code) from None
@@ -329,7 +328,21 @@ APP_PACK_KEYS = pack.PackKeys(
 )
 
 
-def _pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
+def packed_job(job: AppJob, sweep_dir: Path, key: Optional[str] = None) -> Tuple[PackedRun, Dict[str, Any]]:
+    """The job as a packed run, `key` its id (default: its number), and its sbatch parameters; ConfigError (in the
+    app's keys, naming the job) for one that cannot be."""
+    label = " ".join(filter_overrides(job.overrides))
+    try:
+        job_params = _job_parameters(job.launcher, sweep_dir)
+        extra = dict(job_params.get("additional_parameters") or {})
+        extra.setdefault("signal", f"{PACK_SIGNAL}@{int(job.launcher.get('signal_delay_s') or 0)}")  # submitit's
+        job_params["additional_parameters"] = extra
+        return _packed_run(key or str(job.num), label, job_params, sweep_dir), job_params
+    except ConfigError as err:
+        raise _for_job(job.num, label, err) from None
+
+
+def pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
     """hydra.launcher.pack.* completed by pack.pack_shape (None: not packed), from the app's own settings: GPUs per
     node from the cluster profile, the time from timeout_min (else 60), CPUs per GPU from
     hydra.launcher.cpus_per_gpu, else the profile's, else 1."""
@@ -348,7 +361,7 @@ def _pack_shape(launcher: Dict[str, Any]) -> Optional[pack.PackShape]:
     return pack.pack_shape({"launcher": {"pack": dict(settings)}, "cluster": cluster}, keys)
 
 
-def _packed_run(num: int, label: str, params: Dict[str, Any], sweep_dir: Path) -> PackedRun:
+def _packed_run(job: str, label: str, params: Dict[str, Any], sweep_dir: Path) -> PackedRun:
     """One job as a packed run: the layout its sbatch parameters ask for, its step running its pickled task."""
     nodes, tasks = int(params.get("nodes") or 1), int(params.get("ntasks_per_node") or 1)
     if params.get("gpus_per_task") is not None:
@@ -367,9 +380,9 @@ def _packed_run(num: int, label: str, params: Dict[str, Any], sweep_dir: Path) -
     cpus = params.get("cpus_per_task")
     if cpus is None:
         cpus = int(params.get("cpus_per_gpu") or 1) * max(1, gpus_per_task)
-    folder = app_step.run_folder(sweep_dir, str(num)).absolute()
+    folder = app_step.run_folder(sweep_dir, job).absolute()
     return PackedRun(
-        job=str(num),
+        job=job,
         run_dir=str(folder),
         label=label,
         nodes=nodes,
@@ -420,18 +433,16 @@ def _check_slurm_commands(launcher: Dict[str, Any], sweep_dir: Path) -> None:
     try:
         slurm.check_slurm_commands(APP_WORDS)
     except ConfigError as err:
-        _refuse(sweep_dir, err)
+        refuse(sweep_dir, err)
 
 
-def _job_parameters(num: int, label: str, launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
-    """One job's sbatch parameters, its partition checked; a refusal (named in the app's keys) stops the sweep."""
-    try:  # before anything is queued: one bad job stops the sweep; a profile's refusal names hpc-train's keys
-        filled = apply_profile(launcher)
-        params = slurm_parameters(filled)
-        slurm_params.check_partition(params, capacity.APP_KEYS.partition)
-        params[STEP_KEY] = _step(filled, sweep_dir)
-    except ConfigError as err:
-        _refuse(sweep_dir, _for_job(num, label, err))
+def _job_parameters(launcher: Dict[str, Any], sweep_dir: Path) -> Dict[str, Any]:
+    """One job's sbatch parameters, its partition checked (ConfigError: a profile's refusal names hpc-train's keys,
+    _for_job names the app's)."""
+    filled = apply_profile(launcher)
+    params = slurm_parameters(filled)
+    slurm_params.check_partition(params, capacity.APP_KEYS.partition)
+    params[STEP_KEY] = _step(filled, sweep_dir)
     return params
 
 
@@ -488,7 +499,7 @@ RESULTLESS_SWEEPERS = (
 def _check_no_wait(hydra_cfg: DictConfig, sweep_dir: Path) -> None:
     sweeper = sweeper_target(hydra_cfg)
     if sweeper not in RESULTLESS_SWEEPERS:  # one message and exit code 2, as hpc-train's own refusals
-        _refuse(
+        refuse(
             sweep_dir,
             ConfigError(
                 "hydra.launcher.wait",
@@ -528,7 +539,7 @@ def _in_app_keys(error: Any) -> Any:
     return ConfigError(APP_KEYS.get(error.key, error.key), reword(error.problem), reword(error.fix))
 
 
-def _refuse(sweep_dir: Path, error: Exception) -> None:
+def refuse(sweep_dir: Path, error: Exception) -> NoReturn:
     """Bad input in an app's sweep: its one message and exit code 2 before anything is queued (no traceback)."""
     sweep_status.mark_refused(sweep_dir, str(error))
     print(error, file=sys.stderr, flush=True)

@@ -298,19 +298,22 @@ def plan_fed(
     sweep_dir: Path,
     signal: str,
     signal_delay_s: int,
+    keys: PackKeys = PackKeys(),
+    shared: Sequence[str] = SHARED,
 ) -> List[Tuple[AllocationPlan, Dict[str, Any]]]:
     """Fed allocations (an adaptive study's, hpc_train.pack.feed): their plans empty, each run handed to them later
     through the feed. Shaped and checked against `run`, a run as the study's runs are (its config's fixed part): one
-    that does not fit an allocation is refused here, before anything is queued."""
-    check_packed_fit([run], [params], shape)
+    that does not fit an allocation is refused here, before anything is queued; refusals name `keys` (a Hydra app's
+    study: its hydra.launcher.* keys, and the sbatch keys its runs share)."""
+    check_packed_fit([run], [params], shape, keys, shared)
     gpus = bool(run.gpus_per_node)
-    keys = PackKeys().capacity
-    capacity.check_capacity(packed_allocation_params(params, shape, 0, SHARED, gpus), shape.time_key, keys=keys)
+    sbatch = packed_allocation_params(params, shape, 0, shared, gpus)
+    capacity.check_capacity(sbatch, shape.time_key, keys=keys.capacity)
     start = records.next_index(records.read_plans(sweep_dir))
     own = shape if gpus else dataclasses.replace(shape, gpus_per_node=0)
     out = []
     for index in range(start, start + shape.allocations):
-        sbatch = packed_allocation_params(params, shape, index, SHARED, gpus)
+        sbatch = packed_allocation_params(params, shape, index, shared, gpus)
         plan = records.new_plan(index, own, signal, signal_delay_s, max_requeues, [], sbatch, fed=True)
         out.append((plan, sbatch))
     return out

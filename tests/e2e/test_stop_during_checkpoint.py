@@ -39,6 +39,7 @@ from tests.support.cli import (
     wait_for,
 )
 from tests.support.paths import REPO
+from tests.support.reference_runs import reference_run
 
 # 512 samples / batch 64 = 8 steps per epoch, 2 epochs: the checkpoint of step 5 falls mid-epoch,
 # and the resumed attempt crosses the epoch boundary.
@@ -62,17 +63,9 @@ SYSCALLS = {"202": "futex", "230": "clock_nanosleep", "35": "nanosleep", "98": "
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The same run uninterrupted, locally, one per layout (computed when first asked for)."""
-    runs: Dict[str, Path] = {}
-
-    def get(layout: str) -> Path:
-        if layout not in runs:
-            run_dir = tmp_path_factory.mktemp(f"reference-{layout}")
-            assert_ok(run_cli([*ARGS, *LAYOUTS[layout]], run_dir))
-            runs[layout] = run_dir
-        return runs[layout]
-
-    return get
+    """The same run uninterrupted, locally, one per layout (computed when first asked for, once a session: the ddp
+    run is shared with tests/slurm/test_stop_during_checkpoint_on_slurm.py through reference_runs)."""
+    return lambda layout: reference_run(tmp_path_factory, [*ARGS, *LAYOUTS[layout]])
 
 
 def temporaries(run_dir: Path) -> List[str]:

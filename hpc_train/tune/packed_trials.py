@@ -50,17 +50,10 @@ READ_EVERY_S = 0.5  # one reading of the allocations' records (and Slurm's state
 
 def packed_trials(job: DictConfig, loader: Any, config: DictConfig, fixed: Sequence[str]) -> Optional["PackedTrials"]:
     """The study's trials when its job config is packed (launcher.pack.allocations set, a launcher that queues on
-    Slurm); None otherwise. Refused (ConfigError) from a laptop: the controller feeds the allocations through the
-    sweep dir, which must be the cluster's."""
+    Slurm); None otherwise. (From a laptop, cluster.login, the whole study went to the cluster before this, where the
+    allocations see the sweep dir the controller feeds them through: hpc_train.tune.placement.)"""
     if OmegaConf.select(job, "launcher.pack.allocations") is None or not launcher_kind(job.launcher.name).submits:
         return None
-    if OmegaConf.select(job, "cluster.login"):
-        raise ConfigError(
-            "launcher.pack.allocations",
-            "a packed adaptive study's controller hands each rung to its allocations through files in the sweep dir,"
-            " so it runs where the allocations see that dir, not from this machine over cluster.login.",
-            "start the study on the cluster's login node, or leave launcher.pack out (each rung its own Slurm job).",
-        )
     sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
     return PackedTrials(HpcTrainRungs(SweepConfigs(loader, config).resolved, fixed, sweep_dir), sweep_dir)
 

@@ -41,6 +41,20 @@ class AdaptiveSweeper(Sweeper):
         self.hydra_context, self.task_function, self.config = hydra_context, task_function, config
 
     def sweep(self, arguments: List[str]) -> Any:
+        """The study, run here or started where hydra.sweeper.controller says. A Hydra app's study refused before
+        anything runs ends with its one message and the refusal's exit code, as the app's own launcher refuses (an
+        app has no hpc-train command line to say it); hpc-train's says it as any of its refusals."""
+        assert self.config is not None
+        try:
+            return self._sweep(arguments)
+        except ConfigError as err:
+            if OmegaConf.select(self.config, "hydra.launcher._target_") == OWN_LAUNCHER:
+                raise
+            from hpc_train.launch.hydra.app_launcher import refuse  # only a refused app study needs it
+
+            refuse(Path(str(self.config.hydra.sweep.dir)), err)
+
+    def _sweep(self, arguments: List[str]) -> Any:
         # the study's parts (Optuna, the controller's placement): only a sweep that starts imports them
         from hpc_train.tune.controller import Controller
         from hpc_train.tune.packed_trials import packed_trials

@@ -244,3 +244,18 @@ def test_rerun_failed_on_a_study_says_to_run_its_command_again_and_submits_nothi
     said = capsys.readouterr()
     assert "holds an adaptive study" in said.err and "run the study's command again" in said.err, said
     assert sorted(str(path) for path in sweep_dir.rglob("*")) == before
+
+
+def test_a_plain_hydra_app_s_study_that_cannot_work_is_refused_in_one_message(tmp_path):
+    """A Hydra app has no hpc-train command line around it: its study's refusal is the app launcher's (its message
+    with the key and the fix, exit code 2, no traceback, nothing started)."""
+    sweep_dir = tmp_path / "app_study"
+    command = [sys.executable, str(SCRIPTS / "tuned_app" / "app.py"), "-m", "hydra/sweeper=adaptive"]
+    command += ["hydra/launcher=hpc_train_local", "lr=interval(0.01,0.9)", "hydra.sweeper.scheduler.max_resource=9"]
+    command += ["hydra.sweeper.scheduler.resource_key=no_such_key", f"hydra.sweep.dir={sweep_dir}"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert "hydra.sweeper.scheduler.resource_key" in said and "Fix:" in said, said
+    assert "Traceback" not in said and "Error executing job" not in said, said
+    assert not (sweep_dir / "0").exists()

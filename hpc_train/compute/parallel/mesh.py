@@ -132,29 +132,37 @@ class MeshStrategy(Strategy):
         plan = {str(k): v for k, v in self.settings.tp_plan.items()} if self.dims.tp > 1 else None
         if plan:
             check_plan(model, plan, self.dims.tp)  # the whole model: a stage holds only some of the matches
-        stage_inputs: Tuple[torch.Tensor, ...] = ()
+        stage_values: Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]] = ((), ())
         if self.pipelined:
-            model, stage_inputs = self._cut(model, example)
+            model, stage_values = self._cut(model, example)
         model = model.to(self.input_device)
         if plan:
             cut = apply_plan(model, plan, self._slice("tp"))
             log.info("tensor parallel over %d ranks: %d modules cut (%s)", self.dims.tp, len(cut), _few(cut))
         self._shard(model)
         if self.pipelined:
-            self._build_schedule(model, stage_inputs)
+            self._build_schedule(model, *stage_values)
         log.info("mesh: %s (this rank at %s)", self.dims.describe(), _coordinates(self.at))
         return model
 
-    def _cut(self, model: nn.Module, example: Optional[torch.Tensor]) -> Tuple[nn.Module, Tuple[torch.Tensor, ...]]:
-        """This rank's stage of the model and what it receives for one micro-batch (shapes and dtypes)."""
+    def _cut(
+        self, model: nn.Module, example: Optional[torch.Tensor]
+    ) -> Tuple[nn.Module, Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]]:
+        """This rank's stage of the model, and what it receives and sends for one micro-batch (shapes and dtypes:
+        given both, the stage needs no shape inference between ranks, which a fake process group cannot run)."""
         micro = micro_batch(example, int(self.settings.chunks))
         points = [str(p) for p in self.settings.split_points] if self.settings.split_points is not None else None
         stages = split_model(
             model, self.dims.pp, self.settings.balance, points, micro, named=True, stages_key=KEYS["pp"]
         )
+        stage = stages[self.at["pp"]]
         with autocast(self.precision, torch.device("cpu")):
             inputs = stage_inputs(stages, self.at["pp"], micro)
-        return stages[self.at["pp"]], inputs
+            if not self.is_first:  # activations from the stage before: their gradients go back to it
+                inputs = tuple(v.requires_grad_(v.is_floating_point()) for v in inputs)
+            outputs = stage(*inputs)  # with autograd on: whether an output takes a gradient is part of what it sends
+        sent = outputs if isinstance(outputs, tuple) else (outputs,)
+        return stage, (inputs, tuple(v.detach().requires_grad_(v.requires_grad) for v in sent))
 
     def _shard(self, model: nn.Module) -> None:
         """trainer.compile's blocks, then FSDP2 over the data-parallel slice: HSDP's 2-D mesh with replicas, else the
@@ -186,7 +194,9 @@ class MeshStrategy(Strategy):
     def describe_sharding(self, units: int, options: Dict[str, Any]) -> None:
         """A line for the rank's log (the mesh line says it all for mesh)."""
 
-    def _build_schedule(self, stage_module: nn.Module, inputs: Tuple[torch.Tensor, ...]) -> None:
+    def _build_schedule(
+        self, stage_module: nn.Module, inputs: Tuple[torch.Tensor, ...], outputs: Tuple[torch.Tensor, ...]
+    ) -> None:
         # torch.distributed.pipelining costs ~1.4 s to import: only pipelined meshes pay it
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -196,6 +206,7 @@ class MeshStrategy(Strategy):
             self.dims.pp,
             self.input_device,
             input_args=tuple(v.to(self.input_device) for v in inputs),
+            output_args=tuple(v.to(self.input_device) for v in outputs),
             group=self._slice("pp").get_group(),
         )
         chunks = int(self.settings.chunks)

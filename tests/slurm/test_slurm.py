@@ -4,7 +4,10 @@ Each job trains a tiny model on CPU with gloo; the layout is read back from `sco
 """
 
 import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 
@@ -72,11 +75,23 @@ ROWS = {
 }
 
 
+@pytest.fixture(scope="module")
+def laid_out(slurm_cluster, tmp_path_factory) -> Dict[str, Tuple[Path, subprocess.CompletedProcess]]:
+    """ROWS' jobs submitted side by side (together they fit on the cluster: 2 + 4 + 8 of its 16 GPUs), each followed
+    to its end by launcher.wait; (run dir, the command) by row."""
+    folder = tmp_path_factory.mktemp("layouts")
+    with ThreadPoolExecutor(len(ROWS)) as pool:
+        runs = {
+            row: pool.submit(run_cli, [*SLURM, *TRAIN, *overrides, "launcher.wait=true"], folder / row)
+            for row, (overrides, _) in ROWS.items()
+        }
+    return {row: (folder / row, run.result()) for row, run in runs.items()}
+
+
 @pytest.mark.parametrize("row", list(ROWS))
-def test_job_layout_matches_strategy(row, slurm_cluster, tmp_path):
-    overrides, (nodes, tasks_per_node, gpus_per_node, gpus_per_task) = ROWS[row]
-    run_dir = tmp_path / row
-    proc = run_cli([*SLURM, *TRAIN, *overrides, "launcher.wait=true"], run_dir)
+def test_job_layout_matches_strategy(row, laid_out):
+    _, (nodes, tasks_per_node, gpus_per_node, gpus_per_task) = ROWS[row]
+    run_dir, proc = laid_out[row]
     assert_ok(proc)
     job_id = _job_id(proc.stdout)
     assert_job_layout(run_dir, job_id, nodes, tasks_per_node, gpus_per_node)

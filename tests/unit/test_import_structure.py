@@ -102,6 +102,7 @@ LAUNCH_LAYERS = (
 COMPUTE_LAYERS = (
     ("worker",),
     ("entry",),
+    ("fit",),
     ("training",),
     ("parallel",),
     ("user",),

@@ -1,0 +1,110 @@
+"""One rank's estimated peak memory, broken down by what holds it, from torch's memory tracker's snapshot at the peak.
+
+The tracker (``torch.distributed._tools``: ``MemTracker``, or ``FSDPMemTracker`` for a model FSDP2 shards) files
+every live tensor's storage under a category; :data:`CATEGORIES` maps its categories onto the fields here, so the
+fields of a :class:`RankEstimate` add up to its peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+# The tracker's category names (MemTracker's _MemRefType, FSDPMemTracker's _FSDPRefType) -> the field holding them.
+CATEGORIES = {
+    "Parameter": "parameters",
+    "Buffer": "parameters",
+    "Sharded Param": "parameters",
+    "Gradient": "gradients",
+    "Sharded Grad": "gradients",
+    "Optstate": "optimizer_state",
+    "OptState": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Unsharded Param": "transient",  # FSDP2: a unit's parameters all-gathered for its forward or backward
+    "Unsharded Grad": "transient",  # FSDP2: a unit's whole gradients before their reduce-scatter
+    "All Gather": "transient",
+    "Reduce Scatter": "transient",
+    "Inputs": "inputs",
+    "Other": "inputs",
+}
+TOTAL = "Total"
+
+
+def size_text(count: int) -> str:
+    """Bytes in the unit that reads best: 41.20 GiB, 12.5 MiB, 3.0 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{count} B"
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """Bytes one rank holds at its peak, by what holds them (they add up to `peak`).
+
+    ``parameters``: its parameters (its shard of them under FSDP) and buffers; ``gradients``: their gradients;
+    ``optimizer_state``: the optimizer's state (AdamW: two tensors per parameter) and, at a peak inside its step,
+    what the step makes while it runs; ``activations``: what the forward pass keeps for the backward pass (and
+    recomputes under activation checkpointing); ``temporaries``: the backward pass's own tensors (gradients of
+    activations); ``transient``: FSDP2's all-gathered parameters and unsharded gradients, with their all-gather and
+    reduce-scatter buffers; ``inputs``: the batch and what the tracker could not file. ``stage``: the pipeline stage
+    this rank runs (None without pipeline stages)."""
+
+    rank: int
+    stage: Optional[int]
+    coordinates: Mapping[str, int]
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    activations: int = 0
+    temporaries: int = 0
+    transient: int = 0
+    inputs: int = 0
+    peak: int = 0
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {**asdict(self), "coordinates": dict(self.coordinates)}
+
+    def describe(self) -> str:
+        """One line: the peak, then each part that holds anything."""
+        parts = [f"{name.replace('_', ' ')} {size_text(value)}" for name, value in self._parts().items() if value]
+        where = f"rank {self.rank}" + (f" (stage {self.stage})" if self.stage is not None else "")
+        return f"{where}: peak {size_text(self.peak)} = " + " + ".join(parts)
+
+    def _parts(self) -> Dict[str, int]:
+        names = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "transient", "inputs")
+        return {name: getattr(self, name) for name in names}
+
+
+def from_snapshot(
+    snapshot: Mapping[str, int], rank: int, stage: Optional[int], coordinates: Mapping[str, int]
+) -> RankEstimate:
+    """A RankEstimate from one device's peak snapshot (category -> bytes, and ``Total``)."""
+    sums: Dict[str, int] = {}
+    for category, value in snapshot.items():
+        label = str(getattr(category, "value", category))  # the tracker's keys are str enums, or "Total"
+        if label == TOTAL:
+            continue
+        name = CATEGORIES.get(label, "inputs")
+        sums[name] = sums.get(name, 0) + int(value)
+    return RankEstimate(rank, stage, dict(coordinates), **sums, peak=sum(sums.values()))
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """Every estimated rank of a job (one per pipeline stage: the ranks of a stage hold the same), the layout in
+    words and how long the estimate took."""
+
+    layout: str
+    ranks: List[RankEstimate] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def peak(self) -> int:
+        """The most any rank holds: what must fit in one device."""
+        return max((r.peak for r in self.ranks), default=0)
+
+    def describe(self) -> str:
+        lines = [f"estimated peak memory per rank ({self.layout}; {self.seconds:.1f} s to estimate):"]
+        return "\n".join([*lines, *(f"  {rank.describe()}" for rank in self.ranks)])

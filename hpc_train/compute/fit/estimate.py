@@ -1,0 +1,248 @@
+"""The estimate: one rank's training step simulated on fake tensors in a fake world, its peak memory tracked.
+
+For rank r of the job's world, :func:`estimate_rank` does what that rank's trainer does, with the project's own
+parts (hpc_train.compute.user, .parallel, .training), so the user's model, loss, step and tensor-parallel plan are
+estimated as they run:
+
+1. the fake world of the job's size as rank r (:mod:`hpc_train.compute.fit.fake_world`), the strategy built in it
+   (its device mesh made here, on real rank lists);
+2. one real batch of the job's data, this rank's share of the global batch (its data shard), made fake;
+3. on fake tensors: the model built from its ``model`` node, activation checkpointing as the trainer applies it, the
+   strategy's wrapping (pipeline cut, tensor parallel, FSDP2), the optimizer and its parameter groups, the weight
+   average;
+4. two optimizer steps under torch's memory tracker (FSDPMemTracker where FSDP2 wraps the model): gradients zeroed,
+   the strategy's forward and backward over the accumulation's micro-batches, the gradient norm, the optimizer's
+   step. The second step holds the optimizer state the first made; the peak over both is the rank's.
+
+What is not counted: the device's own overhead (CUDA context, the allocator's cache and fragmentation), compiled
+code's buffers (``trainer.compile`` is estimated eager), and what a loss scaler adds for fp16 (a few scalars).
+An operation whose output depends on the data cannot run on fake tensors: the estimate is refused, naming the module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+from omegaconf import DictConfig
+
+from hpc_train.compute.data.batch import to_device
+from hpc_train.compute.data.loaders import DataSettings, set_data_shard
+from hpc_train.compute.fit.breakdown import JobEstimate, RankEstimate, from_snapshot
+from hpc_train.compute.fit.fake_world import fake_mode, fake_world, untraceable
+from hpc_train.compute.fit.trackers import peak_snapshot, tracker_for
+from hpc_train.compute.parallel import build_strategy, rank_data_shard, strategy_class
+from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
+from hpc_train.compute.runtime.refusal import Refusal
+from hpc_train.compute.settings import JobSettings, section
+from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
+from hpc_train.compute.training.ema import WeightAverage
+from hpc_train.compute.training.optim import OptimSettings, make_optimizer, param_groups
+from hpc_train.compute.training.settings import TrainerSettings
+from hpc_train.compute.user.building import build_datasets, build_loss, build_model, collate
+from hpc_train.compute.user.step import build_step
+from hpc_train.config.strategy import strategy_id
+from hpc_train.contracts.job_layout import JobLayout
+from hpc_train.contracts.mesh_dims import MeshDims
+
+STEPS = 2  # the first makes the optimizer's state, the second runs with it
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    """What the estimate reads of a completed job spec: the model node, the loop's keys (batch, precision,
+    activation checkpointing, loss and step), optimisation's, the strategy's, the layout and the data."""
+
+    model: Mapping[str, Any]
+    trainer: TrainerSettings
+    optim: OptimSettings
+    strategy: StrategySettings
+    layout: JobLayout
+    data: DataSettings
+
+    @classmethod
+    def from_job_spec(cls, spec: DictConfig) -> "EstimateSettings":
+        return cls(
+            model=spec.model,
+            trainer=section(TrainerSettings, spec.trainer),
+            optim=section(OptimSettings, spec.trainer),
+            strategy=section(strategy_class(strategy_id(spec.strategy)).settings_type, spec.strategy),
+            layout=section(JobSettings, spec.job).layout,
+            data=section(DataSettings, spec.data),
+        )
+
+
+def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = None) -> JobEstimate:
+    """The estimate of `ranks` (default: one per pipeline stage, the ranks of a stage holding the same)."""
+    started = time.perf_counter()
+    chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
+    estimates = [estimate_rank(settings, rank) for rank in chosen]
+    return JobEstimate(settings.layout.describe(on_cpus=True), estimates, time.perf_counter() - started)
+
+
+def representative_ranks(layout: JobLayout) -> List[int]:
+    """The first rank of each pipeline stage (rank 0 alone without stages)."""
+    if layout.strategy == "mesh" and layout.mesh is not None:
+        dims = MeshDims(*layout.mesh)
+        firsts: Dict[int, int] = {}
+        for rank in range(dims.world_size):
+            firsts.setdefault(dims.coordinates(rank)["pp"], rank)
+        return [firsts[stage] for stage in sorted(firsts)]
+    if layout.strategy == "pipelining":
+        return list(range(max(1, layout.world_size // int(layout.data_parallel_size or layout.world_size))))
+    return [0]
+
+
+def estimate_rank(settings: EstimateSettings, rank: int) -> RankEstimate:
+    """Rank `rank`'s peak memory over :data:`STEPS` simulated training steps."""
+    with fake_world(settings.layout, rank) as ranks:
+        shard = rank_data_shard(settings.layout, ranks)
+        batch = _real_batch(settings, shard)
+        strategy = _strategy(settings, ranks, shard)
+        with fake_mode() as mode:
+            batch = to_device(_faked(mode, batch), strategy.input_device)
+            model, names = _model(settings, strategy, batch)
+            snapshot = _tracked_steps(settings, strategy, model, batch, names)
+    stage, coordinates = _place(strategy)
+    return from_snapshot(snapshot, rank, stage, coordinates)
+
+
+def _real_batch(settings: EstimateSettings, shard: Tuple[int, int]) -> Any:
+    """This rank's batch of the job's data (the global batch over the data-parallel ranks), as the trainer reads it."""
+    set_data_shard(*shard)  # a stream shards itself by it
+    per_rank = int(settings.trainer.batch_size) // shard[1]
+    return collate(build_datasets(settings.data), per_rank)
+
+
+def _faked(mode: Any, batch: Any) -> Any:
+    """`batch` with each tensor replaced by its fake (same shape, dtype and device)."""
+    if isinstance(batch, torch.Tensor):
+        return mode.from_tensor(batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_faked(mode, item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _faked(mode, value) for key, value in batch.items()}
+    return batch
+
+
+def _strategy(settings: EstimateSettings, ranks: Any, shard: Tuple[int, int]) -> Strategy:
+    """The job's strategy for this rank, built as the trainer builds it (the device mesh made here, before fake
+    tensors are on)."""
+    trainer = settings.trainer
+    loss_fn = build_loss(trainer.loss)
+    setup = StrategySetup(
+        settings.strategy,
+        ranks,
+        [torch.device("cpu")],
+        str(trainer.precision),
+        False,  # trainer.compile: estimated eager
+        loss_fn,
+        build_step(trainer.step, loss_fn),
+        [],
+        settings.layout,
+    )
+    return build_strategy(setup, shard)
+
+
+def _model(settings: EstimateSettings, strategy: Strategy, batch: Any) -> Tuple[nn.Module, "ModulePath"]:
+    """The user's model on fake tensors, checkpointed and wrapped as the trainer does; the path to the module
+    running, for a refusal."""
+    with _named_untraceable(None):
+        model = build_model(settings.model)
+    names = ModulePath(model)
+    if str(settings.trainer.activation_checkpointing) == "blocks":
+        checkpoint_blocks(model)
+    example = batch[0] if isinstance(batch, (list, tuple)) else batch
+    with _named_untraceable(names):
+        wrapped = strategy.wrap(model, example if strategy.needs_example else None)
+    return wrapped, names
+
+
+def _tracked_steps(
+    settings: EstimateSettings, strategy: Strategy, model: nn.Module, batch: Any, names: "ModulePath"
+) -> Mapping[str, int]:
+    """The peak snapshot (category -> bytes) over :data:`STEPS` training steps."""
+    optim = settings.optim
+    plain = strategy.unwrap(model)
+    optimizer = make_optimizer(optim, param_groups(optim, plain))
+    ema = WeightAverage(plain, float(optim.ema_decay)) if optim.ema_decay is not None else None
+    once = int(optim.grad_accum_steps) == 1 and not getattr(strategy, "pipelined", False)
+    tracker = tracker_for(model, optimizer, batch, once)
+    step = _training_step(strategy, model, optimizer, batch, int(optim.grad_accum_steps), ema)
+    with _named_untraceable(names), tracker:
+        for _ in range(STEPS):
+            step()
+            tracker.reset_mod_stats()
+    return peak_snapshot(tracker)
+
+
+def _training_step(
+    strategy: Strategy, model: nn.Module, optimizer: Any, batch: Any, micro_batches: int, ema: Any
+) -> Callable[[], None]:
+    """The trainer's step (hpc_train.compute.training.trainer.Trainer.train_step) as the memory sees it: no loss
+    scaler (its checks read values), the norm taken without clipping (clipping scales in place)."""
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        strategy.accumulate(model, batch, None, micro_batches)
+        strategy.grad_norm(model, None)
+        optimizer.step()
+        if ema is not None:
+            ema.update()
+
+    return step
+
+
+def _place(strategy: Strategy) -> Tuple[Optional[int], Dict[str, int]]:
+    """(pipeline stage or None, mesh coordinates) of the strategy's rank."""
+    at = dict(getattr(strategy, "at", {}) or {})
+    if at:
+        return (at["pp"] if getattr(strategy, "pipelined", False) else None), at
+    stage = getattr(strategy, "stage_index", None)
+    return stage, ({"stage": stage} if stage is not None else {})
+
+
+class ModulePath:
+    """The model's modules that are running now, outermost first (forward hooks on every module)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.running: List[str] = []
+        for name, module in model.named_modules():
+            module.register_forward_pre_hook(lambda _m, _a, n=name: self._enter(n))
+            module.register_forward_hook(lambda _m, _a, _o: self._leave())
+
+    def _enter(self, name: str) -> None:
+        self.running.append(name)
+
+    def _leave(self) -> None:
+        if self.running:
+            self.running.pop()
+
+    @property
+    def innermost(self) -> str:
+        return next((name for name in reversed(self.running) if name), "")
+
+
+class _named_untraceable:
+    """An operation fake tensors cannot run becomes a Refusal naming the module that ran it."""
+
+    def __init__(self, names: Optional[ModulePath]) -> None:
+        self.names = names
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Any, _tb: Any) -> bool:
+        if error is None or not isinstance(error, untraceable()):
+            return False
+        where = self.names.innermost if self.names is not None else ""
+        module = f"module {where!r}" if where else "the model's construction or its top-level forward"
+        raise Refusal(
+            f"the memory estimate cannot trace {module}: {type(error).__name__} ({str(error).splitlines()[0]}), an"
+            " operation whose result depends on the data's values, which the estimate does not have. Fix: make the"
+            " module's shapes depend on the input's shapes only (no .item(), no branch on a tensor's value), or run"
+            " the job without the estimate."
+        ) from error

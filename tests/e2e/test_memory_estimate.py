@@ -1,0 +1,116 @@
+"""The memory estimate against measurement: each rank's peak of live tensors estimated on fake tensors in a fake
+world (hpc_train.compute.fit) is within 10 % of the peak torch's MemTracker measures on real tensors when the same
+job's training step runs for real, one gloo process per rank (tests/support/memory_measure.py).
+
+The model is the Llama-style example's (examples/llama_project: RMSNorm, causal attention, SwiGLU), with its own
+tensor-parallel plan; the layouts are one process, FSDP2 over 4 ranks, tensor parallel 2 x FSDP 2 and pipeline
+2 x FSDP 2. The job specs are the ones hpc-train writes (the launch side's plan of the same overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch.multiprocessing as mp
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from hpc_train.compute.fit.estimate import EstimateSettings, estimate_job
+from hpc_train.conf import CONFIG_DIR
+from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.plan import make_plan
+from tests.support import memory_measure
+from tests.support.paths import REPO
+
+PROJECT = REPO / "examples" / "llama_project"
+LLAMA = [
+    f"hydra.searchpath=[file://{PROJECT / 'conf'}]",
+    "model=llama_tiny",
+    "model.n_layers=4",
+    "model.dim=128",
+    "model.hidden_dim=256",
+    "data=herd_log",
+    "trainer=llama",
+    "trainer.batch_size=8",
+]
+FOUR = ["resources.gpus_per_node=4"]
+LAYOUTS = {
+    "fsdp4": ["strategy=fsdp", *FOUR],
+    "tp2_fsdp2": ["strategy=llama_tp", *FOUR],
+    "pp2_fsdp2": ["strategy=mesh", "strategy.pp=2", *FOUR],
+}
+TOLERANCE = 0.10
+WORLD = 4
+
+
+def job_spec(overrides: List[str], run_dir: Path) -> Dict[str, Any]:
+    """The job spec `hpc-train OVERRIDES` writes (composed, checked, laid out)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*LLAMA, *overrides])
+    return build_job_spec(make_plan(cfg, run_dir), choices={})
+
+
+@pytest.fixture(scope="module")
+def llama_path():
+    """The example project importable, as hpc-train run from its folder makes it (its code_dirs)."""
+    sys.path.insert(0, str(PROJECT))
+    yield
+    sys.path.remove(str(PROJECT))
+
+
+@pytest.fixture(scope="module")
+def specs(llama_path, tmp_path_factory) -> Dict[str, Dict[str, Any]]:
+    root = tmp_path_factory.mktemp("specs")
+    every = {"single": ["strategy=single"], **LAYOUTS}
+    return {name: job_spec(overrides, root / name) for name, overrides in every.items()}
+
+
+@pytest.fixture(scope="module")
+def measured(specs, tmp_path_factory) -> Dict[str, List[int]]:
+    """Every distributed layout's peak per rank, measured in one real 4-rank gloo run (each layout in turn)."""
+    out = tmp_path_factory.mktemp("measured")
+    names = list(LAYOUTS)
+    mp.start_processes(
+        memory_measure.rank_main,
+        args=(WORLD, str(out / "store"), [specs[name] for name in names], str(out)),
+        nprocs=WORLD,
+        start_method="spawn",
+    )
+    per_rank = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
+    return {name: [per_rank[rank][index] for rank in range(WORLD)] for index, name in enumerate(names)}
+
+
+def assert_within(estimated: List[int], measured: List[int], layout: str) -> None:
+    errors = [(e - m) / m for e, m in zip(estimated, measured)]
+    table = ", ".join(
+        f"rank {r}: {e} B vs {m} B ({err:+.1%})" for r, (e, m, err) in enumerate(zip(estimated, measured, errors))
+    )
+    print(f"{layout}: {table}")
+    assert all(abs(err) <= TOLERANCE for err in errors), f"{layout}: estimate vs measured per rank: {table}"
+
+
+def test_one_process_estimate_matches_the_measured_peak(specs):
+    spec = specs["single"]
+    started = time.perf_counter()
+    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec)))
+    seconds = time.perf_counter() - started
+    measured = memory_measure.measured_peak(spec, 0)  # one process: no process group
+    assert_within([estimate.ranks[0].peak], [measured], "single")
+    print(estimate.describe(), f"({seconds:.2f} s)")
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
+    settings = EstimateSettings.from_job_spec(OmegaConf.create(specs[layout]))
+    estimate = estimate_job(settings, ranks=range(WORLD))
+    assert [r.rank for r in estimate.ranks] == list(range(WORLD))
+    assert_within([r.peak for r in estimate.ranks], measured[layout], layout)
+    print(estimate.describe())
+    parts = estimate.ranks[0]
+    assert parts.parameters > 0 and parts.optimizer_state > 0 and parts.activations > 0
+    assert parts.peak == sum(getattr(parts, name) for name in parts._parts())

@@ -43,6 +43,12 @@ LAYOUTS = {
     "fsdp4": ["strategy=fsdp", *FOUR],
     "tp2_fsdp2": ["strategy=llama_tp", *FOUR],
     "pp2_fsdp2": ["strategy=mesh", "strategy.pp=2", *FOUR],
+    "fsdp4_bf16_checkpointed": [
+        "strategy=fsdp",
+        *FOUR,
+        "trainer.precision=bf16",
+        "trainer.activation_checkpointing=blocks",
+    ],
 }
 TOLERANCE = 0.10
 WORLD = 4

@@ -62,3 +62,9 @@ def test_the_parts_add_up_to_the_peak_and_hold_adamws_two_states(tmp_path):
     assert rank.parameters == params and rank.gradients == params
     assert rank.optimizer_state >= 2 * params
     assert rank.stage is None and "rank 0: peak" in estimate.describe()
+
+
+def test_a_strategy_the_estimate_does_not_simulate_is_refused_naming_the_ones_it_does(tmp_path):
+    ddp = settings(["strategy=ddp", "resources.gpus_per_node=2"], tmp_path)
+    with pytest.raises(Refusal, match=r"does not simulate strategy=ddp yet; it simulates single, fsdp, mesh"):
+        estimate_job(ddp)

@@ -49,6 +49,9 @@ from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import MeshDims
 
 STEPS = 2  # the first makes the optimizer's state, the second runs with it
+# The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; ddp's buckets and the
+# single-process pipelines' device placement do not run on fake tensors yet.
+ESTIMATED = ("single", "fsdp", "mesh")
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,12 @@ class EstimateSettings:
 
 def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = None) -> JobEstimate:
     """The estimate of `ranks` (default: one per pipeline stage, the ranks of a stage holding the same)."""
+    if settings.strategy.identity not in ESTIMATED:
+        raise Refusal(
+            f"`strategy`: the memory estimate does not simulate strategy={settings.strategy.identity} yet; it"
+            f" simulates {', '.join(ESTIMATED)}. Fix: estimate the job as strategy=fsdp or strategy=mesh (what ddp"
+            " holds per rank is fsdp's with every shard whole), or run it without the estimate."
+        )
     started = time.perf_counter()
     chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
     estimates = [estimate_rank(settings, rank) for rank in chosen]

@@ -270,6 +270,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--poll-s", type=float, default=1.0, help="the adaptive controller's poll_s")
     parser.add_argument("--tolerance", type=float, default=0.01, help="within this fraction of the known best")
     parser.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated subset (exhaustive first)")
+    parser.add_argument("--widths", default=None, help="model.hidden's values, comma-separated (default 256,1024)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds, per contender")
     parser.add_argument("--out", default=None, help="results/<out>.json (default adaptive_sweep[_quick])")
     args = parser.parse_args()
@@ -280,7 +281,9 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    space = QUICK if args.quick else FULL
+    space = dict(QUICK if args.quick else FULL)
+    if args.widths:
+        space["model.hidden"] = [int(w) for w in args.widths.split(",")]
     names = [n for n in args.only.split(",") if n]
     if names[0] != "exhaustive" or not set(names) <= set(CONTENDERS):
         raise SystemExit(f"--only: exhaustive first (its best is the known best), then any of {CONTENDERS[1:]}")

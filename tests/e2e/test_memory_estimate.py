@@ -10,6 +10,7 @@ tensor-parallel plan; the layouts are one process, FSDP2 over 4 ranks, tensor pa
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Dict, List
 
 import pytest
 import torch.multiprocessing as mp
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -24,6 +26,7 @@ from hpc_train.compute.fit.estimate import EstimateSettings, estimate_job
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
+from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
 from tests.support import memory_measure
 from tests.support.paths import REPO
 
@@ -120,3 +123,29 @@ def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
     parts = estimate.ranks[0]
     assert parts.parameters > 0 and parts.optimizer_state > 0 and parts.activations > 0
     assert parts.peak == sum(getattr(parts, name) for name in parts._parts())
+
+
+def run_estimate(spec: Dict[str, Any], path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m hpc_train.compute.fit` on `spec` written as a run dir's job_config.yaml, run from the example's
+    folder as hpc-train would have been (its code_dirs)."""
+    path.write_text(yaml.safe_dump({**spec, "job": {**spec["job"], "code_dirs": [str(PROJECT)]}}))
+    command = [sys.executable, "-m", "hpc_train.compute.fit", str(path), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_the_estimate_runs_as_a_process_of_its_own_from_the_job_spec(specs, measured, tmp_path):
+    """What the login side will run: the job spec in, the estimate out as JSON (rank 0 of fsdp over 4 ranks here)."""
+    done = run_estimate(specs["fsdp4"], tmp_path / "job_config.yaml", "--json", "--ranks", "0")
+    assert done.returncode == EXIT_OK, done.stderr
+    printed = json.loads(done.stdout)
+    (rank,) = printed["ranks"]
+    assert rank["rank"] == 0 and abs(rank["peak"] - measured["fsdp4"][0]) <= TOLERANCE * measured["fsdp4"][0]
+    assert "parameters sharded over 4 ranks" in printed["layout"] and printed["seconds"] > 0
+
+
+def test_a_job_it_cannot_estimate_is_refused_in_one_line_with_its_exit_code(specs, tmp_path):
+    ddp = {**specs["fsdp4"], "strategy": {"name": "ddp", "backend": "auto", "find_unused_parameters": False}}
+    done = run_estimate(ddp, tmp_path / "job_config.yaml")
+    assert done.returncode == EXIT_REFUSED
+    assert done.stderr.strip().startswith("hpc-train: `strategy`: the memory estimate does not simulate strategy=ddp")
+    assert "Traceback" not in done.stderr

@@ -100,6 +100,10 @@ class JobEstimate:
     ranks: List[RankEstimate] = field(default_factory=list)
     seconds: float = 0.0
 
+    def as_dict(self) -> Dict[str, Any]:
+        """Plain data (what ``python -m hpc_train.compute.fit --json`` prints): the layout, the seconds, each rank."""
+        return {"layout": self.layout, "seconds": self.seconds, "ranks": [rank.as_dict() for rank in self.ranks]}
+
     @property
     def peak(self) -> int:
         """The most any rank holds: what must fit in one device."""

@@ -14,7 +14,6 @@ No torch here.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,8 +69,8 @@ def claim(sweep_dir: Path, entry: Entry, index: int) -> bool:
     """Whether allocation `index` took the run (False: another pool took it first)."""
     target = folder(sweep_dir) / CLAIMED / f"{index}_{entry.path.name}"
     target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(entry.path, target)
+    try:  # a rename succeeds once: the first pool to make it has the run
+        rundir.replace_atomic(entry.path, target)
     except FileNotFoundError:
         return False
     return True

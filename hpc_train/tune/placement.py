@@ -22,8 +22,9 @@ import shlex
 import shutil
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -94,12 +95,13 @@ class Placement:
 
     def check(self) -> None:
         """What cannot work where the controller is to run, refused before anything starts."""
-        if self.settings.controller == "slurm" and shutil.which("sbatch") is None:
+        where = ELSEWHERE.get(self.settings.controller)
+        if where is not None and where.needs and shutil.which(where.needs) is None:
             raise ConfigError(
                 f"{PREFIX}.controller",
-                "controller=slurm runs the study's controller as a Slurm job, but `sbatch` is not on PATH here.",
-                f"run the command on a Slurm login node, or use {PREFIX}.controller=detached (a background process"
-                " on this machine).",
+                f"controller={self.settings.controller} runs the study's controller {where.runs}, but"
+                f" `{where.needs}` is not on PATH here.",
+                f"{where.fix}, or use {PREFIX}.controller={FORWARDED} (a background process on this machine).",
             )
 
     def forward(self, job: Any, hydra_cfg: Any) -> None:
@@ -108,7 +110,7 @@ class Placement:
         controller=slurm), so that a dropped connection or a closed laptop stops nothing; raises Forwarded."""
         if self.token or job.get("dry_run") or not forwarding.wanted(job):
             return
-        where = "slurm" if self.settings.controller == "slurm" else "detached"
+        where = self.settings.controller if self.settings.controller in ELSEWHERE else FORWARDED
         forwarding.run_on_cluster(job, self.sweep_dir, hydra_cfg, multirun=True, also=[f"{PREFIX}.controller={where}"])
 
     @contextmanager
@@ -129,24 +131,14 @@ class Placement:
 
     def start_elsewhere(self, job: Any) -> bool:
         """controller=detached or slurm: the controller started, claimed for it and said (True); here: False."""
-        if self.settings.controller == "here" or self.token:
+        where = ELSEWHERE.get(self.settings.controller)
+        if where is None or self.token:
             return False
         self.check()
         self.refuse_live()  # again: the checks took a while
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         token, log = run_claim.new_token(), self.sweep_dir / LOG
-        env = {TOKEN_VARIABLE: token, "PYTHONUNBUFFERED": "1"}
-        command = shlex.join(user_command())
-        if self.settings.controller == "detached":
-            child = cli_child.background(_child_command(self.sweep_dir), log, env=env, append=True)
-            how = f"detached, its output in {log}"
-            taken_over = run_claim.acquire(self.sweep_dir, token, pid=child.pid, command=command, how=how)
-            started, stop = f"as process {child.pid} of its own session", f"kill {child.pid}"
-        else:
-            job_id = self._submit(job, token, log)
-            how = f"as Slurm job {job_id}, its output in {log}"
-            taken_over = run_claim.acquire(self.sweep_dir, token, slurm_job=job_id, command=command, how=how)
-            started, stop = f"as Slurm job {job_id}", f"scancel {job_id}"
+        taken_over, started, stop = where.start(self, job, token, log)
         if taken_over:
             print(f"hpc-train: {taken_over}", flush=True)
         print(
@@ -156,6 +148,24 @@ class Placement:
             flush=True,
         )
         return True
+
+    def _start_detached(self, job: Any, token: str, log: Path) -> Tuple[Optional[str], str, str]:
+        """The controller as a process of its own session, claimed for it; (a claim taken over, where it runs, how
+        to stop it)."""
+        env = {TOKEN_VARIABLE: token, "PYTHONUNBUFFERED": "1"}
+        child = cli_child.background(_child_command(self.sweep_dir), log, env=env, append=True)
+        how = f"detached, its output in {log}"
+        command = shlex.join(user_command())
+        taken_over = run_claim.acquire(self.sweep_dir, token, pid=child.pid, command=command, how=how)
+        return taken_over, f"as process {child.pid} of its own session", f"kill {child.pid}"
+
+    def _start_slurm_job(self, job: Any, token: str, log: Path) -> Tuple[Optional[str], str, str]:
+        """The controller as a Slurm job of its own, claimed for it; as _start_detached."""
+        job_id = self._submit(job, token, log)
+        how = f"as Slurm job {job_id}, its output in {log}"
+        command = shlex.join(user_command())
+        taken_over = run_claim.acquire(self.sweep_dir, token, slurm_job=job_id, command=command, how=how)
+        return taken_over, f"as Slurm job {job_id}", f"scancel {job_id}"
 
     def _submit(self, job: Any, token: str, log: Path) -> str:
         """The controller's Slurm job: one task, SLURM_CPUS CPUs, no GPU, the profile's partition and account."""
@@ -202,3 +212,21 @@ class Placement:
         lines += [f"cd {shlex.quote(os.getcwd())}", f"export {TOKEN_VARIABLE}={token} PYTHONUNBUFFERED=1"]
         lines.append(f"exec {shlex.join(_child_command(self.sweep_dir))}")
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """A place where the controller runs apart from the command that starts it (``hydra.sweeper.controller``)."""
+
+    start: Callable[[Placement, Any, str, Path], Tuple[Optional[str], str, str]]
+    runs: str  # how it runs there, in words
+    needs: Optional[str] = None  # a command it needs on PATH here
+    fix: str = ""  # where to run the command when that command is missing
+
+
+# Where a controller runs other than here (settings.CONTROLLERS: these and "here", this command itself)
+ELSEWHERE: Dict[str, Elsewhere] = {
+    "detached": Elsewhere(Placement._start_detached, "as a background process"),
+    "slurm": Elsewhere(Placement._start_slurm_job, "as a Slurm job", "sbatch", "run the command on a Slurm login node"),
+}
+FORWARDED = "detached"  # where a laptop's study's controller runs on the cluster, unless it asked for another place

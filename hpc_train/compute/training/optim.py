@@ -153,7 +153,8 @@ def make_schedule(settings: OptimSettings, optimizer: torch.optim.Optimizer, tot
     choice = settings.lr_schedule
     if is_target(choice):
         return _user_schedule(choice, optimizer)
-    length = int(settings.lr_schedule_steps or total_steps)
+    declared = settings.lr_schedule_steps  # null (declared): the run's own length
+    length = total_steps if declared is None else int(declared)
     factors = [lr_factor(settings, length, float(group["lr"])) for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
 

@@ -15,6 +15,7 @@ import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 
@@ -60,12 +61,33 @@ def local_reference(tmp_path_factory):
     return reference(tmp_path_factory, "ddp")
 
 
-def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, local_reference, tmp_path):
-    run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
-    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+# The same ddp job twice, with and without requeues left; each sent the requeue signal at its first checkpoint
+SIGNALLED = {"requeued": [], "no-requeue-left": ["trainer.max_requeues=0"]}
 
+
+@pytest.fixture(scope="module")
+def signalled(slurm_cluster, tmp_path_factory) -> Dict[str, Tuple[str, Path]]:
+    """SIGNALLED's jobs side by side (one requeue's time, not two), each sent USR2 once it wrote its first
+    checkpoint; (Slurm id, run dir) by name. The tests follow them to their ends."""
+    folder = tmp_path_factory.mktemp("signalled")
+    jobs = {name: submit([*RESUME, *DDP, *extra], folder / name, HPC_TRAIN_STEP_SLEEP="0.4")
+            for name, extra in SIGNALLED.items()}  # fmt: skip
+    waiting = dict(jobs)
+
+    def signal_the_checkpointed() -> bool:
+        for name, job in list(waiting.items()):
+            if checkpoint_steps(folder / name) != []:
+                subprocess.run(["scancel", "--signal=USR2", job], check=True)
+                del waiting[name]
+        return not waiting
+
+    wait_for(signal_the_checkpointed, 120, "the first checkpoint of each job")
+    return {name: (job, folder / name) for name, job in jobs.items()}
+
+
+# local_reference first: run beside the two jobs, its ranks slowed them on two cores more than it saved
+def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(local_reference, signalled):
+    job, run_dir = signalled["requeued"]
     fields = wait_until_finished_with_summary(job, run_dir, timeout=240)
     assert fields["Restarts"] == "1", "the job must have requeued itself once"
     summary = read_summary(run_dir)
@@ -80,11 +102,8 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(slurm_cluster, 
     assert_bit_identical(local_reference, run_dir)
 
 
-def test_requeues_stop_at_max_requeues_and_keep_the_checkpoint(slurm_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    job = submit([*RESUME, *DDP, "trainer.max_requeues=0"], run_dir, HPC_TRAIN_STEP_SLEEP="0.4")
-    wait_for(lambda: checkpoint_steps(run_dir) != [], 120, "the first checkpoint")
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+def test_requeues_stop_at_max_requeues_and_keep_the_checkpoint(signalled):
+    job, run_dir = signalled["no-requeue-left"]
     fields = wait_for_job_end(job, timeout=120)
     assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0"
     assert not (run_dir / "summary.json").exists()

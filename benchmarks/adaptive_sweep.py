@@ -26,8 +26,8 @@ written, to its attempt's start) and the rest (no process of the sweep on the sl
 command's own start and end). The machine's CPU busy fraction during each contender is recorded: trial-seconds are
 comparable within one run, not across machines or loads.
 
-    .venv/bin/python benchmarks/adaptive_sweep.py            # 64 configurations, ~15 min on 2 quiet cores
-    .venv/bin/python benchmarks/adaptive_sweep.py --quick    # 8 configurations, 27 steps, ~2-3 min
+    .venv/bin/python benchmarks/adaptive_sweep.py            # 64 configurations (29 min on the loaded 2-core VM)
+    .venv/bin/python benchmarks/adaptive_sweep.py --quick    # 8 configurations, 27 steps (4.5 min there)
 """
 
 from __future__ import annotations

@@ -101,7 +101,9 @@ def representative_ranks(layout: JobLayout) -> List[int]:
             firsts.setdefault(dims.coordinates(rank)["pp"], rank)
         return [firsts[stage] for stage in sorted(firsts)]
     if layout.strategy == "pipelining":
-        return list(range(max(1, layout.world_size // int(layout.data_parallel_size or layout.world_size))))
+        declared = layout.data_parallel_size  # None: every rank one data-parallel replica of one stage
+        replicas = layout.world_size if declared is None else int(declared)
+        return list(range(max(1, layout.world_size // replicas)))
     return [0]
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 import yaml
@@ -57,23 +60,52 @@ def test_readme_walk_own_cluster_profile_to_a_submitted_job(slurm_cluster, tmp_p
     assert "my-site-setup-ran" in "".join(p.read_text() for p in (run_dir / "slurm").glob("*_log.out"))
 
 
-def test_optuna_study_of_real_slurm_jobs_in_two_batches(slurm_cluster, tmp_path):
-    sweep = tmp_path / "sweep"
-    args = [
-        "-m",
-        "hydra/sweeper=optuna",
-        "hydra.sweeper.sampler.seed=0",
-        "hydra.sweeper.n_trials=4",
-        "hydra.sweeper.n_jobs=2",
-        "trainer.lr=interval(0.01,0.3)",
-        f"hydra.sweep.dir={sweep}",
-        *TRAIN,
-        "launcher=slurm",
-        "cluster.cpus_per_gpu=1",
-        "cluster.time=5",
-        "strategy=single",
-    ]
-    proc = run_cli(args, timeout=600)
+# Two Optuna studies of real Slurm jobs, followed to their ends: the first in two batches of 2 jobs; the second's
+# grid over a batch that does not split over 2 DDP ranks (31) and one that does (32).
+TWO_BATCHES = [
+    "-m",
+    "hydra/sweeper=optuna",
+    "hydra.sweeper.sampler.seed=0",
+    "hydra.sweeper.n_trials=4",
+    "hydra.sweeper.n_jobs=2",
+    "trainer.lr=interval(0.01,0.3)",
+    *TRAIN,
+    "launcher=slurm",
+    "cluster.cpus_per_gpu=1",
+    "cluster.time=5",
+    "strategy=single",
+]
+ONE_REFUSED = [
+    "-m",
+    "hydra/sweeper=optuna",
+    "hydra.sweeper.sampler.seed=1",
+    "hydra.sweeper.n_trials=3",
+    "hydra.sweeper.n_jobs=1",
+    "hydra.sweeper.max_failure_rate=1.0",
+    "trainer.batch_size=choice(31,32)",
+    *[o for o in TRAIN if not o.startswith("trainer.batch_size=")],
+    "launcher=slurm",
+    "cluster.cpus_per_gpu=1",
+    "cluster.time=5",
+    "strategy=ddp",
+    "resources.gpus_per_node=2",
+]
+
+
+@pytest.fixture(scope="module")
+def studies(slurm_cluster, tmp_path_factory) -> Dict[str, Tuple[Path, subprocess.CompletedProcess]]:
+    """Both studies side by side (each waits on its own jobs between its batches); (sweep dir, the command) by name."""
+    folder = tmp_path_factory.mktemp("studies")
+    with ThreadPoolExecutor(2) as pool:
+        runs = {
+            name: pool.submit(run_cli, [*args, f"hydra.sweep.dir={folder / name}"], timeout=600)
+            for name, args in (("two-batches", TWO_BATCHES), ("one-refused", ONE_REFUSED))
+        }
+    return {name: (folder / name, run.result()) for name, run in runs.items()}
+
+
+def test_optuna_study_of_real_slurm_jobs_in_two_batches(studies):
+    sweep, proc = studies["two-batches"]
     assert_ok(proc)
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()]
     assert rows[0][0] == "job_id" and len(rows) == 5, rows  # one header, then both batches appended
@@ -87,30 +119,13 @@ def test_optuna_study_of_real_slurm_jobs_in_two_batches(slurm_cluster, tmp_path)
     assert proc.stdout.count("waiting for this batch of 2 job(s)") == 2
 
 
-def test_optuna_trial_that_fails_validation_is_not_submitted_and_not_fatal(slurm_cluster, tmp_path):
+def test_optuna_trial_that_fails_validation_is_not_submitted_and_not_fatal(studies):
     """Grid over a batch that does not split over 2 DDP ranks (31) and one that does (32): one job queued.
 
     The seeded sampler draws both values in 3 trials. (Optuna 2.10's grid sampler raises when its
     last point fails, so it is not used here.)
     """
-    sweep = tmp_path / "sweep"
-    args = [
-        "-m",
-        "hydra/sweeper=optuna",
-        "hydra.sweeper.sampler.seed=1",
-        "hydra.sweeper.n_trials=3",
-        "hydra.sweeper.n_jobs=1",
-        "hydra.sweeper.max_failure_rate=1.0",
-        "trainer.batch_size=choice(31,32)",
-        f"hydra.sweep.dir={sweep}",
-        *[o for o in TRAIN if not o.startswith("trainer.batch_size=")],
-        "launcher=slurm",
-        "cluster.cpus_per_gpu=1",
-        "cluster.time=5",
-        "strategy=ddp",
-        "resources.gpus_per_node=2",
-    ]
-    proc = run_cli(args, timeout=600)
+    sweep, proc = studies["one-refused"]
     assert_ok(proc)
     assert "not submitted" in proc.stderr and "`trainer.batch_size`" in proc.stderr
     rows = [line.split("\t") for line in (sweep / "jobs.tsv").read_text().splitlines()[1:]]

@@ -81,10 +81,9 @@ def test_four_ddp_runs_packed_in_one_allocation_train_as_their_own_jobs_do(slurm
 
 @pytest.fixture(scope="module")
 def mixed_uninterrupted(tmp_path_factory) -> Path:
-    """The same four runs packed and never stopped."""
+    """The same four runs packed and never stopped: queued here, beside the stopped sweeps; ended once read."""
     sweep_dir = tmp_path_factory.mktemp("uninterrupted")
     sweep([*MIXED, *PACK_ONE], sweep_dir)
-    assert {s.state for s in wait_until_all_ended(sweep_dir, 4, 300).values()} == {records.COMPLETED}
     return sweep_dir
 
 
@@ -136,6 +135,8 @@ def test_an_allocation_stopped_mid_sweep_skips_finished_runs_and_resumes_the_oth
     stop, mixed_uninterrupted, stopped_mid_sweep
 ):
     sweep_dir, job_id, returncode, out = stopped_mid_sweep[stop]
+    uninterrupted = wait_until_all_ended(mixed_uninterrupted, 4, timeout=300)
+    assert {s.state for s in uninterrupted.values()} == {records.COMPLETED}
     states = wait_until_all_ended(sweep_dir, 4, timeout=30)
     assert {s.state for s in states.values()} == {records.COMPLETED}
     # launcher.wait followed each run to the end of its last attempt: the two interrupted ones said so, none failed

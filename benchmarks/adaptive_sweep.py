@@ -28,6 +28,9 @@ comparable within one run, not across machines or loads.
 
     .venv/bin/python benchmarks/adaptive_sweep.py            # 64 configurations (29 min on the loaded 2-core VM)
     .venv/bin/python benchmarks/adaptive_sweep.py --quick    # 8 configurations, 27 steps (4.5 min there)
+
+--lrs, --momenta, --widths, --image-size and --steps MIN,MAX choose another grid, a costlier step and other rungs
+(docs/benchmarks.md: a problem whose steps outweigh a rung's fixed cost); --only adds hyperband.
 """
 
 from __future__ import annotations
@@ -49,7 +52,6 @@ from common import REPO, _busy_seconds, cpu_env, hpc_train_cmd, machine_info, wr
 BASE = [
     "model=toy_mlp",
     "data=digits",
-    "data.image_size=16",
     "strategy=single",
     "trainer.batch_size=256",
     "trainer.epochs=null",
@@ -65,7 +67,7 @@ FULL = {
     "model.hidden": [256, 1024],
 }
 QUICK = {"trainer.lr": [0.01, 0.05, 0.2, 0.3], "trainer.momentum": [0.0, 0.9], "model.hidden": [256]}
-CONTENDERS = ("exhaustive", "hydra-optuna", "asha")
+CONTENDERS = ("exhaustive", "hydra-optuna", "asha", "hyperband")  # hyperband: asked for with --only
 
 
 # -- the commands -----------------------------------------------------------------------------------
@@ -76,7 +78,8 @@ def _choices(space: Dict[str, List[float]]) -> List[str]:
 def command(name: str, space: Dict[str, List[float]], args: argparse.Namespace, sweep: Path) -> List[str]:
     """The contender's hpc-train multirun: the same grid, budget and slots for every one."""
     trials = len(list(itertools.product(*space.values())))
-    common = ["-m", *BASE, f"trainer.max_steps={args.max_steps}", *_choices(space), f"hydra.sweep.dir={sweep}"]
+    common = ["-m", *BASE, f"data.image_size={args.image_size}", f"trainer.max_steps={args.max_steps}"]
+    common += [*_choices(space), f"hydra.sweep.dir={sweep}"]
     if name == "hydra-optuna":
         return hpc_train_cmd(
             [
@@ -90,7 +93,7 @@ def command(name: str, space: Dict[str, List[float]], args: argparse.Namespace, 
                 f"hydra.launcher.n_jobs={args.slots}",
             ]
         )
-    scheduler = "none" if name == "exhaustive" else "asha"
+    scheduler = "none" if name == "exhaustive" else name  # asha or hyperband
     return hpc_train_cmd(
         [
             *common,
@@ -269,12 +272,18 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the grid samplers' seed (the order of the grid)")
     parser.add_argument("--poll-s", type=float, default=1.0, help="the adaptive controller's poll_s")
     parser.add_argument("--tolerance", type=float, default=0.01, help="within this fraction of the known best")
-    parser.add_argument("--only", default=",".join(CONTENDERS), help="comma-separated subset (exhaustive first)")
+    parser.add_argument("--only", default=",".join(CONTENDERS[:3]), help="comma-separated subset (exhaustive first)")
     parser.add_argument("--widths", default=None, help="model.hidden's values, comma-separated (default 256,1024)")
+    parser.add_argument("--lrs", default=None, help="trainer.lr's values, comma-separated (default: 8 from 0.005)")
+    parser.add_argument("--momenta", default=None, help="trainer.momentum's values (default 0,0.5,0.8,0.9)")
+    parser.add_argument("--image-size", type=int, default=16, help="data.image_size: the step's compute grows with it")
+    parser.add_argument("--steps", default=None, help="MIN,MAX: the first rung's and the full budget (default 3,81)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds, per contender")
     parser.add_argument("--out", default=None, help="results/<out>.json (default adaptive_sweep[_quick])")
     args = parser.parse_args()
     args.max_steps, args.min_steps = (27, 3) if args.quick else (81, 3)
+    if args.steps:
+        args.min_steps, args.max_steps = (int(n) for n in args.steps.split(","))
     args.out = args.out or ("adaptive_sweep_quick" if args.quick else "adaptive_sweep")
     return args
 
@@ -282,6 +291,9 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     space = dict(QUICK if args.quick else FULL)
+    for key, given, kind in (("trainer.lr", args.lrs, float), ("trainer.momentum", args.momenta, float)):
+        if given:
+            space[key] = [kind(v) for v in given.split(",")]
     if args.widths:
         space["model.hidden"] = [int(w) for w in args.widths.split(",")]
     names = [n for n in args.only.split(",") if n]

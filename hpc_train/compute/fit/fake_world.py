@@ -86,7 +86,9 @@ def rank_info(layout: JobLayout, rank: int) -> RankInfo:
 def fake_world(layout: JobLayout, rank: int) -> Iterator[RankInfo]:
     """This process as rank `rank` of `layout`'s world on torch's fake process group, for the block's length."""
     if dist.is_initialized():
-        raise RuntimeError("hpc_train bug: the estimate runs in a process of its own, not in a rank")
+        raise AssertionError(  # hpc_train's own invariant, not the user's input: a traceback is wanted
+            "hpc_train bug: the estimate runs in a process of its own, not in a rank"
+        )
     try:
         from torch.testing._internal.distributed.fake_pg import FakeStore  # torch's test tool: only the estimate
     except ImportError as error:

@@ -16,6 +16,7 @@ checkpointed per rank, so a resumed run reads exactly the batches it would have 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sized, Tuple
@@ -55,6 +56,19 @@ def data_shard() -> Tuple[int, int]:
 def set_data_shard(rank: int, size: int) -> None:
     global _SHARD
     _SHARD = (int(rank), int(size))
+
+
+@contextlib.contextmanager
+def data_shard_for(rank: int, size: int) -> Iterator[None]:
+    """The shard set for the block's length and the one before it set again after: for a process that plays a rank
+    for a while (the memory estimate), whose later streams must not read as that rank's."""
+    global _SHARD
+    before = _SHARD
+    set_data_shard(rank, size)
+    try:
+        yield
+    finally:
+        _SHARD = before
 
 
 def is_stream(data: Any) -> bool:

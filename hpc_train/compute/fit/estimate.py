@@ -30,7 +30,7 @@ import torch.nn as nn
 from omegaconf import DictConfig
 
 from hpc_train.compute.data.batch import to_device
-from hpc_train.compute.data.loaders import DataSettings, set_data_shard
+from hpc_train.compute.data.loaders import DataSettings, data_shard_for
 from hpc_train.compute.fit.breakdown import JobEstimate, RankEstimate, from_snapshot
 from hpc_train.compute.fit.fake_world import fake_mode, fake_world, untraceable
 from hpc_train.compute.fit.trackers import peak_snapshot, tracker_for
@@ -123,9 +123,9 @@ def estimate_rank(settings: EstimateSettings, rank: int) -> RankEstimate:
 
 def _real_batch(settings: EstimateSettings, shard: Tuple[int, int]) -> Any:
     """This rank's batch of the job's data (the global batch over the data-parallel ranks), as the trainer reads it."""
-    set_data_shard(*shard)  # a stream shards itself by it
     per_rank = int(settings.trainer.batch_size) // shard[1]
-    return collate(build_datasets(settings.data), per_rank)
+    with data_shard_for(*shard):  # a stream shards itself by it; this process is no rank after the estimate
+        return collate(build_datasets(settings.data), per_rank)
 
 
 def _faked(mode: Any, batch: Any) -> Any:

@@ -1,0 +1,80 @@
+"""The memory estimate of job specs, from the login side: ``python -m hpc_train.compute.fit`` run as a process of its
+own (the login side never imports torch), its JSON read back.
+
+:func:`estimate` writes the job specs into a temporary folder, runs one process for all of them and returns, per spec,
+the estimate (``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``: {"layout", "seconds", "ranks": [...]}) or a
+:class:`Refused` (the estimate cannot simulate that job, in its own words). A process that fails otherwise (a crash,
+no torch) raises :class:`EstimateFailed`, a ConfigError naming ``resources.memory_check`` with the command and what it
+printed on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Union
+
+from hpc_train.errors import ConfigError
+from hpc_train.launch.planning.jobspec import write_yaml
+from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
+
+ESTIMATE_MODULE = "hpc_train.compute.fit"  # python -m ESTIMATE_MODULE SPEC [SPEC ...] --json
+CHECK_KEY = "resources.memory_check"  # the key that turns the check off, named by every failure of the estimate
+STDERR_LINES = 20  # the last lines of a failed estimate's stderr quoted in the error
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The estimate could not simulate this job spec; ``reason`` is its one line (what, and the fix)."""
+
+    reason: str
+
+
+Estimate = Union[Dict[str, Any], Refused]
+
+
+class EstimateFailed(ConfigError):
+    """The estimate's process failed for another reason than a refusal: the command and its stderr."""
+
+    def __init__(self, command: Sequence[str], code: int, stderr: str) -> None:
+        tail = "\n".join(stderr.strip().splitlines()[-STDERR_LINES:])
+        super().__init__(
+            CHECK_KEY,
+            f"the memory estimate failed (exit code {code}): {' '.join(command)}\n{tail}\n",
+            f"fix what it printed, or set {CHECK_KEY}=false to queue the job without the check.",
+        )
+
+
+def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1) -> List[Estimate]:
+    """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once)."""
+    if not specs:
+        return []
+    with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
+        paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
+        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json"]
+        if len(paths) > 1:
+            command += ["--workers", str(max(1, workers))]
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    return _read(command, done, len(specs))
+
+
+def _read(command: List[str], done: "subprocess.CompletedProcess[str]", count: int) -> List[Estimate]:
+    """The process's JSON lines as estimates; its one-line refusal for a single spec it refused (exit code 2)."""
+    if count == 1 and done.returncode == EXIT_REFUSED and not done.stdout.strip():
+        return [Refused(_refusal_words(done.stderr))]
+    if done.returncode != EXIT_OK:
+        raise EstimateFailed(command, done.returncode, done.stderr)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if len(lines) != count:
+        raise EstimateFailed(command, done.returncode, f"{count} JSON lines expected, got:\n{done.stdout}{done.stderr}")
+    answers = [json.loads(line) for line in lines]
+    return [Refused(str(a["refused"])) if "refused" in a else a for a in answers]
+
+
+def _refusal_words(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1].removeprefix("hpc-train: ") if lines else "the estimate refused the job"

@@ -49,7 +49,8 @@ class RankEstimate:
     recomputes under activation checkpointing); ``temporaries``: the backward pass's own tensors (gradients of
     activations); ``transient``: FSDP2's all-gathered parameters and unsharded gradients, with their all-gather and
     reduce-scatter buffers; ``inputs``: the batch and what the tracker could not file. ``stage``: the pipeline stage
-    this rank runs (None without pipeline stages)."""
+    this rank runs (None without pipeline stages). ``flops`` and ``comm``: one training step's FLOPs and the bytes
+    its collectives send, by kind and link (hpc_train.compute.fit.costs.StepCosts), which the cost model reads."""
 
     rank: int
     stage: Optional[int]
@@ -62,9 +63,12 @@ class RankEstimate:
     transient: int = 0
     inputs: int = 0
     peak: int = 0
+    flops: int = 0
+    comm: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def as_dict(self) -> Dict[str, Any]:
-        return {**asdict(self), "coordinates": dict(self.coordinates)}
+        comm = {kind: dict(links) for kind, links in self.comm.items()}
+        return {**asdict(self), "coordinates": dict(self.coordinates), "comm": comm}
 
     def describe(self) -> str:
         """One line: the peak, then each part that holds anything."""
@@ -78,9 +82,14 @@ class RankEstimate:
 
 
 def from_snapshot(
-    snapshot: Mapping[str, int], rank: int, stage: Optional[int], coordinates: Mapping[str, int]
+    snapshot: Mapping[str, int],
+    rank: int,
+    stage: Optional[int],
+    coordinates: Mapping[str, int],
+    costs: Any = None,
 ) -> RankEstimate:
-    """A RankEstimate from one device's peak snapshot (category -> bytes, and ``Total``)."""
+    """A RankEstimate from one device's peak snapshot (category -> bytes, and ``Total``) and the step's `costs`
+    (hpc_train.compute.fit.costs.StepCosts, or None)."""
     sums: Dict[str, int] = {}
     for category, value in snapshot.items():
         label = str(getattr(category, "value", category))  # the tracker's keys are str enums, or "Total"
@@ -88,7 +97,8 @@ def from_snapshot(
             continue
         name = CATEGORIES.get(label, "inputs")
         sums[name] = sums.get(name, 0) + int(value)
-    return RankEstimate(rank, stage, dict(coordinates), **sums, peak=sum(sums.values()))
+    counted = {"flops": int(costs.flops), "comm": costs.as_dict()["comm"]} if costs is not None else {}
+    return RankEstimate(rank, stage, dict(coordinates), **sums, peak=sum(sums.values()), **counted)
 
 
 @dataclass(frozen=True)

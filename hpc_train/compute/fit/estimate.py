@@ -32,6 +32,7 @@ from omegaconf import DictConfig
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.loaders import DataSettings, data_shard_for
 from hpc_train.compute.fit.breakdown import JobEstimate, RankEstimate, from_snapshot
+from hpc_train.compute.fit.costs import StepCosts, counting
 from hpc_train.compute.fit.fake_world import fake_mode, fake_world, untraceable
 from hpc_train.compute.fit.trackers import peak_snapshot, tracker_for
 from hpc_train.compute.parallel import build_strategy, rank_data_shard, strategy_class
@@ -116,9 +117,10 @@ def estimate_rank(settings: EstimateSettings, rank: int) -> RankEstimate:
         with fake_mode() as mode:
             batch = to_device(_faked(mode, batch), strategy.input_device)
             model, names = _model(settings, strategy, batch)
-            snapshot = _tracked_steps(settings, strategy, model, batch, names)
+            costs = StepCosts()
+            snapshot = _tracked_steps(settings, strategy, model, batch, names, costs)
     stage, coordinates = _place(strategy)
-    return from_snapshot(snapshot, rank, stage, coordinates)
+    return from_snapshot(snapshot, rank, stage, coordinates, costs)
 
 
 def _real_batch(settings: EstimateSettings, shard: Tuple[int, int]) -> Any:
@@ -173,9 +175,15 @@ def _model(settings: EstimateSettings, strategy: Strategy, batch: Any) -> Tuple[
 
 
 def _tracked_steps(
-    settings: EstimateSettings, strategy: Strategy, model: nn.Module, batch: Any, names: "ModulePath"
+    settings: EstimateSettings,
+    strategy: Strategy,
+    model: nn.Module,
+    batch: Any,
+    names: "ModulePath",
+    costs: Optional[StepCosts] = None,
 ) -> Mapping[str, int]:
-    """The peak snapshot (category -> bytes) over :data:`STEPS` training steps."""
+    """The peak snapshot (category -> bytes) over :data:`STEPS` training steps; the last step's FLOPs and
+    collectives counted into `costs` (:mod:`hpc_train.compute.fit.costs`)."""
     optim = settings.optim
     plain = strategy.unwrap(model)
     optimizer = make_optimizer(optim, param_groups(optim, plain))
@@ -184,8 +192,9 @@ def _tracked_steps(
     tracker = tracker_for(model, optimizer, batch, once)
     step = _training_step(strategy, model, optimizer, batch, int(optim.grad_accum_steps), ema)
     with _named_untraceable(names), tracker:
-        for _ in range(STEPS):
-            step()
+        for index in range(STEPS):
+            with counting(costs if index == STEPS - 1 else None, settings.layout.gpus_per_node):
+                step()
             tracker.reset_mod_stats()
     return peak_snapshot(tracker)
 

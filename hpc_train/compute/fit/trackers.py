@@ -5,11 +5,18 @@ peak snapshot per category.
 unit and step. ``MemTracker`` takes the rest: a pipeline's micro-batches and accumulated ones run the model several
 times a step, which it refuses as a new iteration unless its per-module statistics (which the estimate does not read)
 are cleared at each root forward: :func:`tracker_for` does that. Its global peak, the estimate's figure, is kept.
+
+Both skip what DTensor's sharding propagation makes: to learn an operation's output shape it runs the operation on
+fake tensors of the arguments' global (unsharded) shapes. On real tensors that is in a fake mode of its own, which
+the trackers skip; in the estimate it is in the estimate's own fake mode, which they track, so a foreach norm over
+FSDP2's sharded gradients counted every gradient whole at once (the model's fp32 size, once per step the propagation
+is not cached). The trackers here count nothing while the propagation runs (:func:`_untracked_propagation`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Type
+import contextlib
+from typing import Any, Callable, Dict, Iterator, Mapping, Type
 
 import torch
 import torch.nn as nn
@@ -39,12 +46,64 @@ def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, 
     from torch.distributed.fsdp import FSDPModule  # ~0.6 s: only the estimate pays it here
 
     if once and isinstance(model, FSDPModule):
-        tracker = fsdp_tracker(model, optimizer)
+        tracker = _skipping_propagation(fsdp_tracker)(model, optimizer)
         tracker.track_external(batch)
         return tracker
-    tracker = _micro_batches(mem_tracker)()
+    tracker = _skipping_propagation(_micro_batches(mem_tracker))()
     tracker.track_external(model, optimizer, batch)
     return tracker
+
+
+class _Propagating:
+    """How deep this process is in DTensor's sharding propagation (0: not in it)."""
+
+    depth = 0
+
+
+@contextlib.contextmanager
+def _untracked_propagation() -> Iterator[None]:
+    """DTensor's propagation of an operation's output shape (``ShardingPropagator._propagate_tensor_meta_non_cached``,
+    where it runs the operation on global-shape fake tensors) counted by :class:`_Propagating`, for the block."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(propagator: Any, schema: Any) -> Any:
+        _Propagating.depth += 1
+        try:
+            return original(propagator, schema)
+        finally:
+            _Propagating.depth -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+
+
+def _skipping_propagation(tracker_type: Type[Any]) -> Type[Any]:
+    class PropagationSkippingTracker(tracker_type):  # type: ignore[misc, valid-type]
+        """The tracker, blind to the tensors DTensor's sharding propagation makes (they hold no memory)."""
+
+        def __enter__(self) -> Any:
+            entered = _untracked_propagation()
+            entered.__enter__()
+            self.__dict__.setdefault("_propagations", []).append(entered)
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                self._propagations.pop().__exit__(None, None, None)
+
+        def __torch_dispatch__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if _Propagating.depth:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return PropagationSkippingTracker
 
 
 def _micro_batches(mem_tracker: Type[Any]) -> Type[Any]:

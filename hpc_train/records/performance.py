@@ -38,6 +38,8 @@ MEMORY = "peak_memory_bytes"  # the largest rank's peak (a GPU: the allocator's 
 MEMORY_RANK = "peak_memory_rank"
 MEMORY_KIND = "peak_memory_kind"  # "allocated" (a GPU's allocator) | "resident" (the process's high-water mark)
 MEMORY_PER_RANK = "peak_memory_per_rank"  # [{"rank", "allocated" | "resident", "reserved"}]
+# The memory check's record (rundir.MEMORY_ESTIMATE, launch.planning.memory_check.Fit.record), copied in at the end
+ESTIMATE = "memory_estimate"
 BREAKDOWN = "step_breakdown"  # {phase: share} averaged over the ranks (PHASES and OTHER)
 BREAKDOWN_PER_RANK = "step_breakdown_per_rank"  # [{phase: share}] by rank
 NUM_WORKERS = "data_num_workers"  # data.num_workers of the run: what an input-bound run's closing line says to raise
@@ -45,6 +47,13 @@ NUM_WORKERS = "data_num_workers"  # data.num_workers of the run: what an input-b
 
 def gib(count: Optional[float]) -> str:
     return "n/a" if count is None else f"{count / 2**30:.2f} GiB"
+
+
+def estimated_peak(summary: Mapping[str, Any]) -> Optional[int]:
+    """The memory check's estimate of the largest rank's tensors (what the measured peak is compared with), if any."""
+    record = summary.get(ESTIMATE)
+    value = record.get("tensor_bytes") if isinstance(record, dict) else None
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def input_bound_note(summary: Mapping[str, Any], num_workers: Optional[int] = None) -> Optional[str]:

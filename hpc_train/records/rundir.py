@@ -36,6 +36,9 @@ from hpc_train.errors import DiskFull
 
 JOB_CONFIG = "job_config.yaml"
 SUMMARY = "summary.json"
+# The memory check's estimate, written at launch (hpc_train.launch.planning.memory_check.Fit.record); summary.json
+# holds it under the same name, beside the measured peak (records.performance.MEMORY).
+MEMORY_ESTIMATE = "memory_estimate.json"
 METRICS = "metrics.jsonl"
 ATTEMPTS = "attempts.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -46,6 +49,7 @@ SHARDED_MANIFEST = "manifest.json"  # written last into a sharded (fsdp) checkpo
 JOB_TABLE = "jobs.tsv"
 HYDRA_OVERRIDES = ".hydra/overrides.yaml"
 REMOTE_LINK = "remote.json"  # a laptop's run (or sweep) dir: where its copy on the cluster is (hpc_train.remote)
+LAYOUT_CHOICE = "layout_choice.json"  # strategy=auto: the layouts it ranked and why it ran the one it did
 
 # How a rank (python -m hpc_train.compute.worker) and the hpc-train command exit.
 EXIT_OK = 0
@@ -372,8 +376,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_summary(run_dir: Path, summary: Dict[str, Any]) -> None:
-    """summary.json, atomically: a full disk keeps the previous one (a resumed run's) and says so."""
+    """summary.json, atomically: a full disk keeps the previous one (a resumed run's) and says so. The memory check's
+    estimate, where the launch wrote one, goes in beside the measured peak."""
     path = Path(run_dir) / SUMMARY
+    estimate = read_json(Path(run_dir) / MEMORY_ESTIMATE)
+    if isinstance(estimate, dict):
+        summary = {**summary, MEMORY_ESTIMATE.removesuffix(".json"): estimate}
     kept = "training ran to its end; the checkpoints and metrics are kept, and the previous summary.json (if any)"
     with recording(path, kept, FREE_AND_RERUN + " to write it from the last checkpoint"):
         write_json_atomic(path, summary)

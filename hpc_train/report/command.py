@@ -62,6 +62,7 @@ class JobReport:
     tflops_per_device: Optional[float] = None
     mfu: Optional[float] = None  # None with tflops_per_device: no known peak (a CPU)
     peak_memory_bytes: Optional[int] = None  # the largest rank's
+    estimated_memory_bytes: Optional[int] = None  # the memory check's estimate of the largest rank's tensors
     performance: Dict[str, Any] = field(default_factory=dict)  # the summary's breakdown and memory, per rank
     train_loss: Optional[float] = None
     lr: Optional[float] = None  # the first parameter group's LR at the last logged step
@@ -145,6 +146,7 @@ def read_job(
         job.tokens_per_sec = summary.get("tokens_per_sec")
         job.tflops_per_device, job.mfu = summary.get(performance.TFLOPS), summary.get(performance.MFU)
         job.peak_memory_bytes = summary.get(performance.MEMORY)
+        job.estimated_memory_bytes = performance.estimated_peak(summary)
         job.performance = {key: summary[key] for key in performance.REPORTED if key in summary}
         job.train_loss = summary.get("train_loss")
         job.eval_accuracy = summary.get("eval_accuracy")
@@ -312,6 +314,7 @@ def table_rows(jobs: Sequence[JobReport]) -> Tuple[List[str], List[List[str]]]:
         for name, value, shown in (
             ("tokens/s", lambda job: _fmt(job.tokens_per_sec, ".4g"), any(job.tokens_per_sec for job in jobs)),
             ("MFU", _mfu_cell, any(job.tflops_per_device is not None for job in jobs)),
+            ("est. mem", lambda job: _gib(job.estimated_memory_bytes), any(job.estimated_memory_bytes for job in jobs)),
             ("peak mem", lambda job: _gib(job.peak_memory_bytes), any(job.peak_memory_bytes for job in jobs)),
         )
         if shown

@@ -94,6 +94,7 @@ OWN_VALUES = {
     "cluster/slurm.yaml": {"cluster.gpus_per_node", "cluster.cpus_per_gpu"},
     "cluster/jean_zay.yaml": {
         *(f"cluster.{k}" for k in ("partition", "constraint", "gpus_per_node", "cpus_per_gpu", "account_env")),
+        "cluster.gpu_memory_gb",
         *(f"cluster.{k}" for k in ("account_suffix", "qos_by_time", "hint", "setup")),
     },
     "data/digits.yaml": {"data.val"},

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, Union
 from omegaconf import DictConfig
 
 from hpc_train.config.view import ConfigView
-from hpc_train.launch.planning.jobspec import build_job_spec
-from hpc_train.launch.planning.plan import make_plan
+from hpc_train.launch.planning import auto_layout, memory_check
 from hpc_train.processes.script_command import is_script_job, script_args
 from hpc_train.records import performance, replicas, run_claim, rundir
 
@@ -26,14 +25,23 @@ def run_job(backend: "Backend", cfg: Union[DictConfig, ConfigView], run_dir: Pat
     run dir; a backend that only prepares a job spec claims nothing), then the backend's dry run or start.
     wait=True follows a queued job to its end whatever launcher.wait says (a sweeper reads its result).
     """
-    plan = make_plan(cfg, run_dir)
-    spec = build_job_spec(plan)
+    plan, spec, choice = auto_layout.planned(cfg, run_dir)  # strategy=auto: the layout it chose
+    fit = memory_check.check(plan, spec)  # MemoryRefused before anything is queued; None where it does not run
     if cfg.dry_run and is_script_job(spec):
         print(f"hpc-train (dry run): {describe_script(spec)}")
+    if cfg.dry_run and choice is not None:
+        print(f"hpc-train (dry run): {choice.table()}")
     if cfg.dry_run:
+        if fit is not None:
+            print(f"hpc-train (dry run): memory: {fit.describe()}")
         return backend.dry_run(plan, spec)
     if not backend.kind.prepares_only:  # one live job per run dir: refused here, before a byte is written
         spec["job"][run_claim.TOKEN_KEY] = claim_run_dir(run_dir)
+    if choice is not None:
+        print(f"hpc-train: strategy=auto chose {choice.why()}", flush=True)
+        rundir.write_json_atomic(run_dir / rundir.LAYOUT_CHOICE, choice.record())
+    if fit is not None:  # summary.json holds it beside the measured peak (rundir.write_summary)
+        rundir.write_json_atomic(run_dir / rundir.MEMORY_ESTIMATE, fit.record())
     return backend.start(plan, spec, wait or bool(cfg.launcher.wait))
 
 

@@ -53,6 +53,18 @@ def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1) -> List[Estimate
     """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once)."""
     if not specs:
         return []
+    if not _several_at_once():  # an estimate that reads one spec per process: one process each
+        return [answer for spec in specs for answer in _run([spec], workers)]
+    return _run(specs, workers)
+
+
+def _several_at_once() -> bool:
+    """Whether the estimate's command reads several specs in one process (--workers)."""
+    main = Path(__file__).parents[2] / "compute" / "fit" / "__main__.py"
+    return "--workers" in main.read_text()
+
+
+def _run(specs: Sequence[Dict[str, Any]], workers: int) -> List[Estimate]:
     with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
         paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
         command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json"]

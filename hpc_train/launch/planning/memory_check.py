@@ -1,0 +1,209 @@
+"""The memory check before queueing: each rank's estimated peak (``python -m hpc_train.compute.fit``, fit_run) plus
+what its device holds beyond tensors (contracts.gpu_memory) against one GPU's memory; a job that will not fit is
+refused in one message, with the settings that do, each as the overrides to paste.
+
+``resources.memory_check``: auto runs it where the GPU's memory is known (``cluster.gpu_type`` or
+``cluster.gpu_memory_gb``) and the job trains hpc_train's model (a script's model is the script's own); true always
+(refused where it cannot run); false never. Neither auto without a known memory nor false starts a process.
+
+A sweep's jobs that differ only in what does not change memory (learning rate, seed, run dir, logger ...) share one
+estimate: :func:`memory_key` is what does, and the process keeps the estimates it made by that key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from hpc_train.config.view import ConfigView
+from hpc_train.contracts.gpu_memory import GIB, GpuMemory, UnknownMemory, device_bytes, gpu_memory
+from hpc_train.errors import ConfigError
+from hpc_train.launch.planning import fit_run, fit_specs
+from hpc_train.launch.planning.candidates import layout_candidates
+from hpc_train.launch.planning.plan import RunPlan
+from hpc_train.processes.script_command import is_script_job
+
+KEY = fit_run.CHECK_KEY
+MEMORY_KEY = "cluster.gpu_memory_gb"
+# The trainer's keys that change no tensor a rank holds: left out of memory_key, so a sweep over them estimates once.
+NOT_MEMORY = frozenset(
+    "epochs max_steps lr min_lr weight_decay lr_schedule lr_schedule_steps lr_warmup_steps lr_step_every lr_step_gamma"
+    " eval_every eval_batches log_every throughput_warmup_steps progress dist_timeout_s checkpoint_every"
+    " keep_checkpoints async_checkpoint max_requeues hang_timeout_s requeue_on_hang stop_grace_s profile".split()
+)
+_known: Dict[str, fit_run.Estimate] = {}  # memory_key -> the estimate this process made for it
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A job's estimate against its GPU: the largest rank's need (its tensors' peak and its device's share)."""
+
+    estimate: Mapping[str, Any]
+    memory: GpuMemory
+    rank: int
+    tensors: int
+    device: int
+
+    @property
+    def need(self) -> int:
+        return self.tensors + self.device
+
+    @property
+    def fits(self) -> bool:
+        return self.need <= self.memory.usable_bytes
+
+    def share_text(self) -> str:
+        """``41.2 GiB of 79.1 GiB (52 %)``."""
+        usable = self.memory.usable_bytes
+        return f"{_gib(self.need)} of {_gib(usable)} ({100 * self.need / usable:.0f} %)"
+
+    def describe(self) -> str:
+        """The need in words, with its parts: what the estimate reads and what the device adds."""
+        tensors = next(r for r in self.estimate["ranks"] if r["rank"] == self.rank)
+        parts = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "transient", "inputs")
+        words = " + ".join(f"{p.replace('_', ' ')} {_gib(tensors[p])}" for p in parts if tensors[p])
+        return (
+            f"rank {self.rank} needs {self.share_text()}: {words} + device {_gib(self.device)} (CUDA context,"
+            f" allocator slack, NCCL buffers: the {self.memory.family.name} family's constants)"
+        )
+
+    def record(self) -> Dict[str, Any]:
+        """What the run dir keeps (rundir.MEMORY_ESTIMATE): the estimate, the need and the memory it was held to."""
+        return {
+            "need_bytes": self.need,
+            "rank": self.rank,
+            "tensor_bytes": self.tensors,
+            "device_bytes": self.device,
+            "gpu_memory_bytes": self.memory.usable_bytes,
+            "gpu_memory_source": self.memory.source,
+            "estimate": dict(self.estimate),
+        }
+
+
+class MemoryRefused(ConfigError):
+    """A job whose estimate exceeds its GPU's memory: the breakdown and the settings that fit."""
+
+
+def check(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
+    """The job's Fit when the check runs, None when it does not; raises MemoryRefused when it will not fit and
+    ConfigError where the check was asked for (true) and cannot run."""
+    memory = wanted(plan.config, spec)
+    if memory is None:
+        return None
+    [estimate] = estimates([spec])
+    if isinstance(estimate, fit_run.Refused):
+        if plan.config.resources.memory_check is True:
+            raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
+        print(f"hpc-train: memory check skipped: {estimate.reason}", flush=True)
+        return None
+    fit = fit_of(estimate, memory, spec)
+    if not fit.fits:
+        raise MemoryRefused("strategy", _refusal(fit, _suggestions(plan, memory)), _FIX)
+    return fit
+
+
+_OFF = f"set {KEY}=false to queue the job without the check (or auto: skipped where it cannot run)."
+_FIX = f"paste one of the settings above, or set {KEY}=false to queue the job as it is."
+
+
+def wanted(view: ConfigView, spec: Mapping[str, Any]) -> Optional[GpuMemory]:
+    """The GPU's memory when the check is to run; None where it is off (false, or auto without a known memory, or a
+    script job's). ConfigError for true where it cannot run, and for a GPU type whose memory is not known."""
+    mode = view.resources.memory_check
+    if mode is False:
+        return None
+    if is_script_job(spec):
+        if mode is True:
+            raise ConfigError(KEY, "a script job's model is the script's own: the estimate cannot know it.", _OFF)
+        return None
+    cluster = view.cluster
+    try:
+        memory = gpu_memory(cluster.get("gpu_type"), cluster.get("gpu_memory_gb"))
+    except UnknownMemory as unknown:
+        fix = f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or {KEY}=false to queue without the check."
+        raise ConfigError(MEMORY_KEY, f"{unknown}.", fix) from None
+    if memory is None and mode is True:
+        raise ConfigError(
+            MEMORY_KEY,
+            f"{KEY}=true needs the GPU's memory, and the cluster profile gives none (cluster.gpu_type, {MEMORY_KEY}).",
+            f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or {KEY}=auto to check where it is known.",
+        )
+    return memory
+
+
+def estimates(specs: Sequence[Dict[str, Any]]) -> List[fit_run.Estimate]:
+    """Each spec's estimate, from this process's earlier ones by memory_key, the others in one process."""
+    keys = [memory_key(spec) for spec in specs]
+    missing = {key: spec for key, spec in zip(keys, specs) if key not in _known}
+    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), workers=2)):
+        _known[key] = answer
+    return [_known[key] for key in keys]
+
+
+def memory_key(spec: Mapping[str, Any]) -> str:
+    """What decides a job's memory: its model, data, strategy, the trainer's settings that hold tensors, the layout
+    and where the user's code is imported from (not its run dir, learning rate, logger or seed)."""
+    trainer = {k: v for k, v in spec["trainer"].items() if k not in NOT_MEMORY}
+    job = spec["job"]
+    kept = [spec["model"], spec["data"], spec["strategy"], trainer, job["layout"], job["code_dirs"]]
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def fit_of(estimate: Mapping[str, Any], memory: GpuMemory, spec: Mapping[str, Any]) -> Fit:
+    """The largest rank's need: its tensors' peak, plus the context, the allocator's slack and NCCL's buffers."""
+    layout = spec["job"]["layout"]
+    mesh = layout.get("mesh") or [layout["world_size"]]
+    communicators = sum(1 for size in mesh if size > 1)
+    fits = [
+        Fit(estimate, memory, r["rank"], r["peak"], device_bytes(memory, r["peak"], communicators))
+        for r in estimate["ranks"]
+    ]
+    return max(fits, key=lambda fit: fit.need)
+
+
+def _gib(count: int) -> str:
+    return f"{count / GIB:.1f} GiB" if count >= GIB // 10 else f"{count / 2**20:.1f} MiB"
+
+
+Suggestion = Tuple[Tuple[str, ...], Fit]
+
+
+def _suggestions(plan: RunPlan, memory: GpuMemory) -> List[Suggestion]:
+    """The settings tried, each with its Fit (those the estimate refused left out), estimated in one process."""
+    tried = _tried(plan)
+    specs = fit_specs.specs_for(tried, plan.run_dir)
+    found = []
+    for overrides, spec, estimate in zip(tried, specs, estimates(specs)):
+        if not isinstance(estimate, fit_run.Refused):
+            found.append((overrides, fit_of(estimate, memory, spec)))
+    return sorted(found, key=lambda suggestion: suggestion[1].need)
+
+
+def _tried(plan: RunPlan) -> List[Tuple[str, ...]]:
+    """The job's other layouts (candidates.layout_candidates), activation checkpointing on its own layout and on
+    FSDP, and twice the gradient accumulation (half the micro-batch, the same global batch)."""
+    view = plan.config
+    own = plan.layout.strategy
+    layouts = [c.overrides for c in layout_candidates(view) if c.overrides[1:] or c.overrides[0] != f"strategy={own}"]
+    tried = list(layouts)
+    if view.trainer.activation_checkpointing == "none":
+        tried.append(("trainer.activation_checkpointing=blocks",))
+        if own != "fsdp":
+            tried.append(("strategy=fsdp", "trainer.activation_checkpointing=blocks"))
+    tried.append((f"trainer.grad_accum_steps={2 * int(view.trainer.grad_accum_steps)}",))
+    return tried
+
+
+def _refusal(fit: Fit, suggestions: List[Suggestion]) -> str:
+    usable = _gib(fit.memory.usable_bytes)
+    lines = [f"the job will not fit in one GPU's memory ({usable}: {fit.memory.source}). {fit.describe()}."]
+    fitting = [(overrides, f) for overrides, f in suggestions if f.fits]
+    if fitting:
+        lines.append("Settings that fit (overrides to paste, the largest rank's need):")
+        lines += [f"  {' '.join(overrides)}: {f.share_text()}" for overrides, f in fitting]
+    else:
+        closest = "; ".join(f"{' '.join(o)}: {f.share_text()}" for o, f in suggestions[:3]) or "none estimated"
+        lines.append(f"None of the settings tried fits (the closest: {closest}): more GPUs or a smaller batch.")
+    return "\n".join(lines) + "\n"

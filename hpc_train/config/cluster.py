@@ -4,7 +4,7 @@ The per-GPU-type table of jean_zay-like profiles comes first: the keys below it 
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Optional, Tuple
 
 from hpc_train.config.checks import (
     DECLARED_ONLY,
@@ -26,6 +26,31 @@ from hpc_train.config.rule import R, Rule
 
 # The precisions a device's dense peak is given for (cluster.gpu_peak_tflops; hpc_train.contracts.gpu_peaks' table).
 PEAK_PRECISIONS = ("bf16", "fp16", "tf32", "fp32")
+
+
+def interconnect(value: Any) -> Optional[str]:
+    """cluster.interconnect: {intra: LINK, inter: LINK}, a LINK a name or GB/s (its names read by the cost model)."""
+    if value is None:
+        return None
+    if not hasattr(value, "items") or not value or set(value) - {"intra", "inter"}:
+        return f"must be a mapping of intra and/or inter to a link name or GB/s, got {value!r}"
+    for link, speed in value.items():
+        if not (isinstance(speed, str) and speed) and positive(speed):
+            return f"gives {link} {speed!r}: a link is a name such as infiniband or a positive number of GB/s"
+    return None
+
+
+interconnect.what = "mapping: intra | inter -> link name | GB/s"  # type: ignore[attr-defined]
+
+
+def positive(value: Any) -> Optional[str]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return None
+    return f"must be a positive number, got {value!r}"
+
+
+positive.what = "number > 0"  # type: ignore[attr-defined]
+
 
 RULES: Tuple[Rule, ...] = (
     R(
@@ -302,5 +327,29 @@ RULES: Tuple[Rule, ...] = (
         " by the device's name (none for a CPU).",
         default=None,
         mapping=True,
+    ),
+    R(
+        "cluster.interconnect",
+        interconnect,
+        "{intra:nvlink,inter:infiniband}",
+        null="nvlink inside a node and infiniband across (CPU workers: loopback and ethernet)",
+        fix=(
+            "give each link as a name (nvlink, pcie, infiniband, ethernet, loopback) or GB/s, e.g."
+            " 'cluster.interconnect={intra:nvlink,inter:50}' (quoted for the shell), or cluster.interconnect=null."
+        ),
+        doc=(
+            "strategy=auto's cost model: the bandwidth a rank sends at inside a node (intra) and across nodes (inter),"
+            " each a link of hpc_train's table (nvlink, pcie, infiniband, ethernet, loopback) or GB/s."
+        ),
+        default=None,
+        mapping=True,
+    ),
+    R(
+        "cluster.cpu_gflops",
+        positive,
+        50,
+        null="20 GFLOP/s a worker",
+        doc="strategy=auto's cost model on CPU workers: the GFLOP/s one worker sustains (measure it on your machine).",
+        default=None,
     ),
 )

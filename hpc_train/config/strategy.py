@@ -4,10 +4,24 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from hpc_train.config.checks import Problem, balance, flag, list_of, one_of, replicate, show, split_point, whole
+from hpc_train.config.checks import (
+    Problem,
+    balance,
+    flag,
+    list_of,
+    number,
+    one_of,
+    replicate,
+    show,
+    split_point,
+    text,
+    whole,
+)
 from hpc_train.config.rule import R, Rule
 
-NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid", "mesh")  # the strategy group's options
+NAMES = ("single", "dp", "ddp", "fsdp", "model_parallel", "pipeline", "hybrid", "mesh", "auto")  # the group's options
+AUTO = "auto"  # hpc-train chooses the layout (hpc_train.launch.planning.auto_layout), then runs one of the others
+AUTO_SEARCH = ("ddp", "fsdp", "hsdp", "tp", "pp")  # the kinds of layout strategy=auto may try
 TP_STYLES = ("colwise", "rowwise", "colwise_gather")  # what a strategy.tp_plan pattern may map to, besides a _target_
 
 
@@ -259,5 +273,30 @@ RULES: Tuple[Rule, ...] = (
         default=None,
         only=("mesh",),
         mapping=True,
+    ),
+    R(
+        "strategy.mesh",
+        text(r"[A-Za-z0-9_][A-Za-z0-9_./-]*", "a strategy option's name"),
+        "llama_tp",
+        doc="auto: the strategy option (a mesh) its tensor-parallel and pipeline candidates select, with its tp_plan.",
+        default="mesh",
+        only=(AUTO,),
+    ),
+    R(
+        "strategy.search",
+        list_of(one_of(*AUTO_SEARCH), "layout kinds", allow_empty=False),
+        "[fsdp,tp]",
+        fix=f"list the kinds of layout to try among {', '.join(AUTO_SEARCH)}, e.g. strategy.search=[fsdp,tp].",
+        doc=f"auto: the kinds of layout tried: {' | '.join(AUTO_SEARCH)} (hsdp: on several nodes).",
+        default=list(AUTO_SEARCH),
+        only=(AUTO,),
+    ),
+    R(
+        "strategy.efficiency",
+        number(0, 1, low_open=True),
+        0.4,
+        doc="auto: the share of the device's peak FLOP/s a training step sustains, in the modelled step time.",
+        default=0.4,
+        only=(AUTO,),
     ),
 )

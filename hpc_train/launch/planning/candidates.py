@@ -24,13 +24,14 @@ from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.checks import count_range
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import launcher_kind
+from hpc_train.config.strategy import AUTO_SEARCH
 from hpc_train.config.view import ConfigView
 from hpc_train.contracts.mesh_dims import ORDER
 from hpc_train.launch.planning.parallelism import Parallelism, resolve_parallelism
 from hpc_train.launch.planning.plan import resolve_gpus_per_node
 from hpc_train.launch.planning.validate import check_layout
 
-SEARCH = ("ddp", "fsdp", "hsdp", "tp", "pp")  # the kinds of layout listed unless the caller narrows them
+SEARCH = AUTO_SEARCH  # the kinds of layout listed unless the caller narrows them
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,13 @@ def _mesh_products(world: _World, option: str, node: Mapping[str, Any], search: 
 
 
 def _mesh_proposal(option: str, node: Mapping[str, Any], dims: Dict[str, int], chunks: Optional[int]) -> Proposal:
-    settings = {**dims, **({"chunks": chunks} if chunks is not None else {})}
-    overrides = (f"strategy={option}", *(f"strategy.{key}={value}" for key, value in settings.items()))
-    return overrides, {**dict(node), **settings}
+    """The overrides of one mesh layout: the option, then each setting the option does not have already (the shards
+    as -1, whatever the world leaves, without replicas)."""
+    settings: Dict[str, Any] = {**dims, **({"chunks": chunks} if chunks is not None else {})}
+    if settings["dp_replicate"] == 1:
+        settings["dp_shard"] = -1
+    changed = [f"strategy.{key}={value}" for key, value in settings.items() if node.get(key) != value]
+    return (f"strategy={option}", *changed), {**dict(node), **settings}
 
 
 def _checked(view: ConfigView, node: Dict[str, Any], world: _World) -> Optional[Parallelism]:

@@ -4,8 +4,8 @@ job's training step runs for real, one gloo process per rank (tests/support/memo
 
 The model is the Llama-style example's (examples/llama_project: RMSNorm, causal attention, SwiGLU), with its own
 tensor-parallel plan; the layouts are one process, FSDP2 over 4 ranks (fp32, bf16, bf16 with activation
-checkpointing), tensor parallel 2 x FSDP 2 and pipeline 2 x FSDP 2. The job specs are the ones hpc-train writes
-(the launch side's plan of the same overrides).
+checkpointing), DDP over 4 ranks, tensor parallel 2 x FSDP 2 and pipeline 2 x FSDP 2. The job specs are the ones
+hpc-train writes (the launch side's plan of the same overrides).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ LLAMA = [
 FOUR = ["resources.gpus_per_node=4"]
 LAYOUTS = {
     "fsdp4": ["strategy=fsdp", *FOUR],
+    "ddp4": ["strategy=ddp", *FOUR],  # simulated: the plain model and DDP's gradient buckets
     "tp2_fsdp2": ["strategy=llama_tp", *FOUR],
     "pp2_fsdp2": ["strategy=mesh", "strategy.pp=2", *FOUR],
     # bf16 over 8 blocks, one sequence a rank: the parameters outweigh the activations. The estimate once counted
@@ -149,8 +150,8 @@ def test_the_estimate_runs_as_a_process_of_its_own_from_the_job_spec(specs, meas
 
 
 def test_a_job_it_cannot_estimate_is_refused_in_one_line_with_its_exit_code(specs, tmp_path):
-    ddp = {**specs["fsdp4"], "strategy": {"name": "ddp", "backend": "auto", "find_unused_parameters": False}}
-    done = run_estimate(ddp, tmp_path / "job_config.yaml")
+    dp = {**specs["fsdp4"], "strategy": {"name": "dp", "backend": "auto"}}
+    done = run_estimate(dp, tmp_path / "job_config.yaml")
     assert done.returncode == EXIT_REFUSED
-    assert done.stderr.strip().startswith("hpc-train: `strategy`: the memory estimate does not simulate strategy=ddp")
+    assert done.stderr.strip().startswith("hpc-train: `strategy`: the memory estimate does not simulate strategy=dp")
     assert "Traceback" not in done.stderr

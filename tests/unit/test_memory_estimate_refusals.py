@@ -65,6 +65,6 @@ def test_the_parts_add_up_to_the_peak_and_hold_adamws_two_states(tmp_path):
 
 
 def test_a_strategy_the_estimate_does_not_simulate_is_refused_naming_the_ones_it_does(tmp_path):
-    ddp = settings(["strategy=ddp", "resources.gpus_per_node=2"], tmp_path)
-    with pytest.raises(Refusal, match=r"does not simulate strategy=ddp yet; it simulates single, fsdp, mesh"):
-        estimate_job(ddp)
+    dp = settings(["strategy=dp", "resources.gpus_per_node=2"], tmp_path)
+    with pytest.raises(Refusal, match=r"does not simulate strategy=dp yet; it simulates single, fsdp, mesh, ddp"):
+        estimate_job(dp)

@@ -8,8 +8,8 @@ estimated as they run:
    (its device mesh made here, on real rank lists);
 2. one real batch of the job's data, this rank's share of the global batch (its data shard), made fake;
 3. on fake tensors: the model built from its ``model`` node, activation checkpointing as the trainer applies it, the
-   strategy's wrapping (pipeline cut, tensor parallel, FSDP2), the optimizer and its parameter groups, the weight
-   average;
+   strategy's wrapping (pipeline cut, tensor parallel, FSDP2; DDP simulated with its gradient buckets,
+   :mod:`hpc_train.compute.fit.replicas`), the optimizer and its parameter groups, the weight average;
 4. two optimizer steps under torch's memory tracker (FSDPMemTracker where FSDP2 wraps the model): gradients zeroed,
    the strategy's forward and backward over the accumulation's micro-batches, the gradient norm, the optimizer's
    step. The second step holds the optimizer state the first made; the peak over both is the rank's.
@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 
 from hpc_train.compute.data.batch import to_device
 from hpc_train.compute.data.loaders import DataSettings, data_shard_for
+from hpc_train.compute.fit import replicas
 from hpc_train.compute.fit.breakdown import JobEstimate, RankEstimate, from_snapshot
 from hpc_train.compute.fit.costs import StepCosts, counting
 from hpc_train.compute.fit.fake_world import fake_mode, fake_world, untraceable
@@ -50,9 +51,9 @@ from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import MeshDims
 
 STEPS = 2  # the first makes the optimizer's state, the second runs with it
-# The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; ddp's buckets and the
-# single-process pipelines' device placement do not run on fake tensors yet.
-ESTIMATED = ("single", "fsdp", "mesh")
+# The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; nn.DataParallel's
+# and the single-process pipelines' device placement (several devices in one process) do not run on fake tensors yet.
+ESTIMATED = ("single", "fsdp", "mesh", "ddp")
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = No
     if settings.strategy.identity not in ESTIMATED:
         raise Refusal(
             f"`strategy`: the memory estimate does not simulate strategy={settings.strategy.identity} yet; it"
-            f" simulates {', '.join(ESTIMATED)}. Fix: estimate the job as strategy=fsdp or strategy=mesh (what ddp"
-            " holds per rank is fsdp's with every shard whole), or run it without the estimate."
+            f" simulates {', '.join(ESTIMATED)}. Fix: estimate the job as strategy=ddp (a replica a rank) or"
+            " strategy=mesh with the same layout, or run it without the estimate."
         )
     started = time.perf_counter()
     chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
@@ -170,7 +171,10 @@ def _model(settings: EstimateSettings, strategy: Strategy, batch: Any) -> Tuple[
         checkpoint_blocks(model)
     example = batch[0] if isinstance(batch, (list, tuple)) else batch
     with _named_untraceable(names):
-        wrapped = strategy.wrap(model, example if strategy.needs_example else None)
+        if replicas.simulated(strategy):  # DDP does not run on fake tensors: its buckets simulated
+            wrapped = replicas.wrap(strategy, model)
+        else:
+            wrapped = strategy.wrap(model, example if strategy.needs_example else None)
     return wrapped, names
 
 

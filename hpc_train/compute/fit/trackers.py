@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Type
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 from hpc_train.compute.runtime.refusal import Refusal
 
@@ -41,7 +42,7 @@ def _classes() -> tuple[Type[Any], Type[Any]]:
 def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, once: bool) -> Any:
     """FSDPMemTracker where FSDP2 wraps the model and each unit runs `once` a step, else a MemTracker that takes
     micro-batches (it files FSDP2's gathered parameters as activations); the model, the optimizer and the batch,
-    made before it, tracked too."""
+    made before it, tracked too, and a simulated DDP's gradient buckets as gradients."""
     mem_tracker, fsdp_tracker = _classes()
     from torch.distributed.fsdp import FSDPModule  # ~0.6 s: only the estimate pays it here
 
@@ -51,7 +52,16 @@ def tracker_for(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Any, 
         return tracker
     tracker = _skipping_propagation(_micro_batches(mem_tracker))()
     tracker.track_external(model, optimizer, batch)
+    for bucket in getattr(model, "gradient_buckets", ()):  # the simulated DDP's (hpc_train.compute.fit.replicas)
+        tracker._update_and_maybe_create_winfos(bucket, _gradient_kind())
     return tracker
+
+
+def _gradient_kind() -> Any:
+    """MemTracker's category of gradients."""
+    from torch.distributed._tools.mem_tracker import _MemRefType  # torch's tools: _classes refused a torch without
+
+    return _MemRefType.GRAD
 
 
 class _Propagating:
@@ -64,8 +74,6 @@ class _Propagating:
 def _untracked_propagation() -> Iterator[None]:
     """DTensor's propagation of an operation's output shape (``ShardingPropagator._propagate_tensor_meta_non_cached``,
     where it runs the operation on global-shape fake tensors) counted by :class:`_Propagating`, for the block."""
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
-
     original = ShardingPropagator._propagate_tensor_meta_non_cached
 
     def propagate(propagator: Any, schema: Any) -> Any:

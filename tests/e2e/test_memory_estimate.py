@@ -131,27 +131,36 @@ def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
     assert parts.peak == sum(getattr(parts, name) for name in parts._parts())
 
 
-def run_estimate(spec: Dict[str, Any], path: Path, *args: str) -> subprocess.CompletedProcess:
-    """`python -m hpc_train.compute.fit` on `spec` written as a run dir's job_config.yaml, run from the example's
-    folder as hpc-train would have been (its code_dirs)."""
-    path.write_text(yaml.safe_dump({**spec, "job": {**spec["job"], "code_dirs": [str(PROJECT)]}}))
-    command = [sys.executable, "-m", "hpc_train.compute.fit", str(path), *args]
+def run_estimate(specs: List[Dict[str, Any]], folder: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m hpc_train.compute.fit` on `specs`, each written as a run dir's job_config.yaml, run from the
+    example's folder as hpc-train would have been (its code_dirs)."""
+    paths = []
+    for index, spec in enumerate(specs):
+        paths.append(folder / f"job_config{index}.yaml")
+        paths[-1].write_text(yaml.safe_dump({**spec, "job": {**spec["job"], "code_dirs": [str(PROJECT)]}}))
+    command = [sys.executable, "-m", "hpc_train.compute.fit", *map(str, paths), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
-def test_the_estimate_runs_as_a_process_of_its_own_from_the_job_spec(specs, measured, tmp_path):
-    """What the login side will run: the job spec in, the estimate out as JSON (rank 0 of fsdp over 4 ranks here)."""
-    done = run_estimate(specs["fsdp4"], tmp_path / "job_config.yaml", "--json", "--ranks", "0")
+def refused(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """`spec` as strategy=dp, which the estimate does not simulate."""
+    return {**spec, "strategy": {"name": "dp", "backend": "auto"}}
+
+
+def test_the_estimate_runs_as_a_process_of_its_own_from_job_specs(specs, measured, tmp_path):
+    """What the login side runs: job specs in (a job and an alternative), one JSON line out per spec, in order, a
+    refusal among them (rank 0 of fsdp over 4 ranks here, the specs in 2 processes)."""
+    done = run_estimate([specs["fsdp4"], refused(specs["fsdp4"])], tmp_path, "--json", "--ranks", "0", "--workers", "2")
     assert done.returncode == EXIT_OK, done.stderr
-    printed = json.loads(done.stdout)
+    printed, refusal = [json.loads(line) for line in done.stdout.splitlines()]
     (rank,) = printed["ranks"]
     assert rank["rank"] == 0 and abs(rank["peak"] - measured["fsdp4"][0]) <= TOLERANCE * measured["fsdp4"][0]
     assert "parameters sharded over 4 ranks" in printed["layout"] and printed["seconds"] > 0
+    assert refusal["refused"].startswith("`strategy`: the memory estimate does not simulate strategy=dp")
 
 
 def test_a_job_it_cannot_estimate_is_refused_in_one_line_with_its_exit_code(specs, tmp_path):
-    dp = {**specs["fsdp4"], "strategy": {"name": "dp", "backend": "auto"}}
-    done = run_estimate(dp, tmp_path / "job_config.yaml")
+    done = run_estimate([refused(specs["fsdp4"])], tmp_path)
     assert done.returncode == EXIT_REFUSED
     assert done.stderr.strip().startswith("hpc-train: `strategy`: the memory estimate does not simulate strategy=dp")
     assert "Traceback" not in done.stderr

@@ -1,17 +1,33 @@
-"""``python -m hpc_train.compute.fit JOB_SPEC [--ranks 0,2] [--json]``: a job's memory estimate in a process of its
-own, from the job spec hpc-train writes (``<run dir>/job_config.yaml``). The login side, which never imports torch,
-runs this when an estimate is asked for and reads its output.
+"""``python -m hpc_train.compute.fit SPEC [SPEC ...] [--ranks 0,2] [--json] [--workers N]``: job specs' memory
+estimates in a process of their own, each from a job spec hpc-train writes (``<run dir>/job_config.yaml``). The login
+side, which never imports torch, runs this when an estimate is asked for (a job and the layouts it suggests, in one
+go) and reads its output.
 
-Prints the estimate (``--json``: as one JSON object, ``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``) and exits
-EXIT_OK; a job the estimate cannot simulate prints one line on stderr and exits EXIT_REFUSED.
+One spec: prints its estimate (``--json``: one JSON object) and exits EXIT_OK; a job the estimate cannot simulate
+prints one line on stderr (``hpc-train: <what, and the fix>``) and exits EXIT_REFUSED.
+
+Several specs: each is estimated (``--workers N``: in N processes at once; default 1, in this one), and the answers
+are printed in the order of the specs, one per spec; the exit code is EXIT_OK, refusals included. With ``--json``
+each answer is one line holding one JSON object:
+
+* an estimate: ``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``, ``{"layout": "<the layout in words>",
+  "seconds": <to estimate>, "ranks": [{"rank", "stage", "coordinates", "parameters", "gradients",
+  "optimizer_state", "activations", "temporaries", "transient", "inputs", "peak", ...}, ...]}`` (bytes; one entry
+  per rank estimated);
+* a spec it cannot estimate: ``{"refused": "<the one-line message, without the hpc-train: prefix>"}``.
+
+Without ``--json`` each answer is the spec's path on a line, then its estimate in words or ``refused: <message>``.
+A failure other than a refusal (a crash of the user's code, say) ends the process with its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
-from typing import List, Optional
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,24 +37,50 @@ from hpc_train.compute.settings import JobSettings, section
 from hpc_train.compute.user.instantiate import add_code_dirs
 from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
 
+Answer = Tuple[Dict[str, Any], str]  # (the JSON object, the words) for one spec
+
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpc_train.compute.fit", description=__doc__.splitlines()[0])
-    parser.add_argument("spec", help="the job spec (a run dir's job_config.yaml)")
+    parser.add_argument("specs", nargs="+", metavar="spec", help="a job spec (a run dir's job_config.yaml)")
     parser.add_argument("--ranks", help="the ranks to estimate, e.g. 0,2 (default: the first of each pipeline stage)")
-    parser.add_argument("--json", action="store_true", help="print the estimate as one JSON object")
+    parser.add_argument("--json", action="store_true", help="print each estimate as one JSON object, one a line")
+    parser.add_argument("--workers", type=int, default=1, help="estimate the specs in this many processes")
     args = parser.parse_args(argv)
-    spec = OmegaConf.load(args.spec)
+    ranks = [int(rank) for rank in args.ranks.split(",")] if args.ranks else None
+    answers = _answers(args.specs, ranks, max(1, args.workers))
+    if len(answers) == 1 and "refused" in answers[0][0]:
+        print(f"hpc-train: {answers[0][0]['refused']}", file=sys.stderr)
+        return EXIT_REFUSED
+    for path, (data, words) in zip(args.specs, answers):
+        if args.json:
+            print(json.dumps(data), flush=True)
+        else:
+            print(words if len(answers) == 1 else f"{path}\n{words}", flush=True)
+    return EXIT_OK
+
+
+def _answers(paths: Sequence[str], ranks: Optional[List[int]], workers: int) -> List[Answer]:
+    """Each spec's answer, in order: in this process, or in `workers` processes (forked: torch is imported already
+    and has run nothing)."""
+    if workers == 1 or len(paths) == 1:
+        return [answer(path, ranks) for path in paths]
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(min(workers, len(paths)), mp_context=context) as pool:
+        return list(pool.map(answer, paths, [ranks] * len(paths)))
+
+
+def answer(path: str, ranks: Optional[List[int]]) -> Answer:
+    """The estimate of the job spec at `path` (or its refusal): as JSON data and in words."""
+    spec = OmegaConf.load(path)
     assert isinstance(spec, DictConfig)
     add_code_dirs(section(JobSettings, spec.job).code_dirs)  # the user's package, importable as on the ranks
-    ranks = [int(rank) for rank in args.ranks.split(",")] if args.ranks else None
     try:
         estimate = estimate_job(EstimateSettings.from_job_spec(spec), ranks)
     except Refusal as refusal:
-        print(f"hpc-train: {refusal}", file=sys.stderr)
-        return EXIT_REFUSED
-    print(json.dumps(estimate.as_dict()) if args.json else estimate.describe())
-    return EXIT_OK
+        return {"refused": str(refusal)}, f"refused: {refusal}"
+    return estimate.as_dict(), estimate.describe()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ class EstimateFailed(ConfigError):
     """The estimate's process failed for another reason than a refusal: the command and its stderr."""
 
     def __init__(self, command: Sequence[str], code: int, stderr: str) -> None:
-        tail = "\n".join(stderr.strip().splitlines()[-STDERR_LINES:])
+        lines = stderr.strip().splitlines()
+        tail = "\n".join(lines[-STDERR_LINES:])
+        self.last_line = lines[-1] if lines else f"exit code {code}"
         super().__init__(
             CHECK_KEY,
             f"the memory estimate failed (exit code {code}): {' '.join(command)}\n{tail}\n",
@@ -49,13 +51,24 @@ class EstimateFailed(ConfigError):
         )
 
 
-def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1) -> List[Estimate]:
-    """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once)."""
+def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: bool = False) -> List[Estimate]:
+    """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once).
+    `failed_refuses`: a process that fails refuses the specs it ran (their reason its last line) instead of raising
+    EstimateFailed (settings tried beside the job's own, which a crash of one must not hide)."""
     if not specs:
         return []
     if not _several_at_once():  # an estimate that reads one spec per process: one process each
-        return [answer for spec in specs for answer in _run([spec], workers)]
-    return _run(specs, workers)
+        return [answer for spec in specs for answer in _guarded([spec], workers, failed_refuses)]
+    return _guarded(specs, workers, failed_refuses)
+
+
+def _guarded(specs: Sequence[Dict[str, Any]], workers: int, failed_refuses: bool) -> List[Estimate]:
+    try:
+        return _run(specs, workers)
+    except EstimateFailed as failed:
+        if not failed_refuses:
+            raise
+        return [Refused(f"the estimate failed: {failed.last_line}")] * len(specs)
 
 
 def _several_at_once() -> bool:

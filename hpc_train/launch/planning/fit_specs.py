@@ -33,6 +33,7 @@ def specs_for(
     task overrides), planned for `run_dir`. Raises ConfigError where a set makes a config the job's checks refuse."""
     assert GlobalHydra.instance().is_initialized(), "specs_for composes in an initialised Hydra (an app or compose)"
     held = HydraConfig.instance().cfg
+    assert held is not None or base is not None, "outside a Hydra app, specs_for needs the job's overrides (base)"
     if base is None:  # the app's own overrides, with the search path it was given (hydra.searchpath=[...])
         paths = [o for o in held.hydra.overrides.hydra if _key(o) == "hydra.searchpath"] if held is not None else []
         base = [*paths, *held.hydra.overrides.task] if held is not None else []

@@ -33,6 +33,7 @@ NOT_MEMORY = frozenset(
     " eval_every eval_batches log_every throughput_warmup_steps progress dist_timeout_s checkpoint_every"
     " keep_checkpoints async_checkpoint max_requeues hang_timeout_s requeue_on_hang stop_grace_s profile".split()
 )
+WORKERS = 2  # the settings tried are estimated this many at once
 _known: Dict[str, fit_run.Estimate] = {}  # memory_key -> the estimate this process made for it
 
 
@@ -133,11 +134,11 @@ def wanted(view: ConfigView, spec: Mapping[str, Any]) -> Optional[GpuMemory]:
     return memory
 
 
-def estimates(specs: Sequence[Dict[str, Any]]) -> List[fit_run.Estimate]:
+def estimates(specs: Sequence[Dict[str, Any]], failed_refuses: bool = False) -> List[fit_run.Estimate]:
     """Each spec's estimate, from this process's earlier ones by memory_key, the others in one process."""
     keys = [memory_key(spec) for spec in specs]
     missing = {key: spec for key, spec in zip(keys, specs) if key not in _known}
-    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), workers=2)):
+    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), WORKERS, failed_refuses)):
         _known[key] = answer
     return [_known[key] for key in keys]
 
@@ -175,7 +176,7 @@ def _suggestions(plan: RunPlan, memory: GpuMemory) -> List[Suggestion]:
     tried = _tried(plan)
     specs = fit_specs.specs_for(tried, plan.run_dir)
     found = []
-    for overrides, spec, estimate in zip(tried, specs, estimates(specs)):
+    for overrides, spec, estimate in zip(tried, specs, estimates(specs, failed_refuses=True)):
         if not isinstance(estimate, fit_run.Refused):
             found.append((overrides, fit_of(estimate, memory, spec)))
     return sorted(found, key=lambda suggestion: suggestion[1].need)

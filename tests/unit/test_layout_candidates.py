@@ -14,10 +14,29 @@ from hpc_train.launch.planning.candidates import layout_candidates, shipped_stra
 TP_MESH = ("my_tp", {**shipped_strategy("mesh"), "tp_plan": {"layers.*.wq": "colwise"}})
 
 
-def words(overrides: List[str], **kwargs) -> List[str]:
+def candidates(overrides: List[str], **kwargs):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         view = checked_view(compose(config_name="config", overrides=["resources.gpus_per_node=4", *overrides]))
-    return [candidate.words for candidate in layout_candidates(view, **kwargs)]
+    return layout_candidates(view, **kwargs)
+
+
+def words(overrides: List[str], **kwargs) -> List[str]:
+    return [candidate.words for candidate in candidates(overrides, **kwargs)]
+
+
+def test_a_users_mesh_option_is_given_every_dimension_the_shipped_mesh_only_what_differs():
+    # the user's option may set its own (tp: 2 in the llama example): a pipeline without tp says tp=1
+    own = {c.words: c.overrides for c in candidates(["trainer.batch_size=8"], mesh=TP_MESH, search=("pp",))}
+    assert own["pp 2 x dp_shard 2, 2 chunks"] == (
+        "strategy=my_tp",
+        "strategy.pp=2",
+        "strategy.dp_replicate=1",
+        "strategy.dp_shard=-1",
+        "strategy.tp=1",
+        "strategy.chunks=2",
+    )
+    shipped = {c.words: c.overrides for c in candidates(["trainer.batch_size=8"], search=("pp",))}
+    assert shipped["pp 2 x dp_shard 2, 2 chunks"] == ("strategy=mesh", "strategy.pp=2", "strategy.chunks=2")
 
 
 def test_four_ranks_give_ddp_fsdp_and_the_meshs_tp_and_pp_products_as_overrides():

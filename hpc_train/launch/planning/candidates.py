@@ -142,12 +142,14 @@ def _mesh_products(world: _World, option: str, node: Mapping[str, Any], search: 
 
 
 def _mesh_proposal(option: str, node: Mapping[str, Any], dims: Dict[str, int], chunks: Optional[int]) -> Proposal:
-    """The overrides of one mesh layout: the option, then each setting the option does not have already (the shards
-    as -1, whatever the world leaves, without replicas)."""
+    """The overrides of one mesh layout: the option, then its dimensions (the shards as -1, whatever the world
+    leaves, without replicas) and chunks; for the shipped mesh only those that differ from its defaults (a user's
+    option may set its own, e.g. tp: 2)."""
     settings: Dict[str, Any] = {**dims, **({"chunks": chunks} if chunks is not None else {})}
     if settings["dp_replicate"] == 1:
         settings["dp_shard"] = -1
-    changed = [f"strategy.{key}={value}" for key, value in settings.items() if node.get(key) != value]
+    shipped = shipped_strategy("mesh") if option == "mesh" else {}
+    changed = [f"strategy.{key}={value}" for key, value in settings.items() if shipped.get(key) != value]
     return (f"strategy={option}", *changed), {**dict(node), **settings}
 
 

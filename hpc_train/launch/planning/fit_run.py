@@ -53,28 +53,20 @@ class EstimateFailed(ConfigError):
 
 def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: bool = False) -> List[Estimate]:
     """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once).
-    `failed_refuses`: a process that fails refuses the specs it ran (their reason its last line) instead of raising
-    EstimateFailed (settings tried beside the job's own, which a crash of one must not hide)."""
+
+    `failed_refuses` (the settings tried beside a job, which a crash of one must not hide): a process that fails
+    other than by refusing is run again one spec at a time, and a spec whose process still fails is refused with its
+    last line, instead of raising EstimateFailed."""
     if not specs:
         return []
-    if not _several_at_once():  # an estimate that reads one spec per process: one process each
-        return [answer for spec in specs for answer in _guarded([spec], workers, failed_refuses)]
-    return _guarded(specs, workers, failed_refuses)
-
-
-def _guarded(specs: Sequence[Dict[str, Any]], workers: int, failed_refuses: bool) -> List[Estimate]:
     try:
         return _run(specs, workers)
     except EstimateFailed as failed:
         if not failed_refuses:
             raise
-        return [Refused(f"the estimate failed: {failed.last_line}")] * len(specs)
-
-
-def _several_at_once() -> bool:
-    """Whether the estimate's command reads several specs in one process (--workers)."""
-    main = Path(__file__).parents[2] / "compute" / "fit" / "__main__.py"
-    return "--workers" in main.read_text()
+        if len(specs) == 1:
+            return [Refused(f"the estimate failed: {failed.last_line}")]
+        return [answer for spec in specs for answer in estimate([spec], 1, failed_refuses)]
 
 
 def _run(specs: Sequence[Dict[str, Any]], workers: int) -> List[Estimate]:

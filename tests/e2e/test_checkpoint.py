@@ -32,6 +32,12 @@ from tests.support.cli import (
     wait_for,
 )
 from tests.support.reference_runs import reference_run
+from tests.support.warm_ranks import fresh_env
+
+# Ranks forked warm (tests/support/warm_ranks.py): the resume tests compare weights, which a warm start leaves
+# bit-identical. The kill -9 and SIGTERM tests start theirs fresh (start_background), and so does the rank-failure test
+# (fresh_env): how a dying rank's peer is stopped is what it checks.
+pytestmark = pytest.mark.usefixtures("warm_ranks")
 
 # 512 samples / batch 64 = 8 steps per epoch, 3 epochs; checkpoints every 3 steps fall mid-epoch.
 RESUME = [*TINY, "trainer.epochs=3", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
@@ -211,7 +217,7 @@ def test_local_ddp_rank_failure_ends_the_job_quickly_with_its_traceback(tmp_path
     proc = run_cli(
         [*RESUME, *LAYOUTS["ddp"], f"trainer.dist_timeout_s={timeout_s}"],
         run_dir,
-        env=dict(os.environ, HPC_TRAIN_FAIL_AT="1:5"),
+        env=fresh_env(HPC_TRAIN_FAIL_AT="1:5"),
     )
     ended = time.time()
     assert proc.returncode != 0

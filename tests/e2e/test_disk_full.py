@@ -23,6 +23,8 @@ from hpc_train.records.rundir import read_jsonl
 from tests.support.cli import TINY, assert_ok, checkpoint_steps, read_summary, run_cli, wait_for
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 # The command, scaled down: 30 steps, a checkpoint every 10, of a toy MLP on 16x16 images (about 600 KiB).
 SINGLE = [
     *TINY,

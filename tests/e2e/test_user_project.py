@@ -18,6 +18,11 @@ import torch
 
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.support.paths import REPO
+from tests.support.warm_ranks import fresh_env
+
+# Ranks forked warm (tests/support/warm_ranks.py); the kill -9 test's run starts fresh ranks (fresh_env), in the
+# process group it kills.
+pytestmark = pytest.mark.usefixtures("warm_ranks")
 
 PROJECT = REPO / "examples" / "user_project"
 USER = [
@@ -96,7 +101,7 @@ def test_user_model_learns(single_run):
 def test_kill9_and_rerun_is_bit_identical_with_the_user_model(single_run, tmp_path):
     args = [*TRAIN, "strategy=single", "trainer.checkpoint_every=3"]
     run_dir = tmp_path / "run"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.2")
+    env = fresh_env(CUDA_VISIBLE_DEVICES="", HPC_TRAIN_STEP_SLEEP="0.2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"],
         cwd=PROJECT,

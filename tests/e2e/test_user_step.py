@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.cli import TINY, assert_bit_identical, assert_ok, read_summary, run_cli
 
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
+
 DDP = ["strategy=ddp", "resources.gpus_per_node=2", "trainer.epochs=1"]
 
 

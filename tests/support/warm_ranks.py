@@ -58,6 +58,14 @@ def start_server(folder: Path) -> subprocess.Popen:
     return proc
 
 
+def fresh_env(**extra: str) -> Dict[str, str]:
+    """This process's environment without the fork server, plus `extra`: a run_cli env whose ranks start fresh in a
+    module that starts its ranks warm (a test about how a rank dies or is stopped)."""
+    env = {k: v for k, v in os.environ.items() if k != FORK_SERVER_VARIABLE}
+    env.update(extra)
+    return env
+
+
 @pytest.fixture(scope="session")
 def fork_server() -> Iterator[Optional[Path]]:
     """This worker's fork server's socket (None with HPC_TRAIN_TEST_FRESH_RANKS=1); stopped at the session's end."""

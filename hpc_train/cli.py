@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import checked_view, whole_mappings  # noqa: E402
+from hpc_train.config.strategy import AUTO, strategy_id  # noqa: E402
 from hpc_train.errors import HpcTrainError, JobFailed  # noqa: E402
 from hpc_train.launch.backends.local import torchrun as torchrun_client  # noqa: E402
 from hpc_train.launch.backends.local.torchrun import rank_argv  # noqa: E402
@@ -101,7 +102,9 @@ def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
     if cfg.dry_run:
         forwarding.dry_run_commands(cfg)
         return
-    build_job_spec(make_plan(checked_view(cfg), run_dir))  # every refusal this side can make, before any byte is sent
+    view = checked_view(cfg)
+    if strategy_id(view.strategy) != AUTO:  # auto's layout is chosen on the cluster, whose Python runs the estimate
+        build_job_spec(make_plan(view, run_dir))  # every refusal this side can make, before any byte is sent
     forwarding.run_on_cluster(cfg, run_dir, HydraConfig.get(), multirun=False)
 
 

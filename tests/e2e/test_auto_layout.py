@@ -52,3 +52,11 @@ def test_a_script_job_is_refused_its_script_lays_out_its_own_ranks(tmp_path):
     )
     assert proc.returncode == rundir.EXIT_REFUSED
     assert "`strategy`" in proc.stderr and "script lays out its own ranks" in proc.stderr
+
+
+def test_a_model_the_estimate_cannot_trace_is_refused_naming_its_module(tmp_path):
+    gated = "model._target_=tests.unit.test_memory_estimate_refusals.Gated"  # a branch on a tensor's value
+    job = ["model=toy_mlp", "data=synthetic", "data.image_size=8", gated, "strategy=auto", "strategy.search=[fsdp]"]
+    proc = run_cli([*job, "resources.gpus_per_node=2", "dry_run=true"], tmp_path)
+    assert proc.returncode == rundir.EXIT_REFUSED, proc.stdout + proc.stderr
+    assert "found no layout it can run" in proc.stderr and "cannot trace module 'body.2'" in proc.stderr

@@ -86,7 +86,8 @@ class Choice:
         return f"{chosen.candidate.words} ({chosen.candidate.text}): the fastest modelled step{against}, {step}"
 
     def table(self) -> str:
-        lines = [f"strategy=auto: {len(self.ranked)} layouts ({self.memory}; step time from {self.rates.source}):"]
+        count = f"{len(self.ranked)} layout{'s' if len(self.ranked) != 1 else ''}"
+        lines = [f"strategy=auto: {count} ({self.memory}; step time from {self.rates.source}):"]
         for place, row in enumerate(self.fitting, 1):
             step = row.step.describe() if row.step is not None else ""
             lines.append(f"  {place:>2}. {row.candidate.words:<28} {step:<44} {row.memory:<24} {row.candidate.text}")

@@ -10,8 +10,12 @@ import yaml
 from omegaconf import OmegaConf
 
 import hpc_train
+from hpc_train.processes.warm_ranks import FORK_SERVER_VARIABLE
 from tests.support.cli import assert_ok, read_summary, run_cli
 from tests.unit.test_api_without_a_job import JOB, cpu_here  # noqa: F401  (cpu_here: an autouse fixture)
+
+# Ranks forked warm (tests/support/warm_ranks.py); the cancel test's job starts fresh ranks (its stop signal's way)
+pytestmark = pytest.mark.usefixtures("warm_ranks")
 
 SLURM = [
     "launcher=slurm",
@@ -161,6 +165,7 @@ def test_submit_returns_at_once_and_wait_returns_the_summary(monkeypatch, tmp_pa
 
 def test_cancel_stops_a_local_job_after_a_checkpoint(monkeypatch, tmp_path):
     monkeypatch.setenv("HPC_TRAIN_STEP_SLEEP", "0.5")
+    monkeypatch.delenv(FORK_SERVER_VARIABLE, raising=False)
     job = hpc_train.submit([*JOB, "trainer.max_steps=100"], run_dir=tmp_path / "run")
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:  # training has begun

@@ -17,6 +17,9 @@ import pytest
 import yaml
 
 from tests.support.cli import TINY, assert_ok, run_cli, run_cli_in_process, user_cluster_conf
+from tests.support.warm_ranks import fresh_env
+
+pytestmark = pytest.mark.usefixtures("warm_ranks")  # ranks forked warm (tests/support/warm_ranks.py)
 
 ONE_EPOCH = [*TINY, "trainer.epochs=1", "data.num_samples=256"]
 
@@ -44,8 +47,11 @@ def test_user_cluster_profile_inherits_the_shipped_one(spelling, tmp_path):
 @pytest.mark.parametrize("launcher", ["basic", "joblib"])
 def test_plain_hydra_launchers_run_every_job(launcher, tmp_path):
     sweep = tmp_path / "sweep"
+    # joblib's workers set thread variables a library reads at import: the fork server would start those ranks fresh
+    env = fresh_env() if launcher == "joblib" else None
     proc = run_cli(
-        ["-m", f"hydra/launcher={launcher}", *ONE_EPOCH, "strategy=single", "seed=1,2", f"hydra.sweep.dir={sweep}"]
+        ["-m", f"hydra/launcher={launcher}", *ONE_EPOCH, "strategy=single", "seed=1,2", f"hydra.sweep.dir={sweep}"],
+        env=env,
     )
     assert_ok(proc)
     seeds = sorted(_yaml((sweep / str(n) / "job_config.yaml").read_text())["seed"] for n in (0, 1))

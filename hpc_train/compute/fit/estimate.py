@@ -10,9 +10,11 @@ estimated as they run:
 3. on fake tensors: the model built from its ``model`` node, activation checkpointing as the trainer applies it, the
    strategy's wrapping (pipeline cut, tensor parallel, FSDP2; DDP simulated with its gradient buckets,
    :mod:`hpc_train.compute.fit.replicas`), the optimizer and its parameter groups, the weight average;
-4. two optimizer steps under torch's memory tracker (FSDPMemTracker where FSDP2 wraps the model): gradients zeroed,
-   the strategy's forward and backward over the accumulation's micro-batches, the gradient norm, the optimizer's
-   step. The second step holds the optimizer state the first made; the peak over both is the rank's.
+4. the optimizer's state made as its first step makes it (each parameter given a zero gradient, one step, the
+   gradients dropped), untracked: a step with it weighs what a second step weighs, without simulating two;
+5. one training step under torch's memory tracker (FSDPMemTracker where FSDP2 wraps the model), as a step after the
+   first runs: gradients zeroed, the strategy's forward and backward over the accumulation's micro-batches, the
+   gradient norm, the optimizer's step. Its peak is the rank's.
 
 What is not counted: the device's own overhead (CUDA context, the allocator's cache and fragmentation), compiled
 code's buffers (``trainer.compile`` is estimated eager), and what a loss scaler adds for fp16 (a few scalars).
@@ -50,7 +52,7 @@ from hpc_train.config.strategy import strategy_id
 from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import MeshDims
 
-STEPS = 2  # the first makes the optimizer's state, the second runs with it
+STEPS = 1  # tracked, with the optimizer's state made before (_with_state): as the second step of a run
 # The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; nn.DataParallel's
 # and the single-process pipelines' device placement (several devices in one process) do not run on fake tensors yet.
 ESTIMATED = ("single", "fsdp", "mesh", "ddp")
@@ -190,7 +192,7 @@ def _tracked_steps(
     collectives counted into `costs` (:mod:`hpc_train.compute.fit.costs`)."""
     optim = settings.optim
     plain = strategy.unwrap(model)
-    optimizer = make_optimizer(optim, param_groups(optim, plain))
+    optimizer = _with_state(make_optimizer(optim, param_groups(optim, plain)))
     ema = WeightAverage(plain, float(optim.ema_decay)) if optim.ema_decay is not None else None
     once = int(optim.grad_accum_steps) == 1 and not getattr(strategy, "pipelined", False)
     tracker = tracker_for(model, optimizer, batch, once)
@@ -201,6 +203,18 @@ def _tracked_steps(
                 step()
             tracker.reset_mod_stats()
     return peak_snapshot(tracker)
+
+
+def _with_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` with the state its first step makes (every parameter given a zero gradient, one step, the
+    gradients dropped), so that the one tracked step weighs what a run's later steps weigh."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return optimizer
 
 
 def _training_step(

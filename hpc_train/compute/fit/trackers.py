@@ -10,7 +10,8 @@ Both skip what DTensor's sharding propagation makes: to learn an operation's out
 fake tensors of the arguments' global (unsharded) shapes. On real tensors that is in a fake mode of its own, which
 the trackers skip; in the estimate it is in the estimate's own fake mode, which they track, so a foreach norm over
 FSDP2's sharded gradients counted every gradient whole at once (the model's fp32 size, once per step the propagation
-is not cached). The trackers here count nothing while the propagation runs (:func:`_untracked_propagation`).
+is not cached). The trackers here count nothing while the propagation runs (:func:`_untracked_propagation`). And
+they keep the global peak alone, not each module's (which the estimate does not read).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+from hpc_train.compute.fit.breakdown import TOTAL
 from hpc_train.compute.runtime.refusal import Refusal
 
 
@@ -110,6 +112,14 @@ def _skipping_propagation(tracker_type: Type[Any]) -> Type[Any]:
             if _Propagating.depth:
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            """The global peak alone: torch's also walks every module's statistics at every operation (most of
+            the estimate's time on a large model), which the estimate does not read."""
+            for device, snapshot in self._curr_mem_snap.items():
+                if self._peak_mem.get(device, 0) < snapshot[TOTAL]:
+                    self._peak_mem[device] = snapshot[TOTAL]
+                    self._peak_mem_snap[device] = dict(snapshot)
 
     return PropagationSkippingTracker
 

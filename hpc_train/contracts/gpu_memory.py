@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
+from hpc_train.errors import ConfigError
+
 GIB = 2**30
+MEMORY_KEY = "cluster.gpu_memory_gb"
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,16 @@ class GpuMemory:
         return self.usable_bytes / GIB
 
 
-class UnknownMemory(ValueError):
-    """The GPU's memory cannot be told from the config: `problem` in words (the caller names the key to set)."""
+class UnknownMemory(ConfigError):
+    """The GPU's memory cannot be told from the config: set cluster.gpu_memory_gb."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            MEMORY_KEY,
+            problem,
+            f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or resources.memory_check=false to queue the job"
+            " without the memory check.",
+        )
 
 
 def gpu_memory(gpu_type: Optional[str], memory_gb: Optional[float]) -> Optional[GpuMemory]:
@@ -136,14 +147,14 @@ def gpu_memory(gpu_type: Optional[str], memory_gb: Optional[float]) -> Optional[
     without a size."""
     row = TYPES.get(str(gpu_type).lower()) if gpu_type is not None else None
     if gpu_type is not None and row is None and memory_gb is None:
-        raise UnknownMemory(f"the table of GPU memory does not know cluster.gpu_type={gpu_type} (it knows {known()})")
+        raise UnknownMemory(f"the table of GPU memory does not know cluster.gpu_type={gpu_type} (it knows {known()}).")
     if row is None:
         return None if memory_gb is None else _declared(memory_gb, FAMILIES[UNKNOWN_FAMILY], "cluster.gpu_memory_gb")
     family = FAMILIES[row.family]
     if memory_gb is None:
         if len(row.sizes) > 1:
             sold = " or ".join(f"{size.nominal_gb} GB" for size in row.sizes)
-            raise UnknownMemory(f"cluster.gpu_type={gpu_type} is sold with {sold}: which one is not said")
+            raise UnknownMemory(f"cluster.gpu_type={gpu_type} is sold with {sold}: which one is not said.")
         memory_gb = row.sizes[0].nominal_gb
     size = next((s for s in row.sizes if s.nominal_gb == memory_gb), None)
     if size is None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.config.view import ConfigView
-from hpc_train.contracts.gpu_memory import GIB, GpuMemory, UnknownMemory, device_bytes, gpu_memory
+from hpc_train.contracts.gpu_memory import GIB, MEMORY_KEY, GpuMemory, device_bytes, gpu_memory
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning import fit_run, fit_specs
 from hpc_train.launch.planning.candidates import layout_candidates
@@ -26,7 +26,6 @@ from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.processes.script_command import is_script_job
 
 KEY = fit_run.CHECK_KEY
-MEMORY_KEY = "cluster.gpu_memory_gb"
 # The trainer's keys that change no tensor a rank holds: left out of memory_key, so a sweep over them estimates once.
 NOT_MEMORY = frozenset(
     "epochs max_steps lr min_lr weight_decay lr_schedule lr_schedule_steps lr_warmup_steps lr_step_every lr_step_gamma"
@@ -119,12 +118,7 @@ def wanted(view: ConfigView, spec: Mapping[str, Any]) -> Optional[GpuMemory]:
         if mode is True:
             raise ConfigError(KEY, "a script job's model is the script's own: the estimate cannot know it.", _OFF)
         return None
-    cluster = view.cluster
-    try:
-        memory = gpu_memory(cluster.get("gpu_type"), cluster.get("gpu_memory_gb"))
-    except UnknownMemory as unknown:
-        fix = f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or {KEY}=false to queue without the check."
-        raise ConfigError(MEMORY_KEY, f"{unknown}.", fix) from None
+    memory = gpu_memory(view.cluster.get("gpu_type"), view.cluster.get("gpu_memory_gb"))  # UnknownMemory
     if memory is None and mode is True:
         raise ConfigError(
             MEMORY_KEY,
@@ -173,8 +167,13 @@ Suggestion = Tuple[Tuple[str, ...], Fit]
 
 def _suggestions(plan: RunPlan, memory: GpuMemory) -> List[Suggestion]:
     """The settings tried, each with its Fit (those the estimate refused left out), estimated in one process."""
-    tried = _tried(plan)
-    specs = fit_specs.specs_for(tried, plan.run_dir)
+    tried, specs = [], []
+    for overrides in _tried(plan):
+        try:
+            specs += fit_specs.specs_for([overrides], plan.run_dir)
+        except ConfigError:  # a setting this job's checks refuse (a batch that no longer splits): not suggested
+            continue
+        tried.append(overrides)
     found = []
     for overrides, spec, estimate in zip(tried, specs, estimates(specs, failed_refuses=True)):
         if not isinstance(estimate, fit_run.Refused):

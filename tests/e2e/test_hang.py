@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from hpc_train.records import hang, rundir
+from tests.support import user_steps
 from tests.support.cli import TINY, run_cli, wait_for
 from tests.support.paths import REPO, SUPPORT
 
@@ -116,20 +117,21 @@ def test_a_dataset_that_hangs_on_rank_1_is_named_with_the_reading_frame(workers,
 
 
 def start(args, run_dir: Path) -> subprocess.Popen:
+    """The job in the background; its sleeping step marks each rank in run_dir's parent once it sleeps."""
     command = [sys.executable, "-m", "hpc_train.cli", *args, f"hydra.run.dir={run_dir}"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **{user_steps.SLEEPING_DIR: str(run_dir.parent)})
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_until_stuck(run_dir: Path, proc: subprocess.Popen) -> None:
-    """Both ranks are in their third step (where the step sleeps); a launcher that died first fails at once, with
-    its stderr, instead of a 90-s timeout."""
+    """Both ranks are in their third step (where the step sleeps, in forward): the step's own marks, not the progress
+    records (with trainer.hang_timeout_s=null a rank publishes its record every 15 s); a launcher that died first fails
+    at once, with its stderr, instead of a 90-s timeout."""
 
     def stuck() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"the launcher exited {proc.returncode} before the hang:\n{proc.stderr.read()}")
-        records = [rundir.read_json(rundir.rank_progress(run_dir, r)) or {} for r in (0, 1)]
-        return all(r.get("step") == 3 and r.get("phase") == hang.FORWARD for r in records)
+        return all((run_dir.parent / f"rank{r}").exists() for r in (0, 1))
 
     wait_for(stuck, 90, "both ranks in step 3")
 

@@ -59,9 +59,16 @@ def _hangs_here(ranks: str) -> bool:
     return _calls["n"] == 3 and (ranks == "all" or str(rank) == ranks)
 
 
-def sleeps_forever(seconds: float = 3600.0) -> None:
-    import time
+SLEEPING_DIR = "TEST_SLEEPING_DIR"  # where sleeps_forever leaves rank<RANK>, once it sleeps (if set)
 
+
+def sleeps_forever(seconds: float = 3600.0) -> None:
+    import os
+    import time
+    from pathlib import Path
+
+    if os.environ.get(SLEEPING_DIR):  # a test waits for it instead of the progress record (published every 15 s)
+        (Path(os.environ[SLEEPING_DIR]) / f"rank{os.environ.get('RANK', '0')}").touch()
     time.sleep(seconds)
 
 

@@ -32,15 +32,18 @@ def interconnect(value: Any) -> Optional[str]:
     """cluster.interconnect: {intra: LINK, inter: LINK}, a LINK a name or GB/s (its names read by the cost model)."""
     if value is None:
         return None
-    if not hasattr(value, "items") or not value or set(value) - {"intra", "inter"}:
-        return f"must be a mapping of intra and/or inter to a link name or GB/s, got {value!r}"
+    keys = {"intra", "inter", "intra_latency_us", "inter_latency_us"}
+    if not hasattr(value, "items") or not value or set(value) - keys:
+        return f"must be a mapping of intra, inter (a link name or GB/s) and their _latency_us, got {value!r}"
     for link, speed in value.items():
-        if not (isinstance(speed, str) and speed) and positive(speed):
+        if str(link).endswith("_latency_us") and positive(speed):
+            return f"gives {link} {speed!r}: a latency is a positive number of microseconds"
+        if not str(link).endswith("_latency_us") and not (isinstance(speed, str) and speed) and positive(speed):
             return f"gives {link} {speed!r}: a link is a name such as infiniband or a positive number of GB/s"
     return None
 
 
-interconnect.what = "mapping: intra | inter -> link name | GB/s"  # type: ignore[attr-defined]
+interconnect.what = "mapping: intra | inter -> link name | GB/s; intra_latency_us | inter_latency_us -> us"  # type: ignore[attr-defined]
 
 
 def positive(value: Any) -> Optional[str]:
@@ -339,7 +342,8 @@ RULES: Tuple[Rule, ...] = (
         ),
         doc=(
             "strategy=auto's cost model: the bandwidth a rank sends at inside a node (intra) and across nodes (inter),"
-            " each a link of hpc_train's table (nvlink, pcie, infiniband, ethernet, loopback) or GB/s."
+            " each a link of hpc_train's table (nvlink, pcie, infiniband, ethernet, loopback) or GB/s; and what one"
+            " collective costs on each whatever its size (intra_latency_us, inter_latency_us; default: the link's)."
         ),
         default=None,
         mapping=True,

@@ -31,7 +31,7 @@ def test_one_rank_counts_its_products_forward_and_backward_and_sends_nothing(tmp
     # forward 2 B M N per product; backward 2 B M N for the weights' gradients, and for the input's gradient of
     # the second product only (the first layer's input is the batch)
     assert rank.flops == 2 * BATCH * (3 * HIDDEN * CLASSES + 2 * PIXELS * HIDDEN)
-    assert rank.comm == {}
+    assert rank.comm == {} and rank.messages == {}
 
 
 def test_fsdp_over_two_ranks_halves_the_products_and_reduce_scatters_every_gradient_once(tmp_path):
@@ -40,4 +40,5 @@ def test_fsdp_over_two_ranks_halves_the_products_and_reduce_scatters_every_gradi
     # ring reduce-scatter: (n - 1) / n of the whole gradients, on one node
     assert rank.comm["reduce_scatter"] == {"intra": PARAMETER_BYTES // 2}
     assert rank.comm["all_gather"]["intra"] >= PARAMETER_BYTES // 2
+    assert rank.messages["intra"] >= 2  # each collective issued, for the link's latency
     assert set(rank.as_dict()) >= {"flops", "comm", "peak"}

@@ -49,8 +49,9 @@ class RankEstimate:
     recomputes under activation checkpointing); ``temporaries``: the backward pass's own tensors (gradients of
     activations); ``transient``: FSDP2's all-gathered parameters and unsharded gradients, with their all-gather and
     reduce-scatter buffers; ``inputs``: the batch and what the tracker could not file. ``stage``: the pipeline stage
-    this rank runs (None without pipeline stages). ``flops`` and ``comm``: one training step's FLOPs and the bytes
-    its collectives send, by kind and link (hpc_train.compute.fit.costs.StepCosts), which the cost model reads."""
+    this rank runs (None without pipeline stages). ``flops``, ``comm`` and ``messages``: one training step's FLOPs,
+    the bytes its collectives send by kind and link, and how many it issues per link
+    (hpc_train.compute.fit.costs.StepCosts), which the cost model reads."""
 
     rank: int
     stage: Optional[int]
@@ -65,10 +66,11 @@ class RankEstimate:
     peak: int = 0
     flops: int = 0
     comm: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    messages: Mapping[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> Dict[str, Any]:
         comm = {kind: dict(links) for kind, links in self.comm.items()}
-        return {**asdict(self), "coordinates": dict(self.coordinates), "comm": comm}
+        return {**asdict(self), "coordinates": dict(self.coordinates), "comm": comm, "messages": dict(self.messages)}
 
     def describe(self) -> str:
         """One line: the peak, then each part that holds anything."""
@@ -97,7 +99,7 @@ def from_snapshot(
             continue
         name = CATEGORIES.get(label, "inputs")
         sums[name] = sums.get(name, 0) + int(value)
-    counted = {"flops": int(costs.flops), "comm": costs.as_dict()["comm"]} if costs is not None else {}
+    counted = costs.as_dict() if costs is not None else {}
     return RankEstimate(rank, stage, dict(coordinates), **sums, peak=sum(sums.values()), **counted)
 
 

@@ -63,18 +63,21 @@ _GATHERS_FROM_INPUT = ("all_gather_into_tensor", "all_gather_into_tensor_coalesc
 
 @dataclass
 class StepCosts:
-    """One rank's step: its FLOPs, and the bytes it sends by collective kind and link (``intra``: inside a node,
-    ``inter``: across nodes)."""
+    """One rank's step: its FLOPs, the bytes it sends by collective kind and link (``intra``: inside a node,
+    ``inter``: across nodes), and how many collectives it issues on each link (each pays the link's latency)."""
 
     flops: int = 0
     comm: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    messages: Dict[str, int] = field(default_factory=dict)
 
     def add(self, kind: str, link: str, count: float) -> None:
         by_link = self.comm.setdefault(kind, {})
         by_link[link] = by_link.get(link, 0) + int(count)
+        self.messages[link] = self.messages.get(link, 0) + 1
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"flops": self.flops, "comm": {kind: dict(links) for kind, links in self.comm.items()}}
+        comm = {kind: dict(links) for kind, links in self.comm.items()}
+        return {"flops": self.flops, "comm": comm, "messages": dict(self.messages)}
 
 
 class CommCounter(TorchDispatchMode):

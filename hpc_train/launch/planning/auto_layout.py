@@ -17,6 +17,7 @@ simulate (a model it cannot trace: the estimate's words name the module).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -32,6 +33,7 @@ from hpc_train.launch.planning import fit_run, fit_specs, memory_check
 from hpc_train.launch.planning.candidates import Candidate, layout_candidates, shipped_strategy
 from hpc_train.launch.planning.cost_model import Rates, StepTime, rates_for, step_time
 from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.parallelism import Parallelism
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus, make_plan
 from hpc_train.launch.planning.validate import normalize_precision
 from hpc_train.processes.script_command import is_script_job
@@ -137,7 +139,7 @@ def choose(view: ConfigView, run_dir: Path) -> Choice:
     specs = fit_specs.specs_for([candidate.overrides for candidate in candidates], run_dir)
     estimates = memory_check.estimates(specs)
     memory = memory_check.wanted(view, specs[0])
-    rates = _rates(view)
+    rates = _rates(view, candidates[0].parallel)
     rows = [_ranked(c, spec, answer, memory, rates) for c, spec, answer in zip(candidates, specs, estimates)]
     fitting = sorted((row for row in rows if not row.refused), key=lambda row: row.step.total if row.step else 0.0)
     words = f"held to {memory.usable_bytes / 2**30:.1f} GiB ({memory.source})" if memory else _UNCHECKED
@@ -169,10 +171,13 @@ def _mesh_option(name: str, run_dir: Path) -> Tuple[str, Mapping[str, Any]]:
     return name, node
 
 
-def _rates(view: ConfigView) -> Rates:
+def _rates(view: ConfigView, parallel: Optional[Parallelism]) -> Rates:
+    """The cost model's rates for this job; CPU workers on this machine share its cores when they outnumber them."""
     on_cpus = launcher_kind(view.launcher.name).on_this_machine and count_local_gpus() == 0
+    world = parallel.layout.world_size if parallel is not None else 1
+    shared = on_cpus and world > (os.cpu_count() or world)
     precision = normalize_precision(view.trainer.precision)
-    return rates_for(view.cluster, precision, float(view.strategy.efficiency), on_cpus)
+    return rates_for(view.cluster, precision, float(view.strategy.efficiency), on_cpus, shared)
 
 
 def _ranked(candidate: Candidate, spec: Dict[str, Any], answer: fit_run.Estimate, memory: Any, rates: Rates) -> Ranked:

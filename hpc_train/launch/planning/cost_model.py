@@ -1,15 +1,18 @@
 """The step time ``strategy=auto`` ranks layouts by, from each rank's counted costs (no torch).
 
-The memory estimate counts, for one rank of each pipeline stage, one training step's FLOPs and the bytes its
-collectives send by kind and link (``hpc_train.compute.fit.costs``). A rank's step time is then
+The memory estimate counts, for one rank of each pipeline stage, one training step's FLOPs, the bytes its
+collectives send by kind and link, and how many it issues per link (``hpc_train.compute.fit.costs``). A rank's step
+time is then
 
     compute  = FLOPs / (the device's peak FLOP/s x strategy.efficiency)
-    comm     = sum over its collectives of bytes / the link's bandwidth (intra: inside a node, inter: across nodes)
+    comm     = per link (intra: inside a node, inter: across nodes): bytes / bandwidth + collectives x latency
     bubble   = compute x (pp - 1) / chunks        (gpipe and 1F1B: the idle share (pp - 1) / (chunks + pp - 1))
     step     = compute + comm + bubble
 
 and a layout's is its slowest estimated rank's. Communication is not assumed to overlap computation (FSDP2 and DDP
-overlap some of it: the model ranks layouts, it does not predict a run's time to the second).
+overlap some of it: the model ranks layouts, it does not predict a run's time to the second). CPU workers that
+outnumber the machine's cores share them: a rank waiting in the pipeline's bubble leaves its core to the others, so
+the bubble costs no time there (``Rates.idle_is_free``).
 
 The device's peak: ``cluster.gpu_peak_tflops``, else hpc_train's table by ``cluster.gpu_type``
 (``hpc_train.contracts.gpu_peaks``), for the run's precision; CPU workers: ``cluster.cpu_gflops``. The links'
@@ -24,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.gpu_peaks import peak_for, precision_peak
-from hpc_train.contracts.interconnects import CPU_LINKS, GPU_LINKS, INTERCONNECTS
+from hpc_train.contracts.interconnects import CPU_LINKS, GPU_LINKS, INTERCONNECTS, LATENCY_US, LINKS
 
 CPU_GFLOPS = 20.0  # a CPU worker's sustained GFLOP/s when cluster.cpu_gflops is null (measure yours)
 GPU_TFLOPS = 300.0  # the peak assumed for a GPU neither cluster.gpu_peak_tflops nor gpu_type names
@@ -33,15 +36,17 @@ PRECISION_COLUMNS = {"bf16": "bf16", "16": "fp16", "32": "tf32"}  # trainer.prec
 
 @dataclass(frozen=True)
 class Rates:
-    """What the step time divides by: FLOP/s one rank sustains, and bytes/s per link (intra, inter)."""
+    """What the step time divides by: FLOP/s one rank sustains, bytes/s and seconds a collective per link."""
 
     flops_per_s: float
-    intra_bytes_per_s: float
-    inter_bytes_per_s: float
+    bytes_per_s: Mapping[str, float]  # link (intra, inter) -> bandwidth
+    latency_s: Mapping[str, float]  # link -> what one collective costs whatever its size
     source: str  # where the figures come from, in words
+    idle_is_free: bool = False  # CPU workers sharing fewer cores: a rank's idle time is another's compute
 
-    def bandwidth(self, link: str) -> float:
-        return self.inter_bytes_per_s if link == "inter" else self.intra_bytes_per_s
+    def comm_time(self, link: str, count: float, messages: float) -> float:
+        link = link if link in LINKS else "intra"
+        return count / self.bytes_per_s[link] + messages * self.latency_s[link]
 
 
 @dataclass(frozen=True)
@@ -61,18 +66,23 @@ class StepTime:
         return f"{_ms(self.total)} ({parts}" + (f" + bubble {_ms(self.bubble)})" if self.bubble else ")")
 
 
-def rates_for(cluster: Mapping[str, Any], precision: str, efficiency: float, on_cpus: bool) -> Rates:
-    """The rates of the job's devices and links from its (checked) cluster profile."""
-    links = {**(CPU_LINKS if on_cpus else GPU_LINKS), **dict(cluster.get("interconnect") or {})}
-    intra, inter = (_gb_per_s(links[link], link) * 1e9 for link in ("intra", "inter"))
+def rates_for(
+    cluster: Mapping[str, Any], precision: str, efficiency: float, on_cpus: bool, shared_cores: bool = False
+) -> Rates:
+    """The rates of the job's devices and links from its (checked) cluster profile; `shared_cores`: CPU workers that
+    outnumber the cores."""
+    given = dict(cluster.get("interconnect") or {})
+    links = {link: given.get(link, (CPU_LINKS if on_cpus else GPU_LINKS)[link]) for link in LINKS}
+    bandwidth = {link: _gb_per_s(links[link], link) * 1e9 for link in LINKS}
+    latency = {link: _latency_us(given, links[link], link) * 1e-6 for link in LINKS}
+    words = f"links {links['intra']}, {links['inter']}"
     if on_cpus:
         gflops = cluster.get("cpu_gflops")
-        peak, what = (float(gflops) if gflops is not None else CPU_GFLOPS) * 1e9, "CPU worker"
-        return Rates(peak, intra, inter, f"{what} {peak / 1e9:g} GFLOP/s; links {links['intra']}, {links['inter']}")
+        peak = (float(gflops) if gflops is not None else CPU_GFLOPS) * 1e9
+        shared = "; workers share the cores" if shared_cores else ""
+        return Rates(peak, bandwidth, latency, f"CPU worker {peak / 1e9:g} GFLOP/s; {words}{shared}", shared_cores)
     tflops, what = _gpu_tflops(cluster, PRECISION_COLUMNS.get(precision, "tf32"))
-    return Rates(
-        tflops * 1e12 * efficiency, intra, inter, f"{what} x {efficiency:g}; links {links['intra']}, {links['inter']}"
-    )
+    return Rates(tflops * 1e12 * efficiency, bandwidth, latency, f"{what} x {efficiency:g}; {words}")
 
 
 def step_time(ranks: Sequence[Mapping[str, Any]], rates: Rates, pp: int = 1, chunks: int = 1) -> StepTime:
@@ -83,10 +93,21 @@ def step_time(ranks: Sequence[Mapping[str, Any]], rates: Rates, pp: int = 1, chu
 
 def _rank_time(rank: Mapping[str, Any], rates: Rates, pp: int, chunks: int) -> StepTime:
     compute = float(rank.get("flops", 0)) / rates.flops_per_s
-    sent = [(link, count) for links in dict(rank.get("comm") or {}).values() for link, count in links.items()]
-    comm = sum(count / rates.bandwidth(link) for link, count in sent)
-    bubble = compute * (pp - 1) / max(chunks, 1) if pp > 1 else 0.0
+    sent: dict = {}
+    for links in dict(rank.get("comm") or {}).values():
+        for link, count in links.items():
+            sent[link] = sent.get(link, 0) + count
+    messages = dict(rank.get("messages") or {})
+    comm = sum(rates.comm_time(link, sent.get(link, 0), messages.get(link, 0)) for link in {*sent, *messages})
+    bubble = compute * (pp - 1) / max(chunks, 1) if pp > 1 and not rates.idle_is_free else 0.0
     return StepTime(compute, comm, bubble)
+
+
+def _latency_us(given: Mapping[str, Any], value: Any, link: str) -> float:
+    """cluster.interconnect's LINK_latency_us, else the named link's, else (a bare bandwidth) infiniband's."""
+    if given.get(f"{link}_latency_us") is not None:
+        return float(given[f"{link}_latency_us"])
+    return LATENCY_US.get(str(value).lower(), LATENCY_US["infiniband"])
 
 
 def _gb_per_s(value: Any, link: str) -> float:

@@ -182,12 +182,17 @@ def _suggestions(plan: RunPlan, memory: GpuMemory) -> List[Suggestion]:
 
 
 def _tried(plan: RunPlan) -> List[Tuple[str, ...]]:
-    """The job's other layouts (candidates.layout_candidates), activation checkpointing on its own layout and on
-    FSDP, and twice the gradient accumulation (half the micro-batch, the same global batch)."""
+    """The job's other layouts (candidates.layout_candidates; of a pipeline's micro-batch counts, the first: each
+    pipeline stage is a rank more to estimate), activation checkpointing on its own layout and on FSDP, and twice the
+    gradient accumulation (half the micro-batch, the same global batch)."""
     view = plan.config
     own = plan.layout.strategy
-    layouts = [c.overrides for c in layout_candidates(view) if c.overrides[1:] or c.overrides[0] != f"strategy={own}"]
-    tried = list(layouts)
+    layouts: Dict[Tuple[str, ...], Tuple[str, ...]] = {}
+    for candidate in layout_candidates(view):
+        if candidate.overrides[1:] or candidate.overrides[0] != f"strategy={own}":
+            dims = tuple(o for o in candidate.overrides if not o.startswith("strategy.chunks="))
+            layouts.setdefault(dims, candidate.overrides)
+    tried = list(layouts.values())
     if view.trainer.activation_checkpointing == "none":
         tried.append(("trainer.activation_checkpointing=blocks",))
         if own != "fsdp":

@@ -29,6 +29,10 @@ from tests.support.cli import (
     wait_for,
 )
 
+# Ranks forked warm (tests/support/warm_ranks.py) for the synchronous and the resumed runs; the run killed mid-write
+# starts fresh ones (start_background), in the process group the kill reaches.
+pytestmark = pytest.mark.usefixtures("warm_ranks")
+
 # 512 samples / batch 64 = 8 steps per epoch, 2 epochs; checkpoints every 3 steps.
 ARGS = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every=3", "trainer.keep_checkpoints=3"]
 STRATEGIES = {  # single and ddp: tests/e2e/test_checkpoint.py; fsdp: tests/e2e/test_fsdp.py (the same test)

@@ -41,6 +41,10 @@ from tests.support.cli import (
 from tests.support.paths import REPO
 from tests.support.reference_runs import reference_run
 
+# Ranks forked warm (tests/support/warm_ranks.py) for the reference and the resumed runs; the runs signalled (and the
+# ones whose ranks are found in /proc) start fresh ones (start_background).
+pytestmark = pytest.mark.usefixtures("warm_ranks")
+
 # 512 samples / batch 64 = 8 steps per epoch, 2 epochs: the checkpoint of step 5 falls mid-epoch,
 # and the resumed attempt crosses the epoch boundary.
 ARGS = [*TINY, "trainer.epochs=2", "trainer.checkpoint_every=5", "trainer.keep_checkpoints=3"]

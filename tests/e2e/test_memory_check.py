@@ -104,3 +104,12 @@ def test_the_dry_run_prints_the_estimate_and_the_run_keeps_it_beside_the_measure
         assert report.main([str(run_dir), "--no-png"]) == 0
     header = next(line for line in out.getvalue().splitlines() if "peak mem" in line)
     assert "est. mem" in header, out.getvalue()
+
+
+def test_a_sweeps_jobs_of_one_memory_are_estimated_once(tmp_path):
+    """A Slurm sweep over what holds no tensor (the learning rate): one estimate for its jobs, in one process."""
+    sweep = [*TINY, "strategy=single", "launcher=slurm", "cluster=slurm", "cluster.gpu_memory_gb=80"]
+    proc = run_cli(["-m", *sweep, "trainer.lr=0.1,0.2,0.3", "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hpc-train: memory check: 3 job(s), 1 distinct to estimate" in proc.stdout, proc.stdout
+    assert proc.stdout.count("; memory: ") == 3, proc.stdout

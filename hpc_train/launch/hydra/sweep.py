@@ -39,11 +39,13 @@ from hpc_train.launch.backends.slurm.follow import follow_job
 from hpc_train.launch.hydra import forwarding, hydra_internals
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
+from hpc_train.launch.planning import memory_check
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
-from hpc_train.launch.planning.plan import make_plan
+from hpc_train.launch.planning.plan import RunPlan, make_plan
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
+from hpc_train.records import rundir
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +160,9 @@ class SweepLauncher(SweepLauncherBase):
             )
         if view.dry_run:
             for _, job in prepared:
-                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+                fit = memory_check.known_fit(job.plan, job.spec)
+                memory = f"; memory: {fit.share_text()}" if fit is not None else ""
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}")
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         if not prepared:
             return returns  # type: ignore[return-value]
@@ -191,7 +195,9 @@ class SweepLauncher(SweepLauncherBase):
             for plan, params in plans:
                 print(pack.describe(plan, params, sweep_dir))
             for job in jobs:
-                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}")
+                fit = memory_check.known_fit(job.plan, job.spec)
+                memory = f"; memory: {fit.share_text()}" if fit is not None else ""
+                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}")
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         for i, job in prepared:  # before sbatch: an allocation may start its first step at once
             _write_job_records(job, batch[i][1])
@@ -227,25 +233,47 @@ def _prepare_jobs(
     """Each job of the batch planned, its spec built and its sbatch parameters made, by its index in the batch. A job
     refused: the sweep stops (ConfigError naming the job), or, for a sweeper that optimises, its trial comes back
     FAILED in `returns` and the others go on."""
-    prepared = []
+    planned: List[Tuple[int, RunPlan, Dict[str, Any]]] = []
     laid_out = Progress(len(batch), "validated and laid out")
-    for i, (num, overrides, job) in enumerate(batch):
-        label = " ".join(filter_overrides(overrides))
+    for i, (_, _, job) in enumerate(batch):
         try:
             plan = make_plan(job.view, job.run_dir)
-            prepared.append((i, slurm.prepare(plan, build_job_spec(plan, job.choices), label)))
+            planned.append((i, plan, build_job_spec(plan, job.choices)))
         except ConfigError as err:
-            if optimising:
-                print(f"hpc-train: trial #{num} ({label}) not submitted: {err.message}", file=sys.stderr)
-                returns[i] = _job_return(overrides, job.run_dir, err)
-                continue
-            raise ConfigError(
-                err.key,
-                f"sweep job #{num} ({label}): {err.problem} Because of it, nothing was submitted.",
-                err.fix,
-            ) from None
+            _refused(err, batch[i], returns, i, optimising)
+    memory_check.warm([(plan, spec) for _, plan, spec in planned])  # the distinct memories, in one process
+    prepared = []
+    for i, plan, spec in planned:
+        overrides = batch[i][1]
+        try:
+            memory_check.check(plan, spec, overrides)
+            prepared.append((i, slurm.prepare(plan, spec, " ".join(filter_overrides(overrides)))))
+        except ConfigError as err:
+            _refused(err, batch[i], returns, i, optimising)
+            continue
         laid_out.tick()
     return prepared
+
+
+def _refused(
+    err: ConfigError,
+    entry: Tuple[int, Sequence[str], JobConfig],
+    returns: List[Optional[JobReturn]],
+    i: int,
+    optimising: bool,
+) -> None:
+    """A sweep job refused: its trial FAILED in `returns` for a sweeper that optimises, else the sweep stops."""
+    num, overrides, job = entry
+    label = " ".join(filter_overrides(overrides))
+    if optimising:
+        print(f"hpc-train: trial #{num} ({label}) not submitted: {err.message}", file=sys.stderr)
+        returns[i] = _job_return(overrides, job.run_dir, err)
+        return
+    raise ConfigError(
+        err.key,
+        f"sweep job #{num} ({label}): {err.problem} Because of it, nothing was submitted.",
+        err.fix,
+    ) from None
 
 
 def _queue_arrays(
@@ -273,6 +301,9 @@ def _queue_arrays(
 def _write_job_records(job: slurm.PreparedJob, overrides: Sequence[str]) -> None:
     """A sweep job's readable records in its run dir: its job spec and its overrides (.hydra/overrides.yaml)."""
     write_job_spec(job.spec, job.plan.run_dir)
+    fit = memory_check.known_fit(job.plan, job.spec)
+    if fit is not None:  # summary.json holds it beside the measured peak (rundir.write_summary)
+        rundir.write_json_atomic(job.plan.run_dir / rundir.MEMORY_ESTIMATE, fit.record())
     hydra_dir = job.plan.run_dir / ".hydra"
     hydra_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(list(overrides), hydra_dir / "overrides.yaml")

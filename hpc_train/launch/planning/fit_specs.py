@@ -34,9 +34,11 @@ def specs_for(
     assert GlobalHydra.instance().is_initialized(), "specs_for composes in an initialised Hydra (an app or compose)"
     held = HydraConfig.instance().cfg
     assert held is not None or base is not None, "outside a Hydra app, specs_for needs the job's overrides (base)"
-    if base is None:  # the app's own overrides, with the search path it was given (hydra.searchpath=[...])
-        paths = [o for o in held.hydra.overrides.hydra if _key(o) == "hydra.searchpath"] if held is not None else []
-        base = [*paths, *held.hydra.overrides.task] if held is not None else []
+    # the app's search path as it was given (hydra.searchpath=[...]), then the job's overrides (default: the app's)
+    paths = [o for o in held.hydra.overrides.hydra if _key(o) == "hydra.searchpath"] if held is not None else []
+    if base is None:
+        base = list(held.hydra.overrides.task)
+    base = [*paths, *base] if not any(_key(o) == "hydra.searchpath" for o in base) else list(base)
     if config_name is None:
         config_name = str(held.hydra.job.config_name) if held is not None else CONFIG_NAME
     return [_spec(config_name, merged(base, extra), run_dir) for extra in overrides_sets]

@@ -86,9 +86,10 @@ class MemoryRefused(ConfigError):
     """A job whose estimate exceeds its GPU's memory: the breakdown and the settings that fit."""
 
 
-def check(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
+def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]] = None) -> Optional[Fit]:
     """The job's Fit when the check runs, None when it does not; raises MemoryRefused when it will not fit and
-    ConfigError where the check was asked for (true) and cannot run."""
+    ConfigError where the check was asked for (true) and cannot run. `overrides`: the job's own (a sweep's job);
+    default: the running Hydra app's."""
     memory = wanted(plan.config, spec)
     if memory is None:
         return None
@@ -100,7 +101,7 @@ def check(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
         return None
     fit = fit_of(estimate, memory, spec)
     if not fit.fits:
-        raise MemoryRefused("strategy", _refusal(fit, _suggestions(plan, memory)), _FIX)
+        raise MemoryRefused("strategy", _refusal(fit, _suggestions(plan, memory, overrides)), _FIX)
     return fit
 
 
@@ -126,6 +127,31 @@ def wanted(view: ConfigView, spec: Mapping[str, Any]) -> Optional[GpuMemory]:
             f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or {KEY}=auto to check where it is known.",
         )
     return memory
+
+
+def warm(jobs: Sequence[Tuple[RunPlan, Dict[str, Any]]]) -> None:
+    """Estimate, in one process, the jobs of a sweep that the check will ask about (each distinct memory once), so
+    that checking them one by one after starts no process; a job the check refuses is left to its check."""
+    specs = []
+    for plan, spec in jobs:
+        try:
+            if wanted(plan.config, spec) is not None:
+                specs.append(spec)
+        except ConfigError:
+            continue
+    if specs:
+        distinct = len({memory_key(spec) for spec in specs})
+        print(f"hpc-train: memory check: {len(specs)} job(s), {distinct} distinct to estimate", flush=True)
+        estimates(specs)
+
+
+def known_fit(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
+    """The Fit of a job this process has estimated (what its run dir records, rundir.MEMORY_ESTIMATE), else None."""
+    estimate = _known.get(memory_key(spec))
+    memory = wanted(plan.config, spec) if estimate is not None else None
+    if memory is None or isinstance(estimate, fit_run.Refused):
+        return None
+    return fit_of(estimate, memory, spec)
 
 
 def estimates(specs: Sequence[Dict[str, Any]], failed_refuses: bool = False) -> List[fit_run.Estimate]:
@@ -165,12 +191,12 @@ def _gib(count: int) -> str:
 Suggestion = Tuple[Tuple[str, ...], Fit]
 
 
-def _suggestions(plan: RunPlan, memory: GpuMemory) -> List[Suggestion]:
+def _suggestions(plan: RunPlan, memory: GpuMemory, base: Optional[Sequence[str]]) -> List[Suggestion]:
     """The settings tried, each with its Fit (those the estimate refused left out), estimated in one process."""
     tried, specs = [], []
     for overrides in _tried(plan):
         try:
-            specs += fit_specs.specs_for([overrides], plan.run_dir)
+            specs += fit_specs.specs_for([overrides], plan.run_dir, base)
         except ConfigError:  # a setting this job's checks refuse (a batch that no longer splits): not suggested
             continue
         tried.append(overrides)

@@ -366,6 +366,14 @@ MAPPING_VALUES = {
     "cluster.gpu_peak_tflops": st.dictionaries(
         st.sampled_from(PEAK_PRECISIONS), st.one_of(st.integers(1, 5000), st.floats(0.5, 5000.0)), min_size=1
     ),
+    "cluster.interconnect": st.fixed_dictionaries(
+        {"intra": st.one_of(st.sampled_from(["nvlink", "pcie", "loopback"]), st.integers(1, 900))},
+        optional={
+            "inter": st.one_of(st.sampled_from(["infiniband", "ethernet"]), st.floats(0.5, 400.0)),
+            "intra_latency_us": st.integers(1, 500),
+            "inter_latency_us": st.floats(0.5, 500.0),
+        },
+    ),
 }
 
 

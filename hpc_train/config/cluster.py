@@ -13,7 +13,6 @@ from hpc_train.config.checks import (
     SLURM_WORD,
     SLURM_WORDS,
     list_of,
-    number,
     one_of,
     peak_table,
     qos_row,
@@ -72,23 +71,8 @@ RULES: Tuple[Rule, ...] = (
         left_out="a profile without a per-GPU-type table",
     ),
     R(
-        "cluster.gpu_memory_gb",
-        number(1, 4096),
-        80,
-        null="from the table of GPU memory by cluster.gpu_type (none without a type)",
-        fix=(
-            "give one GPU's memory as its datasheet names it in GB, e.g. cluster.gpu_memory_gb=80 for an 80 GB card,"
-            " or cluster.gpu_memory_gb=null to read it from cluster.gpu_type."
-        ),
-        doc=(
-            "One GPU's memory in GB as its datasheet names it (32 for a V100 32GB), which the memory check before"
-            " queueing compares the job's estimate against; null: from hpc_train's table by cluster.gpu_type."
-        ),
-        default=None,
-    ),
-    R(
         "cluster.types.*.memory_gb",
-        number(1, 4096),
+        whole(1, 4096),
         32,
         doc="Per GPU type: one GPU's memory in GB as its datasheet names it (what cluster.gpu_memory_gb reads).",
         left_out="a profile without a per-GPU-type table, or a type whose memory the table knows",
@@ -127,6 +111,21 @@ RULES: Tuple[Rule, ...] = (
         "qos_gpu",
         doc="Per GPU type: the prefix of its QoS names (qos_gpu-t3 ...).",
         left_out="a profile without a per-GPU-type table",
+    ),
+    R(
+        "cluster.gpu_memory_gb",
+        whole(1, 4096),
+        80,
+        null="from the table of GPU memory by cluster.gpu_type (none without a type)",
+        fix=(
+            "give one GPU's memory as its datasheet names it in GB, e.g. cluster.gpu_memory_gb=80 for an 80 GB card,"
+            " or cluster.gpu_memory_gb=null to read it from cluster.gpu_type."
+        ),
+        doc=(
+            "One GPU's memory in GB as its datasheet names it (32 for a V100 32GB), which the memory check before"
+            " queueing compares the job's estimate against; null: from hpc_train's table by cluster.gpu_type."
+        ),
+        default=None,
     ),
     R(
         "cluster.name",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from hpc_train.config.checks import auto_or, count_or_range, flag, slurm_time, whole
+from hpc_train.config.checks import count_or_range, one_of, slurm_time, whole
 from hpc_train.config.rule import R, Rule
 
 RULES: Tuple[Rule, ...] = (
@@ -49,16 +49,16 @@ RULES: Tuple[Rule, ...] = (
     ),
     R(
         "resources.memory_check",
-        auto_or(flag),
-        "false",
+        one_of("auto", "always", "never"),
+        "never",
         fix=(
-            "use resources.memory_check=auto (when the GPU's memory is known), true (always; the GPU's memory must be"
-            " known) or false (never)."
+            "use resources.memory_check=auto (when the GPU's memory is known), always (the GPU's memory must be"
+            " known) or never."
         ),
         doc=(
             "Estimate each rank's peak GPU memory before queueing and refuse a job that will not fit, with the"
             " settings that do: auto: when the GPU's memory is known (cluster.gpu_type, cluster.gpu_memory_gb) and"
-            " the job is not a script; true: always (refused where it cannot run); false: never."
+            " the job is not a script; always (refused where it cannot run); never."
         ),
         default="auto",
     ),

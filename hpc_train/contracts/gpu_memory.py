@@ -136,7 +136,7 @@ class UnknownMemory(ConfigError):
         super().__init__(
             MEMORY_KEY,
             problem,
-            f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or resources.memory_check=false to queue the job"
+            f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or resources.memory_check=never to queue the job"
             " without the memory check.",
         )
 

@@ -46,7 +46,7 @@ def test_a_gpu_type_of_unknown_memory_is_refused_naming_the_key_to_set(tmp_path)
     with pytest.raises(ConfigError) as refused:
         memory_check.check(plan, spec)
     assert refused.value.key == "cluster.gpu_memory_gb" and "16 GB or 32 GB" in refused.value.problem
-    plan, spec = planned(["resources.memory_check=true"], tmp_path)
+    plan, spec = planned(["resources.memory_check=always"], tmp_path)
     with pytest.raises(ConfigError, match="cluster.gpu_memory_gb=N"):
         memory_check.check(plan, spec)
 
@@ -56,13 +56,13 @@ def test_a_check_that_is_off_or_has_no_memory_to_compare_with_starts_no_process(
         raise AssertionError(f"a process was started: {args}")
 
     monkeypatch.setattr(subprocess, "run", no_process)
-    for overrides in (["resources.memory_check=false", "cluster.gpu_memory_gb=80"], ["resources.memory_check=auto"]):
+    for overrides in (["resources.memory_check=never", "cluster.gpu_memory_gb=80"], ["resources.memory_check=auto"]):
         plan, spec = planned(overrides, tmp_path)
         assert memory_check.check(plan, spec) is None
     (tmp_path / "train.py").write_text("")
     monkeypatch.chdir(tmp_path)
     plan, spec = planned(
-        ["resources.memory_check=true", "cluster.gpu_memory_gb=80", "script.argv=[train.py]"], tmp_path
+        ["resources.memory_check=always", "cluster.gpu_memory_gb=80", "script.argv=[train.py]"], tmp_path
     )
     with pytest.raises(ConfigError, match="script's own"):
         memory_check.check(plan, spec)

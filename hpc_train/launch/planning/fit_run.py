@@ -47,7 +47,7 @@ class EstimateFailed(ConfigError):
         super().__init__(
             CHECK_KEY,
             f"the memory estimate failed (exit code {code}): {' '.join(command)}\n{tail}\n",
-            f"fix what it printed, or set {CHECK_KEY}=false to queue the job without the check.",
+            f"fix what it printed, or set {CHECK_KEY}=never to queue the job without the check.",
         )
 
 

@@ -3,8 +3,8 @@ what its device holds beyond tensors (contracts.gpu_memory) against one GPU's me
 refused in one message, with the settings that do, each as the overrides to paste.
 
 ``resources.memory_check``: auto runs it where the GPU's memory is known (``cluster.gpu_type`` or
-``cluster.gpu_memory_gb``) and the job trains hpc_train's model (a script's model is the script's own); true always
-(refused where it cannot run); false never. Neither auto without a known memory nor false starts a process.
+``cluster.gpu_memory_gb``) and the job trains hpc_train's model (a script's model is the script's own); always
+(refused where it cannot run); never. Neither auto without a known memory nor never starts a process.
 
 A sweep's jobs that differ only in what does not change memory (learning rate, seed, run dir, logger ...) share one
 estimate: :func:`memory_key` is what does, and the process keeps the estimates it made by that key.
@@ -88,14 +88,14 @@ class MemoryRefused(ConfigError):
 
 def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]] = None) -> Optional[Fit]:
     """The job's Fit when the check runs, None when it does not; raises MemoryRefused when it will not fit and
-    ConfigError where the check was asked for (true) and cannot run. `overrides`: the job's own (a sweep's job);
+    ConfigError where the check was asked for (always) and cannot run. `overrides`: the job's own (a sweep's job);
     default: the running Hydra app's."""
     memory = wanted(plan.config, spec)
     if memory is None:
         return None
     [estimate] = estimates([spec])
     if isinstance(estimate, fit_run.Refused):
-        if plan.config.resources.memory_check is True:
+        if plan.config.resources.memory_check == "always":
             raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
         print(f"hpc-train: memory check skipped: {estimate.reason}", flush=True)
         return None
@@ -105,25 +105,25 @@ def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]
     return fit
 
 
-_OFF = f"set {KEY}=false to queue the job without the check (or auto: skipped where it cannot run)."
-_FIX = f"paste one of the settings above, or set {KEY}=false to queue the job as it is."
+_OFF = f"set {KEY}=never to queue the job without the check (or auto: skipped where it cannot run)."
+_FIX = f"paste one of the settings above, or set {KEY}=never to queue the job as it is."
 
 
 def wanted(view: ConfigView, spec: Mapping[str, Any]) -> Optional[GpuMemory]:
-    """The GPU's memory when the check is to run; None where it is off (false, or auto without a known memory, or a
-    script job's). ConfigError for true where it cannot run, and for a GPU type whose memory is not known."""
+    """The GPU's memory when the check is to run; None where it is off (never, or auto without a known memory, or a
+    script job's). ConfigError for always where it cannot run, and for a GPU type whose memory is not known."""
     mode = view.resources.memory_check
-    if mode is False:
+    if mode == "never":
         return None
     if is_script_job(spec):
-        if mode is True:
+        if mode == "always":
             raise ConfigError(KEY, "a script job's model is the script's own: the estimate cannot know it.", _OFF)
         return None
     memory = gpu_memory(view.cluster.get("gpu_type"), view.cluster.get("gpu_memory_gb"))  # UnknownMemory
-    if memory is None and mode is True:
+    if memory is None and mode == "always":
         raise ConfigError(
             MEMORY_KEY,
-            f"{KEY}=true needs the GPU's memory, and the cluster profile gives none (cluster.gpu_type, {MEMORY_KEY}).",
+            f"{KEY}=always needs the GPU's memory; the cluster profile gives none (cluster.gpu_type, {MEMORY_KEY}).",
             f"set {MEMORY_KEY}=N (one GPU's memory in GB, e.g. 80), or {KEY}=auto to check where it is known.",
         )
     return memory

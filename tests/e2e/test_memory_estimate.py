@@ -127,7 +127,10 @@ def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
     assert_within([r.peak for r in estimate.ranks], measured[layout], layout)
     print(estimate.describe())
     parts = estimate.ranks[0]
-    assert parts.parameters > 0 and parts.optimizer_state > 0 and parts.activations > 0
+    assert parts.parameters > 0 and parts.optimizer_state > 0
+    # DDP's peak is its optimizer's step (whole gradients and their buckets, the activations freed); the others'
+    # is inside the backward pass
+    assert (parts.gradients > 0) if layout == "ddp4" else (parts.activations > 0)
     assert parts.peak == sum(getattr(parts, name) for name in parts._parts())
 
 

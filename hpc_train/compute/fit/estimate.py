@@ -188,8 +188,9 @@ def _tracked_steps(
     names: "ModulePath",
     costs: Optional[StepCosts] = None,
 ) -> Mapping[str, int]:
-    """The peak snapshot (category -> bytes) over :data:`STEPS` training steps; the last step's FLOPs and
-    collectives counted into `costs` (:mod:`hpc_train.compute.fit.costs`)."""
+    """The peak snapshot (category -> bytes) over :data:`STEPS` training steps; then one more step, untracked, its
+    FLOPs and collectives counted into `costs` (:mod:`hpc_train.compute.fit.costs`): the FLOP counter's own
+    bookkeeping under activation checkpointing would otherwise be counted in the peak."""
     optim = settings.optim
     plain = strategy.unwrap(model)
     optimizer = _with_state(make_optimizer(optim, param_groups(optim, plain)))
@@ -198,10 +199,12 @@ def _tracked_steps(
     tracker = tracker_for(model, optimizer, batch, once)
     step = _training_step(strategy, model, optimizer, batch, int(optim.grad_accum_steps), ema)
     with _named_untraceable(names), tracker:
-        for index in range(STEPS):
-            with counting(costs if index == STEPS - 1 else None, settings.layout.gpus_per_node):
-                step()
+        for _ in range(STEPS):
+            step()
             tracker.reset_mod_stats()
+    if costs is not None:
+        with _named_untraceable(names), counting(costs, settings.layout.gpus_per_node):
+            step()
     return peak_snapshot(tracker)
 
 

@@ -23,7 +23,7 @@ def estimate(overrides: List[str], run_dir: Path):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*base, *overrides])
     spec = build_job_spec(make_plan(cfg, run_dir), choices={})
-    return estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec)))
+    return estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec)), costs=True)
 
 
 def test_one_rank_counts_its_products_forward_and_backward_and_sends_nothing(tmp_path):

@@ -46,9 +46,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--ranks", help="the ranks to estimate, e.g. 0,2 (default: the first of each pipeline stage)")
     parser.add_argument("--json", action="store_true", help="print each estimate as one JSON object, one a line")
     parser.add_argument("--workers", type=int, default=1, help="estimate the specs in this many processes")
+    parser.add_argument("--costs", action="store_true", help="count each rank's step costs too (one step more)")
     args = parser.parse_args(argv)
     ranks = [int(rank) for rank in args.ranks.split(",")] if args.ranks else None
-    answers = _answers(args.specs, ranks, max(1, args.workers))
+    answers = _answers(args.specs, ranks, max(1, args.workers), args.costs)
     if len(answers) == 1 and "refused" in answers[0][0]:
         print(f"hpc-train: {answers[0][0]['refused']}", file=sys.stderr)
         return EXIT_REFUSED
@@ -60,24 +61,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     return EXIT_OK
 
 
-def _answers(paths: Sequence[str], ranks: Optional[List[int]], workers: int) -> List[Answer]:
+def _answers(paths: Sequence[str], ranks: Optional[List[int]], workers: int, costs: bool) -> List[Answer]:
     """Each spec's answer, in order: in this process, or in `workers` processes (forked: torch is imported already
     and has run nothing)."""
     if workers == 1 or len(paths) == 1:
-        return [answer(path, ranks) for path in paths]
+        return [answer(path, ranks, costs) for path in paths]
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(min(workers, len(paths)), mp_context=context) as pool:
-        return list(pool.map(answer, paths, [ranks] * len(paths)))
+        return list(pool.map(answer, paths, [ranks] * len(paths), [costs] * len(paths)))
 
 
-def answer(path: str, ranks: Optional[List[int]]) -> Answer:
+def answer(path: str, ranks: Optional[List[int]], costs: bool = False) -> Answer:
     """The estimate of the job spec at `path` (or its refusal): as JSON data and in words."""
     spec = OmegaConf.load(path)
     assert isinstance(spec, DictConfig)
     add_code_dirs(section(JobSettings, spec.job).code_dirs)  # the user's package, importable as on the ranks
     try:
-        estimate = estimate_job(EstimateSettings.from_job_spec(spec), ranks)
+        estimate = estimate_job(EstimateSettings.from_job_spec(spec), ranks, costs)
     except Refusal as refusal:
         return {"refused": str(refusal)}, f"refused: {refusal}"
     return estimate.as_dict(), estimate.describe()

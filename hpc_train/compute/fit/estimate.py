@@ -82,8 +82,10 @@ class EstimateSettings:
         )
 
 
-def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = None) -> JobEstimate:
-    """The estimate of `ranks` (default: one per pipeline stage, the ranks of a stage holding the same)."""
+def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = None, costs: bool = False) -> JobEstimate:
+    """The estimate of `ranks` (default: one per pipeline stage, the ranks of a stage holding the same); with `costs`,
+    each rank's step costs too (one more simulated step: strategy=auto's cost model reads them, the memory check
+    does not)."""
     if settings.strategy.identity not in ESTIMATED:
         raise Refusal(
             f"`strategy`: the memory estimate does not simulate strategy={settings.strategy.identity} yet; it"
@@ -92,7 +94,7 @@ def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = No
         )
     started = time.perf_counter()
     chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
-    estimates = [estimate_rank(settings, rank) for rank in chosen]
+    estimates = [estimate_rank(settings, rank, costs) for rank in chosen]
     return JobEstimate(settings.layout.describe(on_cpus=True), estimates, time.perf_counter() - started)
 
 
@@ -111,8 +113,8 @@ def representative_ranks(layout: JobLayout) -> List[int]:
     return [0]
 
 
-def estimate_rank(settings: EstimateSettings, rank: int) -> RankEstimate:
-    """Rank `rank`'s peak memory over :data:`STEPS` simulated training steps."""
+def estimate_rank(settings: EstimateSettings, rank: int, costs: bool = False) -> RankEstimate:
+    """Rank `rank`'s peak memory over :data:`STEPS` simulated training steps (and its step's costs, with `costs`)."""
     with fake_world(settings.layout, rank) as ranks:
         shard = rank_data_shard(settings.layout, ranks)
         batch = _real_batch(settings, shard)
@@ -120,10 +122,10 @@ def estimate_rank(settings: EstimateSettings, rank: int) -> RankEstimate:
         with fake_mode() as mode:
             batch = to_device(_faked(mode, batch), strategy.input_device)
             model, names = _model(settings, strategy, batch)
-            costs = StepCosts()
-            snapshot = _tracked_steps(settings, strategy, model, batch, names, costs)
+            counted = StepCosts() if costs else None
+            snapshot = _tracked_steps(settings, strategy, model, batch, names, counted)
     stage, coordinates = _place(strategy)
-    return from_snapshot(snapshot, rank, stage, coordinates, costs)
+    return from_snapshot(snapshot, rank, stage, coordinates, counted)
 
 
 def _real_batch(settings: EstimateSettings, shard: Tuple[int, int]) -> Any:

@@ -137,7 +137,7 @@ def choose(view: ConfigView, run_dir: Path) -> Choice:
             "widen strategy.search (ddp, fsdp, hsdp, tp, pp), or change resources.gpus_per_node or trainer.batch_size.",
         )
     specs = fit_specs.specs_for([candidate.overrides for candidate in candidates], run_dir)
-    estimates = memory_check.estimates(specs)
+    estimates = memory_check.estimates(specs, costs=True)
     memory = memory_check.wanted(view, specs[0])
     rates = _rates(view, candidates[0].parallel)
     rows = [_ranked(c, spec, answer, memory, rates) for c, spec, answer in zip(candidates, specs, estimates)]

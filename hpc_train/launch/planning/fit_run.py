@@ -51,7 +51,9 @@ class EstimateFailed(ConfigError):
         )
 
 
-def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: bool = False) -> List[Estimate]:
+def estimate(
+    specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: bool = False, costs: bool = False
+) -> List[Estimate]:
     """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once).
 
     `failed_refuses` (the settings tried beside a job, which a crash of one must not hide): a process that fails
@@ -60,19 +62,19 @@ def estimate(specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: 
     if not specs:
         return []
     try:
-        return _run(specs, workers)
+        return _run(specs, workers, costs)
     except EstimateFailed as failed:
         if not failed_refuses:
             raise
         if len(specs) == 1:
             return [Refused(f"the estimate failed: {failed.last_line}")]
-        return [answer for spec in specs for answer in estimate([spec], 1, failed_refuses)]
+        return [answer for spec in specs for answer in estimate([spec], 1, failed_refuses, costs)]
 
 
-def _run(specs: Sequence[Dict[str, Any]], workers: int) -> List[Estimate]:
+def _run(specs: Sequence[Dict[str, Any]], workers: int, costs: bool) -> List[Estimate]:
     with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
         paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
-        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json"]
+        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json", *(["--costs"] if costs else [])]
         if len(paths) > 1:
             command += ["--workers", str(max(1, workers))]
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)

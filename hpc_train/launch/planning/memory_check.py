@@ -33,7 +33,8 @@ NOT_MEMORY = frozenset(
     " keep_checkpoints async_checkpoint max_requeues hang_timeout_s requeue_on_hang stop_grace_s profile".split()
 )
 WORKERS = 2  # the settings tried are estimated this many at once
-_known: Dict[str, fit_run.Estimate] = {}  # memory_key -> the estimate this process made for it
+# (memory_key, with the step's costs) -> the estimate this process made for it
+_known: Dict[Tuple[str, bool], fit_run.Estimate] = {}
 
 
 @dataclass(frozen=True)
@@ -147,20 +148,28 @@ def warm(jobs: Sequence[Tuple[RunPlan, Dict[str, Any]]]) -> None:
 
 def known_fit(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
     """The Fit of a job this process has estimated (what its run dir records, rundir.MEMORY_ESTIMATE), else None."""
-    estimate = _known.get(memory_key(spec))
+    estimate = _earlier(memory_key(spec), False)
     memory = wanted(plan.config, spec) if estimate is not None else None
     if memory is None or isinstance(estimate, fit_run.Refused):
         return None
     return fit_of(estimate, memory, spec)
 
 
-def estimates(specs: Sequence[Dict[str, Any]], failed_refuses: bool = False) -> List[fit_run.Estimate]:
-    """Each spec's estimate, from this process's earlier ones by memory_key, the others in one process."""
+def estimates(
+    specs: Sequence[Dict[str, Any]], failed_refuses: bool = False, costs: bool = False
+) -> List[fit_run.Estimate]:
+    """Each spec's estimate (with its step's costs where `costs`), from this process's earlier ones by memory_key (one
+    with costs serves one without), the others in one process."""
     keys = [memory_key(spec) for spec in specs]
-    missing = {key: spec for key, spec in zip(keys, specs) if key not in _known}
-    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), WORKERS, failed_refuses)):
-        _known[key] = answer
-    return [_known[key] for key in keys]
+    missing = {key: spec for key, spec in zip(keys, specs) if _earlier(key, costs) is None}
+    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), WORKERS, failed_refuses, costs)):
+        _known[(key, costs)] = answer
+    return [_earlier(key, costs) for key in keys]
+
+
+def _earlier(key: str, costs: bool) -> Any:
+    """This process's estimate for `key` that has what is asked (costs, or not), else None."""
+    return _known.get((key, True), _known.get((key, False)) if not costs else None)
 
 
 def memory_key(spec: Mapping[str, Any]) -> str:

@@ -88,19 +88,10 @@ def estimated(spec: Dict[str, Any], ranks: List[int]) -> Dict[str, Any]:
 
 def measured_cpu(specs: Dict[str, Dict[str, Any]], tmp: Path) -> Dict[str, List[int]]:
     """Each layout's peak per rank on real tensors: the one-process layout here, the others in one 4-rank gloo run."""
-    import torch.multiprocessing as mp
-
     from tests.support import memory_measure
 
     names = [name for name in specs if name != "single"]
-    mp.start_processes(
-        memory_measure.rank_main,
-        args=(WORLD, str(tmp / "store"), [specs[name] for name in names], str(tmp)),
-        nprocs=WORLD,
-        start_method="spawn",
-    )
-    per_rank = [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
-    measured = {name: [per_rank[rank][i] for rank in range(WORLD)] for i, name in enumerate(names)}
+    measured = dict(zip(names, memory_measure.measure_layouts([specs[name] for name in names], WORLD, tmp)))
     return {"single": [memory_measure.measured_peak(specs["single"], 0)], **measured}
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-import torch.multiprocessing as mp
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -90,14 +89,7 @@ def measured(specs, tmp_path_factory) -> Dict[str, List[int]]:
     """Every distributed layout's peak per rank, measured in one real 4-rank gloo run (each layout in turn)."""
     out = tmp_path_factory.mktemp("measured")
     names = list(LAYOUTS)
-    mp.start_processes(
-        memory_measure.rank_main,
-        args=(WORLD, str(out / "store"), [specs[name] for name in names], str(out)),
-        nprocs=WORLD,
-        start_method="spawn",
-    )
-    per_rank = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(WORLD)]
-    return {name: [per_rank[rank][index] for rank in range(WORLD)] for index, name in enumerate(names)}
+    return dict(zip(names, memory_measure.measure_layouts([specs[name] for name in names], WORLD, out)))
 
 
 def assert_within(estimated: List[int], measured: List[int], layout: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from hpc_train.compute.data.loaders import set_data_shard
@@ -76,3 +77,12 @@ def rank_main(rank: int, world: int, store: str, specs: List[Dict[str, Any]], ou
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(peaks))
+
+
+def measure_layouts(specs: List[Dict[str, Any]], world: int, folder: Path) -> List[List[int]]:
+    """Each spec's peak per rank (``result[spec][rank]``), measured in one real `world`-rank gloo run that takes the
+    specs in turn (rank_main's files under `folder`)."""
+    args = (world, str(folder / "store"), specs, str(folder))
+    mp.start_processes(rank_main, args=args, nprocs=world, start_method="spawn")
+    per_rank = [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(world)]
+    return [[per_rank[rank][index] for rank in range(world)] for index in range(len(specs))]

@@ -113,3 +113,33 @@ def test_a_sweeps_jobs_of_one_memory_are_estimated_once(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "hpc-train: memory check: 3 job(s), 1 distinct to estimate" in proc.stdout, proc.stdout
     assert proc.stdout.count("; memory: ") == 3, proc.stdout
+
+
+CRASHING_MODEL = '''import torch.nn as nn
+
+
+class Net(nn.Module):
+    """A model whose forward fails as the user's code may (not a shape fake tensors cannot follow)."""
+
+    def __init__(self, **_settings):
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x):
+        raise ValueError("boom: the model's own failure")
+'''
+
+
+def test_an_estimate_that_crashes_skips_the_check_under_auto_and_refuses_under_always(tmp_path):
+    (tmp_path / "crashy").mkdir()
+    (tmp_path / "crashy" / "__init__.py").write_text("")
+    (tmp_path / "crashy" / "net.py").write_text(CRASHING_MODEL)
+    job = [*TINY, "model=toy_mlp", "model._target_=crashy.net.Net", "cluster.gpu_memory_gb=80", "dry_run=true"]
+    auto = run_cli(job, tmp_path / "auto", cwd=tmp_path)
+    assert auto.returncode == 0, auto.stdout + auto.stderr
+    assert "hpc-train: memory check skipped: the estimate failed: ValueError: boom" in auto.stdout, auto.stdout
+    always_job = [*job, "resources.memory_check=always"]
+    always = run_cli(always_job, tmp_path / "always", cwd=tmp_path)
+    assert always.returncode == rundir.EXIT_REFUSED, always.stdout + always.stderr
+    said = always.stdout + always.stderr
+    assert "`resources.memory_check`: the memory estimate failed" in said and "ValueError: boom" in said, said

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
 from hpc_train.contracts.gpu_memory import GIB, TYPES, UnknownMemory, device_bytes, gpu_memory
-from hpc_train.launch.planning import memory_check
+from hpc_train.launch.planning import fit_run, memory_check
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 
@@ -79,3 +79,18 @@ def test_a_sweep_over_what_holds_no_tensor_estimates_once():
     other = {**spec, "trainer": {**spec["trainer"], "lr": 0.2}, "job": {**spec["job"], "run_dir": "/b"}}
     larger = {**spec, "trainer": {**spec["trainer"], "batch_size": 16}}
     assert memory_check.memory_key(spec) == memory_check.memory_key(other) != memory_check.memory_key(larger)
+
+
+def test_a_failed_estimate_is_named_by_its_error_line_not_the_tracebacks_last():
+    """What `resources.memory_check=auto` prints when it skips a job whose estimate crashed: the error, not the tail
+    of a module's printout that ends torch's rank-prefixed traceback."""
+    stderr = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "fsdp_init.py", line 45, in _validate_module',
+        "[rank0]: ValueError: fully_shard does not support containers that do not implement forward: ModuleList(",
+        "[rank0]:   (0-1): 2 x TransformerBlock()",
+        "[rank0]: )",
+    ]
+    failed = fit_run.EstimateFailed(["python", "-m", fit_run.ESTIMATE_MODULE], 1, "\n".join(stderr))
+    assert failed.last_line.startswith("ValueError: fully_shard does not support containers")
+    assert fit_run.EstimateFailed(["python"], 1, "killed").last_line == "killed"

@@ -225,10 +225,10 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def find_block_list(model: nn.Module) -> BlockList:
+def find_block_list(model: nn.Module, most: bool = True) -> BlockList:
     """The model's repeated block list: the nn.ModuleList/nn.Sequential of 2+ same-class children with the
-    most parameters, which must hold more than half of the model's (else cuts between its blocks could
-    not balance the stages). Refused when there is none.
+    most parameters, which must hold more than half of the model's where `most` (pipeline stages: else cuts between
+    its blocks could not balance them; FSDP's units need no such share). Refused when there is none.
     """
     candidates = [
         BlockList(name, module)
@@ -242,7 +242,7 @@ def find_block_list(model: nn.Module) -> BlockList:
         raise _refuse_unsplittable(model, " (an nn.ModuleList or nn.Sequential of 2 or more blocks of one class)")
     best = max(candidates, key=lambda c: _count(c.blocks))
     total, held = _count(model), _count(best.blocks)
-    if 2 * held <= total:
+    if most and 2 * held <= total:
         share = f"{100 * held / total:.0f}%" if total else "none"
         raise _refuse_unsplittable(
             model,

@@ -2,8 +2,9 @@
 
 Shared by ``mesh`` and its ``fsdp`` preset. The units are the blocks of the model's repeated block list (a
 transformer's layers; hpc_train.compute.parallel.partitioning.find_block_list), else the modules the user
-names, else every direct child holding parameters; the root takes what is left. Each unit's parameters are
-all-gathered just before it runs and its gradients reduce-scattered after its backward pass.
+names, else every direct child holding parameters (a ModuleList's members, not the list); the root takes what is
+left. Each unit's parameters are all-gathered just before it runs and its gradients reduce-scattered after its
+backward pass.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ log = logging.getLogger("hpc_train")
 
 def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.Module]:
     """The modules sharded one by one (each all-gathered on its own): named ones, else the blocks of the
-    model's repeated block list, else every direct child that holds parameters."""
+    model's repeated block list (however few of its parameters they hold: beside a large vocabulary, the embedding
+    stays with the root, whose forward reads it), else every direct child that holds parameters."""
     if names:
         known = dict(model.named_modules())
         for name in names:
@@ -38,9 +40,22 @@ def shard_units(model: nn.Module, names: Optional[List[str]] = None) -> List[nn.
                 )
         return [known[name] for name in names]
     try:
-        return list(find_block_list(model).blocks)
+        return list(find_block_list(model, most=False).blocks)
     except Refusal:
-        return [child for child in model.children() if any(True for _ in child.parameters())]
+        return children_with_parameters(model)
+
+
+def children_with_parameters(module: nn.Module) -> List[nn.Module]:
+    """`module`'s direct children that hold parameters, a container's (nn.ModuleList, nn.ModuleDict: no forward of
+    its own, which FSDP2 refuses and which never runs) replaced by its members: a block list holding too few of the
+    model's parameters to be the units on its own (beside a large vocabulary) still gives one unit a block."""
+    units: List[nn.Module] = []
+    for child in module.children():
+        if not any(True for _ in child.parameters()):
+            continue
+        containers = (nn.ModuleList, nn.ModuleDict)
+        units.extend(children_with_parameters(child) if isinstance(child, containers) else [child])
+    return units
 
 
 def mixed_precision_policy(precision: str) -> Optional[Any]:

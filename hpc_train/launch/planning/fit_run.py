@@ -11,6 +11,7 @@ printed on stderr.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ class EstimateFailed(ConfigError):
     def __init__(self, command: Sequence[str], code: int, stderr: str) -> None:
         lines = stderr.strip().splitlines()
         tail = "\n".join(lines[-STDERR_LINES:])
-        self.last_line = lines[-1] if lines else f"exit code {code}"
+        self.last_line = _error_line(lines) or f"exit code {code}"
         super().__init__(
             CHECK_KEY,
             f"the memory estimate failed (exit code {code}): {' '.join(command)}\n{tail}\n",
@@ -92,6 +93,17 @@ def _read(command: List[str], done: "subprocess.CompletedProcess[str]", count: i
         raise EstimateFailed(command, done.returncode, f"{count} JSON lines expected, got:\n{done.stdout}{done.stderr}")
     answers = [json.loads(line) for line in lines]
     return [Refused(str(a["refused"])) if "refused" in a else a for a in answers]
+
+
+def _error_line(lines: Sequence[str]) -> str:
+    """The line of a traceback that says what went wrong (its last ``SomethingError: ...``, without torch's
+    ``[rank0]:`` prefix), else the last line."""
+    errors = [line for line in lines if _ERROR.match(line.removeprefix("[rank0]: ").strip())]
+    chosen = errors[-1] if errors else (lines[-1] if lines else "")
+    return chosen.removeprefix("[rank0]: ").strip()
+
+
+_ERROR = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*:")
 
 
 def _refusal_words(stderr: str) -> str:

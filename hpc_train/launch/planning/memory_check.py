@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -32,7 +33,11 @@ NOT_MEMORY = frozenset(
     " eval_every eval_batches log_every throughput_warmup_steps progress dist_timeout_s checkpoint_every"
     " keep_checkpoints async_checkpoint max_requeues hang_timeout_s requeue_on_hang stop_grace_s profile".split()
 )
-WORKERS = 2  # the settings tried are estimated this many at once
+# The settings tried are estimated this many at once: the machine's cores, at most MOST_WORKERS (a login node is
+# shared with its other users).
+MOST_WORKERS = 8
+_CORES = os.cpu_count()
+WORKERS = max(1, min(MOST_WORKERS, _CORES if _CORES is not None else 1))
 # (memory_key, with the step's costs) -> the estimate this process made for it
 _known: Dict[Tuple[str, bool], fit_run.Estimate] = {}
 
@@ -94,7 +99,8 @@ def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]
     memory = wanted(plan.config, spec)
     if memory is None:
         return None
-    [estimate] = estimates([spec])
+    # auto: an estimate that fails (the user's code importing what only the ranks' environment has) skips the check
+    [estimate] = estimates([spec], failed_refuses=plan.config.resources.memory_check != "always")
     if isinstance(estimate, fit_run.Refused):
         if plan.config.resources.memory_check == "always":
             raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
@@ -143,7 +149,7 @@ def warm(jobs: Sequence[Tuple[RunPlan, Dict[str, Any]]]) -> None:
     if specs:
         distinct = len({memory_key(spec) for spec in specs})
         print(f"hpc-train: memory check: {len(specs)} job(s), {distinct} distinct to estimate", flush=True)
-        estimates(specs)
+        estimates(specs, failed_refuses=True)  # a failed one is each job's to judge: skipped under auto
 
 
 def known_fit(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:

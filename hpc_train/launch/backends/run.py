@@ -40,8 +40,7 @@ def run_job(backend: "Backend", cfg: Union[DictConfig, ConfigView], run_dir: Pat
     if choice is not None:
         print(f"hpc-train: strategy=auto chose {choice.why()}", flush=True)
         rundir.write_json_atomic(run_dir / rundir.LAYOUT_CHOICE, choice.record())
-    if fit is not None:  # summary.json holds it beside the measured peak (rundir.write_summary)
-        rundir.write_json_atomic(run_dir / rundir.MEMORY_ESTIMATE, fit.record())
+    memory_check.keep(run_dir, fit)
     return backend.start(plan, spec, wait or bool(cfg.launcher.wait))
 
 

@@ -45,7 +45,6 @@ from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, wr
 from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
 from hpc_train.launch.planning.plan import RunPlan, make_plan
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
-from hpc_train.records import rundir
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +159,7 @@ class SweepLauncher(SweepLauncherBase):
             )
         if view.dry_run:
             for _, job in prepared:
-                fit = memory_check.known_fit(job.plan, job.spec)
-                memory = f"; memory: {fit.share_text()}" if fit is not None else ""
-                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}")
+                print(_dry_run_line(job))
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         if not prepared:
             return returns  # type: ignore[return-value]
@@ -195,9 +192,7 @@ class SweepLauncher(SweepLauncherBase):
             for plan, params in plans:
                 print(pack.describe(plan, params, sweep_dir))
             for job in jobs:
-                fit = memory_check.known_fit(job.plan, job.spec)
-                memory = f"; memory: {fit.share_text()}" if fit is not None else ""
-                print(f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}")
+                print(_dry_run_line(job))
             return [_job_return(o, job.run_dir, None) for _, o, job in batch]
         for i, job in prepared:  # before sbatch: an allocation may start its first step at once
             _write_job_records(job, batch[i][1])
@@ -255,6 +250,13 @@ def _prepare_jobs(
     return prepared
 
 
+def _dry_run_line(job: slurm.PreparedJob) -> str:
+    """A sweep job in its dry run: its run dir, its overrides, its layout and, where checked, its memory."""
+    fit = memory_check.known_fit(job.plan, job.spec)
+    memory = f"; memory: {fit.share_text()}" if fit is not None else ""
+    return f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}"
+
+
 def _refused(
     err: ConfigError,
     entry: Tuple[int, Sequence[str], JobConfig],
@@ -301,9 +303,7 @@ def _queue_arrays(
 def _write_job_records(job: slurm.PreparedJob, overrides: Sequence[str]) -> None:
     """A sweep job's readable records in its run dir: its job spec and its overrides (.hydra/overrides.yaml)."""
     write_job_spec(job.spec, job.plan.run_dir)
-    fit = memory_check.known_fit(job.plan, job.spec)
-    if fit is not None:  # summary.json holds it beside the measured peak (rundir.write_summary)
-        rundir.write_json_atomic(job.plan.run_dir / rundir.MEMORY_ESTIMATE, fit.record())
+    memory_check.keep(job.plan.run_dir, memory_check.known_fit(job.plan, job.spec))
     hydra_dir = job.plan.run_dir / ".hydra"
     hydra_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(list(overrides), hydra_dir / "overrides.yaml")

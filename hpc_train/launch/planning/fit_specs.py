@@ -17,7 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hpc_train.launch.planning.jobspec import build_job_spec
+from hpc_train.launch.planning.jobspec import build_job_spec, group_choices
 from hpc_train.launch.planning.plan import make_plan
 
 CONFIG_NAME = "config"  # hpc-train's own primary config (a Hydra app of the user's names its own)
@@ -63,7 +63,7 @@ def _spec(config_name: str, overrides: List[str], run_dir: Path) -> Dict[str, An
     try:
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
         hydra_config.set_config(cfg)
-        choices = {str(k): str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None and "hydra/" not in k}
+        choices = group_choices(cfg.hydra.runtime.choices)
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)

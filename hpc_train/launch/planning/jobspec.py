@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 from hydra.core.hydra_config import HydraConfig
@@ -49,7 +49,11 @@ def hydra_choices() -> Dict[str, str]:
     """The config-group options this job was composed from (model=resnet18, ...): how runs name their model and data."""
     if not HydraConfig.initialized():
         return {}
-    choices = HydraConfig.get().runtime.choices
+    return group_choices(HydraConfig.get().runtime.choices)
+
+
+def group_choices(choices: Mapping[Any, Any]) -> Dict[str, str]:
+    """A Hydra config's runtime choices without Hydra's own groups (hydra/launcher, ...) and groups left unchosen."""
     return {str(k): str(v) for k, v in choices.items() if not str(k).startswith("hydra/") and v is not None}
 
 

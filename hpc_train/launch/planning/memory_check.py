@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.config.view import ConfigView
@@ -25,6 +26,7 @@ from hpc_train.launch.planning import fit_run, fit_specs
 from hpc_train.launch.planning.candidates import layout_candidates
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.records import rundir
 
 KEY = fit_run.CHECK_KEY
 # The trainer's keys that change no tensor a rank holds: left out of memory_key, so a sweep over them estimates once.
@@ -86,6 +88,13 @@ class Fit:
             "gpu_memory_source": self.memory.source,
             "estimate": dict(self.estimate),
         }
+
+
+def keep(run_dir: Path, fit: Optional[Fit]) -> None:
+    """The run dir keeps a checked job's estimate (rundir.MEMORY_ESTIMATE), which summary.json holds beside the
+    measured peak (rundir.write_summary); nothing where the check did not run."""
+    if fit is not None:
+        rundir.write_json_atomic(run_dir / rundir.MEMORY_ESTIMATE, fit.record())
 
 
 class MemoryRefused(ConfigError):

@@ -42,25 +42,31 @@ def _command(sweep_dir: Path):
     return [sys.executable, "-m", "hpc_train.cli", "-m", *STUDY, f"hydra.sweep.dir={sweep_dir}"]
 
 
-def _rows_with_values(sweep_dir: Path):
+def _mid_study(sweep_dir: Path) -> bool:
+    """Two trials have finished a rung and a rung is running: the moment the kill is meant to interrupt (right
+    after a rung ends, every trial can be paused for an instant before the controller starts the next)."""
     try:
-        return [row for row in trial_rows(sweep_dir) or [] if row["rung_values"]]
+        rows = trial_rows(sweep_dir) or []
     except Exception:  # the journal's first lines are being written
-        return []
+        return False
+    finished_a_rung = [row for row in rows if row["rung_values"]]
+    return len(finished_a_rung) >= 2 and any(row["status"] == "running" for row in rows)
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The study's controller killed (SIGKILL) once two trials have finished a rung (a second controller started
-    meanwhile, refused), its report watched, then the same command again with controller=detached, which returns at
-    once: the study ends in the background."""
+    """The study's controller killed (SIGKILL) once two trials have finished a rung while another runs (a second
+    controller started meanwhile, refused, and gone before the kill), its report watched, then the same command again
+    with controller=detached, which returns at once: the study ends in the background."""
     sweep_dir = tmp_path_factory.mktemp("study")
     first = subprocess.Popen(_command(sweep_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     second = None
     deadline = time.monotonic() + 240
-    while len(_rows_with_values(sweep_dir)) < 2 and first.poll() is None and time.monotonic() < deadline:
+    while first.poll() is None and time.monotonic() < deadline:
         if second is None and (sweep_dir / JOURNAL).exists():  # the first controller holds the study
             second = subprocess.Popen(_command(sweep_dir), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if second is not None and second.poll() is not None and _mid_study(sweep_dir):
+            break
         time.sleep(0.2)
     assert second is not None
     refused = second.communicate(timeout=120)[0].decode(), second.returncode

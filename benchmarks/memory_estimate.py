@@ -81,7 +81,7 @@ def estimated(spec: Dict[str, Any], ranks: List[int]) -> Dict[str, Any]:
     from hpc_train.compute.fit.estimate import EstimateSettings, estimate_job
 
     started = time.perf_counter()
-    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec)), ranks=ranks)
+    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu"), ranks=ranks)
     seconds = time.perf_counter() - started
     return {"peaks": [r.peak for r in estimate.ranks], "seconds": seconds, "parts_rank0": estimate.ranks[0].as_dict()}
 
@@ -125,7 +125,7 @@ def gpu_step(spec: Dict[str, Any]) -> Dict[str, int]:
     from hpc_train.compute.user.building import build_datasets, build_loss, build_model, collate
     from hpc_train.compute.user.step import build_step
 
-    settings = EstimateSettings.from_job_spec(OmegaConf.create(spec))
+    settings = EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu")
     device = torch.device("cuda")
     loss_fn = build_loss(settings.trainer.loss)
     step_fn = build_step(settings.trainer.step, loss_fn)

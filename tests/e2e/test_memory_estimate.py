@@ -104,7 +104,7 @@ def assert_within(estimated: List[int], measured: List[int], layout: str) -> Non
 def test_one_process_estimate_matches_the_measured_peak(specs):
     spec = specs["single"]
     started = time.perf_counter()
-    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec)))
+    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu"))
     seconds = time.perf_counter() - started
     measured = memory_measure.measured_peak(spec, 0)  # one process: no process group
     assert_within([estimate.ranks[0].peak], [measured], "single")
@@ -113,7 +113,7 @@ def test_one_process_estimate_matches_the_measured_peak(specs):
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
-    settings = EstimateSettings.from_job_spec(OmegaConf.create(specs[layout]))
+    settings = EstimateSettings.from_job_spec(OmegaConf.create(specs[layout]), "cpu")
     estimate = estimate_job(settings, ranks=range(WORLD))
     assert [r.rank for r in estimate.ranks] == list(range(WORLD))
     assert_within([r.peak for r in estimate.ranks], measured[layout], layout)
@@ -124,6 +124,22 @@ def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
     # is inside the backward pass
     assert (parts.gradients > 0) if layout == "ddp4" else (parts.activations > 0)
     assert parts.peak == sum(getattr(parts, name) for name in parts._parts())
+
+
+def test_a_gpu_jobs_optimizer_step_is_estimated_with_the_kernels_torch_picks_on_gpus(llama_path, tmp_path):
+    """On GPUs AdamW left to choose takes the foreach kernels, whose step holds the square roots of every second
+    moment at once; the estimate of a GPU job counts them. Measured here with those kernels asked for on the CPU,
+    against the per-tensor loop torch picks on CPUs (one sequence: the optimizer's step is the peak)."""
+    spec = job_spec(["strategy=single", "trainer.batch_size=1"], tmp_path / "loop")
+    foreach = "+trainer.optimizer={_target_: torch.optim.AdamW, _partial_: true, foreach: true}"
+    foreach_spec = job_spec(["strategy=single", "trainer.batch_size=1", foreach], tmp_path / "foreach")
+    on_gpus = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), "gpu")).ranks[0]
+    on_cpus = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu")).ranks[0]
+    with_foreach, with_loop = memory_measure.measured_peak(foreach_spec, 0), memory_measure.measured_peak(spec, 0)
+    assert_within([on_gpus.peak], [with_foreach], "single, foreach kernels")
+    assert_within([on_cpus.peak], [with_loop], "single, per-tensor loop")
+    assert with_foreach > (1 + TOLERANCE) * with_loop  # the kernels matter beyond the tolerance
+    assert on_gpus.optimizer_state - on_cpus.optimizer_state == with_foreach - with_loop
 
 
 def run_estimate(specs: List[Dict[str, Any]], folder: Path, *args: str) -> subprocess.CompletedProcess:
@@ -145,7 +161,8 @@ def refused(spec: Dict[str, Any]) -> Dict[str, Any]:
 def test_the_estimate_runs_as_a_process_of_its_own_from_job_specs(specs, measured, tmp_path):
     """What the login side runs: job specs in (a job and an alternative), one JSON line out per spec, in order, a
     refusal among them (rank 0 of fsdp over 4 ranks here, the specs in 2 processes)."""
-    done = run_estimate([specs["fsdp4"], refused(specs["fsdp4"])], tmp_path, "--json", "--ranks", "0", "--workers", "2")
+    both = [specs["fsdp4"], refused(specs["fsdp4"])]
+    done = run_estimate(both, tmp_path, "--json", "--ranks", "0", "--workers", "2", "--device", "cpu")
     assert done.returncode == EXIT_OK, done.stderr
     printed, refusal = [json.loads(line) for line in done.stdout.splitlines()]
     (rank,) = printed["ranks"]

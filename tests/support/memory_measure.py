@@ -34,7 +34,7 @@ STEPS = 2
 
 def measured_peak(spec: Dict[str, Any], rank: int) -> int:
     """Bytes of live tensors at this rank's peak over two real training steps of `spec`'s job."""
-    settings = EstimateSettings.from_job_spec(OmegaConf.create(spec))
+    settings = EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu")
     ranks = rank_info(settings.layout, rank)
     shard = rank_data_shard(settings.layout, ranks)
     set_data_shard(*shard)

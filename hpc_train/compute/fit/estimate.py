@@ -9,7 +9,8 @@ estimated as they run:
 2. one real batch of the job's data, this rank's share of the global batch (its data shard), made fake;
 3. on fake tensors: the model built from its ``model`` node, activation checkpointing as the trainer applies it, the
    strategy's wrapping (pipeline cut, tensor parallel, FSDP2; DDP simulated with its gradient buckets,
-   :mod:`hpc_train.compute.fit.replicas`), the optimizer and its parameter groups, the weight average;
+   :mod:`hpc_train.compute.fit.replicas`), the optimizer and its parameter groups with the kernels torch picks on
+   the job's device (``--device``: on GPUs, the foreach kernels), the weight average;
 4. the optimizer's state made as its first step makes it (each parameter given a zero gradient, one step, the
    gradients dropped), untracked: a step with it weighs what a second step weighs, without simulating two;
 5. one training step under torch's memory tracker (FSDPMemTracker where FSDP2 wraps the model), as a step after the
@@ -56,6 +57,9 @@ STEPS = 1  # tracked, with the optimizer's state made before (_with_state): as t
 # The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; nn.DataParallel's
 # and the single-process pipelines' device placement (several devices in one process) do not run on fake tensors yet.
 ESTIMATED = ("single", "fsdp", "mesh", "ddp")
+# Where the estimated job's ranks run: GPUs (what the memory check and strategy=auto ask about), or CPUs (as the
+# estimate's comparison with measured CPU runs does).
+DEVICES = ("gpu", "cpu")
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,11 @@ class EstimateSettings:
     strategy: StrategySettings
     layout: JobLayout
     data: DataSettings
+    device: str = DEVICES[0]  # where the job's ranks run: what torch picks there is simulated (_kernels_as_on)
 
     @classmethod
-    def from_job_spec(cls, spec: DictConfig) -> "EstimateSettings":
+    def from_job_spec(cls, spec: DictConfig, device: str = DEVICES[0]) -> "EstimateSettings":
+        assert device in DEVICES, device
         return cls(
             model=spec.model,
             trainer=section(TrainerSettings, spec.trainer),
@@ -79,6 +85,7 @@ class EstimateSettings:
             strategy=section(strategy_class(strategy_id(spec.strategy)).settings_type, spec.strategy),
             layout=section(JobSettings, spec.job).layout,
             data=section(DataSettings, spec.data),
+            device=device,
         )
 
 
@@ -195,7 +202,7 @@ def _tracked_steps(
     bookkeeping under activation checkpointing would otherwise be counted in the peak."""
     optim = settings.optim
     plain = strategy.unwrap(model)
-    optimizer = _with_state(make_optimizer(optim, param_groups(optim, plain)))
+    optimizer = _with_state(_kernels_as_on(settings.device, make_optimizer(optim, param_groups(optim, plain))))
     ema = WeightAverage(plain, float(optim.ema_decay)) if optim.ema_decay is not None else None
     once = int(optim.grad_accum_steps) == 1 and not getattr(strategy, "pipelined", False)
     tracker = tracker_for(model, optimizer, batch, once)
@@ -208,6 +215,19 @@ def _tracked_steps(
         with _named_untraceable(names), counting(costs, settings.layout.gpus_per_node):
             step()
     return peak_snapshot(tracker)
+
+
+def _kernels_as_on(device: str, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` stepping with the kernels torch picks where the job runs. On GPUs, an optimizer left to choose
+    (``foreach=None``, not fused) takes the foreach kernels, whose step holds a temporary the size of its state (Adam's
+    square roots of every second moment at once); on the fake CPU tensors it would take the per-tensor loop, which
+    holds one at a time. A job on CPUs keeps the loop, as torch picks there."""
+    if device != "gpu":
+        return optimizer
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None and not group.get("fused"):
+            group["foreach"] = True
+    return optimizer
 
 
 def _with_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

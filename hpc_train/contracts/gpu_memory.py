@@ -179,4 +179,32 @@ def device_bytes(memory: GpuMemory, peak: int, communicators: int) -> int:
     return int(family.context_gib * GIB + family.slack * peak + communicators * family.communicator_gib * GIB)
 
 
-__all__ = ["FAMILIES", "GIB", "TYPES", "Family", "GpuMemory", "GpuType", "Size", "UnknownMemory", "device_bytes"]
+def tensor_budget(memory: GpuMemory, communicators: int) -> int:
+    """The most bytes of tensors that fit with what the device adds (:func:`device_bytes`): the peak at which the
+    need reaches the usable memory (0 where the device's own share leaves nothing)."""
+    family = memory.family
+    fixed = family.context_gib * GIB + communicators * family.communicator_gib * GIB
+    budget = max(0, int((memory.usable_bytes - fixed) / (1 + family.slack)))
+
+    def fits(peak: int) -> bool:
+        return peak + device_bytes(memory, peak, communicators) <= memory.usable_bytes
+
+    while fits(budget + 1):  # the roundings of the division and of device_bytes' int(): a byte or two
+        budget += 1
+    while budget > 0 and not fits(budget):
+        budget -= 1
+    return budget
+
+
+__all__ = [
+    "FAMILIES",
+    "GIB",
+    "TYPES",
+    "Family",
+    "GpuMemory",
+    "GpuType",
+    "Size",
+    "UnknownMemory",
+    "device_bytes",
+    "tensor_budget",
+]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping, Optional, Tuple
 
 from hpc_train.contracts.mesh_dims import MeshDims
 
@@ -35,6 +35,25 @@ class JobLayout:
     def world_size(self) -> int:
         """The world at `nodes` (a range's least)."""
         return self.nodes * self.tasks_per_node
+
+    @property
+    def stages(self) -> int:
+        """The pipeline stages its ranks run (1 without): mesh's pp, or the pipelining engine's ranks over its
+        data-parallel replicas."""
+        if self.strategy == "mesh" and self.mesh is not None:
+            return MeshDims(*self.mesh).pp
+        if self.strategy == "pipelining":
+            replicas = self.world_size if self.data_parallel_size is None else int(self.data_parallel_size)
+            return max(1, self.world_size // replicas)
+        return 1
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "JobLayout":
+        """The layout a job spec holds (``job.layout``: these fields and the world size, which is computed)."""
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in record.items() if key in known}
+        mesh = values.get("mesh")
+        return cls(**{**values, "mesh": None if mesh is None else tuple(mesh)})
 
     @property
     def node_counts(self) -> range:

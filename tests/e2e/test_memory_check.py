@@ -76,7 +76,9 @@ def test_a_job_that_will_not_fit_is_refused_with_settings_that_each_pass_the_che
     assert "rank 0 needs 1.0 GiB of 0.9 GiB" in message and "activations 0.6 GiB" in message, message
     lines = message.split("Settings that fit (overrides to paste, the largest rank's need):\n")[1].splitlines()
     pasted = [line.strip().rsplit(": ", 1)[0].split() for line in lines if line.startswith("  ")]
-    assert ["trainer.grad_accum_steps=2"] in pasted and ["trainer.activation_checkpointing=blocks"] in pasted, message
+    # the cheapest to estimate first (one rank, one micro-batch), until SUGGESTED fit: the others not estimated
+    assert len(pasted) == memory_check.SUGGESTED and ["trainer.activation_checkpointing=blocks"] in pasted, message
+    assert ["trainer.grad_accum_steps=2"] not in pasted and "2 more setting(s) not estimated once 3 fit" in message
     print(f"refused in {seconds:.1f} s with {len(pasted)} settings that fit")
     for overrides in pasted:  # each pasted after the user's overrides plans into the spec that was estimated
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

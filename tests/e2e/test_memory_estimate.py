@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from hpc_train.compute.fit.estimate import EstimateSettings, estimate_job
+from hpc_train.compute.fit.floor import floor_of
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
@@ -124,6 +125,14 @@ def test_each_ranks_estimate_matches_its_measured_peak(specs, measured, layout):
     # is inside the backward pass
     assert (parts.gradients > 0) if layout == "ddp4" else (parts.activations > 0)
     assert parts.peak == sum(getattr(parts, name) for name in parts._parts())
+    # the floor (not simulated: the model's share at the optimizer's step) is below every rank's peak, measured and
+    # estimated; plain DDP holds all of it on each rank (its step adds temporaries to the state, its buckets to the
+    # gradients)
+    floor = floor_of(settings).ranks[0]
+    assert floor.peak <= min(measured[layout]) and floor.peak <= min(r.peak for r in estimate.ranks)
+    if layout == "ddp4":
+        assert floor.parameters == parts.parameters and 2 * floor.gradients == parts.gradients
+        assert 0 < parts.optimizer_state - floor.optimizer_state < floor.parameters
 
 
 def test_a_gpu_jobs_optimizer_step_is_estimated_with_the_kernels_torch_picks_on_gpus(llama_path, tmp_path):

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 
 from hpc_train.conf import CONFIG_DIR
 from hpc_train.config.errors import ConfigError
-from hpc_train.contracts.gpu_memory import GIB, TYPES, UnknownMemory, device_bytes, gpu_memory
+from hpc_train.contracts.gpu_memory import GIB, TYPES, UnknownMemory, device_bytes, gpu_memory, tensor_budget
 from hpc_train.launch.planning import fit_run, memory_check
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
@@ -94,3 +94,14 @@ def test_a_failed_estimate_is_named_by_its_error_line_not_the_tracebacks_last():
     failed = fit_run.EstimateFailed(["python", "-m", fit_run.ESTIMATE_MODULE], 1, "\n".join(stderr))
     assert failed.last_line.startswith("ValueError: fully_shard does not support containers")
     assert fit_run.EstimateFailed(["python"], 1, "killed").last_line == "killed"
+
+
+@pytest.mark.parametrize("communicators", [0, 1, 3])
+def test_the_tensor_budget_is_the_largest_peak_whose_need_fits(communicators):
+    """What the estimate is told it may hold: the need (tensors plus the device's share) at the budget fits the
+    usable memory, one byte more does not."""
+    for memory in (gpu_memory("h100", None), gpu_memory(None, 16)):
+        budget = tensor_budget(memory, communicators)
+        assert budget > 0
+        assert budget + device_bytes(memory, budget, communicators) <= memory.usable_bytes
+        assert budget + 1 + device_bytes(memory, budget + 1, communicators) > memory.usable_bytes

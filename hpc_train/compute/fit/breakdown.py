@@ -106,15 +106,19 @@ def from_snapshot(
 @dataclass(frozen=True)
 class JobEstimate:
     """Every estimated rank of a job (one per pipeline stage: the ranks of a stage hold the same), the layout in
-    words and how long the estimate took."""
+    words and how long the estimate took. ``floor``: not simulated, the least its largest rank can hold
+    (:mod:`hpc_train.compute.fit.floor`), one rank's parameters, gradients and optimizer state."""
 
     layout: str
     ranks: List[RankEstimate] = field(default_factory=list)
     seconds: float = 0.0
+    floor: bool = False
 
     def as_dict(self) -> Dict[str, Any]:
-        """Plain data (what ``python -m hpc_train.compute.fit --json`` prints): the layout, the seconds, each rank."""
-        return {"layout": self.layout, "seconds": self.seconds, "ranks": [rank.as_dict() for rank in self.ranks]}
+        """Plain data (what ``python -m hpc_train.compute.fit --json`` prints): the layout, the seconds, each rank,
+        and whether it is the floor."""
+        ranks = [rank.as_dict() for rank in self.ranks]
+        return {"layout": self.layout, "seconds": self.seconds, "ranks": ranks, "floor": self.floor}
 
     @property
     def peak(self) -> int:
@@ -122,5 +126,6 @@ class JobEstimate:
         return max((r.peak for r in self.ranks), default=0)
 
     def describe(self) -> str:
-        lines = [f"estimated peak memory per rank ({self.layout}; {self.seconds:.1f} s to estimate):"]
+        what = "the least its largest rank holds" if self.floor else "estimated peak memory per rank"
+        lines = [f"{what} ({self.layout}; {self.seconds:.1f} s to estimate):"]
         return "\n".join([*lines, *(f"  {rank.describe()}" for rank in self.ranks)])

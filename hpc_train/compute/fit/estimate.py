@@ -53,7 +53,7 @@ from hpc_train.config.strategy import strategy_id
 from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.contracts.mesh_dims import MeshDims
 
-STEPS = 1  # tracked, with the optimizer's state made before (_with_state): as the second step of a run
+STEPS = 1  # tracked, with the optimizer's state made before (with_state): as the second step of a run
 # The strategies (their identity, hpc_train.config.strategy.strategy_id) the estimate simulates; nn.DataParallel's
 # and the single-process pipelines' device placement (several devices in one process) do not run on fake tensors yet.
 ESTIMATED = ("single", "fsdp", "mesh", "ddp")
@@ -73,7 +73,7 @@ class EstimateSettings:
     strategy: StrategySettings
     layout: JobLayout
     data: DataSettings
-    device: str = DEVICES[0]  # where the job's ranks run: what torch picks there is simulated (_kernels_as_on)
+    device: str = DEVICES[0]  # where the job's ranks run: what torch picks there is simulated (kernels_as_on)
 
     @classmethod
     def from_job_spec(cls, spec: DictConfig, device: str = DEVICES[0]) -> "EstimateSettings":
@@ -93,16 +93,21 @@ def estimate_job(settings: EstimateSettings, ranks: Optional[Sequence[int]] = No
     """The estimate of `ranks` (default: one per pipeline stage, the ranks of a stage holding the same); with `costs`,
     each rank's step costs too (one more simulated step: strategy=auto's cost model reads them, the memory check
     does not)."""
+    check_simulated(settings)
+    started = time.perf_counter()
+    chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
+    estimates = [estimate_rank(settings, rank, costs) for rank in chosen]
+    return JobEstimate(settings.layout.describe(on_cpus=True), estimates, time.perf_counter() - started)
+
+
+def check_simulated(settings: EstimateSettings) -> None:
+    """Refusal for a strategy the estimate does not simulate."""
     if settings.strategy.identity not in ESTIMATED:
         raise Refusal(
             f"`strategy`: the memory estimate does not simulate strategy={settings.strategy.identity} yet; it"
             f" simulates {', '.join(ESTIMATED)}. Fix: estimate the job as strategy=ddp (a replica a rank) or"
             " strategy=mesh with the same layout, or run it without the estimate."
         )
-    started = time.perf_counter()
-    chosen = list(ranks) if ranks is not None else representative_ranks(settings.layout)
-    estimates = [estimate_rank(settings, rank, costs) for rank in chosen]
-    return JobEstimate(settings.layout.describe(on_cpus=True), estimates, time.perf_counter() - started)
 
 
 def representative_ranks(layout: JobLayout) -> List[int]:
@@ -113,11 +118,7 @@ def representative_ranks(layout: JobLayout) -> List[int]:
         for rank in range(dims.world_size):
             firsts.setdefault(dims.coordinates(rank)["pp"], rank)
         return [firsts[stage] for stage in sorted(firsts)]
-    if layout.strategy == "pipelining":
-        declared = layout.data_parallel_size  # None: every rank one data-parallel replica of one stage
-        replicas = layout.world_size if declared is None else int(declared)
-        return list(range(max(1, layout.world_size // replicas)))
-    return [0]
+    return list(range(layout.stages))  # the pipelining engine's stages are its first ranks; else rank 0
 
 
 def estimate_rank(settings: EstimateSettings, rank: int, costs: bool = False) -> RankEstimate:
@@ -136,10 +137,17 @@ def estimate_rank(settings: EstimateSettings, rank: int, costs: bool = False) ->
 
 
 def _real_batch(settings: EstimateSettings, shard: Tuple[int, int]) -> Any:
-    """This rank's batch of the job's data (the global batch over the data-parallel ranks), as the trainer reads it."""
+    """This rank's batch of the job's data (the global batch over the data-parallel ranks), as the trainer reads it;
+    made once per process for each data section, shard and size (the ranks and settings of one job share it)."""
     per_rank = int(settings.trainer.batch_size) // shard[1]
-    with data_shard_for(*shard):  # a stream shards itself by it; this process is no rank after the estimate
-        return collate(build_datasets(settings.data), per_rank)
+    key = repr((settings.data, shard, per_rank))
+    if key not in _batches:
+        with data_shard_for(*shard):  # a stream shards itself by it; this process is no rank after the estimate
+            _batches[key] = collate(build_datasets(settings.data), per_rank)
+    return _batches[key]
+
+
+_batches: Dict[str, Any] = {}  # the real batches this process has made, by _real_batch's key
 
 
 def _faked(mode: Any, batch: Any) -> Any:
@@ -202,7 +210,7 @@ def _tracked_steps(
     bookkeeping under activation checkpointing would otherwise be counted in the peak."""
     optim = settings.optim
     plain = strategy.unwrap(model)
-    optimizer = _with_state(_kernels_as_on(settings.device, make_optimizer(optim, param_groups(optim, plain))))
+    optimizer = with_state(kernels_as_on(settings.device, make_optimizer(optim, param_groups(optim, plain))))
     ema = WeightAverage(plain, float(optim.ema_decay)) if optim.ema_decay is not None else None
     once = int(optim.grad_accum_steps) == 1 and not getattr(strategy, "pipelined", False)
     tracker = tracker_for(model, optimizer, batch, once)
@@ -217,7 +225,7 @@ def _tracked_steps(
     return peak_snapshot(tracker)
 
 
-def _kernels_as_on(device: str, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def kernels_as_on(device: str, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """`optimizer` stepping with the kernels torch picks where the job runs. On GPUs, an optimizer left to choose
     (``foreach=None``, not fused) takes the foreach kernels, whose step holds a temporary the size of its state (Adam's
     square roots of every second moment at once); on the fake CPU tensors it would take the per-tensor loop, which
@@ -230,7 +238,7 @@ def _kernels_as_on(device: str, optimizer: torch.optim.Optimizer) -> torch.optim
     return optimizer
 
 
-def _with_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def with_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """`optimizer` with the state its first step makes (every parameter given a zero gradient, one step, the
     gradients dropped), so that the one tracked step weighs what a run's later steps weigh."""
     for group in optimizer.param_groups:

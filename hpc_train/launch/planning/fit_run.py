@@ -2,10 +2,11 @@
 own (the login side never imports torch), its JSON read back.
 
 :func:`estimate` writes the job specs into a temporary folder, runs one process for all of them and returns, per spec,
-the estimate (``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``: {"layout", "seconds", "ranks": [...]}) or a
-:class:`Refused` (the estimate cannot simulate that job, in its own words). A process that fails otherwise (a crash,
-no torch) raises :class:`EstimateFailed`, a ConfigError naming ``resources.memory_check`` with the command and what it
-printed on stderr.
+the estimate (``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``: {"layout", "seconds", "ranks": [...], "floor"};
+with ``floor`` set, the least its largest rank holds, where that is over the spec's budget), a :class:`Refused` (the
+estimate cannot simulate that job, in its own words) or a :class:`Skipped` (enough specs before it fit). A process
+that fails otherwise (a crash, no torch) raises :class:`EstimateFailed`, a ConfigError naming
+``resources.memory_check`` with the command and what it printed on stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning.jobspec import write_yaml
@@ -35,7 +36,14 @@ class Refused:
     reason: str
 
 
-Estimate = Union[Dict[str, Any], Refused]
+@dataclass(frozen=True)
+class Skipped:
+    """Not estimated: enough specs before it fit their budgets (``enough``)."""
+
+    reason: str
+
+
+Estimate = Union[Dict[str, Any], Refused, Skipped]
 
 
 class EstimateFailed(ConfigError):
@@ -52,10 +60,31 @@ class EstimateFailed(ConfigError):
         )
 
 
-def estimate(
-    specs: Sequence[Dict[str, Any]], workers: int = 1, failed_refuses: bool = False, costs: bool = False
-) -> List[Estimate]:
-    """Each job spec's estimate (or Refused), in order, from one process running the estimate (`workers` at once).
+@dataclass(frozen=True)
+class Ask:
+    """How the specs are estimated: `workers` processes at once; each rank's step costs too (`costs`); per spec, the
+    bytes of tensors its GPU holds (`budgets`: a spec whose floor is over it is answered with the floor); stop once
+    `enough` specs fit their budgets (the rest Skipped)."""
+
+    workers: int = 1
+    costs: bool = False
+    budgets: Optional[Sequence[int]] = None
+    enough: Optional[int] = None
+
+    def flags(self) -> List[str]:
+        flags = ["--workers", str(max(1, self.workers)), *(["--costs"] if self.costs else [])]
+        if self.budgets is not None:
+            flags += ["--budgets", ",".join(str(int(budget)) for budget in self.budgets)]
+        return [*flags, *(["--enough", str(self.enough)] if self.enough is not None else [])]
+
+    def one(self, index: int) -> "Ask":
+        """The same for the spec at `index` alone."""
+        budgets = None if self.budgets is None else [self.budgets[index]]
+        return Ask(1, self.costs, budgets, None)
+
+
+def estimate(specs: Sequence[Dict[str, Any]], ask: Ask = Ask(), failed_refuses: bool = False) -> List[Estimate]:
+    """Each job spec's estimate (or Refused, or Skipped), in order, from one process running the estimate.
 
     `failed_refuses` (the settings tried beside a job, which a crash of one must not hide): a process that fails
     other than by refusing is run again one spec at a time, and a spec whose process still fails is refused with its
@@ -63,21 +92,19 @@ def estimate(
     if not specs:
         return []
     try:
-        return _run(specs, workers, costs)
+        return _run(specs, ask)
     except EstimateFailed as failed:
         if not failed_refuses:
             raise
         if len(specs) == 1:
             return [Refused(f"the estimate failed: {failed.last_line}")]
-        return [answer for spec in specs for answer in estimate([spec], 1, failed_refuses, costs)]
+        return [answer for i, spec in enumerate(specs) for answer in estimate([spec], ask.one(i), failed_refuses)]
 
 
-def _run(specs: Sequence[Dict[str, Any]], workers: int, costs: bool) -> List[Estimate]:
+def _run(specs: Sequence[Dict[str, Any]], ask: Ask) -> List[Estimate]:
     with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
         paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
-        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json", *(["--costs"] if costs else [])]
-        if len(paths) > 1:
-            command += ["--workers", str(max(1, workers))]
+        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json", *ask.flags()]
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     return _read(command, done, len(specs))
 
@@ -91,8 +118,15 @@ def _read(command: List[str], done: "subprocess.CompletedProcess[str]", count: i
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if len(lines) != count:
         raise EstimateFailed(command, done.returncode, f"{count} JSON lines expected, got:\n{done.stdout}{done.stderr}")
-    answers = [json.loads(line) for line in lines]
-    return [Refused(str(a["refused"])) if "refused" in a else a for a in answers]
+    return [_answer(json.loads(line)) for line in lines]
+
+
+def _answer(data: Dict[str, Any]) -> Estimate:
+    if "refused" in data:
+        return Refused(str(data["refused"]))
+    if "skipped" in data:
+        return Skipped(str(data["skipped"]))
+    return data
 
 
 def _error_line(lines: Sequence[str]) -> str:

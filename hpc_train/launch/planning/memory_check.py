@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.config.view import ConfigView
-from hpc_train.contracts.gpu_memory import GIB, MEMORY_KEY, GpuMemory, device_bytes, gpu_memory
+from hpc_train.contracts.gpu_memory import GIB, MEMORY_KEY, GpuMemory, device_bytes, gpu_memory, tensor_budget
+from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning import fit_run, fit_specs
 from hpc_train.launch.planning.candidates import layout_candidates
@@ -40,7 +41,11 @@ NOT_MEMORY = frozenset(
 MOST_WORKERS = 8
 _CORES = os.cpu_count()
 WORKERS = max(1, min(MOST_WORKERS, _CORES if _CORES is not None else 1))
-# (memory_key, with the step's costs) -> the estimate this process made for it
+# A refusal's settings: estimated cheapest first, until this many fit (the rest not estimated: strategy=auto ranks
+# them all).
+SUGGESTED = 3
+# (memory_key, with the step's costs) -> the estimate (or refusal) this process made for it; not a floor (which holds
+# for its budget only) or a skipped one
 _known: Dict[Tuple[str, bool], fit_run.Estimate] = {}
 
 
@@ -62,20 +67,32 @@ class Fit:
     def fits(self) -> bool:
         return self.need <= self.memory.usable_bytes
 
+    @property
+    def floor(self) -> bool:
+        """The need is the job's floor (hpc_train.compute.fit.floor): the least it holds, its step not simulated."""
+        return bool(self.estimate.get("floor"))
+
     def share_text(self) -> str:
-        """``41.2 GiB of 79.1 GiB (52 %)``."""
+        """``41.2 GiB of 79.1 GiB (52 %)`` (``at least ...`` for a floor)."""
         usable = self.memory.usable_bytes
-        return f"{_gib(self.need)} of {_gib(usable)} ({100 * self.need / usable:.0f} %)"
+        least = "at least " if self.floor else ""
+        return f"{least}{_gib(self.need)} of {_gib(usable)} ({100 * self.need / usable:.0f} %)"
 
     def describe(self) -> str:
         """The need in words, with its parts: what the estimate reads and what the device adds."""
         tensors = next(r for r in self.estimate["ranks"] if r["rank"] == self.rank)
         parts = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "transient", "inputs")
         words = " + ".join(f"{p.replace('_', ' ')} {_gib(tensors[p])}" for p in parts if tensors[p])
-        return (
-            f"rank {self.rank} needs {self.share_text()}: {words} + device {_gib(self.device)} (CUDA context,"
-            f" allocator slack, NCCL buffers: the {self.memory.family.name} family's constants)"
+        device = (
+            f"device {_gib(self.device)} (CUDA context, allocator slack, NCCL buffers: the"
+            f" {self.memory.family.name} family's constants)"
         )
+        if self.floor:
+            return (
+                f"its largest rank needs {self.share_text()}: {words} (the model's share at the optimizer's step,"
+                f" its step not simulated: activations and temporaries come on top) + {device}"
+            )
+        return f"rank {self.rank} needs {self.share_text()}: {words} + {device}"
 
     def record(self) -> Dict[str, Any]:
         """What the run dir keeps (rundir.MEMORY_ESTIMATE): the estimate, the need and the memory it was held to."""
@@ -109,7 +126,7 @@ def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]
     if memory is None:
         return None
     # auto: an estimate that fails (the user's code importing what only the ranks' environment has) skips the check
-    [estimate] = estimates([spec], failed_refuses=plan.config.resources.memory_check != "always")
+    [estimate] = estimates([spec], failed_refuses=plan.config.resources.memory_check != "always", memory=memory)
     if isinstance(estimate, fit_run.Refused):
         if plan.config.resources.memory_check == "always":
             raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
@@ -171,15 +188,29 @@ def known_fit(plan: RunPlan, spec: Dict[str, Any]) -> Optional[Fit]:
 
 
 def estimates(
-    specs: Sequence[Dict[str, Any]], failed_refuses: bool = False, costs: bool = False
+    specs: Sequence[Dict[str, Any]],
+    failed_refuses: bool = False,
+    costs: bool = False,
+    memory: Optional[GpuMemory] = None,
+    enough: Optional[int] = None,
 ) -> List[fit_run.Estimate]:
     """Each spec's estimate (with its step's costs where `costs`), from this process's earlier ones by memory_key (one
-    with costs serves one without), the others in one process."""
+    with costs serves one without), the others in one process. With `memory`, a spec whose floor will not fit in it is
+    answered with the floor, unsimulated; with `enough`, the specs after that many fit are Skipped."""
     keys = [memory_key(spec) for spec in specs]
     missing = {key: spec for key, spec in zip(keys, specs) if _earlier(key, costs) is None}
-    for key, answer in zip(missing, fit_run.estimate(list(missing.values()), WORKERS, failed_refuses, costs)):
-        _known[(key, costs)] = answer
-    return [_earlier(key, costs) for key in keys]
+    budgets = None if memory is None else [budget(memory, spec) for spec in missing.values()]
+    ask = fit_run.Ask(WORKERS, costs, budgets, enough)
+    fresh = dict(zip(missing, fit_run.estimate(list(missing.values()), ask, failed_refuses)))
+    for key, answer in fresh.items():
+        if isinstance(answer, fit_run.Refused) or (isinstance(answer, dict) and not answer.get("floor")):
+            _known[(key, costs)] = answer
+    return [fresh[key] if key in fresh else _earlier(key, costs) for key in keys]
+
+
+def budget(memory: GpuMemory, spec: Mapping[str, Any]) -> int:
+    """The most bytes of tensors a rank of `spec`'s job can hold in `memory`, beside what its device adds."""
+    return tensor_budget(memory, _communicators(spec))
 
 
 def _earlier(key: str, costs: bool) -> Any:
@@ -198,14 +229,19 @@ def memory_key(spec: Mapping[str, Any]) -> str:
 
 def fit_of(estimate: Mapping[str, Any], memory: GpuMemory, spec: Mapping[str, Any]) -> Fit:
     """The largest rank's need: its tensors' peak, plus the context, the allocator's slack and NCCL's buffers."""
-    layout = spec["job"]["layout"]
-    mesh = layout.get("mesh") or [layout["world_size"]]
-    communicators = sum(1 for size in mesh if size > 1)
+    communicators = _communicators(spec)
     fits = [
         Fit(estimate, memory, r["rank"], r["peak"], device_bytes(memory, r["peak"], communicators))
         for r in estimate["ranks"]
     ]
     return max(fits, key=lambda fit: fit.need)
+
+
+def _communicators(spec: Mapping[str, Any]) -> int:
+    """The NCCL communicators a rank of `spec`'s job joins: one per mesh dimension of more than one rank."""
+    layout = spec["job"]["layout"]
+    mesh = layout.get("mesh") or [layout["world_size"]]
+    return sum(1 for size in mesh if size > 1)
 
 
 def _gib(count: int) -> str:
@@ -215,8 +251,17 @@ def _gib(count: int) -> str:
 Suggestion = Tuple[Tuple[str, ...], Fit]
 
 
-def _suggestions(plan: RunPlan, memory: GpuMemory, base: Optional[Sequence[str]]) -> List[Suggestion]:
-    """The settings tried, each with its Fit (those the estimate refused left out), estimated in one process."""
+@dataclass(frozen=True)
+class Suggestions:
+    """The settings tried with their Fit (those the estimate refused left out), fitting or not, and how many were
+    not estimated once SUGGESTED fit."""
+
+    found: List[Suggestion]
+    skipped: int
+
+
+def _suggestions(plan: RunPlan, memory: GpuMemory, base: Optional[Sequence[str]]) -> Suggestions:
+    """The settings tried, cheapest to estimate first (_estimated_steps), in one process, until SUGGESTED fit."""
     tried, specs = [], []
     for overrides in _tried(plan):
         try:
@@ -224,11 +269,25 @@ def _suggestions(plan: RunPlan, memory: GpuMemory, base: Optional[Sequence[str]]
         except ConfigError:  # a setting this job's checks refuse (a batch that no longer splits): not suggested
             continue
         tried.append(overrides)
-    found = []
-    for overrides, spec, estimate in zip(tried, specs, estimates(specs, failed_refuses=True)):
-        if not isinstance(estimate, fit_run.Refused):
+    order = sorted(range(len(specs)), key=lambda i: _estimated_steps(specs[i]))
+    tried, specs = [tried[i] for i in order], [specs[i] for i in order]
+    found, skipped = [], 0
+    answers = estimates(specs, failed_refuses=True, memory=memory, enough=SUGGESTED)
+    for overrides, spec, estimate in zip(tried, specs, answers):
+        if isinstance(estimate, fit_run.Skipped):
+            skipped += 1
+        elif not isinstance(estimate, fit_run.Refused):
             found.append((overrides, fit_of(estimate, memory, spec)))
-    return sorted(found, key=lambda suggestion: suggestion[1].need)
+    return Suggestions(sorted(found, key=lambda suggestion: suggestion[1].need), skipped)
+
+
+def _estimated_steps(spec: Mapping[str, Any]) -> int:
+    """What a spec's estimate costs, in one rank's forward and backward of one micro-batch: a rank per pipeline
+    stage, each running the pipeline's micro-batches (``strategy.chunks``), times the gradient accumulation."""
+    stages = JobLayout.from_record(spec["job"]["layout"]).stages
+    chunks = spec["strategy"].get("chunks")
+    micro_batches = 1 if stages == 1 or chunks is None else int(chunks)
+    return stages * micro_batches * int(spec["trainer"]["grad_accum_steps"])
 
 
 def _tried(plan: RunPlan) -> List[Tuple[str, ...]]:
@@ -251,14 +310,19 @@ def _tried(plan: RunPlan) -> List[Tuple[str, ...]]:
     return tried
 
 
-def _refusal(fit: Fit, suggestions: List[Suggestion]) -> str:
+def _refusal(fit: Fit, suggestions: Suggestions) -> str:
     usable = _gib(fit.memory.usable_bytes)
     lines = [f"the job will not fit in one GPU's memory ({usable}: {fit.memory.source}). {fit.describe()}."]
-    fitting = [(overrides, f) for overrides, f in suggestions if f.fits]
+    fitting = [(overrides, f) for overrides, f in suggestions.found if f.fits]
     if fitting:
         lines.append("Settings that fit (overrides to paste, the largest rank's need):")
         lines += [f"  {' '.join(overrides)}: {f.share_text()}" for overrides, f in fitting]
     else:
-        closest = "; ".join(f"{' '.join(o)}: {f.share_text()}" for o, f in suggestions[:3]) or "none estimated"
+        closest = "; ".join(f"{' '.join(o)}: {f.share_text()}" for o, f in suggestions.found[:3]) or "none estimated"
         lines.append(f"None of the settings tried fits (the closest: {closest}): more GPUs or a smaller batch.")
+    if suggestions.skipped:
+        lines.append(
+            f"({suggestions.skipped} more setting(s) not estimated once {SUGGESTED} fit: strategy=auto ranks every"
+            " layout that fits.)"
+        )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,52 @@
+"""The least a job's largest rank can hold, without simulating its step: what the whole job's model holds at its
+optimizer's step (every parameter and buffer, a gradient per trainable parameter, the optimizer's state as its first
+step makes it), shared evenly over the ranks that split it.
+
+It is a lower bound of the estimate's peak (:mod:`hpc_train.compute.fit.estimate`): at the optimizer's step every
+rank holds its parameters, their gradients and their state at once; a strategy that replicates the model (one
+process, ``ddp``) holds all of them on each rank, and one that splits it (FSDP shards, tensor-parallel slices,
+pipeline stages) holds on its largest rank at least the average share, padding and replicated pieces only adding.
+A job whose floor does not fit will not fit, and is known after building its model on fake tensors, a fraction of
+the step's simulation (for a 7B model, a second against several).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hpc_train.compute.fit.breakdown import JobEstimate, RankEstimate
+from hpc_train.compute.fit.estimate import EstimateSettings, kernels_as_on, with_state
+from hpc_train.compute.fit.fake_world import fake_mode
+from hpc_train.compute.training.optim import make_optimizer, param_groups
+from hpc_train.compute.user.building import build_model
+
+# Strategies whose every rank holds the whole model (hpc_train.config.strategy.strategy_id): the floor is not shared.
+REPLICATED = ("single", "ddp", "dp")
+
+
+def floor_of(settings: EstimateSettings) -> JobEstimate:
+    """The job's floor as an estimate of one rank (``floor`` set): the shares of its parameters, gradients and
+    optimizer state, their sum its peak."""
+    started = time.perf_counter()
+    with fake_mode():
+        model = build_model(settings.model)
+        made = make_optimizer(settings.optim, param_groups(settings.optim, model))
+        optimizer = with_state(kernels_as_on(settings.device, made))
+        parameters = sum(_bytes(t) for t in [*model.parameters(), *model.buffers()])
+        gradients = sum(_bytes(p) for p in model.parameters() if p.requires_grad)
+        state = sum(_bytes(v) for entry in optimizer.state.values() for v in entry.values() if _is_tensor(v))
+    shares = 1 if settings.strategy.identity in REPLICATED else max(1, int(settings.layout.world_size))
+    parts = {"parameters": parameters // shares, "gradients": gradients // shares, "optimizer_state": state // shares}
+    rank = RankEstimate(0, None, {}, **parts, peak=sum(parts.values()))
+    words = f"{settings.layout.describe(on_cpus=True)}; floor: the model's share of {shares} rank(s), not simulated"
+    return JobEstimate(words, [rank], time.perf_counter() - started, floor=True)
+
+
+def _is_tensor(value: object) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

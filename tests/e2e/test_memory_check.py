@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import open_dict
 
 from hpc_train.conf import CONFIG_DIR
-from hpc_train.launch.planning import fit_specs, memory_check
+from hpc_train.launch.planning import fit_run, fit_specs, memory_check
 from hpc_train.launch.planning.jobspec import build_job_spec
 from hpc_train.launch.planning.plan import make_plan
 from hpc_train.records import performance, rundir
@@ -66,8 +66,18 @@ def _check(overrides: List[str], run_dir: Path):
             held.cfg = None
 
 
+def _counted(init, started: list):
+    def counting(self, *args, **kwargs):
+        started.append(self)
+        init(self, *args, **kwargs)
+
+    return counting
+
+
 def test_a_job_that_will_not_fit_is_refused_with_settings_that_each_pass_the_check(tmp_path, monkeypatch):
     monkeypatch.chdir(PROJECT)  # the user's model is imported from where hpc-train starts, as on the ranks
+    sessions = []
+    monkeypatch.setattr(fit_run.Session, "__init__", _counted(fit_run.Session.__init__, sessions))
     started = time.perf_counter()
     with pytest.raises(memory_check.MemoryRefused) as refused:
         _check(TOO_BIG, tmp_path / "run")
@@ -80,6 +90,7 @@ def test_a_job_that_will_not_fit_is_refused_with_settings_that_each_pass_the_che
     assert len(pasted) == memory_check.SUGGESTED and ["trainer.activation_checkpointing=blocks"] in pasted, message
     assert ["trainer.grad_accum_steps=2"] not in pasted and "2 more setting(s) not estimated once 3 fit" in message
     print(f"refused in {seconds:.1f} s with {len(pasted)} settings that fit")
+    assert len(sessions) == 1  # the job's estimate and its settings': one process
     for overrides in pasted:  # each pasted after the user's overrides plans into the spec that was estimated
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             [spec] = fit_specs.specs_for([overrides], tmp_path / "run", base=TOO_BIG)

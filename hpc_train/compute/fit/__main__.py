@@ -11,7 +11,11 @@ Several specs: each is estimated (``--workers N``: its ranks in N processes at o
 answers are printed in the order of the specs, one per spec; the exit code is EXIT_OK, refusals included.
 ``--budgets B1,B2,...`` (bytes, one per spec: the tensors its GPU can hold) answers a spec whose floor is over its
 budget with the floor, unsimulated; ``--enough K`` stops once K specs fit their budgets, the others answered
-skipped (:mod:`hpc_train.compute.fit.batch`). With ``--json``
+skipped (:mod:`hpc_train.compute.fit.batch`).
+
+``--serve``: one process for several calls (the login side's session: a job, then its refusal's settings). Each line
+read from stdin is a request (``{"paths": [...], "budgets": [...], "enough": K, "workers": N, ...}``); its answers
+are printed as JSON lines, one per spec, in order; the process ends with its input. With ``--json``
 each answer is one line holding one JSON object:
 
 * an estimate: ``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``, ``{"layout": "<the layout in words>",
@@ -29,7 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional
+from typing import Iterable, List, Optional
 
 from hpc_train.compute.fit.batch import Request, answers
 from hpc_train.compute.fit.estimate import DEVICES
@@ -38,6 +42,10 @@ from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
+    if args.serve:
+        return serve(sys.stdin)
+    if not args.specs:
+        raise SystemExit("give job specs to estimate, or --serve")
     request = Request(
         args.specs,
         [int(rank) for rank in args.ranks.split(",")] if args.ranks else None,
@@ -61,9 +69,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     return EXIT_OK
 
 
+def serve(lines: Iterable[str]) -> int:
+    """Requests read one a line (``batch.Request``'s fields as a JSON object), each spec's answer printed as a JSON
+    line in order; until the input ends. The floors, batches and specs read are kept from one request to the next."""
+    for line in lines:
+        if line.strip():
+            for data, _words in answers(Request(**json.loads(line)), forks_again=True):
+                print(json.dumps(data), flush=True)
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hpc_train.compute.fit", description=__doc__.splitlines()[0])
-    parser.add_argument("specs", nargs="+", metavar="spec", help="a job spec (a run dir's job_config.yaml)")
+    parser.add_argument("specs", nargs="*", metavar="spec", help="a job spec (a run dir's job_config.yaml)")
     parser.add_argument("--ranks", help="the ranks to estimate, e.g. 0,2 (default: the first of each pipeline stage)")
     parser.add_argument("--json", action="store_true", help="print each estimate as one JSON object, one a line")
     parser.add_argument("--workers", type=int, default=1, help="estimate the ranks in this many processes")
@@ -71,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=DEVICES, default=DEVICES[0], help="where the job's ranks run")
     parser.add_argument("--budgets", help="bytes of tensors each spec's GPU holds: a floor over it is not simulated")
     parser.add_argument("--enough", type=int, help="stop once this many specs fit their budgets")
+    parser.add_argument("--serve", action="store_true", help="answer requests read from stdin, one a line (JSON)")
     return parser
 
 

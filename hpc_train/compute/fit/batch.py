@@ -1,11 +1,11 @@
 """Several job specs estimated in one call, as the login side asks (a job, or the settings its refusal suggests).
 
 A spec with a budget (the most bytes of tensors its GPU can hold, the device's share taken off) is first given its
-floor (:mod:`hpc_train.compute.fit.floor`): one whose floor is over its budget is answered with it, unsimulated.
-The others are estimated rank by rank, each rank a task of its own, so that a pipeline's stages spread over the
-worker processes, in the order of the specs. With ``enough``, once the first that many specs (in their order) that
-fit their budgets are known, the specs after them are answered skipped (whether or not their tasks had finished: the
-answer does not depend on which task finished first) and their tasks stopped.
+floor (:mod:`hpc_train.compute.fit.floor`, each model's once, in this process): one whose floor is over its budget
+is answered with it, unsimulated. The others are estimated rank by rank, each rank a task of its own, so that a
+pipeline's stages spread over the worker processes, in the order of the specs. With ``enough``, once the first that
+many specs (in their order) that fit their budgets are known, the specs after them are answered skipped (whether or
+not their tasks had finished: the answer does not depend on which task finished first) and their tasks stopped.
 
 Each answer is ``(data, words)``: the estimate (``JobEstimate.as_dict``, the floor's with ``floor`` set), or
 ``{"refused": "<what, and the fix>"}`` for a job the estimate cannot simulate, or ``{"skipped": "<why>"}``.
@@ -46,15 +46,22 @@ class Request:
     enough: Optional[int] = None  # stop once this many specs fit their budgets
 
 
-def answers(request: Request) -> List[Answer]:
-    """Each spec's answer, in the order of `request.paths`."""
-    if request.workers <= 1:
-        return _Batch(request, _Inline()).run()
+def answers(request: Request, forks_again: bool = False) -> List[Answer]:
+    """Each spec's answer, in the order of `request.paths`: the floors in this process (each model's once), then
+    the ranks' tasks, in worker processes forked after the floors (which they inherit with the specs read), or here
+    where one process does. `forks_again` (a process serving several requests): the tasks always run in workers,
+    since a process that has run autograd's backward cannot fork safely."""
+    batch = _Batch(request)
+    tasks = batch.floors()
+    if not forks_again and (request.workers <= 1 or tasks <= 1):
+        return batch.run(_Inline())
+    if tasks == 0:
+        return batch.run(_Inline())  # nothing to run
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")  # torch imported, nothing run
-    with context.Pool(request.workers) as pool:
+    with context.Pool(max(1, min(request.workers, tasks))) as pool:
         try:
-            return _Batch(request, _Pooled(pool)).run()
+            return batch.run(_Pooled(pool))
         finally:
             pool.terminate()  # the tasks of specs skipped, still running
 
@@ -74,16 +81,6 @@ def _settings(path: str, device: str) -> EstimateSettings:
     if (path, device) not in _loaded:
         _loaded[(path, device)] = load(path, device)
     return _loaded[(path, device)]
-
-
-def floor_task(path: str, device: str) -> Tuple[str, Any]:
-    """("floor", the floor's data) or ("refused", its words)."""
-    try:
-        settings = _settings(path, device)
-        check_simulated(settings)
-        return "floor", floor_of(settings).as_dict()
-    except Refusal as refusal:
-        return "refused", str(refusal)
 
 
 def rank_task(path: str, device: str, rank: int, costs: bool) -> Tuple[str, Any]:
@@ -135,25 +132,44 @@ class _Pooled:
 
 
 class _Batch:
-    """The specs' answers as their tasks finish: floors first where budgeted, then each rank."""
+    """The specs' answers: floors first where budgeted, then each rank's estimate as its task finishes."""
 
-    def __init__(self, request: Request, runner: Any) -> None:
-        self.request, self.runner = request, runner
+    def __init__(self, request: Request) -> None:
+        self.request = request
         self.answers: Dict[int, Answer] = {}
         self.ranks: Dict[int, Dict[int, RankEstimate]] = {}
         self.wanted: Dict[int, List[int]] = {}
         self.seconds: Dict[int, float] = {}
         self.fitting: Set[int] = set()  # the specs known to fit their budgets
 
-    def run(self) -> List[Answer]:
+    def floors(self) -> int:
+        """Answer each spec whose floor is over its budget (or that is refused); the number of rank tasks left."""
         for index, path in enumerate(self.request.paths):
-            if self._budget(index) is not None:
-                self.runner.submit(floor_task, (path, self.request.device), self._on_floor(index))
-            else:
-                self._submit_ranks(index)
-        last = None
+            settings = _settings(path, self.request.device)
+            budget = self._budget(index)
+            try:
+                check_simulated(settings)
+                floor = floor_of(settings) if budget is not None else None
+            except Refusal as refusal:
+                self._refuse(index, str(refusal))
+                continue
+            if floor is not None and floor.peak > budget:  # type: ignore[operator]
+                self.answers[index] = (floor.as_dict(), floor.describe())
+                continue
+            ranks = self.request.ranks
+            self.wanted[index] = list(ranks if ranks is not None else representative_ranks(settings.layout))
+            self.ranks[index] = {}
+        return sum(len(ranks) for ranks in self.wanted.values())
+
+    def run(self, runner: Any) -> List[Answer]:
+        """The rank tasks, in the specs' order, until every spec is answered or `enough` fit."""
+        for index, ranks in self.wanted.items():
+            path, request = self.request.paths[index], self.request
+            for rank in ranks:
+                runner.submit(rank_task, (path, request.device, rank, request.costs), self._on_rank(index, rank))
+        last = self._enough()
         while len(self.answers) < len(self.request.paths) and last is None:
-            self.runner.next()
+            runner.next()
             last = self._enough()
         skipped = ({"skipped": SKIPPED}, f"skipped: {SKIPPED}")
         kept = range(len(self.request.paths) if last is None else last + 1)
@@ -175,27 +191,6 @@ class _Batch:
             if fitting == self.request.enough:
                 return index
         return None
-
-    def _on_floor(self, index: int) -> Callable[[Tuple[str, Any]], None]:
-        def done(result: Tuple[str, Any]) -> None:
-            kind, data = result
-            if kind == "refused":
-                self._refuse(index, data)
-            elif data["ranks"][0]["peak"] > self._budget(index):  # type: ignore[operator]
-                self.answers[index] = (data, _floor_words(data))
-            else:
-                self._submit_ranks(index)
-
-        return done
-
-    def _submit_ranks(self, index: int) -> None:
-        path, request = self.request.paths[index], self.request
-        chosen = request.ranks
-        if chosen is None:
-            chosen = representative_ranks(_settings(path, request.device).layout)
-        self.wanted[index], self.ranks[index] = list(chosen), {}
-        for rank in chosen:
-            self.runner.submit(rank_task, (path, request.device, rank, request.costs), self._on_rank(index, rank))
 
     def _on_rank(self, index: int, rank: int) -> Callable[[Tuple[str, Any]], None]:
         def done(result: Tuple[str, Any]) -> None:
@@ -224,7 +219,3 @@ class _Batch:
 
     def _refuse(self, index: int, words: str) -> None:
         self.answers[index] = ({"refused": words}, f"refused: {words}")
-
-
-def _floor_words(data: Dict[str, Any]) -> str:
-    return JobEstimate(data["layout"], [RankEstimate(**data["ranks"][0])], data["seconds"], floor=True).describe()

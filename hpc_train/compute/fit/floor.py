@@ -13,6 +13,7 @@ the step's simulation (for a 7B model, a second against several).
 from __future__ import annotations
 
 import time
+from typing import Any, Dict, List, Mapping
 
 import torch
 
@@ -30,22 +31,35 @@ def floor_of(settings: EstimateSettings) -> JobEstimate:
     """The job's floor as an estimate of one rank (``floor`` set): the shares of its parameters, gradients and
     optimizer state, their sum its peak."""
     started = time.perf_counter()
-    with fake_mode():
-        model = build_model(settings.model)
-        made = make_optimizer(settings.optim, param_groups(settings.optim, model))
-        optimizer = with_state(kernels_as_on(settings.device, made))
-        parameters = sum(_bytes(t) for t in [*model.parameters(), *model.buffers()])
-        gradients = sum(_bytes(p) for p in model.parameters() if p.requires_grad)
-        state = sum(_bytes(v) for entry in optimizer.state.values() for v in entry.values() if _is_tensor(v))
     shares = 1 if settings.strategy.identity in REPLICATED else max(1, int(settings.layout.world_size))
-    parts = {"parameters": parameters // shares, "gradients": gradients // shares, "optimizer_state": state // shares}
+    parts = {name: count // shares for name, count in _whole(settings).items()}
     rank = RankEstimate(0, None, {}, **parts, peak=sum(parts.values()))
     words = f"{settings.layout.describe(on_cpus=True)}; floor: the model's share of {shares} rank(s), not simulated"
     return JobEstimate(words, [rank], time.perf_counter() - started, floor=True)
 
 
-def _is_tensor(value: object) -> bool:
-    return isinstance(value, torch.Tensor)
+def _whole(settings: EstimateSettings) -> Dict[str, int]:
+    """What the whole model holds at its optimizer's step, by part; made once per process for each model,
+    optimisation and device (a refusal's settings share them)."""
+    key = repr((settings.model, settings.optim, settings.device))
+    if key not in _known:
+        with fake_mode():
+            model = build_model(settings.model)
+            made = make_optimizer(settings.optim, param_groups(settings.optim, model))
+            optimizer = with_state(kernels_as_on(settings.device, made))
+            _known[key] = {
+                "parameters": sum(_bytes(t) for t in [*model.parameters(), *model.buffers()]),
+                "gradients": sum(_bytes(p) for p in model.parameters() if p.requires_grad),
+                "optimizer_state": sum(_bytes(v) for state in optimizer.state.values() for v in _tensors(state)),
+            }
+    return _known[key]
+
+
+_known: Dict[str, Dict[str, int]] = {}  # _whole's answers, by its key
+
+
+def _tensors(state: Mapping[str, Any]) -> List[torch.Tensor]:
+    return [value for value in state.values() if isinstance(value, torch.Tensor)]
 
 
 def _bytes(tensor: torch.Tensor) -> int:

@@ -11,6 +11,7 @@ that fails otherwise (a crash, no torch) raises :class:`EstimateFailed`, a Confi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning.jobspec import write_yaml
@@ -27,6 +28,7 @@ from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
 ESTIMATE_MODULE = "hpc_train.compute.fit"  # python -m ESTIMATE_MODULE SPEC [SPEC ...] --json
 CHECK_KEY = "resources.memory_check"  # the key that turns the check off, named by every failure of the estimate
 STDERR_LINES = 20  # the last lines of a failed estimate's stderr quoted in the error
+CLOSE_TIMEOUT_S = 30  # a session's process, terminated, ends within this (else it is killed)
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,106 @@ def estimate(specs: Sequence[Dict[str, Any]], ask: Ask = Ask(), failed_refuses: 
 
 
 def _run(specs: Sequence[Dict[str, Any]], ask: Ask) -> List[Estimate]:
+    if _scope.open:
+        if _scope.session is None:
+            _scope.session = Session()
+        try:
+            return _scope.session.ask(specs, ask)
+        except EstimateFailed:
+            _scope.session.close()
+            _scope.session = None  # a retry, or the next call, starts a process of its own
+            raise
     with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
         paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
         command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json", *ask.flags()]
         done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     return _read(command, done, len(specs))
+
+
+class Session:
+    """One estimate process for several calls (``python -m hpc_train.compute.fit --serve``): torch imported once, and
+    what the process made (each model's floor, the data's batches) kept from one call to the next."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.TemporaryDirectory(prefix="hpc-train-fit-")
+        self.stderr = open(Path(self.folder.name) / "stderr", "w+")  # noqa: SIM115 (closed by close())
+        self.command = [sys.executable, "-m", ESTIMATE_MODULE, "--serve"]
+        self.process = subprocess.Popen(
+            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True
+        )
+        self.written = 0
+
+    def ask(self, specs: Sequence[Dict[str, Any]], ask: Ask) -> List[Estimate]:
+        """Each spec's answer, from the process (EstimateFailed where it ends before answering)."""
+        paths = []
+        for spec in specs:
+            paths.append(str(write_yaml(spec, Path(self.folder.name) / f"spec{self.written}.yaml")))
+            self.written += 1  # each spec a path of its own: the process keeps what it read by path
+        request = {"paths": paths, "workers": max(1, ask.workers), "costs": ask.costs, "budgets": ask.budgets}
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps({**request, "enough": ask.enough}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            self._failed()
+        answers = []
+        while len(answers) < len(specs):
+            line = self.process.stdout.readline()
+            if not line:
+                self._failed()
+            if line.startswith("{"):  # not what the user's code prints
+                answers.append(_answer(json.loads(line)))
+        return answers
+
+    def _failed(self) -> None:
+        code = self.process.wait()
+        self.stderr.seek(0)
+        raise EstimateFailed(self.command, code, self.stderr.read())
+
+    def close(self) -> None:
+        """Ends the process, which has nothing left to do (its answers are read, it keeps nothing; torch's own exit
+        would take a second), and removes its files."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.stderr.close()
+        self.folder.cleanup()
+
+
+class _Scope:
+    """Whether estimate() calls share a Session now (session()), and the one they share, once started."""
+
+    def __init__(self) -> None:
+        self.open = False
+        self.session: Optional[Session] = None
+
+
+_scope = _Scope()
+
+
+@contextlib.contextmanager
+def session() -> Iterator[None]:
+    """The estimate() calls inside share one estimate process, started by the first of them (none starts one where
+    no estimate is asked for) and ended at the end."""
+    if _scope.open:  # inside one already: it is shared
+        yield
+        return
+    _scope.open = True
+    try:
+        yield
+    finally:
+        _scope.open = False
+        if _scope.session is not None:
+            _scope.session.close()
+            _scope.session = None
 
 
 def _read(command: List[str], done: "subprocess.CompletedProcess[str]", count: int) -> List[Estimate]:

@@ -125,16 +125,20 @@ def check(plan: RunPlan, spec: Dict[str, Any], overrides: Optional[Sequence[str]
     memory = wanted(plan.config, spec)
     if memory is None:
         return None
-    # auto: an estimate that fails (the user's code importing what only the ranks' environment has) skips the check
-    [estimate] = estimates([spec], failed_refuses=plan.config.resources.memory_check != "always", memory=memory)
-    if isinstance(estimate, fit_run.Refused):
-        if plan.config.resources.memory_check == "always":
-            raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
-        print(f"hpc-train: memory check skipped: {estimate.reason}", flush=True)
-        return None
-    fit = fit_of(estimate, memory, spec)
-    if not fit.fits:
-        raise MemoryRefused("strategy", _refusal(fit, _suggestions(plan, memory, overrides)), _FIX)
+    with fit_run.session():  # the job's estimate, then its refusal's settings: one process
+        # auto: an estimate that fails (the user's code importing what only the ranks' environment has) skips it
+        [estimate] = estimates([spec], failed_refuses=plan.config.resources.memory_check != "always", memory=memory)
+        if isinstance(estimate, fit_run.Refused):
+            if plan.config.resources.memory_check == "always":
+                raise ConfigError(KEY, f"the memory estimate cannot simulate this job: {estimate.reason}", _OFF)
+            print(f"hpc-train: memory check skipped: {estimate.reason}", flush=True)
+            return None
+        fit = fit_of(estimate, memory, spec)
+        if not fit.fits:
+            print(
+                f"hpc-train: memory check: the job will not fit ({fit.share_text()}); trying other settings", flush=True
+            )
+            raise MemoryRefused("strategy", _refusal(fit, _suggestions(plan, memory, overrides)), _FIX)
     return fit
 
 

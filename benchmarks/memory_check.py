@@ -6,9 +6,10 @@
 2. Its own cost: the same dry run with cluster.gpu_memory_gb=80 (the estimate runs, in a process of its own) on the
    default model and on a small Llama-style one (examples/llama_project), both fsdp over 4.
 3. A 7B Llama-style job (dim 4096, 32 blocks, SwiGLU 11008, 32 heads, vocab 32000, 2048 tokens, 8 sequences) on
-   8 GPUs of a declared 80 GB, plain DDP (--strategy): refused before anything is queued, in how many seconds, with
-   which settings; with --verify, each setting pasted into a fresh dry run, which must pass the check (its exit code
-   may still be a later check's: the Slurm test cluster's nodes have 4 GPUs, not 8).
+   8 GPUs of a declared 80 GB, plain DDP (--strategy): refused before anything is queued, in how many seconds (and
+   when its verdict line came, before its settings were estimated), with which settings; with --verify, each
+   setting pasted into a fresh dry run, which must pass the check (its exit code may still be a later check's: the
+   Slurm test cluster's nodes have 4 GPUs, not 8).
 
 Writes results/memory_check.json.
 """
@@ -39,6 +40,7 @@ from common import (  # noqa: E402
 )
 
 PROJECT = REPO / "examples" / "llama_project"
+VERDICT = "memory check: the job will not fit"  # the line printed once the job's own estimate refuses it
 LLAMA = ["--config-dir", str(PROJECT / "conf"), "model=llama_tiny", "data=herd_log", "trainer=llama"]
 SEVEN_B = [
     *LLAMA,
@@ -56,10 +58,18 @@ SEVEN_B = [
 ]
 
 
-def timed(command: List[str], env: Dict[str, str], cwd: Path) -> Dict[str, object]:
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
-    return {"seconds": time.perf_counter() - start, "code": done.returncode, "out": done.stdout + done.stderr}
+def timed(command: List[str], env: Dict[str, str], cwd: Path, marker: str = "") -> Dict[str, object]:
+    """The command's exit code, output and seconds; with `marker`, also the seconds until a line holding it."""
+    start, seen = time.perf_counter(), None
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if marker and seen is None and marker in line:
+            seen = time.perf_counter() - start
+    code = proc.wait()
+    return {"seconds": time.perf_counter() - start, "code": code, "out": "".join(lines), "marker_seconds": seen}
 
 
 def off_cost(repeats: int, env: Dict[str, str], baseline: str) -> dict:
@@ -102,10 +112,11 @@ def seven_b(strategy: str, verify: bool, env: Dict[str, str]) -> dict:
     """The 7B job refused, its settings that fit, and (verify) each pasted into a fresh dry run."""
     with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp:
         job = [*SEVEN_B, f"strategy={strategy}", "dry_run=true", f"hydra.run.dir={tmp}/r"]
-        run = timed(hpc_train_cmd(job), env, PROJECT)
+        run = timed(hpc_train_cmd(job), env, PROJECT, marker=VERDICT)
         text = str(run["out"])
         settings = re.findall(r"^  (.+): ([0-9.]+ GiB of [0-9.]+ GiB \([0-9]+ %\))$", text, flags=re.M)
-        out = {"seconds": run["seconds"], "code": run["code"], "refusal": text[text.find("hpc-train: invalid") :]}
+        out = {"seconds": run["seconds"], "verdict_seconds": run["marker_seconds"], "code": run["code"]}
+        out["refusal"] = text[text.find("hpc-train: invalid") :]
         out["settings"] = [{"overrides": o, "need": need} for o, need in settings]
         for setting in out["settings"] if verify else []:
             pasted = timed(hpc_train_cmd([*job, *setting["overrides"].split()]), env, PROJECT)
@@ -139,7 +150,8 @@ def main() -> None:
             print(f"dry run with the estimate, {name}: {fmt_stats(figures)} s")
     if "7b" in parts:
         result["7b"] = seven = seven_b(args.strategy, args.verify, env)
-        print(f"7B, strategy={args.strategy}: exit {seven['code']} after {seven['seconds']:.1f} s")
+        verdict = seven["verdict_seconds"]
+        print(f"7B, strategy={args.strategy}: exit {seven['code']} after {seven['seconds']:.1f} s, verdict {verdict} s")
         print(seven["refusal"])
         for setting in seven["settings"]:
             print(

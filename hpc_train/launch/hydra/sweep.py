@@ -30,6 +30,7 @@ from omegaconf import DictConfig, open_dict
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import launcher_kind
+from hpc_train.config.strategy import AUTO, strategy_id
 from hpc_train.jobs import job_table, submissions
 from hpc_train.launch.backends.slurm import packed as pack
 from hpc_train.launch.backends.slurm import params as slurm_params
@@ -39,12 +40,13 @@ from hpc_train.launch.backends.slurm.follow import follow_job
 from hpc_train.launch.hydra import forwarding, hydra_internals
 from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
-from hpc_train.launch.planning import memory_check
+from hpc_train.launch.planning import auto_layout, memory_check
 from hpc_train.launch.planning.errors import JobFailed
 from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
 from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
 from hpc_train.launch.planning.plan import RunPlan, make_plan
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
+from hpc_train.records import rundir
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +132,9 @@ class SweepLauncher(SweepLauncherBase):
         if jobs[0].view.dry_run:
             forwarding.dry_run_commands(jobs[0].view)
             return
-        for job in jobs:
-            build_job_spec(make_plan(job.view, job.run_dir), job.choices)
+        for job in jobs:  # auto's layout is chosen on the cluster, whose Python runs the estimate
+            if strategy_id(job.view.strategy) != AUTO:
+                build_job_spec(make_plan(job.view, job.run_dir), job.choices)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         forwarding.run_on_cluster(jobs[0].view, sweep_dir, self.config.hydra, multirun=True)
 
@@ -230,10 +233,12 @@ def _prepare_jobs(
     FAILED in `returns` and the others go on."""
     planned: List[Tuple[int, RunPlan, Dict[str, Any]]] = []
     laid_out = Progress(len(batch), "validated and laid out")
-    for i, (_, _, job) in enumerate(batch):
+    for i, (_, overrides, job) in enumerate(batch):
         try:
-            plan = make_plan(job.view, job.run_dir)
-            planned.append((i, plan, build_job_spec(plan, job.choices)))
+            plan, spec, choice = auto_layout.planned(job.view, job.run_dir, overrides, job.choices)
+            planned.append((i, plan, spec))
+            if choice is not None:  # strategy=auto: the layout it chose, and why
+                _chosen[plan.run_dir] = choice
         except ConfigError as err:
             _refused(err, batch[i], returns, i, optimising)
     memory_check.warm([(plan, spec) for _, plan, spec in planned])  # the distinct memories, in one process
@@ -250,11 +255,18 @@ def _prepare_jobs(
     return prepared
 
 
+# strategy=auto's choice for each of this process's sweep jobs that asked for it, by run dir
+_chosen: Dict[Path, auto_layout.Choice] = {}
+
+
 def _dry_run_line(job: slurm.PreparedJob) -> str:
-    """A sweep job in its dry run: its run dir, its overrides, its layout and, where checked, its memory."""
+    """A sweep job in its dry run: its run dir, its overrides, its layout (strategy=auto's choice named) and, where
+    checked, its memory."""
     fit = memory_check.known_fit(job.plan, job.spec)
     memory = f"; memory: {fit.share_text()}" if fit is not None else ""
-    return f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{memory}"
+    choice = _chosen.get(job.plan.run_dir)
+    auto = f" (strategy=auto chose {choice.chosen.candidate.words})" if choice is not None else ""
+    return f"#{job.plan.run_dir.name} {job.label}: {job.plan.layout.describe()}{auto}{memory}"
 
 
 def _refused(
@@ -304,6 +316,9 @@ def _write_job_records(job: slurm.PreparedJob, overrides: Sequence[str]) -> None
     """A sweep job's readable records in its run dir: its job spec and its overrides (.hydra/overrides.yaml)."""
     write_job_spec(job.spec, job.plan.run_dir)
     memory_check.keep(job.plan.run_dir, memory_check.known_fit(job.plan, job.spec))
+    choice = _chosen.get(job.plan.run_dir)
+    if choice is not None:
+        rundir.write_json_atomic(job.plan.run_dir / rundir.LAYOUT_CHOICE, choice.record())
     hydra_dir = job.plan.run_dir / ".hydra"
     hydra_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(list(overrides), hydra_dir / "overrides.yaml")

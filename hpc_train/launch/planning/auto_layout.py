@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from omegaconf import DictConfig
 
@@ -106,21 +106,29 @@ class Choice:
         }
 
 
-def planned(cfg: Union[DictConfig, ConfigView], run_dir: Path) -> Tuple[RunPlan, Dict[str, Any], Optional[Choice]]:
-    """The job's plan and job spec; with strategy=auto, the chosen layout's, and the Choice (None otherwise)."""
+def planned(
+    cfg: Union[DictConfig, ConfigView],
+    run_dir: Path,
+    overrides: Optional[Sequence[str]] = None,
+    choices: Optional[Dict[str, str]] = None,
+) -> Tuple[RunPlan, Dict[str, Any], Optional[Choice]]:
+    """The job's plan and job spec; with strategy=auto, the chosen layout's, and the Choice (None otherwise).
+    `overrides`: the job's own (a sweep's job); default: the running Hydra app's. `choices`: its config groups'
+    options, which the job spec records (hpc-train's own job: none given)."""
     view = cfg if isinstance(cfg, ConfigView) else checked_view(cfg)
     if strategy_id(view.strategy) != AUTO:
         plan = make_plan(view, run_dir)
-        return plan, build_job_spec(plan), None
-    choice = choose(view, run_dir)
+        return plan, build_job_spec(plan, choices), None
+    choice = choose(view, run_dir, overrides)
     spec = choice.chosen.spec
     assert spec is not None, "a layout that fits was composed into its job spec"
     config = {key: value for key, value in spec.items() if key not in SPEC_ONLY}
     return make_plan(ConfigView(config), run_dir), spec, choice
 
 
-def choose(view: ConfigView, run_dir: Path) -> Choice:
-    """The candidates estimated and ranked; ConfigError for a script job and where none can run."""
+def choose(view: ConfigView, run_dir: Path, overrides: Optional[Sequence[str]] = None) -> Choice:
+    """The candidates estimated and ranked; ConfigError for a script job and where none can run. `overrides`: the
+    job's own (default: the running Hydra app's), which each candidate's are composed over."""
     if is_script_job(view):
         raise ConfigError(
             "strategy",
@@ -136,7 +144,7 @@ def choose(view: ConfigView, run_dir: Path) -> Choice:
             f"no layout of the kinds {list(settings.search)} is valid for this job's nodes, GPUs and batch.",
             "widen strategy.search (ddp, fsdp, hsdp, tp, pp), or change resources.gpus_per_node or trainer.batch_size.",
         )
-    specs = fit_specs.specs_for([candidate.overrides for candidate in candidates], run_dir)
+    specs = fit_specs.specs_for([candidate.overrides for candidate in candidates], run_dir, overrides)
     estimates = memory_check.estimates(specs, costs=True)
     memory = memory_check.wanted(view, specs[0])
     rates = _rates(view, candidates[0].parallel)

@@ -151,6 +151,18 @@ def test_a_gpu_jobs_optimizer_step_is_estimated_with_the_kernels_torch_picks_on_
     assert on_gpus.optimizer_state - on_cpus.optimizer_state == with_foreach - with_loop
 
 
+def test_a_job_of_replica_groups_is_estimated_as_one_groups_ranks_run_it(llama_path, tmp_path):
+    """Two replica groups of 2 ranks (fault_tolerance.replica_groups=2 over 4): each group is a job of its own to
+    torch, FSDP over its 2 ranks, each rank reading its share of the whole job's batch; estimated as the same model
+    sharded over 2 ranks with a quarter of the batch each (8 sequences: 2 a rank either way)."""
+    groups = job_spec(["strategy=fsdp", *FOUR, "fault_tolerance.replica_groups=2"], tmp_path / "groups")
+    alone = job_spec(["strategy=fsdp", "resources.gpus_per_node=2", "trainer.batch_size=4"], tmp_path / "alone")
+    as_groups = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(groups), "cpu"), ranks=[0, 1])
+    as_two = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(alone), "cpu"), ranks=[0, 1])
+    assert [r.peak for r in as_groups.ranks] == [r.peak for r in as_two.ranks]
+    assert as_groups.ranks[0].parameters == as_two.ranks[0].parameters  # sharded over the group's 2, not all 4
+
+
 def run_estimate(specs: List[Dict[str, Any]], folder: Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m hpc_train.compute.fit` on `specs`, each written as a run dir's job_config.yaml, run from the
     example's folder as hpc-train would have been (its code_dirs)."""

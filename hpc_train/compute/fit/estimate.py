@@ -41,6 +41,7 @@ from hpc_train.compute.fit.fake_world import fake_mode, fake_world, untraceable
 from hpc_train.compute.fit.trackers import peak_snapshot, tracker_for
 from hpc_train.compute.parallel import build_strategy, rank_data_shard, strategy_class
 from hpc_train.compute.parallel.base import Strategy, StrategySettings, StrategySetup
+from hpc_train.compute.replicas.settings import replica_settings
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.compute.settings import JobSettings, section
 from hpc_train.compute.training.activation_checkpointing import checkpoint_blocks
@@ -50,7 +51,7 @@ from hpc_train.compute.training.settings import TrainerSettings
 from hpc_train.compute.user.building import build_datasets, build_loss, build_model, collate
 from hpc_train.compute.user.step import build_step
 from hpc_train.config.strategy import strategy_id
-from hpc_train.contracts.job_layout import JobLayout
+from hpc_train.contracts.job_layout import JobLayout, group_layout
 from hpc_train.contracts.mesh_dims import MeshDims
 
 STEPS = 1  # tracked, with the optimizer's state made before (with_state): as the second step of a run
@@ -74,18 +75,24 @@ class EstimateSettings:
     layout: JobLayout
     data: DataSettings
     device: str = DEVICES[0]  # where the job's ranks run: what torch picks there is simulated (kernels_as_on)
+    groups: int = 1  # fault_tolerance.replica_groups: `layout` is then one group's, which reads 1/groups of the data
 
     @classmethod
     def from_job_spec(cls, spec: DictConfig, device: str = DEVICES[0]) -> "EstimateSettings":
+        """What the estimate reads of `spec`; a job of replica groups as one group's ranks run it (a job of its own
+        to torch, its layout the group's), each reading its share of the whole job's data."""
         assert device in DEVICES, device
+        layout, replica = section(JobSettings, spec.job).layout, replica_settings(spec)
+        groups = 1 if replica is None else int(replica.replica_groups)
         return cls(
             model=spec.model,
             trainer=section(TrainerSettings, spec.trainer),
             optim=section(OptimSettings, spec.trainer),
             strategy=section(strategy_class(strategy_id(spec.strategy)).settings_type, spec.strategy),
-            layout=section(JobSettings, spec.job).layout,
+            layout=group_layout(layout, groups),
             data=section(DataSettings, spec.data),
             device=device,
+            groups=groups,
         )
 
 
@@ -125,7 +132,7 @@ def estimate_rank(settings: EstimateSettings, rank: int, costs: bool = False) ->
     """Rank `rank`'s peak memory over :data:`STEPS` simulated training steps (and its step's costs, with `costs`)."""
     with fake_world(settings.layout, rank) as ranks:
         shard = rank_data_shard(settings.layout, ranks)
-        batch = _real_batch(settings, shard)
+        batch = _real_batch(settings, (shard[0], shard[1] * settings.groups))  # group 0's share of the job's data
         strategy = _strategy(settings, ranks, shard)
         with fake_mode() as mode:
             batch = to_device(_faked(mode, batch), strategy.input_device)

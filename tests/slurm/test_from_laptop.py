@@ -443,3 +443,16 @@ def test_a_sweep_into_a_sweep_dir_whose_jobs_are_queued_is_refused_from_the_lapt
         assert f"scancel {jobs[0].split('_')[0]}" in out and slurm_jobs_of(user, "taken") == jobs
     finally:
         subprocess.run(["scancel", "-u", user, "-n", "taken"], capture_output=True)
+
+
+def test_a_job_that_will_not_fit_is_refused_by_the_clusters_memory_check_and_said_on_the_laptop(laptop):
+    """The memory check runs where the job is planned: the cluster's login side, with its Python (torch there). A
+    model whose floor alone (3.2 GB of parameters, gradients and AdamW state) exceeds a declared 2 GB GPU is refused
+    there, said on the laptop in one message, exit code 2, and nothing is queued."""
+    user = laptop["env"]["HPC_TRAIN_SSH_CLUSTER_USER"]
+    big = [*TINY, "model.hidden=65536", "data.image_size=32", "strategy=single", "cluster.gpu_memory_gb=2"]
+    refused = hpc_train(laptop, *big, "launcher=slurm", f"cluster={PROFILE}", "job_name=toobig")
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and "Traceback" not in out, out
+    assert "the job will not fit in one GPU's memory" in out and "needs at least" in out, out
+    assert slurm_jobs_of(user, "toobig") == []

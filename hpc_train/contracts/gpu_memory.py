@@ -20,8 +20,8 @@ from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
 from hpc_train.errors import ConfigError
+from hpc_train.sizes import GIB
 
-GIB = 2**30
 MEMORY_KEY = "cluster.gpu_memory_gb"
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from hpc_train.sizes import size_text
+
 PHASES = ("data", "forward_backward", "optimizer", "checkpoint")
 OTHER = "other"
 SHARE = "{phase}_share"  # a train row's key: the phase's share of a step, averaged over the ranks
@@ -46,7 +48,7 @@ NUM_WORKERS = "data_num_workers"  # data.num_workers of the run: what an input-b
 
 
 def gib(count: Optional[float]) -> str:
-    return "n/a" if count is None else f"{count / 2**30:.2f} GiB"
+    return "n/a" if count is None else size_text(count)
 
 
 def estimated_peak(summary: Mapping[str, Any]) -> Optional[int]:

@@ -91,7 +91,7 @@ LAYERS = (
     ("containers",),
     ("config", "jobs", "pack"),
     ("records",),
-    ("slurm", "processes", "conf", "hosts", "errors"),
+    ("slurm", "processes", "conf", "hosts", "errors", "sizes"),
 )
 # Inside launch/, its three wings, top first: the Hydra side drives the backends, the backends run what planning made.
 LAUNCH_LAYERS = (

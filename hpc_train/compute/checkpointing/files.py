@@ -47,6 +47,7 @@ from hpc_train import errors
 from hpc_train.compute.runtime import faults
 from hpc_train.compute.runtime.refusal import Refusal
 from hpc_train.records import rundir
+from hpc_train.sizes import size_text
 
 log = logging.getLogger("hpc_train")
 
@@ -126,14 +127,6 @@ def is_disk_full(err: Optional[BaseException]) -> bool:
     return False
 
 
-def human_size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} bytes"
-
-
 RESUME_AFTER_FREEING = (
     "The previous checkpoint is kept and stays the resume target. Fix: free space on that file system or lower"
     " trainer.keep_checkpoints, then resume from it as the job's last line says."
@@ -143,11 +136,11 @@ RESUME_AFTER_FREEING = (
 def disk_full_error(folder: Path, what: str, needed: int, after: str = RESUME_AFTER_FREEING) -> DiskFull:
     """The one message for a full disk: where, how much `what` needs, how much is free, what to do (`after`)."""
     try:
-        free = human_size(shutil.disk_usage(folder).free)
+        free = size_text(shutil.disk_usage(folder).free)
     except OSError:
         free = "unknown"
     return DiskFull(
-        f"no space left for {what} in {folder}: it needs about {human_size(needed)}, {free} free there. {after}"
+        f"no space left for {what} in {folder}: it needs about {size_text(needed)}, {free} free there. {after}"
     )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from hpc_train.sizes import size_text
+
 # The tracker's category names (MemTracker's _MemRefType, FSDPMemTracker's _FSDPRefType) -> the field holding them.
 CATEGORIES = {
     "Parameter": "parameters",
@@ -29,14 +31,6 @@ CATEGORIES = {
     "Other": "inputs",
 }
 TOTAL = "Total"
-
-
-def size_text(count: int) -> str:
-    """Bytes in the unit that reads best: 41.20 GiB, 12.5 MiB, 3.0 KiB."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.{2 if unit == 'GiB' else 1}f} {unit}"
-    return f"{count} B"
 
 
 @dataclass(frozen=True)

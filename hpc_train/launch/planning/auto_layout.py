@@ -37,6 +37,7 @@ from hpc_train.launch.planning.parallelism import Parallelism
 from hpc_train.launch.planning.plan import RunPlan, count_local_gpus, make_plan
 from hpc_train.launch.planning.validate import normalize_precision
 from hpc_train.processes.script_command import is_script_job
+from hpc_train.sizes import size_text
 
 SPEC_ONLY = ("job", "backend")  # what a job spec adds to the config it was made from
 _MESH_ALONE = ("strategy.tp=1", "strategy.pp=1", "strategy.dp_replicate=1", "strategy.dp_shard=-1")
@@ -150,7 +151,7 @@ def choose(view: ConfigView, run_dir: Path, overrides: Optional[Sequence[str]] =
     rates = _rates(view, candidates[0].parallel)
     rows = [_ranked(c, spec, answer, memory, rates) for c, spec, answer in zip(candidates, specs, estimates)]
     fitting = sorted((row for row in rows if not row.refused), key=lambda row: row.step.total if row.step else 0.0)
-    words = f"held to {memory.usable_bytes / 2**30:.1f} GiB ({memory.source})" if memory else _UNCHECKED
+    words = f"held to {size_text(memory.usable_bytes)} ({memory.source})" if memory else _UNCHECKED
     choice = Choice([*fitting, *(row for row in rows if row.refused)], rates, words)
     if not fitting:
         raise ConfigError(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hpc_train.config.view import ConfigView
-from hpc_train.contracts.gpu_memory import GIB, MEMORY_KEY, GpuMemory, device_bytes, gpu_memory, tensor_budget
+from hpc_train.contracts.gpu_memory import MEMORY_KEY, GpuMemory, device_bytes, gpu_memory, tensor_budget
 from hpc_train.contracts.job_layout import JobLayout
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning import fit_run, fit_specs
@@ -28,6 +28,7 @@ from hpc_train.launch.planning.candidates import layout_candidates
 from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.processes.script_command import is_script_job
 from hpc_train.records import rundir
+from hpc_train.sizes import size_text
 
 KEY = fit_run.CHECK_KEY
 # The trainer's keys that change no tensor a rank holds: left out of memory_key, so a sweep over them estimates once.
@@ -76,15 +77,15 @@ class Fit:
         """``41.2 GiB of 79.1 GiB (52 %)`` (``at least ...`` for a floor)."""
         usable = self.memory.usable_bytes
         least = "at least " if self.floor else ""
-        return f"{least}{_gib(self.need)} of {_gib(usable)} ({100 * self.need / usable:.0f} %)"
+        return f"{least}{size_text(self.need)} of {size_text(usable)} ({100 * self.need / usable:.0f} %)"
 
     def describe(self) -> str:
         """The need in words, with its parts: what the estimate reads and what the device adds."""
         tensors = next(r for r in self.estimate["ranks"] if r["rank"] == self.rank)
         parts = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "transient", "inputs")
-        words = " + ".join(f"{p.replace('_', ' ')} {_gib(tensors[p])}" for p in parts if tensors[p])
+        words = " + ".join(f"{p.replace('_', ' ')} {size_text(tensors[p])}" for p in parts if tensors[p])
         device = (
-            f"device {_gib(self.device)} (CUDA context, allocator slack, NCCL buffers: the"
+            f"device {size_text(self.device)} (CUDA context, allocator slack, NCCL buffers: the"
             f" {self.memory.family.name} family's constants)"
         )
         if self.floor:
@@ -248,10 +249,6 @@ def _communicators(spec: Mapping[str, Any]) -> int:
     return sum(1 for size in mesh if size > 1)
 
 
-def _gib(count: int) -> str:
-    return f"{count / GIB:.1f} GiB" if count >= GIB // 10 else f"{count / 2**20:.1f} MiB"
-
-
 Suggestion = Tuple[Tuple[str, ...], Fit]
 
 
@@ -315,7 +312,7 @@ def _tried(plan: RunPlan) -> List[Tuple[str, ...]]:
 
 
 def _refusal(fit: Fit, suggestions: Suggestions) -> str:
-    usable = _gib(fit.memory.usable_bytes)
+    usable = size_text(fit.memory.usable_bytes)
     lines = [f"the job will not fit in one GPU's memory ({usable}: {fit.memory.source}). {fit.describe()}."]
     fitting = [(overrides, f) for overrides, f in suggestions.found if f.fits]
     if fitting:

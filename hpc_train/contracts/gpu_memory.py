@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Mapping, Optional, Tuple
 
 from hpc_train.errors import ConfigError
-from hpc_train.sizes import GIB
+from hpc_train.sizes import GIB, size_text
 
 MEMORY_KEY = "cluster.gpu_memory_gb"
 
@@ -163,8 +163,8 @@ def gpu_memory(gpu_type: Optional[str], memory_gb: Optional[float]) -> Optional[
 
 
 def _declared(memory_gb: float, family: Family, words: str) -> GpuMemory:
-    usable = memory_gb * (1 - DRIVER_SHARE)
-    return GpuMemory(int(usable * GIB), family, f"{words}: {memory_gb:g} GB read as {usable:.2f} GiB usable")
+    usable = int(memory_gb * (1 - DRIVER_SHARE) * GIB)
+    return GpuMemory(usable, family, f"{words}: {memory_gb:g} GB read as {size_text(usable)} usable")
 
 
 def known() -> str:

@@ -75,13 +75,15 @@ def job_spec(overrides: List[str], run_dir: Path) -> Dict[str, Any]:
     return build_job_spec(make_plan(cfg, run_dir), choices={})
 
 
-def estimated(spec: Dict[str, Any], ranks: List[int]) -> Dict[str, Any]:
+def estimated(spec: Dict[str, Any], ranks: List[int], device: str = "cpu") -> Dict[str, Any]:
+    """The estimate of `spec`'s `ranks` for ranks on `device` (cpu: as the CPU runs measured here; gpu: as torch
+    picks the optimizer's kernels on a GPU)."""
     from omegaconf import OmegaConf
 
     from hpc_train.compute.fit.estimate import EstimateSettings, estimate_job
 
     started = time.perf_counter()
-    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), "cpu"), ranks=ranks)
+    estimate = estimate_job(EstimateSettings.from_job_spec(OmegaConf.create(spec), device), ranks=ranks)
     seconds = time.perf_counter() - started
     return {"peaks": [r.peak for r in estimate.ranks], "seconds": seconds, "parts_rank0": estimate.ranks[0].as_dict()}
 
@@ -160,7 +162,7 @@ def gpu_part(args: argparse.Namespace, tmp: Path) -> Dict[str, Any]:
     for model, shape in models.items():
         for precision, extra in GPU_CASES.items():
             spec = job_spec([*model_overrides(*shape), "strategy=single", *extra], tmp / f"gpu_{model}_{precision}")
-            estimate = estimated(spec, [0])["peaks"][0]
+            estimate = estimated(spec, [0], "gpu")["peaks"][0]
             real = gpu_step(spec)
             slack = device_bytes(memory, estimate, 0) - int(family.context_gib * 2**30)
             cases[f"{model}_{precision}"] = {

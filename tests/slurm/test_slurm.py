@@ -259,3 +259,14 @@ def test_sweep_dry_run_lays_out_every_job(slurm_cluster, tmp_path):
     assert len(lines) == 20
     assert sum("ddp: 1 node x 2 tasks/node" in line for line in lines) == 5
     assert sum("seed=4" in line for line in lines) == 4  # values set on shared compositions really differ per job
+
+
+def test_a_partition_the_cluster_lacks_is_said_before_the_memory_check_runs(slurm_cluster, tmp_path):
+    """Slurm's own checks come first: a job refused for its partition is told so at once, without waiting for its
+    memory estimate (this one would not fit its declared GPU either: its floor alone is 3 GB)."""
+    big = ["model.hidden=65536", "data.image_size=32", "cluster.gpu_memory_gb=2"]
+    proc = run_cli([*SLURM, *TRAIN, *big, "cluster.partition=no_such_partition"], tmp_path / "run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "`cluster.partition`" in proc.stderr and "memory check" not in proc.stdout + proc.stderr
+    fits_not = run_cli([*SLURM, *TRAIN, *big], tmp_path / "run")  # the same job on a partition that exists
+    assert fits_not.returncode == 2 and "the job will not fit" in fits_not.stderr, fits_not.stdout + fits_not.stderr

@@ -7,6 +7,8 @@ requeues), and never compares a launcher's name.
 
 What a backend does, in the order a job meets it:
 
+* ``check(plan, spec)``: what this way of running refuses, before the memory check (a wrong partition said before
+  an estimate is paid for);
 * ``dry_run(plan, spec)`` and ``start(plan, spec, wait)``: hpc-train's one job, after ``run.run_job`` (the
   skeleton every backend shares) made the plan and the job spec once and claimed the run dir: print what would
   run, or start the ranks here or queue the job; each returns the command's exit code.
@@ -91,6 +93,11 @@ class Backend(abc.ABC):
     @property
     def name(self) -> str:
         return self.kind.name
+
+    def check(self, plan: RunPlan, spec: Dict[str, Any]) -> None:
+        """Refuse (ConfigError) what this way of running cannot take (on Slurm: the partition, the cluster's
+        capacity), before the dearer checks look at the job (the memory check); nothing by default."""
+        return None
 
     @abc.abstractmethod
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:

@@ -26,6 +26,7 @@ def run_job(backend: "Backend", cfg: Union[DictConfig, ConfigView], run_dir: Pat
     wait=True follows a queued job to its end whatever launcher.wait says (a sweeper reads its result).
     """
     plan, spec, choice = auto_layout.planned(cfg, run_dir)  # strategy=auto: the layout it chose
+    backend.check(plan, spec)  # what the launcher refuses (a partition, the capacity), said before an estimate
     fit = memory_check.check(plan, spec)  # MemoryRefused before anything is queued; None where it does not run
     if cfg.dry_run and is_script_job(spec):
         print(f"hpc-train (dry run): {describe_script(spec)}")

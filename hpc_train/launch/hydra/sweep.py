@@ -241,16 +241,21 @@ def _prepare_jobs(
                 _chosen[plan.run_dir] = choice
         except ConfigError as err:
             _refused(err, batch[i], returns, i, optimising)
-    memory_check.warm([(plan, spec) for _, plan, spec in planned])  # the distinct memories, in one process
-    prepared = []
+    ready = []  # the Slurm checks (partition, capacity) first: a job they refuse pays no estimate
     for i, plan, spec in planned:
-        overrides = batch[i][1]
         try:
-            memory_check.check(plan, spec, overrides)
-            prepared.append((i, slurm.prepare(plan, spec, " ".join(filter_overrides(overrides)))))
+            ready.append((i, slurm.prepare(plan, spec, " ".join(filter_overrides(batch[i][1])))))
+        except ConfigError as err:
+            _refused(err, batch[i], returns, i, optimising)
+    memory_check.warm([(job.plan, job.spec) for _, job in ready])  # the distinct memories, in one process
+    prepared = []
+    for i, job in ready:
+        try:
+            memory_check.check(job.plan, job.spec, batch[i][1])
         except ConfigError as err:
             _refused(err, batch[i], returns, i, optimising)
             continue
+        prepared.append((i, job))
         laid_out.tick()
     return prepared
 

@@ -29,6 +29,9 @@ class SlurmBackend(Backend):
     """sbatch through submitit (its batch script, its pickled task); the command returns once the job is queued, or
     follows it to the end of its last attempt (``launcher.wait``)."""
 
+    def check(self, plan: RunPlan, spec: Dict[str, Any]) -> None:
+        slurm.prepare(plan, spec)  # the partition and capacity checks (again when the job is prepared: cheap)
+
     def dry_run(self, plan: RunPlan, spec: Dict[str, Any]) -> int:
         """The sbatch script printed, as the machine that submits it will write it: from a laptop (cluster.login),
         the cluster's Python and run dir, what only the cluster knows said plainly."""

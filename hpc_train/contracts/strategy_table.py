@@ -44,6 +44,9 @@ class StrategyKind:
     multi_node_hint: str = ""  # the fix when resources.nodes > 1 is refused
     one_process: bool = False  # one process drives the node's GPUs: a script job sees what `python script.py` sees
     any_world: bool = False  # its single-file checkpoint (one replica's state) resumes at any number of ranks
+    # each rank holds a share of the model (FSDP shards, tensor-parallel slices, a pipeline stage a rank), not all of
+    # it: the memory estimate's floor is the largest rank's even share (hpc_train.compute.fit.floor)
+    ranks_share_model: bool = False
 
 
 _ONE_NODE = (
@@ -67,7 +70,7 @@ KINDS = {
         ),
         StrategyKind("dp", "strategy=dp", False, False, False, multi_node_hint=_USE_DDP, one_process=True),
         StrategyKind("ddp", "strategy=ddp", True, True, False, any_world=True),
-        StrategyKind("fsdp", "strategy=fsdp", True, True, False, sharded=True),
+        StrategyKind("fsdp", "strategy=fsdp", True, True, False, sharded=True, ranks_share_model=True),
         StrategyKind(
             "model_parallel",
             "strategy=model_parallel",
@@ -89,8 +92,16 @@ KINDS = {
             one_process=True,
         ),
         StrategyKind("hybrid", "strategy=hybrid", True, False, True, staged=True),
-        StrategyKind("pipelining", "strategy=pipeline strategy.engine=pipelining", True, True, False, staged=True),
-        StrategyKind("mesh", "strategy=mesh", True, True, False, sharded=True),
+        StrategyKind(
+            "pipelining",
+            "strategy=pipeline strategy.engine=pipelining",
+            True,
+            True,
+            False,
+            staged=True,
+            ranks_share_model=True,
+        ),
+        StrategyKind("mesh", "strategy=mesh", True, True, False, sharded=True, ranks_share_model=True),
     )
 }
 

@@ -22,16 +22,15 @@ from hpc_train.compute.fit.estimate import EstimateSettings, kernels_as_on, with
 from hpc_train.compute.fit.fake_world import fake_mode
 from hpc_train.compute.training.optim import make_optimizer, param_groups
 from hpc_train.compute.user.building import build_model
-
-# Strategies whose every rank holds the whole model (hpc_train.config.strategy.strategy_id): the floor is not shared.
-REPLICATED = ("single", "ddp", "dp")
+from hpc_train.contracts.strategy_table import KINDS
 
 
 def floor_of(settings: EstimateSettings) -> JobEstimate:
     """The job's floor as an estimate of one rank (``floor`` set): the shares of its parameters, gradients and
     optimizer state, their sum its peak."""
     started = time.perf_counter()
-    shares = 1 if settings.strategy.identity in REPLICATED else max(1, int(settings.layout.world_size))
+    split = KINDS[settings.strategy.identity].ranks_share_model
+    shares = max(1, int(settings.layout.world_size)) if split else 1
     parts = {name: count // shares for name, count in _whole(settings).items()}
     rank = RankEstimate(0, None, {}, **parts, peak=sum(parts.values()))
     words = f"{settings.layout.describe(on_cpus=True)}; floor: the model's share of {shares} rank(s), not simulated"

@@ -11,18 +11,18 @@ Several specs: each is estimated (``--workers N``: its ranks in N processes at o
 answers are printed in the order of the specs, one per spec; the exit code is EXIT_OK, refusals included.
 ``--budgets B1,B2,...`` (bytes, one per spec: the tensors its GPU can hold) answers a spec whose floor is over its
 budget with the floor, unsimulated; ``--enough K`` stops once K specs fit their budgets, the others answered
-skipped (:mod:`hpc_train.compute.fit.batch`).
-
-``--serve``: one process for several calls (the login side's session: a job, then its refusal's settings). Each line
-read from stdin is a request (``{"paths": [...], "budgets": [...], "enough": K, "workers": N, ...}``); its answers
-are printed as JSON lines, one per spec, in order; the process ends with its input. With ``--json``
-each answer is one line holding one JSON object:
+skipped (:mod:`hpc_train.compute.fit.batch`). With ``--json`` each answer is one line holding one JSON object:
 
 * an estimate: ``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``, ``{"layout": "<the layout in words>",
   "seconds": <to estimate>, "ranks": [{"rank", "stage", "coordinates", "parameters", "gradients",
-  "optimizer_state", "activations", "temporaries", "transient", "inputs", "peak", ...}, ...]}`` (bytes; one entry
-  per rank estimated);
-* a spec it cannot estimate: ``{"refused": "<the one-line message, without the hpc-train: prefix>"}``.
+  "optimizer_state", "activations", "temporaries", "transient", "inputs", "peak", ...}, ...], "floor": false}``
+  (bytes; one entry per rank estimated), or the floor (``"floor": true``, one rank's share, not simulated);
+* a spec it cannot estimate: ``{"refused": "<the one-line message, without the hpc-train: prefix>"}``;
+* a spec left once enough fit: ``{"skipped": "<why>"}``.
+
+``--serve``: one process for several calls (the login side's session: a job, then its refusal's settings). Each line
+read from stdin is a request (``{"paths": [...], "budgets": [...], "enough": K, "workers": N, ...}``); its answers
+are printed as JSON lines as above, one per spec, in order; the process ends with its input.
 
 Without ``--json`` each answer is the spec's path on a line, then its estimate in words or ``refused: <message>``.
 A failure other than a refusal (a crash of the user's code, say) ends the process with its traceback.

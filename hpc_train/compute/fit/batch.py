@@ -53,13 +53,11 @@ def answers(request: Request, forks_again: bool = False) -> List[Answer]:
     since a process that has run autograd's backward cannot fork safely."""
     batch = _Batch(request)
     tasks = batch.floors()
-    if not forks_again and (request.workers <= 1 or tasks <= 1):
+    if tasks == 0 or (not forks_again and (request.workers <= 1 or tasks == 1)):
         return batch.run(_Inline())
-    if tasks == 0:
-        return batch.run(_Inline())  # nothing to run
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")  # torch imported, nothing run
-    with context.Pool(max(1, min(request.workers, tasks))) as pool:
+    with context.Pool(min(max(1, request.workers), tasks)) as pool:
         try:
             return batch.run(_Pooled(pool))
         finally:

@@ -47,9 +47,9 @@ def _whole(settings: EstimateSettings) -> Dict[str, int]:
             made = make_optimizer(settings.optim, param_groups(settings.optim, model))
             optimizer = with_state(kernels_as_on(settings.device, made))
             _known[key] = {
-                "parameters": sum(_bytes(t) for t in [*model.parameters(), *model.buffers()]),
-                "gradients": sum(_bytes(p) for p in model.parameters() if p.requires_grad),
-                "optimizer_state": sum(_bytes(v) for state in optimizer.state.values() for v in _tensors(state)),
+                "parameters": sum(t.nbytes for t in [*model.parameters(), *model.buffers()]),
+                "gradients": sum(p.nbytes for p in model.parameters() if p.requires_grad),
+                "optimizer_state": sum(v.nbytes for state in optimizer.state.values() for v in _tensors(state)),
             }
     return _known[key]
 
@@ -59,7 +59,3 @@ _known: Dict[str, Dict[str, int]] = {}  # _whole's answers, by its key
 
 def _tensors(state: Mapping[str, Any]) -> List[torch.Tensor]:
     return [value for value in state.values() if isinstance(value, torch.Tensor)]
-
-
-def _bytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()

@@ -139,10 +139,16 @@ class Session:
         for spec in specs:
             paths.append(str(write_yaml(spec, Path(self.folder.name) / f"spec{self.written}.yaml")))
             self.written += 1  # each spec a path of its own: the process keeps what it read by path
-        request = {"paths": paths, "workers": max(1, ask.workers), "costs": ask.costs, "budgets": ask.budgets}
+        request = {
+            "paths": paths,
+            "workers": max(1, ask.workers),
+            "costs": ask.costs,
+            "budgets": ask.budgets,
+            "enough": ask.enough,
+        }
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
-            self.process.stdin.write(json.dumps({**request, "enough": ask.enough}) + "\n")
+            self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
         except BrokenPipeError:
             self._failed()

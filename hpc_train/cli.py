@@ -35,7 +35,6 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 import hydra_plugins.hpc_train_launcher  # noqa: E402
 from hpc_train.conf import CONFIG_DIR  # noqa: E402
 from hpc_train.config.engine import checked_view, whole_mappings  # noqa: E402
-from hpc_train.config.strategy import AUTO, strategy_id  # noqa: E402
 from hpc_train.errors import HpcTrainError, JobFailed  # noqa: E402
 from hpc_train.launch.backends.local import torchrun as torchrun_client  # noqa: E402
 from hpc_train.launch.backends.local.torchrun import rank_argv  # noqa: E402
@@ -44,10 +43,8 @@ from hpc_train.launch.hydra import exits, forwarding  # noqa: E402
 from hpc_train.launch.hydra.cli_child import CliWords, write_result  # noqa: E402
 from hpc_train.launch.hydra.hydra_callbacks import Refused, tidy_run_dir  # noqa: E402
 from hpc_train.launch.hydra.hydra_errors import from_omegaconf, translate  # noqa: E402
-from hpc_train.launch.planning import objective  # noqa: E402
+from hpc_train.launch.planning import auto_layout, objective  # noqa: E402
 from hpc_train.launch.planning.errors import Forwarded, Interrupted  # noqa: E402
-from hpc_train.launch.planning.jobspec import build_job_spec  # noqa: E402
-from hpc_train.launch.planning.plan import make_plan  # noqa: E402
 from hpc_train.processes.script_command import split_command_line  # noqa: E402
 from hpc_train.records.rundir import EXIT_CTRL_C  # noqa: E402
 from hpc_train.records.rundir import EXIT_REFUSED as EXIT_BAD_INPUT  # noqa: E402
@@ -102,9 +99,7 @@ def _forward_or_note(cfg: DictConfig, run_dir: Path) -> None:
     if cfg.dry_run:
         forwarding.dry_run_commands(cfg)
         return
-    view = checked_view(cfg)
-    if strategy_id(view.strategy) != AUTO:  # auto's layout is chosen on the cluster, whose Python runs the estimate
-        build_job_spec(make_plan(view, run_dir))  # every refusal this side can make, before any byte is sent
+    auto_layout.check_before_forwarding(checked_view(cfg), run_dir)
     forwarding.run_on_cluster(cfg, run_dir, HydraConfig.get(), multirun=False)
 
 

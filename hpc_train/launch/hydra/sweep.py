@@ -30,7 +30,6 @@ from omegaconf import DictConfig, open_dict
 
 from hpc_train.config.errors import ConfigError
 from hpc_train.config.launcher import launcher_kind
-from hpc_train.config.strategy import AUTO, strategy_id
 from hpc_train.jobs import job_table, submissions
 from hpc_train.launch.backends.slurm import packed as pack
 from hpc_train.launch.backends.slurm import params as slurm_params
@@ -42,9 +41,9 @@ from hpc_train.launch.hydra.launcher_base import SweepLauncherBase
 from hpc_train.launch.hydra.sweep_configs import JobConfig, SweepConfigs
 from hpc_train.launch.planning import auto_layout, memory_check
 from hpc_train.launch.planning.errors import JobFailed
-from hpc_train.launch.planning.jobspec import build_job_spec, write_job_spec, write_yaml
+from hpc_train.launch.planning.jobspec import write_job_spec, write_yaml
 from hpc_train.launch.planning.objective import read_objective, sweeper_wants_objective
-from hpc_train.launch.planning.plan import RunPlan, make_plan
+from hpc_train.launch.planning.plan import RunPlan
 from hpc_train.launch.planning.sweep_limits import check_sweep_fits
 from hpc_train.records import rundir
 
@@ -132,9 +131,8 @@ class SweepLauncher(SweepLauncherBase):
         if jobs[0].view.dry_run:
             forwarding.dry_run_commands(jobs[0].view)
             return
-        for job in jobs:  # auto's layout is chosen on the cluster, whose Python runs the estimate
-            if strategy_id(job.view.strategy) != AUTO:
-                build_job_spec(make_plan(job.view, job.run_dir), job.choices)
+        for job in jobs:
+            auto_layout.check_before_forwarding(job.view, job.run_dir, job.choices)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         forwarding.run_on_cluster(jobs[0].view, sweep_dir, self.config.hydra, multirun=True)
 

@@ -127,6 +127,13 @@ def planned(
     return make_plan(ConfigView(config), run_dir), spec, choice
 
 
+def check_before_forwarding(view: ConfigView, run_dir: Path, choices: Optional[Dict[str, str]] = None) -> None:
+    """Every refusal this side can make of a job it forwards to the cluster's hpc-train (cluster.login), before any
+    byte is sent; a strategy=auto job's layout is chosen there, whose Python runs the estimate."""
+    if strategy_id(view.strategy) != AUTO:
+        build_job_spec(make_plan(view, run_dir), choices)
+
+
 def choose(view: ConfigView, run_dir: Path, overrides: Optional[Sequence[str]] = None) -> Choice:
     """The candidates estimated and ranked; ConfigError for a script job and where none can run. `overrides`: the
     job's own (default: the running Hydra app's), which each candidate's are composed over."""

@@ -1,12 +1,14 @@
 """The memory estimate of job specs, from the login side: ``python -m hpc_train.compute.fit`` run as a process of its
 own (the login side never imports torch), its JSON read back.
 
-:func:`estimate` writes the job specs into a temporary folder, runs one process for all of them and returns, per spec,
-the estimate (``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``: {"layout", "seconds", "ranks": [...], "floor"};
-with ``floor`` set, the least its largest rank holds, where that is over the spec's budget), a :class:`Refused` (the
-estimate cannot simulate that job, in its own words) or a :class:`Skipped` (enough specs before it fit). A process
-that fails otherwise (a crash, no torch) raises :class:`EstimateFailed`, a ConfigError naming
-``resources.memory_check`` with the command and what it printed on stderr.
+:func:`estimate` writes the job specs into a temporary folder and asks one process for all of them (``--serve``: one
+request a line on its stdin, one JSON answer a spec on its stdout; :class:`Session`, which the calls inside
+:func:`session` share), and returns, per spec, the estimate (``hpc_train.compute.fit.breakdown.JobEstimate.as_dict``:
+{"layout", "seconds", "ranks": [...], "floor"}; with ``floor`` set, the least its largest rank holds, where that is
+over the spec's budget), a :class:`Refused` (the estimate cannot simulate that job, in its own words) or a
+:class:`Skipped` (enough specs before it fit). A process that fails otherwise (a crash, no torch) raises
+:class:`EstimateFailed`, a ConfigError naming ``resources.memory_check`` with the command and what it printed on
+stderr.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from hpc_train.errors import ConfigError
 from hpc_train.launch.planning.jobspec import write_yaml
-from hpc_train.records.rundir import EXIT_OK, EXIT_REFUSED
 
-ESTIMATE_MODULE = "hpc_train.compute.fit"  # python -m ESTIMATE_MODULE SPEC [SPEC ...] --json
+ESTIMATE_MODULE = "hpc_train.compute.fit"  # python -m ESTIMATE_MODULE --serve
 CHECK_KEY = "resources.memory_check"  # the key that turns the check off, named by every failure of the estimate
 STDERR_LINES = 20  # the last lines of a failed estimate's stderr quoted in the error
 CLOSE_TIMEOUT_S = 30  # a session's process, terminated, ends within this (else it is killed)
@@ -73,12 +74,6 @@ class Ask:
     budgets: Optional[Sequence[int]] = None
     enough: Optional[int] = None
 
-    def flags(self) -> List[str]:
-        flags = ["--workers", str(max(1, self.workers)), *(["--costs"] if self.costs else [])]
-        if self.budgets is not None:
-            flags += ["--budgets", ",".join(str(int(budget)) for budget in self.budgets)]
-        return [*flags, *(["--enough", str(self.enough)] if self.enough is not None else [])]
-
     def one(self, index: int) -> "Ask":
         """The same for the spec at `index` alone."""
         budgets = None if self.budgets is None else [self.budgets[index]]
@@ -104,7 +99,8 @@ def estimate(specs: Sequence[Dict[str, Any]], ask: Ask = Ask(), failed_refuses: 
 
 
 def _run(specs: Sequence[Dict[str, Any]], ask: Ask) -> List[Estimate]:
-    if _scope.open:
+    """The answers of the session open now (session()), or of a process for this call alone."""
+    with session():
         if _scope.session is None:
             _scope.session = Session()
         try:
@@ -113,11 +109,6 @@ def _run(specs: Sequence[Dict[str, Any]], ask: Ask) -> List[Estimate]:
             _scope.session.close()
             _scope.session = None  # a retry, or the next call, starts a process of its own
             raise
-    with tempfile.TemporaryDirectory(prefix="hpc-train-fit-") as folder:
-        paths = [str(write_yaml(spec, Path(folder) / f"spec{i}.yaml")) for i, spec in enumerate(specs)]
-        command = [sys.executable, "-m", ESTIMATE_MODULE, *paths, "--json", *ask.flags()]
-        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
-    return _read(command, done, len(specs))
 
 
 class Session:
@@ -212,18 +203,6 @@ def session() -> Iterator[None]:
             _scope.session = None
 
 
-def _read(command: List[str], done: "subprocess.CompletedProcess[str]", count: int) -> List[Estimate]:
-    """The process's JSON lines as estimates; its one-line refusal for a single spec it refused (exit code 2)."""
-    if count == 1 and done.returncode == EXIT_REFUSED and not done.stdout.strip():
-        return [Refused(_refusal_words(done.stderr))]
-    if done.returncode != EXIT_OK:
-        raise EstimateFailed(command, done.returncode, done.stderr)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if len(lines) != count:
-        raise EstimateFailed(command, done.returncode, f"{count} JSON lines expected, got:\n{done.stdout}{done.stderr}")
-    return [_answer(json.loads(line)) for line in lines]
-
-
 def _answer(data: Dict[str, Any]) -> Estimate:
     if "refused" in data:
         return Refused(str(data["refused"]))
@@ -241,8 +220,3 @@ def _error_line(lines: Sequence[str]) -> str:
 
 
 _ERROR = re.compile(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b.*:")
-
-
-def _refusal_words(stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return lines[-1].removeprefix("hpc-train: ") if lines else "the estimate refused the job"
